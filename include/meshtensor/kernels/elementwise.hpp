@@ -1,0 +1,28 @@
+#pragma once
+
+#include <meshtensor/core/reduce_op.hpp>
+#include <meshtensor/core/tensor.hpp>
+
+namespace meshtensor::kernels {
+
+/// Contiguous copy of `source` in `dtype`. Floating targets round once to nearest even (integer
+/// sources above 2^53 in magnitude go through f64 first); integer targets round to nearest and
+/// saturate, NaN becomes 0.
+Tensor convert(const Tensor& source, DType dtype);
+
+/// target[i] = op(target[i], addend[i]) for every element, in the dtype's own arithmetic (bf16
+/// and f16 through f32, rounded back each time; integers wrap). `avg` adds like `sum`: the
+/// caller divides once at the end.
+///
+/// max and min are exact and order-free: any NaN operand gives the canonical quiet NaN
+/// (positive sign, payload 0), and max(-0, +0) = +0, min(-0, +0) = -0 in either order.
+void accumulate(Tensor& target, const Tensor& addend, ReduceOp op);
+
+/// tensor[i] = tensor[i] / divisor (floating dtypes: one rounding; integers: rounds to nearest).
+void divide(Tensor& tensor, double divisor);
+
+/// The canonical NaN of a floating storage type (positive quiet NaN, payload 0).
+template <class T>
+T canonical_nan();
+
+}  // namespace meshtensor::kernels

@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <meshtensor/core/shape.hpp>
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/mesh/device_mesh.hpp>
+#include <meshtensor/mesh/spec.hpp>
+
+namespace meshtensor {
+
+/// A contiguous range [offset, offset + size) of one tensor dim.
+struct Chunk {
+  std::int64_t offset = 0;  ///< first index
+  std::int64_t size = 0;    ///< number of indices
+  friend bool operator==(const Chunk&, const Chunk&) = default;
+};
+
+/// Piece `index` of `length` items split into `parts` the way torch.chunk does: every piece has
+/// ceil(length / parts) items except that trailing pieces may hold fewer or none. This is the
+/// one place where chunk sizes are computed.
+Chunk chunk_extent(std::int64_t length, std::int64_t parts, std::int64_t index);
+
+/// The block of the global tensor one rank holds.
+struct Layout {
+  Shape local_shape;                        ///< shape of the local block
+  std::vector<std::int64_t> global_offset;  ///< index of its first element in the global tensor
+  friend bool operator==(const Layout&, const Layout&) = default;
+  /// "8x4 @ [0,4]".
+  std::string to_string() const;
+};
+
+/// Where `rank` sits in a tensor of `global_shape` placed by `spec` on `mesh`: each sharded
+/// tensor dim is split by its mesh dims in shard order (outermost first), each split applying
+/// chunk_extent to the piece left by the previous one. Validates the spec.
+Layout local_layout(const DeviceMesh& mesh, const PlacementSpec& spec, const Shape& global_shape,
+                    std::int64_t rank);
+
+/// View of `global` restricted to `layout` (shares storage).
+Tensor local_view(const Tensor& global, const Layout& layout);
+
+/// Mesh dims on which `spec` is not Shard: fixing a rank's coordinates on them gives the set of
+/// ranks whose blocks tile the global tensor exactly once.
+std::vector<int> non_shard_mesh_dims(const PlacementSpec& spec);
+
+}  // namespace meshtensor

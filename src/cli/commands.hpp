@@ -1,0 +1,10 @@
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace meshtensor::cli {
+
+/// Registers `meshtensor plan`.
+void add_plan_command(CLI::App& app);
+
+}  // namespace meshtensor::cli

@@ -1,0 +1,149 @@
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+
+namespace meshtensor::kernels {
+
+template <>
+double canonical_nan<double>() {
+  return std::bit_cast<double>(0x7FF8000000000000ull);
+}
+template <>
+float canonical_nan<float>() {
+  return std::bit_cast<float>(0x7FC00000u);
+}
+template <>
+Float16 canonical_nan<Float16>() {
+  return Float16{0x7E00};
+}
+template <>
+BFloat16 canonical_nan<BFloat16>() {
+  return BFloat16{0x7FC0};
+}
+
+namespace {
+
+template <class T>
+constexpr bool kIsHalf = std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>;
+
+template <class T>
+T convert_element(auto source) {
+  using S = decltype(source);
+  if constexpr (std::is_same_v<S, T>) {
+    return source;
+  } else if constexpr (std::is_integral_v<S> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+    return static_cast<T>(source);  // one rounding, also for i64 beyond 2^53
+  } else {
+    return element_from_double<T>(element_to_double(source));
+  }
+}
+
+// max/min on values whose order is that of `key` (float or double), with the documented NaN and
+// signed-zero rules so the result never depends on operand order.
+template <class T, class Key>
+T order_free_extremum(T a, T b, Key key_a, Key key_b, bool want_max) {
+  if (std::isnan(key_a) || std::isnan(key_b)) return canonical_nan<T>();
+  if (key_a == key_b) {
+    // Equal keys differ only for zeros: max prefers +0, min prefers -0.
+    const bool a_negative = std::signbit(key_a);
+    return (a_negative != want_max) ? a : b;
+  }
+  return ((key_a > key_b) == want_max) ? a : b;
+}
+
+template <class T>
+T combine(T a, T b, ReduceOp op) {
+  const bool is_extremum = op == ReduceOp::max || op == ReduceOp::min;
+  if constexpr (kIsHalf<T>) {
+    const float fa = to_float(a);
+    const float fb = to_float(b);
+    if (is_extremum) return order_free_extremum(a, b, fa, fb, op == ReduceOp::max);
+    return element_from_double<T>(static_cast<double>(fa + fb));  // f32 sum is exact enough to round once
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (is_extremum) return order_free_extremum(a, b, a, b, op == ReduceOp::max);
+    return a + b;
+  } else {
+    if (op == ReduceOp::max) return a > b ? a : b;
+    if (op == ReduceOp::min) return a < b ? a : b;
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));  // wraps
+  }
+}
+
+void check_same_layout(const Tensor& a, const Tensor& b, const char* operation) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) {
+    throw InvalidArgument(fmt::format("{}: tensors differ: {} {} vs {} {}", operation,
+                                      dtype_name(a.dtype()), a.shape().to_string(),
+                                      dtype_name(b.dtype()), b.shape().to_string()));
+  }
+}
+
+// Runs `fn(values)` on a contiguous version of `tensor` and writes the result back if needed.
+template <class Fn>
+void with_contiguous(Tensor& tensor, Fn&& fn) {
+  if (tensor.is_contiguous()) {
+    fn(tensor);
+    return;
+  }
+  Tensor staged = tensor.clone();
+  fn(staged);
+  tensor.copy_from(staged);
+}
+
+}  // namespace
+
+Tensor convert(const Tensor& source, DType dtype) {
+  const Tensor input = source.contiguous();
+  Tensor output(input.shape(), dtype);
+  visit_dtype(input.dtype(), [&](auto source_zero) {
+    using S = decltype(source_zero);
+    visit_dtype(dtype, [&](auto target_zero) {
+      using T = decltype(target_zero);
+      const auto from = input.values<S>();
+      auto to = output.values<T>();
+      for (std::size_t i = 0; i < from.size(); ++i) to[i] = convert_element<T>(from[i]);
+    });
+  });
+  return output;
+}
+
+void accumulate(Tensor& target, const Tensor& addend, ReduceOp op) {
+  check_same_layout(target, addend, "accumulate");
+  const Tensor source = addend.contiguous();
+  with_contiguous(target, [&](Tensor& dense) {
+    visit_dtype(dense.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      auto to = dense.values<T>();
+      const auto from = source.values<T>();
+      for (std::size_t i = 0; i < to.size(); ++i) to[i] = combine(to[i], from[i], op);
+    });
+  });
+}
+
+void divide(Tensor& tensor, double divisor) {
+  if (divisor == 0 || std::isnan(divisor)) {
+    throw InvalidArgument(fmt::format("divide by {}", divisor));
+  }
+  with_contiguous(tensor, [&](Tensor& dense) {
+    visit_dtype(dense.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      auto values = dense.values<T>();
+      for (auto& value : values) {
+        if constexpr (std::is_same_v<T, double>) {
+          value = value / divisor;
+        } else {
+          // Quotients of narrower formats are computed in f64 and rounded once.
+          value = element_from_double<T>(element_to_double(value) / divisor);
+        }
+      }
+    });
+  });
+}
+
+}  // namespace meshtensor::kernels

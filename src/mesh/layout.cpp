@@ -1,0 +1,65 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/mesh/layout.hpp>
+
+namespace meshtensor {
+
+Chunk chunk_extent(std::int64_t length, std::int64_t parts, std::int64_t index) {
+  if (length < 0 || parts < 1 || index < 0 || index >= parts) {
+    throw InvalidArgument(fmt::format("chunk_extent(length={}, parts={}, index={}) needs length >= 0, "
+                                      "parts >= 1 and 0 <= index < parts",
+                                      length, parts, index));
+  }
+  const std::int64_t chunk = (length + parts - 1) / parts;
+  const std::int64_t begin = std::min(length, chunk * index);
+  const std::int64_t end = std::min(length, begin + chunk);
+  return {begin, end - begin};
+}
+
+std::string Layout::to_string() const {
+  return fmt::format("{} @ [{}]", local_shape.to_string(), fmt::join(global_offset, ","));
+}
+
+Layout local_layout(const DeviceMesh& mesh, const PlacementSpec& spec, const Shape& global_shape,
+                    std::int64_t rank) {
+  spec.validate(mesh, global_shape.rank());
+  const std::vector<std::int64_t> coordinates = mesh.coordinates(rank);
+  std::vector<std::int64_t> sizes = global_shape.dims();
+  std::vector<std::int64_t> offsets(sizes.size(), 0);
+  for (int tensor_dim = 0; tensor_dim < global_shape.rank(); ++tensor_dim) {
+    const auto t = static_cast<std::size_t>(tensor_dim);
+    for (int mesh_dim : spec.shard_mesh_dims(tensor_dim)) {
+      const auto m = static_cast<std::size_t>(mesh_dim);
+      const Chunk piece = chunk_extent(sizes[t], mesh.sizes()[m], coordinates[m]);
+      offsets[t] += piece.offset;
+      sizes[t] = piece.size;
+    }
+  }
+  return {Shape(std::move(sizes)), std::move(offsets)};
+}
+
+Tensor local_view(const Tensor& global, const Layout& layout) {
+  if (global.rank() != layout.local_shape.rank()) {
+    throw InvalidArgument(fmt::format("layout {} has rank {}, the tensor {} has rank {}",
+                                      layout.to_string(), layout.local_shape.rank(),
+                                      global.shape().to_string(), global.rank()));
+  }
+  Tensor view = global;
+  for (int dim = 0; dim < global.rank(); ++dim) {
+    view = view.narrow(dim, layout.global_offset[static_cast<std::size_t>(dim)], layout.local_shape[dim]);
+  }
+  return view;
+}
+
+std::vector<int> non_shard_mesh_dims(const PlacementSpec& spec) {
+  std::vector<int> dims;
+  for (int m = 0; m < spec.mesh_ndim(); ++m) {
+    if (!spec.at(m).is_shard()) dims.push_back(m);
+  }
+  return dims;
+}
+
+}  // namespace meshtensor

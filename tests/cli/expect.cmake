@@ -1,0 +1,10 @@
+# Runs COMMAND; passes when it exits with EXPECTED_EXIT and its output matches PATTERN.
+execute_process(COMMAND ${COMMAND} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+if(NOT exit_code STREQUAL EXPECTED_EXIT)
+  message(FATAL_ERROR "exit status ${exit_code}, expected ${EXPECTED_EXIT}\n${all}")
+endif()
+if(NOT all MATCHES "${PATTERN}")
+  message(FATAL_ERROR "output does not match '${PATTERN}':\n${all}")
+endif()
+message(STATUS "ok: exit ${exit_code}, output matches")

@@ -1,0 +1,123 @@
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+
+namespace meshtensor::kernels {
+namespace {
+
+template <class T>
+std::uint64_t bits_of(T value) {
+  if constexpr (sizeof(T) == 8) return std::bit_cast<std::uint64_t>(value);
+  if constexpr (sizeof(T) == 4) return std::bit_cast<std::uint32_t>(value);
+  if constexpr (sizeof(T) == 2) return std::bit_cast<std::uint16_t>(value);
+  if constexpr (sizeof(T) == 1) return std::bit_cast<std::uint8_t>(value);
+}
+
+Tensor scalar_tensor(DType dtype, double value) { return Tensor::full({1}, dtype, value); }
+
+// Combines a and b with `op` in the given order and returns the result's bits.
+std::uint64_t combined_bits(DType dtype, double a, double b, ReduceOp op) {
+  Tensor target = scalar_tensor(dtype, a);
+  accumulate(target, scalar_tensor(dtype, b), op);
+  return visit_dtype(dtype, [&](auto zero) { return bits_of(target.values<decltype(zero)>()[0]); });
+}
+
+TEST(Accumulate, MaxAndMinAreOrderFreeForNaNAndSignedZeros) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double specials[] = {nan, -nan, -0.0, 0.0, 1.0, -1.0, inf, -inf, 1e-30};
+  for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+      for (double a : specials) {
+        for (double b : specials) {
+          EXPECT_EQ(combined_bits(dtype, a, b, op), combined_bits(dtype, b, a, op))
+              << dtype_name(dtype) << " " << reduce_op_name(op) << "(" << a << ", " << b << ")";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(combined_bits(DType::f32, -0.0, 0.0, ReduceOp::max), 0u);
+  EXPECT_EQ(combined_bits(DType::f32, 0.0, -0.0, ReduceOp::min), 0x80000000u);
+  EXPECT_EQ(combined_bits(DType::f32, -nan, 1.0, ReduceOp::max), 0x7FC00000u) << "canonical NaN";
+  EXPECT_EQ(combined_bits(DType::bf16, 2.0, nan, ReduceOp::min), 0x7FC0u);
+  EXPECT_EQ(combined_bits(DType::f16, 2.0, nan, ReduceOp::min), 0x7E00u);
+  EXPECT_EQ(combined_bits(DType::f64, 2.0, nan, ReduceOp::max), 0x7FF8000000000000u);
+}
+
+TEST(Accumulate, SumsInTheDTypesArithmetic) {
+  Tensor target = Tensor::from_values({3}, DType::f32, std::vector<double>{1, 0x1p-24, -3});
+  accumulate(target, Tensor::from_values({3}, DType::f32, std::vector<double>{0x1p-24, 1, 3}),
+             ReduceOp::sum);
+  EXPECT_EQ(target.values<float>()[0], 1.0f) << "1 + 2^-24 ties to even in f32";
+  EXPECT_EQ(target.values<float>()[2], 0.0f);
+  // bf16 rounds after each addition: 256 + 1 is not representable and ties to even.
+  Tensor half = scalar_tensor(DType::bf16, 256);
+  accumulate(half, scalar_tensor(DType::bf16, 1), ReduceOp::sum);
+  EXPECT_EQ(to_float(half.values<BFloat16>()[0]), 256.0f);
+  accumulate(half, scalar_tensor(DType::bf16, 3), ReduceOp::avg);
+  EXPECT_EQ(to_float(half.values<BFloat16>()[0]), 260.0f) << "avg adds; the caller divides";
+}
+
+TEST(Accumulate, IntegersWrapAndCompare) {
+  Tensor target = scalar_tensor(DType::i32, std::numeric_limits<std::int32_t>::max());
+  accumulate(target, scalar_tensor(DType::i32, 1), ReduceOp::sum);
+  EXPECT_EQ(target.values<std::int32_t>()[0], std::numeric_limits<std::int32_t>::min());
+  Tensor bytes = scalar_tensor(DType::u8, 200);
+  accumulate(bytes, scalar_tensor(DType::u8, 100), ReduceOp::sum);
+  EXPECT_EQ(bytes.values<std::uint8_t>()[0], 44);
+  accumulate(bytes, scalar_tensor(DType::u8, 50), ReduceOp::max);
+  EXPECT_EQ(bytes.values<std::uint8_t>()[0], 50);
+  Tensor longs = scalar_tensor(DType::i64, -5);
+  accumulate(longs, scalar_tensor(DType::i64, -9), ReduceOp::min);
+  EXPECT_EQ(longs.values<std::int64_t>()[0], -9);
+}
+
+TEST(Accumulate, WorksOnViewsAndRejectsMismatches) {
+  Tensor base = Tensor::zeros({4, 4}, DType::f64);
+  Tensor view = base.narrow(1, 1, 2);
+  accumulate(view, Tensor::full({4, 2}, DType::f64, 2), ReduceOp::sum);
+  const std::int64_t inside[] = {3, 2};
+  const std::int64_t outside[] = {3, 3};
+  EXPECT_EQ(base.get(inside), 2);
+  EXPECT_EQ(base.get(outside), 0);
+  EXPECT_THROW(accumulate(view, Tensor::zeros({4, 2}, DType::f32), ReduceOp::sum), InvalidArgument);
+  EXPECT_THROW(accumulate(view, Tensor::zeros({2, 4}, DType::f64), ReduceOp::sum), InvalidArgument);
+}
+
+TEST(Convert, RoundsOnceAndSaturates) {
+  const Tensor source = Tensor::from_values({4}, DType::f64,
+                                            std::vector<double>{1.0 + 0x1p-11 + 0x1p-40, 70000, -2.5, 300.7});
+  const Tensor as_f16 = convert(source, DType::f16);
+  EXPECT_EQ(as_f16.values<Float16>()[0].bits, 0x3C01);
+  EXPECT_EQ(as_f16.values<Float16>()[1].bits, 0x7C00);
+  const Tensor as_u8 = convert(source, DType::u8);
+  EXPECT_EQ(as_u8.values<std::uint8_t>()[2], 0);
+  EXPECT_EQ(as_u8.values<std::uint8_t>()[3], 255);
+  const Tensor as_i32 = convert(source, DType::i32);
+  EXPECT_EQ(as_i32.values<std::int32_t>()[2], -2);
+  const Tensor big = Tensor::from_values({1}, DType::i64, std::vector<double>{0x1p60});
+  EXPECT_EQ(convert(big, DType::f32).values<float>()[0], 0x1p60f);
+  EXPECT_TRUE(convert(source, DType::f64).bitwise_equal(source));
+  EXPECT_TRUE(convert(as_f16, DType::f32).bitwise_equal(convert(convert(as_f16, DType::f64), DType::f32)));
+}
+
+TEST(Divide, RoundsOnceAndRejectsZero) {
+  Tensor values = Tensor::from_values({2}, DType::f32, std::vector<double>{1, 10});
+  divide(values, 3);
+  EXPECT_EQ(values.values<float>()[0], 1.0f / 3.0f);
+  EXPECT_EQ(values.values<float>()[1], 10.0f / 3.0f);
+  Tensor ints = Tensor::from_values({2}, DType::i32, std::vector<double>{7, -7});
+  divide(ints, 2);
+  EXPECT_EQ(ints.values<std::int32_t>()[0], 4);  // 3.5 ties to even
+  EXPECT_EQ(ints.values<std::int32_t>()[1], -4);
+  EXPECT_THROW(divide(values, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtensor::kernels
