@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -224,11 +225,17 @@ TEST(HalfConversionStress, AllFloatPatternsToBFloat16AgreeBetweenFastAndGenericP
 
 #if defined(__x86_64__)
 __attribute__((target("f16c"))) std::uint16_t hardware_float16(float x) {
-  return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+  const __m128i half = _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT);
+  return static_cast<std::uint16_t>(_mm_extract_epi16(half, 0));
+}
+
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 
 TEST(HalfConversionStress, AllFloatPatternsToFloat16MatchF16cHardware) {
-  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "CPU has no F16C";
+  if (!cpu_has_f16c()) GTEST_SKIP() << "CPU has no F16C";
   std::uint64_t mismatches = 0;
   for (std::uint64_t bits = 0; bits <= 0xFFFFFFFFull; ++bits) {
     const float x = std::bit_cast<float>(static_cast<std::uint32_t>(bits));

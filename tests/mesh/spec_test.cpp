@@ -43,8 +43,10 @@ TEST(PlacementSpec, ShardLevelsMustBeAPermutation) {
 TEST(PlacementSpec, OnlySumAndAvgPartialsMix) {
   EXPECT_NO_THROW(PlacementSpec({Placement::partial(ReduceOp::sum), Placement::partial(ReduceOp::avg)}));
   EXPECT_NO_THROW(PlacementSpec({Placement::partial(ReduceOp::max), Placement::partial(ReduceOp::max)}));
-  for (auto [a, b] : {std::pair{ReduceOp::sum, ReduceOp::max}, std::pair{ReduceOp::avg, ReduceOp::min},
-                      std::pair{ReduceOp::max, ReduceOp::min}}) {
+  for (const auto& pair : {std::pair{ReduceOp::sum, ReduceOp::max}, std::pair{ReduceOp::avg, ReduceOp::min},
+                           std::pair{ReduceOp::max, ReduceOp::min}}) {
+    const ReduceOp a = pair.first;
+    const ReduceOp b = pair.second;
     const std::string message = error_of([&] { PlacementSpec({Placement::partial(a), Placement::partial(b)}); });
     EXPECT_NE(message.find("mixes Partial kinds"), std::string::npos) << message;
     EXPECT_NE(message.find(std::string(reduce_op_name(b))), std::string::npos) << message;
