@@ -31,7 +31,8 @@ int main() {
   const DeviceMesh mesh = parse_mesh("2x2", "dp,tp");
   const Shape shape = parse_shape("5x3");
   const Tensor global = Tensor::random_normal(shape, DType::f32, 7);
-  std::cout << fmt::format("global tensor {} f32, digest {}\n", shape.to_string(), digest_hex(global.digest()));
+  std::cout << fmt::format("global tensor {} f32, digest {}\n", shape.to_string(),
+                           digest_hex(global.digest()));
 
   for (const char* text : {"S0,S1", "S0,S0", "S0@1,S0@0", "R,S1"}) {
     const PlacementSpec spec = parse_spec(text);
@@ -53,9 +54,11 @@ int main() {
   std::cout << "\nP(sum) over dp: contributions summed in rank order\n";
   Tensor total(shape, DType::f32);
   for (std::int64_t dp = 0; dp < mesh.size(0); ++dp) {
-    const Tensor contribution = Tensor::random_normal(shape, DType::f32, 100 + static_cast<std::uint64_t>(dp));
+    const Tensor contribution =
+        Tensor::random_normal(shape, DType::f32, 100 + static_cast<std::uint64_t>(dp));
     kernels::accumulate(total, contribution, ReduceOp::sum);
-    std::cout << fmt::format("  contribution {} digest {}\n", dp, digest_hex(contribution.digest()));
+    std::cout << fmt::format("  contribution {} digest {}\n", dp,
+                             digest_hex(contribution.digest()));
   }
   std::cout << fmt::format("  replicated result digest {}\n", digest_hex(total.digest()));
   return 0;

@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
     std::cerr << "corpus " << argv[1] << " is empty\n";
     return 2;
   }
-  for (const std::string& input : corpus) run(input);
+  for (const std::string& input : corpus)
+    run(input);
   const std::string alphabet = "0123456789xSRP(),@\n sumavgmaxinf-_dpt";
   std::uint64_t state = 1;
   auto next = [&](std::uint64_t bound) { return (state = meshtensor::mix64(state)) % bound; };

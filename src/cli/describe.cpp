@@ -29,10 +29,11 @@ std::string describe_layouts(const Transition& t) {
     from_width = std::max(from_width, rows.back().size());
   }
   const std::size_t coord_width = std::max<std::size_t>(6, coordinates_text(t.mesh, 0).size());
-  out += fmt::format("{:<6}{:<{}}  {:<{}}  {}\n", "rank", "coords", coord_width, "from", from_width, "to");
+  out += fmt::format("{:<6}{:<{}}  {:<{}}  {}\n", "rank", "coords", coord_width, "from", from_width,
+                     "to");
   for (std::int64_t rank = 0; rank < t.mesh.size(); ++rank) {
-    out += fmt::format("{:<6}{:<{}}  {:<{}}  {}\n", rank, coordinates_text(t.mesh, rank), coord_width,
-                       rows[static_cast<std::size_t>(rank)], from_width,
+    out += fmt::format("{:<6}{:<{}}  {:<{}}  {}\n", rank, coordinates_text(t.mesh, rank),
+                       coord_width, rows[static_cast<std::size_t>(rank)], from_width,
                        local_layout(t.mesh, t.to, t.shape, rank).to_string());
   }
   return out;

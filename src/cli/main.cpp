@@ -1,3 +1,4 @@
+#include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -6,7 +7,8 @@
 
 #include "commands.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+int run(int argc, char** argv) {
   CLI::App app{"meshtensor: SPMD tensors sharded over an N-d device mesh"};
   app.set_version_flag("--version", "meshtensor 0.1.0");
   app.require_subcommand(1);
@@ -15,9 +17,24 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
+  }
+  return 0;
+}
+}  // namespace
+
+/// Exit status: 0 success, 2 bad input (the message names it), 3 internal error; CLI11's own
+/// statuses for malformed command lines.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
   } catch (const meshtensor::Error& error) {
     std::cerr << "meshtensor: error: " << error.what() << '\n';
     return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "meshtensor: internal error: " << error.what() << '\n';
+    return 3;
+  } catch (...) {
+    std::cerr << "meshtensor: internal error\n";
+    return 3;
   }
-  return 0;
 }

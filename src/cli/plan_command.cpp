@@ -45,10 +45,13 @@ void run_plan(const PlanOptions& options) {
 void add_plan_command(CLI::App& app) {
   auto options = std::make_shared<PlanOptions>();
   CLI::App* plan = app.add_subcommand(
-      "plan", "Show how a redistribute between two placement specs lays the tensor out on every rank");
+      "plan",
+      "Show how a redistribute between two placement specs lays the tensor out on every rank");
   plan->add_option("--mesh", options->mesh, "mesh sizes, e.g. 2x2x2")->required();
   plan->add_option("--names", options->names, "mesh dim names, e.g. dp,fsdp,tp");
-  plan->add_option("--from", options->from, "source placements, e.g. P,R,P; S0@1,S0@0 sets the shard order")->required();
+  plan->add_option("--from", options->from,
+                   "source placements, e.g. P,R,P; S0@1,S0@0 sets the shard order")
+      ->required();
   plan->add_option("--to", options->to, "target placements, e.g. R,R,R")->required();
   plan->add_option("--shape", options->shape, "global tensor shape, e.g. 16x16x16")->required();
   plan->add_option("--dtype", options->dtype, "element type: f64 f32 bf16 f16 i64 i32 u8");

@@ -28,7 +28,8 @@ void Digest64::update(std::string_view text) {
 
 void Digest64::update_u64(std::uint64_t value) {
   std::byte bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<std::byte>(value >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    bytes[i] = static_cast<std::byte>(value >> (8 * i));
   update(bytes);
 }
 
@@ -39,6 +40,8 @@ std::uint64_t Digest64::finish() const {
   return mix64(copy.state_);
 }
 
-std::string digest_hex(std::uint64_t digest) { return fmt::format("{:016x}", digest); }
+std::string digest_hex(std::uint64_t digest) {
+  return fmt::format("{:016x}", digest);
+}
 
 }  // namespace meshtensor

@@ -32,16 +32,15 @@ std::size_t dtype_size(DType dtype) {
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::f64 || dtype == DType::f32 || dtype == DType::bf16 ||
-         dtype == DType::f16;
+  return dtype == DType::f64 || dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
 }
 
 DType parse_dtype(std::string_view text) {
   for (DType dtype : kAllDTypes) {
     if (dtype_name(dtype) == text) return dtype;
   }
-  throw ParseError(fmt::format("unknown dtype '{}': expected one of f64, f32, bf16, f16, i64, i32, u8",
-                               text));
+  throw ParseError(
+      fmt::format("unknown dtype '{}': expected one of f64, f32, bf16, f16, i64, i32, u8", text));
 }
 
 namespace {

@@ -38,9 +38,11 @@ std::uint64_t round_double_to_format(double value, int exponent_bits, int mantis
 
   if (exponent < min_normal_exponent) return sign | rounded;  // a carry lands on the min normal
   if (exponent > bias) return sign | infinity;
-  const auto biased = static_cast<std::uint64_t>(exponent + bias);
+  const std::uint64_t biased =
+      static_cast<std::uint64_t>(exponent) + static_cast<std::uint64_t>(bias);
   // Adding the significand without its hidden bit lets a rounding carry bump the exponent.
-  const std::uint64_t magnitude = (biased << mantissa_bits) + (rounded - (std::uint64_t{1} << mantissa_bits));
+  const std::uint64_t magnitude =
+      (biased << mantissa_bits) + (rounded - (std::uint64_t{1} << mantissa_bits));
   return sign | (magnitude >= infinity ? infinity : magnitude);
 }
 
@@ -65,7 +67,9 @@ double decode_format(std::uint64_t bits, int exponent_bits, int mantissa_bits) {
 Float16 to_float16(double value) {
   return Float16{static_cast<std::uint16_t>(round_double_to_format(value, 5, 10))};
 }
-Float16 to_float16(float value) { return to_float16(static_cast<double>(value)); }
+Float16 to_float16(float value) {
+  return to_float16(static_cast<double>(value));
+}
 
 BFloat16 to_bfloat16(float value) {
   const auto bits = std::bit_cast<std::uint32_t>(value);

@@ -23,7 +23,8 @@ double portable_log(double x) {
   const double t = (mantissa - 1) / (mantissa + 1);
   const double t2 = t * t;
   double series = 1.0 / 25;
-  for (int k = 11; k >= 0; --k) series = 1.0 / (2 * k + 1) + t2 * series;
+  for (int k = 11; k >= 0; --k)
+    series = 1.0 / (2 * k + 1) + t2 * series;
   constexpr double kLn2High = 6.93147180369123816490e-01;  // ln 2 with trailing zero bits
   constexpr double kLn2Low = 1.90821492927058770002e-10;
   const double e = exponent;

@@ -19,7 +19,8 @@ Shape::Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {
   if (has_zero) return;
   for (std::int64_t dim : dims_) {
     if (dim > kMaxNumel / numel_) {
-      throw InvalidArgument(fmt::format("shape {} has more than 2^48 elements", fmt::join(dims_, "x")));
+      throw InvalidArgument(
+          fmt::format("shape {} has more than 2^48 elements", fmt::join(dims_, "x")));
     }
     numel_ *= dim;
   }
@@ -27,8 +28,8 @@ Shape::Shape(std::vector<std::int64_t> dims) : dims_(std::move(dims)) {
 
 std::int64_t Shape::at(int dim) const {
   if (dim < 0 || dim >= rank()) {
-    throw InvalidArgument(fmt::format("dim {} is out of range for shape {} of rank {}", dim,
-                                      to_string(), rank()));
+    throw InvalidArgument(
+        fmt::format("dim {} is out of range for shape {} of rank {}", dim, to_string(), rank()));
   }
   return dims_[static_cast<std::size_t>(dim)];
 }
@@ -62,7 +63,8 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
 }
 
 std::int64_t parse_count(std::string_view text, std::int64_t max_value, std::string_view what) {
-  if (text.empty()) throw ParseError(fmt::format("{}: empty where a non-negative integer is expected", what));
+  if (text.empty())
+    throw ParseError(fmt::format("{}: empty where a non-negative integer is expected", what));
   std::int64_t value = 0;
   for (char c : text) {
     if (c < '0' || c > '9') {
@@ -81,8 +83,8 @@ Shape parse_shape(std::string_view text) {
   std::vector<std::int64_t> dims;
   for (std::string_view field : split(text, 'x')) {
     if (field.empty()) {
-      throw ParseError(fmt::format("shape '{}' has an empty dim: expected dims joined by 'x', e.g. 16x16",
-                                   text));
+      throw ParseError(fmt::format(
+          "shape '{}' has an empty dim: expected dims joined by 'x', e.g. 16x16", text));
     }
     dims.push_back(parse_count(field, kMaxNumel, fmt::format("shape '{}'", text)));
   }

@@ -44,7 +44,9 @@ Tensor::Tensor(Shape shape, DType dtype)
   storage_ = allocate_zeroed(static_cast<std::size_t>(shape_.numel()) * dtype_size(dtype));
 }
 
-Tensor Tensor::zeros(Shape shape, DType dtype) { return Tensor(std::move(shape), dtype); }
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  return Tensor(std::move(shape), dtype);
+}
 
 Tensor Tensor::full(Shape shape, DType dtype, double value) {
   Tensor tensor(std::move(shape), dtype);
@@ -59,9 +61,9 @@ Tensor Tensor::arange(Shape shape, DType dtype) {
 
 Tensor Tensor::random_normal(Shape shape, DType dtype, std::uint64_t seed) {
   if (!is_floating(dtype)) {
-    throw InvalidArgument(fmt::format(
-        "random_normal needs a floating dtype, got {} (use random_int for integers)",
-        dtype_name(dtype)));
+    throw InvalidArgument(
+        fmt::format("random_normal needs a floating dtype, got {} (use random_int for integers)",
+                    dtype_name(dtype)));
   }
   return generate_tensor(std::move(shape), dtype,
                          [seed](std::uint64_t i) { return normal_sample(seed, i); });
@@ -103,13 +105,14 @@ std::byte* Tensor::first_element() const {
 void Tensor::check_typed_access(DType requested) const {
   check_defined("element access");
   if (requested != dtype_) {
-    throw InvalidArgument(fmt::format("tensor holds {}, not {}", dtype_name(dtype_),
-                                      dtype_name(requested)));
+    throw InvalidArgument(
+        fmt::format("tensor holds {}, not {}", dtype_name(dtype_), dtype_name(requested)));
   }
   if (!is_contiguous()) {
-    throw InvalidArgument(fmt::format("direct element access needs a contiguous tensor; this {} view "
-                                      "is strided (call contiguous())",
-                                      shape_.to_string()));
+    throw InvalidArgument(
+        fmt::format("direct element access needs a contiguous tensor; this {} view "
+                    "is strided (call contiguous())",
+                    shape_.to_string()));
   }
 }
 
@@ -122,15 +125,18 @@ std::span<std::byte> Tensor::bytes() {
   return {first_element(), nbytes()};
 }
 
-std::span<const std::byte> Tensor::bytes() const { return const_cast<Tensor*>(this)->bytes(); }
+std::span<const std::byte> Tensor::bytes() const {
+  return const_cast<Tensor*>(this)->bytes();
+}
 
 Tensor Tensor::narrow(int dim, std::int64_t start, std::int64_t length) const {
   check_defined("narrow");
   const std::int64_t size = shape_.at(dim);
   if (start < 0 || length < 0 || start > size || length > size - start) {
-    throw InvalidArgument(fmt::format("narrow(dim={}, start={}, length={}) is outside dim {} of "
-                                      "size {} (shape {})",
-                                      dim, start, length, dim, size, shape_.to_string()));
+    throw InvalidArgument(
+        fmt::format("narrow(dim={}, start={}, length={}) is outside dim {} of "
+                    "size {} (shape {})",
+                    dim, start, length, dim, size, shape_.to_string()));
   }
   Tensor view = *this;
   std::vector<std::int64_t> dims = shape_.dims();
@@ -147,7 +153,9 @@ Tensor Tensor::clone() const {
   return copy;
 }
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor Tensor::contiguous() const {
+  return is_contiguous() ? *this : clone();
+}
 
 void Tensor::copy_from(const Tensor& source) {
   check_defined("copy_from (destination)");
@@ -193,7 +201,8 @@ void Tensor::fill(double value) {
     using T = decltype(zero);
     const T element = element_from_double<T>(value);
     for_each_run([&](std::byte* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i) std::memcpy(p + i * sizeof(T), &element, sizeof(T));
+      for (std::size_t i = 0; i < n; ++i)
+        std::memcpy(p + i * sizeof(T), &element, sizeof(T));
     });
   });
 }
@@ -201,15 +210,15 @@ void Tensor::fill(double value) {
 std::int64_t Tensor::element_offset(std::span<const std::int64_t> index) const {
   check_defined("element access");
   if (static_cast<int>(index.size()) != rank()) {
-    throw InvalidArgument(fmt::format("index has {} entries for a tensor of rank {}", index.size(),
-                                      rank()));
+    throw InvalidArgument(
+        fmt::format("index has {} entries for a tensor of rank {}", index.size(), rank()));
   }
   std::int64_t offset = offset_;
   for (int d = 0; d < rank(); ++d) {
     const std::int64_t i = index[static_cast<std::size_t>(d)];
     if (i < 0 || i >= shape_[d]) {
-      throw InvalidArgument(fmt::format("index {} is out of range for dim {} of size {}", i, d,
-                                        shape_[d]));
+      throw InvalidArgument(
+          fmt::format("index {} is out of range for dim {} of size {}", i, d, shape_[d]));
     }
     offset += i * strides_[static_cast<std::size_t>(d)];
   }
@@ -240,7 +249,8 @@ std::uint64_t Tensor::digest() const {
   Digest64 digest;
   digest.update(dtype_name(dtype_));
   digest.update_u64(static_cast<std::uint64_t>(rank()));
-  for (std::int64_t dim : shape_.dims()) digest.update_u64(static_cast<std::uint64_t>(dim));
+  for (std::int64_t dim : shape_.dims())
+    digest.update_u64(static_cast<std::uint64_t>(dim));
   const std::size_t element = dtype_size(dtype_);
   for_each_run([&](std::byte* p, std::size_t n) { digest.update({p, n * element}); });
   return digest.finish();

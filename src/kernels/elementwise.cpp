@@ -37,7 +37,8 @@ T convert_element(auto source) {
   using S = decltype(source);
   if constexpr (std::is_same_v<S, T>) {
     return source;
-  } else if constexpr (std::is_integral_v<S> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+  } else if constexpr (std::is_integral_v<S> &&
+                       (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
     return static_cast<T>(source);  // one rounding, also for i64 beyond 2^53
   } else {
     return element_from_double<T>(element_to_double(source));
@@ -64,7 +65,8 @@ T combine(T a, T b, ReduceOp op) {
     const float fa = to_float(a);
     const float fb = to_float(b);
     if (is_extremum) return order_free_extremum(a, b, fa, fb, op == ReduceOp::max);
-    return element_from_double<T>(static_cast<double>(fa + fb));  // f32 sum is exact enough to round once
+    return element_from_double<T>(
+        static_cast<double>(fa + fb));  // f32 sum is exact enough to round once
   } else if constexpr (std::is_floating_point_v<T>) {
     if (is_extremum) return order_free_extremum(a, b, a, b, op == ReduceOp::max);
     return a + b;
@@ -107,7 +109,8 @@ Tensor convert(const Tensor& source, DType dtype) {
       using T = decltype(target_zero);
       const auto from = input.values<S>();
       auto to = output.values<T>();
-      for (std::size_t i = 0; i < from.size(); ++i) to[i] = convert_element<T>(from[i]);
+      for (std::size_t i = 0; i < from.size(); ++i)
+        to[i] = convert_element<T>(from[i]);
     });
   });
   return output;
@@ -121,7 +124,8 @@ void accumulate(Tensor& target, const Tensor& addend, ReduceOp op) {
       using T = decltype(zero);
       auto to = dense.values<T>();
       const auto from = source.values<T>();
-      for (std::size_t i = 0; i < to.size(); ++i) to[i] = combine(to[i], from[i], op);
+      for (std::size_t i = 0; i < to.size(); ++i)
+        to[i] = combine(to[i], from[i], op);
     });
   });
 }

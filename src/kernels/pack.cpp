@@ -9,7 +9,8 @@ namespace meshtensor::kernels {
 
 std::size_t packed_size(std::span<const Tensor> pieces) {
   std::size_t total = 0;
-  for (const Tensor& piece : pieces) total += piece.nbytes();
+  for (const Tensor& piece : pieces)
+    total += piece.nbytes();
   return total;
 }
 

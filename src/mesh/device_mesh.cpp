@@ -8,7 +8,9 @@ namespace meshtensor {
 namespace {
 bool is_identifier(std::string_view name) {
   if (name.empty() || name.size() > 64) return false;
-  auto is_alpha = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  auto is_alpha = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+  };
   if (!is_alpha(name[0])) return false;
   for (char c : name) {
     if (!is_alpha(c) && !(c >= '0' && c <= '9')) return false;
@@ -30,8 +32,8 @@ DeviceMesh::DeviceMesh(std::vector<std::int64_t> sizes, std::vector<std::string>
                                         fmt::join(sizes_, "x"), dim_size));
     }
     if (dim_size > kMaxMeshRanks / size_) {
-      throw InvalidArgument(fmt::format("mesh {} has more than {} ranks", fmt::join(sizes_, "x"),
-                                        kMaxMeshRanks));
+      throw InvalidArgument(
+          fmt::format("mesh {} has more than {} ranks", fmt::join(sizes_, "x"), kMaxMeshRanks));
     }
     size_ *= dim_size;
   }
@@ -42,9 +44,10 @@ DeviceMesh::DeviceMesh(std::vector<std::int64_t> sizes, std::vector<std::string>
   }
   for (std::size_t i = 0; i < names_.size(); ++i) {
     if (!is_identifier(names_[i])) {
-      throw InvalidArgument(fmt::format(
-          "mesh dim name '{}' is not an identifier (letters, digits, '_'; not starting with a digit)",
-          names_[i]));
+      throw InvalidArgument(
+          fmt::format("mesh dim name '{}' is not an identifier (letters, digits, '_'; not starting "
+                      "with a digit)",
+                      names_[i]));
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (names_[i] == names_[j]) {
@@ -77,8 +80,8 @@ int DeviceMesh::dim_index(std::string_view name) const {
 
 void DeviceMesh::check_rank(std::int64_t rank) const {
   if (rank < 0 || rank >= size_) {
-    throw InvalidArgument(fmt::format("rank {} is out of range for mesh {} of {} ranks", rank,
-                                      to_string(), size_));
+    throw InvalidArgument(
+        fmt::format("rank {} is out of range for mesh {} of {} ranks", rank, to_string(), size_));
   }
 }
 
@@ -124,15 +127,18 @@ std::int64_t DeviceMesh::rank_at(std::span<const std::int64_t> coordinates) cons
 std::int64_t DeviceMesh::group_size(std::span<const int> dims) const {
   check_dims(dims);
   std::int64_t product = 1;
-  for (int dim : dims) product *= sizes_[static_cast<std::size_t>(dim)];
+  for (int dim : dims)
+    product *= sizes_[static_cast<std::size_t>(dim)];
   return product;
 }
 
-std::vector<std::int64_t> DeviceMesh::group_ranks(std::int64_t rank, std::span<const int> dims) const {
+std::vector<std::int64_t> DeviceMesh::group_ranks(std::int64_t rank,
+                                                  std::span<const int> dims) const {
   std::vector<std::int64_t> coordinates = this->coordinates(rank);
   std::vector<std::int64_t> ranks(static_cast<std::size_t>(group_size(dims)));
   // Odometer over `dims`, the last listed dim varying fastest.
-  for (int dim : dims) coordinates[static_cast<std::size_t>(dim)] = 0;
+  for (int dim : dims)
+    coordinates[static_cast<std::size_t>(dim)] = 0;
   for (std::int64_t& member : ranks) {
     member = rank_at(coordinates);
     for (auto it = dims.rbegin(); it != dims.rend(); ++it) {
@@ -158,7 +164,8 @@ std::int64_t DeviceMesh::group_position(std::int64_t rank, std::span<const int> 
 std::string DeviceMesh::to_string() const {
   if (names_.empty()) return fmt::format("{}", fmt::join(sizes_, "x"));
   std::vector<std::string> parts;
-  for (std::size_t d = 0; d < sizes_.size(); ++d) parts.push_back(fmt::format("{}={}", names_[d], sizes_[d]));
+  for (std::size_t d = 0; d < sizes_.size(); ++d)
+    parts.push_back(fmt::format("{}={}", names_[d], sizes_[d]));
   return fmt::format("{}", fmt::join(parts, ","));
 }
 

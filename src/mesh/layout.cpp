@@ -9,9 +9,10 @@ namespace meshtensor {
 
 Chunk chunk_extent(std::int64_t length, std::int64_t parts, std::int64_t index) {
   if (length < 0 || parts < 1 || index < 0 || index >= parts) {
-    throw InvalidArgument(fmt::format("chunk_extent(length={}, parts={}, index={}) needs length >= 0, "
-                                      "parts >= 1 and 0 <= index < parts",
-                                      length, parts, index));
+    throw InvalidArgument(
+        fmt::format("chunk_extent(length={}, parts={}, index={}) needs length >= 0, "
+                    "parts >= 1 and 0 <= index < parts",
+                    length, parts, index));
   }
   const std::int64_t chunk = (length + parts - 1) / parts;
   const std::int64_t begin = std::min(length, chunk * index);
@@ -49,7 +50,8 @@ Tensor local_view(const Tensor& global, const Layout& layout) {
   }
   Tensor view = global;
   for (int dim = 0; dim < global.rank(); ++dim) {
-    view = view.narrow(dim, layout.global_offset[static_cast<std::size_t>(dim)], layout.local_shape[dim]);
+    view = view.narrow(dim, layout.global_offset[static_cast<std::size_t>(dim)],
+                       layout.local_shape[dim]);
   }
   return view;
 }

@@ -11,8 +11,10 @@ constexpr int kMaxShardDim = 63;
 
 std::string_view trim(std::string_view text) {
   const auto is_space = [](char c) { return c == ' ' || c == '\t'; };
-  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
-  while (!text.empty() && is_space(text.back())) text.remove_suffix(1);
+  while (!text.empty() && is_space(text.front()))
+    text.remove_prefix(1);
+  while (!text.empty() && is_space(text.back()))
+    text.remove_suffix(1);
   return text;
 }
 
@@ -44,9 +46,10 @@ PlacementToken parse_placement_token(std::string_view token) {
     try {
       return {Placement::partial(parse_reduce_op(op))};
     } catch (const ParseError&) {
-      throw ParseError(fmt::format("placement '{}' has unknown reduce op '{}': expected sum, avg, "
-                                   "max or min",
-                                   text, op));
+      throw ParseError(
+          fmt::format("placement '{}' has unknown reduce op '{}': expected sum, avg, "
+                      "max or min",
+                      text, op));
     }
   }
   if (text[0] == 'S') {
@@ -57,8 +60,8 @@ PlacementToken parse_placement_token(std::string_view token) {
                                            fmt::format("shard level of placement '{}'", text)));
       dim = dim.substr(0, at);
     }
-    const auto tensor_dim = static_cast<int>(
-        parse_count(dim, kMaxShardDim, fmt::format("placement '{}'", text)));
+    const auto tensor_dim =
+        static_cast<int>(parse_count(dim, kMaxShardDim, fmt::format("placement '{}'", text)));
     return {Placement::shard(tensor_dim), level};
   }
   throw ParseError(fmt::format("unknown placement '{}': {}", text, kExpected));
@@ -67,7 +70,8 @@ PlacementToken parse_placement_token(std::string_view token) {
 
 std::vector<std::string> parse_dim_names(std::string_view text) {
   std::vector<std::string> names;
-  for (std::string_view field : split(text, ',')) names.emplace_back(trim(field));
+  for (std::string_view field : split(text, ','))
+    names.emplace_back(trim(field));
   return names;
 }
 
@@ -76,9 +80,10 @@ DeviceMesh parse_mesh(std::string_view sizes, std::string_view names) {
   std::vector<std::int64_t> dims;
   for (std::string_view field : split(sizes, 'x')) {
     if (field.empty()) {
-      throw ParseError(fmt::format("mesh '{}' has an empty size: expected sizes joined by 'x', "
-                                   "e.g. 2x4",
-                                   sizes));
+      throw ParseError(
+          fmt::format("mesh '{}' has an empty size: expected sizes joined by 'x', "
+                      "e.g. 2x4",
+                      sizes));
     }
     dims.push_back(parse_count(field, kMaxMeshRanks, fmt::format("mesh '{}'", sizes)));
   }
@@ -90,13 +95,15 @@ DeviceMesh parse_mesh(std::string_view sizes, std::string_view names) {
 Placement parse_placement(std::string_view token) {
   const PlacementToken parsed = parse_placement_token(token);
   if (parsed.level >= 0) {
-    throw ParseError(fmt::format("placement '{}': a shard level '@k' belongs in a whole spec", token));
+    throw ParseError(
+        fmt::format("placement '{}': a shard level '@k' belongs in a whole spec", token));
   }
   return parsed.placement;
 }
 
 PlacementSpec parse_spec(std::string_view text) {
-  if (trim(text).empty()) throw ParseError("empty spec: expected placements joined by ',', e.g. S0,R,P");
+  if (trim(text).empty())
+    throw ParseError("empty spec: expected placements joined by ',', e.g. S0,R,P");
   std::vector<Placement> placements;
   std::vector<int> levels;
   bool any_level = false;
@@ -115,10 +122,11 @@ PlacementSpec parse_spec(std::string_view text) {
                                  placements.size(), kMaxMeshDims));
   }
   if (any_level && any_shard_without_level) {
-    throw ParseError(fmt::format(
-        "spec '{}' gives a shard level '@k' to some Shard placements but not all: give every Shard a "
-        "level or none",
-        text));
+    throw ParseError(
+        fmt::format("spec '{}' gives a shard level '@k' to some Shard placements but not all: give "
+                    "every Shard a "
+                    "level or none",
+                    text));
   }
   return rethrow_as_parse_error([&] {
     return any_level ? PlacementSpec(std::move(placements), std::move(levels))

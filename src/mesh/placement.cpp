@@ -10,9 +10,13 @@ Placement Placement::shard(int tensor_dim) {
   return {Kind::shard, tensor_dim, ReduceOp::sum};
 }
 
-Placement Placement::replicate() { return {Kind::replicate, -1, ReduceOp::sum}; }
+Placement Placement::replicate() {
+  return {Kind::replicate, -1, ReduceOp::sum};
+}
 
-Placement Placement::partial(ReduceOp op) { return {Kind::partial, -1, op}; }
+Placement Placement::partial(ReduceOp op) {
+  return {Kind::partial, -1, op};
+}
 
 int Placement::shard_dim() const {
   if (!is_shard()) throw InvalidArgument(fmt::format("{} is not a Shard placement", to_string()));
@@ -20,7 +24,8 @@ int Placement::shard_dim() const {
 }
 
 ReduceOp Placement::reduce_op() const {
-  if (!is_partial()) throw InvalidArgument(fmt::format("{} is not a Partial placement", to_string()));
+  if (!is_partial())
+    throw InvalidArgument(fmt::format("{} is not a Partial placement", to_string()));
   return op_;
 }
 

@@ -13,7 +13,8 @@ std::vector<int> default_levels(const std::vector<Placement>& placements) {
   for (std::size_t m = 0; m < placements.size(); ++m) {
     if (!placements[m].is_shard()) continue;
     for (std::size_t earlier = 0; earlier < m; ++earlier) {
-      if (placements[earlier].is_shard() && placements[earlier].shard_dim() == placements[m].shard_dim()) {
+      if (placements[earlier].is_shard() &&
+          placements[earlier].shard_dim() == placements[m].shard_dim()) {
         ++levels[m];
       }
     }
@@ -30,8 +31,8 @@ PlacementSpec::PlacementSpec(std::vector<Placement> placements)
 PlacementSpec::PlacementSpec(std::vector<Placement> placements, std::vector<int> shard_levels)
     : placements_(std::move(placements)), shard_levels_(std::move(shard_levels)) {
   if (shard_levels_.size() != placements_.size()) {
-    throw InvalidArgument(fmt::format("{} shard levels for {} placements", shard_levels_.size(),
-                                      placements_.size()));
+    throw InvalidArgument(
+        fmt::format("{} shard levels for {} placements", shard_levels_.size(), placements_.size()));
   }
   for (std::size_t m = 0; m < placements_.size(); ++m) {
     if (!placements_[m].is_shard()) shard_levels_[m] = 0;
@@ -51,7 +52,8 @@ PlacementSpec::PlacementSpec(std::vector<Placement> placements, std::vector<int>
     for (std::size_t i = 0; i < levels.size(); ++i) {
       if (levels[i] != static_cast<int>(i)) {
         throw InvalidArgument(fmt::format(
-            "spec {}: the {} mesh dims sharding tensor dim {} need levels 0..{} once each, got [{}]",
+            "spec {}: the {} mesh dims sharding tensor dim {} need levels 0..{} once each, got "
+            "[{}]",
             to_string(), levels.size(), tensor_dim, levels.size() - 1, fmt::join(levels, ",")));
       }
     }
@@ -65,7 +67,8 @@ void PlacementSpec::check_partial_mix() const {
     if (placement.is_partial()) seen[static_cast<int>(placement.reduce_op())] = true;
   }
   const int kinds = seen[0] + seen[1] + seen[2] + seen[3];
-  const bool has_extremum = seen[static_cast<int>(ReduceOp::max)] || seen[static_cast<int>(ReduceOp::min)];
+  const bool has_extremum =
+      seen[static_cast<int>(ReduceOp::max)] || seen[static_cast<int>(ReduceOp::min)];
   if (has_extremum && kinds > 1) {
     throw InvalidArgument(fmt::format(
         "spec {} mixes Partial kinds that do not combine; only sum and avg may be mixed",
@@ -75,7 +78,8 @@ void PlacementSpec::check_partial_mix() const {
 
 const Placement& PlacementSpec::at(int mesh_dim) const {
   if (mesh_dim < 0 || mesh_dim >= mesh_ndim()) {
-    throw InvalidArgument(fmt::format("mesh dim {} is out of range for spec {}", mesh_dim, to_string()));
+    throw InvalidArgument(
+        fmt::format("mesh dim {} is out of range for spec {}", mesh_dim, to_string()));
   }
   return placements_[static_cast<std::size_t>(mesh_dim)];
 }

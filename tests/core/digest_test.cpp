@@ -9,7 +9,8 @@ namespace {
 
 TEST(Digest64, SplittingTheStreamDoesNotChangeTheDigest) {
   std::vector<std::byte> bytes(101);
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 37);
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<std::byte>(i * 37);
   Digest64 whole;
   whole.update(bytes);
   for (std::size_t cut = 0; cut <= bytes.size(); cut += 7) {

@@ -9,7 +9,8 @@ namespace meshtensor {
 namespace {
 
 TEST(DType, NamesParseBackToTheSameDType) {
-  for (DType dtype : kAllDTypes) EXPECT_EQ(parse_dtype(dtype_name(dtype)), dtype);
+  for (DType dtype : kAllDTypes)
+    EXPECT_EQ(parse_dtype(dtype_name(dtype)), dtype);
 }
 
 TEST(DType, SizesMatchStorageTypes) {

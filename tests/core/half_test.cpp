@@ -25,13 +25,15 @@ class NearestReference {
   NearestReference(int exponent_bits, int mantissa_bits)
       : exponent_bits_(exponent_bits), mantissa_bits_(mantissa_bits) {
     const std::uint64_t infinity = ((std::uint64_t{1} << exponent_bits) - 1) << mantissa_bits;
-    for (std::uint64_t p = 0; p < infinity; ++p) values_.push_back(decode_format(p, exponent_bits, mantissa_bits));
+    for (std::uint64_t p = 0; p < infinity; ++p)
+      values_.push_back(decode_format(p, exponent_bits, mantissa_bits));
     const int bias = (1 << (exponent_bits - 1)) - 1;
     values_.push_back(std::ldexp(1.0, bias + 1));  // "value" of the infinity pattern
   }
 
   std::uint64_t round(double x) const {
-    const std::uint64_t sign = std::signbit(x) ? std::uint64_t{1} << (exponent_bits_ + mantissa_bits_) : 0;
+    const std::uint64_t sign =
+        std::signbit(x) ? std::uint64_t{1} << (exponent_bits_ + mantissa_bits_) : 0;
     const double magnitude = std::fabs(x);
     const std::uint64_t infinity = values_.size() - 1;
     if (magnitude >= values_.back()) return sign | infinity;
@@ -55,7 +57,9 @@ class NearestReference {
   std::vector<double> values_;
 };
 
-std::uint32_t float_bits(float value) { return std::bit_cast<std::uint32_t>(value); }
+std::uint32_t float_bits(float value) {
+  return std::bit_cast<std::uint32_t>(value);
+}
 
 // f32 inputs for a sweep: every combination of the upper 20 bits (sign, exponent and the top 11
 // mantissa bits, which covers each f16 rounding position in the normal range and the guard bit)
@@ -64,27 +68,44 @@ template <class Check>
 void sweep_f32_classes(Check check) {
   const std::uint32_t low_patterns[] = {0x000, 0x001, 0x7FF, 0x800, 0x801, 0xFFF, 0x5A3};
   for (std::uint32_t upper = 0; upper < (1u << 20); ++upper) {
-    for (std::uint32_t low : low_patterns) check(std::bit_cast<float>((upper << 12) | low));
+    for (std::uint32_t low : low_patterns)
+      check(std::bit_cast<float>((upper << 12) | low));
   }
 }
 
 TEST(HalfConversion, GenericRoundingMatchesHardwareDoubleToFloat) {
   // The generic routine with binary32's field widths must agree with the CPU's conversion.
-  std::vector<double> inputs = {0.0, -0.0, 1.0, -1.0, 0x1p-149, 0x1p-150, 0x1.8p-150, 0x1p-151,
-                                0x1.fffffep127, 0x1.fffffefffffffp127, 0x1.ffffffp127, 1e300,
-                                -1e300, 0x1.000001p0, 0x1.0000010000001p0, 0x1.0000030p0,
-                                std::numeric_limits<double>::infinity(), 5e-324};
+  std::vector<double> inputs = {0.0,
+                                -0.0,
+                                1.0,
+                                -1.0,
+                                0x1p-149,
+                                0x1p-150,
+                                0x1.8p-150,
+                                0x1p-151,
+                                0x1.fffffep127,
+                                0x1.fffffefffffffp127,
+                                0x1.ffffffp127,
+                                1e300,
+                                -1e300,
+                                0x1.000001p0,
+                                0x1.0000010000001p0,
+                                0x1.0000030p0,
+                                std::numeric_limits<double>::infinity(),
+                                5e-324};
   for (std::uint64_t i = 0; i < 200000; ++i) {
     const std::uint64_t bits = mix64(i);
     inputs.push_back(std::bit_cast<double>(bits));
     // Concentrate on the binary32 exponent range, with ties and near-ties.
     const std::uint64_t exponent = 1023 - 160 + (bits % 300);
-    const std::uint64_t mantissa = (mix64(bits) & ((1ull << 52) - 1)) & ~((i & 1) ? 0x0FFFFFFFull : 0ull);
+    const std::uint64_t mantissa =
+        (mix64(bits) & ((1ull << 52) - 1)) & ~((i & 1) ? 0x0FFFFFFFull : 0ull);
     inputs.push_back(std::bit_cast<double>((bits & (1ull << 63)) | (exponent << 52) | mantissa));
   }
   for (double x : inputs) {
     if (std::isnan(x)) continue;
-    EXPECT_EQ(round_double_to_format(x, 8, 23), float_bits(static_cast<float>(x))) << std::hexfloat << x;
+    EXPECT_EQ(round_double_to_format(x, 8, 23), float_bits(static_cast<float>(x)))
+        << std::hexfloat << x;
   }
 }
 

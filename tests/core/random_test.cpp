@@ -51,7 +51,8 @@ TEST(Random, UniformIntsStayInRangeAndCoverIt) {
     ASSERT_LE(v, 3);
     ++seen[v + 3];
   }
-  for (int count : seen) EXPECT_GT(count, 800);
+  for (int count : seen)
+    EXPECT_GT(count, 800);
   EXPECT_THROW(uniform_int_sample(1, 0, 3, 2), InvalidArgument);
 }
 

@@ -26,9 +26,11 @@ std::vector<double> all_values(const Tensor& tensor) {
 TEST(Tensor, FactoriesFillAsNamed) {
   EXPECT_EQ(all_values(Tensor::zeros({2, 2}, DType::i32)), (std::vector<double>{0, 0, 0, 0}));
   EXPECT_EQ(all_values(Tensor::full({3}, DType::bf16, 1.5)), (std::vector<double>{1.5, 1.5, 1.5}));
-  EXPECT_EQ(all_values(Tensor::arange({2, 3}, DType::f16)), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(all_values(Tensor::arange({2, 3}, DType::f16)),
+            (std::vector<double>{0, 1, 2, 3, 4, 5}));
   const double values[] = {1, -2, 3.25};
-  EXPECT_EQ(all_values(Tensor::from_values({3}, DType::f64, values)), (std::vector<double>{1, -2, 3.25}));
+  EXPECT_EQ(all_values(Tensor::from_values({3}, DType::f64, values)),
+            (std::vector<double>{1, -2, 3.25}));
   EXPECT_THROW(Tensor::from_values({2}, DType::f64, values), InvalidArgument);
   EXPECT_THROW(Tensor::random_normal({2}, DType::i32, 1), InvalidArgument);
 }
@@ -40,8 +42,8 @@ TEST(Tensor, NarrowIsAViewThatSharesStorage) {
   EXPECT_FALSE(view.is_contiguous());
   EXPECT_EQ(all_values(view), (std::vector<double>{7, 8, 9, 12, 13, 14}));
   view.fill(-1);
-  EXPECT_EQ(all_values(base), (std::vector<double>{0, 1, 2, 3, 4, 5, 6, -1, -1, -1, 10, 11, -1,
-                                                   -1, -1, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(all_values(base), (std::vector<double>{0,  1,  2,  3,  4,  5,  6,  -1, -1, -1,
+                                                   10, 11, -1, -1, -1, 15, 16, 17, 18, 19}));
   EXPECT_TRUE(base.narrow(0, 1, 2).is_contiguous());
   EXPECT_EQ(base.narrow(1, 5, 0).numel(), 0);
 }
@@ -52,7 +54,8 @@ TEST(Tensor, NarrowOutOfRangeNamesTheValues) {
     base.narrow(1, 3, 3);
     FAIL();
   } catch (const InvalidArgument& error) {
-    EXPECT_NE(std::string(error.what()).find("narrow(dim=1, start=3, length=3)"), std::string::npos);
+    EXPECT_NE(std::string(error.what()).find("narrow(dim=1, start=3, length=3)"),
+              std::string::npos);
   }
   EXPECT_THROW(base.narrow(2, 0, 1), InvalidArgument);
   EXPECT_THROW(base.narrow(0, -1, 1), InvalidArgument);
@@ -65,7 +68,8 @@ TEST(Tensor, CopyBetweenViewsMovesExactlyTheViewedElements) {
   const std::vector<double> values = all_values(target);
   for (std::int64_t r = 0; r < 5; ++r) {
     for (std::int64_t c = 0; c < 6; ++c) {
-      const double expected = (r >= 2 && c >= 1 && c < 3) ? static_cast<double>((r - 2) * 4 + 2 + (c - 1)) : -7;
+      const double expected =
+          (r >= 2 && c >= 1 && c < 3) ? static_cast<double>((r - 2) * 4 + 2 + (c - 1)) : -7;
       EXPECT_EQ(values[static_cast<std::size_t>(r * 6 + c)], expected) << r << "," << c;
     }
   }

@@ -19,7 +19,9 @@ std::uint64_t bits_of(T value) {
   if constexpr (sizeof(T) == 1) return std::bit_cast<std::uint8_t>(value);
 }
 
-Tensor scalar_tensor(DType dtype, double value) { return Tensor::full({1}, dtype, value); }
+Tensor scalar_tensor(DType dtype, double value) {
+  return Tensor::full({1}, dtype, value);
+}
 
 // Combines a and b with `op` in the given order and returns the result's bits.
 std::uint64_t combined_bits(DType dtype, double a, double b, ReduceOp op) {
@@ -91,8 +93,8 @@ TEST(Accumulate, WorksOnViewsAndRejectsMismatches) {
 }
 
 TEST(Convert, RoundsOnceAndSaturates) {
-  const Tensor source = Tensor::from_values({4}, DType::f64,
-                                            std::vector<double>{1.0 + 0x1p-11 + 0x1p-40, 70000, -2.5, 300.7});
+  const Tensor source = Tensor::from_values(
+      {4}, DType::f64, std::vector<double>{1.0 + 0x1p-11 + 0x1p-40, 70000, -2.5, 300.7});
   const Tensor as_f16 = convert(source, DType::f16);
   EXPECT_EQ(as_f16.values<Float16>()[0].bits, 0x3C01);
   EXPECT_EQ(as_f16.values<Float16>()[1].bits, 0x7C00);
@@ -104,7 +106,8 @@ TEST(Convert, RoundsOnceAndSaturates) {
   const Tensor big = Tensor::from_values({1}, DType::i64, std::vector<double>{0x1p60});
   EXPECT_EQ(convert(big, DType::f32).values<float>()[0], 0x1p60f);
   EXPECT_TRUE(convert(source, DType::f64).bitwise_equal(source));
-  EXPECT_TRUE(convert(as_f16, DType::f32).bitwise_equal(convert(convert(as_f16, DType::f64), DType::f32)));
+  EXPECT_TRUE(
+      convert(as_f16, DType::f32).bitwise_equal(convert(convert(as_f16, DType::f64), DType::f32)));
 }
 
 TEST(Divide, RoundsOnceAndRejectsZero) {

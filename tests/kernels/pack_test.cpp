@@ -18,7 +18,8 @@ TEST(Pack, ViewsOfDifferentDTypesRoundTrip) {
   pack(pieces, buffer);
 
   Tensor base_a = Tensor::full({4, 6}, DType::f32, -1);
-  std::vector<Tensor> targets = {base_a.narrow(1, 2, 3), Tensor({5}, DType::bf16), Tensor({0, 3}, DType::i64)};
+  std::vector<Tensor> targets = {base_a.narrow(1, 2, 3), Tensor({5}, DType::bf16),
+                                 Tensor({0, 3}, DType::i64)};
   unpack(buffer, targets);
   EXPECT_TRUE(targets[0].bitwise_equal(a));
   EXPECT_TRUE(targets[1].bitwise_equal(b));

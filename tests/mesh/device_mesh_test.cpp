@@ -21,7 +21,8 @@ TEST(DeviceMesh, RanksAndCoordinatesAreRowMajor) {
 
 TEST(DeviceMesh, GroupRanksFollowTheGivenMajorToMinorOrder) {
   const DeviceMesh mesh({2, 3, 4});
-  const std::vector<std::vector<int>> orders = {{}, {0}, {2}, {0, 2}, {2, 0}, {1, 2, 0}, {2, 1, 0}, {0, 1, 2}};
+  const std::vector<std::vector<int>> orders = {{},     {0},       {2},       {0, 2},
+                                                {2, 0}, {1, 2, 0}, {2, 1, 0}, {0, 1, 2}};
   for (std::int64_t rank = 0; rank < mesh.size(); ++rank) {
     const auto mine = mesh.coordinates(rank);
     for (const auto& dims : orders) {
@@ -31,7 +32,8 @@ TEST(DeviceMesh, GroupRanksFollowTheGivenMajorToMinorOrder) {
         const auto theirs = mesh.coordinates(other);
         bool same_outside = true;
         for (int d = 0; d < mesh.ndim(); ++d) {
-          if (std::find(dims.begin(), dims.end(), d) == dims.end() && theirs[d] != mine[d]) same_outside = false;
+          if (std::find(dims.begin(), dims.end(), d) == dims.end() && theirs[d] != mine[d])
+            same_outside = false;
         }
         if (same_outside) expected.push_back(other);
       }

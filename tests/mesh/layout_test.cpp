@@ -11,21 +11,24 @@
 
 namespace meshtensor {
 
-void PrintTo(const Layout& layout, std::ostream* out) { *out << layout.to_string(); }
+void PrintTo(const Layout& layout, std::ostream* out) {
+  *out << layout.to_string();
+}
 
 namespace {
 
 // torch.chunk on an explicit list: pieces of ceil(n/k) items, as many as the list fills (an
 // empty list gives one empty piece). DTensor pads the missing pieces with empty ones.
-std::vector<std::int64_t> torch_chunk_piece(const std::vector<std::int64_t>& items, std::int64_t parts,
-                                            std::int64_t index) {
+std::vector<std::int64_t> torch_chunk_piece(const std::vector<std::int64_t>& items,
+                                            std::int64_t parts, std::int64_t index) {
   const auto n = static_cast<std::int64_t>(items.size());
   const std::int64_t chunk = (n + parts - 1) / parts;
   std::vector<std::vector<std::int64_t>> pieces;
   for (std::int64_t start = 0; start < n; start += chunk) {
     pieces.emplace_back(items.begin() + start, items.begin() + std::min(n, start + chunk));
   }
-  if (index < static_cast<std::int64_t>(pieces.size())) return pieces[static_cast<std::size_t>(index)];
+  if (index < static_cast<std::int64_t>(pieces.size()))
+    return pieces[static_cast<std::size_t>(index)];
   return {};
 }
 
@@ -38,7 +41,8 @@ TEST(ChunkExtent, MatchesTorchChunkForAllSmallCases) {
       for (std::int64_t i = 0; i < parts; ++i) {
         const Chunk chunk = chunk_extent(n, parts, i);
         const auto expected = torch_chunk_piece(items, parts, i);
-        ASSERT_EQ(chunk.size, static_cast<std::int64_t>(expected.size())) << n << "/" << parts << "#" << i;
+        ASSERT_EQ(chunk.size, static_cast<std::int64_t>(expected.size()))
+            << n << "/" << parts << "#" << i;
         if (!expected.empty()) {
           ASSERT_EQ(chunk.offset, expected.front());
         }
@@ -65,15 +69,18 @@ RandomCase make_case(std::uint64_t seed) {
   auto next = [&](std::uint64_t bound) { return (state = mix64(state)) % bound; };
   const int mesh_dims = 1 + static_cast<int>(next(4));
   std::vector<std::int64_t> sizes;
-  for (int m = 0; m < mesh_dims; ++m) sizes.push_back(1 + static_cast<std::int64_t>(next(5)));
+  for (int m = 0; m < mesh_dims; ++m)
+    sizes.push_back(1 + static_cast<std::int64_t>(next(5)));
   const int tensor_rank = 1 + static_cast<int>(next(3));
   std::vector<std::int64_t> dims;
-  for (int t = 0; t < tensor_rank; ++t) dims.push_back(static_cast<std::int64_t>(next(10)));
+  for (int t = 0; t < tensor_rank; ++t)
+    dims.push_back(static_cast<std::int64_t>(next(10)));
   std::vector<Placement> placements;
   for (int m = 0; m < mesh_dims; ++m) {
     const auto kind = next(10);
     if (kind < 6) {
-      placements.push_back(Placement::shard(static_cast<int>(next(static_cast<std::uint64_t>(tensor_rank)))));
+      placements.push_back(
+          Placement::shard(static_cast<int>(next(static_cast<std::uint64_t>(tensor_rank)))));
     } else if (kind < 8) {
       placements.push_back(Placement::replicate());
     } else {
@@ -84,13 +91,16 @@ RandomCase make_case(std::uint64_t seed) {
   std::vector<std::vector<int>> split_order(static_cast<std::size_t>(tensor_rank));
   for (int m = 0; m < mesh_dims; ++m) {
     if (placements[static_cast<std::size_t>(m)].is_shard()) {
-      split_order[static_cast<std::size_t>(placements[static_cast<std::size_t>(m)].shard_dim())].push_back(m);
+      split_order[static_cast<std::size_t>(placements[static_cast<std::size_t>(m)].shard_dim())]
+          .push_back(m);
     }
   }
   std::vector<int> levels(static_cast<std::size_t>(mesh_dims), 0);
   for (auto& order : split_order) {
-    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[next(i)]);
-    for (std::size_t level = 0; level < order.size(); ++level) levels[static_cast<std::size_t>(order[level])] = static_cast<int>(level);
+    for (std::size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[next(i)]);
+    for (std::size_t level = 0; level < order.size(); ++level)
+      levels[static_cast<std::size_t>(order[level])] = static_cast<int>(level);
   }
   return {DeviceMesh(sizes), PlacementSpec(placements, levels), Shape(dims), split_order};
 }
@@ -115,7 +125,8 @@ TEST(Layout, LocalBlocksEqualNestedTorchChunk) {
           ASSERT_EQ(layout.global_offset[static_cast<std::size_t>(t)], items.front());
         }
         ASSERT_GE(layout.global_offset[static_cast<std::size_t>(t)], 0);
-        ASSERT_LE(layout.global_offset[static_cast<std::size_t>(t)] + layout.local_shape[t], c.shape[t]);
+        ASSERT_LE(layout.global_offset[static_cast<std::size_t>(t)] + layout.local_shape[t],
+                  c.shape[t]);
       }
     }
   }
@@ -131,14 +142,18 @@ TEST(Layout, EachReplicaSetTilesTheTensorExactlyOnce) {
     for (std::int64_t rank = 0; rank < c.mesh.size(); ++rank) {
       std::vector<std::int64_t> key;
       const auto coordinates = c.mesh.coordinates(rank);
-      for (int m : fixed_dims) key.push_back(coordinates[static_cast<std::size_t>(m)]);
+      for (int m : fixed_dims)
+        key.push_back(coordinates[static_cast<std::size_t>(m)]);
       auto& counts = coverage[key];
       counts.resize(static_cast<std::size_t>(c.shape.numel()), 0);
-      const Tensor block = local_view(global, local_layout(c.mesh, c.spec, c.shape, rank)).contiguous();
-      for (std::int64_t index : block.values<std::int64_t>()) ++counts[static_cast<std::size_t>(index)];
+      const Tensor block =
+          local_view(global, local_layout(c.mesh, c.spec, c.shape, rank)).contiguous();
+      for (std::int64_t index : block.values<std::int64_t>())
+        ++counts[static_cast<std::size_t>(index)];
     }
     for (const auto& [key, counts] : coverage) {
-      for (std::int64_t count : counts) ASSERT_EQ(count, 1) << "seed " << seed << " spec " << c.spec.to_string();
+      for (std::int64_t count : counts)
+        ASSERT_EQ(count, 1) << "seed " << seed << " spec " << c.spec.to_string();
     }
   }
 }
@@ -161,10 +176,13 @@ TEST(Layout, UnevenNestedShardsOnTwoByTwo) {
 
 TEST(Layout, RejectsSpecsThatDoNotFit) {
   const DeviceMesh mesh({2, 2});
-  EXPECT_THROW(local_layout(mesh, PlacementSpec({Placement::shard(1), Placement::replicate()}), Shape{4}, 0),
+  EXPECT_THROW(
+      local_layout(mesh, PlacementSpec({Placement::shard(1), Placement::replicate()}), Shape{4}, 0),
+      InvalidArgument);
+  EXPECT_THROW(local_layout(mesh, PlacementSpec({Placement::replicate()}), Shape{4}, 0),
                InvalidArgument);
-  EXPECT_THROW(local_layout(mesh, PlacementSpec({Placement::replicate()}), Shape{4}, 0), InvalidArgument);
-  EXPECT_THROW(local_layout(mesh, PlacementSpec({Placement::replicate(), Placement::replicate()}), Shape{4}, 4),
+  EXPECT_THROW(local_layout(mesh, PlacementSpec({Placement::replicate(), Placement::replicate()}),
+                            Shape{4}, 4),
                InvalidArgument);
 }
 

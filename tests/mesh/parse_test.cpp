@@ -59,13 +59,15 @@ TEST(Parse, ErrorsNameTheBadTokenAndWhatWasExpected) {
       {parse_error([] { parse_spec("S99"); }), "'99' is too large"},
       {parse_error([] { parse_spec("P(mean)"); }), "unknown reduce op 'mean'"},
       {parse_error([] { parse_spec("P(sum),P(max)"); }), "spec P(sum),P(max) mixes Partial kinds"},
-      {parse_error([] { parse_spec("S0@1,S0"); }), "gives a shard level '@k' to some Shard placements but not all"},
+      {parse_error([] { parse_spec("S0@1,S0"); }),
+       "gives a shard level '@k' to some Shard placements but not all"},
       {parse_error([] { parse_spec("S0@1,S0@1"); }), "need levels 0..1 once each"},
       {parse_error([] { parse_spec("S0@x"); }), "shard level of placement 'S0@x'"},
       {parse_error([] { parse_placement("S0@0"); }), "belongs in a whole spec"},
       {parse_error([] { parse_spec("R,R,R,R,R,R,R,R,R,R,R,R,R,R,R,R,R"); }), "has 17 placements"},
   };
-  for (const Case& c : cases) EXPECT_NE(c.message.find(c.needle), std::string::npos) << c.message;
+  for (const Case& c : cases)
+    EXPECT_NE(c.message.find(c.needle), std::string::npos) << c.message;
 }
 
 }  // namespace

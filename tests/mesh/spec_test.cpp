@@ -23,7 +23,8 @@ TEST(PlacementSpec, DefaultShardOrderIsAscendingMeshDims) {
 }
 
 TEST(PlacementSpec, ExplicitShardOrderIsKeptAndPrinted) {
-  const PlacementSpec spec({Placement::shard(0), Placement::shard(1), Placement::shard(0)}, {1, 0, 0});
+  const PlacementSpec spec({Placement::shard(0), Placement::shard(1), Placement::shard(0)},
+                           {1, 0, 0});
   EXPECT_EQ(spec.shard_mesh_dims(0), (std::vector<int>{2, 0}));
   EXPECT_EQ(spec.shard_mesh_dims(1), (std::vector<int>{1}));
   EXPECT_FALSE(spec.has_default_shard_order());
@@ -34,20 +35,26 @@ TEST(PlacementSpec, ExplicitShardOrderIsKeptAndPrinted) {
 }
 
 TEST(PlacementSpec, ShardLevelsMustBeAPermutation) {
-  EXPECT_NE(error_of([] { PlacementSpec({Placement::shard(0), Placement::shard(0)}, {1, 1}); })
-                .find("need levels 0..1 once each, got [1,1]"),
+  EXPECT_NE(error_of([] {
+              PlacementSpec({Placement::shard(0), Placement::shard(0)}, {1, 1});
+            }).find("need levels 0..1 once each, got [1,1]"),
             std::string::npos);
   EXPECT_THROW(PlacementSpec({Placement::shard(0)}, {0, 0}), InvalidArgument);
 }
 
 TEST(PlacementSpec, OnlySumAndAvgPartialsMix) {
-  EXPECT_NO_THROW(PlacementSpec({Placement::partial(ReduceOp::sum), Placement::partial(ReduceOp::avg)}));
-  EXPECT_NO_THROW(PlacementSpec({Placement::partial(ReduceOp::max), Placement::partial(ReduceOp::max)}));
-  for (const auto& pair : {std::pair{ReduceOp::sum, ReduceOp::max}, std::pair{ReduceOp::avg, ReduceOp::min},
-                           std::pair{ReduceOp::max, ReduceOp::min}}) {
+  EXPECT_NO_THROW(
+      PlacementSpec({Placement::partial(ReduceOp::sum), Placement::partial(ReduceOp::avg)}));
+  EXPECT_NO_THROW(
+      PlacementSpec({Placement::partial(ReduceOp::max), Placement::partial(ReduceOp::max)}));
+  for (const auto& pair :
+       {std::pair{ReduceOp::sum, ReduceOp::max}, std::pair{ReduceOp::avg, ReduceOp::min},
+        std::pair{ReduceOp::max, ReduceOp::min}}) {
     const ReduceOp a = pair.first;
     const ReduceOp b = pair.second;
-    const std::string message = error_of([&] { PlacementSpec({Placement::partial(a), Placement::partial(b)}); });
+    const std::string message = error_of([&] {
+      PlacementSpec({Placement::partial(a), Placement::partial(b)});
+    });
     EXPECT_NE(message.find("mixes Partial kinds"), std::string::npos) << message;
     EXPECT_NE(message.find(std::string(reduce_op_name(b))), std::string::npos) << message;
   }
@@ -56,10 +63,13 @@ TEST(PlacementSpec, OnlySumAndAvgPartialsMix) {
 TEST(PlacementSpec, ValidateChecksMeshAndTensorRank) {
   const PlacementSpec spec({Placement::shard(2), Placement::replicate()});
   EXPECT_NO_THROW(spec.validate(DeviceMesh({2, 2}), 3));
-  EXPECT_NE(error_of([&] { spec.validate(DeviceMesh({2, 2}), 2); })
-                .find("spec S2,R shards tensor dim 2, but the tensor has rank 2"),
+  EXPECT_NE(error_of([&] {
+              spec.validate(DeviceMesh({2, 2}), 2);
+            }).find("spec S2,R shards tensor dim 2, but the tensor has rank 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { spec.validate(DeviceMesh({2, 2, 2}), 3); }).find("has 2 placements but mesh 2x2x2 has 3 dims"),
+  EXPECT_NE(error_of([&] {
+              spec.validate(DeviceMesh({2, 2, 2}), 3);
+            }).find("has 2 placements but mesh 2x2x2 has 3 dims"),
             std::string::npos);
 }
 

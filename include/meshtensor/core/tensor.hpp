@@ -124,7 +124,8 @@ void Tensor::for_each_run(Fn&& fn) const {
   std::byte* base = first_element();
   while (true) {
     std::int64_t offset = 0;
-    for (int d = 0; d < outer; ++d) offset += index[static_cast<std::size_t>(d)] * strides_[static_cast<std::size_t>(d)];
+    for (int d = 0; d < outer; ++d)
+      offset += index[static_cast<std::size_t>(d)] * strides_[static_cast<std::size_t>(d)];
     fn(base + static_cast<std::size_t>(offset) * element, static_cast<std::size_t>(run));
     int d = outer - 1;
     for (; d >= 0; --d) {
