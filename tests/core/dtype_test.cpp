@@ -5,6 +5,8 @@
 
 #include <meshtensor/core/dtype.hpp>
 
+#include "support/error_message.hpp"
+
 namespace meshtensor {
 namespace {
 
@@ -26,13 +28,10 @@ TEST(DType, SizesMatchStorageTypes) {
 }
 
 TEST(DType, UnknownNameIsRejectedWithTheTokenAndTheChoices) {
-  try {
-    parse_dtype("float32");
-    FAIL() << "no exception";
-  } catch (const ParseError& error) {
-    EXPECT_NE(std::string(error.what()).find("'float32'"), std::string::npos);
-    EXPECT_NE(std::string(error.what()).find("f64, f32, bf16"), std::string::npos);
-  }
+  EXPECT_THROW(parse_dtype("float32"), ParseError);
+  const std::string message = testing::error_message([] { parse_dtype("float32"); });
+  EXPECT_NE(message.find("'float32'"), std::string::npos);
+  EXPECT_NE(message.find("f64, f32, bf16"), std::string::npos);
 }
 
 TEST(DType, IntegerConversionRoundsAndSaturates) {

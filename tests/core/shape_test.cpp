@@ -3,16 +3,13 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/shape.hpp>
 
+#include "support/error_message.hpp"
+
 namespace meshtensor {
 namespace {
 
 std::string parse_error(std::string_view text) {
-  try {
-    parse_shape(text);
-  } catch (const ParseError& error) {
-    return error.what();
-  }
-  return "no error";
+  return testing::error_message([&] { parse_shape(text); });
 }
 
 TEST(Shape, CountsElementsAndStrides) {

@@ -5,6 +5,8 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/tensor.hpp>
 
+#include "support/error_message.hpp"
+
 namespace meshtensor {
 namespace {
 

@@ -3,16 +3,16 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
+#include "support/error_message.hpp"
+
 namespace meshtensor {
 namespace {
 
-std::string parse_error(auto parse) {
-  try {
-    parse();
-  } catch (const ParseError& error) {
-    return error.what();
-  }
-  return "no error";
+// The message of the error `action` throws, which must be a ParseError.
+template <class Action>
+std::string parse_error(Action action) {
+  EXPECT_THROW(action(), ParseError);
+  return testing::error_message(action);
 }
 
 TEST(Parse, MeshesWithAndWithoutNames) {

@@ -3,17 +3,12 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/mesh/spec.hpp>
 
+#include "support/error_message.hpp"
+
 namespace meshtensor {
 namespace {
 
-std::string error_of(auto build) {
-  try {
-    build();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "no error";
-}
+using testing::error_message;
 
 TEST(PlacementSpec, DefaultShardOrderIsAscendingMeshDims) {
   const PlacementSpec spec({Placement::shard(0), Placement::replicate(), Placement::shard(0)});
@@ -35,7 +30,7 @@ TEST(PlacementSpec, ExplicitShardOrderIsKeptAndPrinted) {
 }
 
 TEST(PlacementSpec, ShardLevelsMustBeAPermutation) {
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(error_message([] {
               PlacementSpec({Placement::shard(0), Placement::shard(0)}, {1, 1});
             }).find("need levels 0..1 once each, got [1,1]"),
             std::string::npos);
@@ -52,7 +47,7 @@ TEST(PlacementSpec, OnlySumAndAvgPartialsMix) {
         std::pair{ReduceOp::max, ReduceOp::min}}) {
     const ReduceOp a = pair.first;
     const ReduceOp b = pair.second;
-    const std::string message = error_of([&] {
+    const std::string message = error_message([&] {
       PlacementSpec({Placement::partial(a), Placement::partial(b)});
     });
     EXPECT_NE(message.find("mixes Partial kinds"), std::string::npos) << message;
@@ -63,11 +58,11 @@ TEST(PlacementSpec, OnlySumAndAvgPartialsMix) {
 TEST(PlacementSpec, ValidateChecksMeshAndTensorRank) {
   const PlacementSpec spec({Placement::shard(2), Placement::replicate()});
   EXPECT_NO_THROW(spec.validate(DeviceMesh({2, 2}), 3));
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_message([&] {
               spec.validate(DeviceMesh({2, 2}), 2);
             }).find("spec S2,R shards tensor dim 2, but the tensor has rank 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_message([&] {
               spec.validate(DeviceMesh({2, 2, 2}), 3);
             }).find("has 2 placements but mesh 2x2x2 has 3 dims"),
             std::string::npos);
