@@ -8,6 +8,8 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 
+#include "combine.hpp"
+
 namespace meshtensor::kernels {
 
 template <>
@@ -30,9 +32,6 @@ BFloat16 canonical_nan<BFloat16>() {
 namespace {
 
 template <class T>
-constexpr bool kIsHalf = std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>;
-
-template <class T>
 T convert_element(auto source) {
   using S = decltype(source);
   if constexpr (std::is_same_v<S, T>) {
@@ -45,36 +44,19 @@ T convert_element(auto source) {
   }
 }
 
-// max/min on values whose order is that of `key` (float or double), with the documented NaN and
-// signed-zero rules so the result never depends on operand order.
-template <class T, class Key>
-T order_free_extremum(T a, T b, Key key_a, Key key_b, bool want_max) {
-  if (std::isnan(key_a) || std::isnan(key_b)) return canonical_nan<T>();
-  if (key_a == key_b) {
-    // Equal keys differ only for zeros: max prefers +0, min prefers -0.
-    const bool a_negative = std::signbit(key_a);
-    return (a_negative != want_max) ? a : b;
-  }
-  return ((key_a > key_b) == want_max) ? a : b;
-}
-
+// One step of op in T's own arithmetic: halves combine in f32 and round back each time (f32 has
+// enough bits that the rounded f32 sum rounds to the correctly rounded half sum).
 template <class T>
 T combine(T a, T b, ReduceOp op) {
-  const bool is_extremum = op == ReduceOp::max || op == ReduceOp::min;
-  if constexpr (kIsHalf<T>) {
+  if constexpr (detail::kIsHalf<T>) {
     const float fa = to_float(a);
     const float fb = to_float(b);
-    if (is_extremum) return order_free_extremum(a, b, fa, fb, op == ReduceOp::max);
-    return element_from_double<T>(
-        static_cast<double>(fa + fb));  // f32 sum is exact enough to round once
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (is_extremum) return order_free_extremum(a, b, a, b, op == ReduceOp::max);
-    return a + b;
+    if (op == ReduceOp::max || op == ReduceOp::min) {
+      return detail::order_free_extremum(a, b, fa, fb, op == ReduceOp::max);
+    }
+    return element_from_double<T>(static_cast<double>(fa + fb));
   } else {
-    if (op == ReduceOp::max) return a > b ? a : b;
-    if (op == ReduceOp::min) return a < b ? a : b;
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));  // wraps
+    return detail::combine_arithmetic<T>(a, b, op);
   }
 }
 
