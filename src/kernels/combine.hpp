@@ -29,7 +29,8 @@ T order_free_extremum(T a, T b, Key key_a, Key key_b, bool want_max) {
 template <class A>
 A combine_arithmetic(A a, A b, ReduceOp op) {
   if constexpr (std::is_floating_point_v<A>) {
-    if (op == ReduceOp::max || op == ReduceOp::min) return order_free_extremum(a, b, a, b, op == ReduceOp::max);
+    if (op == ReduceOp::max || op == ReduceOp::min)
+      return order_free_extremum(a, b, a, b, op == ReduceOp::max);
     return a + b;
   } else {
     if (op == ReduceOp::max) return a > b ? a : b;

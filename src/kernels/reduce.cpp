@@ -36,21 +36,25 @@ T finish(detail::Accumulator<T> acc, ReduceOp op, std::size_t inputs) {
 }
 
 template <class T>
-void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs, std::span<std::byte* const> outputs,
-                  std::size_t count) {
+void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs,
+                  std::span<std::byte* const> outputs, std::size_t count) {
   using A = detail::Accumulator<T>;
   std::array<A, kBlockElements> acc;
   std::array<T, kBlockElements> result;
   for (std::size_t begin = 0; begin < count; begin += kBlockElements) {
     const std::size_t n = std::min(kBlockElements, count - begin);
     const auto* first = reinterpret_cast<const T*>(inputs[0]) + begin;
-    for (std::size_t i = 0; i < n; ++i) acc[i] = detail::widen(first[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = detail::widen(first[i]);
     for (std::size_t j = 1; j < inputs.size(); ++j) {
       const auto* in = reinterpret_cast<const T*>(inputs[j]) + begin;
-      for (std::size_t i = 0; i < n; ++i) acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);
+      for (std::size_t i = 0; i < n; ++i)
+        acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);
     }
-    for (std::size_t i = 0; i < n; ++i) result[i] = finish<T>(acc[i], op, inputs.size());
-    for (std::byte* out : outputs) std::memcpy(out + begin * sizeof(T), result.data(), n * sizeof(T));
+    for (std::size_t i = 0; i < n; ++i)
+      result[i] = finish<T>(acc[i], op, inputs.size());
+    for (std::byte* out : outputs)
+      std::memcpy(out + begin * sizeof(T), result.data(), n * sizeof(T));
   }
 }
 }  // namespace

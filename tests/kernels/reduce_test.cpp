@@ -12,9 +12,10 @@ namespace {
 std::vector<Tensor> random_inputs(DType dtype, int k, std::int64_t count, std::uint64_t seed) {
   std::vector<Tensor> inputs;
   for (int j = 0; j < k; ++j) {
-    inputs.push_back(is_floating(dtype)
-                         ? Tensor::random_normal({count}, dtype, seed + static_cast<std::uint64_t>(j))
-                         : Tensor::random_int({count}, dtype, seed + static_cast<std::uint64_t>(j), 0, 200));
+    inputs.push_back(
+        is_floating(dtype)
+            ? Tensor::random_normal({count}, dtype, seed + static_cast<std::uint64_t>(j))
+            : Tensor::random_int({count}, dtype, seed + static_cast<std::uint64_t>(j), 0, 200));
   }
   return inputs;
 }
@@ -23,7 +24,8 @@ Tensor reduce_all(DType dtype, ReduceOp op, const std::vector<Tensor>& inputs, s
                   std::size_t count, Tensor out) {
   const std::size_t element = dtype_size(dtype);
   std::vector<const std::byte*> pointers;
-  for (const Tensor& input : inputs) pointers.push_back(input.bytes().data() + begin * element);
+  for (const Tensor& input : inputs)
+    pointers.push_back(input.bytes().data() + begin * element);
   std::byte* target = out.bytes().data() + begin * element;
   reduce_ordered(dtype, op, pointers, std::span<std::byte* const>(&target, 1), count);
   return out;
@@ -31,13 +33,16 @@ Tensor reduce_all(DType dtype, ReduceOp op, const std::vector<Tensor>& inputs, s
 
 // Reference: the documented left-to-right order, one element at a time (f32 accumulator for f32
 // and the halves, f64 otherwise; integer inputs are small, so f64 is exact for them).
-double reference_element(DType dtype, ReduceOp op, const std::vector<Tensor>& inputs, std::int64_t i) {
+double reference_element(DType dtype, ReduceOp op, const std::vector<Tensor>& inputs,
+                         std::int64_t i) {
   const std::int64_t at[] = {i};
   if (dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16) {
     float acc = static_cast<float>(inputs[0].get(at));
     for (std::size_t j = 1; j < inputs.size(); ++j) {
       const auto v = static_cast<float>(inputs[j].get(at));
-      acc = (op == ReduceOp::max) ? std::max(acc, v) : (op == ReduceOp::min) ? std::min(acc, v) : acc + v;
+      acc = (op == ReduceOp::max)   ? std::max(acc, v)
+            : (op == ReduceOp::min) ? std::min(acc, v)
+                                    : acc + v;
     }
     if (op == ReduceOp::avg) {
       return dtype == DType::f32 ? static_cast<double>(acc / static_cast<float>(inputs.size()))
@@ -48,7 +53,9 @@ double reference_element(DType dtype, ReduceOp op, const std::vector<Tensor>& in
   double acc = inputs[0].get(at);
   for (std::size_t j = 1; j < inputs.size(); ++j) {
     const double v = inputs[j].get(at);
-    acc = (op == ReduceOp::max) ? std::max(acc, v) : (op == ReduceOp::min) ? std::min(acc, v) : acc + v;
+    acc = (op == ReduceOp::max)   ? std::max(acc, v)
+          : (op == ReduceOp::min) ? std::min(acc, v)
+                                  : acc + v;
   }
   return op == ReduceOp::avg ? acc / static_cast<double>(inputs.size()) : acc;
 }
@@ -78,7 +85,8 @@ TEST(ReduceOrdered, ChunkingDoesNotChangeBits) {
     const Tensor whole = reduce_all(dtype, ReduceOp::sum, inputs, 0, count, Tensor({count}, dtype));
     Tensor pieces({count}, dtype);
     for (std::size_t begin = 0; begin < static_cast<std::size_t>(count); begin += 333) {
-      reduce_all(dtype, ReduceOp::sum, inputs, begin, std::min<std::size_t>(333, count - begin), pieces);
+      reduce_all(dtype, ReduceOp::sum, inputs, begin, std::min<std::size_t>(333, count - begin),
+                 pieces);
     }
     EXPECT_TRUE(whole.bitwise_equal(pieces)) << dtype_name(dtype);
   }
@@ -87,7 +95,8 @@ TEST(ReduceOrdered, ChunkingDoesNotChangeBits) {
 TEST(ReduceOrdered, OutputMayBeAnInputsOwnBufferAndFansOutToAll) {
   const std::int64_t count = 3000;
   auto inputs = random_inputs(DType::f32, 4, count, 5);
-  const Tensor expected = reduce_all(DType::f32, ReduceOp::sum, inputs, 0, count, Tensor({count}, DType::f32));
+  const Tensor expected =
+      reduce_all(DType::f32, ReduceOp::sum, inputs, 0, count, Tensor({count}, DType::f32));
   std::vector<const std::byte*> pointers;
   std::vector<std::byte*> outputs;
   for (Tensor& input : inputs) {
@@ -95,7 +104,8 @@ TEST(ReduceOrdered, OutputMayBeAnInputsOwnBufferAndFansOutToAll) {
     outputs.push_back(input.bytes().data());
   }
   reduce_ordered(DType::f32, ReduceOp::sum, pointers, outputs, static_cast<std::size_t>(count));
-  for (const Tensor& input : inputs) EXPECT_TRUE(input.bitwise_equal(expected));
+  for (const Tensor& input : inputs)
+    EXPECT_TRUE(input.bitwise_equal(expected));
 }
 
 }  // namespace

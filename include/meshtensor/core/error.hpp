@@ -24,4 +24,25 @@ class InvalidArgument : public Error {
   explicit InvalidArgument(const std::string& message) : Error(message) {}
 };
 
+/// A collective failed: another rank failed first (the message carries its cause), the job was
+/// aborted, or the ranks' calls did not fit together.
+class CommError : public Error {
+ public:
+  explicit CommError(const std::string& message) : Error(message) {}
+};
+
+/// A collective did not complete within its timeout; the message names the group, the call and
+/// the ranks that never arrived.
+class TimeoutError : public CommError {
+ public:
+  explicit TimeoutError(const std::string& message) : CommError(message) {}
+};
+
+/// Ranks issued different collectives at the same position of a group's sequence; the message
+/// names both sides.
+class DesyncError : public CommError {
+ public:
+  explicit DesyncError(const std::string& message) : CommError(message) {}
+};
+
 }  // namespace meshtensor

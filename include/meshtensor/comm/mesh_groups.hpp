@@ -1,0 +1,43 @@
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/mesh/device_mesh.hpp>
+
+namespace meshtensor::comm {
+
+/// Owns every communicator of one device mesh (nothing else creates groups): the group along any
+/// set of mesh dims, in any major-to-minor order, made on first use and cached by its ordered
+/// list of world ranks, so the same ranks in the same order always share one communicator.
+class MeshGroups {
+ public:
+  /// `world` spans the mesh: world rank r is mesh rank r. Throws InvalidArgument when the sizes
+  /// differ.
+  MeshGroups(DeviceMesh mesh, std::shared_ptr<Communicator> world);
+
+  /// The mesh.
+  const DeviceMesh& mesh() const { return mesh_; }
+  /// This rank's mesh rank.
+  std::int64_t rank() const { return world_->rank(); }
+  /// The world communicator.
+  Communicator& world() { return *world_; }
+
+  /// Communicator over `dims` (major to minor): its members are mesh.group_ranks(rank(), dims)
+  /// in that order. Collective on first use of a rank list: every rank of the mesh must ask for
+  /// the same dims in the same order; cached lookups communicate nothing.
+  std::shared_ptr<Communicator> group(std::span<const int> dims,
+                                      const CollectiveOptions& options = {});
+  /// Number of distinct communicators created so far (the world included).
+  std::size_t cached_groups() const { return by_ranks_.size(); }
+
+ private:
+  DeviceMesh mesh_;
+  std::shared_ptr<Communicator> world_;
+  std::map<std::vector<std::int64_t>, std::shared_ptr<Communicator>> by_ranks_;
+};
+
+}  // namespace meshtensor::comm

@@ -1,0 +1,273 @@
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/error.hpp>
+
+namespace meshtensor::comm {
+
+std::string_view reduction_mode_name(ReductionMode mode) {
+  switch (mode) {
+    case ReductionMode::native:
+      return "native";
+    case ReductionMode::ordered:
+      return "ordered";
+    case ReductionMode::exact:
+      return "exact";
+  }
+  throw InvalidArgument(fmt::format("invalid reduction mode value {}", static_cast<int>(mode)));
+}
+
+ReductionMode parse_reduction_mode(std::string_view text) {
+  for (ReductionMode mode : {ReductionMode::native, ReductionMode::ordered, ReductionMode::exact}) {
+    if (reduction_mode_name(mode) == text) return mode;
+  }
+  throw ParseError(fmt::format("unknown reduction mode '{}': expected native, ordered or exact", text));
+}
+
+std::string_view collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+      return "all_reduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::all_gather:
+      return "all_gather";
+    case CollectiveKind::all_to_all:
+      return "all_to_all";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::barrier:
+      return "barrier";
+    case CollectiveKind::split:
+      return "split";
+  }
+  throw InvalidArgument(fmt::format("invalid collective kind value {}", static_cast<int>(kind)));
+}
+
+namespace {
+bool is_reducing(CollectiveKind kind) {
+  return kind == CollectiveKind::all_reduce || kind == CollectiveKind::reduce_scatter;
+}
+}  // namespace
+
+std::string CollectiveCall::to_string() const {
+  std::string details;
+  switch (kind) {
+    case CollectiveKind::all_reduce:
+    case CollectiveKind::broadcast:
+      details = fmt::format("{}, {} elements", dtype_name(dtype), count);
+      break;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_gather:
+      details = fmt::format("{}, counts [{}]", dtype_name(dtype), fmt::join(segment_counts, ","));
+      break;
+    case CollectiveKind::all_to_all:
+      details = fmt::format("{}, send [{}], recv [{}]", dtype_name(dtype), fmt::join(send_counts, ","),
+                            fmt::join(recv_counts, ","));
+      break;
+    case CollectiveKind::barrier:
+    case CollectiveKind::split:
+      break;
+  }
+  if (is_reducing(kind)) details += fmt::format(", {}, {}", reduce_op_name(op), reduction_mode_name(mode));
+  if (kind == CollectiveKind::broadcast) details += fmt::format(", root {}", root);
+  return fmt::format("{} #{}{}", collective_name(kind), sequence, details.empty() ? "" : " (" + details + ")");
+}
+
+void check_calls_match(const std::vector<CollectiveCall>& calls,
+                       const std::vector<std::int64_t>& world_ranks) {
+  const auto side = [&](std::size_t i) {
+    return fmt::format("group rank {} (world rank {}) issued {}", i, world_ranks[i], calls[i].to_string());
+  };
+  const CollectiveCall& first = calls[0];
+  for (std::size_t i = 1; i < calls.size(); ++i) {
+    const CollectiveCall& call = calls[i];
+    bool same = call.kind == first.kind && call.sequence == first.sequence;
+    if (same && call.kind != CollectiveKind::barrier && call.kind != CollectiveKind::split) {
+      same = call.dtype == first.dtype;
+    }
+    if (same && is_reducing(call.kind)) same = call.op == first.op && call.mode == first.mode;
+    if (same && (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::broadcast)) {
+      same = call.count == first.count && call.root == first.root;
+    }
+    if (same && (call.kind == CollectiveKind::reduce_scatter || call.kind == CollectiveKind::all_gather)) {
+      same = call.segment_counts == first.segment_counts;
+    }
+    if (!same) throw DesyncError(fmt::format("collectives do not match: {}, but {}", side(0), side(i)));
+  }
+  if (first.kind != CollectiveKind::all_to_all) return;
+  for (std::size_t sender = 0; sender < calls.size(); ++sender) {
+    for (std::size_t receiver = 0; receiver < calls.size(); ++receiver) {
+      if (calls[sender].send_counts[receiver] != calls[receiver].recv_counts[sender]) {
+        throw DesyncError(fmt::format(
+            "all_to_all counts do not match: {} sends {} elements to group rank {}, but {} expects {}",
+            side(sender), calls[sender].send_counts[receiver], receiver, side(receiver),
+            calls[receiver].recv_counts[sender]));
+      }
+    }
+  }
+}
+
+std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts) {
+  std::vector<std::int64_t> result(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) result[i] = result[i - 1] + counts[i - 1];
+  return result;
+}
+
+namespace {
+void check_buffer(const Tensor& tensor, std::string_view role, CollectiveKind kind) {
+  if (!tensor.defined()) {
+    throw InvalidArgument(fmt::format("{}: the {} tensor is undefined", collective_name(kind), role));
+  }
+  if (!tensor.is_contiguous()) {
+    throw InvalidArgument(fmt::format("{}: the {} tensor ({}) is a strided view; pass a contiguous tensor",
+                                      collective_name(kind), role, tensor.shape().to_string()));
+  }
+}
+
+void check_same_dtype(const Tensor& a, const Tensor& b, CollectiveKind kind) {
+  if (a.dtype() != b.dtype()) {
+    throw InvalidArgument(fmt::format("{}: input is {} but output is {}", collective_name(kind),
+                                      dtype_name(a.dtype()), dtype_name(b.dtype())));
+  }
+}
+
+// Counts given by the caller, or `total` split equally; checked against the group size and total.
+std::vector<std::int64_t> resolve_counts(std::vector<std::int64_t> counts, std::int64_t total, int size,
+                                         std::string_view what, CollectiveKind kind) {
+  if (counts.empty()) {
+    if (total % size != 0) {
+      throw InvalidArgument(fmt::format("{}: {} of {} elements does not split evenly over {} ranks; pass "
+                                        "per-rank counts",
+                                        collective_name(kind), what, total, size));
+    }
+    return std::vector<std::int64_t>(static_cast<std::size_t>(size), total / size);
+  }
+  if (counts.size() != static_cast<std::size_t>(size)) {
+    throw InvalidArgument(fmt::format("{}: {} counts [{}] for a group of {} ranks", collective_name(kind),
+                                      counts.size(), fmt::join(counts, ","), size));
+  }
+  for (std::int64_t c : counts) {
+    if (c < 0) {
+      throw InvalidArgument(fmt::format("{}: count {} in [{}] is negative", collective_name(kind), c,
+                                        fmt::join(counts, ",")));
+    }
+  }
+  const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  if (sum != total) {
+    throw InvalidArgument(fmt::format("{}: counts [{}] add up to {}, but the {} holds {} elements",
+                                      collective_name(kind), fmt::join(counts, ","), sum, what, total));
+  }
+  return counts;
+}
+
+void expect_count(std::int64_t actual, std::int64_t expected, std::string_view what, CollectiveKind kind) {
+  if (actual != expected) {
+    throw InvalidArgument(fmt::format("{}: the {} holds {} elements, the counts say {}",
+                                      collective_name(kind), what, actual, expected));
+  }
+}
+}  // namespace
+
+CollectiveCall describe_all_reduce(const Tensor& buffer, const CollectiveOptions& options, int) {
+  check_buffer(buffer, "buffer", CollectiveKind::all_reduce);
+  CollectiveCall call;
+  call.kind = CollectiveKind::all_reduce;
+  call.dtype = buffer.dtype();
+  call.op = options.op;
+  call.mode = options.mode;
+  call.count = buffer.numel();
+  return call;
+}
+
+CollectiveCall describe_reduce_scatter(const Tensor& input, const Tensor& output,
+                                       std::vector<std::int64_t> counts,
+                                       const CollectiveOptions& options, int rank, int size) {
+  constexpr auto kKind = CollectiveKind::reduce_scatter;
+  check_buffer(input, "input", kKind);
+  check_buffer(output, "output", kKind);
+  check_same_dtype(input, output, kKind);
+  CollectiveCall call;
+  call.kind = kKind;
+  call.dtype = input.dtype();
+  call.op = options.op;
+  call.mode = options.mode;
+  call.segment_counts = resolve_counts(std::move(counts), input.numel(), size, "input", kKind);
+  expect_count(output.numel(), call.segment_counts[static_cast<std::size_t>(rank)], "output", kKind);
+  return call;
+}
+
+CollectiveCall describe_all_gather(const Tensor& input, const Tensor& output,
+                                   std::vector<std::int64_t> counts, int rank, int size) {
+  constexpr auto kKind = CollectiveKind::all_gather;
+  check_buffer(input, "input", kKind);
+  check_buffer(output, "output", kKind);
+  check_same_dtype(input, output, kKind);
+  CollectiveCall call;
+  call.kind = kKind;
+  call.dtype = input.dtype();
+  call.segment_counts = resolve_counts(std::move(counts), output.numel(), size, "output", kKind);
+  expect_count(input.numel(), call.segment_counts[static_cast<std::size_t>(rank)], "input", kKind);
+  return call;
+}
+
+CollectiveCall describe_all_to_all(const Tensor& input, const Tensor& output,
+                                   std::vector<std::int64_t> send_counts,
+                                   std::vector<std::int64_t> recv_counts, int size) {
+  constexpr auto kKind = CollectiveKind::all_to_all;
+  check_buffer(input, "input", kKind);
+  check_buffer(output, "output", kKind);
+  check_same_dtype(input, output, kKind);
+  if (send_counts.empty() != recv_counts.empty()) {
+    throw InvalidArgument("all_to_all: pass both send and receive counts, or neither");
+  }
+  CollectiveCall call;
+  call.kind = kKind;
+  call.dtype = input.dtype();
+  call.send_counts = resolve_counts(std::move(send_counts), input.numel(), size, "input", kKind);
+  call.recv_counts = resolve_counts(std::move(recv_counts), output.numel(), size, "output", kKind);
+  return call;
+}
+
+CollectiveCall describe_broadcast(const Tensor& buffer, int root, int size) {
+  check_buffer(buffer, "buffer", CollectiveKind::broadcast);
+  if (root < 0 || root >= size) {
+    throw InvalidArgument(fmt::format("broadcast: root {} is not a rank of this group of {}", root, size));
+  }
+  CollectiveCall call;
+  call.kind = CollectiveKind::broadcast;
+  call.dtype = buffer.dtype();
+  call.count = buffer.numel();
+  call.root = root;
+  return call;
+}
+
+void Communicator::all_reduce(const Tensor& buffer, const CollectiveOptions& options) {
+  all_reduce_async(buffer, options).wait();
+}
+
+void Communicator::reduce_scatter(const Tensor& input, const Tensor& output,
+                                  std::vector<std::int64_t> counts, const CollectiveOptions& options) {
+  reduce_scatter_async(input, output, std::move(counts), options).wait();
+}
+
+void Communicator::all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts,
+                              const CollectiveOptions& options) {
+  all_gather_async(input, output, std::move(counts), options).wait();
+}
+
+void Communicator::all_to_all(const Tensor& input, const Tensor& output,
+                              std::vector<std::int64_t> send_counts,
+                              std::vector<std::int64_t> recv_counts, const CollectiveOptions& options) {
+  all_to_all_async(input, output, std::move(send_counts), std::move(recv_counts), options).wait();
+}
+
+void Communicator::broadcast(const Tensor& buffer, int root, const CollectiveOptions& options) {
+  broadcast_async(buffer, root, options).wait();
+}
+
+void Communicator::barrier(const CollectiveOptions& options) { barrier_async(options).wait(); }
+
+}  // namespace meshtensor::comm
