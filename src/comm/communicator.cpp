@@ -23,7 +23,8 @@ ReductionMode parse_reduction_mode(std::string_view text) {
   for (ReductionMode mode : {ReductionMode::native, ReductionMode::ordered, ReductionMode::exact}) {
     if (reduction_mode_name(mode) == text) return mode;
   }
-  throw ParseError(fmt::format("unknown reduction mode '{}': expected native, ordered or exact", text));
+  throw ParseError(
+      fmt::format("unknown reduction mode '{}': expected native, ordered or exact", text));
 }
 
 std::string_view collective_name(CollectiveKind kind) {
@@ -64,22 +65,25 @@ std::string CollectiveCall::to_string() const {
       details = fmt::format("{}, counts [{}]", dtype_name(dtype), fmt::join(segment_counts, ","));
       break;
     case CollectiveKind::all_to_all:
-      details = fmt::format("{}, send [{}], recv [{}]", dtype_name(dtype), fmt::join(send_counts, ","),
-                            fmt::join(recv_counts, ","));
+      details = fmt::format("{}, send [{}], recv [{}]", dtype_name(dtype),
+                            fmt::join(send_counts, ","), fmt::join(recv_counts, ","));
       break;
     case CollectiveKind::barrier:
     case CollectiveKind::split:
       break;
   }
-  if (is_reducing(kind)) details += fmt::format(", {}, {}", reduce_op_name(op), reduction_mode_name(mode));
+  if (is_reducing(kind))
+    details += fmt::format(", {}, {}", reduce_op_name(op), reduction_mode_name(mode));
   if (kind == CollectiveKind::broadcast) details += fmt::format(", root {}", root);
-  return fmt::format("{} #{}{}", collective_name(kind), sequence, details.empty() ? "" : " (" + details + ")");
+  return fmt::format("{} #{}{}", collective_name(kind), sequence,
+                     details.empty() ? "" : " (" + details + ")");
 }
 
 void check_calls_match(const std::vector<CollectiveCall>& calls,
                        const std::vector<std::int64_t>& world_ranks) {
   const auto side = [&](std::size_t i) {
-    return fmt::format("group rank {} (world rank {}) issued {}", i, world_ranks[i], calls[i].to_string());
+    return fmt::format("group rank {} (world rank {}) issued {}", i, world_ranks[i],
+                       calls[i].to_string());
   };
   const CollectiveCall& first = calls[0];
   for (std::size_t i = 1; i < calls.size(); ++i) {
@@ -89,22 +93,26 @@ void check_calls_match(const std::vector<CollectiveCall>& calls,
       same = call.dtype == first.dtype;
     }
     if (same && is_reducing(call.kind)) same = call.op == first.op && call.mode == first.mode;
-    if (same && (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::broadcast)) {
+    if (same &&
+        (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::broadcast)) {
       same = call.count == first.count && call.root == first.root;
     }
-    if (same && (call.kind == CollectiveKind::reduce_scatter || call.kind == CollectiveKind::all_gather)) {
+    if (same &&
+        (call.kind == CollectiveKind::reduce_scatter || call.kind == CollectiveKind::all_gather)) {
       same = call.segment_counts == first.segment_counts;
     }
-    if (!same) throw DesyncError(fmt::format("collectives do not match: {}, but {}", side(0), side(i)));
+    if (!same)
+      throw DesyncError(fmt::format("collectives do not match: {}, but {}", side(0), side(i)));
   }
   if (first.kind != CollectiveKind::all_to_all) return;
   for (std::size_t sender = 0; sender < calls.size(); ++sender) {
     for (std::size_t receiver = 0; receiver < calls.size(); ++receiver) {
       if (calls[sender].send_counts[receiver] != calls[receiver].recv_counts[sender]) {
-        throw DesyncError(fmt::format(
-            "all_to_all counts do not match: {} sends {} elements to group rank {}, but {} expects {}",
-            side(sender), calls[sender].send_counts[receiver], receiver, side(receiver),
-            calls[receiver].recv_counts[sender]));
+        throw DesyncError(
+            fmt::format("all_to_all counts do not match: {} sends {} elements to group rank {}, "
+                        "but {} expects {}",
+                        side(sender), calls[sender].send_counts[receiver], receiver, side(receiver),
+                        calls[receiver].recv_counts[sender]));
       }
     }
   }
@@ -112,18 +120,21 @@ void check_calls_match(const std::vector<CollectiveCall>& calls,
 
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts) {
   std::vector<std::int64_t> result(counts.size(), 0);
-  for (std::size_t i = 1; i < counts.size(); ++i) result[i] = result[i - 1] + counts[i - 1];
+  for (std::size_t i = 1; i < counts.size(); ++i)
+    result[i] = result[i - 1] + counts[i - 1];
   return result;
 }
 
 namespace {
 void check_buffer(const Tensor& tensor, std::string_view role, CollectiveKind kind) {
   if (!tensor.defined()) {
-    throw InvalidArgument(fmt::format("{}: the {} tensor is undefined", collective_name(kind), role));
+    throw InvalidArgument(
+        fmt::format("{}: the {} tensor is undefined", collective_name(kind), role));
   }
   if (!tensor.is_contiguous()) {
-    throw InvalidArgument(fmt::format("{}: the {} tensor ({}) is a strided view; pass a contiguous tensor",
-                                      collective_name(kind), role, tensor.shape().to_string()));
+    throw InvalidArgument(
+        fmt::format("{}: the {} tensor ({}) is a strided view; pass a contiguous tensor",
+                    collective_name(kind), role, tensor.shape().to_string()));
   }
 }
 
@@ -135,35 +146,39 @@ void check_same_dtype(const Tensor& a, const Tensor& b, CollectiveKind kind) {
 }
 
 // Counts given by the caller, or `total` split equally; checked against the group size and total.
-std::vector<std::int64_t> resolve_counts(std::vector<std::int64_t> counts, std::int64_t total, int size,
-                                         std::string_view what, CollectiveKind kind) {
+std::vector<std::int64_t> resolve_counts(std::vector<std::int64_t> counts, std::int64_t total,
+                                         int size, std::string_view what, CollectiveKind kind) {
   if (counts.empty()) {
     if (total % size != 0) {
-      throw InvalidArgument(fmt::format("{}: {} of {} elements does not split evenly over {} ranks; pass "
-                                        "per-rank counts",
-                                        collective_name(kind), what, total, size));
+      throw InvalidArgument(
+          fmt::format("{}: {} of {} elements does not split evenly over {} ranks; pass "
+                      "per-rank counts",
+                      collective_name(kind), what, total, size));
     }
     return std::vector<std::int64_t>(static_cast<std::size_t>(size), total / size);
   }
   if (counts.size() != static_cast<std::size_t>(size)) {
-    throw InvalidArgument(fmt::format("{}: {} counts [{}] for a group of {} ranks", collective_name(kind),
-                                      counts.size(), fmt::join(counts, ","), size));
+    throw InvalidArgument(fmt::format("{}: {} counts [{}] for a group of {} ranks",
+                                      collective_name(kind), counts.size(), fmt::join(counts, ","),
+                                      size));
   }
   for (std::int64_t c : counts) {
     if (c < 0) {
-      throw InvalidArgument(fmt::format("{}: count {} in [{}] is negative", collective_name(kind), c,
-                                        fmt::join(counts, ",")));
+      throw InvalidArgument(fmt::format("{}: count {} in [{}] is negative", collective_name(kind),
+                                        c, fmt::join(counts, ",")));
     }
   }
   const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   if (sum != total) {
     throw InvalidArgument(fmt::format("{}: counts [{}] add up to {}, but the {} holds {} elements",
-                                      collective_name(kind), fmt::join(counts, ","), sum, what, total));
+                                      collective_name(kind), fmt::join(counts, ","), sum, what,
+                                      total));
   }
   return counts;
 }
 
-void expect_count(std::int64_t actual, std::int64_t expected, std::string_view what, CollectiveKind kind) {
+void expect_count(std::int64_t actual, std::int64_t expected, std::string_view what,
+                  CollectiveKind kind) {
   if (actual != expected) {
     throw InvalidArgument(fmt::format("{}: the {} holds {} elements, the counts say {}",
                                       collective_name(kind), what, actual, expected));
@@ -195,7 +210,8 @@ CollectiveCall describe_reduce_scatter(const Tensor& input, const Tensor& output
   call.op = options.op;
   call.mode = options.mode;
   call.segment_counts = resolve_counts(std::move(counts), input.numel(), size, "input", kKind);
-  expect_count(output.numel(), call.segment_counts[static_cast<std::size_t>(rank)], "output", kKind);
+  expect_count(output.numel(), call.segment_counts[static_cast<std::size_t>(rank)], "output",
+               kKind);
   return call;
 }
 
@@ -234,7 +250,8 @@ CollectiveCall describe_all_to_all(const Tensor& input, const Tensor& output,
 CollectiveCall describe_broadcast(const Tensor& buffer, int root, int size) {
   check_buffer(buffer, "buffer", CollectiveKind::broadcast);
   if (root < 0 || root >= size) {
-    throw InvalidArgument(fmt::format("broadcast: root {} is not a rank of this group of {}", root, size));
+    throw InvalidArgument(
+        fmt::format("broadcast: root {} is not a rank of this group of {}", root, size));
   }
   CollectiveCall call;
   call.kind = CollectiveKind::broadcast;
@@ -249,18 +266,20 @@ void Communicator::all_reduce(const Tensor& buffer, const CollectiveOptions& opt
 }
 
 void Communicator::reduce_scatter(const Tensor& input, const Tensor& output,
-                                  std::vector<std::int64_t> counts, const CollectiveOptions& options) {
+                                  std::vector<std::int64_t> counts,
+                                  const CollectiveOptions& options) {
   reduce_scatter_async(input, output, std::move(counts), options).wait();
 }
 
-void Communicator::all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts,
-                              const CollectiveOptions& options) {
+void Communicator::all_gather(const Tensor& input, const Tensor& output,
+                              std::vector<std::int64_t> counts, const CollectiveOptions& options) {
   all_gather_async(input, output, std::move(counts), options).wait();
 }
 
 void Communicator::all_to_all(const Tensor& input, const Tensor& output,
                               std::vector<std::int64_t> send_counts,
-                              std::vector<std::int64_t> recv_counts, const CollectiveOptions& options) {
+                              std::vector<std::int64_t> recv_counts,
+                              const CollectiveOptions& options) {
   all_to_all_async(input, output, std::move(send_counts), std::move(recv_counts), options).wait();
 }
 
@@ -268,6 +287,8 @@ void Communicator::broadcast(const Tensor& buffer, int root, const CollectiveOpt
   broadcast_async(buffer, root, options).wait();
 }
 
-void Communicator::barrier(const CollectiveOptions& options) { barrier_async(options).wait(); }
+void Communicator::barrier(const CollectiveOptions& options) {
+  barrier_async(options).wait();
+}
 
 }  // namespace meshtensor::comm

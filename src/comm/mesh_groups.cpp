@@ -9,16 +9,18 @@ MeshGroups::MeshGroups(DeviceMesh mesh, std::shared_ptr<Communicator> world)
     : mesh_(std::move(mesh)), world_(std::move(world)) {
   if (!world_) throw InvalidArgument("MeshGroups needs a world communicator");
   if (world_->size() != mesh_.size()) {
-    throw InvalidArgument(fmt::format("mesh {} has {} ranks but the world communicator has {}", mesh_.to_string(),
-                                      mesh_.size(), world_->size()));
+    throw InvalidArgument(fmt::format("mesh {} has {} ranks but the world communicator has {}",
+                                      mesh_.to_string(), mesh_.size(), world_->size()));
   }
   by_ranks_[world_->world_ranks()] = world_;
 }
 
-std::shared_ptr<Communicator> MeshGroups::group(std::span<const int> dims, const CollectiveOptions& options) {
+std::shared_ptr<Communicator> MeshGroups::group(std::span<const int> dims,
+                                                const CollectiveOptions& options) {
   std::vector<std::int64_t> members = mesh_.group_ranks(rank(), dims);
   // Mesh rank -> world rank (the world communicator may itself be a sub-group of a larger job).
-  for (std::int64_t& member : members) member = world_->world_ranks()[static_cast<std::size_t>(member)];
+  for (std::int64_t& member : members)
+    member = world_->world_ranks()[static_cast<std::size_t>(member)];
   if (auto found = by_ranks_.find(members); found != by_ranks_.end()) return found->second;
   // Translation invariance of mesh groups: every rank misses the cache for the same dims, so
   // this split is reached collectively. Color: the group's first mesh rank; key: the position.

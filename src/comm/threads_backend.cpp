@@ -51,7 +51,8 @@ struct ThreadsShared {
   std::uint64_t next_group_id = 1;
   // Groups being created by a split: key (parent id, split sequence, color) -> state and the
   // number of members still to pick it up.
-  std::map<std::tuple<std::uint64_t, std::int64_t, std::int64_t>, std::pair<std::shared_ptr<GroupState>, int>>
+  std::map<std::tuple<std::uint64_t, std::int64_t, std::int64_t>,
+           std::pair<std::shared_ptr<GroupState>, int>>
       forming;
 };
 
@@ -67,8 +68,8 @@ struct GroupState {
 
   // Blocks until every member arrived, the deadline passed (TimeoutError, and the world aborts
   // so nobody else waits for this group) or the world aborted (CommError with the cause).
-  void arrive_and_wait(int rank, std::chrono::steady_clock::time_point deadline, ThreadsShared& world,
-                       const CollectiveCall& call) {
+  void arrive_and_wait(int rank, std::chrono::steady_clock::time_point deadline,
+                       ThreadsShared& world, const CollectiveCall& call) {
     std::unique_lock lock(mutex);
     const std::uint64_t generation_now = generation;
     arrived_at[static_cast<std::size_t>(rank)] = generation_now + 1;
@@ -81,8 +82,9 @@ struct GroupState {
     }
     while (generation == generation_now) {
       if (world.aborted.load()) {
-        throw CommError(fmt::format("{} on group [{}] failed: the job was aborted: {}", call.to_string(),
-                                    fmt::join(world_ranks, ","), world.abort_reason()));
+        throw CommError(fmt::format("{} on group [{}] failed: the job was aborted: {}",
+                                    call.to_string(), fmt::join(world_ranks, ","),
+                                    world.abort_reason()));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         std::vector<std::int64_t> missing;
@@ -90,8 +92,8 @@ struct GroupState {
           if (arrived_at[i] != generation_now + 1) missing.push_back(world_ranks[i]);
         }
         const std::string message =
-            fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it", call.to_string(),
-                        fmt::join(world_ranks, ","), fmt::join(missing, ","));
+            fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it",
+                        call.to_string(), fmt::join(world_ranks, ","), fmt::join(missing, ","));
         world.abort(message);
         throw TimeoutError(message);
       }
@@ -127,7 +129,8 @@ std::pair<std::size_t, std::size_t> owned_range(std::int64_t count, int rank, in
 
 class ThreadsCommunicator final : public Communicator {
  public:
-  ThreadsCommunicator(std::shared_ptr<ThreadsShared> world, std::shared_ptr<GroupState> group, int rank)
+  ThreadsCommunicator(std::shared_ptr<ThreadsShared> world, std::shared_ptr<GroupState> group,
+                      int rank)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank) {}
 
   int rank() const override { return rank_; }
@@ -143,20 +146,24 @@ class ThreadsCommunicator final : public Communicator {
 
   Work reduce_scatter_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
                             const CollectiveOptions& options) override {
-    CollectiveCall call = describe_reduce_scatter(input, output, std::move(counts), options, rank_, size());
+    CollectiveCall call =
+        describe_reduce_scatter(input, output, std::move(counts), options, rank_, size());
     reject_exact(call);
     return enqueue(std::move(call), input, output, options);
   }
 
   Work all_gather_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
                         const CollectiveOptions& options) override {
-    return enqueue(describe_all_gather(input, output, std::move(counts), rank_, size()), input, output, options);
+    return enqueue(describe_all_gather(input, output, std::move(counts), rank_, size()), input,
+                   output, options);
   }
 
   Work all_to_all_async(Tensor input, Tensor output, std::vector<std::int64_t> send_counts,
-                        std::vector<std::int64_t> recv_counts, const CollectiveOptions& options) override {
-    return enqueue(describe_all_to_all(input, output, std::move(send_counts), std::move(recv_counts), size()),
-                   input, output, options);
+                        std::vector<std::int64_t> recv_counts,
+                        const CollectiveOptions& options) override {
+    return enqueue(
+        describe_all_to_all(input, output, std::move(send_counts), std::move(recv_counts), size()),
+        input, output, options);
   }
 
   Work broadcast_async(Tensor buffer, int root, const CollectiveOptions& options) override {
@@ -188,17 +195,18 @@ class ThreadsCommunicator final : public Communicator {
  private:
   static void reject_exact(const CollectiveCall& call) {
     if (call.mode == ReductionMode::exact) {
-      throw InvalidArgument(fmt::format("{}: reduction mode 'exact' is not available on the threads "
-                                        "backend yet; use 'ordered'",
-                                        collective_name(call.kind)));
+      throw InvalidArgument(
+          fmt::format("{}: reduction mode 'exact' is not available on the threads "
+                      "backend yet; use 'ordered'",
+                      collective_name(call.kind)));
     }
   }
 
   Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options) {
     call.sequence = next_sequence_++;
     const auto timeout = options.timeout;
-    return queue_.submit([this, call = std::move(call), input = std::move(input), output = std::move(output),
-                          timeout]() mutable {
+    return queue_.submit([this, call = std::move(call), input = std::move(input),
+                          output = std::move(output), timeout]() mutable {
       Posting posting{std::move(call), input.defined() ? input.bytes().data() : nullptr,
                       output.defined() ? output.bytes().data() : nullptr, 0, 0};
       run_collective(posting, std::chrono::steady_clock::now() + timeout);
@@ -212,12 +220,14 @@ class ThreadsCommunicator final : public Communicator {
     group.postings[static_cast<std::size_t>(rank_)] = posting;
     group.arrive_and_wait(rank_, deadline, *world_, posting.call);
     std::vector<CollectiveCall> calls;
-    for (const Posting& p : group.postings) calls.push_back(p.call);
+    for (const Posting& p : group.postings)
+      calls.push_back(p.call);
     check_calls_match(calls, group.world_ranks);  // same verdict on every rank
     try {
       move_data(posting.call);
     } catch (const std::exception& error) {
-      world_->abort(fmt::format("world rank {} failed in {}: {}", group.world_ranks[static_cast<std::size_t>(rank_)],
+      world_->abort(fmt::format("world rank {} failed in {}: {}",
+                                group.world_ranks[static_cast<std::size_t>(rank_)],
                                 posting.call.to_string(), error.what()));
       throw;
     }
@@ -251,22 +261,24 @@ class ThreadsCommunicator final : public Communicator {
           inputs[j] = group.postings[j].send + static_cast<std::size_t>(offsets[me]) * element;
         }
         std::byte* const output = group.postings[me].recv;
-        kernels::reduce_ordered(call.dtype, call.op, inputs, std::span<std::byte* const>(&output, 1),
+        kernels::reduce_ordered(call.dtype, call.op, inputs,
+                                std::span<std::byte* const>(&output, 1),
                                 static_cast<std::size_t>(call.segment_counts[me]));
         return;
       }
       case CollectiveKind::all_gather: {
         const std::vector<std::int64_t> offsets = displacements(call.segment_counts);
         for (std::size_t j = 0; j < k; ++j) {
-          copy(group.postings[me].recv + static_cast<std::size_t>(offsets[j]) * element, group.postings[j].send,
-               static_cast<std::size_t>(call.segment_counts[j]) * element);
+          copy(group.postings[me].recv + static_cast<std::size_t>(offsets[j]) * element,
+               group.postings[j].send, static_cast<std::size_t>(call.segment_counts[j]) * element);
         }
         return;
       }
       case CollectiveKind::all_to_all: {
         const std::vector<std::int64_t> recv_offsets = displacements(call.recv_counts);
         for (std::size_t j = 0; j < k; ++j) {
-          const std::vector<std::int64_t> send_offsets = displacements(group.postings[j].call.send_counts);
+          const std::vector<std::int64_t> send_offsets =
+              displacements(group.postings[j].call.send_counts);
           copy(group.postings[me].recv + static_cast<std::size_t>(recv_offsets[j]) * element,
                group.postings[j].send + static_cast<std::size_t>(send_offsets[me]) * element,
                static_cast<std::size_t>(call.recv_counts[j]) * element);
@@ -289,12 +301,14 @@ class ThreadsCommunicator final : public Communicator {
     if (bytes > 0) std::memcpy(to, from, bytes);
   }
 
-  std::shared_ptr<Communicator> run_split(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
+  std::shared_ptr<Communicator> run_split(const Posting& posting,
+                                          std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
     group.postings[static_cast<std::size_t>(rank_)] = posting;
     group.arrive_and_wait(rank_, deadline, *world_, posting.call);
     std::vector<CollectiveCall> calls;
-    for (const Posting& p : group.postings) calls.push_back(p.call);
+    for (const Posting& p : group.postings)
+      calls.push_back(p.call);
     check_calls_match(calls, group.world_ranks);
     std::shared_ptr<Communicator> result;
     if (posting.split_color >= 0) {
@@ -308,7 +322,8 @@ class ThreadsCommunicator final : public Communicator {
       std::vector<std::int64_t> member_world_ranks;
       int new_rank = 0;
       for (std::size_t i = 0; i < members.size(); ++i) {
-        member_world_ranks.push_back(group.world_ranks[static_cast<std::size_t>(members[i].second)]);
+        member_world_ranks.push_back(
+            group.world_ranks[static_cast<std::size_t>(members[i].second)]);
         if (members[i].second == rank_) new_rank = static_cast<int>(i);
       }
       std::shared_ptr<GroupState> state;
@@ -320,7 +335,8 @@ class ThreadsCommunicator final : public Communicator {
                    static_cast<int>(members.size())};
         }
         state = entry.first;
-        if (--entry.second == 0) world_->forming.erase({group.id, posting.call.sequence, posting.split_color});
+        if (--entry.second == 0)
+          world_->forming.erase({group.id, posting.call.sequence, posting.split_color});
       }
       result = std::make_shared<ThreadsCommunicator>(world_, std::move(state), new_rank);
     }
@@ -343,25 +359,32 @@ ThreadsWorld::ThreadsWorld(int size) {
   }
   shared_ = std::make_shared<ThreadsShared>(size);
   std::vector<std::int64_t> members(static_cast<std::size_t>(size));
-  for (std::size_t i = 0; i < members.size(); ++i) members[i] = static_cast<std::int64_t>(i);
+  for (std::size_t i = 0; i < members.size(); ++i)
+    members[i] = static_cast<std::int64_t>(i);
   shared_->world_group = std::make_shared<GroupState>(0, std::move(members));
 }
 
-int ThreadsWorld::size() const { return shared_->size; }
+int ThreadsWorld::size() const {
+  return shared_->size;
+}
 
 std::shared_ptr<Communicator> ThreadsWorld::communicator(int rank) const {
   if (rank < 0 || rank >= size()) {
-    throw InvalidArgument(fmt::format("rank {} is not in this threads world of {} ranks", rank, size()));
+    throw InvalidArgument(
+        fmt::format("rank {} is not in this threads world of {} ranks", rank, size()));
   }
   return std::make_shared<ThreadsCommunicator>(shared_, shared_->world_group, rank);
 }
 
-void ThreadsWorld::abort(const std::string& reason) const { shared_->abort(reason); }
+void ThreadsWorld::abort(const std::string& reason) const {
+  shared_->abort(reason);
+}
 
 void run_threads(int size, const std::function<void(Communicator&)>& body) {
   const ThreadsWorld world(size);
   std::vector<std::shared_ptr<Communicator>> communicators;
-  for (int rank = 0; rank < size; ++rank) communicators.push_back(world.communicator(rank));
+  for (int rank = 0; rank < size; ++rank)
+    communicators.push_back(world.communicator(rank));
   std::mutex first_error_mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> threads;
@@ -378,10 +401,12 @@ void run_threads(int size, const std::function<void(Communicator&)>& body) {
         const std::lock_guard lock(first_error_mutex);
         if (!first_error) first_error = std::current_exception();
       }
-      communicators[static_cast<std::size_t>(rank)].reset();  // drain this rank's queue on its thread
+      communicators[static_cast<std::size_t>(rank)]
+          .reset();  // drain this rank's queue on its thread
     });
   }
-  for (std::thread& thread : threads) thread.join();
+  for (std::thread& thread : threads)
+    thread.join();
   if (first_error) std::rethrow_exception(first_error);
 }
 

@@ -1,13 +1,62 @@
 #include <meshtensor/comm/work.hpp>
 #include <meshtensor/comm/work_queue.hpp>
+#include <meshtensor/core/error.hpp>
 
 namespace meshtensor::comm {
 
+namespace {
+// Error classes a WorkState can report; anything else becomes a CommError with its message.
+enum ErrorClass : int { kNone, kTimeout, kDesync, kComm, kParse, kInvalidArgument, kError, kOther };
+
+std::pair<int, std::string> classify(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return {kTimeout, e.what()};
+  } catch (const DesyncError& e) {
+    return {kDesync, e.what()};
+  } catch (const CommError& e) {
+    return {kComm, e.what()};
+  } catch (const ParseError& e) {
+    return {kParse, e.what()};
+  } catch (const InvalidArgument& e) {
+    return {kInvalidArgument, e.what()};
+  } catch (const Error& e) {
+    return {kError, e.what()};
+  } catch (const std::exception& e) {
+    return {kOther, e.what()};
+  } catch (...) {
+    return {kOther, "unknown non-standard exception"};
+  }
+}
+
+[[noreturn]] void throw_recorded(int error_class, const std::string& message) {
+  switch (error_class) {
+    case kTimeout:
+      throw TimeoutError(message);
+    case kDesync:
+      throw DesyncError(message);
+    case kParse:
+      throw ParseError(message);
+    case kInvalidArgument:
+      throw InvalidArgument(message);
+    case kError:
+      throw Error(message);
+    default:
+      throw CommError(message);
+  }
+}
+}  // namespace
+
 void WorkState::finish(std::exception_ptr error) {
+  std::pair<int, std::string> recorded{kNone, {}};
+  if (error) recorded = classify(error);
+  error = nullptr;  // the original exception object dies on this thread
   {
     const std::lock_guard lock(mutex_);
     done_ = true;
-    error_ = std::move(error);
+    error_class_ = recorded.first;
+    error_message_ = std::move(recorded.second);
   }
   done_cv_.notify_all();
 }
@@ -15,7 +64,7 @@ void WorkState::finish(std::exception_ptr error) {
 void WorkState::wait() {
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [this] { return done_; });
-  if (error_) std::rethrow_exception(error_);
+  if (error_class_ != kNone) throw_recorded(error_class_, error_message_);
 }
 
 bool WorkState::completed() {
@@ -27,7 +76,9 @@ void Work::wait() const {
   if (state_) state_->wait();
 }
 
-bool Work::is_completed() const { return !state_ || state_->completed(); }
+bool Work::is_completed() const {
+  return !state_ || state_->completed();
+}
 
 WorkQueue::~WorkQueue() {
   {

@@ -23,14 +23,18 @@ Tensor input_of(DType dtype, std::int64_t count, std::uint64_t seed, int r) {
 }
 
 // The documented result: elements combined in ascending group-rank order.
-Tensor expected_reduction(DType dtype, ReduceOp op, std::int64_t count, std::uint64_t seed, int size) {
+Tensor expected_reduction(DType dtype, ReduceOp op, std::int64_t count, std::uint64_t seed,
+                          int size) {
   std::vector<Tensor> inputs;
   std::vector<const std::byte*> pointers;
-  for (int r = 0; r < size; ++r) inputs.push_back(input_of(dtype, count, seed, r));
-  for (const Tensor& input : inputs) pointers.push_back(input.bytes().data());
+  for (int r = 0; r < size; ++r)
+    inputs.push_back(input_of(dtype, count, seed, r));
+  for (const Tensor& input : inputs)
+    pointers.push_back(input.bytes().data());
   Tensor out({count}, dtype);
   std::byte* target = out.bytes().data();
-  kernels::reduce_ordered(dtype, op, pointers, std::span<std::byte* const>(&target, 1), static_cast<std::size_t>(count));
+  kernels::reduce_ordered(dtype, op, pointers, std::span<std::byte* const>(&target, 1),
+                          static_cast<std::size_t>(count));
   return out;
 }
 
@@ -64,10 +68,12 @@ TEST(ThreadsAllReduce, ChunkingAndMessageSizeDoNotChangeBits) {
     Tensor pieces = whole.clone();
     std::vector<Work> works;
     for (std::int64_t begin = 0, step = 1; begin < count; begin += step, step = step * 3 + 1) {
-      works.push_back(world.all_reduce_async(pieces.narrow(0, begin, std::min(step, count - begin)), {}));
+      works.push_back(
+          world.all_reduce_async(pieces.narrow(0, begin, std::min(step, count - begin)), {}));
     }
     world.all_reduce(whole);
-    for (const Work& work : works) work.wait();
+    for (const Work& work : works)
+      work.wait();
     if (whole.bitwise_equal(expected) && pieces.bitwise_equal(expected)) ++matches;
   });
   EXPECT_EQ(matches.load(), 6);
@@ -126,11 +132,16 @@ TEST(ThreadsCollectives, UnevenVariantsWithEmptyRanks) {
     for (int j = 0; j < 5; ++j) {
       // Segment j came from rank j's input at rank j's send displacement for r.
       std::vector<std::int64_t> their_send(5);
-      for (int t = 0; t < 5; ++t) their_send[static_cast<std::size_t>(t)] = (j + t) % 3;
-      const std::int64_t their_total = std::accumulate(their_send.begin(), their_send.end(), std::int64_t{0});
+      for (int t = 0; t < 5; ++t)
+        their_send[static_cast<std::size_t>(t)] = (j + t) % 3;
+      const std::int64_t their_total =
+          std::accumulate(their_send.begin(), their_send.end(), std::int64_t{0});
       const Tensor theirs = input_of(DType::i32, their_total, 2, j);
-      a2a_ok = a2a_ok && received.narrow(0, displacements(recv)[static_cast<std::size_t>(j)], recv[static_cast<std::size_t>(j)])
-                             .bitwise_equal(theirs.narrow(0, displacements(their_send)[me], their_send[me]));
+      a2a_ok = a2a_ok &&
+               received
+                   .narrow(0, displacements(recv)[static_cast<std::size_t>(j)],
+                           recv[static_cast<std::size_t>(j)])
+                   .bitwise_equal(theirs.narrow(0, displacements(their_send)[me], their_send[me]));
     }
     // broadcast from rank 3.
     Tensor value = r == 3 ? input_of(DType::bf16, 33, 6, 3) : Tensor({33}, DType::bf16);
@@ -145,18 +156,23 @@ TEST(ThreadsCollectives, UnevenVariantsWithEmptyRanks) {
 TEST(ThreadsCollectives, BadArgumentsFailOnTheCallingRankWithTheValue) {
   run_threads(2, [&](Communicator& world) {
     const Tensor input({5}, DType::f32);
-    EXPECT_NE(testing::error_message([&] { world.reduce_scatter(input, Tensor({2}, DType::f32)); })
-                  .find("5 elements does not split evenly over 2 ranks"),
+    EXPECT_NE(testing::error_message([&] {
+                world.reduce_scatter(input, Tensor({2}, DType::f32));
+              }).find("5 elements does not split evenly over 2 ranks"),
               std::string::npos);
-    EXPECT_NE(testing::error_message([&] { world.all_gather(input, Tensor({10}, DType::f64)); })
-                  .find("input is f32 but output is f64"),
+    EXPECT_NE(testing::error_message([&] {
+                world.all_gather(input, Tensor({10}, DType::f64));
+              }).find("input is f32 but output is f64"),
               std::string::npos);
-    EXPECT_NE(testing::error_message([&] { world.reduce_scatter(input, Tensor({2}, DType::f32), {2, 2}); })
-                  .find("add up to 4, but the input holds 5"),
+    EXPECT_NE(testing::error_message([&] {
+                world.reduce_scatter(input, Tensor({2}, DType::f32), {2, 2});
+              }).find("add up to 4, but the input holds 5"),
               std::string::npos);
-    EXPECT_NE(testing::error_message([&] { world.broadcast(input, 2); }).find("root 2"), std::string::npos);
-    EXPECT_NE(testing::error_message([&] { world.all_reduce(Tensor({4, 4}, DType::f32).narrow(1, 0, 2)); })
-                  .find("strided view"),
+    EXPECT_NE(testing::error_message([&] { world.broadcast(input, 2); }).find("root 2"),
+              std::string::npos);
+    EXPECT_NE(testing::error_message([&] {
+                world.all_reduce(Tensor({4, 4}, DType::f32).narrow(1, 0, 2));
+              }).find("strided view"),
               std::string::npos);
     world.barrier();  // nothing above reached the group: it is still in step
   });
@@ -202,7 +218,8 @@ TEST(ThreadsFailures, MismatchedCollectivesAreADesyncErrorOnEveryRank) {
                              Tensor buffer({4}, DType::f32);
                              const std::string message = testing::error_message([&] {
                                if (world.rank() == 2) {
-                                 world.all_gather(Tensor({4}, DType::f32), Tensor({12}, DType::f32));
+                                 world.all_gather(Tensor({4}, DType::f32),
+                                                  Tensor({12}, DType::f32));
                                } else {
                                  world.all_reduce(buffer);
                                }
@@ -253,20 +270,21 @@ TEST(ThreadsFailures, AFailingRankMakesTheOthersFailWithItsCause) {
 
 TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
   std::atomic<int> named{0};
-  EXPECT_THROW(run_threads(3,
-                           [&](Communicator& world) {
-                             if (world.rank() == 2) return;  // never joins
-                             try {
-                               world.barrier({.timeout = std::chrono::milliseconds(200)});
-                             } catch (const CommError& error) {
-                               if (std::string(error.what()).find("world rank(s) [2] never issued it") !=
-                                   std::string::npos) {
-                                 ++named;
-                               }
-                               throw;
-                             }
-                           }),
-               CommError);
+  EXPECT_THROW(
+      run_threads(3,
+                  [&](Communicator& world) {
+                    if (world.rank() == 2) return;  // never joins
+                    try {
+                      world.barrier({.timeout = std::chrono::milliseconds(200)});
+                    } catch (const CommError& error) {
+                      if (std::string(error.what()).find("world rank(s) [2] never issued it") !=
+                          std::string::npos) {
+                        ++named;
+                      }
+                      throw;
+                    }
+                  }),
+      CommError);
   EXPECT_GE(named.load(), 1);
 }
 
@@ -286,15 +304,18 @@ TEST(MeshGroups, GroupsFollowMeshOrderAndAreCachedByRankList) {
       Tensor value = Tensor::full({1}, DType::i64, static_cast<double>(world.rank()));
       group->all_reduce(value);
       std::int64_t expected = 0;
-      for (std::int64_t member : mesh.group_ranks(world.rank(), dims)) expected += member;
+      for (std::int64_t member : mesh.group_ranks(world.rank(), dims))
+        expected += member;
       good = good && value.values<std::int64_t>()[0] == expected;
     }
     const std::size_t created = groups.cached_groups();
     const int again[] = {1, 0};
     good = good && groups.group(again).get() == groups.group(std::vector<int>{1, 0, 2}).get();
-    good = good && groups.cached_groups() == created;  // {1,0,2} has a size-1 dim: same ranks as {1,0}
+    good =
+        good && groups.cached_groups() == created;  // {1,0,2} has a size-1 dim: same ranks as {1,0}
     // {} and {2} are the rank alone; {0,1} and {1,0} differ in order: distinct groups.
-    good = good && groups.group(std::vector<int>{0, 1}).get() != groups.group(std::vector<int>{1, 0}).get();
+    good = good &&
+           groups.group(std::vector<int>{0, 1}).get() != groups.group(std::vector<int>{1, 0}).get();
     if (good) ++ok;
   });
   EXPECT_EQ(ok.load(), 6);

@@ -30,8 +30,8 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(
 
 /// Per-call options.
 struct CollectiveOptions {
-  ReduceOp op = ReduceOp::sum;                    ///< reducing collectives only
-  ReductionMode mode = ReductionMode::ordered;    ///< reducing collectives only
+  ReduceOp op = ReduceOp::sum;                          ///< reducing collectives only
+  ReductionMode mode = ReductionMode::ordered;          ///< reducing collectives only
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< how long to wait for the other ranks
 };
 
@@ -57,8 +57,8 @@ struct CollectiveCall {
   DType dtype = DType::u8;
   ReduceOp op = ReduceOp::sum;
   ReductionMode mode = ReductionMode::ordered;
-  int root = -1;                          ///< broadcast only
-  std::int64_t count = 0;  ///< all_reduce / broadcast: elements per rank
+  int root = -1;                             ///< broadcast only
+  std::int64_t count = 0;                    ///< all_reduce / broadcast: elements per rank
   std::vector<std::int64_t> segment_counts;  ///< reduce_scatter / all_gather: elements per rank
   std::vector<std::int64_t> send_counts;     ///< all_to_all: elements this rank sends to each rank
   std::vector<std::int64_t> recv_counts;     ///< all_to_all: elements it receives from each rank
@@ -118,14 +118,16 @@ class Communicator {
   /// Blocking all_reduce.
   void all_reduce(const Tensor& buffer, const CollectiveOptions& options = {});
   /// Blocking reduce_scatter.
-  void reduce_scatter(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts = {},
-                      const CollectiveOptions& options = {});
+  void reduce_scatter(const Tensor& input, const Tensor& output,
+                      std::vector<std::int64_t> counts = {}, const CollectiveOptions& options = {});
   /// Blocking all_gather.
   void all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts = {},
                   const CollectiveOptions& options = {});
   /// Blocking all_to_all.
-  void all_to_all(const Tensor& input, const Tensor& output, std::vector<std::int64_t> send_counts = {},
-                  std::vector<std::int64_t> recv_counts = {}, const CollectiveOptions& options = {});
+  void all_to_all(const Tensor& input, const Tensor& output,
+                  std::vector<std::int64_t> send_counts = {},
+                  std::vector<std::int64_t> recv_counts = {},
+                  const CollectiveOptions& options = {});
   /// Blocking broadcast.
   void broadcast(const Tensor& buffer, int root, const CollectiveOptions& options = {});
   /// Blocking barrier.
@@ -135,7 +137,8 @@ class Communicator {
 /// Validates arguments on the calling rank and returns the normalised call (sequence unset).
 /// Throws InvalidArgument naming the bad value (non-contiguous or undefined tensor, dtype
 /// mismatch, wrong number of counts, negative counts, sizes that do not add up, bad root).
-CollectiveCall describe_all_reduce(const Tensor& buffer, const CollectiveOptions& options, int size);
+CollectiveCall describe_all_reduce(const Tensor& buffer, const CollectiveOptions& options,
+                                   int size);
 /// See describe_all_reduce.
 CollectiveCall describe_reduce_scatter(const Tensor& input, const Tensor& output,
                                        std::vector<std::int64_t> counts,
