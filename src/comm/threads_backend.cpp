@@ -213,16 +213,22 @@ class ThreadsCommunicator final : public Communicator {
     });
   }
 
-  // Post, check that every rank's call matches, move the data, wait until all are done with
-  // each other's buffers.
-  void run_collective(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
+  // Posts this rank's call and buffers, waits for every member, and checks that all calls
+  // match (the same verdict on every rank) before anyone touches another rank's buffers.
+  void post_and_check(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
     group.postings[static_cast<std::size_t>(rank_)] = posting;
     group.arrive_and_wait(rank_, deadline, *world_, posting.call);
     std::vector<CollectiveCall> calls;
     for (const Posting& p : group.postings)
       calls.push_back(p.call);
-    check_calls_match(calls, group.world_ranks);  // same verdict on every rank
+    check_calls_match(calls, group.world_ranks);
+  }
+
+  // Post and check, move the data, wait until all are done with each other's buffers.
+  void run_collective(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
+    GroupState& group = *group_;
+    post_and_check(posting, deadline);
     try {
       move_data(posting.call);
     } catch (const std::exception& error) {
@@ -304,12 +310,7 @@ class ThreadsCommunicator final : public Communicator {
   std::shared_ptr<Communicator> run_split(const Posting& posting,
                                           std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
-    group.postings[static_cast<std::size_t>(rank_)] = posting;
-    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
-    std::vector<CollectiveCall> calls;
-    for (const Posting& p : group.postings)
-      calls.push_back(p.call);
-    check_calls_match(calls, group.world_ranks);
+    post_and_check(posting, deadline);
     std::shared_ptr<Communicator> result;
     if (posting.split_color >= 0) {
       // Members: same color, ordered by (key, rank in this group).
