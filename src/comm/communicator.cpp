@@ -3,48 +3,35 @@
 #include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/enum_names.hpp>
 #include <meshtensor/core/error.hpp>
 
 namespace meshtensor::comm {
 
+namespace {
+constexpr EnumName<ReductionMode> kReductionModeNames[] = {{ReductionMode::native, "native"},
+                                                           {ReductionMode::ordered, "ordered"},
+                                                           {ReductionMode::exact, "exact"}};
+constexpr EnumName<CollectiveKind> kCollectiveNames[] = {
+    {CollectiveKind::all_reduce, "all_reduce"},
+    {CollectiveKind::reduce_scatter, "reduce_scatter"},
+    {CollectiveKind::all_gather, "all_gather"},
+    {CollectiveKind::all_to_all, "all_to_all"},
+    {CollectiveKind::broadcast, "broadcast"},
+    {CollectiveKind::barrier, "barrier"},
+    {CollectiveKind::split, "split"}};
+}  // namespace
+
 std::string_view reduction_mode_name(ReductionMode mode) {
-  switch (mode) {
-    case ReductionMode::native:
-      return "native";
-    case ReductionMode::ordered:
-      return "ordered";
-    case ReductionMode::exact:
-      return "exact";
-  }
-  throw InvalidArgument(fmt::format("invalid reduction mode value {}", static_cast<int>(mode)));
+  return enum_name(kReductionModeNames, mode, "reduction mode");
 }
 
 ReductionMode parse_reduction_mode(std::string_view text) {
-  for (ReductionMode mode : {ReductionMode::native, ReductionMode::ordered, ReductionMode::exact}) {
-    if (reduction_mode_name(mode) == text) return mode;
-  }
-  throw ParseError(
-      fmt::format("unknown reduction mode '{}': expected native, ordered or exact", text));
+  return parse_enum(kReductionModeNames, text, "reduction mode");
 }
 
 std::string_view collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::all_reduce:
-      return "all_reduce";
-    case CollectiveKind::reduce_scatter:
-      return "reduce_scatter";
-    case CollectiveKind::all_gather:
-      return "all_gather";
-    case CollectiveKind::all_to_all:
-      return "all_to_all";
-    case CollectiveKind::broadcast:
-      return "broadcast";
-    case CollectiveKind::barrier:
-      return "barrier";
-    case CollectiveKind::split:
-      return "split";
-  }
-  throw InvalidArgument(fmt::format("invalid collective kind value {}", static_cast<int>(kind)));
+  return enum_name(kCollectiveNames, kind, "collective kind");
 }
 
 namespace {

@@ -4,27 +4,18 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/dtype.hpp>
+#include <meshtensor/core/enum_names.hpp>
 
 namespace meshtensor {
 
+namespace {
+constexpr EnumName<DType> kDTypeNames[] = {
+    {DType::f64, "f64"}, {DType::f32, "f32"}, {DType::bf16, "bf16"}, {DType::f16, "f16"},
+    {DType::i64, "i64"}, {DType::i32, "i32"}, {DType::u8, "u8"}};
+}  // namespace
+
 std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return "f64";
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i64:
-      return "i64";
-    case DType::i32:
-      return "i32";
-    case DType::u8:
-      return "u8";
-  }
-  throw InvalidArgument(fmt::format("invalid dtype value {}", static_cast<int>(dtype)));
+  return enum_name(kDTypeNames, dtype, "dtype");
 }
 
 std::size_t dtype_size(DType dtype) {
@@ -36,11 +27,7 @@ bool is_floating(DType dtype) {
 }
 
 DType parse_dtype(std::string_view text) {
-  for (DType dtype : kAllDTypes) {
-    if (dtype_name(dtype) == text) return dtype;
-  }
-  throw ParseError(
-      fmt::format("unknown dtype '{}': expected one of f64, f32, bf16, f16, i64, i32, u8", text));
+  return parse_enum(kDTypeNames, text, "dtype");
 }
 
 namespace {

@@ -1,29 +1,21 @@
 #include <fmt/format.h>
 
-#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/enum_names.hpp>
 #include <meshtensor/core/reduce_op.hpp>
 
 namespace meshtensor {
 
+namespace {
+constexpr EnumName<ReduceOp> kReduceOpNames[] = {
+    {ReduceOp::sum, "sum"}, {ReduceOp::avg, "avg"}, {ReduceOp::max, "max"}, {ReduceOp::min, "min"}};
+}  // namespace
+
 std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::avg:
-      return "avg";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-  }
-  throw InvalidArgument(fmt::format("invalid reduce op value {}", static_cast<int>(op)));
+  return enum_name(kReduceOpNames, op, "reduce op");
 }
 
 ReduceOp parse_reduce_op(std::string_view text) {
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
-    if (reduce_op_name(op) == text) return op;
-  }
-  throw ParseError(fmt::format("unknown reduce op '{}': expected sum, avg, max or min", text));
+  return parse_enum(kReduceOpNames, text, "reduce op");
 }
 
 }  // namespace meshtensor
