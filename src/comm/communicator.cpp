@@ -105,6 +105,13 @@ void check_calls_match(const std::vector<CollectiveCall>& calls,
   }
 }
 
+std::vector<std::int64_t> balanced_counts(std::int64_t count, int size) {
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(size), count / size);
+  for (std::int64_t i = 0; i < count % size; ++i)
+    ++counts[static_cast<std::size_t>(i)];
+  return counts;
+}
+
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts) {
   std::vector<std::int64_t> result(counts.size(), 0);
   for (std::size_t i = 1; i < counts.size(); ++i)

@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/queued_communicator.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
-#include <meshtensor/comm/work_queue.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/reduce.hpp>
 
@@ -120,99 +120,73 @@ using detail::GroupState;
 using detail::Posting;
 using detail::ThreadsShared;
 
-// Element range [begin, end) of `count` that group rank `rank` of `size` reduces for all_reduce.
-std::pair<std::size_t, std::size_t> owned_range(std::int64_t count, int rank, int size) {
-  const auto n = static_cast<std::size_t>(count);
-  return {n * static_cast<std::size_t>(rank) / static_cast<std::size_t>(size),
-          n * static_cast<std::size_t>(rank + 1) / static_cast<std::size_t>(size)};
-}
-
-class ThreadsCommunicator final : public Communicator {
+class ThreadsCommunicator final : public QueuedCommunicator {
  public:
   ThreadsCommunicator(std::shared_ptr<ThreadsShared> world, std::shared_ptr<GroupState> group,
                       int rank)
       : world_(std::move(world)), group_(std::move(group)), rank_(rank) {}
+  ThreadsCommunicator(const ThreadsCommunicator&) = delete;
+  ThreadsCommunicator& operator=(const ThreadsCommunicator&) = delete;
+  ~ThreadsCommunicator() override { stop_queue(); }
 
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   const std::vector<std::int64_t>& world_ranks() const override { return group_->world_ranks; }
   std::string_view backend() const override { return "threads"; }
 
-  Work all_reduce_async(Tensor buffer, const CollectiveOptions& options) override {
-    CollectiveCall call = describe_all_reduce(buffer, options, size());
-    reject_exact(call);
-    return enqueue(std::move(call), buffer, buffer, options);
+ protected:
+  void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
+                     Deadline deadline) override {
+    run_collective(Posting{call, input.defined() ? input.bytes().data() : nullptr,
+                           output.defined() ? output.bytes().data() : nullptr, 0, 0},
+                   deadline);
   }
 
-  Work reduce_scatter_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
-                            const CollectiveOptions& options) override {
-    CollectiveCall call =
-        describe_reduce_scatter(input, output, std::move(counts), options, rank_, size());
-    reject_exact(call);
-    return enqueue(std::move(call), input, output, options);
+  void confirm_call(const CollectiveCall& call, Deadline deadline) override {
+    post_and_check(Posting{call, nullptr, nullptr, 0, 0}, deadline);
+    group_->arrive_and_wait(rank_, deadline, *world_, call);
   }
 
-  Work all_gather_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
-                        const CollectiveOptions& options) override {
-    return enqueue(describe_all_gather(input, output, std::move(counts), rank_, size()), input,
-                   output, options);
-  }
-
-  Work all_to_all_async(Tensor input, Tensor output, std::vector<std::int64_t> send_counts,
-                        std::vector<std::int64_t> recv_counts,
-                        const CollectiveOptions& options) override {
-    return enqueue(
-        describe_all_to_all(input, output, std::move(send_counts), std::move(recv_counts), size()),
-        input, output, options);
-  }
-
-  Work broadcast_async(Tensor buffer, int root, const CollectiveOptions& options) override {
-    return enqueue(describe_broadcast(buffer, root, size()), buffer, buffer, options);
-  }
-
-  Work barrier_async(const CollectiveOptions& options) override {
-    CollectiveCall call;
-    call.kind = CollectiveKind::barrier;
-    return enqueue(std::move(call), Tensor(), Tensor(), options);
-  }
-
-  std::shared_ptr<Communicator> split(std::int64_t color, std::int64_t key,
-                                      const CollectiveOptions& options) override {
-    CollectiveCall call;
-    call.kind = CollectiveKind::split;
-    call.sequence = next_sequence_++;
-    auto result = std::make_shared<std::shared_ptr<Communicator>>();
-    const auto deadline_timeout = options.timeout;
-    queue_
-        .submit([this, call, color, key, result, deadline_timeout] {
-          Posting posting{call, nullptr, nullptr, color, key};
-          *result = run_split(posting, std::chrono::steady_clock::now() + deadline_timeout);
-        })
-        .wait();
-    return *result;
+  std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
+                                          std::int64_t key, Deadline deadline) override {
+    const Posting posting{call, nullptr, nullptr, color, key};
+    GroupState& group = *group_;
+    post_and_check(posting, deadline);
+    std::shared_ptr<Communicator> result;
+    if (posting.split_color >= 0) {
+      // Members: same color, ordered by (key, rank in this group).
+      std::vector<std::pair<std::int64_t, int>> members;
+      for (int j = 0; j < size(); ++j) {
+        const Posting& p = group.postings[static_cast<std::size_t>(j)];
+        if (p.split_color == posting.split_color) members.emplace_back(p.split_key, j);
+      }
+      std::sort(members.begin(), members.end());
+      std::vector<std::int64_t> member_world_ranks;
+      int new_rank = 0;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        member_world_ranks.push_back(
+            group.world_ranks[static_cast<std::size_t>(members[i].second)]);
+        if (members[i].second == rank_) new_rank = static_cast<int>(i);
+      }
+      std::shared_ptr<GroupState> state;
+      {
+        const std::lock_guard lock(world_->mutex);
+        auto& entry = world_->forming[{group.id, posting.call.sequence, posting.split_color}];
+        if (!entry.first) {
+          entry = {std::make_shared<GroupState>(world_->next_group_id++, member_world_ranks),
+                   static_cast<int>(members.size())};
+        }
+        state = entry.first;
+        if (--entry.second == 0)
+          world_->forming.erase({group.id, posting.call.sequence, posting.split_color});
+      }
+      result = std::make_shared<ThreadsCommunicator>(world_, std::move(state), new_rank);
+    }
+    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
+    return result;
   }
 
  private:
-  static void reject_exact(const CollectiveCall& call) {
-    if (call.mode == ReductionMode::exact) {
-      throw InvalidArgument(
-          fmt::format("{}: reduction mode 'exact' is not available on the threads "
-                      "backend yet; use 'ordered'",
-                      collective_name(call.kind)));
-    }
-  }
-
-  Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options) {
-    call.sequence = next_sequence_++;
-    const auto timeout = options.timeout;
-    return queue_.submit([this, call = std::move(call), input = std::move(input),
-                          output = std::move(output), timeout]() mutable {
-      Posting posting{std::move(call), input.defined() ? input.bytes().data() : nullptr,
-                      output.defined() ? output.bytes().data() : nullptr, 0, 0};
-      run_collective(posting, std::chrono::steady_clock::now() + timeout);
-    });
-  }
-
   // Posts this rank's call and buffers, waits for every member, and checks that all calls
   // match (the same verdict on every rank) before anyone touches another rank's buffers.
   void post_and_check(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
@@ -249,7 +223,9 @@ class ThreadsCommunicator final : public Communicator {
       case CollectiveKind::all_reduce: {
         // Each rank reduces its own range of elements over every buffer and writes the result
         // into every buffer: ranges are disjoint, so no rank touches another's range.
-        const auto [begin, end] = owned_range(call.count, rank_, size());
+        const std::vector<std::int64_t> counts = balanced_counts(call.count, size());
+        const auto begin = static_cast<std::size_t>(displacements(counts)[me]);
+        const auto end = begin + static_cast<std::size_t>(counts[me]);
         if (begin == end) return;
         std::vector<const std::byte*> inputs(k);
         std::vector<std::byte*> outputs(k);
@@ -304,52 +280,12 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   static void copy(std::byte* to, const std::byte* from, std::size_t bytes) {
-    if (bytes > 0) std::memcpy(to, from, bytes);
-  }
-
-  std::shared_ptr<Communicator> run_split(const Posting& posting,
-                                          std::chrono::steady_clock::time_point deadline) {
-    GroupState& group = *group_;
-    post_and_check(posting, deadline);
-    std::shared_ptr<Communicator> result;
-    if (posting.split_color >= 0) {
-      // Members: same color, ordered by (key, rank in this group).
-      std::vector<std::pair<std::int64_t, int>> members;
-      for (int j = 0; j < size(); ++j) {
-        const Posting& p = group.postings[static_cast<std::size_t>(j)];
-        if (p.split_color == posting.split_color) members.emplace_back(p.split_key, j);
-      }
-      std::sort(members.begin(), members.end());
-      std::vector<std::int64_t> member_world_ranks;
-      int new_rank = 0;
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        member_world_ranks.push_back(
-            group.world_ranks[static_cast<std::size_t>(members[i].second)]);
-        if (members[i].second == rank_) new_rank = static_cast<int>(i);
-      }
-      std::shared_ptr<GroupState> state;
-      {
-        const std::lock_guard lock(world_->mutex);
-        auto& entry = world_->forming[{group.id, posting.call.sequence, posting.split_color}];
-        if (!entry.first) {
-          entry = {std::make_shared<GroupState>(world_->next_group_id++, member_world_ranks),
-                   static_cast<int>(members.size())};
-        }
-        state = entry.first;
-        if (--entry.second == 0)
-          world_->forming.erase({group.id, posting.call.sequence, posting.split_color});
-      }
-      result = std::make_shared<ThreadsCommunicator>(world_, std::move(state), new_rank);
-    }
-    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
-    return result;
+    if (bytes > 0 && to != from) std::memcpy(to, from, bytes);  // equal: an in-place segment
   }
 
   std::shared_ptr<ThreadsShared> world_;
   std::shared_ptr<GroupState> group_;
   const int rank_;
-  std::int64_t next_sequence_ = 0;
-  WorkQueue queue_;  // last member: destroyed (drained and joined) first
 };
 
 }  // namespace

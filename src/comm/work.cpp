@@ -81,18 +81,28 @@ bool Work::is_completed() const {
 }
 
 WorkQueue::~WorkQueue() {
+  stop();
+}
+
+void WorkQueue::stop() {
   {
     const std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   ready_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // stopped from one of its own tasks: run() returns once drained
+  } else {
+    thread_.join();
+  }
 }
 
 Work WorkQueue::submit(std::function<void()> task) {
   auto state = std::make_shared<WorkState>();
   {
     const std::lock_guard lock(mutex_);
+    if (stopping_) throw CommError("work was submitted to a queue that has stopped");
     tasks_.emplace_back(std::move(task), state);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }

@@ -146,6 +146,18 @@ Tensor Tensor::narrow(int dim, std::int64_t start, std::int64_t length) const {
   return view;
 }
 
+Tensor Tensor::flatten() const {
+  check_defined("flatten");
+  if (!is_contiguous()) {
+    throw InvalidArgument(fmt::format(
+        "flatten() needs a contiguous tensor; this {} view is strided", shape_.to_string()));
+  }
+  Tensor view = *this;
+  view.shape_ = Shape({numel()});
+  view.strides_ = {1};
+  return view;
+}
+
 Tensor Tensor::clone() const {
   check_defined("clone");
   Tensor copy(shape_, dtype_);

@@ -109,6 +109,42 @@ TEST(HalfConversion, GenericRoundingMatchesHardwareDoubleToFloat) {
   }
 }
 
+TEST(RoundToFormat, Binary64FieldsReproduceEveryDouble) {
+  // Decomposing a double into significand and exponent and rounding it back with binary64's
+  // widths is the identity, subnormals included.
+  for (std::uint64_t i = 0; i < 200000; ++i) {
+    std::uint64_t bits = mix64(i);
+    if (i % 4 == 0) bits &= 0x800FFFFFFFFFFFFFull;  // subnormals and zeros
+    const double x = std::bit_cast<double>(bits);
+    if (!std::isfinite(x)) continue;
+    int exponent = 0;
+    const double fraction = std::frexp(std::fabs(x), &exponent);
+    const auto significand = static_cast<std::uint64_t>(std::ldexp(fraction, 64 - 11));
+    EXPECT_EQ(round_to_format(std::signbit(x), significand, exponent - 53, false, 11, 52), bits)
+        << std::hexfloat << x;
+  }
+}
+
+TEST(RoundToFormat, StickyBitActsLikeAnyValueStrictlyInside) {
+  // With `sticky` the magnitude lies strictly between s*2^e and (s+1)*2^e. For s < 2^52 the
+  // midpoint (2s+1)*2^(e-1) is a double, and the CPU's double->float conversion of it is the
+  // reference for binary32.
+  for (std::uint64_t i = 0; i < 300000; ++i) {
+    const std::uint64_t r = mix64(i + 77);
+    const std::uint64_t significand = (r >> 12) | 1;
+    const int exponent = -200 + static_cast<int>(mix64(r) % 380);
+    const double inside = std::ldexp(static_cast<double>(2 * significand + 1), exponent - 1);
+    if (!std::isfinite(inside)) continue;
+    EXPECT_EQ(round_to_format(false, significand, exponent, true, 8, 23),
+              float_bits(static_cast<float>(inside)))
+        << significand << " * 2^" << exponent;
+  }
+  // Exact ties resolve by the sticky bit: 1 + 2^-24 is a tie in binary32, anything above rounds up.
+  EXPECT_EQ(round_to_format(false, (1ull << 24) + 1, -24, false, 8, 23), float_bits(1.0f));
+  EXPECT_EQ(round_to_format(false, (1ull << 24) + 1, -24, true, 8, 23), float_bits(0x1.000002p0f));
+  EXPECT_EQ(round_to_format(true, 0, 0, false, 8, 23), float_bits(-0.0f));
+}
+
 TEST(HalfConversion, Float16ToFloatIsExactForAllPatterns) {
   for (std::uint32_t p = 0; p < 65536; ++p) {
     const float value = to_float(Float16{static_cast<std::uint16_t>(p)});

@@ -153,6 +153,10 @@ CollectiveCall describe_all_to_all(const Tensor& input, const Tensor& output,
 /// See describe_all_reduce.
 CollectiveCall describe_broadcast(const Tensor& buffer, int root, int size);
 
+/// `count` elements split over `size` ranks as evenly as possible, the first count % size ranks
+/// taking one more (the split all_reduce uses to share its work).
+std::vector<std::int64_t> balanced_counts(std::int64_t count, int size);
+
 /// Prefix sums: displacements[i] = counts[0] + ... + counts[i-1].
 std::vector<std::int64_t> displacements(const std::vector<std::int64_t>& counts);
 

@@ -21,6 +21,10 @@ class WorkQueue {
   /// Runs what is still queued, then stops the thread.
   ~WorkQueue();
 
+  /// Runs what is still queued and joins the thread; later submits are refused. Owners whose
+  /// tasks use other members call this first in their destructor. Idempotent.
+  void stop();
+
   /// Queues `task`; the returned Work completes when it ran, carrying any exception it threw.
   Work submit(std::function<void()> task);
 

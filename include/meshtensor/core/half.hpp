@@ -22,6 +22,15 @@ struct BFloat16 {
 /// goes straight to the target without the double-rounding of a detour through float.
 std::uint64_t round_double_to_format(double value, int exponent_bits, int mantissa_bits);
 
+/// Rounds the magnitude `significand * 2^exponent` (plus a positive amount below one unit of
+/// `significand` when `sticky`) to the binary format with `exponent_bits` and `mantissa_bits`,
+/// to nearest with ties to even, with subnormals and overflow to infinity; `negative` sets the
+/// sign. Returns the bit pattern. `sticky` needs a nonzero `significand`. This is the one
+/// rounding step of every conversion and of exact sums (any wide value reduces to 64 significant
+/// bits plus a sticky bit without changing how it rounds).
+std::uint64_t round_to_format(bool negative, std::uint64_t significand, int exponent, bool sticky,
+                              int exponent_bits, int mantissa_bits);
+
 /// Exact value of a bit pattern in the binary format with the given field widths.
 double decode_format(std::uint64_t bits, int exponent_bits, int mantissa_bits);
 

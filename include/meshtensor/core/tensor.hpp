@@ -54,6 +54,8 @@ class Tensor {
 
   /// View of `length` entries of dim `dim` starting at `start`; shares storage.
   Tensor narrow(int dim, std::int64_t start, std::int64_t length) const;
+  /// 1-D view of all elements of a contiguous tensor; shares storage.
+  Tensor flatten() const;
   /// Contiguous deep copy.
   Tensor clone() const;
   /// This tensor if contiguous, else a contiguous copy.

@@ -1,0 +1,77 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/comm/work_queue.hpp>
+
+namespace meshtensor::comm {
+
+/// Base of the backends. Validates every call on the calling rank, numbers it, and runs it on
+/// the group's own FIFO queue. A backend supplies primitive collectives; this class builds the
+/// `exact` reductions out of them (a max-reduction of scale keys, an integer reduce_scatter of
+/// the fixed-point form and, for all_reduce, an all_gather in the original dtype), each inside
+/// one queued task so it keeps its place in the group's order.
+class QueuedCommunicator : public Communicator {
+ public:
+  Work all_reduce_async(Tensor buffer, const CollectiveOptions& options) final;
+  Work reduce_scatter_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
+                            const CollectiveOptions& options) final;
+  Work all_gather_async(Tensor input, Tensor output, std::vector<std::int64_t> counts,
+                        const CollectiveOptions& options) final;
+  Work all_to_all_async(Tensor input, Tensor output, std::vector<std::int64_t> send_counts,
+                        std::vector<std::int64_t> recv_counts,
+                        const CollectiveOptions& options) final;
+  Work broadcast_async(Tensor buffer, int root, const CollectiveOptions& options) final;
+  Work barrier_async(const CollectiveOptions& options) final;
+  std::shared_ptr<Communicator> split(std::int64_t color, std::int64_t key,
+                                      const CollectiveOptions& options) final;
+
+ protected:
+  /// When the collective in progress gives up waiting for the other ranks.
+  using Deadline = std::chrono::steady_clock::time_point;
+
+  /// Runs one primitive collective now, on the queue's thread. `call.mode` is never `exact`.
+  /// `input` and `output` are contiguous and match `call` (undefined where the kind has none;
+  /// for all_gather the input may be the output's own segment, i.e. in place).
+  virtual void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
+                             Deadline deadline) = 0;
+  /// Confirms that every member issued `call` (same fingerprint) without moving data: the
+  /// check a composite collective makes before its primitive steps.
+  virtual void confirm_call(const CollectiveCall& call, Deadline deadline) = 0;
+  /// Creates the groups of a split (see Communicator::split), on the queue's thread.
+  virtual std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
+                                                  std::int64_t key, Deadline deadline) = 0;
+
+  /// Drains and stops the queue. Derived destructors call it first, so no queued task runs
+  /// while their members are destroyed.
+  void stop_queue() { queue_.stop(); }
+
+ private:
+  Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options);
+  void run(const CollectiveCall& call, const Tensor& input, const Tensor& output,
+           Deadline deadline);
+  void run_exact(const CollectiveCall& call, const Tensor& input, const Tensor& output,
+                 Deadline deadline);
+
+  std::int64_t next_sequence_ = 0;
+  WorkQueue queue_;
+};
+
+/// True when `call` is a reduction that `exact` mode computes in fixed point: sum or avg of a
+/// floating dtype. Every other exact reduction (max, min, integer sums) is already exact and
+/// order-free, and runs as `ordered`.
+bool uses_fixed_point(const CollectiveCall& call);
+
+/// All-reduce of `buffer` over the product of several groups, one step per group in the order
+/// given (for a mesh: the groups along single mesh dims, any order). In `exact` mode the steps
+/// keep the fixed-point form and round once at the end, so the bits equal one exact all_reduce
+/// over the flattened group; `avg` divides once by the product of the group sizes. In the other
+/// modes each step is an all_reduce of its own (`avg` per step).
+void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
+                      const CollectiveOptions& options = {});
+
+}  // namespace meshtensor::comm

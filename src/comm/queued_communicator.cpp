@@ -1,0 +1,187 @@
+#include <fmt/format.h>
+
+#include <meshtensor/comm/queued_communicator.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/fixed_point.hpp>
+
+namespace meshtensor::comm {
+
+namespace {
+
+// Rejects exact sums with more addends than the fixed-point headroom allows.
+void check_exact_addends(const CollectiveCall& call, std::int64_t addends) {
+  if (call.mode == ReductionMode::exact && uses_fixed_point(call) &&
+      addends > kernels::kMaxExactAddends) {
+    throw InvalidArgument(fmt::format(
+        "{}: an exact reduction over {} ranks exceeds the limit of {} addends per element",
+        collective_name(call.kind), addends, kernels::kMaxExactAddends));
+  }
+}
+
+CollectiveOptions primitive_options(ReduceOp op) {
+  CollectiveOptions options;
+  options.op = op;
+  options.mode = ReductionMode::ordered;  // integer sums and max are exact in any order
+  return options;
+}
+
+}  // namespace
+
+bool uses_fixed_point(const CollectiveCall& call) {
+  return (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::reduce_scatter) &&
+         is_floating(call.dtype) && (call.op == ReduceOp::sum || call.op == ReduceOp::avg);
+}
+
+Work QueuedCommunicator::all_reduce_async(Tensor buffer, const CollectiveOptions& options) {
+  CollectiveCall call = describe_all_reduce(buffer, options, size());
+  check_exact_addends(call, size());
+  return enqueue(std::move(call), buffer, buffer, options);
+}
+
+Work QueuedCommunicator::reduce_scatter_async(Tensor input, Tensor output,
+                                              std::vector<std::int64_t> counts,
+                                              const CollectiveOptions& options) {
+  CollectiveCall call =
+      describe_reduce_scatter(input, output, std::move(counts), options, rank(), size());
+  check_exact_addends(call, size());
+  return enqueue(std::move(call), input, output, options);
+}
+
+Work QueuedCommunicator::all_gather_async(Tensor input, Tensor output,
+                                          std::vector<std::int64_t> counts,
+                                          const CollectiveOptions& options) {
+  return enqueue(describe_all_gather(input, output, std::move(counts), rank(), size()), input,
+                 output, options);
+}
+
+Work QueuedCommunicator::all_to_all_async(Tensor input, Tensor output,
+                                          std::vector<std::int64_t> send_counts,
+                                          std::vector<std::int64_t> recv_counts,
+                                          const CollectiveOptions& options) {
+  return enqueue(
+      describe_all_to_all(input, output, std::move(send_counts), std::move(recv_counts), size()),
+      input, output, options);
+}
+
+Work QueuedCommunicator::broadcast_async(Tensor buffer, int root,
+                                         const CollectiveOptions& options) {
+  return enqueue(describe_broadcast(buffer, root, size()), buffer, buffer, options);
+}
+
+Work QueuedCommunicator::barrier_async(const CollectiveOptions& options) {
+  CollectiveCall call;
+  call.kind = CollectiveKind::barrier;
+  return enqueue(std::move(call), Tensor(), Tensor(), options);
+}
+
+std::shared_ptr<Communicator> QueuedCommunicator::split(std::int64_t color, std::int64_t key,
+                                                        const CollectiveOptions& options) {
+  CollectiveCall call;
+  call.kind = CollectiveKind::split;
+  call.sequence = next_sequence_++;
+  auto result = std::make_shared<std::shared_ptr<Communicator>>();
+  const auto timeout = options.timeout;
+  queue_
+      .submit([this, call, color, key, result, timeout] {
+        *result = run_split(call, color, key, std::chrono::steady_clock::now() + timeout);
+      })
+      .wait();
+  return *result;
+}
+
+Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor output,
+                                 const CollectiveOptions& options) {
+  call.sequence = next_sequence_++;
+  const auto timeout = options.timeout;
+  return queue_.submit([this, call = std::move(call), input = std::move(input),
+                        output = std::move(output), timeout] {
+    run(call, input, output, std::chrono::steady_clock::now() + timeout);
+  });
+}
+
+void QueuedCommunicator::run(const CollectiveCall& call, const Tensor& input,
+                             const Tensor& output, Deadline deadline) {
+  if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
+    run_exact(call, input, output, deadline);
+  } else {
+    run_primitive(call, input, output, deadline);
+  }
+}
+
+void QueuedCommunicator::run_exact(const CollectiveCall& call, const Tensor& input,
+                                   const Tensor& output, Deadline deadline) {
+  confirm_call(call, deadline);
+  const int me = rank();
+  const int group_size = size();
+  const Tensor values = input.flatten();
+  const std::int64_t total = values.numel();
+  const std::vector<std::int64_t> counts = call.kind == CollectiveKind::all_reduce
+                                               ? balanced_counts(total, group_size)
+                                               : call.segment_counts;
+  const std::int64_t own_offset = displacements(counts)[static_cast<std::size_t>(me)];
+  const std::int64_t own_count = counts[static_cast<std::size_t>(me)];
+  const int limbs = kernels::fixed_point_format(call.dtype).limbs;
+
+  // 1. The scale of each element: max over every rank's keys.
+  Tensor keys({total}, DType::u8);
+  kernels::fixed_point_keys(values, keys);
+  CollectiveCall step = describe_all_reduce(keys, primitive_options(ReduceOp::max), group_size);
+  step.sequence = call.sequence;
+  run_primitive(step, keys, keys, deadline);
+
+  // 2. Integer sums: each rank receives the total of its own segment.
+  Tensor fixed({total * limbs}, DType::i64);
+  kernels::encode_fixed_point(values, keys, fixed);
+  std::vector<std::int64_t> fixed_counts = counts;
+  for (std::int64_t& c : fixed_counts)
+    c *= limbs;
+  Tensor own_fixed({own_count * limbs}, DType::i64);
+  step = describe_reduce_scatter(fixed, own_fixed, fixed_counts, primitive_options(ReduceOp::sum),
+                                 me, group_size);
+  step.sequence = call.sequence;
+  run_primitive(step, fixed, own_fixed, deadline);
+
+  // 3. One rounding of the owned segment; all_reduce then gathers it in the original dtype.
+  const std::int64_t divisor = call.op == ReduceOp::avg ? group_size : 1;
+  const Tensor own_keys = keys.narrow(0, own_offset, own_count);
+  if (call.kind == CollectiveKind::reduce_scatter) {
+    kernels::decode_fixed_point(own_fixed, own_keys, divisor, output.flatten());
+    return;
+  }
+  const Tensor own_values = values.narrow(0, own_offset, own_count);
+  kernels::decode_fixed_point(own_fixed, own_keys, divisor, own_values);
+  step = describe_all_gather(own_values, values, counts, me, group_size);
+  step.sequence = call.sequence;
+  run_primitive(step, own_values, values, deadline);
+}
+
+void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
+                      const CollectiveOptions& options) {
+  CollectiveCall call = describe_all_reduce(buffer, options, 1);
+  if (!(options.mode == ReductionMode::exact && uses_fixed_point(call))) {
+    for (Communicator* group : groups)
+      group->all_reduce(buffer, options);
+    return;
+  }
+  std::int64_t addends = 1;
+  for (Communicator* group : groups)
+    addends *= group->size();
+  check_exact_addends(call, addends);
+
+  const Tensor values = buffer.flatten();
+  Tensor keys({values.numel()}, DType::u8);
+  kernels::fixed_point_keys(values, keys);
+  CollectiveOptions step_options = primitive_options(ReduceOp::max);
+  step_options.timeout = options.timeout;
+  for (Communicator* group : groups)
+    group->all_reduce(keys, step_options);
+
+  Tensor fixed({values.numel() * kernels::fixed_point_format(call.dtype).limbs}, DType::i64);
+  kernels::encode_fixed_point(values, keys, fixed);
+  step_options.op = ReduceOp::sum;
+  for (Communicator* group : groups)
+    group->all_reduce(fixed, step_options);
+  kernels::decode_fixed_point(fixed, keys, options.op == ReduceOp::avg ? addends : 1, values);
+}
+
+}  // namespace meshtensor::comm

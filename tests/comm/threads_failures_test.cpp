@@ -1,0 +1,128 @@
+// Behaviour particular to the threads backend: queues and failure propagation within a process.
+#include <atomic>
+#include <future>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/error.hpp>
+
+#include "support/error_message.hpp"
+
+namespace meshtensor::comm {
+namespace {
+
+TEST(ThreadsQueues, WorkOnOneGroupNeverWaitsForAnotherGroup) {
+  // Rank 0 queues an all_gather on group A = {0, 1} (rank 1 has not issued it yet), then one on
+  // group B = {0, 2}. B must complete while A is still pending; rank 1 issues A only after rank 0
+  // saw B complete, so a shared queue would deadlock (and time out) instead of passing.
+  std::promise<void> b_completed;
+  std::shared_future<void> b_done = b_completed.get_future().share();
+  run_threads(3, [&](Communicator& world) {
+    const CollectiveOptions options{.timeout = std::chrono::seconds(10)};
+    const int r = world.rank();
+    auto group_a = world.split(r == 2 ? -1 : 0, r, options);
+    auto group_b = world.split(r == 1 ? -1 : 0, r, options);
+    if (r == 0) {
+      Tensor a_out({2}, DType::f32);
+      Tensor b_out({2}, DType::f32);
+      Work a = group_a->all_gather_async(Tensor::full({1}, DType::f32, 1), a_out, {}, options);
+      Work b = group_b->all_gather_async(Tensor::full({1}, DType::f32, 2), b_out, {}, options);
+      b.wait();
+      EXPECT_FALSE(a.is_completed());
+      b_completed.set_value();
+      a.wait();
+      EXPECT_EQ(b_out.values<float>()[1], 3.0f);
+      EXPECT_EQ(a_out.values<float>()[1], 5.0f);
+    } else if (r == 1) {
+      b_done.wait();
+      Tensor a_out({2}, DType::f32);
+      group_a->all_gather(Tensor::full({1}, DType::f32, 5), a_out, {}, options);
+    } else {
+      Tensor b_out({2}, DType::f32);
+      group_b->all_gather(Tensor::full({1}, DType::f32, 3), b_out, {}, options);
+    }
+  });
+}
+
+TEST(ThreadsFailures, MismatchedCollectivesAreADesyncErrorOnEveryRank) {
+  std::atomic<int> named_both{0};
+  EXPECT_THROW(run_threads(3,
+                           [&](Communicator& world) {
+                             Tensor buffer({4}, DType::f32);
+                             const std::string message = testing::error_message([&] {
+                               if (world.rank() == 2) {
+                                 world.all_gather(Tensor({4}, DType::f32),
+                                                  Tensor({12}, DType::f32));
+                               } else {
+                                 world.all_reduce(buffer);
+                               }
+                             });
+                             if (message.find("all_reduce #0") != std::string::npos &&
+                                 message.find("all_gather #0") != std::string::npos) {
+                               ++named_both;
+                             }
+                             throw DesyncError(message);
+                           }),
+               DesyncError);
+  EXPECT_EQ(named_both.load(), 3);
+}
+
+TEST(ThreadsFailures, MismatchedCountsAreCaughtBeforeAnyDataMoves) {
+  std::atomic<int> caught{0};
+  run_threads(2, [&](Communicator& world) {
+    const std::int64_t n = world.rank() == 0 ? 8 : 6;
+    Tensor buffer({n}, DType::f32);
+    try {
+      world.all_reduce(buffer);
+    } catch (const DesyncError& error) {
+      if (std::string(error.what()).find("8 elements") != std::string::npos) ++caught;
+    }
+  });
+  EXPECT_EQ(caught.load(), 2);
+}
+
+TEST(ThreadsFailures, AFailingRankMakesTheOthersFailWithItsCause) {
+  std::atomic<int> saw_cause{0};
+  try {
+    run_threads(4, [&](Communicator& world) {
+      if (world.rank() == 1) throw InvalidArgument("rank one gave up");
+      Tensor buffer({16}, DType::f32);
+      try {
+        world.all_reduce(buffer);
+      } catch (const CommError& error) {
+        if (std::string(error.what()).find("rank one gave up") != std::string::npos) ++saw_cause;
+        throw;
+      }
+    });
+    FAIL() << "no error";
+  } catch (const InvalidArgument& error) {
+    EXPECT_STREQ(error.what(), "rank one gave up") << "the root cause is rethrown";
+  }
+  EXPECT_EQ(saw_cause.load(), 3);
+}
+
+TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
+  std::atomic<int> named{0};
+  EXPECT_THROW(
+      run_threads(3,
+                  [&](Communicator& world) {
+                    if (world.rank() == 2) return;  // never joins
+                    try {
+                      world.barrier({.timeout = std::chrono::milliseconds(200)});
+                    } catch (const CommError& error) {
+                      if (std::string(error.what()).find("world rank(s) [2] never issued it") !=
+                          std::string::npos) {
+                        ++named;
+                      }
+                      throw;
+                    }
+                  }),
+      CommError);
+  EXPECT_GE(named.load(), 1);
+}
+
+}  // namespace
+}  // namespace meshtensor::comm
