@@ -93,14 +93,13 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
                                  const CollectiveOptions& options) {
   call.sequence = next_sequence_++;
   const auto timeout = options.timeout;
-  return queue_.submit([this, call = std::move(call), input = std::move(input),
-                        output = std::move(output), timeout] {
-    run(call, input, output, std::chrono::steady_clock::now() + timeout);
-  });
+  return queue_.submit(
+      [this, call = std::move(call), input = std::move(input), output = std::move(output),
+       timeout] { run(call, input, output, std::chrono::steady_clock::now() + timeout); });
 }
 
-void QueuedCommunicator::run(const CollectiveCall& call, const Tensor& input,
-                             const Tensor& output, Deadline deadline) {
+void QueuedCommunicator::run(const CollectiveCall& call, const Tensor& input, const Tensor& output,
+                             Deadline deadline) {
   if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
     run_exact(call, input, output, deadline);
   } else {

@@ -47,9 +47,8 @@ struct Format<Float16> {
 };
 
 template <class T>
-constexpr bool kIsFloating =
-    std::is_same_v<T, double> || std::is_same_v<T, float> || std::is_same_v<T, BFloat16> ||
-    std::is_same_v<T, Float16>;
+constexpr bool kIsFloating = std::is_same_v<T, double> || std::is_same_v<T, float> ||
+                             std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
 template <class T>
 struct Traits : Format<T> {
@@ -123,8 +122,9 @@ void visit_floating(DType dtype, Fn&& fn) {
     if constexpr (kIsFloating<T>) {
       fn(zero);
     } else {
-      throw InvalidArgument(fmt::format(
-          "exact reductions need a floating dtype (f64, f32, bf16, f16), not {}", dtype_name(dtype)));
+      throw InvalidArgument(
+          fmt::format("exact reductions need a floating dtype (f64, f32, bf16, f16), not {}",
+                      dtype_name(dtype)));
     }
   });
 }
@@ -175,9 +175,8 @@ void encode_typed(const T* values, const std::uint8_t* keys, std::int64_t* fixed
       magnitude = significand >> -shift;  // the floor: truncation toward zero
     }
     for (int j = 0; j < X::kLimbs; ++j) {
-      const auto limb = static_cast<std::int64_t>(
-          (magnitude >> (j * kFixedPointLimbBits)) &
-          ((std::uint64_t{1} << kFixedPointLimbBits) - 1));
+      const auto limb = static_cast<std::int64_t>((magnitude >> (j * kFixedPointLimbBits)) &
+                                                  ((std::uint64_t{1} << kFixedPointLimbBits) - 1));
       limbs[j] = negative ? -limb : limb;
     }
   }
@@ -192,8 +191,8 @@ T decode_non_finite(std::int64_t counts) {
   const bool negative = ((counts >> kNegativeInfinityShift) & field) != 0;
   if (nan || (positive && negative)) return canonical_nan<T>();
   const std::uint64_t infinity = std::uint64_t{X::kExponentMask} << X::kMantissaBits;
-  const std::uint64_t sign = negative ? std::uint64_t{1} << (X::kExponentBits + X::kMantissaBits)
-                                      : 0;
+  const std::uint64_t sign =
+      negative ? std::uint64_t{1} << (X::kExponentBits + X::kMantissaBits) : 0;
   return X::from_bits(sign | infinity);
 }
 
@@ -237,8 +236,7 @@ void decode_typed(const std::int64_t* fixed, const std::uint8_t* keys, std::int6
       exponent += drop;
     }
     values[i] = X::from_bits(round_to_format(negative, static_cast<std::uint64_t>(magnitude),
-                                             exponent, sticky, X::kExponentBits,
-                                             X::kMantissaBits));
+                                             exponent, sticky, X::kExponentBits, X::kMantissaBits));
   }
 }
 

@@ -37,8 +37,7 @@ Tensor ordered_reference(const std::vector<Tensor>& inputs, ReduceOp op) {
     pointers.push_back(input.bytes().data());
   Tensor out(inputs[0].shape(), inputs[0].dtype());
   std::byte* target = out.bytes().data();
-  kernels::reduce_ordered(inputs[0].dtype(), op, pointers,
-                          std::span<std::byte* const>(&target, 1),
+  kernels::reduce_ordered(inputs[0].dtype(), op, pointers, std::span<std::byte* const>(&target, 1),
                           static_cast<std::size_t>(inputs[0].numel()));
   return out;
 }
@@ -167,18 +166,19 @@ TEST(Collectives, UnevenVariantsWithEmptyRanks) {
       const std::int64_t their_total =
           std::accumulate(their_send.begin(), their_send.end(), std::int64_t{0});
       const Tensor theirs = input_of(DType::i32, their_total, 2, j);
-      EXPECT_TRUE(received
-                      .narrow(0, displacements(recv)[static_cast<std::size_t>(j)],
-                              recv[static_cast<std::size_t>(j)])
-                      .bitwise_equal(theirs.narrow(0, displacements(their_send)[me], their_send[me])))
+      EXPECT_TRUE(
+          received
+              .narrow(0, displacements(recv)[static_cast<std::size_t>(j)],
+                      recv[static_cast<std::size_t>(j)])
+              .bitwise_equal(theirs.narrow(0, displacements(their_send)[me], their_send[me])))
           << "rank " << r << " from " << j;
     }
     // Equal all_to_all and all_gather.
     Tensor a2a_out({10}, DType::f32);
     world.all_to_all(input_of(DType::f32, 10, 12, r), a2a_out);
     for (int j = 0; j < 5; ++j) {
-      EXPECT_TRUE(a2a_out.narrow(0, 2 * j, 2).bitwise_equal(
-          input_of(DType::f32, 10, 12, j).narrow(0, 2 * r, 2)));
+      EXPECT_TRUE(a2a_out.narrow(0, 2 * j, 2)
+                      .bitwise_equal(input_of(DType::f32, 10, 12, j).narrow(0, 2 * r, 2)));
     }
     // broadcast from rank 3.
     Tensor value = r == 3 ? input_of(DType::bf16, 33, 6, 3) : Tensor({33}, DType::bf16);
@@ -293,8 +293,7 @@ std::vector<Tensor> rank_addends(DType dtype, std::int64_t count, int low_base, 
                                  int spread, std::uint64_t seed) {
   std::vector<Tensor> addends;
   for (int r = 0; r < 8; ++r)
-    addends.push_back(
-        testing::spread_values(dtype, count, low_base, high_base, spread, seed, r));
+    addends.push_back(testing::spread_values(dtype, count, low_base, high_base, spread, seed, r));
   return addends;
 }
 

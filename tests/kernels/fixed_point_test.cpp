@@ -88,9 +88,8 @@ void expect_correctly_rounded(const std::vector<Tensor>& addends, std::int64_t d
       const std::int64_t at[] = {i};
       reference.add(addend.get(at));
     }
-    ASSERT_EQ(bits_at(result, i),
-              reference.rounded(w.exponent_bits, w.mantissa_bits,
-                                static_cast<std::uint64_t>(divisor)))
+    ASSERT_EQ(bits_at(result, i), reference.rounded(w.exponent_bits, w.mantissa_bits,
+                                                    static_cast<std::uint64_t>(divisor)))
         << dtype_name(result.dtype()) << " element " << i << " of " << addends.size()
         << " addends, divisor " << divisor;
   }
@@ -104,8 +103,10 @@ TEST(FixedPoint, SumsWithinTheExactRangeAreCorrectlyRounded) {
     int high_base;
     int spread;
   };
-  const Case cases[] = {{DType::f32, -140, 100, 24}, {DType::f64, -1000, 980, 36},
-                        {DType::bf16, -130, 80, 40}, {DType::f16, -24, -16, 30}};
+  const Case cases[] = {{DType::f32, -140, 100, 24},
+                        {DType::f64, -1000, 980, 36},
+                        {DType::bf16, -130, 80, 40},
+                        {DType::f16, -24, -16, 30}};
   for (const Case& c : cases) {
     for (const int k : {1, 2, 3, 8, 64}) {
       expect_correctly_rounded(spread_addends(c.dtype, k, 500, c.low_base, c.high_base, c.spread,
@@ -165,7 +166,8 @@ TEST(FixedPoint, AddendsFarBelowTheLargestAreTruncatedAtTheDocumentedFloor) {
     std::vector<Tensor> addends = spread_addends(dtype, 3, n, -30, -20, 4, 5);
     std::vector<double> large, small;
     for (std::int64_t i = 0; i < n; ++i) {
-      const double mantissa = 1.0 + static_cast<double>(mix64(static_cast<std::uint64_t>(i)) >> 11) * 0x1p-53;
+      const double mantissa =
+          1.0 + static_cast<double>(mix64(static_cast<std::uint64_t>(i)) >> 11) * 0x1p-53;
       large.push_back(std::ldexp(1.75, 10));
       small.push_back(std::ldexp(mantissa, 10 - static_cast<int>(i)));
     }
@@ -209,10 +211,10 @@ TEST(FixedPoint, NonFiniteAddendsFollowIeeeWithoutOrder) {
       c.push_back(x.c);
     }
     const auto n = static_cast<std::int64_t>(a.size());
-    const Tensor result = fixed_point_sum({Tensor::from_values({n}, dtype, a),
-                                           Tensor::from_values({n}, dtype, b),
-                                           Tensor::from_values({n}, dtype, c)},
-                                          1);
+    const Tensor result =
+        fixed_point_sum({Tensor::from_values({n}, dtype, a), Tensor::from_values({n}, dtype, b),
+                         Tensor::from_values({n}, dtype, c)},
+                        1);
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t at[] = {i};
       const double expected = cases[i].expected;
@@ -237,17 +239,21 @@ TEST(FixedPoint, BadArgumentsAreNamed) {
   const Tensor values = Tensor::from_values({2}, DType::f32, std::vector<double>{1.0, 1e30});
   Tensor keys = Tensor::zeros({2}, DType::u8);
   Tensor fixed = Tensor::zeros({2}, DType::i64);
-  EXPECT_NE(testing::error_message([&] { encode_fixed_point(values, keys, fixed); })
-                .find("element 0 has scale key 0 below its own value's key 127"),
+  EXPECT_NE(testing::error_message([&] {
+              encode_fixed_point(values, keys, fixed);
+            }).find("element 0 has scale key 0 below its own value's key 127"),
             std::string::npos);
-  EXPECT_NE(testing::error_message([&] { fixed_point_keys(Tensor::zeros({2}, DType::i32), keys); })
-                .find("not i32"),
+  EXPECT_NE(testing::error_message([&] {
+              fixed_point_keys(Tensor::zeros({2}, DType::i32), keys);
+            }).find("not i32"),
             std::string::npos);
-  EXPECT_NE(testing::error_message([&] { fixed_point_keys(values, Tensor::zeros({3}, DType::u8)); })
-                .find("keys holds 3 elements, expected 2"),
+  EXPECT_NE(testing::error_message([&] {
+              fixed_point_keys(values, Tensor::zeros({3}, DType::u8));
+            }).find("keys holds 3 elements, expected 2"),
             std::string::npos);
-  EXPECT_NE(testing::error_message([&] { decode_fixed_point(fixed, keys, 0, Tensor(values)); })
-                .find("divisor must be at least 1, not 0"),
+  EXPECT_NE(testing::error_message([&] {
+              decode_fixed_point(fixed, keys, 0, Tensor(values));
+            }).find("divisor must be at least 1, not 0"),
             std::string::npos);
 }
 

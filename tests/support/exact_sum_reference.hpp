@@ -73,8 +73,7 @@ class ExactSumReference {
     if (negative) negate(addend);
     unsigned carry = 0;
     for (int w = 0; w < kWords; ++w) {
-      const ReferenceUint128 total =
-          static_cast<ReferenceUint128>(words_[w]) + addend[w] + carry;
+      const ReferenceUint128 total = static_cast<ReferenceUint128>(words_[w]) + addend[w] + carry;
       words_[w] = static_cast<std::uint64_t>(total);
       carry = static_cast<unsigned>(total >> 64);
     }

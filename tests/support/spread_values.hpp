@@ -17,8 +17,9 @@ inline Tensor spread_values(DType dtype, std::int64_t count, int low_base, int h
   std::vector<double> values;
   for (std::int64_t i = 0; i < count; ++i) {
     const auto index = static_cast<std::uint64_t>(i);
-    const int base = low_base + static_cast<int>(mix64(seed ^ index) %
-                                                 static_cast<std::uint64_t>(high_base - low_base + 1));
+    const int base =
+        low_base + static_cast<int>(mix64(seed ^ index) %
+                                    static_cast<std::uint64_t>(high_base - low_base + 1));
     const std::uint64_t bits =
         mix64(seed + 1000003ull * static_cast<std::uint64_t>(r) + index * 7919ull);
     const double mantissa = 1.0 + static_cast<double>(bits >> 12) * 0x1p-52;
