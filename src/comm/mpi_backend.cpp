@@ -1,0 +1,485 @@
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <climits>
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <meshtensor/comm/mpi_backend.hpp>
+#include <meshtensor/comm/queued_communicator.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+#include <meshtensor/kernels/reduce.hpp>
+
+namespace meshtensor::comm {
+
+namespace detail {
+
+// Job-wide state: options, the abort path and the timeout watchdog.
+struct MpiShared {
+  explicit MpiShared(bool check) : check_collectives(check) {
+    watchdog = std::thread([this] { watch(); });
+  }
+  ~MpiShared() { stop_watchdog(); }
+
+  [[noreturn]] void abort(const std::string& message) {
+    {
+      const std::lock_guard lock(abort_mutex);  // one error line, even if several threads fail
+      std::cerr << "meshtensor: error: " << message << std::endl;
+    }
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+  }
+
+  // A collective in flight: the watchdog aborts the job once its deadline passed.
+  std::uint64_t watch_start(std::chrono::steady_clock::time_point deadline,
+                            std::string description) {
+    const std::lock_guard lock(watch_mutex);
+    const std::uint64_t id = next_watch_id++;
+    in_flight.emplace(id, std::make_pair(deadline, std::move(description)));
+    return id;
+  }
+  void watch_end(std::uint64_t id) {
+    const std::lock_guard lock(watch_mutex);
+    in_flight.erase(id);
+  }
+
+  void stop_watchdog() {
+    {
+      const std::lock_guard lock(watch_mutex);
+      stopping = true;
+    }
+    watch_cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+  }
+
+  const bool check_collectives;
+  std::atomic<bool> finalized{false};
+
+ private:
+  void watch() {
+    std::unique_lock lock(watch_mutex);
+    while (!stopping) {
+      watch_cv.wait_for(lock, std::chrono::milliseconds(20));
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& [id, entry] : in_flight) {
+        if (now >= entry.first) {
+          const std::string message = entry.second;
+          lock.unlock();
+          abort(message);
+        }
+      }
+    }
+  }
+
+  std::mutex abort_mutex;
+  std::mutex watch_mutex;
+  std::condition_variable watch_cv;
+  bool stopping = false;
+  std::uint64_t next_watch_id = 0;
+  std::map<std::uint64_t, std::pair<std::chrono::steady_clock::time_point, std::string>> in_flight;
+  std::thread watchdog;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::MpiShared;
+
+// Largest element count one MPI call takes (its counts are int).
+constexpr std::int64_t kMaxMpiCount = INT_MAX;
+// all_reduce moves messages in pieces of at most this many elements.
+constexpr std::int64_t kAllReduceChunk = std::int64_t{1} << 26;
+
+void check_mpi(int code, const char* what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw CommError(
+      fmt::format("{} failed: {}", what, std::string(text, static_cast<std::size_t>(length))));
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::bf16:
+    case DType::f16:
+      return MPI_UINT16_T;  // moved as bits; reductions of halves never use MPI's ops
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+  }
+  throw InvalidArgument("invalid dtype");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+  }
+  throw InvalidArgument("invalid reduce op");
+}
+
+// MPI's own reductions serve `native` mode where MPI has the type; halves always go ordered.
+bool use_mpi_reduction(const CollectiveCall& call) {
+  return call.mode == ReductionMode::native && call.dtype != DType::bf16 &&
+         call.dtype != DType::f16;
+}
+
+int to_int(std::int64_t value, const CollectiveCall& call) {
+  if (value > kMaxMpiCount) {
+    throw CommError(fmt::format("{}: {} elements exceed the mpi backend's limit of {} per call",
+                                call.to_string(), value, kMaxMpiCount));
+  }
+  return static_cast<int>(value);
+}
+
+std::vector<int> to_ints(const std::vector<std::int64_t>& values, const CollectiveCall& call) {
+  std::vector<int> result;
+  result.reserve(values.size());
+  for (std::int64_t v : values)
+    result.push_back(to_int(v, call));
+  return result;
+}
+
+// Flat form of a call for the check-mode exchange.
+std::vector<std::int64_t> serialize(const CollectiveCall& call) {
+  std::vector<std::int64_t> out = {static_cast<std::int64_t>(call.kind),
+                                   call.sequence,
+                                   static_cast<std::int64_t>(call.dtype),
+                                   static_cast<std::int64_t>(call.op),
+                                   static_cast<std::int64_t>(call.mode),
+                                   call.root,
+                                   call.count};
+  for (const auto* counts : {&call.segment_counts, &call.send_counts, &call.recv_counts}) {
+    out.push_back(static_cast<std::int64_t>(counts->size()));
+    out.insert(out.end(), counts->begin(), counts->end());
+  }
+  return out;
+}
+
+CollectiveCall deserialize(std::span<const std::int64_t> in) {
+  CollectiveCall call;
+  call.kind = static_cast<CollectiveKind>(in[0]);
+  call.sequence = in[1];
+  call.dtype = static_cast<DType>(in[2]);
+  call.op = static_cast<ReduceOp>(in[3]);
+  call.mode = static_cast<ReductionMode>(in[4]);
+  call.root = static_cast<int>(in[5]);
+  call.count = in[6];
+  std::size_t at = 7;
+  for (auto* counts : {&call.segment_counts, &call.send_counts, &call.recv_counts}) {
+    const auto n = static_cast<std::size_t>(in[at++]);
+    counts->assign(in.begin() + static_cast<std::ptrdiff_t>(at),
+                   in.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return call;
+}
+
+class MpiCommunicator final : public QueuedCommunicator {
+ public:
+  MpiCommunicator(std::shared_ptr<MpiShared> shared, MPI_Comm comm, bool owns_comm)
+      : shared_(std::move(shared)), comm_(comm), owns_comm_(owns_comm) {
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    // Members' world ranks, in group order.
+    MPI_Group group = MPI_GROUP_NULL;
+    MPI_Group world_group = MPI_GROUP_NULL;
+    check_mpi(MPI_Comm_group(comm_, &group), "MPI_Comm_group");
+    check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+    std::vector<int> positions(static_cast<std::size_t>(size_));
+    std::vector<int> translated(static_cast<std::size_t>(size_));
+    for (int i = 0; i < size_; ++i)
+      positions[static_cast<std::size_t>(i)] = i;
+    check_mpi(
+        MPI_Group_translate_ranks(group, size_, positions.data(), world_group, translated.data()),
+        "MPI_Group_translate_ranks");
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    world_ranks_.assign(translated.begin(), translated.end());
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  ~MpiCommunicator() override {
+    stop_queue();
+    if (owns_comm_ && !shared_->finalized.load()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<std::int64_t>& world_ranks() const override { return world_ranks_; }
+  std::string_view backend() const override { return "mpi"; }
+
+ protected:
+  void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
+                     Deadline deadline) override {
+    guarded(call, deadline, [&] {
+      if (shared_->check_collectives) check_fingerprints(call);
+      move_data(call, input, output);
+    });
+  }
+
+  void confirm_call(const CollectiveCall& call, Deadline deadline) override {
+    if (!shared_->check_collectives) return;
+    guarded(call, deadline, [&] { check_fingerprints(call); });
+  }
+
+  std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
+                                          std::int64_t key, Deadline deadline) override {
+    std::shared_ptr<Communicator> result;
+    guarded(call, deadline, [&] {
+      if (shared_->check_collectives) check_fingerprints(call);
+      if (color > INT_MAX || key > INT_MAX || key < INT_MIN) {
+        throw CommError(
+            fmt::format("split: color {} or key {} does not fit MPI's int", color, key));
+      }
+      MPI_Comm created = MPI_COMM_NULL;
+      check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : static_cast<int>(color),
+                               static_cast<int>(key), &created),
+                "MPI_Comm_split");
+      if (created != MPI_COMM_NULL)
+        result = std::make_shared<MpiCommunicator>(shared_, created, true);
+    });
+    return result;
+  }
+
+ private:
+  // Runs `step` under the watchdog; any failure aborts the job with its message (other ranks
+  // may already be inside the next collective, so carrying on could only hang).
+  template <class Step>
+  void guarded(const CollectiveCall& call, Deadline deadline, Step&& step) {
+    const std::string where =
+        fmt::format("{} on group [{}] (world rank {})", call.to_string(),
+                    fmt::join(world_ranks_, ","), world_ranks_[static_cast<std::size_t>(rank_)]);
+    const std::uint64_t watch = shared_->watch_start(
+        deadline, fmt::format("{} timed out: not every member issued it in time", where));
+    try {
+      step();
+    } catch (const std::exception& error) {
+      shared_->abort(fmt::format("{} failed: {}", where, error.what()));
+    }
+    shared_->watch_end(watch);
+  }
+
+  // Check mode: every member's call, compared with the same verdict on every rank.
+  void check_fingerprints(const CollectiveCall& call) {
+    const std::vector<std::int64_t> mine = serialize(call);
+    const int length = static_cast<int>(mine.size());
+    std::vector<int> lengths(static_cast<std::size_t>(size_));
+    check_mpi(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_),
+              "MPI_Allgather");
+    std::vector<int> offsets(static_cast<std::size_t>(size_), 0);
+    for (std::size_t i = 1; i < offsets.size(); ++i)
+      offsets[i] = offsets[i - 1] + lengths[i - 1];
+    std::vector<std::int64_t> all(static_cast<std::size_t>(offsets.back() + lengths.back()));
+    check_mpi(MPI_Allgatherv(mine.data(), length, MPI_INT64_T, all.data(), lengths.data(),
+                             offsets.data(), MPI_INT64_T, comm_),
+              "MPI_Allgatherv");
+    std::vector<CollectiveCall> calls;
+    for (int i = 0; i < size_; ++i) {
+      const auto at = static_cast<std::size_t>(i);
+      calls.push_back(deserialize(std::span<const std::int64_t>(all).subspan(
+          static_cast<std::size_t>(offsets[at]), static_cast<std::size_t>(lengths[at]))));
+    }
+    check_calls_match(calls, world_ranks_);
+  }
+
+  void move_data(const CollectiveCall& call, const Tensor& input, Tensor& output) {
+    const MPI_Datatype type = mpi_type(call.dtype);
+    switch (call.kind) {
+      case CollectiveKind::all_reduce:
+        all_reduce(call, output);
+        return;
+      case CollectiveKind::reduce_scatter:
+        if (use_mpi_reduction(call)) {
+          const std::vector<int> counts = to_ints(call.segment_counts, call);
+          check_mpi(MPI_Reduce_scatter(input.bytes().data(), output.bytes().data(), counts.data(),
+                                       type, mpi_op(call.op), comm_),
+                    "MPI_Reduce_scatter");
+          if (call.op == ReduceOp::avg) kernels::divide(output, size_);
+        } else {
+          reduce_scatter_ordered(call, input.bytes().data(), call.segment_counts,
+                                 output.bytes().data());
+        }
+        return;
+      case CollectiveKind::all_gather: {
+        const std::vector<int> counts = to_ints(call.segment_counts, call);
+        const std::vector<int> offsets = to_ints(displacements(call.segment_counts), call);
+        std::byte* out = output.bytes().data();
+        const std::byte* in = input.bytes().data();
+        const bool in_place =
+            in == out + static_cast<std::size_t>(offsets[static_cast<std::size_t>(rank_)]) *
+                            dtype_size(call.dtype);
+        check_mpi(
+            MPI_Allgatherv(in_place ? MPI_IN_PLACE : in, counts[static_cast<std::size_t>(rank_)],
+                           type, out, counts.data(), offsets.data(), type, comm_),
+            "MPI_Allgatherv");
+        return;
+      }
+      case CollectiveKind::all_to_all: {
+        const std::vector<int> send = to_ints(call.send_counts, call);
+        const std::vector<int> recv = to_ints(call.recv_counts, call);
+        const std::vector<int> send_offsets = to_ints(displacements(call.send_counts), call);
+        const std::vector<int> recv_offsets = to_ints(displacements(call.recv_counts), call);
+        check_mpi(
+            MPI_Alltoallv(input.bytes().data(), send.data(), send_offsets.data(), type,
+                          output.bytes().data(), recv.data(), recv_offsets.data(), type, comm_),
+            "MPI_Alltoallv");
+        return;
+      }
+      case CollectiveKind::broadcast:
+        check_mpi(
+            MPI_Bcast(output.bytes().data(), to_int(call.count, call), type, call.root, comm_),
+            "MPI_Bcast");
+        return;
+      case CollectiveKind::barrier:
+        check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+        return;
+      case CollectiveKind::split:
+        return;
+    }
+  }
+
+  void all_reduce(const CollectiveCall& call, Tensor& buffer) {
+    const std::size_t element = dtype_size(call.dtype);
+    std::byte* data = buffer.bytes().data();
+    for (std::int64_t begin = 0; begin < call.count; begin += kAllReduceChunk) {
+      const std::int64_t n = std::min(kAllReduceChunk, call.count - begin);
+      std::byte* chunk = data + static_cast<std::size_t>(begin) * element;
+      if (use_mpi_reduction(call)) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(n), mpi_type(call.dtype),
+                                mpi_op(call.op), comm_),
+                  "MPI_Allreduce");
+      } else {
+        // Each rank reduces its balanced share in ascending rank order, then all gather.
+        const std::vector<std::int64_t> counts = balanced_counts(n, size_);
+        const auto me = static_cast<std::size_t>(rank_);
+        std::byte* own = chunk + static_cast<std::size_t>(displacements(counts)[me]) * element;
+        reduce_scatter_ordered(call, chunk, counts, own);
+        const std::vector<int> int_counts = to_ints(counts, call);
+        const std::vector<int> offsets = to_ints(displacements(counts), call);
+        check_mpi(MPI_Allgatherv(MPI_IN_PLACE, int_counts[me], mpi_type(call.dtype), chunk,
+                                 int_counts.data(), offsets.data(), mpi_type(call.dtype), comm_),
+                  "MPI_Allgatherv");
+      }
+    }
+    if (use_mpi_reduction(call) && call.op == ReduceOp::avg) kernels::divide(buffer, size_);
+  }
+
+  // Segment i of `input` (counts[i] elements) is reduced over all ranks into rank i's `output`:
+  // an all_to_all brings every rank's copy of my segment here, then one ordered reduction.
+  void reduce_scatter_ordered(const CollectiveCall& call, const std::byte* input,
+                              const std::vector<std::int64_t>& counts, std::byte* output) {
+    const std::size_t element = dtype_size(call.dtype);
+    const auto me = static_cast<std::size_t>(rank_);
+    const std::int64_t mine = counts[me];
+    staging_.resize(static_cast<std::size_t>(mine * size_) * element);
+    const std::vector<int> send = to_ints(counts, call);
+    const std::vector<int> send_offsets = to_ints(displacements(counts), call);
+    const std::vector<int> recv(static_cast<std::size_t>(size_), to_int(mine, call));
+    std::vector<int> recv_offsets(static_cast<std::size_t>(size_));
+    for (int i = 0; i < size_; ++i)
+      recv_offsets[static_cast<std::size_t>(i)] = to_int(mine * i, call);
+    const MPI_Datatype type = mpi_type(call.dtype);
+    check_mpi(MPI_Alltoallv(input, send.data(), send_offsets.data(), type, staging_.data(),
+                            recv.data(), recv_offsets.data(), type, comm_),
+              "MPI_Alltoallv");
+    std::vector<const std::byte*> pieces(static_cast<std::size_t>(size_));
+    for (std::size_t i = 0; i < pieces.size(); ++i)
+      pieces[i] = staging_.data() + i * static_cast<std::size_t>(mine) * element;
+    if (mine > 0) {
+      kernels::reduce_ordered(call.dtype, call.op, pieces, std::span<std::byte* const>(&output, 1),
+                              static_cast<std::size_t>(mine));
+    }
+  }
+
+  std::shared_ptr<MpiShared> shared_;
+  MPI_Comm comm_;
+  const bool owns_comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::int64_t> world_ranks_;
+  std::vector<std::byte> staging_;  // used on the queue thread only
+};
+
+bool check_from_environment() {
+  const char* value = std::getenv("MESHTENSOR_CHECK_COLLECTIVES");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+}  // namespace
+
+MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized != 0)
+    throw CommError("MPI is already initialised; create one MpiWorld per process");
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    throw CommError(
+        "the MPI library does not provide MPI_THREAD_MULTIPLE, which per-group queues need");
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  shared_ =
+      std::make_shared<detail::MpiShared>(options.check_collectives || check_from_environment());
+  world_ = std::make_shared<MpiCommunicator>(shared_, MPI_COMM_WORLD, false);
+}
+
+MpiWorld::~MpiWorld() {
+  world_.reset();
+  shared_->stop_watchdog();
+  shared_->finalized.store(true);
+  MPI_Finalize();
+}
+
+int MpiWorld::rank() const {
+  return world_->rank();
+}
+
+int MpiWorld::size() const {
+  return world_->size();
+}
+
+std::shared_ptr<Communicator> MpiWorld::communicator() const {
+  return world_;
+}
+
+void MpiWorld::abort(const std::string& message) const {
+  shared_->abort(message);
+}
+
+int run_mpi(int* argc, char*** argv, const std::function<void(Communicator&)>& body,
+            MpiOptions options) {
+  const MpiWorld world(argc, argv, options);
+  try {
+    body(*world.communicator());
+  } catch (const std::exception& error) {
+    world.abort(fmt::format("world rank {} failed: {}", world.rank(), error.what()));
+  }
+  return 0;
+}
+
+}  // namespace meshtensor::comm
