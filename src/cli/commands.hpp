@@ -6,5 +6,7 @@ namespace meshtensor::cli {
 
 /// Registers `meshtensor plan`.
 void add_plan_command(CLI::App& app);
+/// Registers `meshtensor bench` and its benchmarks.
+void add_bench_command(CLI::App& app);
 
 }  // namespace meshtensor::cli

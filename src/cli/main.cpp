@@ -13,6 +13,7 @@ int run(int argc, char** argv) {
   app.set_version_flag("--version", "meshtensor 0.1.0");
   app.require_subcommand(1);
   meshtensor::cli::add_plan_command(app);
+  meshtensor::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -232,17 +232,12 @@ class MpiCommunicator final : public QueuedCommunicator {
   std::string_view backend() const override { return "mpi"; }
 
  protected:
-  void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
-                     Deadline deadline) override {
+  void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
+                      Deadline deadline) override {
     guarded(call, deadline, [&] {
       if (shared_->check_collectives) check_fingerprints(call);
       move_data(call, input, output);
     });
-  }
-
-  void confirm_call(const CollectiveCall& call, Deadline deadline) override {
-    if (!shared_->check_collectives) return;
-    guarded(call, deadline, [&] { check_fingerprints(call); });
   }
 
   std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
@@ -409,8 +404,8 @@ class MpiCommunicator final : public QueuedCommunicator {
     for (std::size_t i = 0; i < pieces.size(); ++i)
       pieces[i] = staging_.data() + i * static_cast<std::size_t>(mine) * element;
     if (mine > 0) {
-      kernels::reduce_ordered(call.dtype, call.op, pieces, std::span<std::byte* const>(&output, 1),
-                              static_cast<std::size_t>(mine));
+      reduce_elements(call, pieces, std::span<std::byte* const>(&output, 1),
+                      static_cast<std::size_t>(mine));
     }
   }
 

@@ -3,6 +3,7 @@
 #include <meshtensor/comm/queued_communicator.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/fixed_point.hpp>
+#include <meshtensor/kernels/reduce.hpp>
 
 namespace meshtensor::comm {
 
@@ -30,6 +31,15 @@ CollectiveOptions primitive_options(ReduceOp op) {
 bool uses_fixed_point(const CollectiveCall& call) {
   return (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::reduce_scatter) &&
          is_floating(call.dtype) && (call.op == ReduceOp::sum || call.op == ReduceOp::avg);
+}
+
+void reduce_elements(const CollectiveCall& call, std::span<const std::byte* const> inputs,
+                     std::span<std::byte* const> outputs, std::size_t count) {
+  if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
+    kernels::reduce_exact(call.dtype, call.op, inputs, outputs, count);
+  } else {
+    kernels::reduce_ordered(call.dtype, call.op, inputs, outputs, count);
+  }
 }
 
 Work QueuedCommunicator::all_reduce_async(Tensor buffer, const CollectiveOptions& options) {
@@ -93,65 +103,10 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
                                  const CollectiveOptions& options) {
   call.sequence = next_sequence_++;
   const auto timeout = options.timeout;
-  return queue_.submit(
-      [this, call = std::move(call), input = std::move(input), output = std::move(output),
-       timeout] { run(call, input, output, std::chrono::steady_clock::now() + timeout); });
-}
-
-void QueuedCommunicator::run(const CollectiveCall& call, const Tensor& input, const Tensor& output,
-                             Deadline deadline) {
-  if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
-    run_exact(call, input, output, deadline);
-  } else {
-    run_primitive(call, input, output, deadline);
-  }
-}
-
-void QueuedCommunicator::run_exact(const CollectiveCall& call, const Tensor& input,
-                                   const Tensor& output, Deadline deadline) {
-  confirm_call(call, deadline);
-  const int me = rank();
-  const int group_size = size();
-  const Tensor values = input.flatten();
-  const std::int64_t total = values.numel();
-  const std::vector<std::int64_t> counts = call.kind == CollectiveKind::all_reduce
-                                               ? balanced_counts(total, group_size)
-                                               : call.segment_counts;
-  const std::int64_t own_offset = displacements(counts)[static_cast<std::size_t>(me)];
-  const std::int64_t own_count = counts[static_cast<std::size_t>(me)];
-  const int limbs = kernels::fixed_point_format(call.dtype).limbs;
-
-  // 1. The scale of each element: max over every rank's keys.
-  Tensor keys({total}, DType::u8);
-  kernels::fixed_point_keys(values, keys);
-  CollectiveCall step = describe_all_reduce(keys, primitive_options(ReduceOp::max), group_size);
-  step.sequence = call.sequence;
-  run_primitive(step, keys, keys, deadline);
-
-  // 2. Integer sums: each rank receives the total of its own segment.
-  Tensor fixed({total * limbs}, DType::i64);
-  kernels::encode_fixed_point(values, keys, fixed);
-  std::vector<std::int64_t> fixed_counts = counts;
-  for (std::int64_t& c : fixed_counts)
-    c *= limbs;
-  Tensor own_fixed({own_count * limbs}, DType::i64);
-  step = describe_reduce_scatter(fixed, own_fixed, fixed_counts, primitive_options(ReduceOp::sum),
-                                 me, group_size);
-  step.sequence = call.sequence;
-  run_primitive(step, fixed, own_fixed, deadline);
-
-  // 3. One rounding of the owned segment; all_reduce then gathers it in the original dtype.
-  const std::int64_t divisor = call.op == ReduceOp::avg ? group_size : 1;
-  const Tensor own_keys = keys.narrow(0, own_offset, own_count);
-  if (call.kind == CollectiveKind::reduce_scatter) {
-    kernels::decode_fixed_point(own_fixed, own_keys, divisor, output.flatten());
-    return;
-  }
-  const Tensor own_values = values.narrow(0, own_offset, own_count);
-  kernels::decode_fixed_point(own_fixed, own_keys, divisor, own_values);
-  step = describe_all_gather(own_values, values, counts, me, group_size);
-  step.sequence = call.sequence;
-  run_primitive(step, own_values, values, deadline);
+  return queue_.submit([this, call = std::move(call), input = std::move(input),
+                        output = std::move(output), timeout] {
+    run_collective(call, input, output, std::chrono::steady_clock::now() + timeout);
+  });
 }
 
 void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,

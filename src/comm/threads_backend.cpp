@@ -135,16 +135,11 @@ class ThreadsCommunicator final : public QueuedCommunicator {
   std::string_view backend() const override { return "threads"; }
 
  protected:
-  void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
-                     Deadline deadline) override {
-    run_collective(Posting{call, input.defined() ? input.bytes().data() : nullptr,
-                           output.defined() ? output.bytes().data() : nullptr, 0, 0},
-                   deadline);
-  }
-
-  void confirm_call(const CollectiveCall& call, Deadline deadline) override {
-    post_and_check(Posting{call, nullptr, nullptr, 0, 0}, deadline);
-    group_->arrive_and_wait(rank_, deadline, *world_, call);
+  void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
+                      Deadline deadline) override {
+    run_posting(Posting{call, input.defined() ? input.bytes().data() : nullptr,
+                        output.defined() ? output.bytes().data() : nullptr, 0, 0},
+                deadline);
   }
 
   std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
@@ -200,7 +195,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
   }
 
   // Post and check, move the data, wait until all are done with each other's buffers.
-  void run_collective(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
+  void run_posting(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
     post_and_check(posting, deadline);
     try {
@@ -233,7 +228,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
           inputs[j] = group.postings[j].recv + begin * element;
           outputs[j] = group.postings[j].recv + begin * element;
         }
-        kernels::reduce_ordered(call.dtype, call.op, inputs, outputs, end - begin);
+        reduce_elements(call, inputs, outputs, end - begin);
         return;
       }
       case CollectiveKind::reduce_scatter: {
@@ -243,9 +238,8 @@ class ThreadsCommunicator final : public QueuedCommunicator {
           inputs[j] = group.postings[j].send + static_cast<std::size_t>(offsets[me]) * element;
         }
         std::byte* const output = group.postings[me].recv;
-        kernels::reduce_ordered(call.dtype, call.op, inputs,
-                                std::span<std::byte* const>(&output, 1),
-                                static_cast<std::size_t>(call.segment_counts[me]));
+        reduce_elements(call, inputs, std::span<std::byte* const>(&output, 1),
+                        static_cast<std::size_t>(call.segment_counts[me]));
         return;
       }
       case CollectiveKind::all_gather: {

@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <array>
 #include <bit>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -136,7 +138,8 @@ void keys_typed(const T* values, std::uint8_t* keys, std::size_t count) {
     keys[i] = X::key(X::bits(values[i]));
 }
 
-template <class T>
+// Writes (or, with kAccumulate, adds) the limbs of every value.
+template <class T, bool kAccumulate = false>
 void encode_typed(const T* values, const std::uint8_t* keys, std::int64_t* fixed,
                   std::size_t count) {
   using X = Traits<T>;
@@ -147,13 +150,13 @@ void encode_typed(const T* values, const std::uint8_t* keys, std::int64_t* fixed
     const auto pattern = X::bits(values[i]);
     const std::uint8_t key = keys[i];
     std::int64_t* limbs = fixed + i * X::kLimbs;
-    std::fill(limbs, limbs + X::kLimbs, 0);
+    if constexpr (!kAccumulate) std::fill(limbs, limbs + X::kLimbs, 0);
     const bool negative = (pattern >> kSignShift) != 0;
     const int biased = X::biased_exponent(pattern);
     if (key == X::kNonFiniteKey) {
       if (biased == X::kExponentMask) {
         const bool nan = (pattern & kMantissaMask) != 0;
-        limbs[0] = std::int64_t{1} << (nan ? kNanShift : negative ? kNegativeInfinityShift : 0);
+        limbs[0] += std::int64_t{1} << (nan ? kNanShift : negative ? kNegativeInfinityShift : 0);
       }
       continue;
     }
@@ -163,21 +166,30 @@ void encode_typed(const T* values, const std::uint8_t* keys, std::int64_t* fixed
           "the maximum over all addends",
           i, key, X::key(pattern)));
     }
+    if constexpr (X::kWindow <= 52) {
+      // value * 2^(window - anchor) is exact in a double (a power-of-two scaling of at most 24
+      // significant bits, below 2^window), and the conversion to int64 truncates toward zero:
+      // the same integer as the shifts below, in a few instructions.
+      const auto scale = std::bit_cast<double>(
+          static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(key)) << 52);
+      limbs[0] += static_cast<std::int64_t>(element_to_double(values[i]) * scale);
+      continue;
+    }
     const std::uint64_t mantissa = pattern & kMantissaMask;
     const std::uint64_t significand =
         biased == 0 ? mantissa : mantissa | (std::uint64_t{1} << X::kMantissaBits);
     const int shift =
         std::max(biased, 1) - X::kBias - X::kMantissaBits + X::kWindow - X::anchor(key);
-    Magnitude magnitude = 0;
-    if (shift >= 0) {
-      magnitude = static_cast<Magnitude>(significand) << shift;  // < 2^window: |value| < 2^anchor
-    } else if (shift > -64) {
-      magnitude = significand >> -shift;  // the floor: truncation toward zero
-    }
+    // Left shifts stay below 2^window since |value| < 2^anchor; right shifts are the floor
+    // (truncation toward zero). Branch-free: which one applies depends on the data.
+    const int left = std::max(shift, 0);
+    const int right = std::min(std::max(-shift, 0), 63);
+    const Magnitude magnitude = (static_cast<Magnitude>(significand) << left) >> right;
+    const std::int64_t sign_mask = -static_cast<std::int64_t>(negative);  // 0 or all ones
     for (int j = 0; j < X::kLimbs; ++j) {
       const auto limb = static_cast<std::int64_t>((magnitude >> (j * kFixedPointLimbBits)) &
                                                   ((std::uint64_t{1} << kFixedPointLimbBits) - 1));
-      limbs[j] = negative ? -limb : limb;
+      limbs[j] += (limb ^ sign_mask) - sign_mask;
     }
   }
 }
@@ -205,6 +217,29 @@ void decode_typed(const std::int64_t* fixed, const std::uint8_t* keys, std::int6
     if (keys[i] == X::kNonFiniteKey) {
       values[i] = decode_non_finite<T>(limbs[0]);
       continue;
+    }
+    if constexpr (X::kLimbs == 1) {
+      if (divisor == 1) {  // the common case in 64-bit arithmetic
+        const std::int64_t total = limbs[0];
+        if constexpr (std::is_same_v<T, float>) {
+          // Below 2^53 the scaled total is exact in a double (2^exponent is well inside its
+          // range), so the hardware's one rounding to float is the correct one.
+          constexpr std::int64_t kExactInDouble = std::int64_t{1} << 53;
+          if (total > -kExactInDouble && total < kExactInDouble) {
+            const int exponent = X::anchor(keys[i]) - X::kWindow;
+            const auto scale =
+                std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
+            values[i] = static_cast<float>(static_cast<double>(total) * scale);
+            continue;
+          }
+        }
+        const std::uint64_t magnitude =
+            total < 0 ? -static_cast<std::uint64_t>(total) : static_cast<std::uint64_t>(total);
+        values[i] =
+            X::from_bits(round_to_format(total < 0, magnitude, X::anchor(keys[i]) - X::kWindow,
+                                         false, X::kExponentBits, X::kMantissaBits));
+        continue;
+      }
     }
     Int128 sum = 0;
     for (int j = 0; j < X::kLimbs; ++j)
@@ -240,7 +275,51 @@ void decode_typed(const std::int64_t* fixed, const std::uint8_t* keys, std::int6
   }
 }
 
+// Exact reduction of k inputs, block by block so keys, limbs and results stay in cache.
+template <class T>
+void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
+                        std::span<std::byte* const> outputs, std::size_t count) {
+  using X = Traits<T>;
+  constexpr std::size_t kBlock = 1024;
+  std::array<std::uint8_t, kBlock> keys;
+  std::array<std::uint8_t, kBlock> own_keys;
+  std::array<std::int64_t, kBlock * X::kLimbs> limbs;
+  std::array<T, kBlock> result;
+  const auto divisor = static_cast<std::int64_t>(op == ReduceOp::avg ? inputs.size() : 1);
+  for (std::size_t begin = 0; begin < count; begin += kBlock) {
+    const std::size_t n = std::min(kBlock, count - begin);
+    keys_typed(reinterpret_cast<const T*>(inputs[0]) + begin, keys.data(), n);
+    for (std::size_t j = 1; j < inputs.size(); ++j) {
+      keys_typed(reinterpret_cast<const T*>(inputs[j]) + begin, own_keys.data(), n);
+      for (std::size_t i = 0; i < n; ++i)
+        keys[i] = std::max(keys[i], own_keys[i]);
+    }
+    std::fill(limbs.begin(), limbs.begin() + static_cast<std::ptrdiff_t>(n * X::kLimbs), 0);
+    for (const std::byte* input : inputs)
+      encode_typed<T, true>(reinterpret_cast<const T*>(input) + begin, keys.data(), limbs.data(),
+                            n);
+    decode_typed(limbs.data(), keys.data(), divisor, result.data(), n);
+    for (std::byte* out : outputs)
+      std::memcpy(out + begin * sizeof(T), result.data(), n * sizeof(T));
+  }
+}
+
 }  // namespace
+
+void reduce_exact(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
+                  std::span<std::byte* const> outputs, std::size_t count) {
+  if (inputs.empty()) throw InvalidArgument("reduce_exact needs at least one input");
+  if (op != ReduceOp::sum && op != ReduceOp::avg) {
+    throw InvalidArgument(
+        fmt::format("reduce_exact sums or averages; {} is exact in any order", reduce_op_name(op)));
+  }
+  if (static_cast<std::int64_t>(inputs.size()) > kMaxExactAddends) {
+    throw InvalidArgument(fmt::format("reduce_exact: {} inputs exceed the limit of {} addends",
+                                      inputs.size(), kMaxExactAddends));
+  }
+  visit_floating(
+      dtype, [&](auto zero) { reduce_exact_typed<decltype(zero)>(op, inputs, outputs, count); });
+}
 
 FixedPointFormat fixed_point_format(DType dtype) {
   FixedPointFormat format;

@@ -3,6 +3,9 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/reduce.hpp>
@@ -13,6 +16,38 @@ namespace meshtensor::kernels {
 
 namespace {
 constexpr std::size_t kBlockElements = 1024;
+// Outputs at least this large bypass the caches: the result is not read again soon, and
+// streaming stores save the read a normal store of an uncached line costs.
+constexpr std::size_t kStreamingBytes = std::size_t{4} << 20;
+
+// Copies a block to an output; with `streaming`, through non-temporal stores where available.
+void store_block(std::byte* out, const std::byte* from, std::size_t bytes, bool streaming) {
+#if defined(__x86_64__)
+  if (streaming) {
+    const auto address = reinterpret_cast<std::uintptr_t>(out);
+    std::size_t head = (16 - address % 16) % 16;
+    head = std::min(head, bytes);
+    std::memcpy(out, from, head);
+    std::size_t at = head;
+    for (; at + 16 <= bytes; at += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at)));
+    }
+    std::memcpy(out + at, from + at, bytes - at);
+    return;
+  }
+#endif
+  (void)streaming;
+  std::memcpy(out, from, bytes);
+}
+
+// Makes streaming stores visible before the caller signals other threads.
+void finish_streaming(bool streaming) {
+#if defined(__x86_64__)
+  if (streaming) _mm_sfence();
+#endif
+  (void)streaming;
+}
 
 // Final value of an accumulator: avg divides once, then one rounding to T.
 template <class T>
@@ -41,6 +76,7 @@ void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs,
   using A = detail::Accumulator<T>;
   std::array<A, kBlockElements> acc;
   std::array<T, kBlockElements> result;
+  const bool streaming = count * sizeof(T) >= kStreamingBytes;
   for (std::size_t begin = 0; begin < count; begin += kBlockElements) {
     const std::size_t n = std::min(kBlockElements, count - begin);
     const auto* first = reinterpret_cast<const T*>(inputs[0]) + begin;
@@ -48,14 +84,23 @@ void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs,
       acc[i] = detail::widen(first[i]);
     for (std::size_t j = 1; j < inputs.size(); ++j) {
       const auto* in = reinterpret_cast<const T*>(inputs[j]) + begin;
-      for (std::size_t i = 0; i < n; ++i)
-        acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);
+      if (op == ReduceOp::sum || op == ReduceOp::avg) {
+        // The common case without a per-element branch, so it vectorises; same bits.
+        for (std::size_t i = 0; i < n; ++i)
+          acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), ReduceOp::sum);
+      } else {
+        for (std::size_t i = 0; i < n; ++i)
+          acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);
+      }
     }
     for (std::size_t i = 0; i < n; ++i)
       result[i] = finish<T>(acc[i], op, inputs.size());
-    for (std::byte* out : outputs)
-      std::memcpy(out + begin * sizeof(T), result.data(), n * sizeof(T));
+    for (std::byte* out : outputs) {
+      store_block(out + begin * sizeof(T), reinterpret_cast<const std::byte*>(result.data()),
+                  n * sizeof(T), streaming);
+    }
   }
+  finish_streaming(streaming);
 }
 }  // namespace
 

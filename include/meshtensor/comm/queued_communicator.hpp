@@ -11,10 +11,10 @@
 namespace meshtensor::comm {
 
 /// Base of the backends. Validates every call on the calling rank, numbers it, and runs it on
-/// the group's own FIFO queue. A backend supplies primitive collectives; this class builds the
-/// `exact` reductions out of them (a max-reduction of scale keys, an integer reduce_scatter of
-/// the fixed-point form and, for all_reduce, an all_gather in the original dtype), each inside
-/// one queued task so it keeps its place in the group's order.
+/// the group's own FIFO queue; a backend supplies the data movement. Reductions follow one
+/// pattern on every backend: the rank that owns a segment receives every rank's copy of it and
+/// combines them with reduce_elements(), so ordered and exact results never depend on the
+/// backend or on how the transport splits messages.
 class QueuedCommunicator : public Communicator {
  public:
   Work all_reduce_async(Tensor buffer, const CollectiveOptions& options) final;
@@ -34,14 +34,11 @@ class QueuedCommunicator : public Communicator {
   /// When the collective in progress gives up waiting for the other ranks.
   using Deadline = std::chrono::steady_clock::time_point;
 
-  /// Runs one primitive collective now, on the queue's thread. `call.mode` is never `exact`.
-  /// `input` and `output` are contiguous and match `call` (undefined where the kind has none;
-  /// for all_gather the input may be the output's own segment, i.e. in place).
-  virtual void run_primitive(const CollectiveCall& call, const Tensor& input, Tensor output,
-                             Deadline deadline) = 0;
-  /// Confirms that every member issued `call` (same fingerprint) without moving data: the
-  /// check a composite collective makes before its primitive steps.
-  virtual void confirm_call(const CollectiveCall& call, Deadline deadline) = 0;
+  /// Runs one collective now, on the queue's thread. `input` and `output` are contiguous and
+  /// match `call` (undefined where the kind has none; for all_gather the input may be the
+  /// output's own segment, i.e. in place).
+  virtual void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
+                              Deadline deadline) = 0;
   /// Creates the groups of a split (see Communicator::split), on the queue's thread.
   virtual std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
                                                   std::int64_t key, Deadline deadline) = 0;
@@ -52,10 +49,6 @@ class QueuedCommunicator : public Communicator {
 
  private:
   Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options);
-  void run(const CollectiveCall& call, const Tensor& input, const Tensor& output,
-           Deadline deadline);
-  void run_exact(const CollectiveCall& call, const Tensor& input, const Tensor& output,
-                 Deadline deadline);
 
   std::int64_t next_sequence_ = 0;
   WorkQueue queue_;
@@ -65,6 +58,12 @@ class QueuedCommunicator : public Communicator {
 /// floating dtype. Every other exact reduction (max, min, integer sums) is already exact and
 /// order-free, and runs as `ordered`.
 bool uses_fixed_point(const CollectiveCall& call);
+
+/// Combines one segment's copies from every group rank, `inputs` in group-rank order, as the
+/// call prescribes: kernels::reduce_exact for exact sums, kernels::reduce_ordered otherwise
+/// (also for `native` on backends without a native reduction of their own).
+void reduce_elements(const CollectiveCall& call, std::span<const std::byte* const> inputs,
+                     std::span<std::byte* const> outputs, std::size_t count);
 
 /// All-reduce of `buffer` over the product of several groups, one step per group in the order
 /// given (for a mesh: the groups along single mesh dims, any order). In `exact` mode the steps

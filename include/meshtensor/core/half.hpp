@@ -1,5 +1,6 @@
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 namespace meshtensor {
@@ -28,8 +29,42 @@ std::uint64_t round_double_to_format(double value, int exponent_bits, int mantis
 /// sign. Returns the bit pattern. `sticky` needs a nonzero `significand`. This is the one
 /// rounding step of every conversion and of exact sums (any wide value reduces to 64 significant
 /// bits plus a sticky bit without changing how it rounds).
-std::uint64_t round_to_format(bool negative, std::uint64_t significand, int exponent, bool sticky,
-                              int exponent_bits, int mantissa_bits);
+inline std::uint64_t round_to_format(bool negative, std::uint64_t significand, int exponent,
+                                     bool sticky, int exponent_bits, int mantissa_bits) {
+  const std::uint64_t sign = std::uint64_t{negative} << (exponent_bits + mantissa_bits);
+  const std::uint64_t infinity = ((std::uint64_t{1} << exponent_bits) - 1) << mantissa_bits;
+  if (significand == 0) return sign;
+
+  // Normalise to a leading bit at position 63; the sticky part stays below bit 0.
+  const int leading_zeros = std::countl_zero(significand);
+  significand <<= leading_zeros;
+  const int leading_exponent = exponent + 63 - leading_zeros;
+
+  const int bias = (1 << (exponent_bits - 1)) - 1;
+  const int min_normal_exponent = 1 - bias;
+  int shift = 63 - mantissa_bits;  // keeps mantissa_bits + 1 bits
+  if (leading_exponent < min_normal_exponent) shift += min_normal_exponent - leading_exponent;
+  if (shift > 64) return sign;  // below half the smallest subnormal
+
+  const std::uint64_t rounded_down = shift == 64 ? 0 : significand >> shift;
+  const std::uint64_t remainder =
+      shift == 64 ? significand : significand & ((std::uint64_t{1} << shift) - 1);
+  const std::uint64_t half = std::uint64_t{1} << (shift - 1);
+  // Bitwise, not short-circuit: the decision is data-dependent and a branch would mispredict.
+  const std::uint64_t round_up = static_cast<std::uint64_t>(remainder > half) |
+                                 (static_cast<std::uint64_t>(remainder == half) &
+                                  (static_cast<std::uint64_t>(sticky) | (rounded_down & 1)));
+  const std::uint64_t rounded = rounded_down + round_up;
+
+  if (leading_exponent < min_normal_exponent) return sign | rounded;  // a carry lands on min normal
+  if (leading_exponent > bias) return sign | infinity;
+  const std::uint64_t biased =
+      static_cast<std::uint64_t>(leading_exponent) + static_cast<std::uint64_t>(bias);
+  // Adding the significand without its hidden bit lets a rounding carry bump the exponent.
+  const std::uint64_t magnitude =
+      (biased << mantissa_bits) + (rounded - (std::uint64_t{1} << mantissa_bits));
+  return sign | (magnitude >= infinity ? infinity : magnitude);
+}
 
 /// Exact value of a bit pattern in the binary format with the given field widths.
 double decode_format(std::uint64_t bits, int exponent_bits, int mantissa_bits);

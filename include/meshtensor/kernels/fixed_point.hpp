@@ -1,8 +1,11 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include <meshtensor/core/dtype.hpp>
+#include <meshtensor/core/reduce_op.hpp>
 #include <meshtensor/core/tensor.hpp>
 
 namespace meshtensor::kernels {
@@ -44,5 +47,13 @@ void encode_fixed_point(const Tensor& values, const Tensor& keys, Tensor fixed);
 /// infinities occur, otherwise an infinity if one occurs.
 void decode_fixed_point(const Tensor& fixed, const Tensor& keys, std::int64_t divisor,
                         Tensor values);
+
+/// Exact sum (or, for avg, mean) of `inputs[0..k)` element by element, written to every buffer
+/// in `outputs`: the same bits as taking each element's key as the maximum over the inputs,
+/// encoding every input, adding the limbs and decoding once, i.e. the same bits as any split of
+/// the k addends over collectives in exact mode. Floating dtypes, sum or avg, k up to
+/// kMaxExactAddends. Aliasing as for reduce_ordered.
+void reduce_exact(DType dtype, ReduceOp op, std::span<const std::byte* const> inputs,
+                  std::span<std::byte* const> outputs, std::size_t count);
 
 }  // namespace meshtensor::kernels

@@ -1,0 +1,170 @@
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+
+#include "collective_bench.hpp"
+
+namespace meshtensor::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using comm::CollectiveKind;
+using comm::Communicator;
+using comm::ReductionMode;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Buffers of one rank for one collective, refreshed from a pristine copy before each call.
+struct Buffers {
+  Tensor pristine;
+  Tensor input;
+  Tensor output;
+  std::vector<std::int64_t> counts;
+};
+
+Buffers make_buffers(const CollectiveBenchConfig& config, int rank, int size) {
+  Buffers b;
+  const auto seed = static_cast<std::uint64_t>(rank) + 1;
+  const std::vector<std::int64_t> counts = comm::balanced_counts(config.count, size);
+  const std::int64_t mine = counts[static_cast<std::size_t>(rank)];
+  auto random = [&](std::int64_t n) {
+    return is_floating(config.dtype) ? Tensor::random_normal({n}, config.dtype, seed)
+                                     : Tensor::random_int({n}, config.dtype, seed, -100, 100);
+  };
+  switch (config.op) {
+    case CollectiveKind::all_reduce:
+      b.pristine = random(config.count);
+      b.input = b.pristine.clone();
+      b.output = b.input;
+      break;
+    case CollectiveKind::reduce_scatter:
+      b.pristine = random(config.count);
+      b.input = b.pristine;
+      b.output = Tensor({mine}, config.dtype);
+      b.counts = counts;
+      break;
+    case CollectiveKind::all_gather:
+      b.pristine = random(mine);
+      b.input = b.pristine;
+      b.output = Tensor({config.count}, config.dtype);
+      b.counts = counts;
+      break;
+    case CollectiveKind::all_to_all:
+      b.pristine = random(config.count);
+      b.input = b.pristine;
+      b.output = Tensor({config.count}, config.dtype);
+      b.counts = counts;  // the same split in both directions keeps the totals equal
+      break;
+    default:
+      throw InvalidArgument(fmt::format("bench collective: --op {} is not timed",
+                                        comm::collective_name(config.op)));
+  }
+  return b;
+}
+
+void run_once(Communicator& comm, const CollectiveBenchConfig& config, Buffers& b,
+              ReductionMode mode) {
+  const comm::CollectiveOptions options{.mode = mode};
+  switch (config.op) {
+    case CollectiveKind::all_reduce:
+      comm.all_reduce(b.input, options);
+      return;
+    case CollectiveKind::reduce_scatter:
+      comm.reduce_scatter(b.input, b.output, b.counts, options);
+      return;
+    case CollectiveKind::all_gather:
+      comm.all_gather(b.input, b.output, b.counts, options);
+      return;
+    case CollectiveKind::all_to_all:
+      comm.all_to_all(b.input, b.output, b.counts, b.counts, options);
+      return;
+    default:
+      return;
+  }
+}
+
+// nccl-tests' bus factors: the share of the data each rank must send or receive.
+double bus_factor(CollectiveKind op, int size) {
+  const double n = size;
+  if (op == CollectiveKind::all_reduce) return 2 * (n - 1) / n;
+  return (n - 1) / n;
+}
+
+}  // namespace
+
+CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchConfig& config) {
+  if (config.count < 1) {
+    throw InvalidArgument(fmt::format("bench collective: --count must be positive, not {}",
+                                      config.count));
+  }
+  Buffers b = make_buffers(config, comm.rank(), comm.size());
+  // One timed call: restore the input, line the ranks up, time, and take the slowest rank.
+  auto timed = [&](ReductionMode mode) {
+    if (config.op == CollectiveKind::all_reduce) b.input.copy_from(b.pristine);
+    comm.barrier();
+    const auto start = Clock::now();
+    run_once(comm, config, b, mode);
+    const double mine = std::chrono::duration<double>(Clock::now() - start).count();
+    Tensor slowest = Tensor::full({1}, DType::f64, mine);
+    comm.all_reduce(slowest, {.op = ReduceOp::max});
+    return slowest.values<double>()[0];
+  };
+  timed(config.mode);  // warm-up: first-touch pages, MPI connections, staging buffers
+  timed(ReductionMode::native);
+
+  std::vector<double> times;
+  std::vector<double> native_times;
+  double spent = 0;
+  while (true) {
+    times.push_back(timed(config.mode));
+    native_times.push_back(timed(ReductionMode::native));
+    spent += times.back() + native_times.back();
+    const auto done = static_cast<int>(times.size());
+    if (config.iterations > 0 ? done >= config.iterations
+                              : done >= 3 && (spent >= 2.0 || done >= 50)) {
+      break;
+    }
+  }
+  CollectiveBenchResult result;
+  result.ranks = comm.size();
+  result.iterations = static_cast<int>(times.size());
+  result.time_s = median(times);
+  result.native_time_s = median(native_times);
+  result.ratio = result.time_s / result.native_time_s;
+  const double bytes = static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
+  result.algbw_gbs = bytes / result.time_s / 1e9;
+  result.busbw_gbs = result.algbw_gbs * bus_factor(config.op, comm.size());
+  return result;
+}
+
+double copy_time_s(std::int64_t bytes, int threads) {
+  const auto share = static_cast<std::size_t>(bytes / threads);
+  std::vector<std::vector<std::byte>> from(static_cast<std::size_t>(threads),
+                                           std::vector<std::byte>(share, std::byte{1}));
+  std::vector<std::vector<std::byte>> to(static_cast<std::size_t>(threads),
+                                         std::vector<std::byte>(share, std::byte{0}));
+  std::vector<double> times;
+  for (int run = 0; run < 5; ++run) {
+    const auto start = Clock::now();
+    std::vector<std::thread> workers;
+    for (std::size_t t = 0; t < from.size(); ++t)
+      workers.emplace_back([&, t] { std::memcpy(to[t].data(), from[t].data(), share); });
+    for (std::thread& w : workers)
+      w.join();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return median(times);
+}
+
+}  // namespace meshtensor::bench
