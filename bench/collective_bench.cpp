@@ -1,3 +1,5 @@
+#include "collective_bench.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -7,8 +9,6 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
-
-#include "collective_bench.hpp"
 
 namespace meshtensor::bench {
 
@@ -67,8 +67,8 @@ Buffers make_buffers(const CollectiveBenchConfig& config, int rank, int size) {
       b.counts = counts;  // the same split in both directions keeps the totals equal
       break;
     default:
-      throw InvalidArgument(fmt::format("bench collective: --op {} is not timed",
-                                        comm::collective_name(config.op)));
+      throw InvalidArgument(
+          fmt::format("bench collective: --op {} is not timed", comm::collective_name(config.op)));
   }
   return b;
 }
@@ -105,8 +105,8 @@ double bus_factor(CollectiveKind op, int size) {
 
 CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchConfig& config) {
   if (config.count < 1) {
-    throw InvalidArgument(fmt::format("bench collective: --count must be positive, not {}",
-                                      config.count));
+    throw InvalidArgument(
+        fmt::format("bench collective: --count must be positive, not {}", config.count));
   }
   Buffers b = make_buffers(config, comm.rank(), comm.size());
   // One timed call: restore the input, line the ranks up, time, and take the slowest rank.
@@ -142,7 +142,8 @@ CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchC
   result.time_s = median(times);
   result.native_time_s = median(native_times);
   result.ratio = result.time_s / result.native_time_s;
-  const double bytes = static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
+  const double bytes =
+      static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
   result.algbw_gbs = bytes / result.time_s / 1e9;
   result.busbw_gbs = result.algbw_gbs * bus_factor(config.op, comm.size());
   return result;

@@ -33,7 +33,8 @@ struct CollectiveBenchResult {
 /// Times config.op in config.mode and in native mode, interleaved, on `comm` (collective: every
 /// rank calls it). Each call starts from the same input, after a barrier; a call's time is the
 /// slowest rank's.
-CollectiveBenchResult time_collective(comm::Communicator& comm, const CollectiveBenchConfig& config);
+CollectiveBenchResult time_collective(comm::Communicator& comm,
+                                      const CollectiveBenchConfig& config);
 
 /// Time for the machine to read `bytes` and write them once, as `threads` threads each copying
 /// an equal share between private buffers (median of several runs).

@@ -9,8 +9,8 @@
 
 #include <meshtensor/comm/mpi_backend.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
-#include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/mesh/parse.hpp>
 
 #include "collective_bench.hpp"
 #include "commands.hpp"
@@ -25,7 +25,8 @@ struct CollectiveBenchOptions {
   std::int64_t count = 1 << 24;
   std::string mode = "ordered";
   std::string backend = "threads";
-  int ranks = 0;
+  int ranks = 2;
+  bool ranks_given = false;
   int iterations = 0;
   bool json = false;
 };
@@ -39,6 +40,8 @@ comm::CollectiveKind parse_op(const std::string& text) {
   throw ParseError(fmt::format(
       "unknown --op '{}': expected all_reduce, reduce_scatter, all_gather or all_to_all", text));
 }
+
+constexpr double kMinBoundBytes = 4 << 20;
 
 // Bytes the machine must read plus write at least once, over all ranks of one process, for the
 // collective to be done: every rank's input read once, every rank's output written once.
@@ -103,8 +106,11 @@ void run_collective_bench(const CollectiveBenchOptions& options) {
   if (options.iterations < 0) {
     throw InvalidArgument(fmt::format("--iterations must be positive, not {}", options.iterations));
   }
+  if (options.ranks_given && options.ranks < 1) {
+    throw InvalidArgument(fmt::format("--ranks must be positive, not {}", options.ranks));
+  }
   if (options.backend == "threads") {
-    const int ranks = options.ranks == 0 ? 2 : options.ranks;
+    const int ranks = options.ranks_given ? options.ranks : 2;
     if (ranks < 1 || ranks > 64) {
       throw InvalidArgument(fmt::format("--ranks must be 1 to 64 for bench, not {}", ranks));
     }
@@ -121,16 +127,20 @@ void run_collective_bench(const CollectiveBenchOptions& options) {
         static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
     const int workers =
         std::max(1, std::min(ranks, static_cast<int>(std::thread::hardware_concurrency())));
-    const double bound_s = bench::copy_time_s(
-        static_cast<std::int64_t>(memory_traffic_bytes(config.op, ranks, bytes) / 2), workers);
+    // Below a few MiB a copy's time is mostly thread start-up, not memory: no bound then.
+    std::optional<double> bound_s;
+    if (bytes >= kMinBoundBytes) {
+      bound_s = bench::copy_time_s(
+          static_cast<std::int64_t>(memory_traffic_bytes(config.op, ranks, bytes) / 2), workers);
+    }
     print(options, config, result, bound_s);
     return;
   }
   if (options.backend == "mpi") {
     comm::MpiWorld world(nullptr, nullptr);
-    if (options.ranks != 0 && options.ranks != world.size()) {
-      throw InvalidArgument(fmt::format(
-          "--ranks {} does not match the {} processes mpirun started", options.ranks, world.size()));
+    if (options.ranks_given && options.ranks != world.size()) {
+      throw InvalidArgument(fmt::format("--ranks {} does not match the {} processes mpirun started",
+                                        options.ranks, world.size()));
     }
     const bench::CollectiveBenchResult result =
         bench::time_collective(*world.communicator(), config);
@@ -155,12 +165,15 @@ void add_bench_command(CLI::App& app) {
   collective->add_option("--count", options->count, "elements (default 16777216)");
   collective->add_option("--mode", options->mode, "ordered, exact or native");
   collective->add_option("--backend", options->backend, "threads, or mpi under mpirun");
-  collective->add_option("--ranks", options->ranks,
-                         "threads: ranks to run (default 2); mpi: must match mpirun -np");
+  CLI::Option* ranks = collective->add_option(
+      "--ranks", options->ranks, "threads: ranks to run (default 2); mpi: must match mpirun -np");
   collective->add_option("--iterations", options->iterations,
                          "timed calls per mode (default: about two seconds' worth, at least 3)");
   collective->add_flag("--json", options->json, "print one JSON object");
-  collective->callback([options] { run_collective_bench(*options); });
+  collective->callback([options, ranks] {
+    options->ranks_given = ranks->count() > 0;
+    run_collective_bench(*options);
+  });
 }
 
 }  // namespace meshtensor::cli

@@ -5,6 +5,7 @@
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/enum_names.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/fixed_point.hpp>
 
 namespace meshtensor::comm {
 
@@ -102,6 +103,20 @@ void check_calls_match(const std::vector<CollectiveCall>& calls,
                         calls[receiver].recv_counts[sender]));
       }
     }
+  }
+}
+
+bool uses_fixed_point(const CollectiveCall& call) {
+  return (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::reduce_scatter) &&
+         is_floating(call.dtype) && (call.op == ReduceOp::sum || call.op == ReduceOp::avg);
+}
+
+void check_exact_addends(const CollectiveCall& call, std::int64_t addends) {
+  if (call.mode == ReductionMode::exact && uses_fixed_point(call) &&
+      addends > kernels::kMaxExactAddends) {
+    throw InvalidArgument(fmt::format(
+        "{}: an exact reduction over {} ranks exceeds the limit of {} addends per element",
+        collective_name(call.kind), addends, kernels::kMaxExactAddends));
   }
 }
 

@@ -7,32 +7,6 @@
 
 namespace meshtensor::comm {
 
-namespace {
-
-// Rejects exact sums with more addends than the fixed-point headroom allows.
-void check_exact_addends(const CollectiveCall& call, std::int64_t addends) {
-  if (call.mode == ReductionMode::exact && uses_fixed_point(call) &&
-      addends > kernels::kMaxExactAddends) {
-    throw InvalidArgument(fmt::format(
-        "{}: an exact reduction over {} ranks exceeds the limit of {} addends per element",
-        collective_name(call.kind), addends, kernels::kMaxExactAddends));
-  }
-}
-
-CollectiveOptions primitive_options(ReduceOp op) {
-  CollectiveOptions options;
-  options.op = op;
-  options.mode = ReductionMode::ordered;  // integer sums and max are exact in any order
-  return options;
-}
-
-}  // namespace
-
-bool uses_fixed_point(const CollectiveCall& call) {
-  return (call.kind == CollectiveKind::all_reduce || call.kind == CollectiveKind::reduce_scatter) &&
-         is_floating(call.dtype) && (call.op == ReduceOp::sum || call.op == ReduceOp::avg);
-}
-
 void reduce_elements(const CollectiveCall& call, std::span<const std::byte* const> inputs,
                      std::span<std::byte* const> outputs, std::size_t count) {
   if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
@@ -107,35 +81,6 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
                         output = std::move(output), timeout] {
     run_collective(call, input, output, std::chrono::steady_clock::now() + timeout);
   });
-}
-
-void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
-                      const CollectiveOptions& options) {
-  CollectiveCall call = describe_all_reduce(buffer, options, 1);
-  if (!(options.mode == ReductionMode::exact && uses_fixed_point(call))) {
-    for (Communicator* group : groups)
-      group->all_reduce(buffer, options);
-    return;
-  }
-  std::int64_t addends = 1;
-  for (Communicator* group : groups)
-    addends *= group->size();
-  check_exact_addends(call, addends);
-
-  const Tensor values = buffer.flatten();
-  Tensor keys({values.numel()}, DType::u8);
-  kernels::fixed_point_keys(values, keys);
-  CollectiveOptions step_options = primitive_options(ReduceOp::max);
-  step_options.timeout = options.timeout;
-  for (Communicator* group : groups)
-    group->all_reduce(keys, step_options);
-
-  Tensor fixed({values.numel() * kernels::fixed_point_format(call.dtype).limbs}, DType::i64);
-  kernels::encode_fixed_point(values, keys, fixed);
-  step_options.op = ReduceOp::sum;
-  for (Communicator* group : groups)
-    group->all_reduce(fixed, step_options);
-  kernels::decode_fixed_point(fixed, keys, options.op == ReduceOp::avg ? addends : 1, values);
 }
 
 }  // namespace meshtensor::comm

@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <meshtensor/comm/chain.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
-#include <meshtensor/comm/queued_communicator.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/reduce.hpp>
 

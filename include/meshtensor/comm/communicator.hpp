@@ -67,6 +67,15 @@ struct CollectiveCall {
   std::string to_string() const;
 };
 
+/// True when `call` is a reduction that `exact` mode computes in fixed point: sum or avg of a
+/// floating dtype. Every other exact reduction (max, min, integer sums) is already exact and
+/// order-free, and runs as `ordered`.
+bool uses_fixed_point(const CollectiveCall& call);
+
+/// Throws InvalidArgument when an exact fixed-point reduction would have more than
+/// kernels::kMaxExactAddends addends per element (the limbs' headroom).
+void check_exact_addends(const CollectiveCall& call, std::int64_t addends);
+
 /// Checks that the calls every rank of a group made at one sequence position fit together.
 /// Throws DesyncError naming both sides of the first disagreement (group positions and world
 /// ranks) when they do not. Pure: every rank reaches the same verdict.

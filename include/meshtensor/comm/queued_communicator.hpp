@@ -54,23 +54,10 @@ class QueuedCommunicator : public Communicator {
   WorkQueue queue_;
 };
 
-/// True when `call` is a reduction that `exact` mode computes in fixed point: sum or avg of a
-/// floating dtype. Every other exact reduction (max, min, integer sums) is already exact and
-/// order-free, and runs as `ordered`.
-bool uses_fixed_point(const CollectiveCall& call);
-
 /// Combines one segment's copies from every group rank, `inputs` in group-rank order, as the
 /// call prescribes: kernels::reduce_exact for exact sums, kernels::reduce_ordered otherwise
 /// (also for `native` on backends without a native reduction of their own).
 void reduce_elements(const CollectiveCall& call, std::span<const std::byte* const> inputs,
                      std::span<std::byte* const> outputs, std::size_t count);
-
-/// All-reduce of `buffer` over the product of several groups, one step per group in the order
-/// given (for a mesh: the groups along single mesh dims, any order). In `exact` mode the steps
-/// keep the fixed-point form and round once at the end, so the bits equal one exact all_reduce
-/// over the flattened group; `avg` divides once by the product of the group sizes. In the other
-/// modes each step is an all_reduce of its own (`avg` per step).
-void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
-                      const CollectiveOptions& options = {});
 
 }  // namespace meshtensor::comm

@@ -1,4 +1,5 @@
-// Behaviour particular to the threads backend: queues and failure propagation within a process.
+// Behaviour particular to the threads backend: many ranks in one process, queues, and failure
+// propagation within a process.
 #include <atomic>
 #include <future>
 #include <numeric>
@@ -8,11 +9,44 @@
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/reduce.hpp>
 
 #include "support/error_message.hpp"
 
 namespace meshtensor::comm {
 namespace {
+
+TEST(ThreadsWorld, SixtyFourRanksReduceAndExchange) {
+  constexpr int kRanks = 64;
+  const std::int64_t count = 1000;
+  auto input = [&](int r) { return Tensor::random_normal({count}, DType::f32, 500 + r); };
+  std::vector<Tensor> inputs;
+  std::vector<const std::byte*> pointers;
+  for (int r = 0; r < kRanks; ++r)
+    inputs.push_back(input(r));
+  for (const Tensor& t : inputs)
+    pointers.push_back(t.bytes().data());
+  Tensor expected({count}, DType::f32);
+  std::byte* target = expected.bytes().data();
+  kernels::reduce_ordered(DType::f32, ReduceOp::sum, pointers,
+                          std::span<std::byte* const>(&target, 1), count);
+  std::atomic<int> good{0};
+  run_threads(kRanks, [&](Communicator& world) {
+    Tensor buffer = input(world.rank());
+    world.all_reduce(buffer);
+    // all_to_all: rank r sends value 100*r + j to rank j.
+    Tensor send({kRanks}, DType::i32);
+    for (int j = 0; j < kRanks; ++j)
+      send.values<std::int32_t>()[j] = 100 * world.rank() + j;
+    Tensor received({kRanks}, DType::i32);
+    world.all_to_all(send, received);
+    bool exchanged = true;
+    for (int j = 0; j < kRanks; ++j)
+      exchanged = exchanged && received.values<std::int32_t>()[j] == 100 * j + world.rank();
+    if (buffer.bitwise_equal(expected) && exchanged) ++good;
+  });
+  EXPECT_EQ(good.load(), kRanks);
+}
 
 TEST(ThreadsQueues, WorkOnOneGroupNeverWaitsForAnotherGroup) {
   // Rank 0 queues an all_gather on group A = {0, 1} (rank 1 has not issued it yet), then one on

@@ -1,0 +1,48 @@
+#include <fmt/format.h>
+
+#include <meshtensor/comm/chain.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/fixed_point.hpp>
+
+namespace meshtensor::comm {
+
+namespace {
+CollectiveOptions primitive_options(ReduceOp op) {
+  CollectiveOptions options;
+  options.op = op;
+  options.mode = ReductionMode::ordered;  // integer sums and max are exact in any order
+  return options;
+}
+
+}  // namespace
+
+void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
+                      const CollectiveOptions& options) {
+  CollectiveCall call = describe_all_reduce(buffer, options, 1);
+  if (!(options.mode == ReductionMode::exact && uses_fixed_point(call))) {
+    for (Communicator* group : groups)
+      group->all_reduce(buffer, options);
+    return;
+  }
+  std::int64_t addends = 1;
+  for (Communicator* group : groups)
+    addends *= group->size();
+  check_exact_addends(call, addends);
+
+  const Tensor values = buffer.flatten();
+  Tensor keys({values.numel()}, DType::u8);
+  kernels::fixed_point_keys(values, keys);
+  CollectiveOptions step_options = primitive_options(ReduceOp::max);
+  step_options.timeout = options.timeout;
+  for (Communicator* group : groups)
+    group->all_reduce(keys, step_options);
+
+  Tensor fixed({values.numel() * kernels::fixed_point_format(call.dtype).limbs}, DType::i64);
+  kernels::encode_fixed_point(values, keys, fixed);
+  step_options.op = ReduceOp::sum;
+  for (Communicator* group : groups)
+    group->all_reduce(fixed, step_options);
+  kernels::decode_fixed_point(fixed, keys, options.op == ReduceOp::avg ? addends : 1, values);
+}
+
+}  // namespace meshtensor::comm
