@@ -147,11 +147,19 @@ void check_buffer(const Tensor& tensor, std::string_view role, CollectiveKind ki
   }
 }
 
-void check_same_dtype(const Tensor& a, const Tensor& b, CollectiveKind kind) {
-  if (a.dtype() != b.dtype()) {
+// The checks every collective with an input and an output makes; the call of that kind and dtype.
+CollectiveCall describe_input_output(const Tensor& input, const Tensor& output,
+                                     CollectiveKind kind) {
+  check_buffer(input, "input", kind);
+  check_buffer(output, "output", kind);
+  if (input.dtype() != output.dtype()) {
     throw InvalidArgument(fmt::format("{}: input is {} but output is {}", collective_name(kind),
-                                      dtype_name(a.dtype()), dtype_name(b.dtype())));
+                                      dtype_name(input.dtype()), dtype_name(output.dtype())));
   }
+  CollectiveCall call;
+  call.kind = kind;
+  call.dtype = input.dtype();
+  return call;
 }
 
 // Counts given by the caller, or `total` split equally; checked against the group size and total.
@@ -210,12 +218,7 @@ CollectiveCall describe_reduce_scatter(const Tensor& input, const Tensor& output
                                        std::vector<std::int64_t> counts,
                                        const CollectiveOptions& options, int rank, int size) {
   constexpr auto kKind = CollectiveKind::reduce_scatter;
-  check_buffer(input, "input", kKind);
-  check_buffer(output, "output", kKind);
-  check_same_dtype(input, output, kKind);
-  CollectiveCall call;
-  call.kind = kKind;
-  call.dtype = input.dtype();
+  CollectiveCall call = describe_input_output(input, output, kKind);
   call.op = options.op;
   call.mode = options.mode;
   call.segment_counts = resolve_counts(std::move(counts), input.numel(), size, "input", kKind);
@@ -227,12 +230,7 @@ CollectiveCall describe_reduce_scatter(const Tensor& input, const Tensor& output
 CollectiveCall describe_all_gather(const Tensor& input, const Tensor& output,
                                    std::vector<std::int64_t> counts, int rank, int size) {
   constexpr auto kKind = CollectiveKind::all_gather;
-  check_buffer(input, "input", kKind);
-  check_buffer(output, "output", kKind);
-  check_same_dtype(input, output, kKind);
-  CollectiveCall call;
-  call.kind = kKind;
-  call.dtype = input.dtype();
+  CollectiveCall call = describe_input_output(input, output, kKind);
   call.segment_counts = resolve_counts(std::move(counts), output.numel(), size, "output", kKind);
   expect_count(input.numel(), call.segment_counts[static_cast<std::size_t>(rank)], "input", kKind);
   return call;
@@ -242,15 +240,10 @@ CollectiveCall describe_all_to_all(const Tensor& input, const Tensor& output,
                                    std::vector<std::int64_t> send_counts,
                                    std::vector<std::int64_t> recv_counts, int size) {
   constexpr auto kKind = CollectiveKind::all_to_all;
-  check_buffer(input, "input", kKind);
-  check_buffer(output, "output", kKind);
-  check_same_dtype(input, output, kKind);
+  CollectiveCall call = describe_input_output(input, output, kKind);
   if (send_counts.empty() != recv_counts.empty()) {
     throw InvalidArgument("all_to_all: pass both send and receive counts, or neither");
   }
-  CollectiveCall call;
-  call.kind = kKind;
-  call.dtype = input.dtype();
   call.send_counts = resolve_counts(std::move(send_counts), input.numel(), size, "input", kKind);
   call.recv_counts = resolve_counts(std::move(recv_counts), output.numel(), size, "output", kKind);
   return call;

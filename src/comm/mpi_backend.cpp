@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -39,11 +40,13 @@ struct MpiShared {
   }
 
   // A collective in flight: the watchdog aborts the job once its deadline passed.
+  // `describe` builds the message only if the deadline passes; it must stay valid until
+  // watch_end.
   std::uint64_t watch_start(std::chrono::steady_clock::time_point deadline,
-                            std::string description) {
+                            std::function<std::string()> describe) {
     const std::lock_guard lock(watch_mutex);
     const std::uint64_t id = next_watch_id++;
-    in_flight.emplace(id, std::make_pair(deadline, std::move(description)));
+    in_flight.emplace(id, std::make_pair(deadline, std::move(describe)));
     return id;
   }
   void watch_end(std::uint64_t id) {
@@ -71,7 +74,7 @@ struct MpiShared {
       const auto now = std::chrono::steady_clock::now();
       for (const auto& [id, entry] : in_flight) {
         if (now >= entry.first) {
-          const std::string message = entry.second;
+          const std::string message = entry.second();
           lock.unlock();
           abort(message);
         }
@@ -84,7 +87,9 @@ struct MpiShared {
   std::condition_variable watch_cv;
   bool stopping = false;
   std::uint64_t next_watch_id = 0;
-  std::map<std::uint64_t, std::pair<std::chrono::steady_clock::time_point, std::string>> in_flight;
+  std::map<std::uint64_t,
+           std::pair<std::chrono::steady_clock::time_point, std::function<std::string()>>>
+      in_flight;
   std::thread watchdog;
 };
 
@@ -264,15 +269,19 @@ class MpiCommunicator final : public QueuedCommunicator {
   // may already be inside the next collective, so carrying on could only hang).
   template <class Step>
   void guarded(const CollectiveCall& call, Deadline deadline, Step&& step) {
-    const std::string where =
-        fmt::format("{} on group [{}] (world rank {})", call.to_string(),
-                    fmt::join(world_ranks_, ","), world_ranks_[static_cast<std::size_t>(rank_)]);
-    const std::uint64_t watch = shared_->watch_start(
-        deadline, fmt::format("{} timed out: not every member issued it in time", where));
+    // Messages are built only on failure: this runs for every collective.
+    const auto where = [&] {
+      return fmt::format("{} on group [{}] (world rank {})", call.to_string(),
+                         fmt::join(world_ranks_, ","),
+                         world_ranks_[static_cast<std::size_t>(rank_)]);
+    };
+    const std::uint64_t watch = shared_->watch_start(deadline, [&] {
+      return fmt::format("{} timed out: not every member issued it in time", where());
+    });
     try {
       step();
     } catch (const std::exception& error) {
-      shared_->abort(fmt::format("{} failed: {}", where, error.what()));
+      shared_->abort(fmt::format("{} failed: {}", where(), error.what()));
     }
     shared_->watch_end(watch);
   }
