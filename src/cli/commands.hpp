@@ -6,7 +6,15 @@ namespace meshtensor::cli {
 
 /// Registers `meshtensor plan`.
 void add_plan_command(CLI::App& app);
+/// Registers `meshtensor check`.
+void add_check_command(CLI::App& app);
 /// Registers `meshtensor bench` and its benchmarks.
 void add_bench_command(CLI::App& app);
+
+/// Sets the status `meshtensor` exits with after a command that ran to the end (e.g. 1 when a
+/// check found a mismatch).
+void set_exit_status(int status);
+/// The status set so far (0 by default).
+int exit_status();
 
 }  // namespace meshtensor::cli

@@ -7,19 +7,32 @@
 
 #include "commands.hpp"
 
+namespace meshtensor::cli {
+namespace {
+int status = 0;
+}  // namespace
+void set_exit_status(int value) {
+  status = value;
+}
+int exit_status() {
+  return status;
+}
+}  // namespace meshtensor::cli
+
 namespace {
 int run(int argc, char** argv) {
   CLI::App app{"meshtensor: SPMD tensors sharded over an N-d device mesh"};
   app.set_version_flag("--version", "meshtensor 0.1.0");
   app.require_subcommand(1);
   meshtensor::cli::add_plan_command(app);
+  meshtensor::cli::add_check_command(app);
   meshtensor::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }
-  return 0;
+  return meshtensor::cli::exit_status();
 }
 }  // namespace
 

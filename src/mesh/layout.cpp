@@ -56,6 +56,64 @@ Tensor local_view(const Tensor& global, const Layout& layout) {
   return view;
 }
 
+Layout intersect(const Layout& a, const Layout& b) {
+  if (a.local_shape.rank() != b.local_shape.rank()) {
+    throw InvalidArgument(fmt::format("cannot intersect blocks {} and {} of different rank",
+                                      a.to_string(), b.to_string()));
+  }
+  std::vector<std::int64_t> sizes(a.global_offset.size());
+  std::vector<std::int64_t> offsets(a.global_offset.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    const int dim = static_cast<int>(d);
+    const std::int64_t begin = std::max(a.global_offset[d], b.global_offset[d]);
+    const std::int64_t end =
+        std::min(a.global_offset[d] + a.local_shape[dim], b.global_offset[d] + b.local_shape[dim]);
+    offsets[d] = begin;
+    sizes[d] = std::max<std::int64_t>(0, end - begin);
+  }
+  return {Shape(std::move(sizes)), std::move(offsets)};
+}
+
+Tensor block_view(const Tensor& outer_tensor, const Layout& outer, const Layout& inner) {
+  const int rank = outer.local_shape.rank();
+  if (inner.local_shape.rank() != rank || outer_tensor.rank() < rank) {
+    throw InvalidArgument(fmt::format("block {} is not a block of a tensor holding {}",
+                                      inner.to_string(), outer.to_string()));
+  }
+  Tensor view = outer_tensor;
+  if (inner.numel() == 0) {  // an empty piece may sit anywhere
+    for (int dim = 0; dim < rank; ++dim) {
+      if (inner.local_shape[dim] == 0) return view.narrow(dim, 0, 0);
+    }
+  }
+  for (int dim = 0; dim < rank; ++dim) {
+    const auto d = static_cast<std::size_t>(dim);
+    const std::int64_t start = inner.global_offset[d] - outer.global_offset[d];
+    const std::int64_t length = inner.local_shape[dim];
+    if (outer_tensor.shape()[dim] != outer.local_shape[dim] || start < 0 ||
+        (length > 0 && start + length > outer.local_shape[dim])) {
+      throw InvalidArgument(fmt::format("block {} does not lie inside block {} (tensor {})",
+                                        inner.to_string(), outer.to_string(),
+                                        outer_tensor.shape().to_string()));
+    }
+    view = view.narrow(dim, start, length);
+  }
+  return view;
+}
+
+Shape max_local_shape(const DeviceMesh& mesh, const PlacementSpec& spec,
+                      const Shape& global_shape) {
+  spec.validate(mesh, global_shape.rank());
+  std::vector<std::int64_t> sizes = global_shape.dims();
+  for (int tensor_dim = 0; tensor_dim < global_shape.rank(); ++tensor_dim) {
+    for (int mesh_dim : spec.shard_mesh_dims(tensor_dim)) {
+      auto& size = sizes[static_cast<std::size_t>(tensor_dim)];
+      size = chunk_extent(size, mesh.size(mesh_dim), 0).size;
+    }
+  }
+  return Shape(std::move(sizes));
+}
+
 std::vector<int> non_shard_mesh_dims(const PlacementSpec& spec) {
   std::vector<int> dims;
   for (int m = 0; m < spec.mesh_ndim(); ++m) {

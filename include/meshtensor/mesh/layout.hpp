@@ -30,7 +30,22 @@ struct Layout {
   friend bool operator==(const Layout&, const Layout&) = default;
   /// "8x4 @ [0,4]".
   std::string to_string() const;
+  /// Number of elements in the block.
+  std::int64_t numel() const { return local_shape.numel(); }
 };
+
+/// The part of block `a` that lies inside block `b` (same rank); zero extents where they do not
+/// meet.
+Layout intersect(const Layout& a, const Layout& b);
+
+/// The elements of block `inner` as a view of `outer_tensor`, which holds block `outer`; throws
+/// InvalidArgument unless `inner` lies inside `outer` and the tensor has `outer`'s shape (extra
+/// trailing tensor dims are kept whole).
+Tensor block_view(const Tensor& outer_tensor, const Layout& outer, const Layout& inner);
+
+/// The largest extent any rank's block has along each tensor dim under `spec` (the first pieces
+/// of torch.chunk are the largest), without visiting the ranks.
+Shape max_local_shape(const DeviceMesh& mesh, const PlacementSpec& spec, const Shape& global_shape);
 
 /// Where `rank` sits in a tensor of `global_shape` placed by `spec` on `mesh`: each sharded
 /// tensor dim is split by its mesh dims in shard order (outermost first), each split applying

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/dtype.hpp>
+#include <meshtensor/core/shape.hpp>
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/mesh/device_mesh.hpp>
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/mesh/spec.hpp>
+
+namespace meshtensor::dtensor {
+
+/// A redistribute to run on generated data and verify (`meshtensor check`).
+struct CheckConfig {
+  DeviceMesh mesh = DeviceMesh(std::vector<std::int64_t>{1});
+  PlacementSpec from = PlacementSpec(std::vector<Placement>{});
+  PlacementSpec to = PlacementSpec(std::vector<Placement>{});
+  Shape shape;
+  DType dtype = DType::f32;
+  comm::ReductionMode mode = comm::ReductionMode::ordered;
+  std::uint64_t seed = 0;
+  bool merge = true;
+};
+
+/// What a check found (the same on every rank).
+struct CheckResult {
+  bool ok = false;
+  std::string digest;   ///< 16 hex digits of the assembled result
+  std::string message;  ///< the first mismatch, or a summary when ok
+  int collectives = 0;  ///< communicating steps of the plan that ran
+};
+
+/// Number of Partial contributions a spec on `mesh` holds: the product of its Partial dims.
+std::int64_t contribution_count(const DeviceMesh& mesh, const PlacementSpec& spec);
+
+/// Fills `block` (laid out by `layout` in a tensor of `shape`) with contribution `index` of stream
+/// `seed`: each element depends only on (seed, index, its global position), so the same
+/// contributions exist on any mesh with the same number of them. Floating values spread over
+/// several binades with both signs; integers stay small enough that sums do not overflow.
+void fill_contribution(Tensor& block, const Layout& layout, const Shape& shape, std::uint64_t seed,
+                       std::int64_t index);
+
+/// Runs the redistribute on `world` (which must span the mesh) and verifies every rank's block:
+/// results without arithmetic, max/min, integer sums and `exact` sums bit for bit against a
+/// reference; `ordered`/`native` floating sums within the rounding bound of their length.
+/// Replicas must agree bit for bit in every mode. Collective; the result is the same on all
+/// ranks. The digest covers the assembled global result (one tensor per position of the target's
+/// source-kept Partial dims, in mesh order).
+CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const CheckConfig& config);
+
+}  // namespace meshtensor::dtensor

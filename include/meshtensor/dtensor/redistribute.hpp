@@ -1,0 +1,44 @@
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/plan/planner.hpp>
+
+namespace meshtensor::dtensor {
+
+/// How a redistribute runs.
+struct RedistributeOptions {
+  /// Applies to every reducing step. `exact` keeps a chain of reducing steps in fixed point and
+  /// rounds once, so the bits equal one flattened exact collective (and any mesh holding the
+  /// same contributions).
+  comm::ReductionMode mode = comm::ReductionMode::ordered;
+  /// Collectives may span several mesh dims (false: at most one mesh dim each, as DTensor).
+  bool merge = true;
+  /// The runtime may create flattened groups (communicators over several mesh dims). When
+  /// false, plans keep to one mesh dim per collective and a warning names each merge given up,
+  /// once per (mesh, dims, reason).
+  bool allow_flattened_groups = true;
+  /// Timeout of each collective.
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+/// The (cached) plan a redistribute with `options` runs.
+std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
+                                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options = {});
+
+/// Runs `plan` on this rank: `local` is the block plan.from gives this rank (left untouched);
+/// returns its block under plan.to. Collective over the mesh of `groups`: every rank runs the
+/// same plan. Throws InvalidArgument when `local` has the wrong shape or dtype.
+Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
+                    const RedistributeOptions& options = {});
+
+/// Where warnings go (default: one line on stderr, "meshtensor: warning: ..."). Thread-safe.
+void set_warning_handler(std::function<void(const std::string&)> handler);
+
+}  // namespace meshtensor::dtensor

@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include <meshtensor/plan/plan.hpp>
+
+namespace meshtensor::plan {
+
+/// Prices a step: each collective costs a fixed start-up latency, a latency per round (log2 of
+/// the group size) and its bytes over the network bandwidth; local copies cost their bytes over
+/// the memory bandwidth. Only ratios matter.
+struct CostModel {
+  double collective_s = 30e-6;             ///< start-up and synchronisation of one collective
+  double round_s = 5e-6;                   ///< per round of a collective (log2 of the group size)
+  double bandwidth_bytes_s = 10e9;         ///< what one rank can send or receive
+  double memory_bandwidth_bytes_s = 50e9;  ///< local copies
+  double local_step_s = 1e-6;              ///< fixed cost of a local step
+};
+
+/// What the planner may do.
+struct PlanOptions {
+  bool merge = true;  ///< collectives may span several mesh dims (flattened groups); off: at most
+                      ///< one mesh dim per collective, as DTensor does
+  CostModel cost;     ///< prices the candidates
+};
+
+/// Plans the redistribute of a tensor of `shape` and `dtype` from `from` to `to` on `mesh`: the
+/// cheapest sequence of steps under the cost model among all that the planner can prove
+/// correct. Pure: communicates nothing, and every rank gets the same plan. Throws
+/// InvalidArgument naming the spec when a spec does not fit the mesh or the shape.
+Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const PlacementSpec& to,
+               const Shape& shape, DType dtype, const PlanOptions& options = {});
+
+/// Plans made so far, by (mesh, specs, shape, dtype, merge). Thread-safe; plans are shared and
+/// never change.
+class PlanCache {
+ public:
+  /// The cached plan, made on the first request.
+  std::shared_ptr<const Plan> get(const DeviceMesh& mesh, const PlacementSpec& from,
+                                  const PlacementSpec& to, const Shape& shape, DType dtype,
+                                  const PlanOptions& options = {});
+  /// Number of plans held.
+  std::size_t size() const;
+  /// Drops every plan.
+  void clear();
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
+};
+
+/// The process-wide cache redistribute uses.
+PlanCache& default_plan_cache();
+
+}  // namespace meshtensor::plan

@@ -1,0 +1,357 @@
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/dtensor/redistribute.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+#include <meshtensor/kernels/fixed_point.hpp>
+#include <meshtensor/kernels/pack.hpp>
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/plan/exchange.hpp>
+
+namespace meshtensor::dtensor {
+
+namespace {
+using plan::Step;
+using plan::StepKind;
+
+std::mutex warning_mutex;
+std::function<void(const std::string&)> warning_handler;
+std::set<std::string> warned;
+
+void warn_once(const std::string& key, const std::string& message) {
+  const std::lock_guard lock(warning_mutex);
+  if (!warned.insert(key).second) return;
+  if (warning_handler) {
+    warning_handler(message);
+  } else {
+    std::cerr << "meshtensor: warning: " << message << '\n';
+  }
+}
+
+Shape with_width(const Shape& shape, std::int64_t width) {
+  if (width == 1) return shape;
+  std::vector<std::int64_t> dims = shape.dims();
+  dims.push_back(width);
+  return Shape(std::move(dims));
+}
+
+std::vector<Tensor> views_of(const Tensor& tensor, const Layout& holds,
+                             const std::vector<Layout>& pieces) {
+  std::vector<Tensor> views;
+  views.reserve(pieces.size());
+  for (const Layout& piece : pieces)
+    views.push_back(block_view(tensor, holds, piece));
+  return views;
+}
+
+std::vector<std::int64_t> counts_of(const std::vector<Layout>& pieces, std::int64_t width) {
+  std::vector<std::int64_t> counts;
+  counts.reserve(pieces.size());
+  for (const Layout& piece : pieces)
+    counts.push_back(piece.numel() * width);
+  return counts;
+}
+
+std::int64_t total(const std::vector<std::int64_t>& counts) {
+  std::int64_t sum = 0;
+  for (std::int64_t count : counts)
+    sum += count;
+  return sum;
+}
+
+// Runs the steps of a plan on one rank's block. Elements may be `width` values wide (exact mode
+// carries fixed-point limbs and a key per element); the layouts address elements.
+class Executor {
+ public:
+  Executor(const plan::Plan& plan, comm::MeshGroups& groups, const RedistributeOptions& options,
+           comm::CollectiveOptions reduce_options, std::int64_t width)
+      : plan_(plan), groups_(groups), reduce_options_(reduce_options), width_(width) {
+    move_options_.timeout = options.timeout;
+  }
+
+  Tensor run(Tensor current, bool skip_scale) {
+    current_ = std::move(current);
+    for (const Step& step : plan_.steps) {
+      if (step.kind == StepKind::scale && skip_scale) continue;
+      run_step(step);
+    }
+    return std::move(current_);
+  }
+
+ private:
+  Layout layout(const PlacementSpec& spec) const {
+    return local_layout(plan_.mesh, spec, plan_.shape, groups_.rank());
+  }
+
+  comm::Communicator& group(const Step& step) { return *groups_.group(step.group, move_options_); }
+
+  void run_step(const Step& step) {
+    switch (step.kind) {
+      case StepKind::local_pack: {
+        const plan::GroupExchange exchange =
+            plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
+        const Layout& mine = exchange.before[static_cast<std::size_t>(exchange.position)];
+        // reduce_scatter: every member's new block out of the shared old one; all_to_all: the
+        // pieces this rank sends.
+        const bool scatter = next_kind(step) == StepKind::reduce_scatter;
+        const std::vector<Tensor> pieces =
+            views_of(current_, mine, scatter ? exchange.after : exchange.send);
+        packed_ = Tensor({total(counts_of(scatter ? exchange.after : exchange.send, width_))},
+                         current_.dtype());
+        kernels::pack(pieces, packed_.bytes());
+        return;
+      }
+      case StepKind::all_reduce: {
+        comm::CollectiveOptions options = reduce_options_;
+        options.op = reduce_op(step);
+        group(step).all_reduce(current_, options);
+        return;
+      }
+      case StepKind::reduce_scatter: {
+        const plan::GroupExchange exchange = exchange_of(step);
+        Tensor input = packed_.defined() ? packed_ : current_.flatten();
+        Tensor output(with_width(layout(step.after).local_shape, width_), current_.dtype());
+        comm::CollectiveOptions options = reduce_options_;
+        options.op = reduce_op(step);
+        group(step).reduce_scatter(input, output.flatten(), counts_of(exchange.after, width_),
+                                   options);
+        packed_ = Tensor();
+        current_ = std::move(output);
+        return;
+      }
+      case StepKind::all_gather: {
+        const plan::GroupExchange exchange = exchange_of(step);
+        const std::vector<std::int64_t> counts = counts_of(exchange.before, width_);
+        if (next_kind(step) == StepKind::local_unpack) {
+          received_ = Tensor({total(counts)}, current_.dtype());
+          group(step).all_gather(current_.flatten(), received_, counts, move_options_);
+          received_from_ = exchange.before;
+          return;
+        }
+        Tensor output(with_width(layout(step.after).local_shape, width_), current_.dtype());
+        group(step).all_gather(current_.flatten(), output.flatten(), counts, move_options_);
+        current_ = std::move(output);
+        return;
+      }
+      case StepKind::all_to_all: {
+        const plan::GroupExchange exchange = exchange_of(step);
+        const std::vector<std::int64_t> recv_counts = counts_of(exchange.recv, width_);
+        received_ = Tensor({total(recv_counts)}, current_.dtype());
+        group(step).all_to_all(packed_, received_, counts_of(exchange.send, width_), recv_counts,
+                               move_options_);
+        packed_ = Tensor();
+        received_from_ = exchange.recv;
+        return;
+      }
+      case StepKind::local_unpack: {
+        const Layout after = layout(step.after);
+        Tensor output = Tensor::zeros(with_width(after.local_shape, width_), current_.dtype());
+        std::vector<Tensor> pieces = views_of(output, after, received_from_);
+        kernels::unpack(received_.bytes(), pieces);
+        received_ = Tensor();
+        current_ = std::move(output);
+        return;
+      }
+      case StepKind::local_chunk:
+        current_ = block_view(current_, layout(step.before), layout(step.after)).clone();
+        return;
+      case StepKind::local_partial: {
+        const Layout after = layout(step.after);
+        Tensor output = Tensor::zeros(with_width(after.local_shape, width_), current_.dtype());
+        if (plan_.mesh.group_position(groups_.rank(), step.keep_dims) == 0) {
+          block_view(output, after, layout(step.before)).copy_from(current_);
+        }
+        current_ = std::move(output);
+        return;
+      }
+      case StepKind::scale:
+        kernels::divide(current_, static_cast<double>(step.divisor));
+        return;
+    }
+  }
+
+  plan::GroupExchange exchange_of(const Step& step) const {
+    return plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
+  }
+
+  StepKind next_kind(const Step& step) const {
+    const auto index = static_cast<std::size_t>(&step - plan_.steps.data());
+    return index + 1 < plan_.steps.size() ? plan_.steps[index + 1].kind : StepKind::scale;
+  }
+
+  ReduceOp reduce_op(const Step& step) const {
+    return step.op == ReduceOp::sum ? reduce_options_.op : step.op;
+  }
+
+  const plan::Plan& plan_;
+  comm::MeshGroups& groups_;
+  comm::CollectiveOptions reduce_options_;
+  comm::CollectiveOptions move_options_;
+  std::int64_t width_;
+  Tensor current_;
+  Tensor packed_;
+  Tensor received_;
+  std::vector<Layout> received_from_;
+};
+
+bool single_reduction(const plan::Plan& plan) {
+  if (plan.collectives() != 1) return false;
+  for (const Step& step : plan.steps) {
+    if (step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter) {
+      return plan.avg_divisor == 1 || plan.avg_divisor == step.group_size;
+    }
+  }
+  return false;
+}
+
+bool reduces_in_fixed_point(const plan::Plan& plan, const RedistributeOptions& options) {
+  if (options.mode != comm::ReductionMode::exact || !is_floating(plan.dtype)) return false;
+  for (const Step& step : plan.steps) {
+    if ((step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter) &&
+        step.op == ReduceOp::sum) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Exact mode over several reducing steps: every element travels as its fixed-point limbs plus
+// one lane for its scale key (held by one contributor, zeros elsewhere, so that summing keeps
+// it). Integer sums are exact in any order; one rounding at the end.
+Tensor execute_in_fixed_point(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
+                              const RedistributeOptions& options) {
+  const kernels::FixedPointFormat format = kernels::fixed_point_format(plan.dtype);
+  std::int64_t addends = 1;
+  for (int m : plan.reduced_dims)
+    addends *= plan.mesh.size(m);
+  if (addends > kernels::kMaxExactAddends) {
+    throw InvalidArgument(fmt::format(
+        "exact redistribute {} -> {} on mesh {} adds {} contributions per element; exact mode "
+        "allows at most {}",
+        plan.from.to_string(), plan.to.to_string(), plan.mesh.to_string(), addends,
+        kernels::kMaxExactAddends));
+  }
+  const Tensor values = local.contiguous().flatten();
+  const std::int64_t count = values.numel();
+  Tensor keys({count}, DType::u8);
+  kernels::fixed_point_keys(values, keys);
+  comm::CollectiveOptions max_options;
+  max_options.op = ReduceOp::max;
+  max_options.timeout = options.timeout;
+  if (options.allow_flattened_groups) {
+    groups.group(plan.reduced_dims, max_options)->all_reduce(keys, max_options);
+  } else {
+    for (int m : plan.reduced_dims)
+      groups.group(std::vector<int>{m}, max_options)->all_reduce(keys, max_options);
+  }
+  const std::int64_t limbs = format.limbs;
+  Tensor fixed({count * limbs}, DType::i64);
+  kernels::encode_fixed_point(values, keys, fixed);
+  const bool holds_key = plan.mesh.group_position(groups.rank(), plan.reduced_dims) == 0;
+  Tensor wide(with_width(local.shape(), limbs + 1), DType::i64);
+  {
+    auto out = wide.values<std::int64_t>();
+    const auto in = std::as_const(fixed).values<std::int64_t>();
+    const auto key = std::as_const(keys).values<std::uint8_t>();
+    for (std::int64_t i = 0; i < count; ++i) {
+      for (std::int64_t l = 0; l < limbs; ++l)
+        out[static_cast<std::size_t>(i * (limbs + 1) + l)] =
+            in[static_cast<std::size_t>(i * limbs + l)];
+      out[static_cast<std::size_t>(i * (limbs + 1) + limbs)] =
+          holds_key ? key[static_cast<std::size_t>(i)] : 0;
+    }
+  }
+  comm::CollectiveOptions sum_options;
+  sum_options.op = ReduceOp::sum;
+  sum_options.mode = comm::ReductionMode::ordered;
+  sum_options.timeout = options.timeout;
+  Executor executor(plan, groups, options, sum_options, limbs + 1);
+  const Tensor result = executor.run(std::move(wide), /*skip_scale=*/true);
+
+  const Shape shape = local_layout(plan.mesh, plan.to, plan.shape, groups.rank()).local_shape;
+  const std::int64_t out_count = shape.numel();
+  Tensor out_fixed({out_count * limbs}, DType::i64);
+  Tensor out_keys({out_count}, DType::u8);
+  {
+    const auto in = result.values<std::int64_t>();
+    auto limb_out = out_fixed.values<std::int64_t>();
+    auto key_out = out_keys.values<std::uint8_t>();
+    for (std::int64_t i = 0; i < out_count; ++i) {
+      for (std::int64_t l = 0; l < limbs; ++l)
+        limb_out[static_cast<std::size_t>(i * limbs + l)] =
+            in[static_cast<std::size_t>(i * (limbs + 1) + l)];
+      key_out[static_cast<std::size_t>(i)] =
+          static_cast<std::uint8_t>(in[static_cast<std::size_t>(i * (limbs + 1) + limbs)]);
+    }
+  }
+  Tensor output(shape, plan.dtype);
+  kernels::decode_fixed_point(out_fixed, out_keys, plan.avg_divisor, output.flatten());
+  return output;
+}
+}  // namespace
+
+void set_warning_handler(std::function<void(const std::string&)> handler) {
+  const std::lock_guard lock(warning_mutex);
+  warning_handler = std::move(handler);
+}
+
+std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
+                                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options) {
+  plan::PlanOptions plan_options;
+  plan_options.merge = options.merge && options.allow_flattened_groups;
+  auto plan = plan::default_plan_cache().get(mesh, from, to, shape, dtype, plan_options);
+  if (options.merge && !options.allow_flattened_groups) {
+    plan_options.merge = true;
+    const auto merged = plan::default_plan_cache().get(mesh, from, to, shape, dtype, plan_options);
+    for (const Step& step : merged->steps) {
+      if (!plan::is_collective(step.kind) || step.group.size() < 2) continue;
+      std::vector<std::string> names;
+      for (int m : step.group)
+        names.push_back(mesh.dim_name(m));
+      const std::string dims = fmt::format("({})", fmt::join(names, ","));
+      warn_once(fmt::format("{}|{}|forbidden", mesh.to_string(), dims),
+                fmt::format("mesh {}: flattened group over {} not created (flattened groups are "
+                            "forbidden); {} runs as per-dim steps",
+                            mesh.to_string(), dims, plan::step_kind_name(step.kind)));
+    }
+  }
+  return plan;
+}
+
+Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
+                    const RedistributeOptions& options) {
+  if (!(groups.mesh().sizes() == plan.mesh.sizes())) {
+    throw InvalidArgument(fmt::format("plan for mesh {} run on mesh {}", plan.mesh.to_string(),
+                                      groups.mesh().to_string()));
+  }
+  const Layout from = local_layout(plan.mesh, plan.from, plan.shape, groups.rank());
+  if (!local.defined() || local.shape() != from.local_shape || local.dtype() != plan.dtype) {
+    throw InvalidArgument(fmt::format(
+        "rank {} holds {}, but spec {} of a {} {} tensor gives it a {} block", groups.rank(),
+        local.defined()
+            ? fmt::format("a {} {} block", local.shape().to_string(), dtype_name(local.dtype()))
+            : std::string("no tensor"),
+        plan.from.to_string(), plan.shape.to_string(), dtype_name(plan.dtype),
+        from.local_shape.to_string()));
+  }
+  if (reduces_in_fixed_point(plan, options) && !single_reduction(plan)) {
+    return execute_in_fixed_point(plan, groups, local, options);
+  }
+  comm::CollectiveOptions reduce_options;
+  reduce_options.mode = options.mode;
+  reduce_options.timeout = options.timeout;
+  // One exact collective rounds once by itself: a pure avg reduction divides inside it.
+  const bool divide_inside =
+      options.mode == comm::ReductionMode::exact && is_floating(plan.dtype) && plan.avg_divisor > 1;
+  reduce_options.op = divide_inside ? ReduceOp::avg : ReduceOp::sum;
+  Executor executor(plan, groups, options, reduce_options, 1);
+  return executor.run(local.clone(), divide_inside);
+}
+
+}  // namespace meshtensor::dtensor
