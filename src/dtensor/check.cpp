@@ -269,9 +269,11 @@ class Reference {
     const std::vector<double> got = values_of(result);
     for (std::size_t i = 0; i < sum.size(); ++i) {
       const double expected = sum[i] / divisor;
+      // Integers: an average rounds to the nearest integer once.
       const double bound =
-          (static_cast<double>(inputs.size()) + 3) * 2 * u * magnitude[i] / divisor +
-          std::numeric_limits<float>::denorm_min();
+          floating ? (static_cast<double>(inputs.size()) + 3) * 2 * u * magnitude[i] / divisor +
+                         std::numeric_limits<float>::denorm_min()
+                   : 0.5;
       if (!(std::fabs(got[i] - expected) <= bound)) {
         verdict.ok = false;
         verdict.message =

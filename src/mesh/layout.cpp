@@ -81,10 +81,11 @@ Tensor block_view(const Tensor& outer_tensor, const Layout& outer, const Layout&
                                       inner.to_string(), outer.to_string()));
   }
   Tensor view = outer_tensor;
-  if (inner.numel() == 0) {  // an empty piece may sit anywhere
-    for (int dim = 0; dim < rank; ++dim) {
-      if (inner.local_shape[dim] == 0) return view.narrow(dim, 0, 0);
-    }
+  if (inner.numel() == 0) {  // an empty piece may sit anywhere: nothing to share
+    std::vector<std::int64_t> dims = inner.local_shape.dims();
+    for (int dim = rank; dim < outer_tensor.rank(); ++dim)
+      dims.push_back(outer_tensor.shape()[dim]);
+    return Tensor(Shape(std::move(dims)), outer_tensor.dtype());
   }
   for (int dim = 0; dim < rank; ++dim) {
     const auto d = static_cast<std::size_t>(dim);

@@ -113,6 +113,18 @@ bool is_prefix(const std::vector<int>& prefix, const std::vector<int>& whole) {
   return prefix.size() <= whole.size() && std::equal(prefix.begin(), prefix.end(), whole.begin());
 }
 
+// Whether a spec may hold these Partial kinds together (sum with avg, or one kind).
+bool combinable_partials(const std::vector<Placement>& placements) {
+  bool extremum = false;
+  bool seen[4] = {false, false, false, false};
+  for (const Placement& p : placements) {
+    if (!p.is_partial()) continue;
+    seen[static_cast<int>(p.reduce_op())] = true;
+    extremum = extremum || p.reduce_op() == ReduceOp::max || p.reduce_op() == ReduceOp::min;
+  }
+  return !extremum || seen[0] + seen[1] + seen[2] + seen[3] == 1;
+}
+
 class Planner {
  public:
   Planner(const DeviceMesh& mesh, const PlacementSpec& from, const PlacementSpec& to,
@@ -271,6 +283,7 @@ class Planner {
       move.after.placements[static_cast<std::size_t>(m)] = next;
       changed.insert(m);
     }
+    if (!combinable_partials(move.after.placements)) return std::nullopt;
     // Rebuild each chain: the final prefix stays, then the untouched open dims in their order,
     // then the dims that join, in the target's order.
     for (std::size_t t = 0; t < state.chains.size(); ++t) {

@@ -1,0 +1,213 @@
+// The planner as pure data: collective counts, groups, layouts between steps, errors, caching.
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/mesh/parse.hpp>
+#include <meshtensor/plan/planner.hpp>
+
+#include "support/error_message.hpp"
+#include "support/random_specs.hpp"
+
+namespace meshtensor::plan {
+namespace {
+
+Plan plan_of(const std::string& mesh, const std::string& from, const std::string& to,
+             const std::string& shape, bool merge = true) {
+  PlanOptions options;
+  options.merge = merge;
+  return make_plan(parse_mesh(mesh), parse_spec(from), parse_spec(to), parse_shape(shape),
+                   DType::f32, options);
+}
+
+std::vector<const Step*> collectives(const Plan& plan) {
+  std::vector<const Step*> out;
+  for (const Step& step : plan.steps) {
+    if (is_collective(step.kind)) out.push_back(&step);
+  }
+  return out;
+}
+
+TEST(Planner, PartialReplicatePartialIsOneAllReduce) {
+  const Plan plan = plan_of("2x2x2", "P,R,P", "R,R,R", "16x16x16");
+  ASSERT_EQ(plan.collectives(), 1);
+  const Step& step = *collectives(plan)[0];
+  EXPECT_EQ(step.kind, StepKind::all_reduce);
+  EXPECT_EQ(step.group, (std::vector<int>{0, 2}));
+  EXPECT_EQ(step.group_size, 4);
+  EXPECT_EQ(plan_of("2x2x2", "P,R,P", "R,R,R", "16x16x16", false).collectives(), 2);
+}
+
+TEST(Planner, SeedZeroJaggedMeshIsOneAllReduceOverFortyRanks) {
+  const Plan plan = plan_of("8x5x1", "P,P,R", "R,R,R", "64x64");
+  ASSERT_EQ(plan.collectives(), 1);
+  EXPECT_EQ(collectives(plan)[0]->group, (std::vector<int>{0, 1}));
+  EXPECT_EQ(collectives(plan)[0]->group_size, 40);
+}
+
+TEST(Planner, ReduceScatterAndAllGatherServeTwoTensorDims) {
+  const Plan scatter = plan_of("4x2", "P,P", "S0,S1", "13x7");
+  ASSERT_EQ(scatter.collectives(), 1);
+  EXPECT_EQ(collectives(scatter)[0]->kind, StepKind::reduce_scatter);
+  EXPECT_EQ(collectives(scatter)[0]->group_size, 8);
+  EXPECT_EQ(scatter.steps.front().kind, StepKind::local_pack);
+
+  const Plan gather = plan_of("4x2", "S0,S1", "R,R", "13x7");
+  ASSERT_EQ(gather.collectives(), 1);
+  EXPECT_EQ(collectives(gather)[0]->kind, StepKind::all_gather);
+  EXPECT_EQ(gather.steps.back().kind, StepKind::local_unpack);
+  EXPECT_TRUE(collectives(gather)[0]->traffic.uneven);  // 13 rows over 4: 4,4,4,1
+}
+
+TEST(Planner, NestedShardsGatherAllRowsOfUnevenTensor) {
+  // PyTorch's merged all_gather drops rows here; the plan must move all 15 elements.
+  const Plan plan = plan_of("2x2", "S0,S0", "R,R", "5x3");
+  ASSERT_EQ(plan.collectives(), 1);
+  const Step& step = *collectives(plan)[0];
+  EXPECT_EQ(step.group, (std::vector<int>{0, 1}));
+  // Blocks hold 2,1,1,1 rows of 3: each rank receives the rows it lacks.
+  EXPECT_EQ(step.traffic.recv_bytes, (std::vector<std::int64_t>{36, 48, 48, 48}));
+}
+
+TEST(Planner, CommutingStepsAreReorderedToMerge) {
+  const Plan plan = plan_of("2x2x2", "P,S0,P", "R,R,R", "64x64");
+  ASSERT_EQ(plan.collectives(), 2);
+  EXPECT_EQ(collectives(plan)[0]->kind, StepKind::all_reduce);
+  EXPECT_EQ(collectives(plan)[0]->group, (std::vector<int>{0, 2}));
+  EXPECT_EQ(collectives(plan)[1]->kind, StepKind::all_gather);
+  EXPECT_EQ(plan_of("2x2x2", "P,S0,P", "R,R,R", "64x64", false).collectives(), 3);
+}
+
+TEST(Planner, ShardToShardIsOneAllToAllForLargeTensors) {
+  const Plan plan = plan_of("2x3", "S0,S1", "S1,S0", "1024x1024");
+  ASSERT_EQ(plan.collectives(), 1);
+  EXPECT_EQ(collectives(plan)[0]->kind, StepKind::all_to_all);
+  EXPECT_EQ(collectives(plan)[0]->group_size, 6);
+  EXPECT_FALSE(plan.materializes_full_tensor);
+}
+
+TEST(Planner, MixedSumAndAvgDivideOnceByAvgDims) {
+  const Plan plan = plan_of("2x4", "P(avg),P", "R,R", "8x8");
+  EXPECT_EQ(plan.collectives(), 1);
+  EXPECT_EQ(plan.avg_divisor, 2);
+  ASSERT_EQ(plan.steps.back().kind, StepKind::scale);
+  EXPECT_EQ(plan.steps.back().divisor, 2);
+}
+
+TEST(Planner, ReplicateToPartialSumKeepsOnePosition) {
+  const Plan plan = plan_of("2x2", "R,R", "P,R", "4x4");
+  EXPECT_EQ(plan.collectives(), 0);
+  ASSERT_EQ(plan.steps.size(), 1u);
+  EXPECT_EQ(plan.steps[0].kind, StepKind::local_partial);
+  EXPECT_EQ(plan.steps[0].keep_dims, (std::vector<int>{0}));
+  EXPECT_TRUE(plan_of("2x2", "R,R", "P(max),R", "4x4").steps[0].keep_dims.empty());
+}
+
+TEST(Planner, SizeOneMeshDimsCostNothing) {
+  const Plan plan = plan_of("4x1x1", "P,P,S0", "R,R,R", "8x8");
+  ASSERT_EQ(plan.collectives(), 1);
+  EXPECT_EQ(collectives(plan)[0]->group, (std::vector<int>{0}));
+  EXPECT_TRUE(plan_of("1x1", "P,S0", "S1,R", "8x8").steps.empty());
+}
+
+TEST(Planner, NoMergeKeepsOneMeshDimPerCollective) {
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"P,P,P", "S0,S1,R"}, {"S0,S0,S1", "S1,R,S0"}, {"S0@2,S0@0,S0@1", "R,S0,R"}}) {
+    const Plan plan = plan_of("2x3x2", from, to, "12x10", false);
+    for (const Step* step : collectives(plan))
+      EXPECT_EQ(step->group.size(), 1u) << explain(plan);
+  }
+}
+
+TEST(Planner, MergedPlanNeverCostsMoreThanUnmerged) {
+  std::mt19937_64 random(11);
+  for (int round = 0; round < 200; ++round) {
+    const testing::RandomCase c = testing::random_case(random, 4, 16);
+    const Plan merged = make_plan(c.mesh, c.from, c.to, c.shape, DType::f32);
+    PlanOptions options;
+    options.merge = false;
+    const Plan unmerged = make_plan(c.mesh, c.from, c.to, c.shape, DType::f32, options);
+    EXPECT_LE(merged.cost_s, unmerged.cost_s * (1 + 1e-12)) << explain(merged) << explain(unmerged);
+    EXPECT_LE(merged.collectives(), unmerged.collectives()) << explain(merged);
+  }
+}
+
+TEST(Planner, StepsChainFromSourceLayoutsToTargetLayouts) {
+  std::mt19937_64 random(5);
+  for (int round = 0; round < 300; ++round) {
+    const testing::RandomCase c = testing::random_case(random, 4, 16);
+    for (bool merge : {true, false}) {
+      PlanOptions options;
+      options.merge = merge;
+      const Plan plan = make_plan(c.mesh, c.from, c.to, c.shape, DType::f32, options);
+      if (plan.steps.empty()) continue;
+      for (std::int64_t r = 0; r < c.mesh.size(); ++r) {
+        // Size-1 mesh dims may be normalised, so compare blocks, not specs.
+        EXPECT_EQ(local_layout(c.mesh, plan.steps.front().before, c.shape, r),
+                  local_layout(c.mesh, c.from, c.shape, r));
+        EXPECT_EQ(local_layout(c.mesh, plan.steps.back().after, c.shape, r),
+                  local_layout(c.mesh, c.to, c.shape, r))
+            << explain(plan);
+      }
+      // Pack and unpack belong to their collective and carry its specs.
+      const PlacementSpec* previous = nullptr;
+      for (const Step& step : plan.steps) {
+        if (step.kind == StepKind::local_pack || step.kind == StepKind::local_unpack) continue;
+        if (previous != nullptr) {
+          EXPECT_EQ(step.before.to_string(), previous->to_string()) << explain(plan);
+        }
+        previous = &step.after;
+      }
+    }
+  }
+}
+
+TEST(Planner, SamePlanEveryTime) {
+  const Plan a = plan_of("2x3x2", "S0,P,S1", "S1,S0,R", "7x11");
+  const Plan b = plan_of("2x3x2", "S0,P,S1", "S1,S0,R", "7x11");
+  EXPECT_EQ(to_json(a), to_json(b));
+}
+
+TEST(Planner, BadSpecsAreNamed) {
+  using testing::error_message;
+  EXPECT_NE(error_message([] {
+              plan_of("2x2", "P(max),P", "R,R", "4");
+            }).find("P(max),P(sum) mixes Partial kinds"),
+            std::string::npos);
+  EXPECT_NE(error_message([] {
+              plan_of("2", "S2", "R", "4x4");
+            }).find("shards tensor dim 2, but the tensor has rank 2"),
+            std::string::npos);
+  EXPECT_NE(error_message([] {
+              plan_of("2x2", "R", "R,R", "4");
+            }).find("spec R has 1 placements but mesh 2x2 has 2 dims"),
+            std::string::npos);
+}
+
+TEST(PlanCache, ReturnsTheSamePlanPerKey) {
+  PlanCache cache;
+  const DeviceMesh mesh = parse_mesh("2x2");
+  const auto a =
+      cache.get(mesh, parse_spec("P,S0"), parse_spec("R,R"), parse_shape("8x8"), DType::f32);
+  const auto b =
+      cache.get(mesh, parse_spec("P,S0"), parse_spec("R,R"), parse_shape("8x8"), DType::f32);
+  const auto c =
+      cache.get(mesh, parse_spec("P,S0"), parse_spec("R,R"), parse_shape("8x8"), DType::f64);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(a.get(), c.get());
+  EXPECT_EQ(cache.size(), 2u);
+}
+
+TEST(PlanJson, CountsCollectivesAndBytes) {
+  const nlohmann::json json = to_json(plan_of("4x2", "P,P", "S0,S1", "16x16"));
+  EXPECT_EQ(json["collectives"], 1);
+  const auto& step = json["steps"][1];
+  EXPECT_EQ(step["kind"], "reduce_scatter");
+  EXPECT_EQ(step["group"], nlohmann::json::array({0, 1}));
+  EXPECT_EQ(step["bytes_per_rank"]["send"].size(), 8u);
+  EXPECT_EQ(step["max_send_bytes"], 7 * 32 * 4);  // 7/8 of 16x16 f32
+}
+
+}  // namespace
+}  // namespace meshtensor::plan

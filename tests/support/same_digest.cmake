@@ -1,0 +1,14 @@
+# Runs COMMAND_A and COMMAND_B (lists separated by ';'); passes when both print "OK <digest>" with
+# the same digest.
+foreach(side A B)
+  execute_process(COMMAND ${COMMAND_${side}} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(NOT exit_code STREQUAL "0" OR NOT out MATCHES "OK ([0-9a-f]+)")
+    message(FATAL_ERROR "command ${side} failed (exit ${exit_code}):\n${out}${err}")
+  endif()
+  set(digest_${side} "${CMAKE_MATCH_1}")
+endforeach()
+if(NOT digest_A STREQUAL digest_B)
+  message(FATAL_ERROR "digests differ: ${digest_A} vs ${digest_B}")
+endif()
+message(STATUS "ok: both digests are ${digest_A}")
