@@ -14,6 +14,7 @@
 
 #include "collective_bench.hpp"
 #include "commands.hpp"
+#include "redistribute_bench.hpp"
 
 namespace meshtensor::cli {
 
@@ -150,6 +151,150 @@ void run_collective_bench(const CollectiveBenchOptions& options) {
   throw ParseError(fmt::format("unknown --backend '{}': expected threads or mpi", options.backend));
 }
 
+struct RedistributeBenchOptions {
+  std::string mesh = "4x2x1";
+  std::string from = "P,P,R";
+  std::string to = "R,R,R";
+  std::string shape = "1024x1024";
+  std::string dtype = "f32";
+  std::string mode = "ordered";
+  std::string backend = "threads";
+  int iterations = 5;
+  bool json = false;
+};
+
+bench::RedistributeBenchConfig redistribute_config(const RedistributeBenchOptions& options) {
+  bench::RedistributeBenchConfig config;
+  config.mesh = parse_mesh(options.mesh);
+  config.from = parse_spec(options.from);
+  config.to = parse_spec(options.to);
+  config.shape = parse_shape(options.shape);
+  config.dtype = parse_dtype(options.dtype);
+  config.mode = comm::parse_reduction_mode(options.mode);
+  config.iterations = options.iterations;
+  config.from.validate(config.mesh, config.shape.rank());
+  config.to.validate(config.mesh, config.shape.rank());
+  if (options.iterations < 1) {
+    throw InvalidArgument(fmt::format("--iterations must be positive, not {}", options.iterations));
+  }
+  return config;
+}
+
+void print_redistribute(const RedistributeBenchOptions& options,
+                        const bench::RedistributeBenchConfig& config,
+                        const bench::RedistributeBenchResult& result,
+                        const bench::PlanningTime& planning) {
+  if (options.json) {
+    const nlohmann::json out = {{"mesh", config.mesh.to_string()},
+                                {"from", config.from.to_string()},
+                                {"to", config.to.to_string()},
+                                {"shape", config.shape.to_string()},
+                                {"dtype", dtype_name(config.dtype)},
+                                {"mode", options.mode},
+                                {"backend", options.backend},
+                                {"merged_s", result.merged_s},
+                                {"unmerged_s", result.unmerged_s},
+                                {"ratio", result.ratio},
+                                {"merged_collectives", result.merged_collectives},
+                                {"unmerged_collectives", result.unmerged_collectives},
+                                {"plan_uncached_s", planning.uncached_s},
+                                {"plan_cached_s", planning.cached_s}};
+    std::cout << out.dump() << '\n';
+    return;
+  }
+  std::cout << fmt::format(
+      "redistribute {} -> {} of {} {} on mesh {} ({}, {} mode)\n"
+      "  merged   {:>10.3f} ms  ({} collectives)\n"
+      "  no-merge {:>10.3f} ms  ({} collectives)\n"
+      "  ratio merged/no-merge {:.3f}\n"
+      "  planning {:.1f} us uncached, {:.3f} us cached\n",
+      config.from.to_string(), config.to.to_string(), config.shape.to_string(),
+      dtype_name(config.dtype), config.mesh.to_string(), options.backend, options.mode,
+      result.merged_s * 1e3, result.merged_collectives, result.unmerged_s * 1e3,
+      result.unmerged_collectives, result.ratio, planning.uncached_s * 1e6,
+      planning.cached_s * 1e6);
+}
+
+void run_redistribute_bench(const RedistributeBenchOptions& options) {
+  const bench::RedistributeBenchConfig config = redistribute_config(options);
+  const bench::PlanningTime planning =
+      bench::time_planning(config.mesh, config.from, config.to, config.shape, config.dtype, 20);
+  if (options.backend == "threads") {
+    if (config.mesh.size() > 64) {
+      throw InvalidArgument(fmt::format("mesh {} has {} ranks; bench runs at most 64 threads",
+                                        config.mesh.to_string(), config.mesh.size()));
+    }
+    bench::RedistributeBenchResult result;
+    std::mutex result_mutex;
+    comm::run_threads(static_cast<int>(config.mesh.size()), [&](comm::Communicator& world) {
+      const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
+      const bench::RedistributeBenchResult mine = bench::time_redistribute(shared, config);
+      if (world.rank() == 0) {
+        const std::lock_guard lock(result_mutex);
+        result = mine;
+      }
+    });
+    print_redistribute(options, config, result, planning);
+    return;
+  }
+  if (options.backend == "mpi") {
+    comm::MpiWorld world(nullptr, nullptr);
+    if (world.size() != config.mesh.size()) {
+      throw InvalidArgument(fmt::format("mesh {} has {} ranks, but mpirun started {} processes",
+                                        config.mesh.to_string(), config.mesh.size(), world.size()));
+    }
+    const bench::RedistributeBenchResult result =
+        bench::time_redistribute(world.communicator(), config);
+    if (world.rank() == 0) print_redistribute(options, config, result, planning);
+    return;
+  }
+  throw ParseError(fmt::format("unknown --backend '{}': expected threads or mpi", options.backend));
+}
+
+// Planning cases from 1-D to 4-D meshes, uneven shapes, nested shards and partials.
+void run_plan_bench(bool json) {
+  struct Case {
+    const char* mesh;
+    const char* from;
+    const char* to;
+    const char* shape;
+  };
+  const Case cases[] = {
+      {"8", "P", "S0", "1000x1000"},
+      {"4x2", "P,P", "S0,S1", "1001x999"},
+      {"2x2x2", "P,R,P", "R,R,R", "64x64x64"},
+      {"8x5x1", "P,P,R", "R,R,R", "4096x4096"},
+      {"2x3x2", "S0,S1,S0", "S1@1,S0@0,S1@0", "97x89"},
+      {"2x2x2x2", "P,S0,P,S1", "S1,R,S0,R", "1024x1024"},
+      {"2x2x2x2", "S0,S1,S0,S1", "S1,S0,S1,S0", "1024x1024"},
+      {"4x2x2x4", "P(avg),P,S0,S1", "S0,S1,R,P", "512x512x8"},
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Case& c : cases) {
+    const DeviceMesh mesh = parse_mesh(c.mesh);
+    const PlacementSpec from = parse_spec(c.from);
+    const PlacementSpec to = parse_spec(c.to);
+    const bench::PlanningTime time =
+        bench::time_planning(mesh, from, to, parse_shape(c.shape), DType::f32, 20);
+    if (json) {
+      rows.push_back({{"mesh", c.mesh},
+                      {"from", c.from},
+                      {"to", c.to},
+                      {"shape", c.shape},
+                      {"collectives", time.collectives},
+                      {"uncached_s", time.uncached_s},
+                      {"cached_s", time.cached_s},
+                      {"cache_speedup", time.uncached_s / time.cached_s}});
+    } else {
+      std::cout << fmt::format(
+          "{:<8} {:<16} -> {:<16} {:>2} collectives  {:>9.1f} us uncached  "
+          "{:>7.3f} us cached\n",
+          c.mesh, c.from, c.to, time.collectives, time.uncached_s * 1e6, time.cached_s * 1e6);
+    }
+  }
+  if (json) std::cout << rows.dump() << '\n';
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app) {
@@ -174,6 +319,31 @@ void add_bench_command(CLI::App& app) {
     options->ranks_given = ranks->count() > 0;
     run_collective_bench(*options);
   });
+
+  auto redistribute_options = std::make_shared<RedistributeBenchOptions>();
+  CLI::App* redistribute = bench->add_subcommand(
+      "redistribute",
+      "Time the merged redistribute plan against the unmerged one (one mesh dim per collective) "
+      "in the same run, and the planning time");
+  redistribute->add_option("--mesh", redistribute_options->mesh, "mesh sizes (default 4x2x1)");
+  redistribute->add_option("--from", redistribute_options->from, "source spec (default P,P,R)");
+  redistribute->add_option("--to", redistribute_options->to, "target spec (default R,R,R)");
+  redistribute->add_option("--shape", redistribute_options->shape,
+                           "global shape (default 1024x1024)");
+  redistribute->add_option("--dtype", redistribute_options->dtype, "element type");
+  redistribute->add_option("--mode", redistribute_options->mode, "ordered, exact or native");
+  redistribute->add_option("--backend", redistribute_options->backend,
+                           "threads, or mpi under mpirun");
+  redistribute->add_option("--iterations", redistribute_options->iterations,
+                           "timed runs of each plan (default 5)");
+  redistribute->add_flag("--json", redistribute_options->json, "print one JSON object");
+  redistribute->callback([redistribute_options] { run_redistribute_bench(*redistribute_options); });
+
+  auto plan_json = std::make_shared<bool>(false);
+  CLI::App* plan = bench->add_subcommand(
+      "plan", "Planning time per call, uncached and cached, for meshes from 1-D to 4-D");
+  plan->add_flag("--json", *plan_json, "print JSON");
+  plan->callback([plan_json] { run_plan_bench(*plan_json); });
 }
 
 }  // namespace meshtensor::cli

@@ -1,10 +1,12 @@
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/chain.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/redistribute.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
@@ -74,10 +76,13 @@ class Executor {
     move_options_.timeout = options.timeout;
   }
 
-  Tensor run(Tensor current, bool skip_scale) {
+  /// Runs the steps; `skip_scale` leaves out the scale step, `skip_all_reduce` the all_reduce
+  /// steps (the caller reduced already).
+  Tensor run(Tensor current, bool skip_scale, bool skip_all_reduce = false) {
     current_ = std::move(current);
     for (const Step& step : plan_.steps) {
       if (step.kind == StepKind::scale && skip_scale) continue;
+      if (step.kind == StepKind::all_reduce && skip_all_reduce) continue;
       run_step(step);
     }
     return std::move(current_);
@@ -293,6 +298,35 @@ Tensor execute_in_fixed_point(const plan::Plan& plan, comm::MeshGroups& groups, 
   kernels::decode_fixed_point(out_fixed, out_keys, plan.avg_divisor, output.flatten());
   return output;
 }
+// Exact plans whose only reductions are all_reduce steps over groups that multiply out to the
+// avg divisor (or no avg): the all_reduces commute with the local steps, so they run first as one
+// fixed-point chain (keys, then limbs, one rounding) and the rest of the plan follows.
+std::optional<Tensor> all_reduce_chain_first(const plan::Plan& plan, comm::MeshGroups& groups,
+                                             const Tensor& local,
+                                             const RedistributeOptions& options) {
+  std::vector<std::shared_ptr<comm::Communicator>> chain;
+  std::int64_t product = 1;
+  comm::CollectiveOptions group_options;
+  group_options.timeout = options.timeout;
+  for (const Step& step : plan.steps) {
+    if (!plan::is_collective(step.kind)) continue;
+    if (step.kind != StepKind::all_reduce) return std::nullopt;
+    chain.push_back(groups.group(step.group, group_options));
+    product *= step.group_size;
+  }
+  if (plan.avg_divisor != 1 && plan.avg_divisor != product) return std::nullopt;
+  std::vector<comm::Communicator*> members;
+  for (const auto& group : chain)
+    members.push_back(group.get());
+  comm::CollectiveOptions reduce_options;
+  reduce_options.mode = comm::ReductionMode::exact;
+  reduce_options.op = plan.avg_divisor > 1 ? ReduceOp::avg : ReduceOp::sum;
+  reduce_options.timeout = options.timeout;
+  Tensor current = local.clone();
+  comm::all_reduce_chain(members, current, reduce_options);
+  Executor executor(plan, groups, options, reduce_options, 1);
+  return executor.run(std::move(current), /*skip_scale=*/true, /*skip_all_reduce=*/true);
+}
 }  // namespace
 
 void set_warning_handler(std::function<void(const std::string&)> handler) {
@@ -341,6 +375,7 @@ Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tens
         from.local_shape.to_string()));
   }
   if (reduces_in_fixed_point(plan, options) && !single_reduction(plan)) {
+    if (auto chained = all_reduce_chain_first(plan, groups, local, options)) return *chained;
     return execute_in_fixed_point(plan, groups, local, options);
   }
   comm::CollectiveOptions reduce_options;

@@ -188,9 +188,21 @@ class Planner {
     return path;
   }
 
+  // Largest block any rank holds in `state`, per tensor dim (the first chunks are the largest).
+  std::vector<std::int64_t> max_extents(const State& state) const {
+    std::vector<std::int64_t> extents = shape_.dims();
+    for (std::size_t t = 0; t < state.chains.size(); ++t) {
+      for (int m : state.chains[t])
+        extents[t] = chunk_extent(extents[t], mesh_.size(m), 0).size;
+    }
+    return extents;
+  }
+
   double bytes_of(const State& state) const {
-    return static_cast<double>(max_local_shape(mesh_, state.spec(), shape_).numel()) *
-           element_bytes_;
+    double elements = 1;
+    for (std::int64_t extent : max_extents(state))
+      elements *= static_cast<double>(extent);
+    return elements * element_bytes_;
   }
 
  private:
@@ -422,9 +434,9 @@ class Planner {
                     chain.begin() + static_cast<std::ptrdiff_t>(outer.size()), chain.end())) {
       return false;
     }
-    const Shape extents = max_local_shape(mesh_, big.spec(), shape_);
+    const std::vector<std::int64_t> extents = max_extents(big);
     for (int t = 0; t < tensor_dim; ++t) {
-      if (extents[t] > 1) return false;
+      if (extents[static_cast<std::size_t>(t)] > 1) return false;
     }
     return true;
   }

@@ -13,11 +13,11 @@ namespace meshtensor::plan {
 /// the group size) and its bytes over the network bandwidth; local copies cost their bytes over
 /// the memory bandwidth. Only ratios matter.
 struct CostModel {
-  double collective_s = 30e-6;             ///< start-up and synchronisation of one collective
-  double round_s = 5e-6;                   ///< per round of a collective (log2 of the group size)
-  double bandwidth_bytes_s = 10e9;         ///< what one rank can send or receive
-  double memory_bandwidth_bytes_s = 50e9;  ///< local copies
-  double local_step_s = 1e-6;              ///< fixed cost of a local step
+  double collective_s = 50e-6;              ///< start-up and synchronisation of one collective
+  double round_s = 5e-6;                    ///< per round of a collective (log2 of the group size)
+  double bandwidth_bytes_s = 10e9;          ///< what one rank can send or receive
+  double memory_bandwidth_bytes_s = 100e9;  ///< local copies
+  double local_step_s = 1e-6;               ///< fixed cost of a local step
 };
 
 /// What the planner may do.

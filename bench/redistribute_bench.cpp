@@ -1,0 +1,98 @@
+#include "redistribute_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/dtensor/check.hpp>
+#include <meshtensor/dtensor/redistribute.hpp>
+
+namespace meshtensor::bench {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Slowest rank's time of one run of `plan`.
+double time_once(comm::MeshGroups& groups, const plan::Plan& plan, const Tensor& local,
+                 const dtensor::RedistributeOptions& options) {
+  groups.world().barrier();
+  const Clock::time_point start = Clock::now();
+  const Tensor result = dtensor::execute_plan(plan, groups, local, options);
+  Tensor elapsed = Tensor::full({1}, DType::f64, seconds_since(start));
+  comm::CollectiveOptions max;
+  max.op = ReduceOp::max;
+  groups.world().all_reduce(elapsed, max);
+  return elapsed.values<double>()[0];
+}
+}  // namespace
+
+RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicator>& world,
+                                          const RedistributeBenchConfig& config) {
+  comm::MeshGroups groups(config.mesh, world);
+  const Layout source = local_layout(config.mesh, config.from, config.shape, groups.rank());
+  Tensor local(source.local_shape, config.dtype);
+  dtensor::fill_contribution(
+      local, source, config.shape, 1,
+      config.mesh.group_position(groups.rank(), config.from.partial_mesh_dims()));
+  dtensor::RedistributeOptions merged_options;
+  merged_options.mode = config.mode;
+  dtensor::RedistributeOptions unmerged_options = merged_options;
+  unmerged_options.merge = false;
+  const auto merged = dtensor::plan_for(config.mesh, config.from, config.to, config.shape,
+                                        config.dtype, merged_options);
+  const auto unmerged = dtensor::plan_for(config.mesh, config.from, config.to, config.shape,
+                                          config.dtype, unmerged_options);
+  time_once(groups, *merged, local, merged_options);  // warm-up: creates the groups
+  time_once(groups, *unmerged, local, unmerged_options);
+  std::vector<double> merged_times, unmerged_times;
+  for (int i = 0; i < std::max(1, config.iterations); ++i) {
+    merged_times.push_back(time_once(groups, *merged, local, merged_options));
+    unmerged_times.push_back(time_once(groups, *unmerged, local, unmerged_options));
+  }
+  RedistributeBenchResult result;
+  result.merged_s = median(merged_times);
+  result.unmerged_s = median(unmerged_times);
+  result.ratio = result.merged_s / result.unmerged_s;
+  result.merged_collectives = merged->collectives();
+  result.unmerged_collectives = unmerged->collectives();
+  return result;
+}
+
+PlanningTime time_planning(const DeviceMesh& mesh, const PlacementSpec& from,
+                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                           int iterations) {
+  auto time_calls = [&](auto&& call) {
+    std::vector<double> times;
+    const Clock::time_point begin = Clock::now();
+    while (static_cast<int>(times.size()) < iterations || seconds_since(begin) < 0.2) {
+      // Batches of calls so that the clock's resolution does not matter.
+      constexpr int kBatch = 16;
+      const Clock::time_point start = Clock::now();
+      for (int i = 0; i < kBatch; ++i)
+        call();
+      times.push_back(seconds_since(start) / kBatch);
+    }
+    return median(times);
+  };
+  PlanningTime result;
+  int collectives = 0;
+  result.uncached_s = time_calls(
+      [&] { collectives = plan::make_plan(mesh, from, to, shape, dtype).collectives(); });
+  plan::PlanCache cache;
+  cache.get(mesh, from, to, shape, dtype);
+  result.cached_s =
+      time_calls([&] { collectives = cache.get(mesh, from, to, shape, dtype)->collectives(); });
+  result.collectives = collectives;
+  return result;
+}
+
+}  // namespace meshtensor::bench

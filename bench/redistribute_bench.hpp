@@ -1,0 +1,49 @@
+#pragma once
+
+#include <memory>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/plan/planner.hpp>
+
+namespace meshtensor::bench {
+
+/// What `meshtensor bench redistribute` times.
+struct RedistributeBenchConfig {
+  DeviceMesh mesh = DeviceMesh(std::vector<std::int64_t>{1});
+  PlacementSpec from = PlacementSpec(std::vector<Placement>{});
+  PlacementSpec to = PlacementSpec(std::vector<Placement>{});
+  Shape shape;
+  DType dtype = DType::f32;
+  comm::ReductionMode mode = comm::ReductionMode::ordered;
+  int iterations = 5;  ///< timed runs of each plan
+};
+
+/// Timings of the merged plan against the unmerged one (at most one mesh dim per collective, as
+/// DTensor), the same on every rank.
+struct RedistributeBenchResult {
+  double merged_s = 0;    ///< median time of the merged plan
+  double unmerged_s = 0;  ///< median time of the unmerged plan
+  double ratio = 0;       ///< merged_s / unmerged_s
+  int merged_collectives = 0;
+  int unmerged_collectives = 0;
+};
+
+/// Runs both plans alternately on `world` (which spans the mesh; collective), each from the same
+/// source block after a barrier; a run's time is the slowest rank's. Groups are created in a
+/// warm-up run first.
+RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicator>& world,
+                                          const RedistributeBenchConfig& config);
+
+/// Planning time per call.
+struct PlanningTime {
+  double uncached_s = 0;  ///< make_plan
+  double cached_s = 0;    ///< PlanCache::get of a plan already made
+  int collectives = 0;    ///< of the merged plan
+};
+
+/// Times planning `from` -> `to` on `mesh` (median over at least `iterations` calls and 0.2 s).
+PlanningTime time_planning(const DeviceMesh& mesh, const PlacementSpec& from,
+                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                           int iterations);
+
+}  // namespace meshtensor::bench
