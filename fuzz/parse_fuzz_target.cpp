@@ -1,8 +1,10 @@
-// Fuzz target for the text parsers and the layout computation behind `meshtensor plan`.
+// Fuzz target for the text parsers, the layout computation and the planner behind
+// `meshtensor plan`.
 // Input: newline-separated fields: mesh sizes, mesh names, from spec, to spec, shape, dtype.
 // Contract checked: every input either parses or throws meshtensor::Error (any other exception
 // escapes and is reported as a crash); what parses round-trips through to_string() and gives
-// layouts inside the tensor.
+// layouts inside the tensor; plans (merged and not) lead from the source blocks to the target
+// blocks of every rank.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +16,7 @@
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
+#include <meshtensor/plan/planner.hpp>
 
 namespace {
 void require(bool condition) {
@@ -45,6 +48,18 @@ void exercise(std::string_view input) {
           const std::int64_t begin = layout.global_offset[static_cast<std::size_t>(dim)];
           require(begin >= 0 && begin + layout.local_shape[dim] <= shape[dim]);
         }
+      }
+    }
+    if (mesh.size() > 64 || mesh.ndim() > 4) return;
+    for (bool merge : {true, false}) {
+      meshtensor::plan::PlanOptions options;
+      options.merge = merge;
+      const meshtensor::plan::Plan plan =
+          meshtensor::plan::make_plan(mesh, from, to, shape, meshtensor::DType::f32, options);
+      if (plan.steps.empty()) continue;
+      for (std::int64_t rank = 0; rank < mesh.size(); ++rank) {
+        require(meshtensor::local_layout(mesh, plan.steps.back().after, shape, rank) ==
+                meshtensor::local_layout(mesh, to, shape, rank));
       }
     }
   } catch (const meshtensor::Error&) {

@@ -31,6 +31,10 @@ using Chains = std::vector<std::vector<int>>;
 
 // Above this many candidate moves from one state the search considers a reduced set.
 constexpr double kMaxMovesPerState = 4096;
+// Above this many dims still to change, merged plans consider only class-wide moves.
+constexpr std::size_t kMaxSearchDims = 6;
+// States the search may settle before it gives up with an error instead of running on.
+constexpr std::size_t kMaxSettledStates = 200000;
 
 struct State {
   std::vector<Placement> placements;
@@ -162,6 +166,13 @@ class Planner {
       const Entry entry = open.top();
       open.pop();
       if (!done.insert(entry.key).second) continue;
+      if (done.size() > kMaxSettledStates) {
+        throw InvalidArgument(fmt::format(
+            "planning {} -> {} on mesh {} explored {} intermediate specs without finishing; "
+            "change fewer mesh dims at once",
+            source_.spec().to_string(), target_.spec().to_string(), mesh_.to_string(),
+            kMaxSettledStates));
+      }
       if (entry.key == goal) break;
       const State current = states.at(entry.key);
       for (Move& move : moves(current)) {
@@ -235,9 +246,10 @@ class Planner {
     double combinations = 1;
     for (const auto& choices : options)
       combinations *= static_cast<double>(choices.size() + 1);
-    if (combinations > kMaxMovesPerState) {
-      // Many open dims: single-dim moves, plus each class of change made on all dims at once.
-      for (std::size_t k = 0; k < open_dims.size(); ++k) {
+    if (combinations > kMaxMovesPerState || open_dims.size() > kMaxSearchDims) {
+      // Many open dims: each class of change made on all dims at once, and (unmerged plans,
+      // which need them) single-dim moves.
+      for (std::size_t k = 0; k < open_dims.size() && !options_.merge; ++k) {
         for (const Placement& next : options[k]) {
           if (auto move = make_move(state, {{open_dims[k], next}})) out.push_back(std::move(*move));
         }
