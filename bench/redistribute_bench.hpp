@@ -8,12 +8,7 @@
 namespace meshtensor::bench {
 
 /// What `meshtensor bench redistribute` times.
-struct RedistributeBenchConfig {
-  DeviceMesh mesh = DeviceMesh(std::vector<std::int64_t>{1});
-  PlacementSpec from = PlacementSpec(std::vector<Placement>{});
-  PlacementSpec to = PlacementSpec(std::vector<Placement>{});
-  Shape shape;
-  DType dtype = DType::f32;
+struct RedistributeBenchConfig : plan::Redistribution {
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   int iterations = 5;  ///< timed runs of each plan
 };

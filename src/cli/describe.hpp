@@ -8,17 +8,12 @@
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/spec.hpp>
+#include <meshtensor/plan/plan.hpp>
 
 namespace meshtensor::cli {
 
 /// A parsed redistribute request: what `plan` and `check` take.
-struct Transition {
-  DeviceMesh mesh;
-  PlacementSpec from;
-  PlacementSpec to;
-  Shape shape;
-  DType dtype = DType::f32;
-};
+using Transition = plan::Redistribution;
 
 /// Human-readable table: the transition and every rank's block under both specs.
 std::string describe_layouts(const Transition& transition);

@@ -80,11 +80,7 @@ void print_check(const dtensor::CheckResult& result, const Transition& transitio
 void run_check_command(const CheckOptions& options) {
   const Transition transition = parse_transition(options.plan);
   dtensor::CheckConfig config;
-  config.mesh = transition.mesh;
-  config.from = transition.from;
-  config.to = transition.to;
-  config.shape = transition.shape;
-  config.dtype = transition.dtype;
+  static_cast<plan::Redistribution&>(config) = transition;
   config.mode = comm::parse_reduction_mode(options.mode);
   config.seed = options.seed;
   config.merge = !options.plan.no_merge;

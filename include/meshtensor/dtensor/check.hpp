@@ -11,16 +11,12 @@
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/spec.hpp>
+#include <meshtensor/plan/plan.hpp>
 
 namespace meshtensor::dtensor {
 
 /// A redistribute to run on generated data and verify (`meshtensor check`).
-struct CheckConfig {
-  DeviceMesh mesh = DeviceMesh(std::vector<std::int64_t>{1});
-  PlacementSpec from = PlacementSpec(std::vector<Placement>{});
-  PlacementSpec to = PlacementSpec(std::vector<Placement>{});
-  Shape shape;
-  DType dtype = DType::f32;
+struct CheckConfig : plan::Redistribution {
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   std::uint64_t seed = 0;
   bool merge = true;

@@ -58,6 +58,16 @@ struct Step {
   double cost_s = 0;            ///< cost-model estimate
 };
 
+/// What a redistribute is asked to do: move a tensor of `shape` and `dtype` on `mesh` from
+/// spec `from` to spec `to`.
+struct Redistribution {
+  DeviceMesh mesh = DeviceMesh(std::vector<std::int64_t>{1});
+  PlacementSpec from = PlacementSpec(std::vector<Placement>{});
+  PlacementSpec to = PlacementSpec(std::vector<Placement>{});
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
 /// A redistribute as plain data: what runs, on which groups, moving how many bytes. Made by
 /// make_plan; never communicates.
 struct Plan {
