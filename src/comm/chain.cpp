@@ -1,3 +1,5 @@
+#include <vector>
+
 #include <fmt/format.h>
 
 #include <meshtensor/comm/chain.hpp>
@@ -24,10 +26,19 @@ void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffe
       group->all_reduce(buffer, options);
     return;
   }
+  // Counted without overflow: a chain may name more groups than an int64 product can hold.
   std::int64_t addends = 1;
-  for (Communicator* group : groups)
+  std::vector<int> sizes;
+  for (Communicator* group : groups) {
+    sizes.push_back(group->size());
+    if (addends > kernels::kMaxExactAddends / group->size()) {
+      throw InvalidArgument(fmt::format(
+          "all_reduce_chain: an exact reduction over groups of sizes [{}] has more than {} "
+          "addends per element, the limit",
+          fmt::join(sizes, ","), kernels::kMaxExactAddends));
+    }
     addends *= group->size();
-  check_exact_addends(call, addends);
+  }
 
   const Tensor values = buffer.flatten();
   Tensor keys({values.numel()}, DType::u8);

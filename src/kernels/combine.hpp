@@ -25,18 +25,30 @@ T order_free_extremum(T a, T b, Key key_a, Key key_b, bool want_max) {
   return ((key_a > key_b) == want_max) ? a : b;
 }
 
-/// op(a, b) for arithmetic types (floating or integer); sums of integers wrap.
+/// a + b without NaN canonicalisation (integers wrap): for loops that canonicalise at the end.
+template <class A>
+A add_raw(A a, A b) {
+  if constexpr (std::is_floating_point_v<A>) {
+    return a + b;
+  } else {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  }
+}
+
+/// op(a, b) for arithmetic types (floating or integer); sums of integers wrap, a NaN sum is the
+/// canonical NaN.
 template <class A>
 A combine_arithmetic(A a, A b, ReduceOp op) {
   if constexpr (std::is_floating_point_v<A>) {
     if (op == ReduceOp::max || op == ReduceOp::min)
       return order_free_extremum(a, b, a, b, op == ReduceOp::max);
-    return a + b;
+    const A sum = a + b;
+    return sum != sum ? canonical_nan<A>() : sum;  // payload-free: the same NaN in any order
   } else {
     if (op == ReduceOp::max) return a > b ? a : b;
     if (op == ReduceOp::min) return a < b ? a : b;
-    using U = std::make_unsigned_t<A>;
-    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    return add_raw(a, b);
   }
 }
 

@@ -54,7 +54,8 @@ T combine(T a, T b, ReduceOp op) {
     if (op == ReduceOp::max || op == ReduceOp::min) {
       return detail::order_free_extremum(a, b, fa, fb, op == ReduceOp::max);
     }
-    return element_from_double<T>(static_cast<double>(fa + fb));
+    const float sum = fa + fb;
+    return sum != sum ? canonical_nan<T>() : element_from_double<T>(static_cast<double>(sum));
   } else {
     return detail::combine_arithmetic<T>(a, b, op);
   }
@@ -121,6 +122,12 @@ void divide(Tensor& tensor, double divisor) {
       using T = decltype(zero);
       auto values = dense.values<T>();
       for (auto& value : values) {
+        if constexpr (detail::kIsHalf<T> || std::is_floating_point_v<T>) {
+          if (std::isnan(element_to_double(value))) {  // as sums: a NaN carries no payload
+            value = canonical_nan<T>();
+            continue;
+          }
+        }
         if constexpr (std::is_same_v<T, double>) {
           value = value / divisor;
         } else {

@@ -59,9 +59,13 @@ struct Traits : Format<T> {
   static constexpr int kExponentMask = (1 << F::kExponentBits) - 1;
   static constexpr int kBias = (1 << (F::kExponentBits - 1)) - 1;
   static constexpr int kWindow = F::kLimbs * kFixedPointLimbBits;
-  // Exponents wider than a byte are keyed in bins of 8 binades (the top bin takes the rest).
+  // Exponents wider than a byte are keyed in bins of 8 binades: key k >= 1 holds the biased
+  // exponents [8k + 8, 8k + 15] (the top bin, 254, the 7 finite ones left), key 0 the lowest 16
+  // binades, where the window reaches below the smallest subnormal, so that nothing in them is
+  // ever truncated. No bin is more than 8 binades wide where truncation can happen.
   static constexpr bool kBinned = F::kExponentBits > 8;
   static constexpr std::uint8_t kNonFiniteKey = kBinned ? 255 : kExponentMask;
+  static constexpr int kBottomBinTop = 15;
 
   static Bits bits(T value) {
     if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
@@ -84,18 +88,25 @@ struct Traits : Format<T> {
     const int biased = biased_exponent(pattern);
     if constexpr (kBinned) {
       if (biased == kExponentMask) return kNonFiniteKey;
-      return static_cast<std::uint8_t>(std::min(biased >> 3, 254));
+      return static_cast<std::uint8_t>(biased <= kBottomBinTop ? 0 : (biased - 8) >> 3);
     } else {
       return static_cast<std::uint8_t>(biased);
     }
   }
   // Every finite value whose key is at most `key` has a magnitude below 2^anchor(key).
-  static int anchor(std::uint8_t key) {
+  static constexpr int anchor(std::uint8_t key) {
     int top_biased = key;
-    if constexpr (kBinned) top_biased = key == 254 ? kExponentMask - 1 : key * 8 + 7;
+    if constexpr (kBinned) {
+      top_biased = key == 0 ? kBottomBinTop : std::min(key * 8 + 15, kExponentMask - 1);
+    }
     return std::max(top_biased, 1) - kBias + 1;
   }
 };
+
+// The lowest f64 bin is never truncated: its window reaches below the smallest subnormal.
+static_assert(Traits<double>::anchor(0) - Traits<double>::kWindow <= -1074);
+// No f64 anchor lies more than 8 binades above the largest addend it covers (the floor).
+static_assert(Traits<double>::anchor(254) == 1024 && Traits<double>::anchor(253) == 1017);
 
 // Counts of +inf, -inf and NaN addends of a non-finite element, in 16-bit fields of limb 0.
 constexpr int kNegativeInfinityShift = 16;

@@ -8,6 +8,7 @@
 #endif
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/reduce.hpp>
 
 #include "combine.hpp"
@@ -49,10 +50,15 @@ void finish_streaming(bool streaming) {
   (void)streaming;
 }
 
-// Final value of an accumulator: avg divides once, then one rounding to T.
+// Final value of an accumulator: avg divides once, then one rounding to T. A sum that is NaN
+// becomes the canonical NaN: which operand's payload the hardware passes on depends on operand
+// order, and vectorised and scalar code order them differently.
 template <class T>
 T finish(detail::Accumulator<T> acc, ReduceOp op, std::size_t inputs) {
   using A = detail::Accumulator<T>;
+  if constexpr (!std::is_integral_v<A>) {
+    if (acc != acc) return canonical_nan<T>();
+  }
   if (op == ReduceOp::avg) {
     if constexpr (std::is_floating_point_v<T>) {
       return acc / static_cast<T>(inputs);
@@ -85,9 +91,10 @@ void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs,
     for (std::size_t j = 1; j < inputs.size(); ++j) {
       const auto* in = reinterpret_cast<const T*>(inputs[j]) + begin;
       if (op == ReduceOp::sum || op == ReduceOp::avg) {
-        // The common case without a per-element branch, so it vectorises; same bits.
+        // The common case without a per-element branch, so it vectorises; finish() makes a NaN
+        // canonical.
         for (std::size_t i = 0; i < n; ++i)
-          acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), ReduceOp::sum);
+          acc[i] = detail::add_raw<A>(acc[i], detail::widen(in[i]));
       } else {
         for (std::size_t i = 0; i < n; ++i)
           acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);

@@ -2,7 +2,10 @@
 // each rank against a reference any rank can rebuild, so passing on two backends also shows that
 // the backends agree bit for bit.
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -370,6 +373,91 @@ TEST(ExactReduceScatter, UnevenCountsWithEmptyRanksMatchTheReference) {
         EXPECT_TRUE(out.bitwise_equal(expected.narrow(0, displacements(counts)[me], counts[me])))
             << dtype_name(dtype) << " " << reduce_op_name(op) << " rank " << me;
       });
+    }
+  }
+}
+
+TEST(ExactAllReduce, TopOfTheDoubleRangeKeepsTheFloorOnEveryGrouping) {
+  // 2^1009 and -2^1009 cancel; 2^973 (1 + 2^-52), 36 binades below them, must survive whole.
+  std::vector<Tensor> addends;
+  const double values[] = {std::ldexp(1.0, 1009), -std::ldexp(1.0, 1009),
+                           std::ldexp(1.0 + 0x1p-52, 973)};
+  for (int r = 0; r < 8; ++r) {
+    addends.push_back(
+        Tensor::from_values({2}, DType::f64, std::vector<double>{r < 3 ? values[r] : 0.0, 1.0}));
+  }
+  const Tensor reference = exact_reference(addends, ReduceOp::sum);
+  ASSERT_EQ(reference.values<double>()[0], values[2]);
+  expect_every_grouping_gives(addends, ReduceOp::sum, reference);
+  run_world(3, [&](Communicator& world) {
+    Tensor buffer = addends[static_cast<std::size_t>(world.rank())].clone();
+    world.all_reduce(buffer, {.mode = ReductionMode::exact});
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(buffer.values<double>()[0]),
+              std::bit_cast<std::uint64_t>(values[2]));
+  });
+}
+
+TEST(ExactAllReduce, ChainsWithMoreAddendsThanAnInt64CountsAreRefused) {
+  // 64 steps over a group of 2 would be 2^64 addends: refused, never wrapped to 0.
+  run_world(2, [&](Communicator& world) {
+    for (const int steps : {16, 62, 63, 64, 200}) {
+      std::vector<Communicator*> chain(static_cast<std::size_t>(steps), &world);
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        Tensor buffer = Tensor::full({3}, DType::f32, 1.0);
+        const std::string message = testing::error_message(
+            [&] { all_reduce_chain(chain, buffer, {.op = op, .mode = ReductionMode::exact}); });
+        EXPECT_NE(message.find("more than 32768 addends per element"), std::string::npos)
+            << steps << " steps: " << message;
+        EXPECT_EQ(buffer.values<float>()[0], 1.0f) << "the buffer is left as it was";
+      }
+    }
+  });
+}
+
+// NaN addends with different signs and payloads: every path (whole buffer, pieces, fused with
+// other data, reduce_scatter) gives the canonical NaN, so the bits never depend on chunking.
+TEST(AllReduce, NanSumsAreCanonicalOnEveryPath) {
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    const Tensor canonical = Tensor::full({1}, dtype, std::numeric_limits<double>::quiet_NaN());
+    const std::uint64_t nans_f32[] = {0x7FC00001u, 0xFFC00002u};
+    const std::uint64_t nans_f64[] = {0x7FF8000000000001ull, 0xFFF8000000000002ull};
+    const std::uint64_t nans_bf16[] = {0x7FC1u, 0xFFC2u};
+    const std::uint64_t* nans = dtype == DType::f32   ? nans_f32
+                                : dtype == DType::f64 ? nans_f64
+                                                      : nans_bf16;
+    for (const ReductionMode mode : {ReductionMode::ordered, ReductionMode::exact}) {
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        run_world(2, [&](Communicator& world) {
+          const std::size_t element = dtype_size(dtype);
+          const CollectiveOptions options{.op = op, .mode = mode};
+          for (const std::int64_t count : {1, 2, 8, 9, 1001}) {
+            Tensor buffer = input_of(dtype, count, 7, world.rank());
+            const std::int64_t at = count - 1;
+            std::memcpy(buffer.bytes().data() + static_cast<std::size_t>(at) * element,
+                        &nans[world.rank()], element);
+            Tensor pieces = buffer.clone();
+            const std::vector<std::int64_t> counts = balanced_counts(count, 2);
+            Tensor scattered({counts[static_cast<std::size_t>(world.rank())]}, dtype);
+            world.reduce_scatter(buffer, scattered, counts, options);
+            world.all_reduce(buffer, options);
+            EXPECT_TRUE(buffer.narrow(0, at, 1).bitwise_equal(canonical))
+                << dtype_name(dtype) << " count " << count;
+            // The same element reduced as a piece of its own.
+            Tensor piece = pieces.narrow(0, at, 1).contiguous();
+            world.all_reduce(piece, options);
+            EXPECT_TRUE(piece.bitwise_equal(canonical)) << dtype_name(dtype) << " piece";
+            if (world.rank() == (count > 1 ? 1 : 0)) {  // the rank holding the last element
+              EXPECT_TRUE(scattered.narrow(0, scattered.numel() - 1, 1).bitwise_equal(canonical))
+                  << dtype_name(dtype) << " reduce_scatter, count " << count;
+            }
+          }
+          // Alone, as a one-element buffer.
+          Tensor one({1}, dtype);
+          std::memcpy(one.bytes().data(), &nans[world.rank()], element);
+          world.all_reduce(one, options);
+          EXPECT_TRUE(one.bitwise_equal(canonical)) << dtype_name(dtype) << " alone";
+        });
+      }
     }
   }
 }

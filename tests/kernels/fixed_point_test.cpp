@@ -1,7 +1,10 @@
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -143,15 +146,91 @@ TEST(FixedPoint, EveryFloat16SumIsExact) {
 }
 
 // The documented anchor of an element: one above the top binade its scale key covers. f32 keys
-// are binades; f64 keys are bins of 8 binades (the top bin holds the last 15).
+// are binades; f64 keys are bins of 8 binades [8k + 8, 8k + 15] of the biased exponent, the
+// lowest 16 binades sharing key 0 and the top bin holding the 7 finite binades left.
 int documented_anchor(DType dtype, double largest_magnitude) {
   int exponent = 0;
   std::frexp(largest_magnitude, &exponent);  // |x| < 2^exponent: binade exponent - 1
   if (dtype == DType::f32) return exponent;
   const int biased = exponent - 1 + 1023;
-  const int bin = std::min(biased >> 3, 254);
-  const int top = bin == 254 ? 2046 : bin * 8 + 7;
+  const int top = biased <= 15 ? 15 : std::min(((biased - 8) >> 3) * 8 + 15, 2046);
   return top - 1023 + 1;
+}
+
+// The documented promises, per dtype: addends within 2^-exact_bits of the largest add exactly;
+// any other loses at most 2^-floor_bits of the largest, toward zero.
+struct FloorPromise {
+  DType dtype;
+  int exact_bits;
+  int floor_bits;
+  int lowest_exponent;   // binade of the smallest subnormal
+  int highest_exponent;  // binade of the largest finite value
+};
+
+// The exact sum of {L, -L, x} (three ranks) through reduce_exact and through keys/encode/decode.
+std::pair<double, double> cancelled_sum(DType dtype, double large, double x) {
+  std::vector<Tensor> addends = {Tensor::from_values({1}, dtype, std::vector<double>{large}),
+                                 Tensor::from_values({1}, dtype, std::vector<double>{-large}),
+                                 Tensor::from_values({1}, dtype, std::vector<double>{x})};
+  std::vector<const std::byte*> inputs;
+  for (const Tensor& addend : addends)
+    inputs.push_back(addend.bytes().data());
+  Tensor out({1}, dtype);
+  std::byte* const output = out.bytes().data();
+  reduce_exact(dtype, ReduceOp::sum, inputs, std::span<std::byte* const>(&output, 1), 1);
+  const std::int64_t at[] = {0};
+  return {out.get(at), fixed_point_sum(addends, 1).get(at)};
+}
+
+TEST(FixedPoint, TheDocumentedFloorHoldsForEveryBinadeOfTheLargestAddend) {
+  // From the bottom key to the top key: L = 2^e, the tightest case for both bounds.
+  const FloorPromise promises[] = {{DType::f64, 36, 88, -1074, 1023},
+                                   {DType::f32, 24, 47, -149, 127},
+                                   {DType::bf16, 40, 47, -133, 127},
+                                   {DType::f16, 64, 200, -24, 15}};  // f16: always exact
+  for (const FloorPromise& p : promises) {
+    const FieldWidths w = widths(p.dtype);
+    for (int e = p.lowest_exponent; e <= p.highest_exponent; ++e) {
+      const double large = std::ldexp(1.0, e);
+      const double all_ones = 2.0 - std::ldexp(1.0, -w.mantissa_bits);  // a full mantissa
+      // Just inside the exact range, with every mantissa bit set; and deep below it.
+      for (const int below : {p.exact_bits, p.exact_bits + 1, p.exact_bits + 17, p.floor_bits - 3,
+                              p.floor_bits, p.floor_bits + 9}) {
+        for (const double sign : {1.0, -1.0}) {
+          const std::int64_t at[] = {0};
+          // x as the dtype holds it (it may round or underflow near the bottom).
+          const double x =
+              Tensor::from_values({1}, p.dtype,
+                                  std::vector<double>{sign * std::ldexp(all_ones, e - below)})
+                  .get(at);
+          const auto [got, through_limbs] = cancelled_sum(p.dtype, large, x);
+          ASSERT_EQ(std::bit_cast<std::uint64_t>(got), std::bit_cast<std::uint64_t>(through_limbs))
+              << dtype_name(p.dtype) << " e=" << e;
+          const bool exact_range = std::fabs(x) >= std::ldexp(large, -p.exact_bits);
+          if (exact_range || x == 0) {
+            ASSERT_EQ(got, x) << dtype_name(p.dtype) << ": " << x << " next to 2^" << e
+                              << " must add exactly";
+            continue;
+          }
+          // Truncated toward zero, by at most 2^-floor_bits of L.
+          ASSERT_LE(std::fabs(got), std::fabs(x)) << dtype_name(p.dtype) << " e=" << e;
+          ASSERT_TRUE(got == 0 || std::signbit(got) == std::signbit(x));
+          ASSERT_LE(std::fabs(x - got), std::ldexp(large, -p.floor_bits))
+              << dtype_name(p.dtype) << ": " << x << " next to 2^" << e << " lost more than 2^-"
+              << p.floor_bits << " of it";
+        }
+      }
+    }
+  }
+}
+
+TEST(FixedPoint, TopOfTheDoubleRangeKeepsTheFloor) {
+  // 2^1009 and 2^973 (1 + 2^-52) are 36 binades apart: the small addend must survive whole.
+  const double small = std::ldexp(1.0 + 0x1p-52, 973);
+  const auto [got, through_limbs] = cancelled_sum(DType::f64, std::ldexp(1.0, 1009), small);
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(got), std::bit_cast<std::uint64_t>(small))
+      << std::hexfloat << got;
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(through_limbs), std::bit_cast<std::uint64_t>(small));
 }
 
 TEST(FixedPoint, AddendsFarBelowTheLargestAreTruncatedAtTheDocumentedFloor) {

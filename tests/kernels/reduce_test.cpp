@@ -1,3 +1,5 @@
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -106,6 +108,44 @@ TEST(ReduceOrdered, OutputMayBeAnInputsOwnBufferAndFansOutToAll) {
   reduce_ordered(DType::f32, ReduceOp::sum, pointers, outputs, static_cast<std::size_t>(count));
   for (const Tensor& input : inputs)
     EXPECT_TRUE(input.bitwise_equal(expected));
+}
+
+// NaN addends with different signs and payloads, at every position of buffers of several
+// lengths (scalar and vectorised code): a NaN sum or mean is always the canonical NaN.
+TEST(ReduceOrdered, NanSumsAreCanonicalWhateverTheBufferLength) {
+  const std::uint64_t f64_nans[] = {0x7FF8000000000001ull, 0xFFF8000000000002ull};
+  const std::uint32_t f32_nans[] = {0x7FC00001u, 0xFFC00002u};
+  const std::uint16_t half_nans[] = {0x7E01u, 0xFE02u};
+  const std::uint16_t bf16_nans[] = {0x7FC1u, 0xFFC2u};
+  for (const DType dtype : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    const std::size_t element = dtype_size(dtype);
+    const Tensor canonical = Tensor::full({1}, dtype, std::numeric_limits<double>::quiet_NaN());
+    for (const std::int64_t count : {1, 2, 7, 8, 33, 1500}) {
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        std::vector<Tensor> inputs = random_inputs(dtype, 2, count, 11);
+        const std::int64_t at = count / 2;
+        for (int j = 0; j < 2; ++j) {
+          std::byte* to = inputs[static_cast<std::size_t>(j)].bytes().data() +
+                          static_cast<std::size_t>(at) * element;
+          const auto k = static_cast<std::size_t>(j);
+          if (dtype == DType::f64) std::memcpy(to, &f64_nans[k], element);
+          if (dtype == DType::f32) std::memcpy(to, &f32_nans[k], element);
+          if (dtype == DType::f16) std::memcpy(to, &half_nans[k], element);
+          if (dtype == DType::bf16) std::memcpy(to, &bf16_nans[k], element);
+        }
+        const Tensor out = reduce_all(dtype, op, inputs, 0, static_cast<std::size_t>(count),
+                                      Tensor({count}, dtype));
+        EXPECT_TRUE(out.narrow(0, at, 1).bitwise_equal(canonical))
+            << dtype_name(dtype) << " count " << count << " " << reduce_op_name(op);
+        // The pairwise kernel agrees, in either order.
+        for (const bool reversed : {false, true}) {
+          Tensor target = inputs[reversed ? 1 : 0].clone();
+          accumulate(target, inputs[reversed ? 0 : 1], ReduceOp::sum);
+          EXPECT_TRUE(target.narrow(0, at, 1).bitwise_equal(canonical)) << dtype_name(dtype);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

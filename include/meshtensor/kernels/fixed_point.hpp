@@ -20,7 +20,9 @@ namespace meshtensor::kernels {
 /// Floor: each addend is truncated toward zero to a multiple of 2^(anchor - window bits), i.e.
 /// at most 2^-47 (f32, bf16), 2^-88 (f64) of the element's largest addend; addends within 2^-24
 /// (f32), 2^-40 (bf16) or 2^-36 (f64) of the largest are added exactly, and f16 sums are always
-/// exact. An exact zero sum is +0.
+/// exact. This holds over the whole range: f32/bf16/f16 keys are binades, f64 keys bins of at
+/// most 8 binades (the lowest 16 binades share key 0, whose window reaches below the smallest
+/// subnormal, so nothing there is truncated). An exact zero sum is +0.
 struct FixedPointFormat {
   int limbs = 1;        ///< int64 limbs per element
   int window_bits = 0;  ///< significant bits below the anchor: limbs * kFixedPointLimbBits
