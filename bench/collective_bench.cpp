@@ -131,8 +131,10 @@ CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchC
     native_times.push_back(timed(ReductionMode::native));
     spent += times.back() + native_times.back();
     const auto done = static_cast<int>(times.size());
+    // Enough pairs for a stable median: about two seconds' worth, at least 5 (small messages
+    // take thousands), at most 20000.
     if (config.iterations > 0 ? done >= config.iterations
-                              : done >= 3 && (spent >= 2.0 || done >= 50)) {
+                              : done >= 5 && (spent >= 2.0 || done >= 20000)) {
       break;
     }
   }

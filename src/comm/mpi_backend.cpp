@@ -96,13 +96,20 @@ struct MpiShared {
 }  // namespace detail
 
 namespace {
-
 using detail::MpiShared;
 
 // Largest element count one MPI call takes (its counts are int).
 constexpr std::int64_t kMaxMpiCount = INT_MAX;
 // all_reduce moves messages in pieces of at most this many elements.
 constexpr std::int64_t kAllReduceChunk = std::int64_t{1} << 26;
+// Ordered and exact all_reduces of at most this many bytes per rank gather every rank's buffer.
+constexpr std::size_t kGatherAllBytes = 512;
+// Staging for one round of reduce_to_owners (all peers' chunks together), and the least a chunk
+// holds: small enough to stay in cache until it is reduced, big enough to amortise a message.
+constexpr std::int64_t kStagingBytes = std::int64_t{256} << 10;
+constexpr std::int64_t kMinChunkBytes = std::int64_t{4} << 10;
+// Tag of reduce_to_owners' messages (the communicator is the backend's own).
+constexpr int kReduceTag = 7;
 
 void check_mpi(int code, const char* what) {
   if (code == MPI_SUCCESS) return;
@@ -323,8 +330,7 @@ class MpiCommunicator final : public QueuedCommunicator {
                     "MPI_Reduce_scatter");
           if (call.op == ReduceOp::avg) kernels::divide(output, size_);
         } else {
-          reduce_scatter_ordered(call, input.bytes().data(), call.segment_counts,
-                                 output.bytes().data());
+          reduce_to_owners(call, input.bytes().data(), call.segment_counts, output.bytes().data());
         }
         return;
       case CollectiveKind::all_gather: {
@@ -375,47 +381,103 @@ class MpiCommunicator final : public QueuedCommunicator {
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, chunk, static_cast<int>(n), mpi_type(call.dtype),
                                 mpi_op(call.op), comm_),
                   "MPI_Allreduce");
+      } else if (static_cast<std::size_t>(n) * element <= kGatherAllBytes) {
+        gather_all_and_reduce(call, chunk, n);
       } else {
         // Each rank reduces its balanced share in ascending rank order, then all gather.
         const std::vector<std::int64_t> counts = balanced_counts(n, size_);
+        const std::vector<std::int64_t> offsets = displacements(counts);
         const auto me = static_cast<std::size_t>(rank_);
-        std::byte* own = chunk + static_cast<std::size_t>(displacements(counts)[me]) * element;
-        reduce_scatter_ordered(call, chunk, counts, own);
+        reduce_to_owners(call, chunk, counts,
+                         chunk + static_cast<std::size_t>(offsets[me]) * element);
         const std::vector<int> int_counts = to_ints(counts, call);
-        const std::vector<int> offsets = to_ints(displacements(counts), call);
-        check_mpi(MPI_Allgatherv(MPI_IN_PLACE, int_counts[me], mpi_type(call.dtype), chunk,
-                                 int_counts.data(), offsets.data(), mpi_type(call.dtype), comm_),
-                  "MPI_Allgatherv");
+        const std::vector<int> int_offsets = to_ints(offsets, call);
+        check_mpi(
+            MPI_Allgatherv(MPI_IN_PLACE, int_counts[me], mpi_type(call.dtype), chunk,
+                           int_counts.data(), int_offsets.data(), mpi_type(call.dtype), comm_),
+            "MPI_Allgatherv");
       }
     }
     if (use_mpi_reduction(call) && call.op == ReduceOp::avg) kernels::divide(buffer, size_);
   }
 
-  // Segment i of `input` (counts[i] elements) is reduced over all ranks into rank i's `output`:
-  // an all_to_all brings every rank's copy of my segment here, then one ordered reduction.
-  void reduce_scatter_ordered(const CollectiveCall& call, const std::byte* input,
-                              const std::vector<std::int64_t>& counts, std::byte* output) {
+  // Small buffers: one all_gather brings every rank's whole buffer here and each rank combines
+  // them all itself, in group-rank order (the same reduction, so the same bits, as the owners'):
+  // one latency instead of two.
+  void gather_all_and_reduce(const CollectiveCall& call, std::byte* buffer, std::int64_t count) {
+    const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(call.dtype);
+    std::byte* const gathered = staging(bytes * static_cast<std::size_t>(size_));
+    check_mpi(MPI_Allgather(buffer, static_cast<int>(bytes), MPI_BYTE, gathered,
+                            static_cast<int>(bytes), MPI_BYTE, comm_),
+              "MPI_Allgather");
+    std::vector<const std::byte*> inputs(static_cast<std::size_t>(size_));
+    for (std::size_t j = 0; j < inputs.size(); ++j)
+      inputs[j] = gathered + j * bytes;
+    reduce_elements(call, inputs, std::span<std::byte* const>(&buffer, 1),
+                    static_cast<std::size_t>(count));
+  }
+
+  // Segment i of `input` (counts[i] elements, back to back) is reduced over all ranks into rank
+  // i's `output` (which may be the segment's own place in `input`). Point to point, in rounds:
+  // in round c every rank sends chunk c of each other segment to its owner and receives every
+  // other rank's chunk c of its own segment into a staging area small enough to stay in cache,
+  // then combines them with its own copy, in group-rank order (reduce_elements). A rank's own
+  // copy is read in place, never sent; sends from earlier rounds complete while later ones run.
+  void reduce_to_owners(const CollectiveCall& call, const std::byte* input,
+                        const std::vector<std::int64_t>& counts, std::byte* output) {
     const std::size_t element = dtype_size(call.dtype);
-    const auto me = static_cast<std::size_t>(rank_);
-    const std::int64_t mine = counts[me];
-    staging_.resize(static_cast<std::size_t>(mine * size_) * element);
-    const std::vector<int> send = to_ints(counts, call);
-    const std::vector<int> send_offsets = to_ints(displacements(counts), call);
-    const std::vector<int> recv(static_cast<std::size_t>(size_), to_int(mine, call));
-    std::vector<int> recv_offsets(static_cast<std::size_t>(size_));
-    for (int i = 0; i < size_; ++i)
-      recv_offsets[static_cast<std::size_t>(i)] = to_int(mine * i, call);
     const MPI_Datatype type = mpi_type(call.dtype);
-    check_mpi(MPI_Alltoallv(input, send.data(), send_offsets.data(), type, staging_.data(),
-                            recv.data(), recv_offsets.data(), type, comm_),
-              "MPI_Alltoallv");
-    std::vector<const std::byte*> pieces(static_cast<std::size_t>(size_));
-    for (std::size_t i = 0; i < pieces.size(); ++i)
-      pieces[i] = staging_.data() + i * static_cast<std::size_t>(mine) * element;
-    if (mine > 0) {
-      reduce_elements(call, pieces, std::span<std::byte* const>(&output, 1),
-                      static_cast<std::size_t>(mine));
+    const auto me = static_cast<std::size_t>(rank_);
+    const auto peers = static_cast<std::int64_t>(size_ - 1);
+    const std::vector<std::int64_t> offsets = displacements(counts);
+    const std::int64_t chunk = std::max<std::int64_t>(
+        kMinChunkBytes / static_cast<std::int64_t>(element),
+        kStagingBytes / std::max<std::int64_t>(peers, 1) / static_cast<std::int64_t>(element));
+    std::int64_t rounds = 0;
+    for (std::int64_t count : counts)
+      rounds = std::max(rounds, (count + chunk - 1) / chunk);
+    std::byte* const staging_area =
+        staging(static_cast<std::size_t>(peers * std::min(chunk, counts[me])) * element);
+    std::vector<MPI_Request> sends;
+    std::vector<MPI_Request> receives;
+    std::vector<const std::byte*> inputs(static_cast<std::size_t>(size_));
+    for (std::int64_t round = 0; round < rounds; ++round) {
+      const std::int64_t begin = round * chunk;
+      for (int owner = 0; owner < size_; ++owner) {
+        const auto i = static_cast<std::size_t>(owner);
+        if (i == me || begin >= counts[i]) continue;
+        sends.emplace_back();
+        check_mpi(MPI_Isend(input + static_cast<std::size_t>(offsets[i] + begin) * element,
+                            static_cast<int>(std::min(chunk, counts[i] - begin)), type, owner,
+                            kReduceTag, comm_, &sends.back()),
+                  "MPI_Isend");
+      }
+      if (begin >= counts[me]) continue;
+      const std::int64_t n = std::min(chunk, counts[me] - begin);
+      receives.clear();
+      std::size_t slot = 0;
+      for (int peer = 0; peer < size_; ++peer) {
+        const auto j = static_cast<std::size_t>(peer);
+        if (j == me) {
+          inputs[j] = input + static_cast<std::size_t>(offsets[me] + begin) * element;
+          continue;
+        }
+        std::byte* into = staging_area + slot++ * static_cast<std::size_t>(n) * element;
+        inputs[j] = into;
+        receives.emplace_back();
+        check_mpi(
+            MPI_Irecv(into, static_cast<int>(n), type, peer, kReduceTag, comm_, &receives.back()),
+            "MPI_Irecv");
+      }
+      check_mpi(
+          MPI_Waitall(static_cast<int>(receives.size()), receives.data(), MPI_STATUSES_IGNORE),
+          "MPI_Waitall");
+      std::byte* const out = output + static_cast<std::size_t>(begin) * element;
+      reduce_elements(call, inputs, std::span<std::byte* const>(&out, 1),
+                      static_cast<std::size_t>(n));
     }
+    check_mpi(MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE),
+              "MPI_Waitall");
   }
 
   std::shared_ptr<MpiShared> shared_;
@@ -424,7 +486,17 @@ class MpiCommunicator final : public QueuedCommunicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::int64_t> world_ranks_;
-  std::vector<std::byte> staging_;  // used on the queue thread only
+  // Scratch space of the collective in progress; grows, never shrinks, is never cleared.
+  std::byte* staging(std::size_t bytes) {
+    if (bytes > staging_bytes_) {
+      staging_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      staging_bytes_ = bytes;
+    }
+    return staging_.get();
+  }
+
+  std::unique_ptr<std::byte[]> staging_;
+  std::size_t staging_bytes_ = 0;
 };
 
 bool check_from_environment() {
@@ -449,7 +521,10 @@ MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   shared_ =
       std::make_shared<detail::MpiShared>(options.check_collectives || check_from_environment());
-  world_ = std::make_shared<MpiCommunicator>(shared_, MPI_COMM_WORLD, false);
+  // The backend's own copy of the world: its messages never meet the application's.
+  MPI_Comm own_world = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &own_world), "MPI_Comm_dup");
+  world_ = std::make_shared<MpiCommunicator>(shared_, own_world, true);
 }
 
 MpiWorld::~MpiWorld() {

@@ -58,19 +58,58 @@ Work QueuedCommunicator::barrier_async(const CollectiveOptions& options) {
   return enqueue(std::move(call), Tensor(), Tensor(), options);
 }
 
+void QueuedCommunicator::all_reduce(const Tensor& buffer, const CollectiveOptions& options) {
+  CollectiveCall call = describe_all_reduce(buffer, options, size());
+  check_exact_addends(call, size());
+  run_now(std::move(call), buffer, buffer, options);
+}
+
+void QueuedCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
+                                        std::vector<std::int64_t> counts,
+                                        const CollectiveOptions& options) {
+  CollectiveCall call =
+      describe_reduce_scatter(input, output, std::move(counts), options, rank(), size());
+  check_exact_addends(call, size());
+  run_now(std::move(call), input, output, options);
+}
+
+void QueuedCommunicator::all_gather(const Tensor& input, const Tensor& output,
+                                    std::vector<std::int64_t> counts,
+                                    const CollectiveOptions& options) {
+  run_now(describe_all_gather(input, output, std::move(counts), rank(), size()), input, output,
+          options);
+}
+
+void QueuedCommunicator::all_to_all(const Tensor& input, const Tensor& output,
+                                    std::vector<std::int64_t> send_counts,
+                                    std::vector<std::int64_t> recv_counts,
+                                    const CollectiveOptions& options) {
+  run_now(
+      describe_all_to_all(input, output, std::move(send_counts), std::move(recv_counts), size()),
+      input, output, options);
+}
+
+void QueuedCommunicator::broadcast(const Tensor& buffer, int root,
+                                   const CollectiveOptions& options) {
+  run_now(describe_broadcast(buffer, root, size()), buffer, buffer, options);
+}
+
+void QueuedCommunicator::barrier(const CollectiveOptions& options) {
+  CollectiveCall call;
+  call.kind = CollectiveKind::barrier;
+  run_now(std::move(call), Tensor(), Tensor(), options);
+}
+
 std::shared_ptr<Communicator> QueuedCommunicator::split(std::int64_t color, std::int64_t key,
                                                         const CollectiveOptions& options) {
   CollectiveCall call;
   call.kind = CollectiveKind::split;
   call.sequence = next_sequence_++;
-  auto result = std::make_shared<std::shared_ptr<Communicator>>();
-  const auto timeout = options.timeout;
-  queue_
-      .submit([this, call, color, key, result, timeout] {
-        *result = run_split(call, color, key, std::chrono::steady_clock::now() + timeout);
-      })
-      .wait();
-  return *result;
+  std::shared_ptr<Communicator> result;
+  queue_.run([&] {
+    result = run_split(call, color, key, std::chrono::steady_clock::now() + options.timeout);
+  });
+  return result;
 }
 
 Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor output,
@@ -80,6 +119,14 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
   return queue_.submit([this, call = std::move(call), input = std::move(input),
                         output = std::move(output), timeout] {
     run_collective(call, input, output, std::chrono::steady_clock::now() + timeout);
+  });
+}
+
+void QueuedCommunicator::run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
+                                 const CollectiveOptions& options) {
+  call.sequence = next_sequence_++;
+  queue_.run([&] {
+    run_collective(call, input, output, std::chrono::steady_clock::now() + options.timeout);
   });
 }
 

@@ -1,3 +1,7 @@
+#include <system_error>
+
+#include <fmt/format.h>
+
 #include <meshtensor/comm/work.hpp>
 #include <meshtensor/comm/work_queue.hpp>
 #include <meshtensor/core/error.hpp>
@@ -103,22 +107,55 @@ Work WorkQueue::submit(std::function<void()> task) {
   {
     const std::lock_guard lock(mutex_);
     if (stopping_) throw CommError("work was submitted to a queue that has stopped");
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::thread([this] { serve(); });
+      } catch (const std::system_error& error) {
+        throw CommError(
+            fmt::format("cannot start a queue thread for asynchronous work: {}", error.what()));
+      }
+    }
     tasks_.emplace_back(std::move(task), state);
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
   ready_cv_.notify_one();
   return Work(state);
 }
 
-void WorkQueue::run() {
+void WorkQueue::run(const std::function<void()>& task) {
+  {
+    std::unique_lock lock(mutex_);
+    if (stopping_) throw CommError("work was submitted to a queue that has stopped");
+    if (!tasks_.empty() || busy_) {
+      lock.unlock();
+      submit(task).wait();
+      return;
+    }
+    busy_ = true;
+  }
+  // Clears busy_ and lets the queue's thread go on with what was queued meanwhile.
+  struct Release {
+    WorkQueue& queue;
+    ~Release() {
+      {
+        const std::lock_guard lock(queue.mutex_);
+        queue.busy_ = false;
+      }
+      queue.ready_cv_.notify_one();
+    }
+  } release{*this};
+  task();
+}
+
+void WorkQueue::serve() {
   while (true) {
     std::pair<std::function<void()>, std::shared_ptr<WorkState>> next;
     {
       std::unique_lock lock(mutex_);
-      ready_cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      ready_cv_.wait(lock, [this] { return (stopping_ && !busy_) || (!tasks_.empty() && !busy_); });
       if (tasks_.empty()) return;  // stopping and drained
       next = std::move(tasks_.front());
       tasks_.pop_front();
+      busy_ = true;
     }
     try {
       next.first();
@@ -126,6 +163,8 @@ void WorkQueue::run() {
     } catch (...) {
       next.second->finish(std::current_exception());
     }
+    const std::lock_guard lock(mutex_);
+    busy_ = false;
   }
 }
 

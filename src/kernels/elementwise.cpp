@@ -12,23 +12,6 @@
 
 namespace meshtensor::kernels {
 
-template <>
-double canonical_nan<double>() {
-  return std::bit_cast<double>(0x7FF8000000000000ull);
-}
-template <>
-float canonical_nan<float>() {
-  return std::bit_cast<float>(0x7FC00000u);
-}
-template <>
-Float16 canonical_nan<Float16>() {
-  return Float16{0x7E00};
-}
-template <>
-BFloat16 canonical_nan<BFloat16>() {
-  return BFloat16{0x7FC0};
-}
-
 namespace {
 
 template <class T>

@@ -1,13 +1,18 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/fixed_point.hpp>
+
+#include "simd_dispatch.hpp"
 
 namespace meshtensor::kernels {
 
@@ -107,6 +112,9 @@ struct Traits : Format<T> {
 static_assert(Traits<double>::anchor(0) - Traits<double>::kWindow <= -1074);
 // No f64 anchor lies more than 8 binades above the largest addend it covers (the floor).
 static_assert(Traits<double>::anchor(254) == 1024 && Traits<double>::anchor(253) == 1017);
+
+// Elements per block of reduce_exact: keys, limbs and results of a block stay in L1.
+constexpr std::size_t kReduceBlock = 1024;
 
 // Counts of +inf, -inf and NaN addends of a non-finite element, in 16-bit fields of limb 0.
 constexpr int kNegativeInfinityShift = 16;
@@ -286,30 +294,190 @@ void decode_typed(const std::int64_t* fixed, const std::uint8_t* keys, std::int6
   }
 }
 
-// Exact reduction of k inputs, block by block so keys, limbs and results stay in cache.
+// trunc(x) for |x| < 2^51 from exact operations only (SSE2 has no vector trunc): adding and
+// subtracting 1.5 * 2^52 rounds |x| to the nearest integer, then one step down where that went
+// past |x|; the sign is x's (a zero may come out as -0: callers add the results, and +0 last).
+inline double trunc_small(double x) {
+  constexpr double kRoundingMagic = 0x1.8p52;
+  const double magnitude = std::fabs(x);
+  double nearest = (magnitude + kRoundingMagic) - kRoundingMagic;
+  nearest -= nearest > magnitude ? 1.0 : 0.0;
+  return std::copysign(nearest, x);
+}
+
+// Most addends whose fixed-point sum stays exact in a double: k * 2^48 <= 2^53.
+constexpr std::size_t kMaxDoubleAddends = std::size_t{1} << (53 - kFixedPointLimbBits);
+
+// The sum of a block in one-limb fixed point, carried in doubles: each addend scaled to the
+// window is a power-of-two scaling (exact), truncated to an integer below 2^48, and at most 32
+// such integers add exactly in a double. So acc[i] is exactly the limb sum the int64 path adds,
+// and it vectorises without 64-bit integer conversions. Finite addends only.
+template <class T>
+[[gnu::always_inline]] inline void fixed_point_sum_in_doubles_body(const T* const* in,
+                                                                   std::size_t k,
+                                                                   const std::uint8_t* keys,
+                                                                   std::size_t n, double* acc) {
+  using X = Traits<T>;
+  static_assert(X::kLimbs == 1);
+  double scale[kReduceBlock];
+  for (std::size_t i = 0; i < n; ++i) {
+    scale[i] = std::bit_cast<double>(
+        static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(keys[i])) << 52);
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    acc[i] = trunc_small(element_to_double(in[0][i]) * scale[i]);
+  for (std::size_t j = 1; j < k; ++j) {
+    const T* add = in[j];
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] += trunc_small(element_to_double(add[i]) * scale[i]);
+  }
+}
+MESHTENSOR_SIMD_KERNEL(fixed_point_sum_in_doubles, fixed_point_sum_in_doubles_body)
+
+// How plain double sums of a block's one-limb addends relate to their fixed-point sums.
+enum class DoubleSum : std::uint8_t {
+  exact,       ///< no addend loses bits to the window: the double sum is the fixed-point sum
+  truncated,   ///< some addend is too far below its element's largest: use the limbs
+  non_finite,  ///< an infinity or NaN: use the limbs (they count them)
+};
+
+// sums[i] = the double sum of in[0..k)[i], k <= 32, and whether it is exact. An addend loses
+// nothing to the window when its magnitude is at least 2^-(window - mantissa bits - 1) of the
+// element's largest (or it is zero): then every addend is a multiple of the window's unit, and
+// the sum of at most 32 of them needs at most 53 bits. The test on magnitudes is a little
+// stricter than the one on exponents (a false "truncated" only costs the slower path), and where
+// the threshold underflows the window's unit lies below every value of the format. Two passes
+// over the inputs, floats compared in f32, no branches: it vectorises.
+template <class T>
+[[gnu::always_inline]] inline DoubleSum sum_in_doubles_body(const T* const* in, std::size_t k,
+                                                            std::size_t n,
+                                                            float* __restrict largest,
+                                                            double* __restrict sums) {
+  using X = Traits<T>;
+  constexpr float kFiniteMax = std::numeric_limits<float>::max();
+  const float below = std::ldexp(1.0f, -(X::kWindow - X::kMantissaBits - 1));
+  // Each loop works in one element width, which is what vectorises.
+  float widened[kReduceBlock];
+  const auto widen = [&](const T* __restrict x) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        widened[i] = x[i];
+      } else {
+        widened[i] = to_float(x[i]);
+      }
+    }
+  };
+  const auto values = [&](const T* x) -> const float* {
+    if constexpr (std::is_same_v<T, float>) {
+      return x;
+    } else {
+      widen(x);
+      return widened;
+    }
+  };
+  for (std::size_t i = 0; i < n; ++i)
+    largest[i] = 0;
+  int non_finite = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    const float* __restrict x = values(in[j]);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float magnitude = std::fabs(x[i]);
+      non_finite |= magnitude <= kFiniteMax ? 0 : 1;  // NaN compares false
+      largest[i] = magnitude > largest[i] ? magnitude : largest[i];
+    }
+  }
+  if (non_finite != 0) return DoubleSum::non_finite;
+  for (std::size_t i = 0; i < n; ++i)
+    largest[i] *= below;
+  int truncated = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    const float* __restrict x = values(in[j]);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float magnitude = std::fabs(x[i]);
+      truncated |= static_cast<int>(magnitude > 0) & static_cast<int>(magnitude < largest[i]);
+    }
+    if (j == 0) {
+      for (std::size_t i = 0; i < n; ++i)
+        sums[i] = x[i];
+    } else {
+      for (std::size_t i = 0; i < n; ++i)
+        sums[i] += x[i];
+    }
+  }
+  return truncated != 0 ? DoubleSum::truncated : DoubleSum::exact;
+}
+MESHTENSOR_SIMD_KERNEL(sum_in_doubles, sum_in_doubles_body)
+
+// Exact reduction of k inputs, block by block so keys, limbs and results stay in cache. Three
+// ways to the same integers, so to the same bits, chosen per block:
+// - one-limb formats, at most 32 finite addends, none so far below its element's largest that
+//   the window truncates it: the plain double sum (about the cost of an ordered sum);
+// - one-limb formats, at most 32 finite addends: the limbs carried in doubles;
+// - otherwise (f64, non-finite addends, more addends): int64 limbs.
 template <class T>
 void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
                         std::span<std::byte* const> outputs, std::size_t count) {
   using X = Traits<T>;
-  constexpr std::size_t kBlock = 1024;
-  std::array<std::uint8_t, kBlock> keys;
-  std::array<std::uint8_t, kBlock> own_keys;
-  std::array<std::int64_t, kBlock * X::kLimbs> limbs;
-  std::array<T, kBlock> result;
-  const auto divisor = static_cast<std::int64_t>(op == ReduceOp::avg ? inputs.size() : 1);
-  for (std::size_t begin = 0; begin < count; begin += kBlock) {
-    const std::size_t n = std::min(kBlock, count - begin);
-    keys_typed(reinterpret_cast<const T*>(inputs[0]) + begin, keys.data(), n);
-    for (std::size_t j = 1; j < inputs.size(); ++j) {
-      keys_typed(reinterpret_cast<const T*>(inputs[j]) + begin, own_keys.data(), n);
+  std::array<std::uint8_t, kReduceBlock> keys;
+  std::array<std::uint8_t, kReduceBlock> own_keys;
+  std::array<float, kReduceBlock> largest;
+  std::array<std::int64_t, kReduceBlock * X::kLimbs> limbs;
+  std::array<double, kReduceBlock> sums;
+  std::array<T, kReduceBlock> result;
+  std::vector<const T*> block(inputs.size());
+  const std::size_t k = inputs.size();
+  const auto divisor = static_cast<std::int64_t>(op == ReduceOp::avg ? k : 1);
+  const auto compute_keys = [&](std::size_t n) {
+    keys_typed(block[0], keys.data(), n);
+    for (std::size_t j = 1; j < k; ++j) {
+      keys_typed(block[j], own_keys.data(), n);
       for (std::size_t i = 0; i < n; ++i)
         keys[i] = std::max(keys[i], own_keys[i]);
     }
-    std::fill(limbs.begin(), limbs.begin() + static_cast<std::ptrdiff_t>(n * X::kLimbs), 0);
-    for (const std::byte* input : inputs)
-      encode_typed<T, true>(reinterpret_cast<const T*>(input) + begin, keys.data(), limbs.data(),
-                            n);
-    decode_typed(limbs.data(), keys.data(), divisor, result.data(), n);
+  };
+  for (std::size_t begin = 0; begin < count; begin += kReduceBlock) {
+    const std::size_t n = std::min(kReduceBlock, count - begin);
+    for (std::size_t j = 0; j < k; ++j)
+      block[j] = reinterpret_cast<const T*>(inputs[j]) + begin;
+    DoubleSum how = DoubleSum::non_finite;
+    if constexpr (X::kLimbs == 1) {
+      if (k <= kMaxDoubleAddends) {
+        how = sum_in_doubles<T>(block.data(), k, n, largest.data(), sums.data());
+        if (how == DoubleSum::truncated || divisor != 1) compute_keys(n);
+        if (how == DoubleSum::truncated) {
+          fixed_point_sum_in_doubles<T>(block.data(), k, keys.data(), n, sums.data());
+          for (std::size_t i = 0; i < n; ++i) {
+            const double unit = std::bit_cast<double>(
+                static_cast<std::uint64_t>(1023 - X::kWindow + X::anchor(keys[i])) << 52);
+            sums[i] *= unit;  // exact: a power-of-two scaling
+          }
+        }
+      }
+    }
+    if (how != DoubleSum::non_finite && divisor == 1) {
+      // One rounding to T; + 0.0 turns an exact zero into +0.
+      for (std::size_t i = 0; i < n; ++i) {
+        if constexpr (std::is_same_v<T, float>) {
+          result[i] = static_cast<float>(sums[i] + 0.0);  // inline, so that it vectorises
+        } else {
+          result[i] = element_from_double<T>(sums[i] + 0.0);
+        }
+      }
+    } else if (how != DoubleSum::non_finite) {
+      // The exact sum as the integer the limbs would hold, then the divide of decode.
+      for (std::size_t i = 0; i < n; ++i) {
+        const double scale = std::bit_cast<double>(
+            static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(keys[i])) << 52);
+        limbs[i] = static_cast<std::int64_t>(sums[i] * scale);
+      }
+      decode_typed(limbs.data(), keys.data(), divisor, result.data(), n);
+    } else {
+      compute_keys(n);
+      std::fill(limbs.begin(), limbs.begin() + static_cast<std::ptrdiff_t>(n * X::kLimbs), 0);
+      for (std::size_t j = 0; j < k; ++j)
+        encode_typed<T, true>(block[j], keys.data(), limbs.data(), n);
+      decode_typed(limbs.data(), keys.data(), divisor, result.data(), n);
+    }
     for (std::byte* out : outputs)
       std::memcpy(out + begin * sizeof(T), result.data(), n * sizeof(T));
   }

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 #if defined(__x86_64__)
@@ -12,6 +13,7 @@
 #include <meshtensor/kernels/reduce.hpp>
 
 #include "combine.hpp"
+#include "simd_dispatch.hpp"
 
 namespace meshtensor::kernels {
 
@@ -50,60 +52,122 @@ void finish_streaming(bool streaming) {
   (void)streaming;
 }
 
-// Final value of an accumulator: avg divides once, then one rounding to T. A sum that is NaN
+// Sum (or mean) of one block of every input, in input order, into `result`. A sum that is NaN
 // becomes the canonical NaN: which operand's payload the hardware passes on depends on operand
-// order, and vectorised and scalar code order them differently.
+// order, and vectorised and scalar code order them differently. Every loop is branch-free per
+// element, so it vectorises; the accumulator stays in L1.
 template <class T>
-T finish(detail::Accumulator<T> acc, ReduceOp op, std::size_t inputs) {
+[[gnu::always_inline]] inline void sum_block_body(const T* const* in, std::size_t k, std::size_t n,
+                                                  bool mean, T* result) {
   using A = detail::Accumulator<T>;
-  if constexpr (!std::is_integral_v<A>) {
-    if (acc != acc) return canonical_nan<T>();
-  }
-  if (op == ReduceOp::avg) {
-    if constexpr (std::is_floating_point_v<T>) {
-      return acc / static_cast<T>(inputs);
-    } else if constexpr (detail::kIsHalf<T>) {
-      return element_from_double<T>(static_cast<double>(acc) / static_cast<double>(inputs));
+  if constexpr (std::is_same_v<A, T> && std::is_floating_point_v<T>) {
+    // f32/f64: the first two inputs and the last one are fused into the passes around the
+    // middle ones, so a two-input sum is a single pass.
+    const T nan = canonical_nan<T>();
+    const auto divisor = static_cast<T>(k);
+    const auto finish = [&](T value) {
+      if (mean) value = value / divisor;
+      return value != value ? nan : value;
+    };
+    if (k == 1) {
+      for (std::size_t i = 0; i < n; ++i)
+        result[i] = finish(in[0][i]);
+      return;
+    }
+    const T* first = in[0];
+    const T* last = in[k - 1];
+    if (k == 2) {
+      for (std::size_t i = 0; i < n; ++i)
+        result[i] = finish(first[i] + last[i]);
+      return;
+    }
+    T acc[kBlockElements];
+    const T* second = in[1];
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = first[i] + second[i];
+    // The middle inputs up to four per pass (still added one after the other).
+    std::size_t j = 2;
+    for (; j + 4 < k; j += 4) {
+      const T* a = in[j];
+      const T* b = in[j + 1];
+      const T* c = in[j + 2];
+      const T* d = in[j + 3];
+      for (std::size_t i = 0; i < n; ++i)
+        acc[i] = (((acc[i] + a[i]) + b[i]) + c[i]) + d[i];
+    }
+    for (; j + 1 < k; ++j) {
+      const T* add = in[j];
+      for (std::size_t i = 0; i < n; ++i)
+        acc[i] += add[i];
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      result[i] = finish(acc[i] + last[i]);
+  } else {
+    A acc[kBlockElements];
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = detail::widen(in[0][i]);
+    for (std::size_t j = 1; j < k; ++j) {
+      const T* add = in[j];
+      for (std::size_t i = 0; i < n; ++i)
+        acc[i] = detail::add_raw<A>(acc[i], detail::widen(add[i]));
+    }
+    if constexpr (std::is_integral_v<T>) {
+      if (!mean) {
+        std::copy(acc, acc + n, result);
+        return;
+      }
+      for (std::size_t i = 0; i < n; ++i)
+        result[i] = element_from_double<T>(static_cast<double>(acc[i]) / static_cast<double>(k));
     } else {
-      return element_from_double<T>(static_cast<double>(acc) / static_cast<double>(inputs));
+      // Halves: the f32 sum rounds once to the half (a mean: the f32 sum over k, in f64).
+      for (std::size_t i = 0; i < n; ++i) {
+        const double value = mean ? static_cast<double>(acc[i]) / static_cast<double>(k)
+                                  : static_cast<double>(acc[i]);
+        result[i] = acc[i] != acc[i] ? canonical_nan<T>() : element_from_double<T>(value);
+      }
     }
   }
-  if constexpr (detail::kIsHalf<T>) {
-    return element_from_double<T>(static_cast<double>(acc));
-  } else {
-    static_assert(std::is_same_v<A, T>);
-    return acc;
+}
+MESHTENSOR_SIMD_KERNEL(sum_block, sum_block_body)
+
+// Max or min of one block of every input, in input order, into `result`.
+template <class T>
+void extremum_block(const T* const* in, std::size_t k, std::size_t n, ReduceOp op, T* result) {
+  using A = detail::Accumulator<T>;
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (detail::kIsHalf<T>) {
+      T best = in[0][i];
+      for (std::size_t j = 1; j < k; ++j) {
+        best = detail::order_free_extremum(best, in[j][i], to_float(best), to_float(in[j][i]),
+                                           op == ReduceOp::max);
+      }
+      result[i] = best;
+    } else {
+      A best = in[0][i];
+      for (std::size_t j = 1; j < k; ++j)
+        best = detail::combine_arithmetic<A>(best, in[j][i], op);
+      result[i] = best;
+    }
   }
 }
 
 template <class T>
 void reduce_typed(ReduceOp op, std::span<const std::byte* const> inputs,
                   std::span<std::byte* const> outputs, std::size_t count) {
-  using A = detail::Accumulator<T>;
-  std::array<A, kBlockElements> acc;
-  std::array<T, kBlockElements> result;
+  T result[kBlockElements];
+  std::vector<const T*> block(inputs.size());
   const bool streaming = count * sizeof(T) >= kStreamingBytes;
   for (std::size_t begin = 0; begin < count; begin += kBlockElements) {
     const std::size_t n = std::min(kBlockElements, count - begin);
-    const auto* first = reinterpret_cast<const T*>(inputs[0]) + begin;
-    for (std::size_t i = 0; i < n; ++i)
-      acc[i] = detail::widen(first[i]);
-    for (std::size_t j = 1; j < inputs.size(); ++j) {
-      const auto* in = reinterpret_cast<const T*>(inputs[j]) + begin;
-      if (op == ReduceOp::sum || op == ReduceOp::avg) {
-        // The common case without a per-element branch, so it vectorises; finish() makes a NaN
-        // canonical.
-        for (std::size_t i = 0; i < n; ++i)
-          acc[i] = detail::add_raw<A>(acc[i], detail::widen(in[i]));
-      } else {
-        for (std::size_t i = 0; i < n; ++i)
-          acc[i] = detail::combine_arithmetic<A>(acc[i], detail::widen(in[i]), op);
-      }
+    for (std::size_t j = 0; j < block.size(); ++j)
+      block[j] = reinterpret_cast<const T*>(inputs[j]) + begin;
+    if (op == ReduceOp::sum || op == ReduceOp::avg) {
+      sum_block<T>(block.data(), block.size(), n, op == ReduceOp::avg, result);
+    } else {
+      extremum_block<T>(block.data(), block.size(), n, op, result);
     }
-    for (std::size_t i = 0; i < n; ++i)
-      result[i] = finish<T>(acc[i], op, inputs.size());
     for (std::byte* out : outputs) {
-      store_block(out + begin * sizeof(T), reinterpret_cast<const std::byte*>(result.data()),
+      store_block(out + begin * sizeof(T), reinterpret_cast<const std::byte*>(result),
                   n * sizeof(T), streaming);
     }
   }

@@ -12,6 +12,7 @@
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/fixed_point.hpp>
+#include <meshtensor/kernels/simd.hpp>
 
 #include "support/error_message.hpp"
 #include "support/exact_sum_reference.hpp"
@@ -270,6 +271,52 @@ TEST(FixedPoint, AddendsFarBelowTheLargestAreTruncatedAtTheDocumentedFloor) {
           << dtype_name(dtype) << " element " << i;
     }
   }
+}
+
+// reduce_exact picks per block between a plain double sum, limbs carried in doubles and int64
+// limbs, compiled for each SIMD level: every choice must give the limbs' bits. The data mixes
+// blocks inside the exact range, blocks with addends far below their element's largest (so the
+// window truncates), blocks with infinities and NaN, and counts that are not multiples of a
+// block or a vector.
+TEST(FixedPoint, ReduceExactGivesTheLimbsBitsOnEveryPathAndSimdLevel) {
+  const SimdLevel saved = simd_level();
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (const int k : {1, 2, 3, 8, 31, 32, 33, 40}) {
+      const std::int64_t count = 3 * 1024 + 77;
+      std::vector<Tensor> addends;
+      for (int r = 0; r < k; ++r) {
+        Tensor narrow = testing::spread_values(dtype, count, -20, 20, 6, 17, r);
+        const Tensor wide = testing::spread_values(dtype, count, -60, 60, 70, 18, r);
+        // Block 1 spans 70 binades per element; block 2 holds a NaN and an infinity.
+        narrow.narrow(0, 1024, 1024).copy_from(wide.narrow(0, 1024, 1024));
+        if (r == k / 2) {
+          const std::int64_t nan_at[] = {2048 + 5};
+          const std::int64_t inf_at[] = {2048 + 900};
+          narrow.set(nan_at, std::numeric_limits<double>::quiet_NaN());
+          narrow.set(inf_at, std::numeric_limits<double>::infinity());
+        }
+        addends.push_back(std::move(narrow));
+      }
+      std::vector<const std::byte*> inputs;
+      for (const Tensor& addend : addends)
+        inputs.push_back(addend.bytes().data());
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        const Tensor expected = fixed_point_sum(addends, op == ReduceOp::avg ? k : 1);
+        for (const SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+          if (static_cast<int>(level) > static_cast<int>(best_simd_level())) continue;
+          set_simd_level(level);
+          Tensor out({count}, dtype);
+          std::byte* const output = out.bytes().data();
+          reduce_exact(dtype, op, inputs, std::span<std::byte* const>(&output, 1),
+                       static_cast<std::size_t>(count));
+          EXPECT_TRUE(out.bitwise_equal(expected))
+              << dtype_name(dtype) << " k=" << k << " " << reduce_op_name(op) << " "
+              << simd_level_name(level);
+        }
+      }
+    }
+  }
+  set_simd_level(saved);
 }
 
 TEST(FixedPoint, NonFiniteAddendsFollowIeeeWithoutOrder) {

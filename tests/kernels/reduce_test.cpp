@@ -7,6 +7,7 @@
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/reduce.hpp>
+#include <meshtensor/kernels/simd.hpp>
 
 namespace meshtensor::kernels {
 namespace {
@@ -108,6 +109,30 @@ TEST(ReduceOrdered, OutputMayBeAnInputsOwnBufferAndFansOutToAll) {
   reduce_ordered(DType::f32, ReduceOp::sum, pointers, outputs, static_cast<std::size_t>(count));
   for (const Tensor& input : inputs)
     EXPECT_TRUE(input.bitwise_equal(expected));
+}
+
+// The ordered kernels are compiled for each SIMD level: the same bits on every one.
+TEST(ReduceOrdered, EverySimdLevelGivesTheSameBits) {
+  const SimdLevel saved = simd_level();
+  for (const DType dtype : {DType::f64, DType::f32, DType::bf16, DType::i32}) {
+    for (const int k : {1, 2, 3, 5, 6, 7, 8, 13}) {
+      const std::int64_t count = 2 * 1024 + 61;
+      const auto inputs = random_inputs(dtype, k, count, 23);
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+        set_simd_level(SimdLevel::baseline);
+        const Tensor expected = reduce_all(dtype, op, inputs, 0, count, Tensor({count}, dtype));
+        for (const SimdLevel level : {SimdLevel::avx2, SimdLevel::avx512}) {
+          if (static_cast<int>(level) > static_cast<int>(best_simd_level())) continue;
+          set_simd_level(level);
+          const Tensor got = reduce_all(dtype, op, inputs, 0, count, Tensor({count}, dtype));
+          EXPECT_TRUE(got.bitwise_equal(expected))
+              << dtype_name(dtype) << " k=" << k << " " << reduce_op_name(op) << " "
+              << simd_level_name(level);
+        }
+      }
+    }
+  }
+  set_simd_level(saved);
 }
 
 // NaN addends with different signs and payloads, at every position of buffers of several

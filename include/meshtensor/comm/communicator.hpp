@@ -124,23 +124,28 @@ class Communicator {
   virtual std::shared_ptr<Communicator> split(std::int64_t color, std::int64_t key,
                                               const CollectiveOptions& options) = 0;
 
+  // The blocking forms: by default the async call and a wait; a backend may run them more
+  // directly (the queued backends run them on the calling thread when the group's queue is idle).
+
   /// Blocking all_reduce.
-  void all_reduce(const Tensor& buffer, const CollectiveOptions& options = {});
+  virtual void all_reduce(const Tensor& buffer, const CollectiveOptions& options = {});
   /// Blocking reduce_scatter.
-  void reduce_scatter(const Tensor& input, const Tensor& output,
-                      std::vector<std::int64_t> counts = {}, const CollectiveOptions& options = {});
+  virtual void reduce_scatter(const Tensor& input, const Tensor& output,
+                              std::vector<std::int64_t> counts = {},
+                              const CollectiveOptions& options = {});
   /// Blocking all_gather.
-  void all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts = {},
-                  const CollectiveOptions& options = {});
+  virtual void all_gather(const Tensor& input, const Tensor& output,
+                          std::vector<std::int64_t> counts = {},
+                          const CollectiveOptions& options = {});
   /// Blocking all_to_all.
-  void all_to_all(const Tensor& input, const Tensor& output,
-                  std::vector<std::int64_t> send_counts = {},
-                  std::vector<std::int64_t> recv_counts = {},
-                  const CollectiveOptions& options = {});
+  virtual void all_to_all(const Tensor& input, const Tensor& output,
+                          std::vector<std::int64_t> send_counts = {},
+                          std::vector<std::int64_t> recv_counts = {},
+                          const CollectiveOptions& options = {});
   /// Blocking broadcast.
-  void broadcast(const Tensor& buffer, int root, const CollectiveOptions& options = {});
+  virtual void broadcast(const Tensor& buffer, int root, const CollectiveOptions& options = {});
   /// Blocking barrier.
-  void barrier(const CollectiveOptions& options = {});
+  virtual void barrier(const CollectiveOptions& options = {});
 };
 
 /// Validates arguments on the calling rank and returns the normalised call (sequence unset).

@@ -30,6 +30,19 @@ class QueuedCommunicator : public Communicator {
   std::shared_ptr<Communicator> split(std::int64_t color, std::int64_t key,
                                       const CollectiveOptions& options) final;
 
+  void all_reduce(const Tensor& buffer, const CollectiveOptions& options = {}) final;
+  void reduce_scatter(const Tensor& input, const Tensor& output,
+                      std::vector<std::int64_t> counts = {},
+                      const CollectiveOptions& options = {}) final;
+  void all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts = {},
+                  const CollectiveOptions& options = {}) final;
+  void all_to_all(const Tensor& input, const Tensor& output,
+                  std::vector<std::int64_t> send_counts = {},
+                  std::vector<std::int64_t> recv_counts = {},
+                  const CollectiveOptions& options = {}) final;
+  void broadcast(const Tensor& buffer, int root, const CollectiveOptions& options = {}) final;
+  void barrier(const CollectiveOptions& options = {}) final;
+
  protected:
   /// When the collective in progress gives up waiting for the other ranks.
   using Deadline = std::chrono::steady_clock::time_point;
@@ -49,6 +62,9 @@ class QueuedCommunicator : public Communicator {
 
  private:
   Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options);
+  // Runs the call in queue order and waits for it (on this thread when the queue is idle).
+  void run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
+               const CollectiveOptions& options);
 
   std::int64_t next_sequence_ = 0;
   WorkQueue queue_;

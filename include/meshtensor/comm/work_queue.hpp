@@ -28,13 +28,20 @@ class WorkQueue {
   /// Queues `task`; the returned Work completes when it ran, carrying any exception it threw.
   Work submit(std::function<void()> task);
 
+  /// Runs `task` in FIFO order and returns when it ran, rethrowing what it threw. When nothing is
+  /// queued or running, it runs on the calling thread: a blocking call needs no hand-off to the
+  /// queue's thread and back (two context switches), and a rank that only makes blocking calls
+  /// never starts that thread.
+  void run(const std::function<void()>& task);
+
  private:
-  void run();
+  void serve();
 
   std::mutex mutex_;
   std::condition_variable ready_cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkState>>> tasks_;
   bool stopping_ = false;
+  bool busy_ = false;   // a task is running (on the queue's thread or inline)
   std::thread thread_;  // started by the first submit()
 };
 

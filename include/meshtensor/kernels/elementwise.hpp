@@ -1,5 +1,9 @@
 #pragma once
 
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
 #include <meshtensor/core/reduce_op.hpp>
 #include <meshtensor/core/tensor.hpp>
 
@@ -23,6 +27,17 @@ void divide(Tensor& tensor, double divisor);
 
 /// The canonical NaN of a floating storage type (positive quiet NaN, payload 0).
 template <class T>
-T canonical_nan();
+T canonical_nan() {
+  if constexpr (std::is_same_v<T, double>) {
+    return std::bit_cast<double>(std::uint64_t{0x7FF8000000000000});
+  } else if constexpr (std::is_same_v<T, float>) {
+    return std::bit_cast<float>(std::uint32_t{0x7FC00000});
+  } else if constexpr (std::is_same_v<T, Float16>) {
+    return Float16{0x7E00};
+  } else {
+    static_assert(std::is_same_v<T, BFloat16>, "canonical_nan needs a floating storage type");
+    return BFloat16{0x7FC0};
+  }
+}
 
 }  // namespace meshtensor::kernels

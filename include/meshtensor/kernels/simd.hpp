@@ -1,0 +1,30 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace meshtensor::kernels {
+
+/// Instruction sets the hot kernels are compiled for. Every level gives the same bits: the
+/// kernels use exact operations and single correct roundings only, never contraction or
+/// reassociation, so a wider vector changes the speed and nothing else.
+enum class SimdLevel : std::uint8_t {
+  baseline,  ///< what the build targets (x86-64: SSE2)
+  avx2,      ///< x86-64 with AVX2
+  avx512,    ///< x86-64 with AVX-512 (F, DQ, BW, VL)
+};
+
+/// "baseline", "avx2" or "avx512".
+std::string_view simd_level_name(SimdLevel level);
+
+/// The widest level this CPU runs.
+SimdLevel best_simd_level();
+
+/// The level the kernels use now: best_simd_level() unless set_simd_level() chose another.
+SimdLevel simd_level();
+
+/// Makes the kernels use `level` (tests compare the levels bit for bit; benchmarks time them).
+/// Throws InvalidArgument naming the level when this CPU cannot run it.
+void set_simd_level(SimdLevel level);
+
+}  // namespace meshtensor::kernels

@@ -1,0 +1,59 @@
+#include <atomic>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/simd.hpp>
+
+namespace meshtensor::kernels {
+
+namespace {
+SimdLevel detect() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+    return SimdLevel::avx512;
+  }
+  if (__builtin_cpu_supports("avx2")) return SimdLevel::avx2;
+#endif
+  return SimdLevel::baseline;
+}
+
+std::atomic<SimdLevel>& current() {
+  static std::atomic<SimdLevel> level{best_simd_level()};
+  return level;
+}
+}  // namespace
+
+std::string_view simd_level_name(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::baseline:
+      return "baseline";
+    case SimdLevel::avx2:
+      return "avx2";
+    case SimdLevel::avx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+SimdLevel best_simd_level() {
+  static const SimdLevel best = detect();
+  return best;
+}
+
+SimdLevel simd_level() {
+  return current().load(std::memory_order_relaxed);
+}
+
+void set_simd_level(SimdLevel level) {
+  if (static_cast<int>(level) > static_cast<int>(best_simd_level())) {
+    throw InvalidArgument(fmt::format("this CPU cannot run the {} kernels (its best is {})",
+                                      simd_level_name(level),
+                                      simd_level_name(best_simd_level())));
+  }
+  current().store(level, std::memory_order_relaxed);
+}
+
+}  // namespace meshtensor::kernels
