@@ -103,6 +103,22 @@ double bus_factor(CollectiveKind op, int size) {
 
 }  // namespace
 
+double collective_bench_bytes_per_rank(const CollectiveBenchConfig& config, int ranks) {
+  const double bytes =
+      static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
+  const double share = bytes / ranks + static_cast<double>(dtype_size(config.dtype));
+  switch (config.op) {
+    case CollectiveKind::all_reduce:
+      return 2 * bytes + bytes;  // pristine, buffer, and the backend's staging at worst
+    case CollectiveKind::reduce_scatter:
+      return bytes + share + bytes;
+    case CollectiveKind::all_gather:
+      return share + bytes;
+    default:
+      return 3 * bytes;  // all_to_all: pristine input, output, staging
+  }
+}
+
 CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchConfig& config) {
   if (config.count < 1) {
     throw InvalidArgument(
@@ -120,19 +136,28 @@ CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchC
     comm.all_reduce(slowest, {.op = ReduceOp::max});
     return slowest.values<double>()[0];
   };
-  timed(config.mode);  // warm-up: first-touch pages, MPI connections, staging buffers
+  const bool reducing =
+      config.op == CollectiveKind::all_reduce || config.op == CollectiveKind::reduce_scatter;
+  std::vector<ReductionMode> modes = config.modes;
+  if (!reducing) modes.resize(std::min<std::size_t>(modes.size(), 1));  // same data movement
+  // Warm-up: first-touch pages, MPI connections, staging buffers.
   timed(ReductionMode::native);
+  for (ReductionMode mode : modes)
+    timed(mode);
 
-  std::vector<double> times;
   std::vector<double> native_times;
+  std::vector<std::vector<double>> times(modes.size());
   double spent = 0;
   while (true) {
-    times.push_back(timed(config.mode));
     native_times.push_back(timed(ReductionMode::native));
-    spent += times.back() + native_times.back();
-    const auto done = static_cast<int>(times.size());
-    // Enough pairs for a stable median: about two seconds' worth, at least 5 (small messages
-    // take thousands), at most 20000.
+    spent += native_times.back();
+    for (std::size_t m = 0; m < modes.size(); ++m) {
+      times[m].push_back(timed(modes[m]));
+      spent += times[m].back();
+    }
+    // Enough rounds for a stable median: about two seconds' worth, at least 5 (small messages
+    // take thousands), at most 20000. `spent` is the same on every rank (slowest-rank times).
+    const auto done = static_cast<int>(native_times.size());
     if (config.iterations > 0 ? done >= config.iterations
                               : done >= 5 && (spent >= 2.0 || done >= 20000)) {
       break;
@@ -140,14 +165,19 @@ CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchC
   }
   CollectiveBenchResult result;
   result.ranks = comm.size();
-  result.iterations = static_cast<int>(times.size());
-  result.time_s = median(times);
+  result.iterations = static_cast<int>(native_times.size());
   result.native_time_s = median(native_times);
-  result.ratio = result.time_s / result.native_time_s;
   const double bytes =
       static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
-  result.algbw_gbs = bytes / result.time_s / 1e9;
-  result.busbw_gbs = result.algbw_gbs * bus_factor(config.op, comm.size());
+  for (std::size_t m = 0; m < modes.size(); ++m) {
+    ModeTiming timing;
+    timing.mode = modes[m];
+    timing.time_s = median(times[m]);
+    timing.ratio = timing.time_s / result.native_time_s;
+    timing.algbw_gbs = bytes / timing.time_s / 1e9;
+    timing.busbw_gbs = timing.algbw_gbs * bus_factor(config.op, comm.size());
+    result.modes.push_back(timing);
+  }
   return result;
 }
 

@@ -67,19 +67,43 @@ RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicat
   return result;
 }
 
+double redistribute_bench_bytes_per_rank(const RedistributeBenchConfig& config) {
+  const auto element = static_cast<double>(dtype_size(config.dtype));
+  double peak = 0;
+  for (const bool merge : {true, false}) {
+    plan::PlanOptions options;
+    options.merge = merge;
+    peak = std::max(peak, static_cast<double>(plan::default_plan_cache()
+                                                  .get(config.mesh, config.from, config.to,
+                                                       config.shape, config.dtype, options)
+                                                  ->peak_bytes_per_rank));
+  }
+  const double source =
+      static_cast<double>(max_local_shape(config.mesh, config.from, config.shape).numel());
+  // Exact plans may carry int64 limbs and a key lane per element (up to 24 bytes).
+  const double width = config.mode == comm::ReductionMode::exact ? 24.0 / element + 1 : 1.0;
+  return source * element + 4.0 * peak * width + (256 << 10);
+}
+
 PlanningTime time_planning(const DeviceMesh& mesh, const PlacementSpec& from,
                            const PlacementSpec& to, const Shape& shape, DType dtype,
                            int iterations) {
+  // At least `iterations` samples and 0.2 s, but never more than about 2 s in all: a plan that
+  // takes long is timed a few times, not hundreds.
   auto time_calls = [&](auto&& call) {
     std::vector<double> times;
     const Clock::time_point begin = Clock::now();
-    while (static_cast<int>(times.size()) < iterations || seconds_since(begin) < 0.2) {
-      // Batches of calls so that the clock's resolution does not matter.
-      constexpr int kBatch = 16;
-      const Clock::time_point start = Clock::now();
-      for (int i = 0; i < kBatch; ++i)
+    Clock::time_point start = Clock::now();
+    call();
+    times.push_back(seconds_since(start));
+    // Batches of fast calls, so that the clock's resolution does not matter.
+    const int batch = times.front() < 1e-3 ? 16 : 1;
+    while ((static_cast<int>(times.size()) < iterations || seconds_since(begin) < 0.2) &&
+           seconds_since(begin) < 2.0) {
+      start = Clock::now();
+      for (int i = 0; i < batch; ++i)
         call();
-      times.push_back(seconds_since(start) / kBatch);
+      times.push_back(seconds_since(start) / batch);
     }
     return median(times);
   };

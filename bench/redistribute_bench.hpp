@@ -29,6 +29,10 @@ struct RedistributeBenchResult {
 RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicator>& world,
                                           const RedistributeBenchConfig& config);
 
+/// Bytes one rank holds at most while time_redistribute runs `config`: its source block, the
+/// results and the working buffers of both plans.
+double redistribute_bench_bytes_per_rank(const RedistributeBenchConfig& config);
+
 /// Planning time per call.
 struct PlanningTime {
   double uncached_s = 0;  ///< make_plan

@@ -7,29 +7,35 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <meshtensor/comm/mpi_backend.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
+#include "backend.hpp"
 #include "collective_bench.hpp"
 #include "commands.hpp"
+#include "options.hpp"
 #include "redistribute_bench.hpp"
 
 namespace meshtensor::cli {
 
 namespace {
 
+// Most threads a benchmark runs: timing many more ranks than cores measures the scheduler.
+constexpr int kMaxBenchThreads = 64;
+
 struct CollectiveBenchOptions {
   std::string op = "all_reduce";
   std::string dtype = "f32";
-  std::int64_t count = 1 << 24;
+  std::string count = "16777216";
   std::string mode = "ordered";
   std::string backend = "threads";
-  int ranks = 2;
-  bool ranks_given = false;
-  int iterations = 0;
+  std::string ranks = "2";
+  CLI::Option* ranks_option = nullptr;
+  std::string iterations = "0";
   bool json = false;
+  TimeoutOption timeout;
 };
 
 comm::CollectiveKind parse_op(const std::string& text) {
@@ -43,6 +49,9 @@ comm::CollectiveKind parse_op(const std::string& text) {
 }
 
 constexpr double kMinBoundBytes = 4 << 20;
+// Most elements one configuration may ask for (what an MPI count can address per rank and call
+// is checked by the backend; this only keeps byte counts far from overflow).
+constexpr std::int64_t kMaxBenchCount = std::int64_t{1} << 40;
 
 // Bytes the machine must read plus write at least once, over all ranks of one process, for the
 // collective to be done: every rank's input read once, every rank's output written once.
@@ -55,100 +64,173 @@ double memory_traffic_bytes(comm::CollectiveKind op, int ranks, double bytes) {
   }
 }
 
-void print(const CollectiveBenchOptions& options, const bench::CollectiveBenchConfig& config,
-           const bench::CollectiveBenchResult& result, std::optional<double> bound_s) {
-  if (options.json) {
-    nlohmann::json out = {{"op", options.op},
-                          {"dtype", options.dtype},
-                          {"count", config.count},
-                          {"mode", options.mode},
-                          {"backend", options.backend},
-                          {"ranks", result.ranks},
-                          {"iterations", result.iterations},
-                          {"time_s", result.time_s},
-                          {"native_time_s", result.native_time_s},
-                          {"ratio", result.ratio},
-                          {"algbw_gbs", result.algbw_gbs},
-                          {"busbw_gbs", result.busbw_gbs}};
-    if (bound_s) {
-      out["memory_bound_time_s"] = *bound_s;
-      out["memory_bound_fraction"] = *bound_s / result.time_s;
-    }
-    std::cout << out.dump() << '\n';
-    return;
+// One configuration's JSON object.
+nlohmann::json result_json(const bench::CollectiveBenchConfig& config, const std::string& backend,
+                           const bench::CollectiveBenchResult& result,
+                           std::optional<double> bound_s) {
+  nlohmann::json out = {{"op", comm::collective_name(config.op)},
+                        {"dtype", dtype_name(config.dtype)},
+                        {"count", config.count},
+                        {"backend", backend},
+                        {"ranks", result.ranks},
+                        {"iterations", result.iterations},
+                        {"native_time_s", result.native_time_s}};
+  nlohmann::json modes = nlohmann::json::object();
+  for (const bench::ModeTiming& timing : result.modes) {
+    modes[std::string(comm::reduction_mode_name(timing.mode))] = {{"time_s", timing.time_s},
+                                                                  {"ratio", timing.ratio},
+                                                                  {"algbw_gbs", timing.algbw_gbs},
+                                                                  {"busbw_gbs", timing.busbw_gbs}};
   }
-  std::cout << fmt::format(
-      "{} {} x {} on {} ranks ({}), {} timed calls per mode (median)\n"
-      "  {:<8} {:10.3f} ms   busbw {:7.2f} GB/s\n"
-      "  {:<8} {:10.3f} ms   busbw {:7.2f} GB/s\n"
-      "  ratio    {:10.3f}      ({} / native)\n",
-      options.op, options.dtype, config.count, result.ranks, options.backend, result.iterations,
-      options.mode, result.time_s * 1e3, result.busbw_gbs, "native", result.native_time_s * 1e3,
-      result.native_time_s > 0 ? result.busbw_gbs * result.time_s / result.native_time_s : 0.0,
-      result.ratio, options.mode);
+  out["modes"] = modes;
+  // The first mode's figures at the top level as well.
+  const bench::ModeTiming& first = result.modes.front();
+  out["mode"] = comm::reduction_mode_name(first.mode);
+  out["time_s"] = first.time_s;
+  out["ratio"] = first.ratio;
+  out["algbw_gbs"] = first.algbw_gbs;
+  out["busbw_gbs"] = first.busbw_gbs;
   if (bound_s) {
+    out["memory_bound_time_s"] = *bound_s;
+    out["memory_bound_fraction"] = *bound_s / first.time_s;
+  }
+  return out;
+}
+
+void print_single(const bench::CollectiveBenchConfig& config, const std::string& backend,
+                  const bench::CollectiveBenchResult& result, std::optional<double> bound_s) {
+  std::cout << fmt::format("{} {} x {} on {} ranks ({}), {} timed calls per mode (median)\n",
+                           comm::collective_name(config.op), dtype_name(config.dtype), config.count,
+                           result.ranks, backend, result.iterations);
+  for (const bench::ModeTiming& timing : result.modes) {
+    std::cout << fmt::format("  {:<8} {:10.3f} ms   busbw {:7.2f} GB/s   ratio {:6.3f}\n",
+                             comm::reduction_mode_name(timing.mode), timing.time_s * 1e3,
+                             timing.busbw_gbs, timing.ratio);
+  }
+  std::cout << fmt::format("  {:<8} {:10.3f} ms   (the baseline: the backend's own collective)\n",
+                           "native", result.native_time_s * 1e3);
+  if (bound_s) {
+    const double fraction = *bound_s / result.modes.front().time_s;
     std::cout << fmt::format(
         "  memory bound {:7.3f} ms (a parallel memcpy of the bytes every rank must read and "
         "write); reached {:.2f} of it\n",
-        *bound_s * 1e3, *bound_s / result.time_s);
+        *bound_s * 1e3, fraction);
   }
 }
 
+// The sweep table: one row per (op, count), one column pair per mode.
+void print_table_header(const std::vector<comm::ReductionMode>& modes) {
+  std::string header =
+      fmt::format("{:>5}  {:<14} {:>10}  {:>12}", "ranks", "op", "count", "native");
+  for (comm::ReductionMode mode : modes) {
+    header += fmt::format("  {:>12} {:>6}", comm::reduction_mode_name(mode), "ratio");
+  }
+  std::cout << header << '\n';
+}
+
+std::string time_text(double seconds) {
+  if (seconds < 1e-3) return fmt::format("{:.2f} us", seconds * 1e6);
+  return fmt::format("{:.3f} ms", seconds * 1e3);
+}
+
+void print_table_row(const bench::CollectiveBenchConfig& config,
+                     const bench::CollectiveBenchResult& result) {
+  std::string row =
+      fmt::format("{:>5}  {:<14} {:>10}  {:>12}", result.ranks, comm::collective_name(config.op),
+                  config.count, time_text(result.native_time_s));
+  for (comm::ReductionMode mode : config.modes) {
+    const auto found = std::find_if(result.modes.begin(), result.modes.end(),
+                                    [&](const bench::ModeTiming& t) { return t.mode == mode; });
+    if (found == result.modes.end()) {
+      row += fmt::format("  {:>12} {:>6}", "-", "-");  // no reduction: the same movement
+    } else {
+      row += fmt::format("  {:>12} {:>6.3f}", time_text(found->time_s), found->ratio);
+    }
+  }
+  std::cout << row << '\n' << std::flush;
+}
+
 void run_collective_bench(const CollectiveBenchOptions& options) {
-  bench::CollectiveBenchConfig config;
-  config.op = parse_op(options.op);
-  config.dtype = parse_dtype(options.dtype);
-  config.count = options.count;
-  config.mode = comm::parse_reduction_mode(options.mode);
-  config.iterations = options.iterations;
-  if (options.count < 1) {
-    throw InvalidArgument(fmt::format("--count must be positive, not {}", options.count));
+  std::vector<comm::CollectiveKind> ops;
+  for (const std::string& op : list_option("--op", options.op))
+    ops.push_back(parse_op(op));
+  std::vector<std::int64_t> counts;
+  for (const std::string& count : list_option("--count", options.count))
+    counts.push_back(integer_option("--count", count, 1, kMaxBenchCount));
+  std::vector<comm::ReductionMode> modes;
+  for (const std::string& mode : list_option("--mode", options.mode))
+    modes.push_back(mode_option(mode));
+  const DType dtype = parse_dtype(options.dtype);
+  const int iterations =
+      static_cast<int>(integer_option("--iterations", options.iterations, 0, 1'000'000));
+  const Backend backend = parse_backend(options.backend);
+  const bool ranks_given = options.ranks_option->count() > 0;
+  const auto ranks =
+      static_cast<int>(integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks));
+  if (backend == Backend::threads && ranks > kMaxBenchThreads) {
+    throw InvalidArgument(fmt::format("--ranks must be 1 to {} for bench on threads, not {}",
+                                      kMaxBenchThreads, ranks));
   }
-  if (options.iterations < 0) {
-    throw InvalidArgument(fmt::format("--iterations must be positive, not {}", options.iterations));
-  }
-  if (options.ranks_given && options.ranks < 1) {
-    throw InvalidArgument(fmt::format("--ranks must be positive, not {}", options.ranks));
-  }
-  if (options.backend == "threads") {
-    const int ranks = options.ranks_given ? options.ranks : 2;
-    if (ranks < 1 || ranks > 64) {
-      throw InvalidArgument(fmt::format("--ranks must be 1 to 64 for bench, not {}", ranks));
+  options.timeout.apply();
+  const bool single = ops.size() == 1 && counts.size() == 1 && modes.size() == 1;
+  std::vector<bench::CollectiveBenchConfig> configs;
+  for (comm::CollectiveKind op : ops) {
+    for (std::int64_t count : counts) {
+      bench::CollectiveBenchConfig config;
+      config.op = op;
+      config.dtype = dtype;
+      config.count = count;
+      config.modes = modes;
+      config.iterations = iterations;
+      configs.push_back(config);
     }
-    bench::CollectiveBenchResult result;
-    std::mutex result_mutex;
-    comm::run_threads(ranks, [&](comm::Communicator& world) {
-      const bench::CollectiveBenchResult mine = bench::time_collective(world, config);
-      if (world.rank() == 0) {
-        const std::lock_guard lock(result_mutex);
-        result = mine;
-      }
-    });
-    const double bytes =
-        static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
-    const int workers =
-        std::max(1, std::min(ranks, static_cast<int>(std::thread::hardware_concurrency())));
-    // Below a few MiB a copy's time is mostly thread start-up, not memory: no bound then.
-    std::optional<double> bound_s;
-    if (bytes >= kMinBoundBytes) {
-      bound_s = bench::copy_time_s(
-          static_cast<std::int64_t>(memory_traffic_bytes(config.op, ranks, bytes) / 2), workers);
-    }
-    print(options, config, result, bound_s);
-    return;
   }
-  if (options.backend == "mpi") {
-    comm::MpiWorld world(nullptr, nullptr);
-    if (options.ranks_given && options.ranks != world.size()) {
-      throw InvalidArgument(fmt::format("--ranks {} does not match the {} processes mpirun started",
-                                        options.ranks, world.size()));
-    }
-    const bench::CollectiveBenchResult result =
-        bench::time_collective(*world.communicator(), config);
-    if (world.rank() == 0) print(options, config, result, std::nullopt);
-    return;
-  }
-  throw ParseError(fmt::format("unknown --backend '{}': expected threads or mpi", options.backend));
+  const std::string command =
+      fmt::format("bench collective op={} dtype={} count={} mode={} iterations={} json={}",
+                  options.op, options.dtype, options.count, options.mode, iterations, options.json);
+  run_ranks(
+      backend, backend == Backend::threads ? ranks : 1, command, [&](comm::Communicator& world) {
+        if (backend == Backend::mpi && ranks_given && ranks != world.size()) {
+          throw InvalidArgument(fmt::format(
+              "--ranks {} does not match the {} processes mpirun started", ranks, world.size()));
+        }
+        const bool printer = world.rank() == 0;
+        if (printer && !single && !options.json) print_table_header(modes);
+        for (const bench::CollectiveBenchConfig& config : configs) {
+          // Every configuration is refused before it allocates if the ranks on this machine could
+          // not hold it (the same verdict on every rank).
+          const double per_rank = bench::collective_bench_bytes_per_rank(config, world.size());
+          const std::int64_t local = backend == Backend::threads ? world.size() : 1;
+          if (world.rank() == 0 || backend == Backend::mpi) {
+            require_memory(per_rank * static_cast<double>(local),
+                           fmt::format("bench collective {} of {} {} on {} ranks",
+                                       comm::collective_name(config.op), config.count,
+                                       dtype_name(config.dtype), world.size()));
+          }
+          world.barrier();
+          const bench::CollectiveBenchResult result = bench::time_collective(world, config);
+          if (!printer) continue;
+          std::optional<double> bound_s;
+          const double bytes =
+              static_cast<double>(config.count) * static_cast<double>(dtype_size(config.dtype));
+          if (backend == Backend::threads && single && bytes >= kMinBoundBytes) {
+            // Below a few MiB a copy's time is mostly thread start-up, not memory: no bound then.
+            const int workers = std::max(
+                1, std::min(world.size(), static_cast<int>(std::thread::hardware_concurrency())));
+            bound_s = bench::copy_time_s(
+                static_cast<std::int64_t>(memory_traffic_bytes(config.op, world.size(), bytes) / 2),
+                workers);
+          }
+          if (options.json) {
+            std::cout << result_json(config, options.backend, result, bound_s).dump() << '\n'
+                      << std::flush;
+          } else if (single) {
+            print_single(config, options.backend, result, bound_s);
+          } else {
+            print_table_row(config, result);
+          }
+        }
+      });
 }
 
 struct RedistributeBenchOptions {
@@ -159,8 +241,9 @@ struct RedistributeBenchOptions {
   std::string dtype = "f32";
   std::string mode = "ordered";
   std::string backend = "threads";
-  int iterations = 5;
+  std::string iterations = "5";
   bool json = false;
+  TimeoutOption timeout;
 };
 
 bench::RedistributeBenchConfig redistribute_config(const RedistributeBenchOptions& options) {
@@ -170,13 +253,11 @@ bench::RedistributeBenchConfig redistribute_config(const RedistributeBenchOption
   config.to = parse_spec(options.to);
   config.shape = parse_shape(options.shape);
   config.dtype = parse_dtype(options.dtype);
-  config.mode = comm::parse_reduction_mode(options.mode);
-  config.iterations = options.iterations;
+  config.mode = mode_option(options.mode);
+  config.iterations =
+      static_cast<int>(integer_option("--iterations", options.iterations, 1, 1'000'000));
   config.from.validate(config.mesh, config.shape.rank());
   config.to.validate(config.mesh, config.shape.rank());
-  if (options.iterations < 1) {
-    throw InvalidArgument(fmt::format("--iterations must be positive, not {}", options.iterations));
-  }
   return config;
 }
 
@@ -199,7 +280,7 @@ void print_redistribute(const RedistributeBenchOptions& options,
                                 {"unmerged_collectives", result.unmerged_collectives},
                                 {"plan_uncached_s", planning.uncached_s},
                                 {"plan_cached_s", planning.cached_s}};
-    std::cout << out.dump() << '\n';
+    std::cout << out.dump() << '\n' << std::flush;
     return;
   }
   std::cout << fmt::format(
@@ -213,42 +294,41 @@ void print_redistribute(const RedistributeBenchOptions& options,
       result.merged_s * 1e3, result.merged_collectives, result.unmerged_s * 1e3,
       result.unmerged_collectives, result.ratio, planning.uncached_s * 1e6,
       planning.cached_s * 1e6);
+  std::cout.flush();
 }
 
 void run_redistribute_bench(const RedistributeBenchOptions& options) {
   const bench::RedistributeBenchConfig config = redistribute_config(options);
+  const Backend backend = parse_backend(options.backend);
+  // The rank limit before anything is planned: planning a huge mesh to then refuse it wastes
+  // minutes.
+  if (backend == Backend::threads && config.mesh.size() > kMaxBenchThreads) {
+    throw InvalidArgument(fmt::format("mesh {} has {} ranks; bench runs at most {} threads",
+                                      config.mesh.to_string(), config.mesh.size(),
+                                      kMaxBenchThreads));
+  }
+  options.timeout.apply();
   const bench::PlanningTime planning =
       bench::time_planning(config.mesh, config.from, config.to, config.shape, config.dtype, 20);
-  if (options.backend == "threads") {
-    if (config.mesh.size() > 64) {
-      throw InvalidArgument(fmt::format("mesh {} has {} ranks; bench runs at most 64 threads",
-                                        config.mesh.to_string(), config.mesh.size()));
-    }
-    bench::RedistributeBenchResult result;
-    std::mutex result_mutex;
-    comm::run_threads(static_cast<int>(config.mesh.size()), [&](comm::Communicator& world) {
-      const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
-      const bench::RedistributeBenchResult mine = bench::time_redistribute(shared, config);
-      if (world.rank() == 0) {
-        const std::lock_guard lock(result_mutex);
-        result = mine;
-      }
-    });
-    print_redistribute(options, config, result, planning);
-    return;
-  }
-  if (options.backend == "mpi") {
-    comm::MpiWorld world(nullptr, nullptr);
+  const double per_rank = bench::redistribute_bench_bytes_per_rank(config);
+  const std::string command = fmt::format(
+      "bench redistribute mesh={} from={} to={} shape={} dtype={} mode={} iterations={} json={}",
+      config.mesh.to_string(), config.from.to_string(), config.to.to_string(),
+      config.shape.to_string(), dtype_name(config.dtype), options.mode, config.iterations,
+      options.json);
+  require_memory(
+      per_rank * static_cast<double>(backend == Backend::threads ? config.mesh.size() : 1),
+      fmt::format("bench redistribute of {} {} on mesh {}", config.shape.to_string(),
+                  dtype_name(config.dtype), config.mesh.to_string()));
+  run_ranks(backend, config.mesh.size(), command, [&](comm::Communicator& world) {
+    const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
     if (world.size() != config.mesh.size()) {
       throw InvalidArgument(fmt::format("mesh {} has {} ranks, but mpirun started {} processes",
                                         config.mesh.to_string(), config.mesh.size(), world.size()));
     }
-    const bench::RedistributeBenchResult result =
-        bench::time_redistribute(world.communicator(), config);
+    const bench::RedistributeBenchResult result = bench::time_redistribute(shared, config);
     if (world.rank() == 0) print_redistribute(options, config, result, planning);
-    return;
-  }
-  throw ParseError(fmt::format("unknown --backend '{}': expected threads or mpi", options.backend));
+  });
 }
 
 // Planning cases from 1-D to 4-D meshes, uneven shapes, nested shards and partials.
@@ -303,22 +383,24 @@ void add_bench_command(CLI::App& app) {
   auto options = std::make_shared<CollectiveBenchOptions>();
   CLI::App* collective = bench->add_subcommand(
       "collective",
-      "Time a collective in one reduction mode against the backend's native collective");
+      "Time a collective in each reduction mode against the backend's native collective; lists "
+      "of ops, counts and modes print one table");
   collective->add_option("--op", options->op,
-                         "all_reduce, reduce_scatter, all_gather or all_to_all");
+                         "all_reduce, reduce_scatter, all_gather or all_to_all (a list: one row "
+                         "each)");
   collective->add_option("--dtype", options->dtype, "element type: f64 f32 bf16 f16 i64 i32 u8");
-  collective->add_option("--count", options->count, "elements (default 16777216)");
-  collective->add_option("--mode", options->mode, "ordered, exact or native");
+  collective->add_option("--count", options->count,
+                         "elements (default 16777216; a list: one row each)");
+  collective->add_option("--mode", options->mode,
+                         "ordered, exact or native (a list: one column each)");
   collective->add_option("--backend", options->backend, "threads, or mpi under mpirun");
-  CLI::Option* ranks = collective->add_option(
+  options->ranks_option = collective->add_option(
       "--ranks", options->ranks, "threads: ranks to run (default 2); mpi: must match mpirun -np");
   collective->add_option("--iterations", options->iterations,
-                         "timed calls per mode (default: about two seconds' worth, at least 3)");
-  collective->add_flag("--json", options->json, "print one JSON object");
-  collective->callback([options, ranks] {
-    options->ranks_given = ranks->count() > 0;
-    run_collective_bench(*options);
-  });
+                         "timed calls per mode (default: about two seconds' worth, at least 5)");
+  add_flag(*collective, "--json", options->json, "print one JSON object per configuration");
+  options->timeout.add_to(*collective);
+  collective->callback([options] { run_collective_bench(*options); });
 
   auto redistribute_options = std::make_shared<RedistributeBenchOptions>();
   CLI::App* redistribute = bench->add_subcommand(
@@ -336,13 +418,14 @@ void add_bench_command(CLI::App& app) {
                            "threads, or mpi under mpirun");
   redistribute->add_option("--iterations", redistribute_options->iterations,
                            "timed runs of each plan (default 5)");
-  redistribute->add_flag("--json", redistribute_options->json, "print one JSON object");
+  add_flag(*redistribute, "--json", redistribute_options->json, "print one JSON object");
+  redistribute_options->timeout.add_to(*redistribute);
   redistribute->callback([redistribute_options] { run_redistribute_bench(*redistribute_options); });
 
   auto plan_json = std::make_shared<bool>(false);
   CLI::App* plan = bench->add_subcommand(
       "plan", "Planning time per call, uncached and cached, for meshes from 1-D to 4-D");
-  plan->add_flag("--json", *plan_json, "print JSON");
+  add_flag(*plan, "--json", *plan_json, "print JSON");
   plan->callback([plan_json] { run_plan_bench(*plan_json); });
 }
 

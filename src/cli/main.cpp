@@ -1,7 +1,10 @@
 #include <exception>
 #include <iostream>
+#include <new>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
 
@@ -20,6 +23,47 @@ int exit_status() {
 }  // namespace meshtensor::cli
 
 namespace {
+
+constexpr int kBadInput = 2;
+
+// What CLI11 lets through but meshtensor refuses, found before parsing:
+// - a command that does not exist (`meshtensor plann`, `meshtensor bench collectve`): the first
+//   token after each command that needs a subcommand must be one of its subcommands;
+// - a value given to a flag (`--json=`, `--json=yes`): flags take none.
+// Returns the complaint, or empty.
+std::string malformed(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "meshtensor";
+  int i = 1;
+  for (; i < argc && at->get_require_subcommand_min() > 0; ++i) {
+    const std::string_view token = argv[i];
+    if (token.empty() || token.front() == '-') break;  // an option: judged below or by CLI11
+    std::vector<std::string> names;
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : at->get_subcommands({})) {
+      names.push_back(sub->get_name());
+      if (sub->get_name() == token) next = sub;
+    }
+    if (next == nullptr) {
+      return fmt::format("unknown command '{} {}': expected {} followed by one of {}", path, token,
+                         path, fmt::join(names, ", "));
+    }
+    at = next;
+    path += " " + std::string(token);
+  }
+  for (; i < argc; ++i) {
+    const std::string_view token = argv[i];
+    const std::size_t equals = token.find('=');
+    if (token.substr(0, 2) != "--" || equals == std::string_view::npos) continue;
+    const std::string name(token.substr(0, equals));
+    const CLI::Option* option = at->get_option_no_throw(name);
+    if (option != nullptr && option->get_expected_max() == 0) {
+      return fmt::format("{} is a flag and takes no value, not '{}'", name, token);
+    }
+  }
+  return {};
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"meshtensor: SPMD tensors sharded over an N-d device mesh"};
   app.set_version_flag("--version", "meshtensor 0.1.0");
@@ -27,23 +71,39 @@ int run(int argc, char** argv) {
   meshtensor::cli::add_plan_command(app);
   meshtensor::cli::add_check_command(app);
   meshtensor::cli::add_bench_command(app);
+  if (const std::string complaint = malformed(app, argc, argv); !complaint.empty()) {
+    std::cerr << "meshtensor: error: " << complaint << '\n';
+    return kBadInput;
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& request) {
+    return app.exit(request);
+  } catch (const CLI::CallForAllHelp& request) {
+    return app.exit(request);
+  } catch (const CLI::CallForVersion& request) {
+    return app.exit(request);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+    // Malformed command lines take the same form as every other bad input.
+    std::cerr << "meshtensor: error: " << error.what() << " (see meshtensor --help)\n";
+    return kBadInput;
   }
   return meshtensor::cli::exit_status();
 }
 }  // namespace
 
-/// Exit status: 0 success, 2 bad input (the message names it), 3 internal error; CLI11's own
-/// statuses for malformed command lines.
+/// Exit status: 0 success, 1 a check that found a mismatch, 2 bad input or a request the machine
+/// cannot serve (the message names it), 3 internal error.
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const meshtensor::Error& error) {
     std::cerr << "meshtensor: error: " << error.what() << '\n';
-    return 2;
+    return kBadInput;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "meshtensor: error: out of memory (std::bad_alloc): the request needs more "
+                 "memory than this machine has\n";
+    return kBadInput;
   } catch (const std::exception& error) {
     std::cerr << "meshtensor: internal error: " << error.what() << '\n';
     return 3;

@@ -1,24 +1,27 @@
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 
-#include <meshtensor/comm/mpi_backend.hpp>
+#include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/dtensor/check.hpp>
+#include <meshtensor/dtensor/redistribute.hpp>
 #include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/plan/planner.hpp>
 
+#include "backend.hpp"
 #include "commands.hpp"
 #include "describe.hpp"
+#include "options.hpp"
 
 namespace meshtensor::cli {
 
 namespace {
-struct CheckOptions;
-
 struct PlanOptions {
   std::string mesh;
   std::string names;
@@ -43,7 +46,8 @@ struct CheckOptions {
   PlanOptions plan;
   std::string mode = "ordered";
   std::string backend = "threads";
-  std::uint64_t seed = 0;
+  std::string seed = "0";
+  TimeoutOption timeout;
 };
 
 void add_transition_options(CLI::App& command, PlanOptions& options) {
@@ -56,11 +60,11 @@ void add_transition_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--to", options.to, "target placements, e.g. R,R,R")->required();
   command.add_option("--shape", options.shape, "global tensor shape, e.g. 16x16x16")->required();
   command.add_option("--dtype", options.dtype, "element type: f64 f32 bf16 f16 i64 i32 u8");
-  command.add_flag("--no-merge", options.no_merge,
-                   "at most one mesh dim per collective (no flattened groups)");
+  add_flag(command, "--no-merge", options.no_merge,
+           "at most one mesh dim per collective (no flattened groups)");
 }
 
-void print_check(const dtensor::CheckResult& result, const Transition& transition,
+void print_check(const dtensor::CheckResult& result, const dtensor::CheckConfig& config,
                  const CheckOptions& options) {
   if (result.ok) {
     std::cout << "OK " << result.digest << '\n';
@@ -70,43 +74,64 @@ void print_check(const dtensor::CheckResult& result, const Transition& transitio
   std::cout << fmt::format(
       "{} -> {} of {} {} on mesh {} ({} backend, {} mode, seed {}, {} "
       "collective{}{})\n",
-      transition.from.to_string(), transition.to.to_string(), transition.shape.to_string(),
-      dtype_name(transition.dtype), transition.mesh.to_string(), options.backend, options.mode,
-      options.seed, result.collectives, result.collectives == 1 ? "" : "s",
-      options.plan.no_merge ? ", no merge" : "");
-  if (!result.ok) set_exit_status(1);
+      config.from.to_string(), config.to.to_string(), config.shape.to_string(),
+      dtype_name(config.dtype), config.mesh.to_string(), options.backend, options.mode, config.seed,
+      result.collectives, result.collectives == 1 ? "" : "s", config.merge ? "" : ", no merge");
+  std::cout.flush();
+}
+
+// Ranks of an mpirun job on this machine (OpenMPI tells each process); 1 when unknown.
+std::int64_t ranks_on_this_machine() {
+  const char* text = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (text == nullptr) return 1;
+  const long long value = std::atoll(text);
+  return value > 0 ? value : 1;
 }
 
 void run_check_command(const CheckOptions& options) {
-  const Transition transition = parse_transition(options.plan);
   dtensor::CheckConfig config;
-  static_cast<plan::Redistribution&>(config) = transition;
-  config.mode = comm::parse_reduction_mode(options.mode);
-  config.seed = options.seed;
+  static_cast<plan::Redistribution&>(config) = parse_transition(options.plan);
+  config.mode = mode_option(options.mode);
+  config.seed = seed_option("--seed", options.seed);
   config.merge = !options.plan.no_merge;
-  if (options.backend == "threads") {
-    if (transition.mesh.size() > 4096) {
-      throw InvalidArgument(
-          fmt::format("mesh {} has {} ranks; the threads backend runs at most 4096",
-                      transition.mesh.to_string(), transition.mesh.size()));
+  const Backend backend = parse_backend(options.backend);
+  options.timeout.apply();
+  if (backend == Backend::threads && config.mesh.size() > comm::kMaxThreadsRanks) {
+    throw InvalidArgument(fmt::format("mesh {} has {} ranks; the threads backend runs at most {}",
+                                      config.mesh.to_string(), config.mesh.size(),
+                                      comm::kMaxThreadsRanks));
+  }
+  // Planning first (it is quick, or refuses quickly), then the memory the ranks on this
+  // machine will hold, before anything is allocated.
+  dtensor::RedistributeOptions redistribute;
+  redistribute.mode = config.mode;
+  redistribute.merge = config.merge;
+  const auto plan = dtensor::plan_for(config.mesh, config.from, config.to, config.shape,
+                                      config.dtype, redistribute);
+  const std::int64_t local_ranks =
+      backend == Backend::threads ? config.mesh.size() : ranks_on_this_machine();
+  require_memory(
+      dtensor::check_bytes(config, *plan, local_ranks),
+      fmt::format("check of {} {} on mesh {} ({} ranks on this machine)", config.shape.to_string(),
+                  dtype_name(config.dtype), config.mesh.to_string(), local_ranks));
+  const std::string command = fmt::format(
+      "check mesh={} names={} from={} to={} shape={} dtype={} merge={} mode={} seed={}",
+      config.mesh.to_string(), options.plan.names, config.from.to_string(), config.to.to_string(),
+      config.shape.to_string(), dtype_name(config.dtype), config.merge, options.mode, config.seed);
+  std::optional<dtensor::CheckResult> result;
+  run_ranks(backend, config.mesh.size(), command, [&](comm::Communicator& world) {
+    const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
+    dtensor::CheckResult mine = dtensor::run_check(shared, config);
+    if (world.rank() == 0) {
+      if (backend == Backend::mpi) print_check(mine, config, options);
+      result = std::move(mine);
     }
-    std::optional<dtensor::CheckResult> result;
-    comm::run_threads(static_cast<int>(transition.mesh.size()), [&](comm::Communicator& world) {
-      const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
-      dtensor::CheckResult mine = dtensor::run_check(shared, config);
-      if (world.rank() == 0) result = std::move(mine);
-    });
-    print_check(*result, transition, options);
-    return;
+  });
+  // On mpi only rank 0 holds the result; the job's status is the worst of its processes'.
+  if (result) {
+    if (backend == Backend::threads) print_check(*result, config, options);
+    if (!result->ok) set_exit_status(1);
   }
-  if (options.backend == "mpi") {
-    comm::MpiWorld world(nullptr, nullptr);
-    const dtensor::CheckResult result = dtensor::run_check(world.communicator(), config);
-    if (world.rank() == 0) print_check(result, transition, options);
-    if (!result.ok) set_exit_status(1);
-    return;
-  }
-  throw ParseError(fmt::format("unknown --backend '{}': expected threads or mpi", options.backend));
 }
 
 void run_plan(const PlanOptions& options) {
@@ -132,7 +157,7 @@ void add_plan_command(CLI::App& app) {
       "Explain the steps, groups and bytes of a redistribute between two specs, and "
       "every rank's block under both");
   add_transition_options(*plan, *options);
-  plan->add_flag("--json", options->json, "print JSON instead of text");
+  add_flag(*plan, "--json", options->json, "print JSON instead of text");
   plan->callback([options] { run_plan(*options); });
 }
 
@@ -143,7 +168,8 @@ void add_check_command(CLI::App& app) {
   add_transition_options(*check, options->plan);
   check->add_option("--mode", options->mode, "reduction mode: ordered, exact or native");
   check->add_option("--backend", options->backend, "threads, or mpi under mpirun");
-  check->add_option("--seed", options->seed, "seed of the generated contributions");
+  check->add_option("--seed", options->seed, "seed of the generated contributions (default 0)");
+  options->timeout.add_to(*check);
   check->callback([options] { run_check_command(*options); });
 }
 

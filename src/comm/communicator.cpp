@@ -1,3 +1,7 @@
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -29,6 +33,45 @@ std::string_view reduction_mode_name(ReductionMode mode) {
 
 ReductionMode parse_reduction_mode(std::string_view text) {
   return parse_enum(kReductionModeNames, text, "reduction mode");
+}
+
+namespace {
+std::atomic<std::int64_t> default_timeout_ms{-1};  // -1: not set, read the environment
+
+std::chrono::milliseconds timeout_from_environment() {
+  const char* text = std::getenv("MESHTENSOR_TIMEOUT");
+  if (text == nullptr || *text == '\0') return kDefaultTimeout;
+  return parse_timeout_seconds(text, "MESHTENSOR_TIMEOUT");
+}
+}  // namespace
+
+std::chrono::milliseconds default_timeout() {
+  const std::int64_t set = default_timeout_ms.load(std::memory_order_relaxed);
+  if (set >= 0) return std::chrono::milliseconds(set);
+  static const std::chrono::milliseconds from_environment = timeout_from_environment();
+  return from_environment;
+}
+
+void set_default_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    throw InvalidArgument(fmt::format("a timeout must be positive, not {} ms", timeout.count()));
+  }
+  default_timeout_ms.store(timeout.count(), std::memory_order_relaxed);
+}
+
+std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::string_view what) {
+  constexpr double kWeek = 7 * 24 * 3600.0;
+  const std::string copy(text);
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = copy.empty() || copy.front() == ' ' ? 0 : std::strtod(copy.c_str(), &end);
+  const bool parsed = !copy.empty() && end == copy.c_str() + copy.size() && errno == 0;
+  if (!parsed || !(seconds > 0) || seconds > kWeek) {
+    throw ParseError(fmt::format(
+        "{} '{}' is not a timeout: expected seconds, more than 0 and at most {} (a week)", what,
+        text, kWeek));
+  }
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000)));
 }
 
 std::string_view collective_name(CollectiveKind kind) {
@@ -67,15 +110,15 @@ std::string CollectiveCall::to_string() const {
                      details.empty() ? "" : " (" + details + ")");
 }
 
-void check_calls_match(const std::vector<CollectiveCall>& calls,
+void check_calls_match(std::span<const CollectiveCall* const> calls,
                        const std::vector<std::int64_t>& world_ranks) {
   const auto side = [&](std::size_t i) {
     return fmt::format("group rank {} (world rank {}) issued {}", i, world_ranks[i],
-                       calls[i].to_string());
+                       calls[i]->to_string());
   };
-  const CollectiveCall& first = calls[0];
+  const CollectiveCall& first = *calls[0];
   for (std::size_t i = 1; i < calls.size(); ++i) {
-    const CollectiveCall& call = calls[i];
+    const CollectiveCall& call = *calls[i];
     bool same = call.kind == first.kind && call.sequence == first.sequence;
     if (same && call.kind != CollectiveKind::barrier && call.kind != CollectiveKind::split) {
       same = call.dtype == first.dtype;
@@ -95,12 +138,12 @@ void check_calls_match(const std::vector<CollectiveCall>& calls,
   if (first.kind != CollectiveKind::all_to_all) return;
   for (std::size_t sender = 0; sender < calls.size(); ++sender) {
     for (std::size_t receiver = 0; receiver < calls.size(); ++receiver) {
-      if (calls[sender].send_counts[receiver] != calls[receiver].recv_counts[sender]) {
+      if (calls[sender]->send_counts[receiver] != calls[receiver]->recv_counts[sender]) {
         throw DesyncError(
             fmt::format("all_to_all counts do not match: {} sends {} elements to group rank {}, "
                         "but {} expects {}",
-                        side(sender), calls[sender].send_counts[receiver], receiver, side(receiver),
-                        calls[receiver].recv_counts[sender]));
+                        side(sender), calls[sender]->send_counts[receiver], receiver,
+                        side(receiver), calls[receiver]->recv_counts[sender]));
       }
     }
   }

@@ -16,6 +16,7 @@
 #include <meshtensor/comm/mpi_backend.hpp>
 #include <meshtensor/comm/queued_communicator.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/reduce.hpp>
 
@@ -23,30 +24,56 @@ namespace meshtensor::comm {
 
 namespace detail {
 
-// Job-wide state: options, the abort path and the timeout watchdog.
+// Job-wide state: options, the abort path, the timeout watchdog and the answers to other
+// ranks' questions about this rank's progress.
+//
+// When a collective outlives its timeout, the watchdog asks every other member of the group,
+// over a communicator of its own, how many calls it has issued on that group; the members'
+// watchdogs answer even while their ranks are blocked elsewhere. Members that issued fewer calls
+// never issued this one; members that do not answer within a grace period are stopped, hung or
+// dead. The job then aborts with that diagnosis.
 struct MpiShared {
-  explicit MpiShared(bool check) : check_collectives(check) {
+  // One collective in flight.
+  struct Watch {
+    std::chrono::steady_clock::time_point deadline;
+    std::chrono::milliseconds timeout{0};
+    std::uint64_t group = 0;  // key of the group, the same on every member
+    std::int64_t sequence = 0;
+    const std::vector<std::int64_t>* members = nullptr;  // world ranks
+    std::int64_t me = 0;
+    std::function<std::string()> describe;  // "<call> on group [..] (world rank r)"
+  };
+
+  MpiShared(bool check, MPI_Comm control_comm) : check_collectives(check), control(control_comm) {
     watchdog = std::thread([this] { watch(); });
   }
   ~MpiShared() { stop_watchdog(); }
 
-  [[noreturn]] void abort(const std::string& message) {
+  [[noreturn]] void abort(const std::string& message, int status = 1) {
     {
       const std::lock_guard lock(abort_mutex);  // one error line, even if several threads fail
       std::cerr << "meshtensor: error: " << message << std::endl;
     }
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);  // MPI_Abort does not return; this keeps [[noreturn]] honest
   }
 
-  // A collective in flight: the watchdog aborts the job once its deadline passed.
-  // `describe` builds the message only if the deadline passes; it must stay valid until
-  // watch_end.
-  std::uint64_t watch_start(std::chrono::steady_clock::time_point deadline,
-                            std::function<std::string()> describe) {
+  // Progress of a group this rank belongs to: `issued()` is the number of calls it has issued.
+  void register_group(std::uint64_t key, std::function<std::int64_t()> issued) {
+    const std::lock_guard lock(watch_mutex);
+    groups[key] = std::move(issued);
+  }
+  void unregister_group(std::uint64_t key) {
+    const std::lock_guard lock(watch_mutex);
+    groups.erase(key);
+  }
+
+  // The watchdog aborts the job once the deadline passed. `watch.describe` and `watch.members`
+  // must stay valid until watch_end.
+  std::uint64_t watch_start(Watch watch) {
     const std::lock_guard lock(watch_mutex);
     const std::uint64_t id = next_watch_id++;
-    in_flight.emplace(id, std::make_pair(deadline, std::move(describe)));
+    in_flight.emplace(id, std::move(watch));
     return id;
   }
   void watch_end(std::uint64_t id) {
@@ -64,17 +91,22 @@ struct MpiShared {
   }
 
   const bool check_collectives;
+  const MPI_Comm control;  // the watchdogs' own communicator
   std::atomic<bool> finalized{false};
 
  private:
+  static constexpr int kQueryTag = 1;
+  static constexpr int kReplyTag = 2;
+
   void watch() {
     std::unique_lock lock(watch_mutex);
     while (!stopping) {
       watch_cv.wait_for(lock, std::chrono::milliseconds(20));
+      serve_queries(lock);
       const auto now = std::chrono::steady_clock::now();
       for (const auto& [id, entry] : in_flight) {
-        if (now >= entry.first) {
-          const std::string message = entry.second();
+        if (now >= entry.deadline) {
+          const std::string message = diagnose(entry, lock);
           lock.unlock();
           abort(message);
         }
@@ -82,14 +114,87 @@ struct MpiShared {
     }
   }
 
+  // Answers the questions other ranks' watchdogs sent: (group key, sequence) -> (group key,
+  // calls issued on that group, or -1 for a group this rank is not in).
+  void serve_queries(std::unique_lock<std::mutex>& lock) {
+    while (true) {
+      int pending = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, control, &pending, &status) != MPI_SUCCESS ||
+          pending == 0) {
+        return;
+      }
+      std::int64_t query[2] = {0, 0};
+      MPI_Recv(query, 2, MPI_INT64_T, status.MPI_SOURCE, kQueryTag, control, MPI_STATUS_IGNORE);
+      std::int64_t reply[2] = {query[0], -1};
+      const auto found = groups.find(static_cast<std::uint64_t>(query[0]));
+      if (found != groups.end()) reply[1] = found->second();
+      lock.unlock();
+      MPI_Send(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control);
+      lock.lock();
+    }
+  }
+
+  // Asks every other member how far it got, then names who never issued the call and who did
+  // not answer.
+  std::string diagnose(const Watch& watch, std::unique_lock<std::mutex>& lock) {
+    std::map<std::int64_t, std::int64_t> issued;  // world rank -> calls issued (-1: not a member)
+    for (std::int64_t member : *watch.members) {
+      if (member == watch.me) continue;
+      const std::int64_t query[2] = {static_cast<std::int64_t>(watch.group), watch.sequence};
+      MPI_Send(query, 2, MPI_INT64_T, static_cast<int>(member), kQueryTag, control);
+    }
+    const auto grace = std::clamp<std::chrono::milliseconds>(
+        watch.timeout / 4, std::chrono::milliseconds(200), std::chrono::milliseconds(2000));
+    const auto give_up = std::chrono::steady_clock::now() + grace;
+    const std::size_t expected = watch.members->size() - 1;
+    while (issued.size() < expected && std::chrono::steady_clock::now() < give_up) {
+      serve_queries(lock);
+      int pending = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, control, &pending, &status) == MPI_SUCCESS &&
+          pending != 0) {
+        std::int64_t reply[2] = {0, 0};
+        MPI_Recv(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control, MPI_STATUS_IGNORE);
+        if (reply[0] == static_cast<std::int64_t>(watch.group))
+          issued[status.MPI_SOURCE] = reply[1];
+        continue;
+      }
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      lock.lock();
+    }
+    std::vector<std::int64_t> missing;
+    std::vector<std::int64_t> silent;
+    for (std::int64_t member : *watch.members) {
+      if (member == watch.me) continue;
+      const auto found = issued.find(member);
+      if (found == issued.end()) {
+        silent.push_back(member);
+      } else if (found->second <= watch.sequence) {
+        missing.push_back(member);
+      }
+    }
+    std::string why;
+    if (!missing.empty()) {
+      why += fmt::format("world rank(s) [{}] never issued it", fmt::join(missing, ","));
+    }
+    if (!silent.empty()) {
+      why += fmt::format("{}world rank(s) [{}] did not answer within {} ms (stopped, hung or dead)",
+                         why.empty() ? "" : "; ", fmt::join(silent, ","), grace.count());
+    }
+    if (why.empty()) why = "every member issued it, but it did not complete";
+    return fmt::format("{} timed out after {} ms: {}", watch.describe(), watch.timeout.count(),
+                       why);
+  }
+
   std::mutex abort_mutex;
   std::mutex watch_mutex;
   std::condition_variable watch_cv;
   bool stopping = false;
   std::uint64_t next_watch_id = 0;
-  std::map<std::uint64_t,
-           std::pair<std::chrono::steady_clock::time_point, std::function<std::string()>>>
-      in_flight;
+  std::map<std::uint64_t, Watch> in_flight;
+  std::map<std::uint64_t, std::function<std::int64_t()>> groups;
   std::thread watchdog;
 };
 
@@ -110,6 +215,8 @@ constexpr std::int64_t kStagingBytes = std::int64_t{256} << 10;
 constexpr std::int64_t kMinChunkBytes = std::int64_t{4} << 10;
 // Tag of reduce_to_owners' messages (the communicator is the backend's own).
 constexpr int kReduceTag = 7;
+// Key of the world group (split groups derive theirs from it).
+constexpr std::uint64_t kWorldKey = 1;
 
 void check_mpi(int code, const char* what) {
   if (code == MPI_SUCCESS) return;
@@ -211,8 +318,9 @@ CollectiveCall deserialize(std::span<const std::int64_t> in) {
 
 class MpiCommunicator final : public QueuedCommunicator {
  public:
-  MpiCommunicator(std::shared_ptr<MpiShared> shared, MPI_Comm comm, bool owns_comm)
-      : shared_(std::move(shared)), comm_(comm), owns_comm_(owns_comm) {
+  MpiCommunicator(std::shared_ptr<MpiShared> shared, MPI_Comm comm, bool owns_comm,
+                  std::uint64_t key)
+      : shared_(std::move(shared)), comm_(comm), owns_comm_(owns_comm), key_(key) {
     check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     // Members' world ranks, in group order.
@@ -230,11 +338,13 @@ class MpiCommunicator final : public QueuedCommunicator {
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     world_ranks_.assign(translated.begin(), translated.end());
+    shared_->register_group(key_, [this] { return issued_calls(); });
   }
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   ~MpiCommunicator() override {
     stop_queue();
+    shared_->unregister_group(key_);
     if (owns_comm_ && !shared_->finalized.load()) MPI_Comm_free(&comm_);
   }
 
@@ -265,8 +375,13 @@ class MpiCommunicator final : public QueuedCommunicator {
       check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : static_cast<int>(color),
                                static_cast<int>(key), &created),
                 "MPI_Comm_split");
-      if (created != MPI_COMM_NULL)
-        result = std::make_shared<MpiCommunicator>(shared_, created, true);
+      if (created != MPI_COMM_NULL) {
+        // The same key on every member: derived from the parent's, the call and the color.
+        const std::uint64_t group_key =
+            mix64(key_ ^ mix64(static_cast<std::uint64_t>(call.sequence) ^
+                               mix64(static_cast<std::uint64_t>(color))));
+        result = std::make_shared<MpiCommunicator>(shared_, created, true, group_key);
+      }
     });
     return result;
   }
@@ -282,9 +397,10 @@ class MpiCommunicator final : public QueuedCommunicator {
                          fmt::join(world_ranks_, ","),
                          world_ranks_[static_cast<std::size_t>(rank_)]);
     };
-    const std::uint64_t watch = shared_->watch_start(deadline, [&] {
-      return fmt::format("{} timed out: not every member issued it in time", where());
-    });
+    const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t watch = shared_->watch_start(
+        {deadline, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now), key_,
+         call.sequence, &world_ranks_, world_ranks_[static_cast<std::size_t>(rank_)], where});
     try {
       step();
     } catch (const std::exception& error) {
@@ -313,7 +429,10 @@ class MpiCommunicator final : public QueuedCommunicator {
       calls.push_back(deserialize(std::span<const std::int64_t>(all).subspan(
           static_cast<std::size_t>(offsets[at]), static_cast<std::size_t>(lengths[at]))));
     }
-    check_calls_match(calls, world_ranks_);
+    std::vector<const CollectiveCall*> pointers;
+    for (const CollectiveCall& one : calls)
+      pointers.push_back(&one);
+    check_calls_match(pointers, world_ranks_);
   }
 
   void move_data(const CollectiveCall& call, const Tensor& input, Tensor& output) {
@@ -483,6 +602,7 @@ class MpiCommunicator final : public QueuedCommunicator {
   std::shared_ptr<MpiShared> shared_;
   MPI_Comm comm_;
   const bool owns_comm_;
+  const std::uint64_t key_;  // the group's key, the same on every member
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::int64_t> world_ranks_;
@@ -519,17 +639,22 @@ MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
         "the MPI library does not provide MPI_THREAD_MULTIPLE, which per-group queues need");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  shared_ =
-      std::make_shared<detail::MpiShared>(options.check_collectives || check_from_environment());
-  // The backend's own copy of the world: its messages never meet the application's.
+  // The backend's own copies of the world: its messages never meet the application's, and the
+  // watchdogs' questions never meet the collectives'.
+  MPI_Comm control = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &control), "MPI_Comm_dup");
   MPI_Comm own_world = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &own_world), "MPI_Comm_dup");
-  world_ = std::make_shared<MpiCommunicator>(shared_, own_world, true);
+  shared_ = std::make_shared<detail::MpiShared>(
+      options.check_collectives || check_from_environment(), control);
+  world_ = std::make_shared<MpiCommunicator>(shared_, own_world, true, kWorldKey);
 }
 
 MpiWorld::~MpiWorld() {
   world_.reset();
   shared_->stop_watchdog();
+  MPI_Comm control = shared_->control;
+  MPI_Comm_free(&control);
   shared_->finalized.store(true);
   MPI_Finalize();
 }
@@ -546,8 +671,8 @@ std::shared_ptr<Communicator> MpiWorld::communicator() const {
   return world_;
 }
 
-void MpiWorld::abort(const std::string& message) const {
-  shared_->abort(message);
+void MpiWorld::abort(const std::string& message, int status) const {
+  shared_->abort(message, status);
 }
 
 int run_mpi(int* argc, char*** argv, const std::function<void(Communicator&)>& body,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -17,9 +18,10 @@ namespace meshtensor::comm {
 
 namespace detail {
 
-// What one rank posts for the collective in progress.
+// What one rank posts for the collective in progress. The call and the buffers stay valid until
+// the collective's last arrival: the posting rank waits there too.
 struct Posting {
-  CollectiveCall call;
+  const CollectiveCall* call = nullptr;
   const std::byte* send = nullptr;
   std::byte* recv = nullptr;
   std::int64_t split_color = 0;
@@ -28,19 +30,19 @@ struct Posting {
 
 struct GroupState;
 
-// The world: abort state and the hand-over of groups made by split().
+// The world: abort state, every group (to wake their waiters on abort) and the hand-over of
+// groups made by split().
 struct ThreadsShared {
   explicit ThreadsShared(int world_size) : size(world_size) {}
 
-  void abort(const std::string& why) {
-    const std::lock_guard lock(mutex);
-    if (aborted.load()) return;  // the first cause wins
-    reason = why;
-    aborted.store(true);
-  }
+  void abort(const std::string& why);
   std::string abort_reason() {
     const std::lock_guard lock(mutex);
     return reason;
+  }
+  void add_group(const std::shared_ptr<GroupState>& group) {
+    const std::lock_guard lock(mutex);
+    groups.push_back(group);
   }
 
   const int size;
@@ -49,6 +51,7 @@ struct ThreadsShared {
   std::mutex mutex;
   std::string reason;
   std::uint64_t next_group_id = 1;
+  std::vector<std::weak_ptr<GroupState>> groups;
   // Groups being created by a split: key (parent id, split sequence, color) -> state and the
   // number of members still to pick it up.
   std::map<std::tuple<std::uint64_t, std::int64_t, std::int64_t>,
@@ -67,13 +70,17 @@ struct GroupState {
   int size() const { return static_cast<int>(world_ranks.size()); }
 
   // Blocks until every member arrived, the deadline passed (TimeoutError, and the world aborts
-  // so nobody else waits for this group) or the world aborted (CommError with the cause).
+  // so nobody else waits for this group) or the world aborted (CommError with the cause). The
+  // last member to arrive runs `on_complete` before the others go on. Waiters sleep until they
+  // are woken: by the last arrival, by an abort, or by their deadline.
   void arrive_and_wait(int rank, std::chrono::steady_clock::time_point deadline,
-                       ThreadsShared& world, const CollectiveCall& call) {
+                       ThreadsShared& world, const CollectiveCall& call,
+                       const std::function<void()>& on_complete = {}) {
     std::unique_lock lock(mutex);
     const std::uint64_t generation_now = generation;
     arrived_at[static_cast<std::size_t>(rank)] = generation_now + 1;
     if (++arrived == size()) {
+      if (on_complete) on_complete();
       arrived = 0;
       ++generation;
       lock.unlock();
@@ -82,11 +89,13 @@ struct GroupState {
     }
     while (generation == generation_now) {
       if (world.aborted.load()) {
+        lock.unlock();
         throw CommError(fmt::format("{} on group [{}] failed: the job was aborted: {}",
                                     call.to_string(), fmt::join(world_ranks, ","),
                                     world.abort_reason()));
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
+          generation == generation_now && !world.aborted.load()) {
         std::vector<std::int64_t> missing;
         for (std::size_t i = 0; i < arrived_at.size(); ++i) {
           if (arrived_at[i] != generation_now + 1) missing.push_back(world_ranks[i]);
@@ -94,23 +103,43 @@ struct GroupState {
         const std::string message =
             fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it",
                         call.to_string(), fmt::join(world_ranks, ","), fmt::join(missing, ","));
+        lock.unlock();
         world.abort(message);
         throw TimeoutError(message);
       }
-      // Short slices so an abort elsewhere is noticed promptly.
-      cv.wait_for(lock, std::chrono::milliseconds(5));
     }
+  }
+
+  void wake_all() {
+    { const std::lock_guard lock(mutex); }  // a waiter between its check and its wait sees it
+    cv.notify_all();
   }
 
   const std::uint64_t id;
   const std::vector<std::int64_t> world_ranks;
   std::vector<Posting> postings;
+  std::string verdict;  // the check of the calls in progress: empty when they match
   std::mutex mutex;
   std::condition_variable cv;
   int arrived = 0;
   std::uint64_t generation = 0;
   std::vector<std::uint64_t> arrived_at;
 };
+
+void ThreadsShared::abort(const std::string& why) {
+  std::vector<std::shared_ptr<GroupState>> alive;
+  {
+    const std::lock_guard lock(mutex);
+    if (aborted.load()) return;  // the first cause wins
+    reason = why;
+    aborted.store(true);
+    for (const auto& group : groups) {
+      if (auto held = group.lock()) alive.push_back(std::move(held));
+    }
+  }
+  for (const auto& group : alive)
+    group->wake_all();
+}
 
 }  // namespace detail
 
@@ -137,14 +166,14 @@ class ThreadsCommunicator final : public QueuedCommunicator {
  protected:
   void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
                       Deadline deadline) override {
-    run_posting(Posting{call, input.defined() ? input.bytes().data() : nullptr,
+    run_posting(Posting{&call, input.defined() ? input.bytes().data() : nullptr,
                         output.defined() ? output.bytes().data() : nullptr, 0, 0},
                 deadline);
   }
 
   std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
                                           std::int64_t key, Deadline deadline) override {
-    const Posting posting{call, nullptr, nullptr, color, key};
+    const Posting posting{&call, nullptr, nullptr, color, key};
     GroupState& group = *group_;
     post_and_check(posting, deadline);
     std::shared_ptr<Communicator> result;
@@ -166,32 +195,43 @@ class ThreadsCommunicator final : public QueuedCommunicator {
       std::shared_ptr<GroupState> state;
       {
         const std::lock_guard lock(world_->mutex);
-        auto& entry = world_->forming[{group.id, posting.call.sequence, posting.split_color}];
+        auto& entry = world_->forming[{group.id, call.sequence, posting.split_color}];
         if (!entry.first) {
           entry = {std::make_shared<GroupState>(world_->next_group_id++, member_world_ranks),
                    static_cast<int>(members.size())};
+          world_->groups.push_back(entry.first);
         }
         state = entry.first;
         if (--entry.second == 0)
-          world_->forming.erase({group.id, posting.call.sequence, posting.split_color});
+          world_->forming.erase({group.id, call.sequence, posting.split_color});
       }
       result = std::make_shared<ThreadsCommunicator>(world_, std::move(state), new_rank);
     }
-    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
+    group.arrive_and_wait(rank_, deadline, *world_, call);
     return result;
   }
 
  private:
-  // Posts this rank's call and buffers, waits for every member, and checks that all calls
-  // match (the same verdict on every rank) before anyone touches another rank's buffers.
+  // Posts this rank's call and buffers and waits for every member; the last to arrive checks
+  // once that all calls match, and every rank throws the same verdict before anyone touches
+  // another rank's buffers.
   void post_and_check(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
     group.postings[static_cast<std::size_t>(rank_)] = posting;
-    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
-    std::vector<CollectiveCall> calls;
-    for (const Posting& p : group.postings)
-      calls.push_back(p.call);
-    check_calls_match(calls, group.world_ranks);
+    const std::function<void()> check = [&group] {
+      std::vector<const CollectiveCall*> calls;
+      calls.reserve(group.postings.size());
+      for (const Posting& p : group.postings)
+        calls.push_back(p.call);
+      group.verdict.clear();
+      try {
+        check_calls_match(calls, group.world_ranks);
+      } catch (const DesyncError& error) {
+        group.verdict = error.what();
+      }
+    };
+    group.arrive_and_wait(rank_, deadline, *world_, *posting.call, check);
+    if (!group.verdict.empty()) throw DesyncError(group.verdict);
   }
 
   // Post and check, move the data, wait until all are done with each other's buffers.
@@ -199,14 +239,14 @@ class ThreadsCommunicator final : public QueuedCommunicator {
     GroupState& group = *group_;
     post_and_check(posting, deadline);
     try {
-      move_data(posting.call);
+      move_data(*posting.call);
     } catch (const std::exception& error) {
       world_->abort(fmt::format("world rank {} failed in {}: {}",
                                 group.world_ranks[static_cast<std::size_t>(rank_)],
-                                posting.call.to_string(), error.what()));
+                                posting.call->to_string(), error.what()));
       throw;
     }
-    group.arrive_and_wait(rank_, deadline, *world_, posting.call);
+    group.arrive_and_wait(rank_, deadline, *world_, *posting.call);
   }
 
   void move_data(const CollectiveCall& call) {
@@ -251,13 +291,20 @@ class ThreadsCommunicator final : public QueuedCommunicator {
         return;
       }
       case CollectiveKind::all_to_all: {
-        const std::vector<std::int64_t> recv_offsets = displacements(call.recv_counts);
+        std::int64_t recv_offset = 0;
         for (std::size_t j = 0; j < k; ++j) {
-          const std::vector<std::int64_t> send_offsets =
-              displacements(group.postings[j].call.send_counts);
-          copy(group.postings[me].recv + static_cast<std::size_t>(recv_offsets[j]) * element,
-               group.postings[j].send + static_cast<std::size_t>(send_offsets[me]) * element,
-               static_cast<std::size_t>(call.recv_counts[j]) * element);
+          const std::int64_t count = call.recv_counts[j];
+          if (count > 0) {
+            // Where this rank's piece starts in sender j's buffer.
+            const std::vector<std::int64_t>& sent = group.postings[j].call->send_counts;
+            std::int64_t send_offset = 0;
+            for (std::size_t i = 0; i < me; ++i)
+              send_offset += sent[i];
+            copy(group.postings[me].recv + static_cast<std::size_t>(recv_offset) * element,
+                 group.postings[j].send + static_cast<std::size_t>(send_offset) * element,
+                 static_cast<std::size_t>(count) * element);
+          }
+          recv_offset += count;
         }
         return;
       }
@@ -285,14 +332,16 @@ class ThreadsCommunicator final : public QueuedCommunicator {
 }  // namespace
 
 ThreadsWorld::ThreadsWorld(int size) {
-  if (size < 1 || size > 4096) {
-    throw InvalidArgument(fmt::format("a threads world needs 1 to 4096 ranks, not {}", size));
+  if (size < 1 || size > kMaxThreadsRanks) {
+    throw InvalidArgument(
+        fmt::format("a threads world needs 1 to {} ranks, not {}", kMaxThreadsRanks, size));
   }
   shared_ = std::make_shared<ThreadsShared>(size);
   std::vector<std::int64_t> members(static_cast<std::size_t>(size));
   for (std::size_t i = 0; i < members.size(); ++i)
     members[i] = static_cast<std::int64_t>(i);
   shared_->world_group = std::make_shared<GroupState>(0, std::move(members));
+  shared_->add_group(shared_->world_group);
 }
 
 int ThreadsWorld::size() const {
@@ -319,22 +368,40 @@ void run_threads(int size, const std::function<void(Communicator&)>& body) {
   std::mutex first_error_mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(size));
+  // The first error is recorded before the world aborts, so that it is the root cause and not
+  // one of the CommErrors the abort raises on the other ranks.
+  const auto fail = [&](const std::string& why) {
+    {
+      const std::lock_guard lock(first_error_mutex);
+      if (!first_error) first_error = std::current_exception();
+    }
+    world.abort(why);
+  };
+  const auto run_rank = [&](int rank) {
+    try {
+      body(*communicators[static_cast<std::size_t>(rank)]);
+    } catch (const std::exception& error) {
+      fail(fmt::format("world rank {} failed: {}", rank, error.what()));
+    } catch (...) {
+      fail(fmt::format("world rank {} failed with a non-standard exception", rank));
+    }
+    communicators[static_cast<std::size_t>(rank)].reset();  // drain this rank's queue here
+  };
   for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(*communicators[static_cast<std::size_t>(rank)]);
-      } catch (const std::exception& error) {
-        world.abort(fmt::format("world rank {} failed: {}", rank, error.what()));
-        const std::lock_guard lock(first_error_mutex);
-        if (!first_error) first_error = std::current_exception();
-      } catch (...) {
-        world.abort(fmt::format("world rank {} failed with a non-standard exception", rank));
-        const std::lock_guard lock(first_error_mutex);
-        if (!first_error) first_error = std::current_exception();
-      }
-      communicators[static_cast<std::size_t>(rank)]
-          .reset();  // drain this rank's queue on its thread
-    });
+    try {
+      threads.emplace_back(run_rank, rank);
+    } catch (const std::system_error& error) {
+      // The ranks already started would wait for this one: fail them, then report.
+      const std::string message = fmt::format(
+          "cannot start the thread of rank {} of {} ({}): the process or machine limits the "
+          "number of threads; run fewer ranks",
+          rank, size, error.what());
+      world.abort(message);
+      for (std::thread& thread : threads)
+        thread.join();
+      throw ResourceError(message);
+    }
   }
   for (std::thread& thread : threads)
     thread.join();

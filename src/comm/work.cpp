@@ -10,7 +10,17 @@ namespace meshtensor::comm {
 
 namespace {
 // Error classes a WorkState can report; anything else becomes a CommError with its message.
-enum ErrorClass : int { kNone, kTimeout, kDesync, kComm, kParse, kInvalidArgument, kError, kOther };
+enum ErrorClass : int {
+  kNone,
+  kTimeout,
+  kDesync,
+  kComm,
+  kParse,
+  kInvalidArgument,
+  kResource,
+  kError,
+  kOther
+};
 
 std::pair<int, std::string> classify(const std::exception_ptr& error) {
   try {
@@ -25,6 +35,8 @@ std::pair<int, std::string> classify(const std::exception_ptr& error) {
     return {kParse, e.what()};
   } catch (const InvalidArgument& e) {
     return {kInvalidArgument, e.what()};
+  } catch (const ResourceError& e) {
+    return {kResource, e.what()};
   } catch (const Error& e) {
     return {kError, e.what()};
   } catch (const std::exception& e) {
@@ -44,6 +56,8 @@ std::pair<int, std::string> classify(const std::exception_ptr& error) {
       throw ParseError(message);
     case kInvalidArgument:
       throw InvalidArgument(message);
+    case kResource:
+      throw ResourceError(message);
     case kError:
       throw Error(message);
     default:

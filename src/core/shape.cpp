@@ -62,20 +62,27 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
   }
 }
 
-std::int64_t parse_count(std::string_view text, std::int64_t max_value, std::string_view what) {
+std::uint64_t parse_unsigned(std::string_view text, std::uint64_t max_value,
+                             std::string_view what) {
   if (text.empty())
     throw ParseError(fmt::format("{}: empty where a non-negative integer is expected", what));
-  std::int64_t value = 0;
+  std::uint64_t value = 0;
   for (char c : text) {
     if (c < '0' || c > '9') {
       throw ParseError(fmt::format("{}: '{}' is not a non-negative integer", what, text));
     }
-    value = value * 10 + (c - '0');
-    if (value > max_value) {
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (value > (max_value - digit) / 10) {  // value * 10 + digit > max_value, without overflow
       throw ParseError(fmt::format("{}: '{}' is too large (at most {})", what, text, max_value));
     }
+    value = value * 10 + digit;
   }
   return value;
+}
+
+std::int64_t parse_count(std::string_view text, std::int64_t max_value, std::string_view what) {
+  return static_cast<std::int64_t>(
+      parse_unsigned(text, static_cast<std::uint64_t>(std::max<std::int64_t>(max_value, 0)), what));
 }
 
 Shape parse_shape(std::string_view text) {

@@ -47,38 +47,38 @@ std::vector<double> values_of(const Tensor& tensor) {
   return {data.begin(), data.end()};
 }
 
-// Correctly rounded (sum of inputs) / divisor, through the fixed-point kernels.
-Tensor exact_reference(const std::vector<Tensor>& inputs, std::int64_t divisor) {
-  const DType dtype = inputs.front().dtype();
-  const std::int64_t count = inputs.front().numel();
-  const int limbs = kernels::fixed_point_format(dtype).limbs;
-  Tensor keys = Tensor::zeros({count}, DType::u8);
-  for (const Tensor& input : inputs) {
-    Tensor mine({count}, DType::u8);
-    kernels::fixed_point_keys(input.flatten(), mine);
-    kernels::accumulate(keys, mine, ReduceOp::max);
-  }
-  Tensor sum = Tensor::zeros({count * limbs}, DType::i64);
-  for (const Tensor& input : inputs) {
-    Tensor fixed({count * limbs}, DType::i64);
-    kernels::encode_fixed_point(input.flatten(), keys, fixed);
-    kernels::accumulate(sum, fixed, ReduceOp::sum);
-  }
-  Tensor out(inputs.front().shape(), dtype);
-  kernels::decode_fixed_point(sum, keys, divisor, out.flatten());
-  return out;
-}
-
-struct Verdict {
-  bool ok = true;
+// A failure found on this rank (empty: none).
+struct Finding {
   std::string message;
-  std::uint64_t digest = 0;
+  bool failed() const { return !message.empty(); }
 };
 
-class Reference {
+// Per element of a block, in row-major order: its index in the global tensor.
+template <class Fn>
+void for_each_global_index(const Layout& layout, const Shape& shape, Fn&& fn) {
+  const int rank = shape.rank();
+  std::vector<std::int64_t> position(static_cast<std::size_t>(rank), 0);
+  for (std::int64_t i = 0; i < layout.numel(); ++i) {
+    std::int64_t global = 0;
+    for (int d = 0; d < rank; ++d) {
+      const auto k = static_cast<std::size_t>(d);
+      global = global * shape[d] + layout.global_offset[k] + position[k];
+    }
+    fn(i, global);
+    for (int d = rank - 1; d >= 0; --d) {
+      const auto k = static_cast<std::size_t>(d);
+      if (++position[k] < layout.local_shape[d]) break;
+      position[k] = 0;
+    }
+  }
+}
+
+// The check of one rank: its block against a reference built from the contributions of that
+// block alone (generated one at a time), so memory follows the block, not the global tensor.
+class BlockCheck {
  public:
-  Reference(const CheckConfig& config, const plan::Plan& plan)
-      : config_(config), plan_(plan), mesh_(config.mesh) {
+  BlockCheck(const CheckConfig& config, const plan::Plan& plan, std::int64_t rank)
+      : config_(config), plan_(plan), mesh_(config.mesh), rank_(rank) {
     source_partial_ = config.from.partial_mesh_dims();
     kept_ = dims_where(mesh_, [&](int m) {
       return config.from.at(m).is_partial() && config.to.at(m) == config.from.at(m);
@@ -87,119 +87,77 @@ class Reference {
       return config.to.at(m).is_partial() && !(config.to.at(m) == config.from.at(m));
     });
     replicate_ = dims_where(mesh_, [&](int m) { return config.to.at(m).is_replicate(); });
-    const std::int64_t contributions = contribution_count(mesh_, config.from);
-    const Layout whole{config.shape,
-                       std::vector<std::int64_t>(static_cast<std::size_t>(config.shape.rank()), 0)};
-    for (std::int64_t j = 0; j < contributions; ++j) {
-      Tensor tensor(config.shape, config.dtype);
-      fill_contribution(tensor, whole, config.shape, config.seed, j);
-      contributions_.push_back(std::move(tensor));
-    }
     op_ = ReduceOp::sum;
     for (int m : source_partial_) {
       const ReduceOp op = config.from.at(m).reduce_op();
       if (op == ReduceOp::max || op == ReduceOp::min) op_ = op;
     }
+    layout_ = local_layout(mesh_, config.to, config.shape, rank);
+    kept_position_ = mesh_.group_position(rank, kept_);
   }
 
-  // Verifies the gathered blocks (rank r's block at offset displacements[r]).
-  Verdict verify(const Tensor& gathered, const std::vector<std::int64_t>& displacements) const {
-    Verdict verdict;
-    const std::int64_t kept_positions = mesh_.group_size(kept_);
-    const std::int64_t fresh_positions = mesh_.group_size(fresh_partial_);
-    Digest64 digest;
-    digest.update_u64(static_cast<std::uint64_t>(kept_positions));
-    for (std::int64_t k = 0; k < kept_positions; ++k) {
-      std::vector<Tensor> assembled;
-      for (std::int64_t n = 0; n < fresh_positions; ++n)
-        assembled.push_back(Tensor::zeros(config_.shape, config_.dtype));
-      for (std::int64_t r = 0; r < mesh_.size(); ++r) {
-        if (mesh_.group_position(r, kept_) != k) continue;
-        const Layout layout = local_layout(mesh_, config_.to, config_.shape, r);
-        const Tensor block = block_of(gathered, displacements, r, layout);
-        const std::int64_t canonical = canonical_rank(r);
-        if (canonical != r) {
-          const Tensor reference_block =
-              block_of(gathered, displacements, canonical,
-                       local_layout(mesh_, config_.to, config_.shape, canonical));
-          if (!block.bitwise_equal(reference_block)) {
-            verdict.ok = false;
-            verdict.message =
-                fmt::format("rank {} and its replica rank {} hold different bits for block {}", r,
-                            canonical, layout.to_string());
-            return verdict;
-          }
-          continue;
-        }
-        local_view(assembled[static_cast<std::size_t>(mesh_.group_position(r, fresh_partial_))],
-                   layout)
-            .copy_from(block);
-      }
-      const Tensor result = combine_fresh(assembled);
-      if (!compare(result, k, verdict)) return verdict;
-      digest.update(result.bytes());
-    }
-    verdict.digest = digest.finish();
-    verdict.message = "every rank matches the reference";
-    return verdict;
-  }
-
- private:
-  Tensor block_of(const Tensor& gathered, const std::vector<std::int64_t>& displacements,
-                  std::int64_t rank, const Layout& layout) const {
-    Tensor flat = gathered.narrow(0, displacements[static_cast<std::size_t>(rank)], layout.numel());
-    Tensor block(layout.local_shape, config_.dtype);
-    std::memcpy(block.bytes().data(), flat.bytes().data(), flat.nbytes());
-    return block;
-  }
-
-  std::int64_t canonical_rank(std::int64_t rank) const {
-    std::vector<std::int64_t> coordinates = mesh_.coordinates(rank);
-    for (int m : replicate_)
-      coordinates[static_cast<std::size_t>(m)] = 0;
-    return mesh_.rank_at(coordinates);
+  const std::vector<int>& fresh_partial() const { return fresh_partial_; }
+  const std::vector<int>& replicate() const { return replicate_; }
+  const Layout& layout() const { return layout_; }
+  std::int64_t kept_position() const { return kept_position_; }
+  // This rank verifies and adds to the digest: the first of its replicas, holding (once the
+  // fresh Partial dims are combined) the value of its block.
+  bool verifies() const {
+    return mesh_.group_position(rank_, fresh_partial_) == 0 &&
+           mesh_.group_position(rank_, replicate_) == 0;
   }
 
   // Target Partial dims the source did not have hold the value spread over their positions:
-  // combine them (in f64) to the value they stand for.
-  Tensor combine_fresh(const std::vector<Tensor>& assembled) const {
-    if (assembled.size() == 1) return assembled.front();
-    std::vector<double> values = values_of(assembled.front());
+  // combined (in f64, over the group of those dims) to the value they stand for. Collective
+  // over that group.
+  Tensor combine_fresh(comm::MeshGroups& groups, const Tensor& block) const {
+    if (fresh_partial_.empty()) return block;
+    Tensor values = kernels::convert(block, DType::f64);
     const ReduceOp op = config_.to.at(fresh_partial_.front()).reduce_op();
-    for (std::size_t n = 1; n < assembled.size(); ++n) {
-      const std::vector<double> more = values_of(assembled[n]);
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        if (op == ReduceOp::max) {
-          values[i] = std::max(values[i], more[i]);
-        } else if (op == ReduceOp::min) {
-          values[i] = std::min(values[i], more[i]);
-        } else {
-          values[i] += more[i];
-        }
-      }
+    comm::CollectiveOptions options;
+    options.op = op == ReduceOp::max || op == ReduceOp::min ? op : ReduceOp::sum;
+    groups.group(fresh_partial_)->all_reduce(values, options);
+    // Replicate -> Partial(avg) keeps the value on every member; the sum over the avg dims
+    // divides by their sizes.
+    std::int64_t divisor = 1;
+    for (int m : fresh_partial_) {
+      if (config_.to.at(m).reduce_op() == ReduceOp::avg) divisor *= mesh_.size(m);
     }
-    bool averages = false;
-    for (int m : fresh_partial_)
-      averages = averages || config_.to.at(m).reduce_op() == ReduceOp::avg;
-    if (averages) {
-      // Replicate -> Partial(avg) keeps the value on every member; the sum over the avg dims
-      // divides by their sizes.
-      std::int64_t divisor = 1;
-      for (int m : fresh_partial_) {
-        if (config_.to.at(m).reduce_op() == ReduceOp::avg) divisor *= mesh_.size(m);
-      }
-      for (double& value : values)
-        value /= static_cast<double>(divisor);
-    }
-    return Tensor::from_values(config_.shape, config_.dtype, values);
+    if (divisor > 1) kernels::divide(values, static_cast<double>(divisor));
+    return kernels::convert(values, config_.dtype);
   }
 
-  std::vector<const Tensor*> inputs_for(std::int64_t kept_position) const {
-    std::vector<const Tensor*> inputs;
-    for (std::int64_t j = 0; j < static_cast<std::int64_t>(contributions_.size()); ++j) {
-      if (kept_position_of(j) == kept_position) {
-        inputs.push_back(&contributions_[static_cast<std::size_t>(j)]);
-      }
+  Finding verify(const Tensor& result) const {
+    const std::vector<std::int64_t> inputs = inputs_for(kept_position_);
+    const bool floating = is_floating(config_.dtype);
+    const bool bitwise = fresh_partial_.empty() &&
+                         (inputs.size() == 1 || op_ == ReduceOp::max || op_ == ReduceOp::min ||
+                          !floating || config_.mode == comm::ReductionMode::exact);
+    if (bitwise) {
+      const Tensor expected = floating && op_ == ReduceOp::sum &&
+                                      config_.mode == comm::ReductionMode::exact &&
+                                      inputs.size() > 1
+                                  ? exact_reference(inputs)
+                                  : combined_reference(inputs);
+      if (!result.bitwise_equal(expected)) return mismatch(result, expected, "bit for bit");
+      return {};
+    }
+    return within_bound(result, inputs);
+  }
+
+ private:
+  Tensor contribution(std::int64_t j) const {
+    Tensor block(layout_.local_shape, config_.dtype);
+    fill_contribution(block, layout_, config_.shape, config_.seed, j);
+    return block;
+  }
+
+  // Contributions j (source Partial positions) that make up kept position k.
+  std::vector<std::int64_t> inputs_for(std::int64_t kept_position) const {
+    std::vector<std::int64_t> inputs;
+    const std::int64_t contributions = contribution_count(mesh_, config_.from);
+    for (std::int64_t j = 0; j < contributions; ++j) {
+      if (kept_position_of(j) == kept_position) inputs.push_back(j);
     }
     return inputs;
   }
@@ -222,52 +180,64 @@ class Reference {
     return position;
   }
 
-  bool compare(const Tensor& result, std::int64_t kept_position, Verdict& verdict) const {
-    const std::vector<const Tensor*> inputs = inputs_for(kept_position);
-    const bool floating = is_floating(config_.dtype);
-    const bool bitwise = fresh_partial_.empty() &&
-                         (inputs.size() == 1 || op_ == ReduceOp::max || op_ == ReduceOp::min ||
-                          !floating || config_.mode == comm::ReductionMode::exact);
-    if (bitwise) {
-      Tensor expected = inputs.front()->clone();
-      if (floating && op_ == ReduceOp::sum && config_.mode == comm::ReductionMode::exact &&
-          inputs.size() > 1) {
-        std::vector<Tensor> copies;
-        for (const Tensor* input : inputs)
-          copies.push_back(*input);
-        expected = exact_reference(copies, plan_.avg_divisor);
-      } else {
-        for (std::size_t i = 1; i < inputs.size(); ++i)
-          kernels::accumulate(expected, *inputs[i], op_);
-        if (plan_.avg_divisor > 1)
-          kernels::divide(expected, static_cast<double>(plan_.avg_divisor));
-      }
-      if (!result.bitwise_equal(expected)) {
-        return fail(verdict, result, expected, kept_position, "bit for bit");
-      }
-      return true;
+  // max/min, integer sums or a single input: exact in any order.
+  Tensor combined_reference(const std::vector<std::int64_t>& inputs) const {
+    Tensor expected = contribution(inputs.front());
+    for (std::size_t i = 1; i < inputs.size(); ++i)
+      kernels::accumulate(expected, contribution(inputs[i]), op_);
+    if (plan_.avg_divisor > 1) kernels::divide(expected, static_cast<double>(plan_.avg_divisor));
+    return expected;
+  }
+
+  // Correctly rounded (sum of inputs) / divisor, through the fixed-point kernels: the keys' max
+  // over every input first, then the limbs' sum.
+  Tensor exact_reference(const std::vector<std::int64_t>& inputs) const {
+    const std::int64_t count = layout_.numel();
+    const int limbs = kernels::fixed_point_format(config_.dtype).limbs;
+    Tensor keys = Tensor::zeros({count}, DType::u8);
+    Tensor own({count}, DType::u8);
+    for (std::int64_t j : inputs) {
+      kernels::fixed_point_keys(contribution(j).flatten(), own);
+      kernels::accumulate(keys, own, ReduceOp::max);
     }
-    // Floating sums in ordered/native mode: within the rounding bound of the sum's length.
-    std::vector<double> sum(static_cast<std::size_t>(result.numel()), 0.0);
-    std::vector<double> magnitude(sum.size(), 0.0);
-    for (const Tensor* input : inputs) {
-      const std::vector<double> values = values_of(*input);
-      for (std::size_t i = 0; i < sum.size(); ++i) {
+    Tensor sum = Tensor::zeros({count * limbs}, DType::i64);
+    Tensor fixed({count * limbs}, DType::i64);
+    for (std::int64_t j : inputs) {
+      kernels::encode_fixed_point(contribution(j).flatten(), keys, fixed);
+      kernels::accumulate(sum, fixed, ReduceOp::sum);
+    }
+    Tensor out(layout_.local_shape, config_.dtype);
+    kernels::decode_fixed_point(sum, keys, plan_.avg_divisor, out.flatten());
+    return out;
+  }
+
+  // Floating sums in ordered/native mode (and combined fresh Partial values): within the
+  // rounding bound of the sum's length.
+  Finding within_bound(const Tensor& result, const std::vector<std::int64_t>& inputs) const {
+    const auto count = static_cast<std::size_t>(layout_.numel());
+    std::vector<double> sum(count, 0.0);
+    std::vector<double> magnitude(count, 0.0);
+    bool first = true;
+    for (std::int64_t j : inputs) {
+      const std::vector<double> values = values_of(contribution(j));
+      for (std::size_t i = 0; i < count; ++i) {
         if (op_ == ReduceOp::sum) {
           sum[i] += values[i];
           magnitude[i] += std::fabs(values[i]);
         } else {
-          sum[i] = input == inputs.front() ? values[i]
-                   : op_ == ReduceOp::max  ? std::max(sum[i], values[i])
-                                           : std::min(sum[i], values[i]);
+          sum[i] = first                  ? values[i]
+                   : op_ == ReduceOp::max ? std::max(sum[i], values[i])
+                                          : std::min(sum[i], values[i]);
           magnitude[i] = std::fabs(sum[i]);
         }
       }
+      first = false;
     }
+    const bool floating = is_floating(config_.dtype);
     const double divisor = static_cast<double>(plan_.avg_divisor);
     const double u = unit_roundoff(config_.dtype);
     const std::vector<double> got = values_of(result);
-    for (std::size_t i = 0; i < sum.size(); ++i) {
+    for (std::size_t i = 0; i < count; ++i) {
       const double expected = sum[i] / divisor;
       // Integers: an average rounds to the nearest integer once.
       const double bound =
@@ -275,47 +245,81 @@ class Reference {
                          std::numeric_limits<float>::denorm_min()
                    : 0.5;
       if (!(std::fabs(got[i] - expected) <= bound)) {
-        verdict.ok = false;
-        verdict.message =
-            fmt::format("element {} of result {}: got {}, expected {} within {} ({} contributions)",
-                        i, kept_position, got[i], expected, bound, inputs.size());
-        return false;
+        return {fmt::format(
+            "rank {} (block {}), element {} of result {}: got {}, expected {} within {} ({} "
+            "contributions)",
+            rank_, layout_.to_string(), i, kept_position_, got[i], expected, bound, inputs.size())};
       }
     }
-    return true;
+    return {};
   }
 
-  static bool fail(Verdict& verdict, const Tensor& got, const Tensor& expected,
-                   std::int64_t kept_position, std::string_view how) {
-    const std::vector<double> a = values_of(got);
-    const std::vector<double> b = values_of(expected);
-    std::size_t first = 0;
+  Finding mismatch(const Tensor& got, const Tensor& expected, std::string_view how) const {
     const Tensor got_flat = got.flatten();
     const Tensor expected_flat = expected.flatten();
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      const auto index = static_cast<std::int64_t>(i);
-      if (!got_flat.narrow(0, index, 1).bitwise_equal(expected_flat.narrow(0, index, 1))) {
+    std::int64_t first = 0;
+    for (std::int64_t i = 0; i < got_flat.numel(); ++i) {
+      if (!got_flat.narrow(0, i, 1).bitwise_equal(expected_flat.narrow(0, i, 1))) {
         first = i;
         break;
       }
     }
-    verdict.ok = false;
-    verdict.message =
-        fmt::format("result {} differs from the reference {} at element {}: got {}, expected {}",
-                    kept_position, how, first, a[first], b[first]);
-    return false;
+    const std::int64_t at[] = {first};
+    return {fmt::format(
+        "rank {} (block {}): result {} differs from the reference {} at element {}: got {}, "
+        "expected {}",
+        rank_, layout_.to_string(), kept_position_, how, first, got_flat.get(at),
+        expected_flat.get(at))};
   }
 
   const CheckConfig& config_;
   const plan::Plan& plan_;
   const DeviceMesh& mesh_;
+  const std::int64_t rank_;
   std::vector<int> source_partial_;
   std::vector<int> kept_;
   std::vector<int> fresh_partial_;
   std::vector<int> replicate_;
-  std::vector<Tensor> contributions_;
   ReduceOp op_ = ReduceOp::sum;
+  Layout layout_;
+  std::int64_t kept_position_ = 0;
 };
+
+// Part of the checksum of the assembled result: every element's hash of (kept position, global
+// index, bits), summed with wrap-around. Sums of parts are the same however the elements are
+// split over ranks, so the checksum does not depend on the mesh.
+std::uint64_t checksum_part(const Tensor& block, const Layout& layout, const Shape& shape,
+                            std::int64_t kept_position) {
+  const Tensor dense = block.contiguous();
+  const std::size_t element = dtype_size(dense.dtype());
+  const std::byte* bytes = dense.bytes().data();
+  const std::uint64_t salt = mix64(static_cast<std::uint64_t>(kept_position) + 0xC4EC);
+  std::uint64_t sum = 0;
+  for_each_global_index(layout, shape, [&](std::int64_t i, std::int64_t global) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, bytes + static_cast<std::size_t>(i) * element, element);
+    sum += mix64(mix64(salt ^ static_cast<std::uint64_t>(global)) ^ bits);
+  });
+  return sum;
+}
+
+// The first failure over all ranks (the lowest rank that found one), or none. Collective.
+Finding first_failure(comm::Communicator& world, const Finding& mine) {
+  Tensor rank = Tensor::zeros({1}, DType::i64);
+  rank.values<std::int64_t>()[0] =
+      mine.failed() ? world.rank() : std::numeric_limits<std::int64_t>::max();
+  world.all_reduce(rank, {.op = ReduceOp::min});
+  const std::int64_t failing = std::as_const(rank).values<std::int64_t>()[0];
+  if (failing == std::numeric_limits<std::int64_t>::max()) return {};
+  constexpr std::int64_t kMessageBytes = 1024;
+  Tensor message = Tensor::zeros({kMessageBytes}, DType::u8);
+  if (world.rank() == failing) {
+    std::memcpy(message.bytes().data(), mine.message.data(),
+                std::min<std::size_t>(mine.message.size(), kMessageBytes - 1));
+  }
+  world.broadcast(message, static_cast<int>(failing));
+  return {std::string(reinterpret_cast<const char*>(message.bytes().data()))};
+}
 }  // namespace
 
 std::int64_t contribution_count(const DeviceMesh& mesh, const PlacementSpec& spec) {
@@ -325,33 +329,44 @@ std::int64_t contribution_count(const DeviceMesh& mesh, const PlacementSpec& spe
 void fill_contribution(Tensor& block, const Layout& layout, const Shape& shape, std::uint64_t seed,
                        std::int64_t index) {
   const std::uint64_t stream = mix64(seed ^ mix64(static_cast<std::uint64_t>(index) + 0x51EDu));
-  const std::int64_t count = layout.numel();
-  std::vector<double> values(static_cast<std::size_t>(count));
-  const int rank = shape.rank();
-  std::vector<std::int64_t> position(static_cast<std::size_t>(rank), 0);
-  for (std::int64_t i = 0; i < count; ++i) {
-    std::int64_t global = 0;
-    for (int d = 0; d < rank; ++d) {
-      const auto k = static_cast<std::size_t>(d);
-      global = global * shape[d] + layout.global_offset[k] + position[k];
-    }
+  std::vector<double> values(static_cast<std::size_t>(layout.numel()));
+  const bool floating = is_floating(block.dtype());
+  const bool bytes = block.dtype() == DType::u8;
+  for_each_global_index(layout, shape, [&](std::int64_t i, std::int64_t global) {
     const auto g = static_cast<std::uint64_t>(global);
-    double value = 0;
-    if (is_floating(block.dtype())) {
-      value = std::ldexp(normal_sample(stream, g),
-                         static_cast<int>(uniform_int_sample(stream ^ 0xB1A5u, g, -6, 6)));
-    } else {
-      value = static_cast<double>(uniform_int_sample(
-          stream, g, block.dtype() == DType::u8 ? 0 : -50, block.dtype() == DType::u8 ? 3 : 50));
-    }
-    values[static_cast<std::size_t>(i)] = value;
-    for (int d = rank - 1; d >= 0; --d) {
-      const auto k = static_cast<std::size_t>(d);
-      if (++position[k] < layout.local_shape[d]) break;
-      position[k] = 0;
-    }
-  }
+    values[static_cast<std::size_t>(i)] =
+        floating
+            ? std::ldexp(normal_sample(stream, g),
+                         static_cast<int>(uniform_int_sample(stream ^ 0xB1A5u, g, -6, 6)))
+            : static_cast<double>(uniform_int_sample(stream, g, bytes ? 0 : -50, bytes ? 3 : 50));
+  });
   block.copy_from(Tensor::from_values(layout.local_shape, block.dtype(), values));
+}
+
+double check_bytes(const CheckConfig& config, const plan::Plan& plan, std::int64_t ranks) {
+  const auto element = static_cast<double>(dtype_size(config.dtype));
+  const double source =
+      static_cast<double>(max_local_shape(config.mesh, config.from, config.shape).numel());
+  const double target =
+      static_cast<double>(max_local_shape(config.mesh, config.to, config.shape).numel());
+  // Exact plans with several reductions carry each element as int64 limbs plus a key lane.
+  const double width = config.mode == comm::ReductionMode::exact && is_floating(config.dtype)
+                           ? 8.0 * (kernels::fixed_point_format(config.dtype).limbs + 1) / element
+                           : 1.0;
+  const double working = 2.0 * static_cast<double>(plan.peak_bytes_per_rank) * width;
+  constexpr double kPerRankOverhead = 256 << 10;  // thread, queue, plan, groups
+  const double held = source * element + target * element + working + kPerRankOverhead;
+  // The reference of a verified block: a contribution, the expected values and the f64 sums,
+  // magnitudes or limbs. One rank of each set of replicas verifies.
+  const double reference = target * (2 * element + 48);
+  std::vector<int> replicas;
+  for (int m = 0; m < config.mesh.ndim(); ++m) {
+    const Placement& p = config.to.at(m);
+    if (p.is_replicate() || (p.is_partial() && !(config.from.at(m) == p))) replicas.push_back(m);
+  }
+  const std::int64_t verifying = config.mesh.size() / config.mesh.group_size(replicas);
+  return static_cast<double>(ranks) * held +
+         static_cast<double>(std::min(ranks, verifying)) * reference;
 }
 
 CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const CheckConfig& config) {
@@ -374,39 +389,49 @@ CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const Ch
   options.merge = config.merge;
   const auto plan =
       plan_for(config.mesh, config.from, config.to, config.shape, config.dtype, options);
-  const DTensor result =
-      from_local(local, groups, config.from, config.shape).redistribute(config.to, options);
+  const Tensor result = from_local(local, groups, config.from, config.shape)
+                            .redistribute(config.to, options)
+                            .local()
+                            .contiguous();
+  local = Tensor();
 
-  std::vector<std::int64_t> counts;
-  std::vector<std::int64_t> displacements;
-  std::int64_t total = 0;
-  for (std::int64_t r = 0; r < config.mesh.size(); ++r) {
-    counts.push_back(local_layout(config.mesh, config.to, config.shape, r).numel());
-    displacements.push_back(total);
-    total += counts.back();
+  const BlockCheck check(config, *plan, rank);
+  Finding finding;
+  // Replicas of a block hold the same bits: each compares its digest with the first replica's.
+  if (!check.replicate().empty()) {
+    Tensor digest = Tensor::zeros({1}, DType::i64);
+    const std::uint64_t mine = result.digest();
+    std::memcpy(digest.bytes().data(), &mine, sizeof mine);
+    groups->group(check.replicate())->broadcast(digest, 0);
+    std::uint64_t first = 0;
+    std::memcpy(&first, digest.bytes().data(), sizeof first);
+    if (first != mine) {
+      const std::int64_t canonical = config.mesh.group_ranks(rank, check.replicate()).front();
+      finding.message =
+          fmt::format("rank {} and its replica rank {} hold different bits for block {}", rank,
+                      canonical, check.layout().to_string());
+    }
   }
-  Tensor gathered({total}, config.dtype);
-  world->all_gather(result.local().contiguous().flatten(), gathered, counts);
+  const Tensor value = check.combine_fresh(*groups, result);
+  std::uint64_t checksum = 0;
+  if (check.verifies()) {
+    if (!finding.failed()) finding = check.verify(value);
+    checksum = checksum_part(value, check.layout(), config.shape, check.kept_position());
+  }
+  const Finding failure = first_failure(*world, finding);
 
-  // Rank 0 verifies; the verdict goes to everyone.
-  constexpr std::int64_t kMessageBytes = 1024;
-  Tensor verdict_bytes = Tensor::zeros({9 + kMessageBytes}, DType::u8);
-  if (rank == 0) {
-    const Verdict verdict = Reference(config, *plan).verify(gathered, displacements);
-    auto out = verdict_bytes.values<std::uint8_t>();
-    out[0] = verdict.ok ? 1 : 0;
-    std::memcpy(&out[1], &verdict.digest, 8);
-    std::memcpy(&out[9], verdict.message.data(),
-                std::min<std::size_t>(verdict.message.size(), kMessageBytes - 1));
-  }
-  world->broadcast(verdict_bytes, 0);
-  const auto in = std::as_const(verdict_bytes).values<std::uint8_t>();
-  CheckResult out;
-  out.ok = in[0] == 1;
+  Tensor total = Tensor::zeros({1}, DType::i64);
+  std::memcpy(total.bytes().data(), &checksum, sizeof checksum);
+  world->all_reduce(total, {.op = ReduceOp::sum});  // integer sums wrap: the same on every rank
   std::uint64_t digest = 0;
-  std::memcpy(&digest, &in[1], 8);
-  out.digest = digest_hex(digest);
-  out.message = std::string(reinterpret_cast<const char*>(&in[9]));
+  std::memcpy(&digest, total.bytes().data(), sizeof digest);
+  const std::int64_t kept_positions = config.mesh.group_size(dims_where(config.mesh, [&](int m) {
+    return config.from.at(m).is_partial() && config.to.at(m) == config.from.at(m);
+  }));
+  CheckResult out;
+  out.ok = !failure.failed();
+  out.digest = digest_hex(mix64(digest ^ mix64(static_cast<std::uint64_t>(kept_positions))));
+  out.message = failure.failed() ? failure.message : "every rank matches the reference";
   out.collectives = plan->collectives();
   return out;
 }

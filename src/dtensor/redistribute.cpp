@@ -98,17 +98,17 @@ class Executor {
   void run_step(const Step& step) {
     switch (step.kind) {
       case StepKind::local_pack: {
-        const plan::GroupExchange exchange =
-            plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
-        const Layout& mine = exchange.before[static_cast<std::size_t>(exchange.position)];
         // reduce_scatter: every member's new block out of the shared old one; all_to_all: the
         // pieces this rank sends.
-        const bool scatter = next_kind(step) == StepKind::reduce_scatter;
-        const std::vector<Tensor> pieces =
-            views_of(current_, mine, scatter ? exchange.after : exchange.send);
-        packed_ = Tensor({total(counts_of(scatter ? exchange.after : exchange.send, width_))},
-                         current_.dtype());
-        kernels::pack(pieces, packed_.bytes());
+        const Layout mine = layout(step.before);
+        const std::vector<Layout> pieces =
+            next_kind(step) == StepKind::reduce_scatter
+                ? plan::member_blocks(plan_.mesh, step.group, step.after, plan_.shape,
+                                      groups_.rank())
+                : plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank()).send;
+        const std::vector<Tensor> views = views_of(current_, mine, pieces);
+        packed_ = Tensor({total(counts_of(pieces, width_))}, current_.dtype());
+        kernels::pack(views, packed_.bytes());
         return;
       }
       case StepKind::all_reduce: {
@@ -118,24 +118,23 @@ class Executor {
         return;
       }
       case StepKind::reduce_scatter: {
-        const plan::GroupExchange exchange = exchange_of(step);
         Tensor input = packed_.defined() ? packed_ : current_.flatten();
         Tensor output(with_width(layout(step.after).local_shape, width_), current_.dtype());
         comm::CollectiveOptions options = reduce_options_;
         options.op = reduce_op(step);
-        group(step).reduce_scatter(input, output.flatten(), counts_of(exchange.after, width_),
+        group(step).reduce_scatter(input, output.flatten(), widen(member_counts(step.after, step)),
                                    options);
         packed_ = Tensor();
         current_ = std::move(output);
         return;
       }
       case StepKind::all_gather: {
-        const plan::GroupExchange exchange = exchange_of(step);
-        const std::vector<std::int64_t> counts = counts_of(exchange.before, width_);
+        const std::vector<std::int64_t> counts = widen(member_counts(step.before, step));
         if (next_kind(step) == StepKind::local_unpack) {
           received_ = Tensor({total(counts)}, current_.dtype());
           group(step).all_gather(current_.flatten(), received_, counts, move_options_);
-          received_from_ = exchange.before;
+          received_from_ =
+              plan::member_blocks(plan_.mesh, step.group, step.before, plan_.shape, groups_.rank());
           return;
         }
         Tensor output(with_width(layout(step.after).local_shape, width_), current_.dtype());
@@ -144,13 +143,14 @@ class Executor {
         return;
       }
       case StepKind::all_to_all: {
-        const plan::GroupExchange exchange = exchange_of(step);
-        const std::vector<std::int64_t> recv_counts = counts_of(exchange.recv, width_);
+        plan::GroupExchange exchange =
+            plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
+        const std::vector<std::int64_t> recv_counts = widen(exchange.recv_counts);
         received_ = Tensor({total(recv_counts)}, current_.dtype());
-        group(step).all_to_all(packed_, received_, counts_of(exchange.send, width_), recv_counts,
+        group(step).all_to_all(packed_, received_, widen(exchange.send_counts), recv_counts,
                                move_options_);
         packed_ = Tensor();
-        received_from_ = exchange.recv;
+        received_from_ = std::move(exchange.recv);
         return;
       }
       case StepKind::local_unpack: {
@@ -180,8 +180,15 @@ class Executor {
     }
   }
 
-  plan::GroupExchange exchange_of(const Step& step) const {
-    return plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
+  std::vector<std::int64_t> member_counts(const PlacementSpec& spec, const Step& step) const {
+    return plan::member_counts(plan_.mesh, step.group, spec, plan_.shape, groups_.rank());
+  }
+
+  // Element counts in the units the collectives move (width values per element).
+  std::vector<std::int64_t> widen(std::vector<std::int64_t> counts) const {
+    for (std::int64_t& count : counts)
+      count *= width_;
+    return counts;
   }
 
   StepKind next_kind(const Step& step) const {

@@ -50,8 +50,7 @@ SimdLevel simd_level() {
 void set_simd_level(SimdLevel level) {
   if (static_cast<int>(level) > static_cast<int>(best_simd_level())) {
     throw InvalidArgument(fmt::format("this CPU cannot run the {} kernels (its best is {})",
-                                      simd_level_name(level),
-                                      simd_level_name(best_simd_level())));
+                                      simd_level_name(level), simd_level_name(best_simd_level())));
   }
   current().store(level, std::memory_order_relaxed);
 }

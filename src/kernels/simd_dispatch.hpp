@@ -12,29 +12,29 @@
 #include <meshtensor/kernels/simd.hpp>
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define MESHTENSOR_SIMD_KERNEL(name, body)                                                       \
-  template <class T, class... Args>                                                              \
-  [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl")]] auto name##_avx512(Args... args) {      \
-    return body<T>(args...);                                                                     \
-  }                                                                                              \
-  template <class T, class... Args>                                                              \
-  [[gnu::target("avx2")]] auto name##_avx2(Args... args) {                                       \
-    return body<T>(args...);                                                                     \
-  }                                                                                              \
-  template <class T, class... Args>                                                              \
-  auto name##_baseline(Args... args) {                                                           \
-    return body<T>(args...);                                                                     \
-  }                                                                                              \
-  template <class T, class... Args>                                                              \
-  auto name(Args... args) {                                                                      \
-    switch (::meshtensor::kernels::simd_level()) {                                               \
-      case ::meshtensor::kernels::SimdLevel::avx512:                                             \
-        return name##_avx512<T>(args...);                                                        \
-      case ::meshtensor::kernels::SimdLevel::avx2:                                               \
-        return name##_avx2<T>(args...);                                                          \
-      default:                                                                                   \
-        return name##_baseline<T>(args...);                                                      \
-    }                                                                                            \
+#define MESHTENSOR_SIMD_KERNEL(name, body)                                                 \
+  template <class T, class... Args>                                                        \
+  [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl")]] auto name##_avx512(Args... args) { \
+    return body<T>(args...);                                                               \
+  }                                                                                        \
+  template <class T, class... Args>                                                        \
+  [[gnu::target("avx2")]] auto name##_avx2(Args... args) {                                 \
+    return body<T>(args...);                                                               \
+  }                                                                                        \
+  template <class T, class... Args>                                                        \
+  auto name##_baseline(Args... args) {                                                     \
+    return body<T>(args...);                                                               \
+  }                                                                                        \
+  template <class T, class... Args>                                                        \
+  auto name(Args... args) {                                                                \
+    switch (::meshtensor::kernels::simd_level()) {                                         \
+      case ::meshtensor::kernels::SimdLevel::avx512:                                       \
+        return name##_avx512<T>(args...);                                                  \
+      case ::meshtensor::kernels::SimdLevel::avx2:                                         \
+        return name##_avx2<T>(args...);                                                    \
+      default:                                                                             \
+        return name##_baseline<T>(args...);                                                \
+    }                                                                                      \
   }
 #else
 #define MESHTENSOR_SIMD_KERNEL(name, body) \

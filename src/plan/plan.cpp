@@ -120,6 +120,11 @@ std::string explain(const Plan& plan) {
   if (plan.materializes_full_tensor) {
     out += "note: an intermediate step holds the whole tensor on some rank\n";
   }
+  if (plan.search_bounded) {
+    out +=
+        "note: too many intermediate specs to search them all; this plan goes through "
+        "Replicate and may not be the cheapest\n";
+  }
   return out;
 }
 
@@ -161,6 +166,7 @@ nlohmann::json to_json(const Plan& plan) {
           {"total_send_bytes", plan.total_send_bytes()},
           {"peak_bytes_per_rank", plan.peak_bytes_per_rank},
           {"materializes_full_tensor", plan.materializes_full_tensor},
+          {"search_bounded", plan.search_bounded},
           {"cost_s", plan.cost_s}};
 }
 

@@ -33,8 +33,10 @@ using Chains = std::vector<std::vector<int>>;
 constexpr double kMaxMovesPerState = 4096;
 // Above this many dims still to change, merged plans consider only class-wide moves.
 constexpr std::size_t kMaxSearchDims = 6;
-// States the search may settle before it gives up with an error instead of running on.
-constexpr std::size_t kMaxSettledStates = 200000;
+// States the search may settle; past it the planner takes the path through Replicate instead
+// (every dim reduced or gathered, then chunked), which is valid but not always the cheapest, and
+// says so in the plan.
+constexpr std::size_t kMaxSettledStates = 4000;
 
 struct State {
   std::vector<Placement> placements;
@@ -143,7 +145,8 @@ class Planner {
   const State& source() const { return source_; }
   const State& target() const { return target_; }
 
-  // Cheapest path source -> target; every state on it and the move into it.
+  // Cheapest path source -> target; every state on it and the move into it. Empty when the
+  // search would settle more than kMaxSettledStates states.
   std::vector<Move> search() const {
     struct Entry {
       double cost;
@@ -166,13 +169,7 @@ class Planner {
       const Entry entry = open.top();
       open.pop();
       if (!done.insert(entry.key).second) continue;
-      if (done.size() > kMaxSettledStates) {
-        throw InvalidArgument(fmt::format(
-            "planning {} -> {} on mesh {} explored {} intermediate specs without finishing; "
-            "change fewer mesh dims at once",
-            source_.spec().to_string(), target_.spec().to_string(), mesh_.to_string(),
-            kMaxSettledStates));
-      }
+      if (done.size() > kMaxSettledStates) return {};
       if (entry.key == goal) break;
       const State current = states.at(entry.key);
       for (Move& move : moves(current)) {
@@ -196,6 +193,77 @@ class Planner {
       key = previous;
     }
     std::reverse(path.begin(), path.end());
+    return path;
+  }
+
+  // The path through Replicate, one class of change at a time (each move's dims merged when
+  // merging is on, one dim per move otherwise): Partial dims reduced to Replicate, shards that
+  // are not final gathered innermost first, then the target's shards chunked outermost first and
+  // its Partial dims made. Every move is one the search admits.
+  std::vector<Move> path_through_replicate() const {
+    std::vector<Move> path;
+    State state = source_;
+    const auto apply = [&](const std::vector<std::pair<int, Placement>>& changes) {
+      if (changes.empty()) return;
+      std::vector<std::vector<std::pair<int, Placement>>> moves;
+      if (options_.merge) {
+        moves.push_back(changes);
+      } else {
+        for (const auto& change : changes)
+          moves.push_back({change});
+      }
+      for (const auto& move_changes : moves) {
+        std::optional<Move> move = make_move(state, move_changes);
+        if (!move) {
+          throw InvalidArgument(fmt::format("no redistribute path found from {} to {} on mesh {}",
+                                            source_.spec().to_string(), target_.spec().to_string(),
+                                            mesh_.to_string()));
+        }
+        state = move->after;
+        path.push_back(std::move(*move));
+      }
+    };
+    std::vector<std::pair<int, Placement>> reduce;
+    for (int m = 0; m < mesh_.ndim(); ++m) {
+      if (state.placements[static_cast<std::size_t>(m)].is_partial() &&
+          !is_final(state, target_, m))
+        reduce.emplace_back(m, Placement::replicate());
+    }
+    apply(reduce);
+    // Gathers, innermost first: one chain level at a time.
+    while (true) {
+      std::vector<std::pair<int, Placement>> gather;
+      for (const auto& chain : state.chains) {
+        if (!chain.empty() && !is_final(state, target_, chain.back()))
+          gather.emplace_back(chain.back(), Placement::replicate());
+      }
+      if (gather.empty()) break;
+      apply(gather);
+    }
+    // Chunks, outermost first: one target chain level at a time.
+    for (std::size_t level = 0;; ++level) {
+      std::vector<std::pair<int, Placement>> chunk;
+      bool deeper = false;
+      for (const auto& chain : target_.chains) {
+        deeper = deeper || level < chain.size();
+        if (level < chain.size() && !is_final(state, target_, chain[level]))
+          chunk.emplace_back(chain[level],
+                             target_.placements[static_cast<std::size_t>(chain[level])]);
+      }
+      if (!deeper) break;
+      apply(chunk);
+    }
+    std::vector<std::pair<int, Placement>> partial;
+    for (int m = 0; m < mesh_.ndim(); ++m) {
+      if (!is_final(state, target_, m))
+        partial.emplace_back(m, target_.placements[static_cast<std::size_t>(m)]);
+    }
+    apply(partial);
+    if (state.key() != target_.key()) {
+      throw InvalidArgument(fmt::format("no redistribute path found from {} to {} on mesh {}",
+                                        source_.spec().to_string(), target_.spec().to_string(),
+                                        mesh_.to_string()));
+    }
     return path;
   }
 
@@ -365,7 +433,9 @@ class Planner {
       step.kind = scatters ? StepKind::reduce_scatter : StepKind::all_reduce;
       step.group = ordered_group(group, move.after);
       move.cost = scatters ? latency + spread * wire_s(bytes_before) +
-                                 (needs_pack(state, move.after, step) ? copy_s(bytes_before) : 0)
+                                 (needs_pack(state, move.after, step)
+                                      ? copy_s(bytes_before) + n * cost.piece_s
+                                      : 0)
                            : latency + rounds * cost.round_s + 2 * spread * wire_s(bytes_before);
     } else if (move_class == MoveClass::make_partial) {
       step.kind = StepKind::local_partial;
@@ -396,19 +466,40 @@ class Planner {
       } else if (gather_only) {
         step.kind = StepKind::all_gather;
         step.group = ordered_group(group, state);
-        move.cost = latency + spread * wire_s(bytes_after) +
-                    (needs_unpack(state, move.after, step) ? copy_s(bytes_after) : 0);
+        move.cost =
+            latency + spread * wire_s(bytes_after) +
+            (needs_unpack(state, move.after, step) ? copy_s(bytes_after) + n * cost.piece_s : 0);
       } else {
         step.kind = StepKind::all_to_all;
         step.group.assign(group.begin(), group.end());
         move.cost = latency + rounds * cost.round_s +
                     spread * wire_s(std::max(bytes_before, bytes_after)) + copy_s(bytes_before) +
-                    copy_s(bytes_after);
+                    copy_s(bytes_after) +
+                    std::min(n, exchange_pieces(state, move.after)) * cost.piece_s;
       }
     }
     if (!options_.merge && is_collective(step.kind) && step.group.size() > 1) return std::nullopt;
     step.group_size = is_collective(step.kind) ? group_size : 1;
     return move;
+  }
+
+  // About how many pieces one rank packs and unpacks in a data move from `before` to `after`:
+  // along each tensor dim, a block splits into as many pieces as the finer chunking has chunks
+  // per chunk of the coarser one.
+  double exchange_pieces(const State& before, const State& after) const {
+    double send = 1;
+    double receive = 1;
+    for (std::size_t t = 0; t < before.chains.size(); ++t) {
+      double chunks_before = 1;
+      double chunks_after = 1;
+      for (int m : before.chains[t])
+        chunks_before *= static_cast<double>(mesh_.size(m));
+      for (int m : after.chains[t])
+        chunks_after *= static_cast<double>(mesh_.size(m));
+      send *= std::max(1.0, std::ceil(chunks_after / chunks_before));
+      receive *= std::max(1.0, std::ceil(chunks_before / chunks_after));
+    }
+    return send + receive;
   }
 
   // Group order for reduce_scatter / all_gather: by tensor dim, then nesting level in `sharded`
@@ -504,12 +595,9 @@ StepTraffic traffic_of(const DeviceMesh& mesh, const Step& step, const Shape& sh
         traffic.recv_bytes[r] = bytes(after[r] - before[r]);
         break;
       case StepKind::all_to_all: {
-        const GroupExchange exchange = group_exchange(mesh, step, shape, rank);
-        for (std::size_t j = 0; j < exchange.members.size(); ++j) {
-          if (static_cast<int>(j) == exchange.position) continue;
-          traffic.send_bytes[r] += bytes(exchange.send[j].numel());
-          traffic.recv_bytes[r] += bytes(exchange.recv[j].numel());
-        }
+        const ExchangeVolume volume = exchange_volume(mesh, step, shape, rank);
+        traffic.send_bytes[r] = bytes(volume.send);
+        traffic.recv_bytes[r] = bytes(volume.recv);
         break;
       }
       default:
@@ -549,7 +637,11 @@ Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const Placemen
   plan.merged = options.merge;
 
   const Planner planner(mesh, from, to, shape, dtype, options);
-  const std::vector<Move> path = planner.search();
+  std::vector<Move> path = planner.search();
+  if (path.empty() && planner.source().key() != planner.target().key()) {
+    path = planner.path_through_replicate();
+    plan.search_bounded = true;
+  }
 
   State state = planner.source();
   const double full_bytes = static_cast<double>(shape.numel() * dtype_size(dtype));
@@ -640,13 +732,27 @@ std::shared_ptr<const Plan> PlanCache::get(const DeviceMesh& mesh, const Placeme
   for (std::int64_t dim : shape.dims())
     put(dim);
   put(static_cast<std::int64_t>(dtype) * 2 + (options.merge ? 1 : 0));
+  std::promise<std::shared_ptr<const Plan>> made;
+  std::shared_future<std::shared_ptr<const Plan>> pending;
   {
     const std::lock_guard lock(mutex_);
-    if (auto found = plans_.find(key); found != plans_.end()) return found->second;
+    if (auto found = plans_.find(key); found != plans_.end()) {
+      pending = found->second;
+    } else {
+      plans_.emplace(key, made.get_future().share());
+    }
   }
-  auto plan = std::make_shared<const Plan>(make_plan(mesh, from, to, shape, dtype, options));
-  const std::lock_guard lock(mutex_);
-  return plans_.try_emplace(key, std::move(plan)).first->second;
+  if (pending.valid()) return pending.get();  // made, or being made by another thread
+  try {
+    auto plan = std::make_shared<const Plan>(make_plan(mesh, from, to, shape, dtype, options));
+    made.set_value(plan);
+    return plan;
+  } catch (...) {
+    made.set_exception(std::current_exception());
+    const std::lock_guard lock(mutex_);
+    plans_.erase(key);
+    throw;
+  }
 }
 
 std::size_t PlanCache::size() const {

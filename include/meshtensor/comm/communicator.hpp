@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,14 +26,25 @@ std::string_view reduction_mode_name(ReductionMode mode);
 /// Parses a reduction mode name; throws ParseError naming the token.
 ReductionMode parse_reduction_mode(std::string_view text);
 
-/// Default collective timeout.
+/// Collective timeout when neither set_default_timeout() nor MESHTENSOR_TIMEOUT says otherwise.
 inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(5)};
+
+/// The timeout of calls that do not set one: set_default_timeout()'s value, else the environment
+/// variable MESHTENSOR_TIMEOUT (seconds, e.g. "30" or "2.5"), else kDefaultTimeout.
+std::chrono::milliseconds default_timeout();
+
+/// Sets default_timeout() for the whole process; throws InvalidArgument unless positive.
+void set_default_timeout(std::chrono::milliseconds timeout);
+
+/// Parses a timeout in seconds ("30", "2.5"): positive and at most a week; throws ParseError
+/// naming `what` and the text otherwise.
+std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::string_view what);
 
 /// Per-call options.
 struct CollectiveOptions {
-  ReduceOp op = ReduceOp::sum;                          ///< reducing collectives only
-  ReductionMode mode = ReductionMode::ordered;          ///< reducing collectives only
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< how long to wait for the other ranks
+  ReduceOp op = ReduceOp::sum;                            ///< reducing collectives only
+  ReductionMode mode = ReductionMode::ordered;            ///< reducing collectives only
+  std::chrono::milliseconds timeout = default_timeout();  ///< how long to wait for the others
 };
 
 /// The collectives a Communicator offers.
@@ -79,7 +91,7 @@ void check_exact_addends(const CollectiveCall& call, std::int64_t addends);
 /// Checks that the calls every rank of a group made at one sequence position fit together.
 /// Throws DesyncError naming both sides of the first disagreement (group positions and world
 /// ranks) when they do not. Pure: every rank reaches the same verdict.
-void check_calls_match(const std::vector<CollectiveCall>& calls,
+void check_calls_match(std::span<const CollectiveCall* const> calls,
                        const std::vector<std::int64_t>& world_ranks);
 
 /// A group of ranks that run collectives together. Every call is collective: all members issue

@@ -45,8 +45,9 @@ class MpiWorld {
   int size() const;
   /// The communicator of the whole job.
   std::shared_ptr<Communicator> communicator() const;
-  /// Prints `message` as meshtensor's error line on stderr and aborts every process of the job.
-  [[noreturn]] void abort(const std::string& message) const;
+  /// Prints `message` as meshtensor's error line on stderr and aborts every process of the job
+  /// with exit status `status`.
+  [[noreturn]] void abort(const std::string& message, int status = 1) const;
 
  private:
   std::shared_ptr<detail::MpiShared> shared_;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -60,13 +61,17 @@ class QueuedCommunicator : public Communicator {
   /// while their members are destroyed.
   void stop_queue() { queue_.stop(); }
 
+  /// Number of calls this rank has issued on the group so far (any thread may read it): the
+  /// sequence number the next call will get.
+  std::int64_t issued_calls() const { return next_sequence_.load(std::memory_order_relaxed); }
+
  private:
   Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options);
   // Runs the call in queue order and waits for it (on this thread when the queue is idle).
   void run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
                const CollectiveOptions& options);
 
-  std::int64_t next_sequence_ = 0;
+  std::atomic<std::int64_t> next_sequence_{0};
   WorkQueue queue_;
 };
 

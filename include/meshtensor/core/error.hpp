@@ -24,6 +24,13 @@ class InvalidArgument : public Error {
   explicit InvalidArgument(const std::string& message) : Error(message) {}
 };
 
+/// A request the machine cannot serve: more memory, threads or ranks than it has. The message
+/// names what was asked for and what is there.
+class ResourceError : public Error {
+ public:
+  explicit ResourceError(const std::string& message) : Error(message) {}
+};
+
 /// A collective failed: another rank failed first (the message carries its cause), the job was
 /// aborted, or the ranks' calls did not fit together.
 class CommError : public Error {

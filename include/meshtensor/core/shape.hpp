@@ -50,6 +50,10 @@ Shape parse_shape(std::string_view text);
 /// whole value being parsed, e.g. "shape '4xa'") and name the bad token.
 std::int64_t parse_count(std::string_view text, std::int64_t max_value, std::string_view what);
 
+/// As parse_count, for the whole unsigned 64-bit range: digits only (no sign, no spaces), never
+/// wrapping.
+std::uint64_t parse_unsigned(std::string_view text, std::uint64_t max_value, std::string_view what);
+
 /// Splits `text` on `separator`, keeping empty fields.
 std::vector<std::string_view> split(std::string_view text, char separator);
 

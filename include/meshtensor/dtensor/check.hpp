@@ -40,12 +40,19 @@ std::int64_t contribution_count(const DeviceMesh& mesh, const PlacementSpec& spe
 void fill_contribution(Tensor& block, const Layout& layout, const Shape& shape, std::uint64_t seed,
                        std::int64_t index);
 
+/// Bytes that `ranks` ranks of run_check of `config` with `plan` hold at most together (all of
+/// them on the threads backend, the ranks of one machine on mpi): their blocks before and after,
+/// the plan's working buffers, and the reference of each block that one of them verifies.
+double check_bytes(const CheckConfig& config, const plan::Plan& plan, std::int64_t ranks);
+
 /// Runs the redistribute on `world` (which must span the mesh) and verifies every rank's block:
 /// results without arithmetic, max/min, integer sums and `exact` sums bit for bit against a
 /// reference; `ordered`/`native` floating sums within the rounding bound of their length.
-/// Replicas must agree bit for bit in every mode. Collective; the result is the same on all
-/// ranks. The digest covers the assembled global result (one tensor per position of the target's
-/// source-kept Partial dims, in mesh order).
+/// Replicas must agree bit for bit in every mode. Each rank checks its own block against a
+/// reference built from that block's contributions alone, so memory follows what the ranks hold.
+/// Collective; the result is the same on all ranks. The digest is a checksum of the assembled
+/// global result (one tensor per position of the target's source-kept Partial dims): a sum of a
+/// hash of every element's position and bits, so it does not depend on the mesh.
 CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const CheckConfig& config);
 
 }  // namespace meshtensor::dtensor

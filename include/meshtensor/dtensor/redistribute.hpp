@@ -24,7 +24,7 @@ struct RedistributeOptions {
   /// once per (mesh, dims, reason).
   bool allow_flattened_groups = true;
   /// Timeout of each collective.
-  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  std::chrono::milliseconds timeout = comm::default_timeout();
 };
 
 /// The (cached) plan a redistribute with `options` runs.

@@ -83,7 +83,9 @@ struct Plan {
   std::int64_t peak_bytes_per_rank = 0;   ///< largest block any rank holds between steps
   bool materializes_full_tensor = false;  ///< some rank holds the whole tensor between steps
                                           ///< although neither spec asks for it
-  double cost_s = 0;                      ///< cost-model total
+  bool search_bounded = false;  ///< too many intermediate specs to search: the plan goes through
+                                ///< Replicate, valid but perhaps not the cheapest
+  double cost_s = 0;            ///< cost-model total
 
   /// Number of communicating steps.
   int collectives() const;

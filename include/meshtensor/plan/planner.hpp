@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -18,6 +19,7 @@ struct CostModel {
   double bandwidth_bytes_s = 10e9;          ///< what one rank can send or receive
   double memory_bandwidth_bytes_s = 100e9;  ///< local copies
   double local_step_s = 1e-6;               ///< fixed cost of a local step
+  double piece_s = 0.5e-6;                  ///< per piece a pack or unpack copies (its set-up)
 };
 
 /// What the planner may do.
@@ -38,7 +40,9 @@ Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const Placemen
 /// never change.
 class PlanCache {
  public:
-  /// The cached plan, made on the first request.
+  /// The cached plan, made on the first request. Concurrent requests for a plan being made wait
+  /// for it instead of making it again (every rank thread of a world asks for the same plan at
+  /// once). A planning error reaches every waiter and is not cached.
   std::shared_ptr<const Plan> get(const DeviceMesh& mesh, const PlacementSpec& from,
                                   const PlacementSpec& to, const Shape& shape, DType dtype,
                                   const PlanOptions& options = {});
@@ -49,7 +53,7 @@ class PlanCache {
 
  private:
   mutable std::mutex mutex_;
-  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
+  std::unordered_map<std::string, std::shared_future<std::shared_ptr<const Plan>>> plans_;
 };
 
 /// The process-wide cache redistribute uses.

@@ -1,0 +1,17 @@
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <meshtensor/comm/communicator.hpp>
+
+namespace meshtensor::comm {
+
+/// Checks that every rank of `group` passes the same `text` (a configuration: options, a mode, a
+/// plan): collective, one small all_reduce when they agree. When they do not, every rank throws
+/// the same InvalidArgument naming `what`, group rank 0's text and the first rank that differs
+/// with its text, instead of running on with mismatched settings (which may hang or give wrong
+/// bits without an error).
+void check_same_on_every_rank(Communicator& group, std::string_view what, const std::string& text);
+
+}  // namespace meshtensor::comm

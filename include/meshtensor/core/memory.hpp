@@ -1,0 +1,22 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace meshtensor {
+
+/// Bytes this process may still allocate: the least of the memory the system reports available,
+/// the room left under the cgroup's memory limit and under the process's address-space and data
+/// limits (RLIMIT_AS, RLIMIT_DATA). A limit that cannot be read does not count.
+std::int64_t available_memory_bytes();
+
+/// "1.5 GiB", "640 MiB", "12 KiB", "100 B".
+std::string format_bytes(double bytes);
+
+/// Throws ResourceError naming `what`, the bytes it needs and the bytes available, when `bytes`
+/// is more than available_memory_bytes(). Commands call it before allocating, so a request too
+/// big for the machine is refused instead of running out of memory halfway.
+void require_memory(double bytes, std::string_view what);
+
+}  // namespace meshtensor

@@ -1,0 +1,56 @@
+#include "options.hpp"
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/shape.hpp>
+
+namespace meshtensor::cli {
+
+std::int64_t integer_option(std::string_view option, const std::string& text, std::int64_t min,
+                            std::int64_t max) {
+  const std::int64_t value = parse_count(text, max, option);
+  if (value < min) {
+    throw ParseError(fmt::format("{}: '{}' is too small (at least {})", option, text, min));
+  }
+  return value;
+}
+
+std::uint64_t seed_option(std::string_view option, const std::string& text) {
+  return parse_unsigned(text, UINT64_MAX, option);
+}
+
+std::vector<std::string> list_option(std::string_view option, const std::string& text) {
+  std::vector<std::string> entries;
+  for (std::string_view entry : split(text, ',')) {
+    if (entry.empty()) {
+      throw ParseError(
+          fmt::format("{} '{}' has an empty entry: expected values joined by ','", option, text));
+    }
+    entries.emplace_back(entry);
+  }
+  return entries;
+}
+
+comm::ReductionMode mode_option(const std::string& text) {
+  return comm::parse_reduction_mode(text);
+}
+
+CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,
+                      const std::string& description) {
+  return command.add_flag(name, target, description)->disable_flag_override();
+}
+
+void TimeoutOption::add_to(CLI::App& command) {
+  option = command.add_option("--timeout", text,
+                              "seconds a collective waits for the other ranks before the run "
+                              "fails naming them (default: MESHTENSOR_TIMEOUT, else 300)");
+}
+
+void TimeoutOption::apply() const {
+  if (option != nullptr && option->count() > 0) {
+    comm::set_default_timeout(comm::parse_timeout_seconds(text, "--timeout"));
+  }
+}
+
+}  // namespace meshtensor::cli

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <meshtensor/comm/communicator.hpp>
+
+namespace meshtensor::cli {
+
+// Option values are taken as text and parsed here, strictly: CLI11's own conversions accept an
+// empty value as 0 and wrap "-1" and values past 2^64. Errors are ParseErrors naming the option
+// and the text.
+
+/// An integer in [min, max]: digits only.
+std::int64_t integer_option(std::string_view option, const std::string& text, std::int64_t min,
+                            std::int64_t max);
+
+/// A seed: any unsigned 64-bit integer, digits only.
+std::uint64_t seed_option(std::string_view option, const std::string& text);
+
+/// A comma-separated list of non-empty entries.
+std::vector<std::string> list_option(std::string_view option, const std::string& text);
+
+/// A reduction mode name (ordered, exact, native).
+comm::ReductionMode mode_option(const std::string& text);
+
+/// Adds a flag that takes no value: `--json=yes` and `--json=` are errors.
+CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,
+                      const std::string& description);
+
+/// `--timeout SECONDS`: the collective timeout of the run (default: MESHTENSOR_TIMEOUT, else
+/// 300 s). apply() parses and applies it when it was given.
+struct TimeoutOption {
+  std::string text;
+  CLI::Option* option = nullptr;
+  /// Registers the option on `command`.
+  void add_to(CLI::App& command);
+  /// Sets the process's default collective timeout when the option was given.
+  void apply() const;
+};
+
+}  // namespace meshtensor::cli
