@@ -21,8 +21,8 @@ void run_ranks(Backend backend, std::int64_t ranks, const std::string& command,
                const std::function<void(comm::Communicator& world)>& body) {
   if (backend == Backend::threads) {
     if (ranks < 1 || ranks > comm::kMaxThreadsRanks) {
-      throw InvalidArgument(fmt::format("{} ranks: the threads backend runs 1 to {}", ranks,
-                                        comm::kMaxThreadsRanks));
+      throw InvalidArgument(
+          fmt::format("{} ranks: the threads backend runs 1 to {}", ranks, comm::kMaxThreadsRanks));
     }
     comm::run_threads(static_cast<int>(ranks), body);
     return;

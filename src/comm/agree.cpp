@@ -26,8 +26,7 @@ std::string broadcast_text(Communicator& group, const std::string& text, int roo
 }
 }  // namespace
 
-void check_same_on_every_rank(Communicator& group, std::string_view what,
-                              const std::string& text) {
+void check_same_on_every_rank(Communicator& group, std::string_view what, const std::string& text) {
   Digest64 digest;
   digest.update(text);
   const auto mine = std::bit_cast<std::int64_t>(digest.finish());
@@ -48,10 +47,10 @@ void check_same_on_every_rank(Communicator& group, std::string_view what,
     ++differs;
   const std::string first = broadcast_text(group, text, 0);
   const std::string other = broadcast_text(group, text, differs);
-  throw InvalidArgument(fmt::format(
-      "the ranks disagree on {}: world rank {} has '{}', but world rank {} has '{}'", what,
-      group.world_ranks()[0], first, group.world_ranks()[static_cast<std::size_t>(differs)],
-      other));
+  throw InvalidArgument(
+      fmt::format("the ranks disagree on {}: world rank {} has '{}', but world rank {} has '{}'",
+                  what, group.world_ranks()[0], first,
+                  group.world_ranks()[static_cast<std::size_t>(differs)], other));
 }
 
 }  // namespace meshtensor::comm

@@ -399,7 +399,7 @@ class MpiCommunicator final : public QueuedCommunicator {
     };
     const auto now = std::chrono::steady_clock::now();
     const std::uint64_t watch = shared_->watch_start(
-        {deadline, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now), key_,
+        {deadline, std::chrono::ceil<std::chrono::milliseconds>(deadline - now), key_,
          call.sequence, &world_ranks_, world_ranks_[static_cast<std::size_t>(rank_)], where});
     try {
       step();

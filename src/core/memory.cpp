@@ -3,7 +3,6 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
-
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -39,7 +38,8 @@ std::int64_t system_available() {
     std::istringstream fields(line);
     std::string key;
     long long kib = 0;
-    if (fields >> key >> kib && key == "MemAvailable:") return static_cast<std::int64_t>(kib) * 1024;
+    if (fields >> key >> kib && key == "MemAvailable:")
+      return static_cast<std::int64_t>(kib) * 1024;
   }
   return kUnlimited;
 }
@@ -62,8 +62,8 @@ std::int64_t cgroup_room() {
 std::int64_t rlimit_room(int resource, std::int64_t used) {
   rlimit limit{};
   if (getrlimit(resource, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kUnlimited;
-  const auto cap = static_cast<std::int64_t>(
-      std::min<rlim_t>(limit.rlim_cur, static_cast<rlim_t>(kUnlimited)));
+  const auto cap =
+      static_cast<std::int64_t>(std::min<rlim_t>(limit.rlim_cur, static_cast<rlim_t>(kUnlimited)));
   return std::max<std::int64_t>(0, cap - used);
 }
 
@@ -95,8 +95,8 @@ std::string format_bytes(double bytes) {
 void require_memory(double bytes, std::string_view what) {
   const std::int64_t available = available_memory_bytes();
   if (bytes > static_cast<double>(available)) {
-    throw ResourceError(fmt::format("{} needs about {} of memory, but only {} is available",
-                                    what, format_bytes(bytes),
+    throw ResourceError(fmt::format("{} needs about {} of memory, but only {} is available", what,
+                                    format_bytes(bytes),
                                     format_bytes(static_cast<double>(available))));
   }
 }

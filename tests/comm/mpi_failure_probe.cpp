@@ -1,7 +1,9 @@
 // Failure scenarios of the mpi backend, one per run (`mpirun -np 2 mpi_failure_probe <scenario>`):
 // each must end the whole job with a non-zero status and a message naming the cause.
 #include <chrono>
+#include <csignal>
 #include <iostream>
+#include <new>
 #include <string_view>
 #include <thread>
 
@@ -35,8 +37,30 @@ int main(int argc, char** argv) {
         } else if (scenario == "throw") {
           if (world.rank() == 1) throw InvalidArgument("rank one gave up");
           world.barrier();
+        } else if (scenario == "timeout_default") {
+          // As "timeout", with the timeout from MESHTENSOR_TIMEOUT.
+          if (world.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::seconds(20));
+          } else {
+            world.barrier();
+          }
+        } else if (scenario == "stopped") {
+          // Rank 1 is stopped (as by a debugger or the scheduler) before the barrier: it can
+          // answer nothing, and the others' timeout must say so.
+          if (world.rank() == 1) std::raise(SIGSTOP);
+          world.barrier({.timeout = std::chrono::milliseconds(500)});
+        } else if (scenario == "killed") {
+          // Rank 1 dies: the job ends at once, not after the 5-minute default timeout.
+          if (world.rank() == 1) std::raise(SIGKILL);
+          world.barrier();
+        } else if (scenario == "bad_alloc") {
+          // Rank 1 runs out of memory: the job ends with that cause.
+          if (world.rank() == 1) throw std::bad_alloc();
+          world.barrier();
         } else {
-          throw InvalidArgument("scenario must be desync, timeout or throw");
+          throw InvalidArgument(
+              "scenario must be desync, timeout, timeout_default, throw, stopped, killed or "
+              "bad_alloc");
         }
         std::cout << "scenario finished without an error\n";
       },

@@ -1,7 +1,12 @@
-# Runs COMMAND; passes when it exits with EXPECTED_EXIT and its output matches PATTERN.
+# Runs COMMAND; passes when it exits with EXPECTED_EXIT ("nonzero": any failure) and its output
+# matches PATTERN.
 execute_process(COMMAND ${COMMAND} RESULT_VARIABLE exit_code OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
-if(NOT exit_code STREQUAL EXPECTED_EXIT)
+if(EXPECTED_EXIT STREQUAL "nonzero")
+  if(exit_code STREQUAL "0")
+    message(FATAL_ERROR "exit status 0, expected a failure\n${all}")
+  endif()
+elseif(NOT exit_code STREQUAL EXPECTED_EXIT)
   message(FATAL_ERROR "exit status ${exit_code}, expected ${EXPECTED_EXIT}\n${all}")
 endif()
 if(NOT all MATCHES "${PATTERN}")
