@@ -42,6 +42,7 @@ struct MpiShared {
     const std::vector<std::int64_t>* members = nullptr;  // world ranks
     std::int64_t me = 0;
     std::function<std::string()> describe;  // "<call> on group [..] (world rank r)"
+    const CollectiveCall* call = nullptr;
   };
 
   MpiShared(bool check, MPI_Comm control_comm) : check_collectives(check), control(control_comm) {
@@ -97,6 +98,7 @@ struct MpiShared {
  private:
   static constexpr int kQueryTag = 1;
   static constexpr int kReplyTag = 2;
+  static constexpr int kReplyTextTag = 3;
 
   void watch() {
     std::unique_lock lock(watch_mutex);
@@ -115,7 +117,8 @@ struct MpiShared {
   }
 
   // Answers the questions other ranks' watchdogs sent: (group key, sequence) -> (group key,
-  // calls issued on that group, or -1 for a group this rank is not in).
+  // calls issued on that group, or -1 for a group this rank is not in), then the call this rank
+  // is in on that group, as text (empty when none).
   void serve_queries(std::unique_lock<std::mutex>& lock) {
     while (true) {
       int pending = 0;
@@ -129,8 +132,14 @@ struct MpiShared {
       std::int64_t reply[2] = {query[0], -1};
       const auto found = groups.find(static_cast<std::uint64_t>(query[0]));
       if (found != groups.end()) reply[1] = found->second();
+      std::string doing;
+      for (const auto& [id, entry] : in_flight) {
+        if (entry.group == static_cast<std::uint64_t>(query[0])) doing = entry.call->to_string();
+      }
       lock.unlock();
       MPI_Send(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control);
+      MPI_Send(doing.data(), static_cast<int>(doing.size()), MPI_CHAR, status.MPI_SOURCE,
+               kReplyTextTag, control);
       lock.lock();
     }
   }
@@ -139,6 +148,7 @@ struct MpiShared {
   // not answer.
   std::string diagnose(const Watch& watch, std::unique_lock<std::mutex>& lock) {
     std::map<std::int64_t, std::int64_t> issued;  // world rank -> calls issued (-1: not a member)
+    std::map<std::int64_t, std::string> doing;    // world rank -> the call it is in, if any
     for (std::int64_t member : *watch.members) {
       if (member == watch.me) continue;
       const std::int64_t query[2] = {static_cast<std::int64_t>(watch.group), watch.sequence};
@@ -156,8 +166,17 @@ struct MpiShared {
           pending != 0) {
         std::int64_t reply[2] = {0, 0};
         MPI_Recv(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control, MPI_STATUS_IGNORE);
-        if (reply[0] == static_cast<std::int64_t>(watch.group))
+        MPI_Status text_status;
+        MPI_Probe(status.MPI_SOURCE, kReplyTextTag, control, &text_status);
+        int length = 0;
+        MPI_Get_count(&text_status, MPI_CHAR, &length);
+        std::string text(static_cast<std::size_t>(length), '\0');
+        MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, kReplyTextTag, control,
+                 MPI_STATUS_IGNORE);
+        if (reply[0] == static_cast<std::int64_t>(watch.group)) {
           issued[status.MPI_SOURCE] = reply[1];
+          doing[status.MPI_SOURCE] = std::move(text);
+        }
         continue;
       }
       lock.unlock();
@@ -166,6 +185,8 @@ struct MpiShared {
     }
     std::vector<std::int64_t> missing;
     std::vector<std::int64_t> silent;
+    std::vector<std::string> other_calls;
+    const std::string mine = watch.call->to_string();
     for (std::int64_t member : *watch.members) {
       if (member == watch.me) continue;
       const auto found = issued.find(member);
@@ -173,11 +194,18 @@ struct MpiShared {
         silent.push_back(member);
       } else if (found->second <= watch.sequence) {
         missing.push_back(member);
+      } else if (!doing[member].empty() && doing[member] != mine) {
+        // It issued a call at this position, but not this one: the ranks disagree.
+        other_calls.push_back(fmt::format("world rank {} is in {}", member, doing[member]));
       }
     }
     std::string why;
     if (!missing.empty()) {
       why += fmt::format("world rank(s) [{}] never issued it", fmt::join(missing, ","));
+    }
+    if (!other_calls.empty()) {
+      why += fmt::format("{}the ranks issued different calls: {}", why.empty() ? "" : "; ",
+                         fmt::join(other_calls, "; "));
     }
     if (!silent.empty()) {
       why += fmt::format("{}world rank(s) [{}] did not answer within {} ms (stopped, hung or dead)",
@@ -207,14 +235,20 @@ using detail::MpiShared;
 constexpr std::int64_t kMaxMpiCount = INT_MAX;
 // all_reduce moves messages in pieces of at most this many elements.
 constexpr std::int64_t kAllReduceChunk = std::int64_t{1} << 26;
-// Ordered and exact all_reduces of at most this many bytes per rank gather every rank's buffer.
+// Ordered and exact all_reduces of at most this many bytes per rank gather every rank's buffer
+// (with an 8-byte fingerprint of the call).
 constexpr std::size_t kGatherAllBytes = 512;
 // Staging for one round of reduce_to_owners (all peers' chunks together), and the least a chunk
 // holds: small enough to stay in cache until it is reduced, big enough to amortise a message.
 constexpr std::int64_t kStagingBytes = std::int64_t{256} << 10;
 constexpr std::int64_t kMinChunkBytes = std::int64_t{4} << 10;
-// Tag of reduce_to_owners' messages (the communicator is the backend's own).
-constexpr int kReduceTag = 7;
+// Tags of reduce_to_owners' messages (the communicator is the backend's own). They carry the
+// call's mode and op: ranks that disagree on them never combine each other's data (their
+// messages do not match; the timeout names what each rank is in).
+constexpr int kReduceTagBase = 16;
+int reduce_tag(const CollectiveCall& call) {
+  return kReduceTagBase + static_cast<int>(call.mode) * 8 + static_cast<int>(call.op);
+}
 // Key of the world group (split groups derive theirs from it).
 constexpr std::uint64_t kWorldKey = 1;
 
@@ -400,7 +434,8 @@ class MpiCommunicator final : public QueuedCommunicator {
     const auto now = std::chrono::steady_clock::now();
     const std::uint64_t watch = shared_->watch_start(
         {deadline, std::chrono::ceil<std::chrono::milliseconds>(deadline - now), key_,
-         call.sequence, &world_ranks_, world_ranks_[static_cast<std::size_t>(rank_)], where});
+         call.sequence, &world_ranks_, world_ranks_[static_cast<std::size_t>(rank_)], where,
+         &call});
     try {
       step();
     } catch (const std::exception& error) {
@@ -540,16 +575,47 @@ class MpiCommunicator final : public QueuedCommunicator {
   // them all itself, in group-rank order (the same reduction, so the same bits, as the owners'):
   // one latency instead of two.
   void gather_all_and_reduce(const CollectiveCall& call, std::byte* buffer, std::int64_t count) {
+    // Each rank's buffer travels behind a fingerprint of its call: ranks that issued different
+    // calls here (another mode, op, dtype or count) find out at once, all of them, instead of
+    // combining mismatched data.
+    constexpr std::size_t kHeader = sizeof(std::uint64_t);
     const std::size_t bytes = static_cast<std::size_t>(count) * dtype_size(call.dtype);
-    std::byte* const gathered = staging(bytes * static_cast<std::size_t>(size_));
-    check_mpi(MPI_Allgather(buffer, static_cast<int>(bytes), MPI_BYTE, gathered,
-                            static_cast<int>(bytes), MPI_BYTE, comm_),
+    const std::size_t slot = kHeader + bytes;
+    std::byte* const gathered = staging(slot * static_cast<std::size_t>(size_ + 1));
+    std::byte* const own = gathered + slot * static_cast<std::size_t>(size_);
+    const std::uint64_t fingerprint = call_fingerprint(call);
+    std::memcpy(own, &fingerprint, kHeader);
+    std::memcpy(own + kHeader, buffer, bytes);
+    check_mpi(MPI_Allgather(own, static_cast<int>(slot), MPI_BYTE, gathered, static_cast<int>(slot),
+                            MPI_BYTE, comm_),
               "MPI_Allgather");
     std::vector<const std::byte*> inputs(static_cast<std::size_t>(size_));
-    for (std::size_t j = 0; j < inputs.size(); ++j)
-      inputs[j] = gathered + j * bytes;
+    for (std::size_t j = 0; j < inputs.size(); ++j) {
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, gathered + j * slot, kHeader);
+      if (theirs != fingerprint) {
+        throw DesyncError(fmt::format(
+            "collectives do not match: group rank {} (world rank {}) issued {}, but group rank {} "
+            "(world rank {}) issued another call at this position (a different mode, op, dtype "
+            "or count)",
+            rank_, world_ranks_[static_cast<std::size_t>(rank_)], call.to_string(), j,
+            world_ranks_[j]));
+      }
+      inputs[j] = gathered + j * slot + kHeader;
+    }
     reduce_elements(call, inputs, std::span<std::byte* const>(&buffer, 1),
                     static_cast<std::size_t>(count));
+  }
+
+  static std::uint64_t call_fingerprint(const CollectiveCall& call) {
+    std::uint64_t value = mix64(static_cast<std::uint64_t>(call.sequence));
+    for (const std::uint64_t field :
+         {static_cast<std::uint64_t>(call.kind), static_cast<std::uint64_t>(call.dtype),
+          static_cast<std::uint64_t>(call.op), static_cast<std::uint64_t>(call.mode),
+          static_cast<std::uint64_t>(call.count)}) {
+      value = mix64(value ^ field);
+    }
+    return value;
   }
 
   // Segment i of `input` (counts[i] elements, back to back) is reduced over all ranks into rank
@@ -584,7 +650,7 @@ class MpiCommunicator final : public QueuedCommunicator {
         sends.emplace_back();
         check_mpi(MPI_Isend(input + static_cast<std::size_t>(offsets[i] + begin) * element,
                             static_cast<int>(std::min(chunk, counts[i] - begin)), type, owner,
-                            kReduceTag, comm_, &sends.back()),
+                            reduce_tag(call), comm_, &sends.back()),
                   "MPI_Isend");
       }
       if (begin >= counts[me]) continue;
@@ -600,9 +666,9 @@ class MpiCommunicator final : public QueuedCommunicator {
         std::byte* into = staging_area + slot++ * static_cast<std::size_t>(n) * element;
         inputs[j] = into;
         receives.emplace_back();
-        check_mpi(
-            MPI_Irecv(into, static_cast<int>(n), type, peer, kReduceTag, comm_, &receives.back()),
-            "MPI_Irecv");
+        check_mpi(MPI_Irecv(into, static_cast<int>(n), type, peer, reduce_tag(call), comm_,
+                            &receives.back()),
+                  "MPI_Irecv");
       }
       check_mpi(
           MPI_Waitall(static_cast<int>(receives.size()), receives.data(), MPI_STATUSES_IGNORE),

@@ -44,6 +44,14 @@ int main(int argc, char** argv) {
           } else {
             world.barrier();
           }
+        } else if (scenario == "modes_small" || scenario == "modes_large") {
+          // Without check mode, rank 1 runs exact where rank 0 runs ordered: never a silent
+          // result. A small buffer is refused at once, a large one times out naming both calls.
+          const std::int64_t count = scenario == "modes_small" ? 4 : 1 << 20;
+          Tensor buffer = Tensor::zeros({count}, DType::f32);
+          world.all_reduce(buffer, {.mode = world.rank() == 1 ? comm::ReductionMode::exact
+                                                              : comm::ReductionMode::ordered,
+                                    .timeout = std::chrono::milliseconds(1000)});
         } else if (scenario == "stopped") {
           // Rank 1 is stopped (as by a debugger or the scheduler) before the barrier: it can
           // answer nothing, and the others' timeout must say so.
@@ -59,8 +67,8 @@ int main(int argc, char** argv) {
           world.barrier();
         } else {
           throw InvalidArgument(
-              "scenario must be desync, timeout, timeout_default, throw, stopped, killed or "
-              "bad_alloc");
+              "scenario must be desync, timeout, timeout_default, throw, modes_small, "
+              "modes_large, stopped, killed or bad_alloc");
         }
         std::cout << "scenario finished without an error\n";
       },
