@@ -38,9 +38,20 @@ Buffers make_buffers(const CollectiveBenchConfig& config, int rank, int size) {
   const auto seed = static_cast<std::uint64_t>(rank) + 1;
   const std::vector<std::int64_t> counts = comm::balanced_counts(config.count, size);
   const std::int64_t mine = counts[static_cast<std::size_t>(rank)];
+  // Random values: up to 1M of them drawn, then repeated (drawing billions of normal samples
+  // would take longer than the timing).
   auto random = [&](std::int64_t n) {
-    return is_floating(config.dtype) ? Tensor::random_normal({n}, config.dtype, seed)
-                                     : Tensor::random_int({n}, config.dtype, seed, -100, 100);
+    constexpr std::int64_t kDrawn = 1 << 20;
+    const std::int64_t drawn = std::min(n, kDrawn);
+    const Tensor pattern = is_floating(config.dtype)
+                               ? Tensor::random_normal({drawn}, config.dtype, seed)
+                               : Tensor::random_int({drawn}, config.dtype, seed, -100, 100);
+    if (drawn == n) return pattern;
+    Tensor out({n}, config.dtype);
+    for (std::int64_t begin = 0; begin < n; begin += drawn)
+      out.narrow(0, begin, std::min(drawn, n - begin))
+          .copy_from(pattern.narrow(0, 0, std::min(drawn, n - begin)));
+    return out;
   };
   switch (config.op) {
     case CollectiveKind::all_reduce:

@@ -36,7 +36,7 @@ constexpr std::size_t kMaxSearchDims = 6;
 // States the search may settle; past it the planner takes the path through Replicate instead
 // (every dim reduced or gathered, then chunked), which is valid but not always the cheapest, and
 // says so in the plan.
-constexpr std::size_t kMaxSettledStates = 4000;
+constexpr std::size_t kMaxSettledStates = 2000;
 
 struct State {
   std::vector<Placement> placements;
