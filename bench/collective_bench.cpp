@@ -43,14 +43,15 @@ Buffers make_buffers(const CollectiveBenchConfig& config, int rank, int size) {
   auto random = [&](std::int64_t n) {
     constexpr std::int64_t kDrawn = 1 << 20;
     const std::int64_t drawn = std::min(n, kDrawn);
-    const Tensor pattern = is_floating(config.dtype)
-                               ? Tensor::random_normal({drawn}, config.dtype, seed)
-                               : Tensor::random_int({drawn}, config.dtype, seed, -100, 100);
+    Tensor pattern = is_floating(config.dtype)
+                         ? Tensor::random_normal({drawn}, config.dtype, seed)
+                         : Tensor::random_int({drawn}, config.dtype, seed, -100, 100);
     if (drawn == n) return pattern;
     Tensor out({n}, config.dtype);
-    for (std::int64_t begin = 0; begin < n; begin += drawn)
+    for (std::int64_t begin = 0; begin < n; begin += drawn) {
       out.narrow(0, begin, std::min(drawn, n - begin))
           .copy_from(pattern.narrow(0, 0, std::min(drawn, n - begin)));
+    }
     return out;
   };
   switch (config.op) {

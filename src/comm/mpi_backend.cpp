@@ -46,13 +46,13 @@ struct MpiShared {
   };
 
   MpiShared(bool check, MPI_Comm control_comm) : check_collectives(check), control(control_comm) {
-    watchdog = std::thread([this] { watch(); });
+    watchdog_ = std::thread([this] { watch(); });
   }
   ~MpiShared() { stop_watchdog(); }
 
   [[noreturn]] void abort(const std::string& message, int status = 1) {
     {
-      const std::lock_guard lock(abort_mutex);  // one error line, even if several threads fail
+      const std::lock_guard lock(abort_mutex_);  // one error line, even if several threads fail
       std::cerr << "meshtensor: error: " << message << std::endl;
     }
     MPI_Abort(MPI_COMM_WORLD, status);
@@ -61,34 +61,34 @@ struct MpiShared {
 
   // Progress of a group this rank belongs to: `issued()` is the number of calls it has issued.
   void register_group(std::uint64_t key, std::function<std::int64_t()> issued) {
-    const std::lock_guard lock(watch_mutex);
-    groups[key] = std::move(issued);
+    const std::lock_guard lock(watch_mutex_);
+    groups_[key] = std::move(issued);
   }
   void unregister_group(std::uint64_t key) {
-    const std::lock_guard lock(watch_mutex);
-    groups.erase(key);
+    const std::lock_guard lock(watch_mutex_);
+    groups_.erase(key);
   }
 
   // The watchdog aborts the job once the deadline passed. `watch.describe` and `watch.members`
   // must stay valid until watch_end.
   std::uint64_t watch_start(Watch watch) {
-    const std::lock_guard lock(watch_mutex);
-    const std::uint64_t id = next_watch_id++;
-    in_flight.emplace(id, std::move(watch));
+    const std::lock_guard lock(watch_mutex_);
+    const std::uint64_t id = next_watch_id_++;
+    in_flight_.emplace(id, std::move(watch));
     return id;
   }
   void watch_end(std::uint64_t id) {
-    const std::lock_guard lock(watch_mutex);
-    in_flight.erase(id);
+    const std::lock_guard lock(watch_mutex_);
+    in_flight_.erase(id);
   }
 
   void stop_watchdog() {
     {
-      const std::lock_guard lock(watch_mutex);
-      stopping = true;
+      const std::lock_guard lock(watch_mutex_);
+      stopping_ = true;
     }
-    watch_cv.notify_all();
-    if (watchdog.joinable()) watchdog.join();
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   const bool check_collectives;
@@ -101,12 +101,12 @@ struct MpiShared {
   static constexpr int kReplyTextTag = 3;
 
   void watch() {
-    std::unique_lock lock(watch_mutex);
-    while (!stopping) {
-      watch_cv.wait_for(lock, std::chrono::milliseconds(20));
+    std::unique_lock lock(watch_mutex_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(20));
       serve_queries(lock);
       const auto now = std::chrono::steady_clock::now();
-      for (const auto& [id, entry] : in_flight) {
+      for (const auto& [id, entry] : in_flight_) {
         if (now >= entry.deadline) {
           const std::string message = diagnose(entry, lock);
           lock.unlock();
@@ -130,10 +130,10 @@ struct MpiShared {
       std::int64_t query[2] = {0, 0};
       MPI_Recv(query, 2, MPI_INT64_T, status.MPI_SOURCE, kQueryTag, control, MPI_STATUS_IGNORE);
       std::int64_t reply[2] = {query[0], -1};
-      const auto found = groups.find(static_cast<std::uint64_t>(query[0]));
-      if (found != groups.end()) reply[1] = found->second();
+      const auto found = groups_.find(static_cast<std::uint64_t>(query[0]));
+      if (found != groups_.end()) reply[1] = found->second();
       std::string doing;
-      for (const auto& [id, entry] : in_flight) {
+      for (const auto& [id, entry] : in_flight_) {
         if (entry.group == static_cast<std::uint64_t>(query[0])) doing = entry.call->to_string();
       }
       lock.unlock();
@@ -216,14 +216,14 @@ struct MpiShared {
                        why);
   }
 
-  std::mutex abort_mutex;
-  std::mutex watch_mutex;
-  std::condition_variable watch_cv;
-  bool stopping = false;
-  std::uint64_t next_watch_id = 0;
-  std::map<std::uint64_t, Watch> in_flight;
-  std::map<std::uint64_t, std::function<std::int64_t()>> groups;
-  std::thread watchdog;
+  std::mutex abort_mutex_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  std::uint64_t next_watch_id_ = 0;
+  std::map<std::uint64_t, Watch> in_flight_;
+  std::map<std::uint64_t, std::function<std::int64_t()>> groups_;
+  std::thread watchdog_;
 };
 
 }  // namespace detail
@@ -474,7 +474,7 @@ class MpiCommunicator final : public QueuedCommunicator {
     const MPI_Datatype type = mpi_type(call.dtype);
     switch (call.kind) {
       case CollectiveKind::all_reduce:
-        all_reduce(call, output);
+        run_all_reduce(call, output);
         return;
       case CollectiveKind::reduce_scatter:
         if (use_mpi_reduction(call)) {
@@ -525,7 +525,7 @@ class MpiCommunicator final : public QueuedCommunicator {
     }
   }
 
-  void all_reduce(const CollectiveCall& call, Tensor& buffer) {
+  void run_all_reduce(const CollectiveCall& call, Tensor& buffer) {
     const std::size_t element = dtype_size(call.dtype);
     std::byte* data = buffer.bytes().data();
     for (std::int64_t begin = 0; begin < call.count; begin += kAllReduceChunk) {

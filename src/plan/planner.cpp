@@ -246,9 +246,10 @@ class Planner {
       bool deeper = false;
       for (const auto& chain : target_.chains) {
         deeper = deeper || level < chain.size();
-        if (level < chain.size() && !is_final(state, target_, chain[level]))
+        if (level < chain.size() && !is_final(state, target_, chain[level])) {
           chunk.emplace_back(chain[level],
                              target_.placements[static_cast<std::size_t>(chain[level])]);
+        }
       }
       if (!deeper) break;
       apply(chunk);
