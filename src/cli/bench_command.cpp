@@ -159,7 +159,7 @@ void run_collective_bench(const CollectiveBenchOptions& options) {
     counts.push_back(integer_option("--count", count, 1, kMaxBenchCount));
   std::vector<comm::ReductionMode> modes;
   for (const std::string& mode : list_option("--mode", options.mode))
-    modes.push_back(mode_option(mode));
+    modes.push_back(comm::parse_reduction_mode(mode));
   const DType dtype = parse_dtype(options.dtype);
   const int iterations =
       static_cast<int>(integer_option("--iterations", options.iterations, 0, 1'000'000));
@@ -253,7 +253,7 @@ bench::RedistributeBenchConfig redistribute_config(const RedistributeBenchOption
   config.to = parse_spec(options.to);
   config.shape = parse_shape(options.shape);
   config.dtype = parse_dtype(options.dtype);
-  config.mode = mode_option(options.mode);
+  config.mode = comm::parse_reduction_mode(options.mode);
   config.iterations =
       static_cast<int>(integer_option("--iterations", options.iterations, 1, 1'000'000));
   config.from.validate(config.mesh, config.shape.rank());

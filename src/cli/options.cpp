@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/shape.hpp>
 
@@ -30,10 +31,6 @@ std::vector<std::string> list_option(std::string_view option, const std::string&
     entries.emplace_back(entry);
   }
   return entries;
-}
-
-comm::ReductionMode mode_option(const std::string& text) {
-  return comm::parse_reduction_mode(text);
 }
 
 CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,

@@ -1,14 +1,11 @@
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-
-#include <meshtensor/comm/communicator.hpp>
 
 namespace meshtensor::cli {
 
@@ -25,9 +22,6 @@ std::uint64_t seed_option(std::string_view option, const std::string& text);
 
 /// A comma-separated list of non-empty entries.
 std::vector<std::string> list_option(std::string_view option, const std::string& text);
-
-/// A reduction mode name (ordered, exact, native).
-comm::ReductionMode mode_option(const std::string& text);
 
 /// Adds a flag that takes no value: `--json=yes` and `--json=` are errors.
 CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,

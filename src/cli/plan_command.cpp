@@ -91,7 +91,7 @@ std::int64_t ranks_on_this_machine() {
 void run_check_command(const CheckOptions& options) {
   dtensor::CheckConfig config;
   static_cast<plan::Redistribution&>(config) = parse_transition(options.plan);
-  config.mode = mode_option(options.mode);
+  config.mode = comm::parse_reduction_mode(options.mode);
   config.seed = seed_option("--seed", options.seed);
   config.merge = !options.plan.no_merge;
   const Backend backend = parse_backend(options.backend);

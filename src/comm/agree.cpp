@@ -11,10 +11,10 @@
 namespace meshtensor::comm {
 
 namespace {
-// Longest text compared in full when the ranks disagree (longer texts are cut in the message).
+// Longest text a broadcast carries (longer texts are cut).
 constexpr std::int64_t kMaxTextBytes = 4096;
+}  // namespace
 
-// `text` as a fixed-size buffer broadcast from `root`.
 std::string broadcast_text(Communicator& group, const std::string& text, int root) {
   Tensor buffer = Tensor::zeros({kMaxTextBytes}, DType::u8);
   if (group.rank() == root) {
@@ -24,7 +24,6 @@ std::string broadcast_text(Communicator& group, const std::string& text, int roo
   group.broadcast(buffer, root);
   return std::string(reinterpret_cast<const char*>(buffer.bytes().data()));
 }
-}  // namespace
 
 void check_same_on_every_rank(Communicator& group, std::string_view what, const std::string& text) {
   Digest64 digest;

@@ -609,6 +609,8 @@ class MpiCommunicator final : public QueuedCommunicator {
                     static_cast<std::size_t>(count));
   }
 
+  // Fingerprint of the fields a small all_reduce's ranks must agree on (cheap: it is on every
+  // call's path).
   static std::uint64_t call_fingerprint(const CollectiveCall& call) {
     std::uint64_t value = mix64(static_cast<std::uint64_t>(call.sequence));
     for (const std::uint64_t field :

@@ -16,19 +16,31 @@ void reduce_elements(const CollectiveCall& call, std::span<const std::byte* cons
   }
 }
 
-Work QueuedCommunicator::all_reduce_async(Tensor buffer, const CollectiveOptions& options) {
+CollectiveCall QueuedCommunicator::all_reduce_call(const Tensor& buffer,
+                                                   const CollectiveOptions& options) const {
   CollectiveCall call = describe_all_reduce(buffer, options, size());
   check_exact_addends(call, size());
-  return enqueue(std::move(call), buffer, buffer, options);
+  return call;
+}
+
+CollectiveCall QueuedCommunicator::reduce_scatter_call(const Tensor& input, const Tensor& output,
+                                                       std::vector<std::int64_t> counts,
+                                                       const CollectiveOptions& options) const {
+  CollectiveCall call =
+      describe_reduce_scatter(input, output, std::move(counts), options, rank(), size());
+  check_exact_addends(call, size());
+  return call;
+}
+
+Work QueuedCommunicator::all_reduce_async(Tensor buffer, const CollectiveOptions& options) {
+  return enqueue(all_reduce_call(buffer, options), buffer, buffer, options);
 }
 
 Work QueuedCommunicator::reduce_scatter_async(Tensor input, Tensor output,
                                               std::vector<std::int64_t> counts,
                                               const CollectiveOptions& options) {
-  CollectiveCall call =
-      describe_reduce_scatter(input, output, std::move(counts), options, rank(), size());
-  check_exact_addends(call, size());
-  return enqueue(std::move(call), input, output, options);
+  return enqueue(reduce_scatter_call(input, output, std::move(counts), options), input, output,
+                 options);
 }
 
 Work QueuedCommunicator::all_gather_async(Tensor input, Tensor output,
@@ -59,18 +71,13 @@ Work QueuedCommunicator::barrier_async(const CollectiveOptions& options) {
 }
 
 void QueuedCommunicator::all_reduce(const Tensor& buffer, const CollectiveOptions& options) {
-  CollectiveCall call = describe_all_reduce(buffer, options, size());
-  check_exact_addends(call, size());
-  run_now(std::move(call), buffer, buffer, options);
+  run_now(all_reduce_call(buffer, options), buffer, buffer, options);
 }
 
 void QueuedCommunicator::reduce_scatter(const Tensor& input, const Tensor& output,
                                         std::vector<std::int64_t> counts,
                                         const CollectiveOptions& options) {
-  CollectiveCall call =
-      describe_reduce_scatter(input, output, std::move(counts), options, rank(), size());
-  check_exact_addends(call, size());
-  run_now(std::move(call), input, output, options);
+  run_now(reduce_scatter_call(input, output, std::move(counts), options), input, output, options);
 }
 
 void QueuedCommunicator::all_gather(const Tensor& input, const Tensor& output,

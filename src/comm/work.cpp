@@ -165,7 +165,7 @@ void WorkQueue::serve() {
     std::pair<std::function<void()>, std::shared_ptr<WorkState>> next;
     {
       std::unique_lock lock(mutex_);
-      ready_cv_.wait(lock, [this] { return (stopping_ && !busy_) || (!tasks_.empty() && !busy_); });
+      ready_cv_.wait(lock, [this] { return !busy_ && (stopping_ || !tasks_.empty()); });
       if (tasks_.empty()) return;  // stopping and drained
       next = std::move(tasks_.front());
       tasks_.pop_front();

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/agree.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
@@ -23,6 +24,24 @@ std::vector<int> dims_where(const DeviceMesh& mesh, const std::function<bool(int
     if (mesh.size(m) > 1 && keep(m)) dims.push_back(m);
   }
   return dims;
+}
+
+// The target's mesh dims by role (size-1 dims left out): Partial dims kept from the source,
+// Partial dims new to the target (their positions hold pieces of one value), Replicate dims.
+struct TargetDims {
+  std::vector<int> kept;
+  std::vector<int> fresh_partial;
+  std::vector<int> replicate;
+};
+
+TargetDims target_dims(const CheckConfig& config) {
+  const auto& from = config.from;
+  const auto& to = config.to;
+  return {dims_where(config.mesh,
+                     [&](int m) { return from.at(m).is_partial() && to.at(m) == from.at(m); }),
+          dims_where(config.mesh,
+                     [&](int m) { return to.at(m).is_partial() && !(to.at(m) == from.at(m)); }),
+          dims_where(config.mesh, [&](int m) { return to.at(m).is_replicate(); })};
 }
 
 double unit_roundoff(DType dtype) {
@@ -80,13 +99,10 @@ class BlockCheck {
   BlockCheck(const CheckConfig& config, const plan::Plan& plan, std::int64_t rank)
       : config_(config), plan_(plan), mesh_(config.mesh), rank_(rank) {
     source_partial_ = config.from.partial_mesh_dims();
-    kept_ = dims_where(mesh_, [&](int m) {
-      return config.from.at(m).is_partial() && config.to.at(m) == config.from.at(m);
-    });
-    fresh_partial_ = dims_where(mesh_, [&](int m) {
-      return config.to.at(m).is_partial() && !(config.to.at(m) == config.from.at(m));
-    });
-    replicate_ = dims_where(mesh_, [&](int m) { return config.to.at(m).is_replicate(); });
+    TargetDims dims = target_dims(config);
+    kept_ = std::move(dims.kept);
+    fresh_partial_ = std::move(dims.fresh_partial);
+    replicate_ = std::move(dims.replicate);
     op_ = ReduceOp::sum;
     for (int m : source_partial_) {
       const ReduceOp op = config.from.at(m).reduce_op();
@@ -311,14 +327,7 @@ Finding first_failure(comm::Communicator& world, const Finding& mine) {
   world.all_reduce(rank, {.op = ReduceOp::min});
   const std::int64_t failing = std::as_const(rank).values<std::int64_t>()[0];
   if (failing == std::numeric_limits<std::int64_t>::max()) return {};
-  constexpr std::int64_t kMessageBytes = 1024;
-  Tensor message = Tensor::zeros({kMessageBytes}, DType::u8);
-  if (world.rank() == failing) {
-    std::memcpy(message.bytes().data(), mine.message.data(),
-                std::min<std::size_t>(mine.message.size(), kMessageBytes - 1));
-  }
-  world.broadcast(message, static_cast<int>(failing));
-  return {std::string(reinterpret_cast<const char*>(message.bytes().data()))};
+  return {comm::broadcast_text(world, mine.message, static_cast<int>(failing))};
 }
 }  // namespace
 
@@ -359,12 +368,9 @@ double check_bytes(const CheckConfig& config, const plan::Plan& plan, std::int64
   // The reference of a verified block: a contribution, the expected values and the f64 sums,
   // magnitudes or limbs. One rank of each set of replicas verifies.
   const double reference = target * (2 * element + 48);
-  std::vector<int> replicas;
-  for (int m = 0; m < config.mesh.ndim(); ++m) {
-    const Placement& p = config.to.at(m);
-    if (p.is_replicate() || (p.is_partial() && !(config.from.at(m) == p))) replicas.push_back(m);
-  }
-  const std::int64_t verifying = config.mesh.size() / config.mesh.group_size(replicas);
+  const TargetDims dims = target_dims(config);
+  const std::int64_t verifying = config.mesh.size() / config.mesh.group_size(dims.replicate) /
+                                 config.mesh.group_size(dims.fresh_partial);
   return static_cast<double>(ranks) * held +
          static_cast<double>(std::min(ranks, verifying)) * reference;
 }
@@ -425,9 +431,7 @@ CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const Ch
   world->all_reduce(total, {.op = ReduceOp::sum});  // integer sums wrap: the same on every rank
   std::uint64_t digest = 0;
   std::memcpy(&digest, total.bytes().data(), sizeof digest);
-  const std::int64_t kept_positions = config.mesh.group_size(dims_where(config.mesh, [&](int m) {
-    return config.from.at(m).is_partial() && config.to.at(m) == config.from.at(m);
-  }));
+  const std::int64_t kept_positions = config.mesh.group_size(target_dims(config).kept);
   CheckResult out;
   out.ok = !failure.failed();
   out.digest = digest_hex(mix64(digest ^ mix64(static_cast<std::uint64_t>(kept_positions))));

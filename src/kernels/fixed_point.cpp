@@ -106,6 +106,13 @@ struct Traits : Format<T> {
     }
     return std::max(top_biased, 1) - kBias + 1;
   }
+  // 2^(window - anchor): a value times it is its position in the window (exact in a double).
+  static double to_window(std::uint8_t key) { return power_of_two(kWindow - anchor(key)); }
+  // 2^(anchor - window): the value of the window's unit.
+  static double window_unit(std::uint8_t key) { return power_of_two(anchor(key) - kWindow); }
+  static double power_of_two(int exponent) {
+    return std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
+  }
 };
 
 // The lowest f64 bin is never truncated: its window reaches below the smallest subnormal.
@@ -189,8 +196,7 @@ void encode_typed(const T* values, const std::uint8_t* keys, std::int64_t* fixed
       // value * 2^(window - anchor) is exact in a double (a power-of-two scaling of at most 24
       // significant bits, below 2^window), and the conversion to int64 truncates toward zero:
       // the same integer as the shifts below, in a few instructions.
-      const auto scale = std::bit_cast<double>(
-          static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(key)) << 52);
+      const double scale = X::to_window(key);
       limbs[0] += static_cast<std::int64_t>(element_to_double(values[i]) * scale);
       continue;
     }
@@ -245,9 +251,7 @@ void decode_typed(const std::int64_t* fixed, const std::uint8_t* keys, std::int6
           // range), so the hardware's one rounding to float is the correct one.
           constexpr std::int64_t kExactInDouble = std::int64_t{1} << 53;
           if (total > -kExactInDouble && total < kExactInDouble) {
-            const int exponent = X::anchor(keys[i]) - X::kWindow;
-            const auto scale =
-                std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
+            const double scale = X::window_unit(keys[i]);
             values[i] = static_cast<float>(static_cast<double>(total) * scale);
             continue;
           }
@@ -321,8 +325,7 @@ template <class T>
   static_assert(X::kLimbs == 1);
   double scale[kReduceBlock];
   for (std::size_t i = 0; i < n; ++i) {
-    scale[i] = std::bit_cast<double>(
-        static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(keys[i])) << 52);
+    scale[i] = X::to_window(keys[i]);
   }
   for (std::size_t i = 0; i < n; ++i)
     acc[i] = trunc_small(element_to_double(in[0][i]) * scale[i]);
@@ -447,9 +450,7 @@ void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
         if (how == DoubleSum::truncated) {
           fixed_point_sum_in_doubles<T>(block.data(), k, keys.data(), n, sums.data());
           for (std::size_t i = 0; i < n; ++i) {
-            const double unit = std::bit_cast<double>(
-                static_cast<std::uint64_t>(1023 - X::kWindow + X::anchor(keys[i])) << 52);
-            sums[i] *= unit;  // exact: a power-of-two scaling
+            sums[i] *= X::window_unit(keys[i]);  // exact: a power-of-two scaling
           }
         }
       }
@@ -466,9 +467,7 @@ void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
     } else if (how != DoubleSum::non_finite) {
       // The exact sum as the integer the limbs would hold, then the divide of decode.
       for (std::size_t i = 0; i < n; ++i) {
-        const double scale = std::bit_cast<double>(
-            static_cast<std::uint64_t>(1023 + X::kWindow - X::anchor(keys[i])) << 52);
-        limbs[i] = static_cast<std::int64_t>(sums[i] * scale);
+        limbs[i] = static_cast<std::int64_t>(sums[i] * X::to_window(keys[i]));
       }
       decode_typed(limbs.data(), keys.data(), divisor, result.data(), n);
     } else {

@@ -2,12 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/core/enum_names.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
 namespace meshtensor::kernels {
 
 namespace {
+constexpr EnumName<SimdLevel> kSimdLevelNames[] = {
+    {SimdLevel::baseline, "baseline"}, {SimdLevel::avx2, "avx2"}, {SimdLevel::avx512, "avx512"}};
+
 SimdLevel detect() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -27,15 +31,7 @@ std::atomic<SimdLevel>& current() {
 }  // namespace
 
 std::string_view simd_level_name(SimdLevel level) {
-  switch (level) {
-    case SimdLevel::baseline:
-      return "baseline";
-    case SimdLevel::avx2:
-      return "avx2";
-    case SimdLevel::avx512:
-      return "avx512";
-  }
-  return "unknown";
+  return enum_name(kSimdLevelNames, level, "SIMD level");
 }
 
 SimdLevel best_simd_level() {

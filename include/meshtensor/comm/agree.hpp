@@ -7,6 +7,10 @@
 
 namespace meshtensor::comm {
 
+/// `root`'s `text` on every rank of `group` (collective; texts longer than 4095 bytes are cut):
+/// how one rank's message, an error found there, reaches the others.
+std::string broadcast_text(Communicator& group, const std::string& text, int root);
+
 /// Checks that every rank of `group` passes the same `text` (a configuration: options, a mode, a
 /// plan): collective, one small all_reduce when they agree. When they do not, every rank throws
 /// the same InvalidArgument naming `what`, group rank 0's text and the first rank that differs

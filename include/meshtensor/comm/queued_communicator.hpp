@@ -66,6 +66,11 @@ class QueuedCommunicator : public Communicator {
   std::int64_t issued_calls() const { return next_sequence_.load(std::memory_order_relaxed); }
 
  private:
+  // The validated calls of the reducing collectives (exact mode's addend limit included).
+  CollectiveCall all_reduce_call(const Tensor& buffer, const CollectiveOptions& options) const;
+  CollectiveCall reduce_scatter_call(const Tensor& input, const Tensor& output,
+                                     std::vector<std::int64_t> counts,
+                                     const CollectiveOptions& options) const;
   Work enqueue(CollectiveCall call, Tensor input, Tensor output, const CollectiveOptions& options);
   // Runs the call in queue order and waits for it (on this thread when the queue is idle).
   void run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
