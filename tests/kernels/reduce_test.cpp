@@ -111,6 +111,33 @@ TEST(ReduceOrdered, OutputMayBeAnInputsOwnBufferAndFansOutToAll) {
     EXPECT_TRUE(input.bitwise_equal(expected));
 }
 
+// Two inputs into one output take a single-pass kernel, also when the output is either input's
+// own buffer: the same bits as the documented left-to-right reference.
+TEST(ReduceOrdered, TwoInputsIntoEitherInputsOwnBufferFollowTheReference) {
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    for (const ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      const std::int64_t count = 3001;
+      const auto inputs = random_inputs(dtype, 2, count, 31);
+      Tensor expected({count}, dtype);
+      for (std::int64_t i = 0; i < count; ++i) {
+        const std::int64_t at[] = {i};
+        expected.set(at, reference_element(dtype, op, inputs, i));
+      }
+      for (const int target : {0, 1, 2}) {  // input 0's buffer, input 1's, a separate one
+        std::vector<Tensor> copies = {inputs[0].clone(), inputs[1].clone()};
+        Tensor separate({count}, dtype);
+        Tensor& out = target < 2 ? copies[static_cast<std::size_t>(target)] : separate;
+        const std::byte* pointers[] = {copies[0].bytes().data(), copies[1].bytes().data()};
+        std::byte* const output = out.bytes().data();
+        reduce_ordered(dtype, op, pointers, std::span<std::byte* const>(&output, 1),
+                       static_cast<std::size_t>(count));
+        EXPECT_TRUE(out.bitwise_equal(expected))
+            << dtype_name(dtype) << " " << reduce_op_name(op) << " output " << target;
+      }
+    }
+  }
+}
+
 // The ordered kernels are compiled for each SIMD level: the same bits on every one.
 TEST(ReduceOrdered, EverySimdLevelGivesTheSameBits) {
   const SimdLevel saved = simd_level();
