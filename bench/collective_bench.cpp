@@ -185,7 +185,13 @@ CollectiveBenchResult time_collective(Communicator& comm, const CollectiveBenchC
     ModeTiming timing;
     timing.mode = modes[m];
     timing.time_s = median(times[m]);
-    timing.ratio = timing.time_s / result.native_time_s;
+    // Each call against the native call timed next to it, then the median: a drift in the
+    // machine's speed during the run (frequent on shared or oversubscribed machines) cancels
+    // out of every pair instead of skewing one median against the other.
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < native_times.size(); ++i)
+      ratios.push_back(times[m][i] / native_times[i]);
+    timing.ratio = median(ratios);
     timing.algbw_gbs = bytes / timing.time_s / 1e9;
     timing.busbw_gbs = timing.algbw_gbs * bus_factor(config.op, comm.size());
     result.modes.push_back(timing);

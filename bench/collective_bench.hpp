@@ -25,7 +25,7 @@ struct CollectiveBenchConfig {
 struct ModeTiming {
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   double time_s = 0;     ///< median time per call
-  double ratio = 0;      ///< time_s / the native time of the same run
+  double ratio = 0;      ///< median over calls of (this call / the native call next to it)
   double algbw_gbs = 0;  ///< bytes / time_s
   double busbw_gbs = 0;  ///< algbw scaled by the collective's bus factor (as nccl-tests)
 };

@@ -635,9 +635,12 @@ class MpiCommunicator final : public QueuedCommunicator {
     const auto me = static_cast<std::size_t>(rank_);
     const auto peers = static_cast<std::int64_t>(size_ - 1);
     const std::vector<std::int64_t> offsets = displacements(counts);
-    const std::int64_t chunk = std::max<std::int64_t>(
+    std::int64_t chunk = std::max<std::int64_t>(
         kMinChunkBytes / static_cast<std::int64_t>(element),
         kStagingBytes / std::max<std::int64_t>(peers, 1) / static_cast<std::int64_t>(element));
+    // Segments up to two chunks go in one round: a second round costs more than the cache gains.
+    const std::int64_t largest = *std::max_element(counts.begin(), counts.end());
+    if (largest <= 2 * chunk) chunk = std::max<std::int64_t>(largest, 1);
     std::int64_t rounds = 0;
     for (std::int64_t count : counts)
       rounds = std::max(rounds, (count + chunk - 1) / chunk);
