@@ -8,6 +8,8 @@ namespace meshtensor::cli {
 void add_plan_command(CLI::App& app);
 /// Registers `meshtensor check`.
 void add_check_command(CLI::App& app);
+/// Registers `meshtensor train`.
+void add_train_command(CLI::App& app);
 /// Registers `meshtensor bench` and its benchmarks.
 void add_bench_command(CLI::App& app);
 

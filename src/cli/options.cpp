@@ -1,5 +1,8 @@
 #include "options.hpp"
 
+#include <charconv>
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
@@ -42,6 +45,20 @@ void TimeoutOption::add_to(CLI::App& command) {
   option = command.add_option("--timeout", text,
                               "seconds a collective waits for the other ranks before the run "
                               "fails naming them (default: MESHTENSOR_TIMEOUT, else 300)");
+}
+
+double real_option(std::string_view option, const std::string& text, double min, double max) {
+  double value = 0.0;
+  const char* begin = text.data();
+  const char* end = begin + text.size();
+  const auto [at, error] = std::from_chars(begin, end, value);
+  if (text.empty() || error != std::errc{} || at != end || !std::isfinite(value)) {
+    throw ParseError(fmt::format("{} '{}' is not a number", option, text));
+  }
+  if (value < min || value > max) {
+    throw ParseError(fmt::format("{} {} is outside [{}, {}]", option, text, min, max));
+  }
+  return value;
 }
 
 void TimeoutOption::apply() const {

@@ -17,6 +17,9 @@ namespace meshtensor::cli {
 std::int64_t integer_option(std::string_view option, const std::string& text, std::int64_t min,
                             std::int64_t max);
 
+/// A finite decimal number in [min, max] ("1e-3", "0.5").
+double real_option(std::string_view option, const std::string& text, double min, double max);
+
 /// A seed: any unsigned 64-bit integer, digits only.
 std::uint64_t seed_option(std::string_view option, const std::string& text);
 

@@ -158,6 +158,24 @@ Tensor Tensor::flatten() const {
   return view;
 }
 
+Tensor Tensor::reshape(Shape shape) const {
+  check_defined("reshape");
+  if (!is_contiguous() || shape.numel() != numel()) {
+    throw InvalidArgument(fmt::format(
+        "reshape of a {} {} to {} needs a contiguous tensor of as "
+        "many elements",
+        is_contiguous() ? "contiguous" : "strided", shape_.to_string(), shape.to_string()));
+  }
+  Tensor view = *this;
+  view.strides_.assign(static_cast<std::size_t>(shape.rank()), 1);
+  for (int d = shape.rank() - 2; d >= 0; --d) {
+    view.strides_[static_cast<std::size_t>(d)] =
+        view.strides_[static_cast<std::size_t>(d + 1)] * shape[d + 1];
+  }
+  view.shape_ = std::move(shape);
+  return view;
+}
+
 Tensor Tensor::clone() const {
   check_defined("clone");
   Tensor copy(shape_, dtype_);

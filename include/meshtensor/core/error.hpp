@@ -31,6 +31,13 @@ class ResourceError : public Error {
   explicit ResourceError(const std::string& message) : Error(message) {}
 };
 
+/// A file that is missing, unreadable, truncated or not in the expected format; the message
+/// names the file and the problem.
+class DataError : public Error {
+ public:
+  explicit DataError(const std::string& message) : Error(message) {}
+};
+
 /// A collective failed: another rank failed first (the message carries its cause), the job was
 /// aborted, or the ranks' calls did not fit together.
 class CommError : public Error {

@@ -56,6 +56,8 @@ class Tensor {
   Tensor narrow(int dim, std::int64_t start, std::int64_t length) const;
   /// 1-D view of all elements of a contiguous tensor; shares storage.
   Tensor flatten() const;
+  /// View of a contiguous tensor with another shape of as many elements; shares storage.
+  Tensor reshape(Shape shape) const;
   /// Contiguous deep copy.
   Tensor clone() const;
   /// This tensor if contiguous, else a contiguous copy.

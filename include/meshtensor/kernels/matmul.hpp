@@ -1,0 +1,23 @@
+#pragma once
+
+#include <meshtensor/core/tensor.hpp>
+
+namespace meshtensor::kernels {
+
+/// Whether a matmul operand is used as stored or transposed.
+enum class Transpose : bool { no = false, yes = true };
+
+/// c = (accumulate ? c : 0) + op(a) · op(b), with op(a) of shape [m, k] and op(b) of shape
+/// [k, n]: the three forms training needs are x·W, dy·Wᵀ (b transposed) and xᵀ·dy (a
+/// transposed). a and b are 2-D with the same dtype; f32, bf16 and f16 inputs compute and write
+/// f32, f64 inputs f64; c is [m, n]. All three are contiguous.
+///
+/// Batch-invariant: every element of c is one chain of fused multiply-adds over k in ascending
+/// order, starting from c's old value (accumulate) or +0. So a row's bits never depend on the
+/// number of rows, the row's position, the blocking, the SIMD level or anything else but the
+/// row's own inputs; the AVX-512, AVX2 and baseline paths give identical bits (the baseline path
+/// uses the correctly rounded std::fma).
+void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+            Tensor c, bool accumulate = false);
+
+}  // namespace meshtensor::kernels

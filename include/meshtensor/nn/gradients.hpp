@@ -1,0 +1,74 @@
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/nn/module.hpp>
+
+namespace meshtensor::nn {
+
+/// Where each parameter's gradient sum lives inside one flat buffer (in parameter order), so a
+/// whole model's gradients reduce with one collective.
+class GradientLayout {
+ public:
+  /// The layout of `parameters`, in order.
+  explicit GradientLayout(std::vector<Parameter*> parameters);
+  /// First element of `p` in the flat buffer; InvalidArgument for a parameter not in the layout.
+  std::int64_t offset_of(const Parameter& p) const;
+  /// Total number of elements.
+  std::int64_t total() const { return total_; }
+  /// The parameters, in order.
+  const std::vector<Parameter*>& parameters() const { return parameters_; }
+
+ private:
+  std::vector<Parameter*> parameters_;
+  std::unordered_map<const Parameter*, std::int64_t> offsets_;
+  std::int64_t total_ = 0;
+};
+
+/// Fixed-order f32 sums (ordered and native modes): each sum runs over the rows in order and
+/// micro-batches add in the order they come; replicas that reduce these buffers in a fixed
+/// order hold the same bits.
+class DenseGradients : public GradientSink {
+ public:
+  explicit DenseGradients(std::vector<Parameter*> parameters);
+  void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
+  void add_column_sums(const Parameter& p, const Tensor& a) override;
+  void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
+  /// Zeroes the sums (start of a step).
+  void clear();
+  /// The flat f32 buffer of every sum (reduce it across ranks before finish()).
+  Tensor& sums() { return sums_; }
+  /// grad = sum / divisor for every parameter (one IEEE division per element).
+  void finish(std::int64_t divisor);
+
+ private:
+  Tensor view_of(const Parameter& p);
+  GradientLayout layout_;
+  Tensor sums_;
+};
+
+/// Exact sums (exact mode): the binned accumulators of kernels::BinnedSums, so the gradient is
+/// the correctly rounded exact sum over the global batch divided once, the same bits for any
+/// split of the batch over micro-batches and ranks.
+class BinnedGradients : public GradientSink {
+ public:
+  explicit BinnedGradients(std::vector<Parameter*> parameters);
+  void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
+  void add_column_sums(const Parameter& p, const Tensor& a) override;
+  void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
+  /// Back to empty (start of a step).
+  void clear() { sums_.clear(); }
+  /// The accumulators of every parameter, flat (merge them across ranks before finish()).
+  kernels::BinnedSums& sums() { return sums_; }
+  /// grad = round(exact sum / divisor) for every parameter.
+  void finish(std::int64_t divisor);
+
+ private:
+  GradientLayout layout_;
+  kernels::BinnedSums sums_;
+};
+
+}  // namespace meshtensor::nn

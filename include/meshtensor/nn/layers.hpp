@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+
+#include <meshtensor/nn/module.hpp>
+
+namespace meshtensor::nn {
+
+/// y = x·W + b with W [in, out] and b [out]. W starts as normal samples scaled by sqrt(2 / in)
+/// (He initialisation, seeded and platform-independent), b as zeros.
+class Linear : public Module {
+ public:
+  /// `seed` makes the initial weights; the same seed gives the same bits everywhere.
+  Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::string describe() const override;
+  /// The weight parameter ([in, out]).
+  Parameter& weight() { return weight_; }
+  /// The bias parameter ([out]).
+  Parameter& bias() { return bias_; }
+
+ private:
+  Parameter weight_;
+  Parameter bias_;
+  Tensor input_;
+};
+
+/// max(x, 0); NaN stays NaN.
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::string describe() const override { return "ReLU"; }
+
+ private:
+  Tensor input_;
+};
+
+/// GELU, tanh form: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), computed in f64 per element.
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::string describe() const override { return "GELU"; }
+
+ private:
+  Tensor input_;
+};
+
+/// Per-row normalisation over the features, then a learned scale (weight, ones) and shift (bias,
+/// zeros). Row statistics are computed in f64 in a fixed order.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::int64_t features, double epsilon = 1e-5);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::string describe() const override;
+
+ private:
+  Parameter weight_;
+  Parameter bias_;
+  double epsilon_;
+  Tensor normalized_;         // x̂, f32 [rows, features]
+  std::vector<double> inverse_std_;  // per row
+};
+
+}  // namespace meshtensor::nn

@@ -1,0 +1,78 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <meshtensor/core/tensor.hpp>
+
+namespace meshtensor::nn {
+
+/// A trainable tensor: its value and the gradient the last step wrote for it (same shape, f32).
+struct Parameter {
+  std::string name;  ///< dotted path, e.g. "layers.0.weight"
+  Tensor value;
+  Tensor grad;
+};
+
+/// Receives the sums over samples that make parameter gradients. Modules never add gradients
+/// into parameters themselves: they report per-sample factors, and the sink decides how the sums
+/// are formed (a fixed-order f32 sum, or an exact binned sum that any split of the batch over
+/// micro-batches and ranks reproduces bit for bit). Every sum is over the rows of its inputs.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  /// grad(p) += xᵀ·dy, p of shape [x columns, dy columns] (f32 inputs).
+  virtual void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) = 0;
+  /// grad(p)[j] += sum over rows of a[r][j] (f32).
+  virtual void add_column_sums(const Parameter& p, const Tensor& a) = 0;
+  /// grad(p)[j] += sum over rows of a[r][j] * b[r][j] (f32).
+  virtual void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) = 0;
+};
+
+/// A layer with explicit forward and backward. forward keeps what backward needs (its input,
+/// normalised values, ...); backward consumes it. Inputs and outputs are f32 [rows, features];
+/// every kernel is row-wise or a batch-invariant matmul, so a row's output bits never depend on
+/// the other rows of the batch.
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// The output for `input`, keeping what backward needs.
+  virtual Tensor forward(const Tensor& input) = 0;
+  /// Reports parameter gradient sums for `grad_output` to `sink` and returns the gradient of
+  /// the last forward's input (undefined when `need_input_grad` is false).
+  virtual Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) = 0;
+  /// The module's parameters (pointers stay valid for the module's life).
+  virtual std::vector<Parameter*> parameters() { return {}; }
+  /// Short description, e.g. "Linear(784, 1024)".
+  virtual std::string describe() const = 0;
+};
+
+/// Modules applied in order.
+class Sequential : public Module {
+ public:
+  /// Appends a module; its parameters are renamed "<index>.<name>".
+  void add(std::unique_ptr<Module> module);
+  /// Number of modules.
+  std::size_t size() const { return modules_.size(); }
+  /// Module i.
+  Module& at(std::size_t i) { return *modules_.at(i); }
+
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+
+ private:
+  std::vector<std::unique_ptr<Module>> modules_;
+};
+
+/// Digest of the names, shapes and value bits of `parameters` in order: equal digests mean
+/// bitwise-equal weights.
+std::uint64_t parameters_digest(const std::vector<Parameter*>& parameters);
+
+/// Number of scalar values in `parameters`.
+std::int64_t parameter_count(const std::vector<Parameter*>& parameters);
+
+}  // namespace meshtensor::nn

@@ -1,0 +1,266 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/digest.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/train/trainer.hpp>
+
+#include "backend.hpp"
+#include "commands.hpp"
+#include "options.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+struct TrainOptions {
+  std::string data = train::kDefaultDataDir;
+  std::string model = "mlp:1024,1024";
+  std::string activation = "relu";
+  bool layernorm = false;
+  std::string epochs = "8";
+  CLI::Option* epochs_option = nullptr;
+  std::string steps = "0";
+  CLI::Option* steps_option = nullptr;
+  std::string batch = "256";
+  std::string micro_batches = "1";
+  std::string optimizer = "adamw";
+  std::string lr = "1e-3";
+  std::string weight_decay = "0";
+  std::string momentum = "0.9";
+  std::string warmup = "0";
+  std::string schedule = "cosine";
+  std::string ranks = "2";
+  CLI::Option* ranks_option = nullptr;
+  std::string backend = "threads";
+  std::string mode = "ordered";
+  std::string seed = "0";
+  std::string log;
+  std::string plot;
+  bool json = false;
+  TimeoutOption timeout;
+};
+
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 40;
+
+train::TrainConfig parse_config(const TrainOptions& options) {
+  train::TrainConfig config;
+  config.model.hidden = nn::parse_mlp_hidden(options.model);
+  config.model.activation = nn::parse_activation(options.activation);
+  config.model.layernorm = options.layernorm;
+  if (options.steps_option->count() > 0 && options.epochs_option->count() > 0)
+    throw ParseError("--epochs and --steps exclude each other: give one");
+  config.steps = integer_option("--steps", options.steps, 0, kMaxCount);
+  config.epochs = integer_option("--epochs", options.epochs, 1, 1 << 20);
+  if (options.steps_option->count() > 0 && config.steps == 0)
+    throw ParseError("--steps 0: give at least one step");
+  config.batch = integer_option("--batch", options.batch, 1, 1 << 21);
+  config.micro_batches = integer_option("--micro-batches", options.micro_batches, 1, 1 << 21);
+  config.optimizer = train::parse_optimizer(options.optimizer);
+  config.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
+  config.schedule.kind = nn::parse_schedule_kind(options.schedule);
+  config.schedule.warmup_steps = integer_option("--warmup", options.warmup, 0, kMaxCount);
+  config.weight_decay = real_option("--weight-decay", options.weight_decay, 0.0, 1e6);
+  config.momentum = real_option("--momentum", options.momentum, 0.0, 1.0);
+  config.mode = comm::parse_reduction_mode(options.mode);
+  config.seed = seed_option("--seed", options.seed);
+  return config;
+}
+
+std::string format_duration(double seconds) {
+  const auto total = static_cast<std::int64_t>(seconds + 0.5);
+  return fmt::format("{}:{:02}", total / 60, total % 60);
+}
+
+nlohmann::json epoch_json(const train::EpochReport& e) {
+  return {{"epoch", e.epoch},
+          {"steps", e.steps},
+          {"train_loss", e.train_loss},
+          {"train_accuracy", e.train_accuracy},
+          {"test_accuracy", e.test_accuracy},
+          {"samples_per_second", e.samples_per_second},
+          {"seconds", e.seconds}};
+}
+
+/// Draws loss and accuracy per epoch with gnuplot into a PNG.
+void draw_plot(const std::string& path, const std::vector<train::EpochReport>& epochs,
+               const std::string& title) {
+  char data_path[] = "/tmp/meshtensor-plot-XXXXXX";
+  const int fd = mkstemp(data_path);
+  if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
+  close(fd);
+  {
+    std::ofstream data(data_path);
+    for (const auto& e : epochs)
+      data << fmt::format("{} {} {} {}\n", e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy);
+  }
+  const std::string script = fmt::format(
+      "set terminal png size 900,500\n"
+      "set output '{}'\n"
+      "set title '{}'\n"
+      "set xlabel 'epoch'\n"
+      "set ylabel 'loss'\n"
+      "set y2label 'accuracy'\n"
+      "set ytics nomirror\n"
+      "set y2tics\n"
+      "set grid\n"
+      "set key center right\n"
+      "plot '{}' using 1:2 with linespoints title 'train loss' axes x1y1, "
+      "'' using 1:3 with linespoints title 'train accuracy' axes x1y2, "
+      "'' using 1:4 with linespoints title 'test accuracy' axes x1y2\n",
+      path, title, data_path);
+  FILE* gnuplot = popen("gnuplot 2>&1", "w");
+  if (gnuplot == nullptr) {
+    std::remove(data_path);
+    throw DataError("cannot run gnuplot for --plot (install gnuplot-nox)");
+  }
+  std::fputs(script.c_str(), gnuplot);
+  const int status = pclose(gnuplot);
+  std::remove(data_path);
+  if (status != 0) {
+    throw DataError(fmt::format("gnuplot could not draw {} (exit status {}; is gnuplot-nox "
+                                "installed and the directory writable?)",
+                                path, status));
+  }
+}
+
+void run_train(const TrainOptions& options) {
+  train::TrainConfig config = parse_config(options);
+  const Backend backend = parse_backend(options.backend);
+  const std::int64_t ranks = integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
+  options.timeout.apply();
+  std::optional<std::ofstream> log;
+  if (!options.log.empty()) {
+    log.emplace(options.log);
+    if (!*log) throw DataError(fmt::format("{}: cannot write the --log file", options.log));
+  }
+  const train::Dataset data = train::load_dataset(options.data);
+  const std::string command = fmt::format(
+      "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
+      "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={}",
+      options.data, options.model, options.activation, options.layernorm, config.epochs,
+      config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
+      options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
+      config.seed);
+  const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
+  if (log) *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
+
+  run_ranks(backend, ranks, command, [&](comm::Communicator& world) {
+    const bool leader = world.rank() == 0;
+    if (backend == Backend::mpi && options.ranks_option->count() > 0 && world.size() != ranks) {
+      throw InvalidArgument(fmt::format("--ranks {} does not match the mpi job's {} ranks", ranks,
+                                        world.size()));
+    }
+    if (leader && !options.json) {
+      std::cout << fmt::format(
+          "training {} ({}{}) on {} {} rank(s), mode {}, global batch {}, {} micro-batch(es) per "
+          "rank, {}\n",
+          options.model, options.activation, options.layernorm ? ", layernorm" : "", world.size(),
+          backend == Backend::threads ? "threads" : "mpi", options.mode, config.batch,
+          config.micro_batches, options.data);
+      std::cout.flush();
+    }
+    train::TrainCallbacks callbacks;
+    callbacks.on_step = [&](const train::StepProgress& p) {
+      if (!terminal) return;
+      constexpr int kWidth = 30;
+      const auto filled = static_cast<int>(kWidth * p.samples_done / std::max<std::int64_t>(1, p.samples_total));
+      std::cout << fmt::format("\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ",
+                               p.epoch, std::string(static_cast<std::size_t>(filled), '#'),
+                               std::string(static_cast<std::size_t>(kWidth - filled), ' '),
+                               p.samples_done, p.samples_total, p.samples_per_second, p.loss,
+                               format_duration(p.eta_seconds));
+      std::cout.flush();
+    };
+    callbacks.on_epoch = [&](const train::EpochReport& e) {
+      if (options.json) {
+        std::cout << epoch_json(e).dump() << '\n';
+      } else {
+        if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
+        std::cout << fmt::format(
+            "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} samples/s  "
+            "({:.1f} s)\n",
+            e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy, e.samples_per_second,
+            e.seconds);
+      }
+      std::cout.flush();
+      if (log) {
+        *log << fmt::format("{},{},{},{},{},{},{}\n", e.epoch, e.steps, e.train_loss,
+                            e.train_accuracy, e.test_accuracy, e.samples_per_second, e.seconds);
+        log->flush();
+      }
+    };
+    const train::TrainResult result = train::train(world, data, config, callbacks);
+    if (!leader) return;
+    if (options.json) {
+      nlohmann::json final_json = {{"final", true},
+                                   {"test_accuracy", result.test_accuracy},
+                                   {"digest", digest_hex(result.digest)},
+                                   {"replicas_identical", result.replicas_identical},
+                                   {"ranks", world.size()},
+                                   {"mode", options.mode},
+                                   {"steps", result.steps},
+                                   {"parameters", result.parameters},
+                                   {"seconds", result.seconds}};
+      std::cout << final_json.dump() << '\n';
+    } else {
+      std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
+                               result.test_accuracy, result.steps, result.seconds);
+      std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
+                               digest_hex(result.digest), result.parameters,
+                               result.replicas_identical ? "identical" : "DIFFER", world.size());
+    }
+    std::cout.flush();
+    if (!options.plot.empty()) {
+      draw_plot(options.plot, result.epochs,
+                fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
+                            world.size(), options.mode));
+    }
+    if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
+      set_exit_status(1);
+  });
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto options = std::make_shared<TrainOptions>();
+  CLI::App* command = app.add_subcommand(
+      "train", "Train an MLP on Fashion-MNIST (or any MNIST-format directory), data-parallel");
+  command->add_option("--data", options->data, "directory of the four IDX files (gzip or plain)");
+  command->add_option("--model", options->model, "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
+  command->add_option("--activation", options->activation, "relu or gelu (default relu)");
+  add_flag(*command, "--layernorm", options->layernorm, "LayerNorm after each hidden Linear");
+  options->epochs_option = command->add_option("--epochs", options->epochs, "epochs (default 8)");
+  options->steps_option = command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
+  command->add_option("--batch", options->batch, "global batch (default 256)");
+  command->add_option("--micro-batches", options->micro_batches,
+                      "pieces each rank's slice is split into, summed before one reduction");
+  command->add_option("--optimizer", options->optimizer, "adamw or sgd (default adamw)");
+  command->add_option("--lr", options->lr, "learning rate (default 1e-3)");
+  command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
+  command->add_option("--momentum", options->momentum, "SGD momentum (default 0.9)");
+  command->add_option("--warmup", options->warmup, "steps of linear warmup (default 0)");
+  command->add_option("--schedule", options->schedule, "cosine or constant (default cosine)");
+  options->ranks_option = command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");
+  command->add_option("--backend", options->backend, "threads, or mpi under mpirun");
+  command->add_option("--mode", options->mode, "gradient reduction: ordered, exact or native");
+  command->add_option("--seed", options->seed, "seed of the initial weights and the data order");
+  command->add_option("--log", options->log, "write the per-epoch figures to this CSV file");
+  command->add_option("--plot", options->plot, "draw loss and accuracy per epoch to this PNG");
+  add_flag(*command, "--json", options->json, "one JSON object per epoch and a final one");
+  options->timeout.add_to(*command);
+  command->callback([options] { run_train(*options); });
+}
+
+}  // namespace meshtensor::cli

@@ -1,0 +1,391 @@
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/half.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
+
+#include "simd_dispatch.hpp"
+
+namespace meshtensor::kernels {
+
+BinnedSums::BinnedSums(std::int64_t count)
+    : bins(Tensor::full(Shape{count}, DType::i32, kLowestBin)),
+      digits(Tensor::zeros(Shape{3, count}, DType::f64)) {}
+
+void BinnedSums::clear() {
+  bins.fill(kLowestBin);
+  digits.fill(0.0);
+}
+
+namespace {
+
+__extension__ using Int128 = __int128;
+__extension__ using UInt128 = unsigned __int128;
+
+constexpr double kDigitBase = 4294967296.0;  // 2^32
+constexpr int kBinBits = 32;
+
+std::int32_t bin_of_magnitude_bits(std::uint64_t magnitude_bits) {
+  const int biased = static_cast<int>(magnitude_bits >> 52);
+  if (biased == 0x7ff) return kNonFiniteBin;
+  if (magnitude_bits == 0) return kLowestBin;
+  const int exponent = biased - 1023;  // products of f32 values are never subnormal in f64
+  const int bin = (exponent >= 0 ? exponent / kBinBits : -((-exponent + kBinBits - 1) / kBinBits)) + 1;
+  if (bin >= kNonFiniteBin - 1 + 1) return kNonFiniteBin;  // 2^256 or more
+  return std::max(bin, kLowestBin);
+}
+
+/// 2^(32 - 32 * bin): multiplying an addend below 2^(32 * bin) by it puts the top digit in the
+/// integer part (exact: a power of two, far from the f64 range limits).
+double top_digit_scale(std::int32_t bin) {
+  return std::ldexp(1.0, kBinBits - kBinBits * bin);
+}
+
+/// The largest |a_t * rows_t[j]| of each column, as IEEE bits (integer order is magnitude order
+/// and puts NaN above infinity, so the maximum is the same in any order).
+template <class T>
+[[gnu::always_inline]] inline void max_magnitude_body(const double* a, const double* const* rows,
+                                                      std::int64_t terms, std::int64_t n,
+                                                      std::uint64_t* out) {
+  for (std::int64_t t = 0; t < terms; ++t) {
+    const double at = a[t];
+    const double* row = rows[t];
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double p = at * row[j];
+      std::uint64_t bits;
+      std::memcpy(&bits, &p, sizeof bits);
+      bits &= ~(std::uint64_t{1} << 63);
+      out[j] = std::max(out[j], bits);
+    }
+  }
+}
+MESHTENSOR_SIMD_KERNEL(max_magnitude, max_magnitude_body)
+
+/// Adds the three window digits of every a_t * rows_t[j] into d0/d1/d2[j]. Truncation toward
+/// zero at each digit keeps the digits a function of the addend and the window alone.
+template <class T>
+[[gnu::always_inline]] inline void deposit_body(const double* a, const double* const* rows,
+                                                std::int64_t terms, std::int64_t n,
+                                                const double* scale, double* d0, double* d1,
+                                                double* d2) {
+  constexpr std::int64_t kBlock = 16;
+  std::int64_t j0 = 0;
+  for (; j0 + kBlock <= n; j0 += kBlock) {
+    double s[kBlock], acc0[kBlock], acc1[kBlock], acc2[kBlock];
+    for (std::int64_t j = 0; j < kBlock; ++j) {
+      s[j] = scale[j0 + j];
+      acc0[j] = d0[j0 + j];
+      acc1[j] = d1[j0 + j];
+      acc2[j] = d2[j0 + j];
+    }
+    for (std::int64_t t = 0; t < terms; ++t) {
+      const double at = a[t];
+      const double* row = rows[t] + j0;
+      for (std::int64_t j = 0; j < kBlock; ++j) {
+        const double top = at * row[j] * s[j];
+        const double digit2 = std::trunc(top);
+        const double middle = (top - digit2) * kDigitBase;
+        const double digit1 = std::trunc(middle);
+        const double digit0 = std::trunc((middle - digit1) * kDigitBase);
+        acc2[j] += digit2;
+        acc1[j] += digit1;
+        acc0[j] += digit0;
+      }
+    }
+    for (std::int64_t j = 0; j < kBlock; ++j) {
+      d0[j0 + j] = acc0[j];
+      d1[j0 + j] = acc1[j];
+      d2[j0 + j] = acc2[j];
+    }
+  }
+  for (std::int64_t t = 0; t < terms; ++t) {
+    const double at = a[t];
+    const double* row = rows[t];
+    for (std::int64_t j = j0; j < n; ++j) {
+      const double top = at * row[j] * scale[j];
+      const double digit2 = std::trunc(top);
+      const double middle = (top - digit2) * kDigitBase;
+      const double digit1 = std::trunc(middle);
+      d2[j] += digit2;
+      d1[j] += digit1;
+      d0[j] += std::trunc((middle - digit1) * kDigitBase);
+    }
+  }
+}
+MESHTENSOR_SIMD_KERNEL(deposit, deposit_body)
+
+/// Moves element i's digits up by `shift` bins (the lowest `shift` digits drop out).
+void shift_digits(double* d0, double* d1, double* d2, std::int64_t i, std::int32_t shift) {
+  if (shift <= 0) return;
+  if (shift == 1) {
+    d0[i] = d1[i];
+    d1[i] = d2[i];
+  } else if (shift == 2) {
+    d0[i] = d2[i];
+    d1[i] = 0;
+  } else {
+    d0[i] = 0;
+    d1[i] = 0;
+  }
+  d2[i] = 0;
+}
+
+struct Planes {
+  std::int32_t* bins;
+  double* d0;
+  double* d1;
+  double* d2;
+};
+
+Planes planes_of(BinnedSums& sums) {
+  const std::int64_t count = sums.count();
+  double* digits = sums.digits.values<double>().data();
+  return {sums.bins.values<std::int32_t>().data(), digits, digits + count, digits + 2 * count};
+}
+
+/// Adds sum over t of a[t] * rows[t][j] into elements offset .. offset + n of `sums`, every
+/// product exact in f64.
+void add_row(Planes planes, std::int64_t offset, const double* a,
+             const double* const* rows, std::int64_t terms, std::int64_t n,
+             std::vector<std::uint64_t>& magnitude, std::vector<double>& scale) {
+  if (terms == 0) return;
+  magnitude.assign(static_cast<std::size_t>(n), 0);
+  max_magnitude<double>(a, rows, terms, n, magnitude.data());
+  scale.resize(static_cast<std::size_t>(n));
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::int64_t i = offset + j;
+    const std::int32_t bin = std::max(planes.bins[i], bin_of_magnitude_bits(magnitude[j]));
+    shift_digits(planes.d0, planes.d1, planes.d2, i, bin - planes.bins[i]);
+    planes.bins[i] = bin;
+    // Non-finite elements take no digits; a zero scale keeps them at zero.
+    scale[j] = bin == kNonFiniteBin ? 0.0 : top_digit_scale(bin);
+  }
+  deposit<double>(a, rows, terms, n, scale.data(), planes.d0 + offset, planes.d1 + offset,
+                  planes.d2 + offset);
+}
+
+void check_rows_matrix(const Tensor& t, const char* what, const char* operation) {
+  if (t.rank() != 2 || (t.dtype() != DType::f32 && t.dtype() != DType::f64)) {
+    throw InvalidArgument(fmt::format("{}: {} must be a 2-D f32 or f64 tensor, got {} {}",
+                                      operation, what, dtype_name(t.dtype()),
+                                      t.shape().to_string()));
+  }
+}
+
+/// The elements of a 2-D f32 or f64 tensor as doubles (exact).
+std::vector<double> as_doubles(const Tensor& t) {
+  const Tensor dense = t.contiguous();
+  std::vector<double> out(static_cast<std::size_t>(dense.numel()));
+  if (dense.dtype() == DType::f64) {
+    const auto values = dense.values<double>();
+    std::copy(values.begin(), values.end(), out.begin());
+  } else {
+    const auto values = dense.values<float>();
+    std::copy(values.begin(), values.end(), out.begin());
+  }
+  return out;
+}
+
+void check_count(const BinnedSums& sums, std::int64_t expected, const char* operation) {
+  if (sums.count() != expected) {
+    throw InvalidArgument(fmt::format("{}: the accumulator holds {} elements, the inputs make {}",
+                                      operation, sums.count(), expected));
+  }
+}
+
+void check_range(const BinnedSums& sums, std::int64_t offset, std::int64_t length,
+                 const char* operation) {
+  if (offset < 0 || length > sums.count() || offset > sums.count() - length) {
+    throw InvalidArgument(fmt::format("{}: elements [{}, {}) are outside the accumulator's {}",
+                                      operation, offset, offset + length, sums.count()));
+  }
+}
+
+void check_f32(const Tensor& t, const char* what, const char* operation) {
+  if (t.dtype() != DType::f32) {
+    throw InvalidArgument(fmt::format("{}: {} must be f32 (its products are exact in f64), got {}",
+                                      operation, what, dtype_name(t.dtype())));
+  }
+}
+
+}  // namespace
+
+void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy) {
+  const char* operation = "add_outer_products";
+  check_rows_matrix(x, "x", operation);
+  check_rows_matrix(dy, "dy", operation);
+  check_f32(x, "x", operation);
+  check_f32(dy, "dy", operation);
+  if (x.shape()[0] != dy.shape()[0]) {
+    throw InvalidArgument(fmt::format("{}: x has {} rows, dy {}", operation, x.shape()[0],
+                                      dy.shape()[0]));
+  }
+  const std::int64_t rows = x.shape()[0];
+  const std::int64_t m = x.shape()[1];
+  const std::int64_t n = dy.shape()[1];
+  check_range(sums, offset, m * n, operation);
+  const std::vector<double> xs = as_doubles(x);
+  const std::vector<double> dys = as_doubles(dy);
+  Planes planes = planes_of(sums);
+  std::vector<double> a;
+  std::vector<const double*> row_pointers;
+  std::vector<std::uint64_t> magnitude;
+  std::vector<double> scale;
+  a.reserve(static_cast<std::size_t>(rows));
+  row_pointers.reserve(static_cast<std::size_t>(rows));
+  for (std::int64_t i = 0; i < m; ++i) {
+    // Zero addends change nothing, so rows where x is zero (ReLU, blank pixels) are skipped.
+    a.clear();
+    row_pointers.clear();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const double value = xs[static_cast<std::size_t>(r * m + i)];
+      if (value == 0.0) continue;
+      a.push_back(value);
+      row_pointers.push_back(dys.data() + r * n);
+    }
+    add_row(planes, offset + i * n, a.data(), row_pointers.data(), static_cast<std::int64_t>(a.size()), n,
+            magnitude, scale);
+  }
+}
+
+void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
+                         const Tensor& b) {
+  const char* operation = "add_column_products";
+  check_rows_matrix(a, "a", operation);
+  check_rows_matrix(b, "b", operation);
+  check_f32(a, "a", operation);
+  check_f32(b, "b", operation);
+  if (a.shape() != b.shape()) {
+    throw InvalidArgument(fmt::format("{}: a is {}, b {}", operation, a.shape().to_string(),
+                                      b.shape().to_string()));
+  }
+  std::vector<double> products = as_doubles(a);
+  const std::vector<double> bs = as_doubles(b);
+  for (std::size_t i = 0; i < products.size(); ++i) products[i] *= bs[i];
+  add_column_sums(sums, offset, Tensor::from_values(a.shape(), DType::f64, products));
+}
+
+void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
+  const char* operation = "add_column_sums";
+  check_rows_matrix(a, "a", operation);
+  const std::int64_t rows = a.shape()[0];
+  const std::int64_t n = a.shape()[1];
+  check_range(sums, offset, n, operation);
+  const std::vector<double> values = as_doubles(a);
+  const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
+  std::vector<const double*> row_pointers(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r)
+    row_pointers[static_cast<std::size_t>(r)] = values.data() + r * n;
+  std::vector<std::uint64_t> magnitude;
+  std::vector<double> scale;
+  add_row(planes_of(sums), offset, ones.data(), row_pointers.data(), rows, n, magnitude, scale);
+}
+
+void align_bins(BinnedSums& sums, const Tensor& bins) {
+  if (bins.dtype() != DType::i32 || bins.numel() != sums.count()) {
+    throw InvalidArgument(fmt::format("align_bins needs {} i32 bins, got {} {}", sums.count(),
+                                      bins.numel(), dtype_name(bins.dtype())));
+  }
+  Planes planes = planes_of(sums);
+  const auto target = bins.values<std::int32_t>();
+  for (std::int64_t i = 0; i < sums.count(); ++i) {
+    const std::int32_t bin = target[static_cast<std::size_t>(i)];
+    if (bin < planes.bins[i] || bin > kNonFiniteBin || bin < kLowestBin) {
+      throw InvalidArgument(fmt::format("align_bins: element {} cannot move from bin {} to {}", i,
+                                        planes.bins[i], bin));
+    }
+    shift_digits(planes.d0, planes.d1, planes.d2, i, bin - planes.bins[i]);
+    planes.bins[i] = bin;
+  }
+}
+
+void merge_binned_sums(BinnedSums& sums, const BinnedSums& other) {
+  check_count(sums, other.count(), "merge_binned_sums");
+  BinnedSums aligned{other.count()};
+  aligned.bins.copy_from(other.bins);
+  aligned.digits.copy_from(other.digits);
+  Tensor top = sums.bins.clone();
+  auto top_values = top.values<std::int32_t>();
+  const auto other_bins = other.bins.values<std::int32_t>();
+  for (std::size_t i = 0; i < top_values.size(); ++i)
+    top_values[i] = std::max(top_values[i], other_bins[i]);
+  align_bins(sums, top);
+  align_bins(aligned, top);
+  auto mine = sums.digits.values<double>();
+  const auto theirs = aligned.digits.values<double>();
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += theirs[i];
+}
+
+void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out) {
+  if (divisor <= 0)
+    throw InvalidArgument(fmt::format("round_binned_sums: divisor {} is not positive", divisor));
+  if ((out.dtype() != DType::f32 && out.dtype() != DType::f64) || out.numel() != sums.count()) {
+    throw InvalidArgument(fmt::format("round_binned_sums needs an f32 or f64 output of {} elements, "
+                                      "got {} {}",
+                                      sums.count(), dtype_name(out.dtype()),
+                                      out.shape().to_string()));
+  }
+  const std::int64_t count = sums.count();
+  const auto bins = sums.bins.values<std::int32_t>();
+  const auto digits = sums.digits.values<double>();
+  const bool f32 = out.dtype() == DType::f32;
+  const int exponent_bits = f32 ? 8 : 11;
+  const int mantissa_bits = f32 ? 23 : 52;
+  using Wide = UInt128;
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::uint64_t bits = 0;
+    const std::int32_t bin = bins[static_cast<std::size_t>(i)];
+    if (bin == kNonFiniteBin) {
+      bits = f32 ? 0x7fc00000u : 0x7ff8000000000000ull;  // the canonical NaN
+    } else {
+      // The digit sums are integers below 2^53 in magnitude: the total fits 118 bits.
+      const auto digit = [&](int plane) {
+        return static_cast<Int128>(
+            static_cast<std::int64_t>(digits[static_cast<std::size_t>(plane * count + i)]));
+      };
+      const Int128 total = (digit(2) << 64) + (digit(1) << 32) + digit(0);
+      const bool negative = total < 0;
+      Wide magnitude = negative ? -static_cast<Wide>(total) : static_cast<Wide>(total);
+      int exponent = kBinBits * bin - 3 * kBinBits;
+      bool sticky = false;
+      if (magnitude != 0 && divisor != 1) {
+        // Put the leading bit at position 127 so the quotient keeps at least 64 bits.
+        const auto high = static_cast<std::uint64_t>(magnitude >> 64);
+        const int shift = high != 0 ? std::countl_zero(high)
+                                    : 64 + std::countl_zero(static_cast<std::uint64_t>(magnitude));
+        magnitude <<= shift;
+        exponent -= shift;
+        const Wide quotient = magnitude / static_cast<Wide>(divisor);
+        sticky = quotient * static_cast<Wide>(divisor) != magnitude;
+        magnitude = quotient;
+      }
+      const auto high = static_cast<std::uint64_t>(magnitude >> 64);
+      if (high != 0) {
+        const int shift = 64 - std::countl_zero(high);
+        sticky = sticky || (magnitude & ((Wide{1} << shift) - 1)) != 0;
+        magnitude >>= shift;
+        exponent += shift;
+      }
+      const auto significand = static_cast<std::uint64_t>(magnitude);
+      bits = significand == 0
+                 ? 0
+                 : round_to_format(negative, significand, exponent, sticky, exponent_bits,
+                                   mantissa_bits);
+    }
+    std::byte* at = out.bytes().data() + i * (f32 ? 4 : 8);
+    if (f32) {
+      const auto narrow = static_cast<std::uint32_t>(bits);
+      std::memcpy(at, &narrow, sizeof narrow);
+    } else {
+      std::memcpy(at, &bits, sizeof bits);
+    }
+  }
+}
+
+}  // namespace meshtensor::kernels

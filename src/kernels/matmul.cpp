@@ -1,0 +1,375 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MESHTENSOR_X86_KERNELS 1
+#endif
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/half.hpp>
+#include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/kernels/simd.hpp>
+
+namespace meshtensor::kernels {
+
+namespace {
+
+/// Logical element (row, col) of an operand lives at data[row * row_stride + col * col_stride].
+struct Operand {
+  const std::byte* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t row_stride = 0;
+  std::int64_t col_stride = 0;
+};
+
+template <class T>
+T to_compute(float value) {
+  return static_cast<T>(value);
+}
+template <class T>
+T to_compute(double value) {
+  return static_cast<T>(value);
+}
+template <class T>
+T to_compute(BFloat16 value) {
+  return static_cast<T>(to_float(value));
+}
+template <class T>
+T to_compute(Float16 value) {
+  return static_cast<T>(to_float(value));
+}
+
+/// Copies op(x)[row0 + r][col0 + c] for r < rows, c < cols into out[c * ld + r], converting to T
+/// and zero-filling up to `padded_rows` (packing of a panels: rows = mr, and of b strips, with the
+/// roles of rows and columns swapped by the caller's strides).
+template <class T, class S>
+void pack_source(const Operand& x, std::int64_t row0, std::int64_t rows, std::int64_t padded_rows,
+                 std::int64_t col0, std::int64_t cols, T* out, std::int64_t ld) {
+  const S* base = reinterpret_cast<const S*>(x.data);
+  if (x.row_stride == 1 && x.col_stride != 1) {
+    // Transposed source: walk it along its contiguous dim.
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const S* column = base + (col0 + c) * x.col_stride + row0;
+      for (std::int64_t r = 0; r < rows; ++r) out[c * ld + r] = to_compute<T>(column[r]);
+      for (std::int64_t r = rows; r < padded_rows; ++r) out[c * ld + r] = T{0};
+    }
+    return;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const S* row = base + (row0 + r) * x.row_stride + col0 * x.col_stride;
+    if (x.col_stride == 1) {
+      for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = to_compute<T>(row[c]);
+    } else {
+      for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = to_compute<T>(row[c * x.col_stride]);
+    }
+  }
+  for (std::int64_t r = rows; r < padded_rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = T{0};
+}
+
+template <class T>
+void pack(const Operand& x, std::int64_t row0, std::int64_t rows, std::int64_t padded_rows,
+          std::int64_t col0, std::int64_t cols, T* out, std::int64_t ld) {
+  switch (x.dtype) {
+    case DType::f64:
+      return pack_source<T, double>(x, row0, rows, padded_rows, col0, cols, out, ld);
+    case DType::bf16:
+      return pack_source<T, BFloat16>(x, row0, rows, padded_rows, col0, cols, out, ld);
+    case DType::f16:
+      return pack_source<T, Float16>(x, row0, rows, padded_rows, col0, cols, out, ld);
+    default:
+      return pack_source<T, float>(x, row0, rows, padded_rows, col0, cols, out, ld);
+  }
+}
+
+/// The transpose of an operand: element (r, c) of the result is (c, r) of x.
+Operand transposed(Operand x) {
+  std::swap(x.row_stride, x.col_stride);
+  return x;
+}
+
+/// Runs kc multiply-add steps on one mr x nr tile: c[r][j] = fma(a[k][r], b[k][j], c[r][j]) for
+/// k ascending. `a` is a packed panel [kc][mr], `b` a packed strip [kc][nr], `c` the tile with
+/// row stride ldc; load_c false starts from +0.
+template <class T>
+using MicroKernel = void (*)(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,
+                             bool load_c);
+
+template <class T>
+struct KernelShape {
+  int mr;
+  int nr;
+  MicroKernel<T> run;
+};
+
+template <class T, int MR, int NR>
+void micro_scalar(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc, bool load_c) {
+  T acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) acc[r][j] = load_c ? c[r * ldc + j] : T{0};
+  for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NR)
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NR; ++j) acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+#if MESHTENSOR_X86_KERNELS
+#define MESHTENSOR_AVX512 gnu::target("avx512f,fma"), gnu::always_inline
+#define MESHTENSOR_AVX2 gnu::target("avx2,fma"), gnu::always_inline
+
+// Thin overloads so that one kernel template serves f32 and f64 at each width.
+[[MESHTENSOR_AVX512]] inline __m512 vload(const float* p, __m512) { return _mm512_loadu_ps(p); }
+[[MESHTENSOR_AVX512]] inline __m512d vload(const double* p, __m512d) { return _mm512_loadu_pd(p); }
+[[MESHTENSOR_AVX512]] inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+[[MESHTENSOR_AVX512]] inline void vstore(double* p, __m512d v) { _mm512_storeu_pd(p, v); }
+[[MESHTENSOR_AVX512]] inline __m512 vbroadcast(float x, __m512) { return _mm512_set1_ps(x); }
+[[MESHTENSOR_AVX512]] inline __m512d vbroadcast(double x, __m512d) { return _mm512_set1_pd(x); }
+[[MESHTENSOR_AVX512]] inline __m512 vzero(__m512) { return _mm512_setzero_ps(); }
+[[MESHTENSOR_AVX512]] inline __m512d vzero(__m512d) { return _mm512_setzero_pd(); }
+[[MESHTENSOR_AVX512]] inline __m512 vfma(__m512 a, __m512 b, __m512 c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+[[MESHTENSOR_AVX512]] inline __m512d vfma(__m512d a, __m512d b, __m512d c) {
+  return _mm512_fmadd_pd(a, b, c);
+}
+[[MESHTENSOR_AVX2]] inline __m256 vload(const float* p, __m256) { return _mm256_loadu_ps(p); }
+[[MESHTENSOR_AVX2]] inline __m256d vload(const double* p, __m256d) { return _mm256_loadu_pd(p); }
+[[MESHTENSOR_AVX2]] inline void vstore(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+[[MESHTENSOR_AVX2]] inline void vstore(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
+[[MESHTENSOR_AVX2]] inline __m256 vbroadcast(float x, __m256) { return _mm256_set1_ps(x); }
+[[MESHTENSOR_AVX2]] inline __m256d vbroadcast(double x, __m256d) { return _mm256_set1_pd(x); }
+[[MESHTENSOR_AVX2]] inline __m256 vzero(__m256) { return _mm256_setzero_ps(); }
+[[MESHTENSOR_AVX2]] inline __m256d vzero(__m256d) { return _mm256_setzero_pd(); }
+[[MESHTENSOR_AVX2]] inline __m256 vfma(__m256 a, __m256 b, __m256 c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+[[MESHTENSOR_AVX2]] inline __m256d vfma(__m256d a, __m256d b, __m256d c) {
+  return _mm256_fmadd_pd(a, b, c);
+}
+
+// The tile is MR rows by two vectors; the accumulators stay in registers for the whole k loop.
+// Vector types by width and element, as member types (attributes are lost on template args).
+template <class T>
+struct Vector512;
+template <>
+struct Vector512<float> {
+  using type = __m512;
+};
+template <>
+struct Vector512<double> {
+  using type = __m512d;
+};
+template <class T>
+struct Vector256;
+template <>
+struct Vector256<float> {
+  using type = __m256;
+};
+template <>
+struct Vector256<double> {
+  using type = __m256d;
+};
+
+// The tile is MR rows by NV vectors; the accumulators stay in registers for the whole k loop.
+#define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                        \
+  template <class T, int MR, int NV>                                                            \
+  [[attribute]] void name(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,      \
+                          bool load_c) {                                                        \
+    using V = typename vector<T>::type;                                                         \
+    constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                             \
+    const V tag{};                                                                              \
+    V acc[MR][NV];                                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                    \
+        acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                 \
+      }                                                                                         \
+    }                                                                                           \
+    for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NV * kLanes) {                          \
+      V bv[NV];                                                                                 \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag);  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                   \
+        const V ar = vbroadcast(a[r], tag);                                                     \
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                  \
+          acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                               \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                    \
+        vstore(c + r * ldc + v * kLanes, acc[r][v]);                                            \
+      }                                                                                         \
+    }                                                                                           \
+  }
+
+MESHTENSOR_MICRO_KERNEL(micro_avx512, gnu::target("avx512f,fma"), Vector512)
+MESHTENSOR_MICRO_KERNEL(micro_avx2, gnu::target("avx2,fma"), Vector256)
+#undef MESHTENSOR_MICRO_KERNEL
+
+bool cpu_has_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("fma");
+}
+#endif
+
+/// The tile shape for this SIMD level; outputs at most one vector wide get a one-vector tile
+/// with more rows.
+template <class T>
+KernelShape<T> kernel_for_level(std::int64_t n) {
+#if MESHTENSOR_X86_KERNELS
+  const SimdLevel level = simd_level();
+  if (level == SimdLevel::avx512) {
+    constexpr int kLanes = static_cast<int>(64 / sizeof(T));
+    if (n <= kLanes) return {12, kLanes, &micro_avx512<T, 12, 1>};
+    return {8, 2 * kLanes, &micro_avx512<T, 8, 2>};
+  }
+  static const bool has_fma = cpu_has_fma();
+  if (level == SimdLevel::avx2 && has_fma) {
+    constexpr int kLanes = static_cast<int>(32 / sizeof(T));
+    if (n <= kLanes) return {8, kLanes, &micro_avx2<T, 8, 1>};
+    return {6, 2 * kLanes, &micro_avx2<T, 6, 2>};
+  }
+#endif
+  (void)n;
+  return {4, 4, &micro_scalar<T, 4, 4>};
+}
+
+std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Blocking: a kc x nc block of b stays in L2 across all row panels, a kc x mr panel of a and a
+// kc x nr strip of b in L1 for one tile. Any blocking gives the same bits.
+template <class T>
+void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int64_t k,
+          const Operand& a, const Operand& b, T* c, std::int64_t ldc, bool accumulate) {
+  constexpr std::int64_t kBlockK = 256;
+  const std::int64_t block_n = sizeof(T) == 4 ? 1024 : 512;
+  const std::int64_t mr = kernel.mr;
+  const std::int64_t nr = kernel.nr;
+  const std::int64_t block_m = mr * (96 / mr);
+  if (k == 0) {
+    if (!accumulate)
+      for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T{0});
+    return;
+  }
+  thread_local std::vector<T> packed_a;
+  thread_local std::vector<T> packed_b;
+  thread_local std::vector<T> edge;
+  packed_a.resize(static_cast<std::size_t>(kBlockK * block_m));
+  packed_b.resize(static_cast<std::size_t>(kBlockK * round_up(block_n, nr)));
+  edge.resize(static_cast<std::size_t>(mr * nr));
+
+  for (std::int64_t pc = 0; pc < k; pc += kBlockK) {
+    const std::int64_t kc = std::min(kBlockK, k - pc);
+    const bool load_c = accumulate || pc > 0;
+    for (std::int64_t jc = 0; jc < n; jc += block_n) {
+      const std::int64_t nc = std::min(block_n, n - jc);
+      const std::int64_t strips = (nc + nr - 1) / nr;
+      const Operand b_by_column = transposed(b);
+      for (std::int64_t s = 0; s < strips; ++s) {
+        const std::int64_t col0 = jc + s * nr;
+        pack<T>(b_by_column, col0, std::min(nr, n - col0), nr, pc, kc,
+                packed_b.data() + s * kc * nr, nr);
+      }
+      for (std::int64_t ic = 0; ic < m; ic += block_m) {
+        const std::int64_t mc = std::min(block_m, m - ic);
+        const std::int64_t panels = (mc + mr - 1) / mr;
+        for (std::int64_t p = 0; p < panels; ++p) {
+          const std::int64_t row0 = ic + p * mr;
+          pack<T>(a, row0, std::min(mr, m - row0), mr, pc, kc, packed_a.data() + p * kc * mr, mr);
+        }
+        for (std::int64_t p = 0; p < panels; ++p) {
+          const std::int64_t row0 = ic + p * mr;
+          const std::int64_t rows = std::min(mr, m - row0);
+          for (std::int64_t s = 0; s < strips; ++s) {
+            const std::int64_t col0 = jc + s * nr;
+            const std::int64_t cols = std::min(nr, n - col0);
+            T* tile = c + row0 * ldc + col0;
+            const T* panel = packed_a.data() + p * kc * mr;
+            const T* strip = packed_b.data() + s * kc * nr;
+            if (rows == mr && cols == nr) {
+              kernel.run(kc, panel, strip, tile, ldc, load_c);
+              continue;
+            }
+            // Edge tile: run on a full-size copy; padded rows and columns are independent.
+            std::fill(edge.begin(), edge.end(), T{0});
+            if (load_c)
+              for (std::int64_t r = 0; r < rows; ++r)
+                std::copy_n(tile + r * ldc, cols, edge.data() + r * nr);
+            kernel.run(kc, panel, strip, edge.data(), nr, true);
+            for (std::int64_t r = 0; r < rows; ++r)
+              std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
+          }
+        }
+      }
+    }
+  }
+}
+
+Operand operand_of(const Tensor& t, Transpose transpose) {
+  const auto& strides = t.strides();
+  const std::int64_t row_stride = strides[0];
+  const std::int64_t col_stride = strides[1];
+  Operand operand{t.bytes().data(), t.dtype(), row_stride, col_stride};
+  if (transpose == Transpose::yes) std::swap(operand.row_stride, operand.col_stride);
+  return operand;
+}
+
+bool is_matmul_input(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 ||
+         dtype == DType::f16;
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+            Tensor c, bool accumulate) {
+  if (!a.defined() || !b.defined() || !c.defined())
+    throw InvalidArgument("matmul: an operand is undefined");
+  if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2) {
+    throw InvalidArgument(fmt::format("matmul needs 2-D operands, got shapes {}, {} and {}",
+                                      a.shape().to_string(), b.shape().to_string(),
+                                      c.shape().to_string()));
+  }
+  if (a.dtype() != b.dtype() || !is_matmul_input(a.dtype())) {
+    throw InvalidArgument(fmt::format("matmul needs two f32, f64, bf16 or f16 inputs of one dtype, "
+                                      "got {} and {}",
+                                      dtype_name(a.dtype()), dtype_name(b.dtype())));
+  }
+  const DType out = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (c.dtype() != out) {
+    throw InvalidArgument(fmt::format("matmul of {} inputs writes {}, got a {} output",
+                                      dtype_name(a.dtype()), dtype_name(out),
+                                      dtype_name(c.dtype())));
+  }
+  const bool ta = transpose_a == Transpose::yes;
+  const bool tb = transpose_b == Transpose::yes;
+  const std::int64_t m = a.shape()[ta ? 1 : 0];
+  const std::int64_t k = a.shape()[ta ? 0 : 1];
+  const std::int64_t kb = b.shape()[tb ? 1 : 0];
+  const std::int64_t n = b.shape()[tb ? 0 : 1];
+  if (k != kb || c.shape()[0] != m || c.shape()[1] != n) {
+    throw InvalidArgument(fmt::format(
+        "matmul shapes do not fit: op(a) is {}x{}, op(b) {}x{}, c {}", m, k, kb, n,
+        c.shape().to_string()));
+  }
+  if (m == 0 || n == 0) return;
+  const Operand lhs = operand_of(a, transpose_a);
+  const Operand rhs = operand_of(b, transpose_b);
+  const std::int64_t ldc = n;
+  if (out == DType::f64) {
+    gemm<double>(kernel_for_level<double>(n), m, n, k, lhs, rhs,
+                 reinterpret_cast<double*>(c.bytes().data()), ldc, accumulate);
+  } else {
+    gemm<float>(kernel_for_level<float>(n), m, n, k, lhs, rhs,
+                reinterpret_cast<float*>(c.bytes().data()), ldc, accumulate);
+  }
+}
+
+}  // namespace meshtensor::kernels

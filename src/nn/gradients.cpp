@@ -1,0 +1,125 @@
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/nn/gradients.hpp>
+
+namespace meshtensor::nn {
+
+GradientLayout::GradientLayout(std::vector<Parameter*> parameters)
+    : parameters_(std::move(parameters)) {
+  for (const Parameter* p : parameters_) {
+    offsets_[p] = total_;
+    total_ += p->value.numel();
+  }
+}
+
+std::int64_t GradientLayout::offset_of(const Parameter& p) const {
+  const auto it = offsets_.find(&p);
+  if (it == offsets_.end())
+    throw InvalidArgument(fmt::format("parameter '{}' is not one this sink collects", p.name));
+  return it->second;
+}
+
+namespace {
+
+void check_rows(const Tensor& a, std::int64_t columns, const Parameter& p, const char* what) {
+  if (a.rank() != 2 || a.dtype() != DType::f32 || a.shape()[1] != columns) {
+    throw InvalidArgument(fmt::format("gradient of '{}': {} must be f32 [rows, {}], got {} {}",
+                                      p.name, what, columns, dtype_name(a.dtype()),
+                                      a.shape().to_string()));
+  }
+}
+
+void check_outer(const Parameter& p, const Tensor& x, const Tensor& dy) {
+  const Shape& shape = p.value.shape();
+  if (shape.rank() != 2) throw InvalidArgument(fmt::format("'{}' is not a matrix", p.name));
+  check_rows(x, shape[0], p, "x");
+  check_rows(dy, shape[1], p, "dy");
+  if (x.shape()[0] != dy.shape()[0]) {
+    throw InvalidArgument(fmt::format("gradient of '{}': x has {} rows, dy {}", p.name,
+                                      x.shape()[0], dy.shape()[0]));
+  }
+}
+
+}  // namespace
+
+DenseGradients::DenseGradients(std::vector<Parameter*> parameters)
+    : layout_(std::move(parameters)), sums_(Shape{layout_.total()}, DType::f32) {}
+
+Tensor DenseGradients::view_of(const Parameter& p) {
+  return sums_.narrow(0, layout_.offset_of(p), p.value.numel()).reshape(p.value.shape());
+}
+
+void DenseGradients::add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) {
+  check_outer(p, x, dy);
+  kernels::matmul(x.contiguous(), kernels::Transpose::yes, dy.contiguous(), kernels::Transpose::no,
+                  view_of(p), /*accumulate=*/true);
+}
+
+void DenseGradients::add_column_sums(const Parameter& p, const Tensor& a) {
+  check_rows(a, p.value.numel(), p, "a");
+  const Tensor dense = a.contiguous();
+  const std::int64_t n = p.value.numel();
+  float* sum = view_of(p).values<float>().data();
+  const auto values = dense.values<float>();
+  for (std::int64_t r = 0; r < dense.shape()[0]; ++r)
+    for (std::int64_t j = 0; j < n; ++j) sum[j] += values[static_cast<std::size_t>(r * n + j)];
+}
+
+void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) {
+  check_rows(a, p.value.numel(), p, "a");
+  check_rows(b, p.value.numel(), p, "b");
+  const Tensor da = a.contiguous();
+  const Tensor db = b.contiguous();
+  const std::int64_t n = p.value.numel();
+  float* sum = view_of(p).values<float>().data();
+  const auto av = da.values<float>();
+  const auto bv = db.values<float>();
+  for (std::int64_t r = 0; r < da.shape()[0]; ++r)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const auto i = static_cast<std::size_t>(r * n + j);
+      sum[j] += av[i] * bv[i];
+    }
+}
+
+void DenseGradients::clear() { sums_.fill(0.0); }
+
+void DenseGradients::finish(std::int64_t divisor) {
+  if (divisor <= 0) throw InvalidArgument(fmt::format("gradient divisor {} is not positive", divisor));
+  const auto d = static_cast<float>(divisor);
+  for (Parameter* p : layout_.parameters()) {
+    const auto sum = view_of(*p).values<float>();
+    auto grad = p->grad.values<float>();
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = sum[i] / d;
+  }
+}
+
+BinnedGradients::BinnedGradients(std::vector<Parameter*> parameters)
+    : layout_(std::move(parameters)), sums_(layout_.total()) {}
+
+void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) {
+  check_outer(p, x, dy);
+  kernels::add_outer_products(sums_, layout_.offset_of(p), x, dy);
+}
+
+void BinnedGradients::add_column_sums(const Parameter& p, const Tensor& a) {
+  check_rows(a, p.value.numel(), p, "a");
+  kernels::add_column_sums(sums_, layout_.offset_of(p), a);
+}
+
+void BinnedGradients::add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) {
+  check_rows(a, p.value.numel(), p, "a");
+  check_rows(b, p.value.numel(), p, "b");
+  kernels::add_column_products(sums_, layout_.offset_of(p), a, b);
+}
+
+void BinnedGradients::finish(std::int64_t divisor) {
+  Tensor rounded(Shape{layout_.total()}, DType::f32);
+  kernels::round_binned_sums(sums_, divisor, rounded);
+  for (Parameter* p : layout_.parameters()) {
+    p->grad.flatten().copy_from(rounded.narrow(0, layout_.offset_of(*p), p->value.numel()));
+  }
+}
+
+}  // namespace meshtensor::nn

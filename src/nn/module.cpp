@@ -1,0 +1,58 @@
+#include <fmt/format.h>
+
+#include <meshtensor/core/digest.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/nn/module.hpp>
+
+namespace meshtensor::nn {
+
+void Sequential::add(std::unique_ptr<Module> module) {
+  if (!module) throw InvalidArgument("Sequential::add: the module is null");
+  const std::size_t index = modules_.size();
+  for (Parameter* p : module->parameters()) p->name = fmt::format("{}.{}", index, p->name);
+  modules_.push_back(std::move(module));
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (auto& module : modules_) x = module->forward(x);
+  return x;
+}
+
+Tensor Sequential::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
+  Tensor grad = grad_output;
+  for (std::size_t i = modules_.size(); i-- > 0;)
+    grad = modules_[i]->backward(grad, sink, i > 0 || need_input_grad);
+  return grad;
+}
+
+std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& module : modules_)
+    for (Parameter* p : module->parameters()) all.push_back(p);
+  return all;
+}
+
+std::string Sequential::describe() const {
+  std::string text = "Sequential(";
+  for (std::size_t i = 0; i < modules_.size(); ++i)
+    text += (i > 0 ? ", " : "") + modules_[i]->describe();
+  return text + ")";
+}
+
+std::uint64_t parameters_digest(const std::vector<Parameter*>& parameters) {
+  Digest64 digest;
+  for (const Parameter* p : parameters) {
+    digest.update(p->name);
+    digest.update_u64(p->value.digest());
+  }
+  return digest.finish();
+}
+
+std::int64_t parameter_count(const std::vector<Parameter*>& parameters) {
+  std::int64_t count = 0;
+  for (const Parameter* p : parameters) count += p->value.numel();
+  return count;
+}
+
+}  // namespace meshtensor::nn
