@@ -1,5 +1,6 @@
 // Runs the fuzz target without libFuzzer: every corpus file, then deterministic mutations of
-// them (byte flips, insertions, deletions, splices). Usage: parse_fuzz_smoke <corpus dir> [count]
+// them (byte flips, insertions, deletions, splices). Usage: <target>_fuzz_smoke <corpus dir>
+// [count]
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -21,7 +22,7 @@ void run(const std::string& input) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: parse_fuzz_smoke <corpus dir> [mutations]\n";
+    std::cerr << "usage: fuzz_smoke <corpus dir> [mutations]\n";
     return 2;
   }
   const long mutations = argc > 2 ? std::strtol(argv[2], nullptr, 10) : 200000;

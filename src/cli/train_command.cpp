@@ -1,11 +1,10 @@
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -102,7 +101,8 @@ void draw_plot(const std::string& path, const std::vector<train::EpochReport>& e
   {
     std::ofstream data(data_path);
     for (const auto& e : epochs)
-      data << fmt::format("{} {} {} {}\n", e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy);
+      data << fmt::format("{} {} {} {}\n", e.epoch, e.train_loss, e.train_accuracy,
+                          e.test_accuracy);
   }
   const std::string script = fmt::format(
       "set terminal png size 900,500\n"
@@ -128,9 +128,10 @@ void draw_plot(const std::string& path, const std::vector<train::EpochReport>& e
   const int status = pclose(gnuplot);
   std::remove(data_path);
   if (status != 0) {
-    throw DataError(fmt::format("gnuplot could not draw {} (exit status {}; is gnuplot-nox "
-                                "installed and the directory writable?)",
-                                path, status));
+    throw DataError(
+        fmt::format("gnuplot could not draw {} (exit status {}; is gnuplot-nox "
+                    "installed and the directory writable?)",
+                    path, status));
   }
 }
 
@@ -153,13 +154,14 @@ void run_train(const TrainOptions& options) {
       options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
       config.seed);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
-  if (log) *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
+  if (log)
+    *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
 
   run_ranks(backend, ranks, command, [&](comm::Communicator& world) {
     const bool leader = world.rank() == 0;
     if (backend == Backend::mpi && options.ranks_option->count() > 0 && world.size() != ranks) {
-      throw InvalidArgument(fmt::format("--ranks {} does not match the mpi job's {} ranks", ranks,
-                                        world.size()));
+      throw InvalidArgument(
+          fmt::format("--ranks {} does not match the mpi job's {} ranks", ranks, world.size()));
     }
     if (leader && !options.json) {
       std::cout << fmt::format(
@@ -174,12 +176,13 @@ void run_train(const TrainOptions& options) {
     callbacks.on_step = [&](const train::StepProgress& p) {
       if (!terminal) return;
       constexpr int kWidth = 30;
-      const auto filled = static_cast<int>(kWidth * p.samples_done / std::max<std::int64_t>(1, p.samples_total));
-      std::cout << fmt::format("\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ",
-                               p.epoch, std::string(static_cast<std::size_t>(filled), '#'),
-                               std::string(static_cast<std::size_t>(kWidth - filled), ' '),
-                               p.samples_done, p.samples_total, p.samples_per_second, p.loss,
-                               format_duration(p.eta_seconds));
+      const auto filled =
+          static_cast<int>(kWidth * p.samples_done / std::max<std::int64_t>(1, p.samples_total));
+      std::cout << fmt::format(
+          "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ", p.epoch,
+          std::string(static_cast<std::size_t>(filled), '#'),
+          std::string(static_cast<std::size_t>(kWidth - filled), ' '), p.samples_done,
+          p.samples_total, p.samples_per_second, p.loss, format_duration(p.eta_seconds));
       std::cout.flush();
     };
     callbacks.on_epoch = [&](const train::EpochReport& e) {
@@ -223,8 +226,8 @@ void run_train(const TrainOptions& options) {
     std::cout.flush();
     if (!options.plot.empty()) {
       draw_plot(options.plot, result.epochs,
-                fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
-                            world.size(), options.mode));
+                fmt::format("meshtensor train {} on {} ranks, mode {}", options.model, world.size(),
+                            options.mode));
     }
     if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
       set_exit_status(1);
@@ -238,11 +241,13 @@ void add_train_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "train", "Train an MLP on Fashion-MNIST (or any MNIST-format directory), data-parallel");
   command->add_option("--data", options->data, "directory of the four IDX files (gzip or plain)");
-  command->add_option("--model", options->model, "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
+  command->add_option("--model", options->model,
+                      "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
   command->add_option("--activation", options->activation, "relu or gelu (default relu)");
   add_flag(*command, "--layernorm", options->layernorm, "LayerNorm after each hidden Linear");
   options->epochs_option = command->add_option("--epochs", options->epochs, "epochs (default 8)");
-  options->steps_option = command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
+  options->steps_option =
+      command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
   command->add_option("--batch", options->batch, "global batch (default 256)");
   command->add_option("--micro-batches", options->micro_batches,
                       "pieces each rank's slice is split into, summed before one reduction");
@@ -252,7 +257,8 @@ void add_train_command(CLI::App& app) {
   command->add_option("--momentum", options->momentum, "SGD momentum (default 0.9)");
   command->add_option("--warmup", options->warmup, "steps of linear warmup (default 0)");
   command->add_option("--schedule", options->schedule, "cosine or constant (default cosine)");
-  options->ranks_option = command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");
+  options->ranks_option =
+      command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");
   command->add_option("--backend", options->backend, "threads, or mpi under mpirun");
   command->add_option("--mode", options->mode, "gradient reduction: ordered, exact or native");
   command->add_option("--seed", options->seed, "seed of the initial weights and the data order");

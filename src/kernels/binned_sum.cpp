@@ -18,6 +18,17 @@ BinnedSums::BinnedSums(std::int64_t count)
     : bins(Tensor::full(Shape{count}, DType::i32, kLowestBin)),
       digits(Tensor::zeros(Shape{3, count}, DType::f64)) {}
 
+BinnedSums::BinnedSums(const BinnedSums& other)
+    : bins(other.bins.clone()), digits(other.digits.clone()) {}
+
+BinnedSums& BinnedSums::operator=(const BinnedSums& other) {
+  if (this != &other) {
+    bins = other.bins.clone();
+    digits = other.digits.clone();
+  }
+  return *this;
+}
+
 void BinnedSums::clear() {
   bins.fill(kLowestBin);
   digits.fill(0.0);
@@ -36,7 +47,8 @@ std::int32_t bin_of_magnitude_bits(std::uint64_t magnitude_bits) {
   if (biased == 0x7ff) return kNonFiniteBin;
   if (magnitude_bits == 0) return kLowestBin;
   const int exponent = biased - 1023;  // products of f32 values are never subnormal in f64
-  const int bin = (exponent >= 0 ? exponent / kBinBits : -((-exponent + kBinBits - 1) / kBinBits)) + 1;
+  const int bin =
+      (exponent >= 0 ? exponent / kBinBits : -((-exponent + kBinBits - 1) / kBinBits)) + 1;
   if (bin >= kNonFiniteBin - 1 + 1) return kNonFiniteBin;  // 2^256 or more
   return std::max(bin, kLowestBin);
 }
@@ -151,9 +163,9 @@ Planes planes_of(BinnedSums& sums) {
 
 /// Adds sum over t of a[t] * rows[t][j] into elements offset .. offset + n of `sums`, every
 /// product exact in f64.
-void add_row(Planes planes, std::int64_t offset, const double* a,
-             const double* const* rows, std::int64_t terms, std::int64_t n,
-             std::vector<std::uint64_t>& magnitude, std::vector<double>& scale) {
+void add_row(Planes planes, std::int64_t offset, const double* a, const double* const* rows,
+             std::int64_t terms, std::int64_t n, std::vector<std::uint64_t>& magnitude,
+             std::vector<double>& scale) {
   if (terms == 0) return;
   magnitude.assign(static_cast<std::size_t>(n), 0);
   max_magnitude<double>(a, rows, terms, n, magnitude.data());
@@ -223,8 +235,8 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   check_f32(x, "x", operation);
   check_f32(dy, "dy", operation);
   if (x.shape()[0] != dy.shape()[0]) {
-    throw InvalidArgument(fmt::format("{}: x has {} rows, dy {}", operation, x.shape()[0],
-                                      dy.shape()[0]));
+    throw InvalidArgument(
+        fmt::format("{}: x has {} rows, dy {}", operation, x.shape()[0], dy.shape()[0]));
   }
   const std::int64_t rows = x.shape()[0];
   const std::int64_t m = x.shape()[1];
@@ -249,25 +261,25 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
       a.push_back(value);
       row_pointers.push_back(dys.data() + r * n);
     }
-    add_row(planes, offset + i * n, a.data(), row_pointers.data(), static_cast<std::int64_t>(a.size()), n,
-            magnitude, scale);
+    add_row(planes, offset + i * n, a.data(), row_pointers.data(),
+            static_cast<std::int64_t>(a.size()), n, magnitude, scale);
   }
 }
 
-void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
-                         const Tensor& b) {
+void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b) {
   const char* operation = "add_column_products";
   check_rows_matrix(a, "a", operation);
   check_rows_matrix(b, "b", operation);
   check_f32(a, "a", operation);
   check_f32(b, "b", operation);
   if (a.shape() != b.shape()) {
-    throw InvalidArgument(fmt::format("{}: a is {}, b {}", operation, a.shape().to_string(),
-                                      b.shape().to_string()));
+    throw InvalidArgument(
+        fmt::format("{}: a is {}, b {}", operation, a.shape().to_string(), b.shape().to_string()));
   }
   std::vector<double> products = as_doubles(a);
   const std::vector<double> bs = as_doubles(b);
-  for (std::size_t i = 0; i < products.size(); ++i) products[i] *= bs[i];
+  for (std::size_t i = 0; i < products.size(); ++i)
+    products[i] *= bs[i];
   add_column_sums(sums, offset, Tensor::from_values(a.shape(), DType::f64, products));
 }
 
@@ -307,9 +319,7 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
 
 void merge_binned_sums(BinnedSums& sums, const BinnedSums& other) {
   check_count(sums, other.count(), "merge_binned_sums");
-  BinnedSums aligned{other.count()};
-  aligned.bins.copy_from(other.bins);
-  aligned.digits.copy_from(other.digits);
+  BinnedSums aligned = other;
   Tensor top = sums.bins.clone();
   auto top_values = top.values<std::int32_t>();
   const auto other_bins = other.bins.values<std::int32_t>();
@@ -319,17 +329,18 @@ void merge_binned_sums(BinnedSums& sums, const BinnedSums& other) {
   align_bins(aligned, top);
   auto mine = sums.digits.values<double>();
   const auto theirs = aligned.digits.values<double>();
-  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] += theirs[i];
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    mine[i] += theirs[i];
 }
 
 void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out) {
   if (divisor <= 0)
     throw InvalidArgument(fmt::format("round_binned_sums: divisor {} is not positive", divisor));
   if ((out.dtype() != DType::f32 && out.dtype() != DType::f64) || out.numel() != sums.count()) {
-    throw InvalidArgument(fmt::format("round_binned_sums needs an f32 or f64 output of {} elements, "
-                                      "got {} {}",
-                                      sums.count(), dtype_name(out.dtype()),
-                                      out.shape().to_string()));
+    throw InvalidArgument(
+        fmt::format("round_binned_sums needs an f32 or f64 output of {} elements, "
+                    "got {} {}",
+                    sums.count(), dtype_name(out.dtype()), out.shape().to_string()));
   }
   const std::int64_t count = sums.count();
   const auto bins = sums.bins.values<std::int32_t>();
@@ -373,10 +384,9 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
         exponent += shift;
       }
       const auto significand = static_cast<std::uint64_t>(magnitude);
-      bits = significand == 0
-                 ? 0
-                 : round_to_format(negative, significand, exponent, sticky, exponent_bits,
-                                   mantissa_bits);
+      bits = significand == 0 ? 0
+                              : round_to_format(negative, significand, exponent, sticky,
+                                                exponent_bits, mantissa_bits);
     }
     std::byte* at = out.bytes().data() + i * (f32 ? 4 : 8);
     if (f32) {

@@ -55,21 +55,26 @@ void pack_source(const Operand& x, std::int64_t row0, std::int64_t rows, std::in
     // Transposed source: walk it along its contiguous dim.
     for (std::int64_t c = 0; c < cols; ++c) {
       const S* column = base + (col0 + c) * x.col_stride + row0;
-      for (std::int64_t r = 0; r < rows; ++r) out[c * ld + r] = to_compute<T>(column[r]);
-      for (std::int64_t r = rows; r < padded_rows; ++r) out[c * ld + r] = T{0};
+      for (std::int64_t r = 0; r < rows; ++r)
+        out[c * ld + r] = to_compute<T>(column[r]);
+      for (std::int64_t r = rows; r < padded_rows; ++r)
+        out[c * ld + r] = T{0};
     }
     return;
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const S* row = base + (row0 + r) * x.row_stride + col0 * x.col_stride;
     if (x.col_stride == 1) {
-      for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = to_compute<T>(row[c]);
+      for (std::int64_t c = 0; c < cols; ++c)
+        out[c * ld + r] = to_compute<T>(row[c]);
     } else {
-      for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = to_compute<T>(row[c * x.col_stride]);
+      for (std::int64_t c = 0; c < cols; ++c)
+        out[c * ld + r] = to_compute<T>(row[c * x.col_stride]);
     }
   }
   for (std::int64_t r = rows; r < padded_rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[c * ld + r] = T{0};
+    for (std::int64_t c = 0; c < cols; ++c)
+      out[c * ld + r] = T{0};
 }
 
 template <class T>
@@ -111,12 +116,15 @@ template <class T, int MR, int NR>
 void micro_scalar(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc, bool load_c) {
   T acc[MR][NR];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) acc[r][j] = load_c ? c[r * ldc + j] : T{0};
+    for (int j = 0; j < NR; ++j)
+      acc[r][j] = load_c ? c[r * ldc + j] : T{0};
   for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NR)
     for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NR; ++j) acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
+      for (int j = 0; j < NR; ++j)
+        acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NR; ++j) c[r * ldc + j] = acc[r][j];
+    for (int j = 0; j < NR; ++j)
+      c[r * ldc + j] = acc[r][j];
 }
 
 #if MESHTENSOR_X86_KERNELS
@@ -124,28 +132,60 @@ void micro_scalar(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ld
 #define MESHTENSOR_AVX2 gnu::target("avx2,fma"), gnu::always_inline
 
 // Thin overloads so that one kernel template serves f32 and f64 at each width.
-[[MESHTENSOR_AVX512]] inline __m512 vload(const float* p, __m512) { return _mm512_loadu_ps(p); }
-[[MESHTENSOR_AVX512]] inline __m512d vload(const double* p, __m512d) { return _mm512_loadu_pd(p); }
-[[MESHTENSOR_AVX512]] inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-[[MESHTENSOR_AVX512]] inline void vstore(double* p, __m512d v) { _mm512_storeu_pd(p, v); }
-[[MESHTENSOR_AVX512]] inline __m512 vbroadcast(float x, __m512) { return _mm512_set1_ps(x); }
-[[MESHTENSOR_AVX512]] inline __m512d vbroadcast(double x, __m512d) { return _mm512_set1_pd(x); }
-[[MESHTENSOR_AVX512]] inline __m512 vzero(__m512) { return _mm512_setzero_ps(); }
-[[MESHTENSOR_AVX512]] inline __m512d vzero(__m512d) { return _mm512_setzero_pd(); }
+[[MESHTENSOR_AVX512]] inline __m512 vload(const float* p, __m512) {
+  return _mm512_loadu_ps(p);
+}
+[[MESHTENSOR_AVX512]] inline __m512d vload(const double* p, __m512d) {
+  return _mm512_loadu_pd(p);
+}
+[[MESHTENSOR_AVX512]] inline void vstore(float* p, __m512 v) {
+  _mm512_storeu_ps(p, v);
+}
+[[MESHTENSOR_AVX512]] inline void vstore(double* p, __m512d v) {
+  _mm512_storeu_pd(p, v);
+}
+[[MESHTENSOR_AVX512]] inline __m512 vbroadcast(float x, __m512) {
+  return _mm512_set1_ps(x);
+}
+[[MESHTENSOR_AVX512]] inline __m512d vbroadcast(double x, __m512d) {
+  return _mm512_set1_pd(x);
+}
+[[MESHTENSOR_AVX512]] inline __m512 vzero(__m512) {
+  return _mm512_setzero_ps();
+}
+[[MESHTENSOR_AVX512]] inline __m512d vzero(__m512d) {
+  return _mm512_setzero_pd();
+}
 [[MESHTENSOR_AVX512]] inline __m512 vfma(__m512 a, __m512 b, __m512 c) {
   return _mm512_fmadd_ps(a, b, c);
 }
 [[MESHTENSOR_AVX512]] inline __m512d vfma(__m512d a, __m512d b, __m512d c) {
   return _mm512_fmadd_pd(a, b, c);
 }
-[[MESHTENSOR_AVX2]] inline __m256 vload(const float* p, __m256) { return _mm256_loadu_ps(p); }
-[[MESHTENSOR_AVX2]] inline __m256d vload(const double* p, __m256d) { return _mm256_loadu_pd(p); }
-[[MESHTENSOR_AVX2]] inline void vstore(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-[[MESHTENSOR_AVX2]] inline void vstore(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
-[[MESHTENSOR_AVX2]] inline __m256 vbroadcast(float x, __m256) { return _mm256_set1_ps(x); }
-[[MESHTENSOR_AVX2]] inline __m256d vbroadcast(double x, __m256d) { return _mm256_set1_pd(x); }
-[[MESHTENSOR_AVX2]] inline __m256 vzero(__m256) { return _mm256_setzero_ps(); }
-[[MESHTENSOR_AVX2]] inline __m256d vzero(__m256d) { return _mm256_setzero_pd(); }
+[[MESHTENSOR_AVX2]] inline __m256 vload(const float* p, __m256) {
+  return _mm256_loadu_ps(p);
+}
+[[MESHTENSOR_AVX2]] inline __m256d vload(const double* p, __m256d) {
+  return _mm256_loadu_pd(p);
+}
+[[MESHTENSOR_AVX2]] inline void vstore(float* p, __m256 v) {
+  _mm256_storeu_ps(p, v);
+}
+[[MESHTENSOR_AVX2]] inline void vstore(double* p, __m256d v) {
+  _mm256_storeu_pd(p, v);
+}
+[[MESHTENSOR_AVX2]] inline __m256 vbroadcast(float x, __m256) {
+  return _mm256_set1_ps(x);
+}
+[[MESHTENSOR_AVX2]] inline __m256d vbroadcast(double x, __m256d) {
+  return _mm256_set1_pd(x);
+}
+[[MESHTENSOR_AVX2]] inline __m256 vzero(__m256) {
+  return _mm256_setzero_ps();
+}
+[[MESHTENSOR_AVX2]] inline __m256d vzero(__m256d) {
+  return _mm256_setzero_pd();
+}
 [[MESHTENSOR_AVX2]] inline __m256 vfma(__m256 a, __m256 b, __m256 c) {
   return _mm256_fmadd_ps(a, b, c);
 }
@@ -177,34 +217,34 @@ struct Vector256<double> {
 };
 
 // The tile is MR rows by NV vectors; the accumulators stay in registers for the whole k loop.
-#define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                        \
-  template <class T, int MR, int NV>                                                            \
-  [[attribute]] void name(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,      \
-                          bool load_c) {                                                        \
-    using V = typename vector<T>::type;                                                         \
-    constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                             \
-    const V tag{};                                                                              \
-    V acc[MR][NV];                                                                              \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                    \
-        acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                 \
-      }                                                                                         \
-    }                                                                                           \
-    for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NV * kLanes) {                          \
-      V bv[NV];                                                                                 \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag);  \
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                   \
-        const V ar = vbroadcast(a[r], tag);                                                     \
-        _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                  \
-          acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                               \
-        }                                                                                       \
-      }                                                                                         \
-    }                                                                                           \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                    \
-        vstore(c + r * ldc + v * kLanes, acc[r][v]);                                            \
-      }                                                                                         \
-    }                                                                                           \
+#define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                       \
+  template <class T, int MR, int NV>                                                           \
+  [[attribute]] void name(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,     \
+                          bool load_c) {                                                       \
+    using V = typename vector<T>::type;                                                        \
+    constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                            \
+    const V tag{};                                                                             \
+    V acc[MR][NV];                                                                             \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                   \
+        acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                \
+      }                                                                                        \
+    }                                                                                          \
+    for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NV * kLanes) {                         \
+      V bv[NV];                                                                                \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag); \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                  \
+        const V ar = vbroadcast(a[r], tag);                                                    \
+        _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                 \
+          acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                              \
+        }                                                                                      \
+      }                                                                                        \
+    }                                                                                          \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
+      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                   \
+        vstore(c + r * ldc + v * kLanes, acc[r][v]);                                           \
+      }                                                                                        \
+    }                                                                                          \
   }
 
 MESHTENSOR_MICRO_KERNEL(micro_avx512, gnu::target("avx512f,fma"), Vector512)
@@ -255,7 +295,8 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
   const std::int64_t block_m = mr * (96 / mr);
   if (k == 0) {
     if (!accumulate)
-      for (std::int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, T{0});
+      for (std::int64_t i = 0; i < m; ++i)
+        std::fill_n(c + i * ldc, n, T{0});
     return;
   }
   thread_local std::vector<T> packed_a;
@@ -322,8 +363,7 @@ Operand operand_of(const Tensor& t, Transpose transpose) {
 }
 
 bool is_matmul_input(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 ||
-         dtype == DType::f16;
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16;
 }
 
 }  // namespace
@@ -338,9 +378,10 @@ void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose t
                                       c.shape().to_string()));
   }
   if (a.dtype() != b.dtype() || !is_matmul_input(a.dtype())) {
-    throw InvalidArgument(fmt::format("matmul needs two f32, f64, bf16 or f16 inputs of one dtype, "
-                                      "got {} and {}",
-                                      dtype_name(a.dtype()), dtype_name(b.dtype())));
+    throw InvalidArgument(
+        fmt::format("matmul needs two f32, f64, bf16 or f16 inputs of one dtype, "
+                    "got {} and {}",
+                    dtype_name(a.dtype()), dtype_name(b.dtype())));
   }
   const DType out = a.dtype() == DType::f64 ? DType::f64 : DType::f32;
   if (c.dtype() != out) {
@@ -355,9 +396,8 @@ void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose t
   const std::int64_t kb = b.shape()[tb ? 1 : 0];
   const std::int64_t n = b.shape()[tb ? 0 : 1];
   if (k != kb || c.shape()[0] != m || c.shape()[1] != n) {
-    throw InvalidArgument(fmt::format(
-        "matmul shapes do not fit: op(a) is {}x{}, op(b) {}x{}, c {}", m, k, kb, n,
-        c.shape().to_string()));
+    throw InvalidArgument(fmt::format("matmul shapes do not fit: op(a) is {}x{}, op(b) {}x{}, c {}",
+                                      m, k, kb, n, c.shape().to_string()));
   }
   if (m == 0 || n == 0) return;
   const Operand lhs = operand_of(a, transpose_a);

@@ -37,8 +37,8 @@ void check_outer(const Parameter& p, const Tensor& x, const Tensor& dy) {
   check_rows(x, shape[0], p, "x");
   check_rows(dy, shape[1], p, "dy");
   if (x.shape()[0] != dy.shape()[0]) {
-    throw InvalidArgument(fmt::format("gradient of '{}': x has {} rows, dy {}", p.name,
-                                      x.shape()[0], dy.shape()[0]));
+    throw InvalidArgument(
+        fmt::format("gradient of '{}': x has {} rows, dy {}", p.name, x.shape()[0], dy.shape()[0]));
   }
 }
 
@@ -64,7 +64,8 @@ void DenseGradients::add_column_sums(const Parameter& p, const Tensor& a) {
   float* sum = view_of(p).values<float>().data();
   const auto values = dense.values<float>();
   for (std::int64_t r = 0; r < dense.shape()[0]; ++r)
-    for (std::int64_t j = 0; j < n; ++j) sum[j] += values[static_cast<std::size_t>(r * n + j)];
+    for (std::int64_t j = 0; j < n; ++j)
+      sum[j] += values[static_cast<std::size_t>(r * n + j)];
 }
 
 void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) {
@@ -83,15 +84,19 @@ void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, co
     }
 }
 
-void DenseGradients::clear() { sums_.fill(0.0); }
+void DenseGradients::clear() {
+  sums_.fill(0.0);
+}
 
 void DenseGradients::finish(std::int64_t divisor) {
-  if (divisor <= 0) throw InvalidArgument(fmt::format("gradient divisor {} is not positive", divisor));
+  if (divisor <= 0)
+    throw InvalidArgument(fmt::format("gradient divisor {} is not positive", divisor));
   const auto d = static_cast<float>(divisor);
   for (Parameter* p : layout_.parameters()) {
     const auto sum = view_of(*p).values<float>();
     auto grad = p->grad.values<float>();
-    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = sum[i] / d;
+    for (std::size_t i = 0; i < grad.size(); ++i)
+      grad[i] = sum[i] / d;
   }
 }
 

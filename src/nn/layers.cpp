@@ -14,8 +14,8 @@ namespace {
 void check_input(const Tensor& input, std::int64_t features, const std::string& module) {
   if (!input.defined() || input.rank() != 2 || input.dtype() != DType::f32 ||
       input.shape()[1] != features) {
-    throw InvalidArgument(fmt::format("{} needs f32 [rows, {}] input, got {} {}", module,
-                                      features, input.defined() ? dtype_name(input.dtype()) : "undefined",
+    throw InvalidArgument(fmt::format("{} needs f32 [rows, {}] input, got {} {}", module, features,
+                                      input.defined() ? dtype_name(input.dtype()) : "undefined",
                                       input.defined() ? input.shape().to_string() : ""));
   }
 }
@@ -69,8 +69,8 @@ Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need
   const Shape expected{input_.shape()[0], weight_.value.shape()[1]};
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != expected) {
-    throw InvalidArgument(fmt::format("{}: the gradient must be f32 {}", describe(),
-                                      expected.to_string()));
+    throw InvalidArgument(
+        fmt::format("{}: the gradient must be f32 {}", describe(), expected.to_string()));
   }
   const Tensor dy = grad_output.contiguous();
   sink.add_outer_products(weight_, input_, dy);
@@ -78,8 +78,7 @@ Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need
   Tensor grad_input;
   if (need_input_grad) {
     grad_input = Tensor(input_.shape(), DType::f32);
-    kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes,
-                    grad_input);
+    kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, grad_input);
   }
   input_ = Tensor();
   return grad_input;
@@ -94,7 +93,8 @@ Tensor ReLU::forward(const Tensor& input) {
   Tensor output(input.shape(), DType::f32);
   const auto x = input_.values<float>();
   auto y = output.values<float>();
-  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
   return output;
 }
 
@@ -107,7 +107,8 @@ Tensor ReLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
     const auto x = input_.values<float>();
     const auto g = dy.values<float>();
     auto out = grad_input.values<float>();
-    for (std::size_t i = 0; i < x.size(); ++i) out[i] = x[i] > 0.0f ? g[i] : 0.0f;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      out[i] = x[i] > 0.0f ? g[i] : 0.0f;
   }
   input_ = Tensor();
   return grad_input;
@@ -125,7 +126,8 @@ Tensor GELU::forward(const Tensor& input) {
   auto y = output.values<float>();
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double v = x[i];
-    y[i] = static_cast<float>(0.5 * v * (1.0 + std::tanh(kGeluScale * (v + kGeluCubic * v * v * v))));
+    y[i] =
+        static_cast<float>(0.5 * v * (1.0 + std::tanh(kGeluScale * (v + kGeluCubic * v * v * v))));
   }
   return output;
 }
@@ -152,8 +154,10 @@ Tensor GELU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
 }
 
 LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) {
-  if (features <= 0) throw InvalidArgument(fmt::format("LayerNorm needs features > 0, got {}", features));
-  if (!(epsilon > 0.0)) throw InvalidArgument(fmt::format("LayerNorm epsilon {} is not positive", epsilon));
+  if (features <= 0)
+    throw InvalidArgument(fmt::format("LayerNorm needs features > 0, got {}", features));
+  if (!(epsilon > 0.0))
+    throw InvalidArgument(fmt::format("LayerNorm epsilon {} is not positive", epsilon));
   weight_ = {"weight", Tensor::full(Shape{features}, DType::f32, 1.0),
              Tensor(Shape{features}, DType::f32)};
   bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32)};
@@ -175,10 +179,12 @@ Tensor LayerNorm::forward(const Tensor& input) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in.data() + r * n;
     double mean = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) mean += row[j];
+    for (std::int64_t j = 0; j < n; ++j)
+      mean += row[j];
     mean /= static_cast<double>(n);
     double variance = 0.0;
-    for (std::int64_t j = 0; j < n; ++j) variance += (row[j] - mean) * (row[j] - mean);
+    for (std::int64_t j = 0; j < n; ++j)
+      variance += (row[j] - mean) * (row[j] - mean);
     variance /= static_cast<double>(n);
     const double inverse = 1.0 / std::sqrt(variance + epsilon_);
     inverse_std_[static_cast<std::size_t>(r)] = inverse;
@@ -219,8 +225,7 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
       const double inverse = inverse_std_[static_cast<std::size_t>(r)];
       for (std::int64_t j = 0; j < n; ++j) {
         const double dxhat = static_cast<double>(g[r * n + j]) * gamma[j];
-        out[r * n + j] =
-            static_cast<float>((dxhat - mean_g - xhat[r * n + j] * mean_gx) * inverse);
+        out[r * n + j] = static_cast<float>((dxhat - mean_g - xhat[r * n + j] * mean_gx) * inverse);
       }
     }
   }

@@ -32,9 +32,11 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
     }
     const float* row = in.data() + r * classes;
     double largest = row[0];
-    for (std::int64_t c = 1; c < classes; ++c) largest = std::max(largest, static_cast<double>(row[c]));
+    for (std::int64_t c = 1; c < classes; ++c)
+      largest = std::max(largest, static_cast<double>(row[c]));
     double total = 0.0;
-    for (std::int64_t c = 0; c < classes; ++c) total += std::exp(row[c] - largest);
+    for (std::int64_t c = 0; c < classes; ++c)
+      total += std::exp(row[c] - largest);
     const double log_total = std::log(total);
     losses[static_cast<std::size_t>(r)] = log_total - (row[label] - largest);
     for (std::int64_t c = 0; c < classes; ++c) {

@@ -17,14 +17,15 @@ Activation parse_activation(const std::string& text) {
 std::vector<std::int64_t> parse_mlp_hidden(const std::string& text) {
   constexpr std::string_view kPrefix = "mlp:";
   if (text.rfind(kPrefix, 0) != 0) {
-    throw ParseError(fmt::format("unknown model '{}' (expected mlp:H1,H2,... e.g. mlp:1024,1024)",
-                                 text));
+    throw ParseError(
+        fmt::format("unknown model '{}' (expected mlp:H1,H2,... e.g. mlp:1024,1024)", text));
   }
   const std::string sizes = text.substr(kPrefix.size());
   std::vector<std::int64_t> hidden;
   if (sizes.empty()) return hidden;
   for (std::string_view part : split(sizes, ',')) {
-    const std::int64_t size = parse_count(part, std::int64_t{1} << 20, fmt::format("model '{}'", text));
+    const std::int64_t size =
+        parse_count(part, std::int64_t{1} << 20, fmt::format("model '{}'", text));
     if (size == 0)
       throw ParseError(fmt::format("hidden size '{}' in model '{}' must be positive", part, text));
     hidden.push_back(size);

@@ -9,13 +9,15 @@ namespace meshtensor::nn {
 void Sequential::add(std::unique_ptr<Module> module) {
   if (!module) throw InvalidArgument("Sequential::add: the module is null");
   const std::size_t index = modules_.size();
-  for (Parameter* p : module->parameters()) p->name = fmt::format("{}.{}", index, p->name);
+  for (Parameter* p : module->parameters())
+    p->name = fmt::format("{}.{}", index, p->name);
   modules_.push_back(std::move(module));
 }
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (auto& module : modules_) x = module->forward(x);
+  for (auto& module : modules_)
+    x = module->forward(x);
   return x;
 }
 
@@ -29,7 +31,8 @@ Tensor Sequential::backward(const Tensor& grad_output, GradientSink& sink, bool 
 std::vector<Parameter*> Sequential::parameters() {
   std::vector<Parameter*> all;
   for (auto& module : modules_)
-    for (Parameter* p : module->parameters()) all.push_back(p);
+    for (Parameter* p : module->parameters())
+      all.push_back(p);
   return all;
 }
 
@@ -51,7 +54,8 @@ std::uint64_t parameters_digest(const std::vector<Parameter*>& parameters) {
 
 std::int64_t parameter_count(const std::vector<Parameter*>& parameters) {
   std::int64_t count = 0;
-  for (const Parameter* p : parameters) count += p->value.numel();
+  for (const Parameter* p : parameters)
+    count += p->value.numel();
   return count;
 }
 

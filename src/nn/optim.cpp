@@ -10,7 +10,8 @@ namespace meshtensor::nn {
 
 std::vector<OptimizerSlot> slots_of(const std::vector<Parameter*>& parameters) {
   std::vector<OptimizerSlot> slots;
-  for (Parameter* p : parameters) slots.push_back({p->value, p->grad});
+  for (Parameter* p : parameters)
+    slots.push_back({p->value, p->grad});
   return slots;
 }
 
@@ -22,8 +23,8 @@ void check_slots(const std::vector<OptimizerSlot>& slots) {
     if (!slot.value.defined() || !slot.grad.defined() || slot.value.dtype() != DType::f32 ||
         slot.grad.dtype() != DType::f32 || slot.value.shape() != slot.grad.shape() ||
         !slot.value.is_contiguous() || !slot.grad.is_contiguous()) {
-      throw InvalidArgument(fmt::format(
-          "optimizer slot {} needs contiguous f32 value and gradient of one shape", i));
+      throw InvalidArgument(
+          fmt::format("optimizer slot {} needs contiguous f32 value and gradient of one shape", i));
     }
   }
 }
@@ -35,7 +36,8 @@ void check_rate(double value, const char* what) {
 
 std::vector<Tensor> zeros_like(const std::vector<OptimizerSlot>& slots) {
   std::vector<Tensor> out;
-  for (const auto& slot : slots) out.emplace_back(slot.value.shape(), DType::f32);
+  for (const auto& slot : slots)
+    out.emplace_back(slot.value.shape(), DType::f32);
   return out;
 }
 
@@ -84,7 +86,8 @@ AdamW::AdamW(std::vector<OptimizerSlot> slots, double weight_decay, double beta1
   check_rate(weight_decay, "weight decay");
   if (!(beta1 >= 0.0 && beta1 < 1.0) || !(beta2 >= 0.0 && beta2 < 1.0))
     throw InvalidArgument(fmt::format("AdamW betas ({}, {}) must lie in [0, 1)", beta1, beta2));
-  if (!(epsilon > 0.0)) throw InvalidArgument(fmt::format("AdamW epsilon {} is not positive", epsilon));
+  if (!(epsilon > 0.0))
+    throw InvalidArgument(fmt::format("AdamW epsilon {} is not positive", epsilon));
 }
 
 void AdamW::step(double lr) {

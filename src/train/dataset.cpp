@@ -1,9 +1,9 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <zlib.h>
 
 #include <fmt/format.h>
-#include <zlib.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
@@ -33,7 +33,7 @@ std::vector<std::uint8_t> gunzip(std::span<const std::byte> bytes, const std::st
     stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(bytes.data() + consumed));
     stream.avail_in = static_cast<uInt>(chunk);
     const std::size_t before = out.size();
-    out.resize(before + (std::size_t{1} << 20));
+    out.resize(before + std::max<std::size_t>(std::size_t{1} << 16, before));
     stream.next_out = out.data() + before;
     stream.avail_out = static_cast<uInt>(out.size() - before);
     status = inflate(&stream, Z_NO_FLUSH);
@@ -47,8 +47,8 @@ std::vector<std::uint8_t> gunzip(std::span<const std::byte> bytes, const std::st
     }
     if (status == Z_BUF_ERROR && consumed == bytes.size() && stream.avail_out != 0) {
       inflateEnd(&stream);
-      throw DataError(fmt::format("{}: the gzip stream is truncated (it ends after {} bytes)",
-                                  name, bytes.size()));
+      throw DataError(fmt::format("{}: the gzip stream is truncated (it ends after {} bytes)", name,
+                                  bytes.size()));
     }
     if (static_cast<std::int64_t>(out.size()) > kMaxIdxBytes) {
       inflateEnd(&stream);
@@ -78,29 +78,30 @@ IdxArray parse_idx(std::span<const std::byte> bytes, int expected_dims, const st
     throw DataError(fmt::format("{}: {} bytes is too short for an IDX header", name, raw.size()));
   }
   if (raw[0] != 0 || raw[1] != 0) {
-    throw DataError(fmt::format("{}: bad magic {:02x}{:02x}{:02x}{:02x} (an IDX file starts with "
-                                "two zero bytes)",
-                                name, raw[0], raw[1], raw[2], raw[3]));
+    throw DataError(
+        fmt::format("{}: bad magic {:02x}{:02x}{:02x}{:02x} (an IDX file starts with "
+                    "two zero bytes)",
+                    name, raw[0], raw[1], raw[2], raw[3]));
   }
   if (raw[2] != 0x08) {
-    throw DataError(fmt::format("{}: element type 0x{:02x} is not unsigned byte (0x08)", name,
-                                raw[2]));
+    throw DataError(
+        fmt::format("{}: element type 0x{:02x} is not unsigned byte (0x08)", name, raw[2]));
   }
   if (raw[3] != expected_dims) {
-    throw DataError(
-        fmt::format("{}: {} dims where {} were expected", name, raw[3], expected_dims));
+    throw DataError(fmt::format("{}: {} dims where {} were expected", name, raw[3], expected_dims));
   }
   const std::size_t header = 4 + 4 * static_cast<std::size_t>(expected_dims);
   if (raw.size() < header) {
-    throw DataError(fmt::format("{}: truncated header ({} bytes, {} needed)", name, raw.size(),
-                                header));
+    throw DataError(
+        fmt::format("{}: truncated header ({} bytes, {} needed)", name, raw.size(), header));
   }
   IdxArray array;
   std::int64_t elements = 1;
   for (int d = 0; d < expected_dims; ++d) {
     const std::int64_t size = read_be32(raw.data() + 4 + 4 * d);
     if (size <= 0 || size > kMaxIdxBytes / elements) {
-      throw DataError(fmt::format("{}: dim {} has size {}, which is not valid here", name, d, size));
+      throw DataError(
+          fmt::format("{}: dim {} has size {}, which is not valid here", name, d, size));
     }
     elements *= size;
     array.dims.push_back(size);
@@ -121,7 +122,8 @@ IdxArray parse_idx(std::span<const std::byte> bytes, int expected_dims, const st
 IdxArray read_idx(const std::string& path, int expected_dims) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw DataError(fmt::format("{}: cannot open the file", path));
-  std::vector<char> content((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::vector<char> content((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
   if (file.bad()) throw DataError(fmt::format("{}: read error", path));
   return parse_idx(std::as_bytes(std::span<const char>(content)), expected_dims, path);
 }
@@ -132,9 +134,10 @@ std::string find_file(const std::string& dir, const std::string& base) {
   for (const std::string& candidate : {dir + "/" + base + ".gz", dir + "/" + base}) {
     if (std::ifstream(candidate).good()) return candidate;
   }
-  throw DataError(fmt::format("{}/{}[.gz]: no such file (the directory needs the four IDX files "
-                              "of MNIST or Fashion-MNIST)",
-                              dir, base));
+  throw DataError(
+      fmt::format("{}/{}[.gz]: no such file (the directory needs the four IDX files "
+                  "of MNIST or Fashion-MNIST)",
+                  dir, base));
 }
 
 ImageSet load_set(const std::string& dir, const std::string& prefix) {
@@ -170,7 +173,8 @@ Dataset load_dataset(const std::string& dir) {
 
 std::vector<std::int64_t> epoch_order(std::int64_t count, std::uint64_t seed, std::int64_t epoch) {
   std::vector<std::int64_t> order(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) order[static_cast<std::size_t>(i)] = i;
+  for (std::int64_t i = 0; i < count; ++i)
+    order[static_cast<std::size_t>(i)] = i;
   const std::uint64_t stream = mix64(seed ^ mix64(static_cast<std::uint64_t>(epoch) + 1));
   for (std::int64_t i = count - 1; i > 0; --i) {
     const std::int64_t j = uniform_int_sample(stream, static_cast<std::uint64_t>(i), 0, i);

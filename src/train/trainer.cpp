@@ -122,10 +122,11 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   double total_train_seconds = 0.0;
   std::int64_t total_samples_done = 0;
   const std::int64_t total_samples =
-      config.steps > 0 ? std::min(total_steps * config.batch,
-                                  (total_steps / steps_per_epoch) * samples +
-                                      std::min(samples, (total_steps % steps_per_epoch) * config.batch))
-                       : config.epochs * samples;
+      config.steps > 0
+          ? std::min(total_steps * config.batch,
+                     (total_steps / steps_per_epoch) * samples +
+                         std::min(samples, (total_steps % steps_per_epoch) * config.batch))
+          : config.epochs * samples;
 
   while (step < total_steps) {
     ++epoch;
@@ -157,7 +158,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
         if (exact) {
           kernels::add_column_sums(loss_sums, 0, loss.losses.reshape(Shape{micro.size, 1}));
         } else {
-          for (const double value : loss.losses.values<double>()) loss_local += value;
+          for (const double value : loss.losses.values<double>())
+            loss_local += value;
         }
         correct_local += loss.correct;
         model->backward(loss.grad_logits, sink, /*need_input_grad=*/false);
@@ -195,8 +197,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
         progress.samples_total = epoch_samples;
         progress.loss = batch_loss_sum / static_cast<double>(global_batch);
         progress.samples_per_second = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
-        const double rate = (static_cast<double>(total_samples_done + done)) /
-                            (total_train_seconds + elapsed);
+        const double rate =
+            (static_cast<double>(total_samples_done + done)) / (total_train_seconds + elapsed);
         progress.eta_seconds =
             rate > 0 ? static_cast<double>(total_samples - total_samples_done - done) / rate : 0.0;
         callbacks.on_step(progress);
@@ -219,19 +221,17 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
           ++test_correct;
     }
     Tensor test_metric = Tensor::full(Shape{1}, DType::f64, static_cast<double>(test_correct));
-    world.all_reduce(test_metric,
-                     reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+    world.all_reduce(test_metric, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
 
     EpochReport report;
     report.epoch = epoch;
     report.steps = step;
     report.samples = epoch_samples;
     report.train_loss = loss_total / static_cast<double>(epoch_samples);
-    report.train_accuracy =
-        static_cast<double>(correct_total) / static_cast<double>(epoch_samples);
-    report.test_accuracy = data.test.count > 0 ? test_metric.values<double>()[0] /
-                                                     static_cast<double>(data.test.count)
-                                               : 0.0;
+    report.train_accuracy = static_cast<double>(correct_total) / static_cast<double>(epoch_samples);
+    report.test_accuracy =
+        data.test.count > 0 ? test_metric.values<double>()[0] / static_cast<double>(data.test.count)
+                            : 0.0;
     report.seconds = train_seconds;
     report.samples_per_second =
         train_seconds > 0 ? static_cast<double>(epoch_samples) / train_seconds : 0.0;

@@ -23,10 +23,18 @@ namespace meshtensor::kernels {
 /// Floor: addends within 2^-64 of the element's largest are added exactly; each addend loses at
 /// most 2^-64 of the largest addend. Products of f32 values are exact in f64, so sums of
 /// products of f32 inputs (x^T·dy, column sums, column dot products) are the exact sums of those
-/// products down to that floor. A non-finite addend (or one of 2^256 or more) makes the element NaN.
+/// products down to that floor. A non-finite addend (or one of 2^256 or more) makes the element
+/// NaN.
 struct BinnedSums {
   /// An empty accumulator for `count` elements: bins at kLowestBin, digits zero.
   explicit BinnedSums(std::int64_t count = 0);
+  /// Copies are deep (unlike Tensor handles): each accumulator owns its state.
+  BinnedSums(const BinnedSums& other);
+  /// Deep copy.
+  BinnedSums& operator=(const BinnedSums& other);
+  BinnedSums(BinnedSums&&) noexcept = default;
+  BinnedSums& operator=(BinnedSums&&) noexcept = default;
+  ~BinnedSums() = default;
 
   /// Number of elements.
   std::int64_t count() const { return bins.numel(); }
@@ -51,8 +59,7 @@ inline constexpr std::int64_t kMaxBinnedAddends = std::int64_t{1} << 21;
 void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy);
 
 /// sums[offset + j] += sum over r of a[r][j] * b[r][j] (f32 [rows, n] each).
-void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
-                         const Tensor& b);
+void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b);
 
 /// sums[offset + j] += sum over r of a[r][j] (f32 or f64 [rows, n]).
 void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a);

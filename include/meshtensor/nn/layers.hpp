@@ -63,7 +63,7 @@ class LayerNorm : public Module {
   Parameter weight_;
   Parameter bias_;
   double epsilon_;
-  Tensor normalized_;         // x̂, f32 [rows, features]
+  Tensor normalized_;                // x̂, f32 [rows, features]
   std::vector<double> inverse_std_;  // per row
 };
 

@@ -22,16 +22,16 @@ OptimizerKind parse_optimizer(const std::string& text);
 /// sees the same global batches in the same order.
 struct TrainConfig {
   nn::MlpConfig model;
-  std::int64_t epochs = 10;      ///< used when steps == 0
-  std::int64_t steps = 0;        ///< total optimizer steps; 0: run `epochs` whole epochs
-  std::int64_t batch = 256;      ///< global batch (the last batch of an epoch may be smaller)
+  std::int64_t epochs = 10;        ///< used when steps == 0
+  std::int64_t steps = 0;          ///< total optimizer steps; 0: run `epochs` whole epochs
+  std::int64_t batch = 256;        ///< global batch (the last batch of an epoch may be smaller)
   std::int64_t micro_batches = 1;  ///< each rank's slice is split into this many pieces
   OptimizerKind optimizer = OptimizerKind::adamw;
-  nn::LrSchedule schedule;       ///< base rate, warmup and kind; total_steps is set by train()
+  nn::LrSchedule schedule;  ///< base rate, warmup and kind; total_steps is set by train()
   double weight_decay = 0.0;
-  double momentum = 0.9;         ///< SGD only
+  double momentum = 0.9;  ///< SGD only
   comm::ReductionMode mode = comm::ReductionMode::ordered;
-  std::uint64_t seed = 0;        ///< initial weights and the data order
+  std::uint64_t seed = 0;  ///< initial weights and the data order
 };
 
 /// Progress inside an epoch (for a progress bar).
@@ -41,15 +41,15 @@ struct StepProgress {
   std::int64_t samples_total = 0;  ///< samples this epoch will see
   double loss = 0.0;               ///< mean loss of the last global batch
   double samples_per_second = 0.0;
-  double eta_seconds = 0.0;        ///< until the end of the run
+  double eta_seconds = 0.0;  ///< until the end of the run
 };
 
 /// One finished epoch (or the partial epoch a --steps run ends in).
 struct EpochReport {
   std::int64_t epoch = 0;
-  std::int64_t steps = 0;          ///< optimizer steps taken so far in the run
-  std::int64_t samples = 0;        ///< samples of this epoch
-  double train_loss = 0.0;         ///< mean over the epoch's samples
+  std::int64_t steps = 0;    ///< optimizer steps taken so far in the run
+  std::int64_t samples = 0;  ///< samples of this epoch
+  double train_loss = 0.0;   ///< mean over the epoch's samples
   double train_accuracy = 0.0;
   double test_accuracy = 0.0;
   double samples_per_second = 0.0;
@@ -60,7 +60,7 @@ struct EpochReport {
 struct TrainResult {
   std::vector<EpochReport> epochs;
   double test_accuracy = 0.0;
-  std::uint64_t digest = 0;       ///< of the trained weights (nn::parameters_digest)
+  std::uint64_t digest = 0;         ///< of the trained weights (nn::parameters_digest)
   bool replicas_identical = false;  ///< every rank ended with the digest of rank 0
   std::int64_t steps = 0;
   std::int64_t parameters = 0;

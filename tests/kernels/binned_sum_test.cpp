@@ -1,0 +1,163 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/simd.hpp>
+
+#include "support/exact_sum_reference.hpp"
+
+namespace meshtensor::kernels {
+namespace {
+
+/// f32 values spread over many binades (and some zeros), so windows move as addends arrive.
+Tensor spread(std::int64_t rows, std::int64_t cols, std::uint64_t seed, int binades = 40) {
+  Tensor t(Shape{rows, cols}, DType::f32);
+  auto v = t.values<float>();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::int64_t e = uniform_int_sample(seed, 2 * i, -binades, binades / 4);
+    const double sign = uniform_int_sample(seed, 2 * i + 1, 0, 9) == 0 ? 0.0 : 1.0;
+    v[i] = static_cast<float>(sign * normal_sample(seed + 1, i) * std::ldexp(1.0, static_cast<int>(e)));
+  }
+  return t;
+}
+
+std::vector<std::uint32_t> bits_of(const Tensor& t) {
+  std::vector<std::uint32_t> out(static_cast<std::size_t>(t.numel()));
+  std::memcpy(out.data(), t.bytes().data(), t.nbytes());
+  return out;
+}
+
+Tensor rounded(const BinnedSums& sums, std::int64_t divisor = 1) {
+  Tensor out(Shape{sums.count()}, DType::f32);
+  round_binned_sums(sums, divisor, out);
+  return out;
+}
+
+TEST(BinnedSums, OuterProductsAreCorrectlyRoundedExactSums) {
+  const Tensor x = spread(60, 7, 1, 20);
+  const Tensor dy = spread(60, 5, 2, 20);
+  BinnedSums sums(35);
+  add_outer_products(sums, 0, x, dy);
+  for (const std::int64_t divisor : {1, 3, 60}) {
+    const auto got = bits_of(rounded(sums, divisor));
+    for (std::int64_t i = 0; i < 7; ++i) {
+      for (std::int64_t j = 0; j < 5; ++j) {
+        testing::ExactSumReference reference;
+        for (std::int64_t r = 0; r < 60; ++r) {
+          reference.add(static_cast<double>(x.values<float>()[static_cast<std::size_t>(r * 7 + i)]) *
+                        dy.values<float>()[static_cast<std::size_t>(r * 5 + j)]);
+        }
+        EXPECT_EQ(got[static_cast<std::size_t>(i * 5 + j)],
+                  static_cast<std::uint32_t>(reference.rounded(8, 23, static_cast<std::uint64_t>(divisor))))
+            << i << "," << j << " / " << divisor;
+      }
+    }
+  }
+}
+
+TEST(BinnedSums, AnySplitAndOrderOfTheRowsGivesTheSameBits) {
+  const Tensor x = spread(97, 9, 3);
+  const Tensor dy = spread(97, 11, 4);
+  BinnedSums whole(99);
+  add_outer_products(whole, 0, x, dy);
+  const auto expected = bits_of(rounded(whole, 97));
+  for (std::uint64_t trial = 0; trial < 20; ++trial) {
+    // Rows in a shuffled order, cut into pieces, each piece in its own accumulator (a rank or a
+    // micro-batch), merged in another order.
+    std::vector<std::int64_t> order(97);
+    std::iota(order.begin(), order.end(), 0);
+    for (std::int64_t i = 96; i > 0; --i)
+      std::swap(order[static_cast<std::size_t>(i)],
+                order[static_cast<std::size_t>(uniform_int_sample(trial, static_cast<std::uint64_t>(i), 0, i))]);
+    const std::int64_t pieces = 1 + static_cast<std::int64_t>(trial % 7);
+    std::vector<BinnedSums> parts(static_cast<std::size_t>(pieces), BinnedSums(99));
+    for (std::int64_t p = 0; p < pieces; ++p) {
+      const std::int64_t begin = 97 * p / pieces;
+      const std::int64_t end = 97 * (p + 1) / pieces;
+      // Add the piece's rows one at a time (windows rise as larger addends arrive).
+      for (std::int64_t r = begin; r < end; ++r) {
+        const std::int64_t row = order[static_cast<std::size_t>(r)];
+        add_outer_products(parts[static_cast<std::size_t>(p)], 0, x.narrow(0, row, 1).contiguous(),
+                           dy.narrow(0, row, 1).contiguous());
+      }
+    }
+    BinnedSums merged(99);
+    for (std::int64_t p = pieces; p-- > 0;) merge_binned_sums(merged, parts[static_cast<std::size_t>(p)]);
+    ASSERT_EQ(bits_of(rounded(merged, 97)), expected) << "trial " << trial;
+  }
+}
+
+TEST(BinnedSums, ALateLargeAddendDropsTheSameBitsAsIfItCameFirst) {
+  Tensor small = Tensor::from_values(Shape{3, 1}, DType::f32, std::vector<double>{1e-30, 3e-25, -7e-28});
+  Tensor large = Tensor::from_values(Shape{1, 1}, DType::f32, std::vector<double>{1e12});
+  BinnedSums late(1);
+  add_column_sums(late, 0, small);
+  add_column_sums(late, 0, large);
+  BinnedSums early(1);
+  add_column_sums(early, 0, large);
+  add_column_sums(early, 0, small);
+  EXPECT_EQ(bits_of(rounded(late)), bits_of(rounded(early)));
+  EXPECT_EQ(rounded(late).values<float>()[0], 1e12f);
+}
+
+TEST(BinnedSums, ColumnProductsAndSumsMatchTheReference) {
+  const Tensor a = spread(40, 6, 5, 10);
+  const Tensor b = spread(40, 6, 6, 10);
+  BinnedSums sums(12);
+  add_column_products(sums, 0, a, b);
+  add_column_sums(sums, 6, a);
+  const auto got = bits_of(rounded(sums));
+  for (std::int64_t j = 0; j < 6; ++j) {
+    testing::ExactSumReference products;
+    testing::ExactSumReference plain;
+    for (std::int64_t r = 0; r < 40; ++r) {
+      const auto i = static_cast<std::size_t>(r * 6 + j);
+      products.add(static_cast<double>(a.values<float>()[i]) * b.values<float>()[i]);
+      plain.add(a.values<float>()[i]);
+    }
+    EXPECT_EQ(got[static_cast<std::size_t>(j)], products.rounded(8, 23));
+    EXPECT_EQ(got[static_cast<std::size_t>(6 + j)], plain.rounded(8, 23));
+  }
+}
+
+TEST(BinnedSums, NonFiniteAddendsMakeTheCanonicalNan) {
+  Tensor a = Tensor::from_values(Shape{2, 2}, DType::f32,
+                                 std::vector<double>{INFINITY, 1.0, 2.0, NAN});
+  BinnedSums sums(2);
+  add_column_sums(sums, 0, a);
+  EXPECT_EQ(bits_of(rounded(sums)), (std::vector<std::uint32_t>{0x7fc00000u, 0x7fc00000u}));
+}
+
+TEST(BinnedSums, EverySimdLevelGivesTheSameBits) {
+  const Tensor x = spread(50, 20, 7);
+  const Tensor dy = spread(50, 37, 8);
+  std::vector<std::vector<std::uint32_t>> results;
+  for (auto level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+    if (static_cast<int>(level) > static_cast<int>(best_simd_level())) continue;
+    set_simd_level(level);
+    BinnedSums sums(740);
+    add_outer_products(sums, 0, x, dy);
+    results.push_back(bits_of(rounded(sums, 50)));
+  }
+  set_simd_level(best_simd_level());
+  for (const auto& r : results) EXPECT_EQ(r, results.front());
+}
+
+TEST(BinnedSums, RejectsInputsThatDoNotFit) {
+  BinnedSums sums(6);
+  EXPECT_THROW(add_outer_products(sums, 0, spread(4, 2, 1), spread(4, 4, 2)), InvalidArgument);
+  EXPECT_THROW(add_outer_products(sums, 0, spread(4, 2, 1), spread(5, 3, 2)), InvalidArgument);
+  EXPECT_THROW(add_column_sums(sums, 4, spread(4, 3, 1)), InvalidArgument);
+  Tensor out(Shape{6}, DType::f32);
+  EXPECT_THROW(round_binned_sums(sums, 0, out), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtensor::kernels

@@ -1,0 +1,190 @@
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/nn/layers.hpp>
+#include <meshtensor/nn/loss.hpp>
+#include <meshtensor/nn/mlp.hpp>
+#include <meshtensor/nn/optim.hpp>
+
+namespace meshtensor::nn {
+namespace {
+
+/// L = sum(module(x) * g): its gradient with respect to the output is g.
+double objective(Module& module, const Tensor& x, const Tensor& g) {
+  const Tensor y = module.forward(x);
+  double total = 0.0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(y.numel()); ++i)
+    total += static_cast<double>(y.values<float>()[i]) * g.values<float>()[i];
+  return total;
+}
+
+/// Checks backward's input and parameter gradients against central differences of the objective.
+void check_gradients(Module& module, const Tensor& x, double tolerance) {
+  const Tensor g = Tensor::random_normal(Shape{x.shape()[0], module.forward(x).shape()[1]}, DType::f32, 77);
+  DenseGradients sink(module.parameters());
+  sink.clear();
+  module.forward(x);
+  const Tensor dx = module.backward(g, sink, true);
+  sink.finish(1);
+  const float h = 1e-2f;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    Tensor plus = x.clone();
+    Tensor minus = x.clone();
+    plus.values<float>()[static_cast<std::size_t>(i)] += h;
+    minus.values<float>()[static_cast<std::size_t>(i)] -= h;
+    const double numeric = (objective(module, plus, g) - objective(module, minus, g)) / (2 * h);
+    EXPECT_NEAR(dx.values<float>()[static_cast<std::size_t>(i)], numeric, tolerance) << "input " << i;
+  }
+  for (Parameter* p : module.parameters()) {
+    for (std::int64_t i = 0; i < p->value.numel(); ++i) {
+      float& value = p->value.values<float>()[static_cast<std::size_t>(i)];
+      const float saved = value;
+      value = saved + h;
+      const double up = objective(module, x, g);
+      value = saved - h;
+      const double down = objective(module, x, g);
+      value = saved;
+      EXPECT_NEAR(p->grad.values<float>()[static_cast<std::size_t>(i)], (up - down) / (2 * h), tolerance)
+          << p->name << " " << i;
+    }
+  }
+}
+
+TEST(Modules, LinearGradientsMatchFiniteDifferences) {
+  Linear linear(5, 3, 1);
+  check_gradients(linear, Tensor::random_normal(Shape{4, 5}, DType::f32, 2), 2e-2);
+}
+
+TEST(Modules, LayerNormGradientsMatchFiniteDifferences) {
+  LayerNorm norm(6);
+  // Non-trivial scale and shift.
+  norm.parameters()[0]->value.copy_from(Tensor::random_normal(Shape{6}, DType::f32, 3));
+  norm.parameters()[1]->value.copy_from(Tensor::random_normal(Shape{6}, DType::f32, 4));
+  check_gradients(norm, Tensor::random_normal(Shape{3, 6}, DType::f32, 5), 3e-2);
+}
+
+TEST(Modules, GeluAndReluGradientsMatchFiniteDifferences) {
+  GELU gelu;
+  check_gradients(gelu, Tensor::random_normal(Shape{3, 4}, DType::f32, 6), 2e-2);
+  ReLU relu;
+  // Away from the kink at 0.
+  Tensor x = Tensor::from_values(Shape{1, 4}, DType::f32, std::vector<double>{-1.5, -0.2, 0.3, 2.0});
+  check_gradients(relu, x, 1e-3);
+}
+
+TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
+  MlpConfig config;
+  config.inputs = 12;
+  config.hidden = {9};
+  config.outputs = 4;
+  config.layernorm = true;
+  auto model = make_mlp(config);
+  const Tensor x = Tensor::random_normal(Shape{20, 12}, DType::f32, 8);
+  const std::vector<std::uint8_t> labels = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  DenseGradients dense(model->parameters());
+  BinnedGradients exact(model->parameters());
+  std::vector<Tensor> dense_grads;
+  for (GradientSink* sink : {static_cast<GradientSink*>(&dense), static_cast<GradientSink*>(&exact)}) {
+    const CrossEntropyResult loss = softmax_cross_entropy(model->forward(x), labels);
+    model->backward(loss.grad_logits, *sink, false);
+    if (sink == &dense) {
+      dense.finish(20);
+      for (Parameter* p : model->parameters()) dense_grads.push_back(p->grad.clone());
+    } else {
+      exact.finish(20);
+    }
+  }
+  const auto parameters = model->parameters();
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto a = dense_grads[i].values<float>();
+    const auto b = parameters[i]->grad.values<float>();
+    for (std::size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-5) << parameters[i]->name;
+  }
+}
+
+TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {
+  const Tensor logits = Tensor::from_values(Shape{2, 3}, DType::f32, std::vector<double>{1, 2, 3, 0, 0, 5});
+  const CrossEntropyResult result = softmax_cross_entropy(logits, {2, 0});
+  EXPECT_NEAR(result.losses.values<double>()[0], std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3, 1e-12);
+  EXPECT_NEAR(result.losses.values<double>()[1], std::log(2 + std::exp(5)), 1e-12);
+  EXPECT_EQ(result.correct, 1);
+  for (int r = 0; r < 2; ++r) {
+    double row = 0;
+    for (int c = 0; c < 3; ++c) row += result.grad_logits.values<float>()[static_cast<std::size_t>(r * 3 + c)];
+    EXPECT_NEAR(row, 0.0, 1e-6);
+  }
+  EXPECT_THROW(softmax_cross_entropy(logits, {3, 0}), InvalidArgument);
+}
+
+TEST(Optimizers, AdamWFollowsTheReferenceUpdate) {
+  Tensor w = Tensor::from_values(Shape{2}, DType::f32, std::vector<double>{1.0, -2.0});
+  Tensor g = Tensor::from_values(Shape{2}, DType::f32, std::vector<double>{0.5, 0.25});
+  AdamW adam({{w, g}}, 0.1);
+  adam.step(0.01);
+  adam.step(0.01);
+  // Reference in double, two steps.
+  double ref[2] = {1.0, -2.0};
+  double m[2] = {0, 0}, v[2] = {0, 0};
+  const double grads[2] = {0.5, 0.25};
+  for (int t = 1; t <= 2; ++t) {
+    for (int i = 0; i < 2; ++i) {
+      ref[i] *= 1 - 0.01 * 0.1;
+      m[i] = 0.9 * m[i] + 0.1 * grads[i];
+      v[i] = 0.999 * v[i] + 0.001 * grads[i] * grads[i];
+      const double mhat = m[i] / (1 - std::pow(0.9, t));
+      const double vhat = v[i] / (1 - std::pow(0.999, t));
+      ref[i] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-8);
+    }
+  }
+  EXPECT_NEAR(w.values<float>()[0], ref[0], 1e-6);
+  EXPECT_NEAR(w.values<float>()[1], ref[1], 1e-6);
+}
+
+TEST(Optimizers, SgdWithMomentumAndWeightDecay) {
+  Tensor w = Tensor::from_values(Shape{1}, DType::f32, std::vector<double>{1.0});
+  Tensor g = Tensor::from_values(Shape{1}, DType::f32, std::vector<double>{0.5});
+  SGD sgd({{w, g}}, 0.9, 0.1);
+  sgd.step(0.1);  // g' = 0.6, buf = 0.6, w = 0.94
+  EXPECT_FLOAT_EQ(w.values<float>()[0], 0.94f);
+  sgd.step(0.1);  // g' = 0.594, buf = 0.54 + 0.594 = 1.134, w = 0.94 - 0.1134
+  EXPECT_NEAR(w.values<float>()[0], 0.8266, 1e-6);
+}
+
+TEST(Optimizers, ScheduleWarmsUpThenDecaysToZero) {
+  LrSchedule schedule{LrSchedule::Kind::cosine, 1.0, 10, 110};
+  EXPECT_DOUBLE_EQ(schedule.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(schedule.at(9), 1.0);
+  EXPECT_DOUBLE_EQ(schedule.at(10), 1.0);
+  EXPECT_NEAR(schedule.at(60), 0.5, 1e-12);
+  EXPECT_NEAR(schedule.at(110), 0.0, 1e-12);
+  LrSchedule constant{LrSchedule::Kind::constant, 0.3, 0, 5};
+  EXPECT_DOUBLE_EQ(constant.at(4), 0.3);
+}
+
+TEST(Mlp, TheSameSeedGivesTheSameBitsAndAnotherSeedOthers) {
+  MlpConfig config;
+  config.hidden = {32, 16};
+  config.seed = 5;
+  const auto a = make_mlp(config);
+  const auto b = make_mlp(config);
+  EXPECT_EQ(parameters_digest(a->parameters()), parameters_digest(b->parameters()));
+  config.seed = 6;
+  EXPECT_NE(parameters_digest(a->parameters()), parameters_digest(make_mlp(config)->parameters()));
+  EXPECT_EQ(a->describe(), "Sequential(Linear(784, 32), ReLU, Linear(32, 16), ReLU, Linear(16, 10))");
+}
+
+TEST(Mlp, ModelSyntaxErrorsNameTheBadPart) {
+  EXPECT_EQ(parse_mlp_hidden("mlp:1024,512"), (std::vector<std::int64_t>{1024, 512}));
+  EXPECT_TRUE(parse_mlp_hidden("mlp:").empty());
+  for (const char* bad : {"cnn:3", "mlp:0", "mlp:-4", "mlp:12,,3", "mlp:1x"}) {
+    EXPECT_THROW(parse_mlp_hidden(bad), ParseError) << bad;
+  }
+  EXPECT_THROW(parse_activation("tanh"), ParseError);
+}
+
+}  // namespace
+}  // namespace meshtensor::nn

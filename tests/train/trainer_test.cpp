@@ -1,0 +1,110 @@
+#include <mutex>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/train/trainer.hpp>
+
+namespace meshtensor::train {
+namespace {
+
+/// A small learnable problem: the label is the brightest of 10 pixel groups, plus noise.
+Dataset synthetic(std::int64_t train_count, std::int64_t test_count) {
+  const auto make = [](std::int64_t count, std::uint64_t seed) {
+    ImageSet set{count, 4, 5, std::vector<std::uint8_t>(static_cast<std::size_t>(count * 20)),
+                 std::vector<std::uint8_t>(static_cast<std::size_t>(count))};
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto label = static_cast<std::uint8_t>(uniform_int_sample(seed, static_cast<std::uint64_t>(i), 0, 9));
+      set.labels[static_cast<std::size_t>(i)] = label;
+      for (std::int64_t f = 0; f < 20; ++f) {
+        const std::int64_t noise = uniform_int_sample(seed + 1, static_cast<std::uint64_t>(i * 20 + f), 0, 120);
+        set.pixels[static_cast<std::size_t>(i * 20 + f)] =
+            static_cast<std::uint8_t>(noise + (f / 2 == label ? 120 : 0));
+      }
+    }
+    return set;
+  };
+  return {make(train_count, 1), make(test_count, 2)};
+}
+
+TrainResult run(const Dataset& data, const TrainConfig& config, int ranks) {
+  std::mutex mutex;
+  std::vector<TrainResult> results(static_cast<std::size_t>(ranks));
+  comm::run_threads(ranks, [&](comm::Communicator& world) {
+    TrainResult result = train(world, data, config);
+    const std::lock_guard lock(mutex);
+    results[static_cast<std::size_t>(world.rank())] = result;
+  });
+  for (const auto& r : results) EXPECT_EQ(r.digest, results.front().digest);
+  return results.front();
+}
+
+TrainConfig small_config(comm::ReductionMode mode) {
+  TrainConfig config;
+  config.model.hidden = {24, 16};
+  config.model.layernorm = true;
+  config.model.activation = nn::Activation::gelu;
+  config.steps = 9;
+  config.batch = 37;  // uneven over every rank count below
+  config.mode = mode;
+  config.schedule.base = 3e-3;
+  config.schedule.warmup_steps = 2;
+  config.schedule.kind = nn::LrSchedule::Kind::cosine;
+  config.weight_decay = 0.01;
+  config.seed = 11;
+  return config;
+}
+
+TEST(Train, ExactWeightsAreTheSameBitsOnEveryLayoutAndMicroBatchSplit) {
+  const Dataset data = synthetic(150, 50);  // the epoch ends in a partial batch
+  const TrainConfig base = small_config(comm::ReductionMode::exact);
+  const TrainResult reference = run(data, base, 1);
+  EXPECT_TRUE(reference.replicas_identical);
+  for (const auto& [ranks, micro] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 1}, std::pair{8, 1},
+                                     std::pair{1, 5}, std::pair{3, 40}}) {
+    TrainConfig config = base;
+    config.micro_batches = micro;
+    const TrainResult result = run(data, config, ranks);
+    EXPECT_EQ(result.digest, reference.digest) << ranks << " ranks, " << micro << " micro-batches";
+    EXPECT_TRUE(result.replicas_identical);
+    EXPECT_EQ(result.epochs.back().train_loss, reference.epochs.back().train_loss);
+  }
+  TrainConfig sgd = base;
+  sgd.optimizer = OptimizerKind::sgd;
+  EXPECT_EQ(run(data, sgd, 2).digest, run(data, sgd, 3).digest);
+}
+
+TEST(Train, OrderedReplicasAreIdenticalAndARerunRepeatsThem) {
+  const Dataset data = synthetic(150, 50);
+  const TrainConfig config = small_config(comm::ReductionMode::ordered);
+  const TrainResult first = run(data, config, 3);
+  EXPECT_TRUE(first.replicas_identical);
+  EXPECT_EQ(run(data, config, 3).digest, first.digest);
+}
+
+TEST(Train, LearnsTheSyntheticProblem) {
+  const Dataset data = synthetic(2000, 500);
+  TrainConfig config = small_config(comm::ReductionMode::ordered);
+  config.steps = 0;
+  config.epochs = 3;
+  config.batch = 50;
+  const TrainResult result = run(data, config, 2);
+  ASSERT_EQ(result.epochs.size(), 3u);
+  EXPECT_GT(result.test_accuracy, 0.8);
+  EXPECT_LT(result.epochs.back().train_loss, result.epochs.front().train_loss);
+}
+
+TEST(Train, RejectsBadSettings) {
+  const Dataset data = synthetic(10, 5);
+  TrainConfig config = small_config(comm::ReductionMode::ordered);
+  config.batch = 0;
+  EXPECT_THROW(run(data, config, 1), InvalidArgument);
+  config = small_config(comm::ReductionMode::ordered);
+  config.micro_batches = 0;
+  EXPECT_THROW(run(data, config, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtensor::train
