@@ -15,6 +15,7 @@
 #include "backend.hpp"
 #include "collective_bench.hpp"
 #include "commands.hpp"
+#include "matmul_bench.hpp"
 #include "options.hpp"
 #include "redistribute_bench.hpp"
 
@@ -332,6 +333,53 @@ void run_redistribute_bench(const RedistributeBenchOptions& options) {
 }
 
 // Planning cases from 1-D to 4-D meshes, uneven shapes, nested shards and partials.
+void run_matmul_bench_command(bool json, const std::string& iterations_text) {
+  const int iterations =
+      static_cast<int>(integer_option("--iterations", iterations_text, 0, 100000));
+  const auto rows = bench::run_matmul_bench(bench::default_matmul_shapes(), iterations);
+  const auto exact = bench::run_exact_gradient_bench(0.5, iterations);
+  if (json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows) {
+      out.push_back({{"form", r.shape.form},
+                     {"m", r.shape.m},
+                     {"n", r.shape.n},
+                     {"k", r.shape.k},
+                     {"gflops", r.gflops},
+                     {"openblas_gflops", r.openblas_gflops},
+                     {"ratio", r.ratio}});
+    }
+    for (const auto& r : exact) {
+      out.push_back({{"form", "exact xᵀ·dy"},
+                     {"m", r.shape.m},
+                     {"n", r.shape.n},
+                     {"k", r.shape.k},
+                     {"exact_s", r.exact_seconds},
+                     {"ordered_s", r.ordered_seconds},
+                     {"time_ratio", r.ratio}});
+    }
+    std::cout << out.dump(2) << '\n';
+    return;
+  }
+  std::cout << "matmul f32, one thread: meshtensor (batch-invariant) against OpenBLAS sgemm, same "
+               "run\n";
+  std::cout << fmt::format("{:<8} {:>6} {:>6} {:>6} {:>12} {:>12} {:>7}\n", "form", "m", "n", "k",
+                           "GFLOP/s", "OpenBLAS", "ratio");
+  for (const auto& r : rows) {
+    std::cout << fmt::format("{:<8} {:>6} {:>6} {:>6} {:>12.1f} {:>12.1f} {:>7.2f}\n", r.shape.form,
+                             r.shape.m, r.shape.n, r.shape.k, r.gflops, r.openblas_gflops, r.ratio);
+  }
+  std::cout
+      << "\nexact-mode weight gradient (binned xᵀ·dy, half of x zero) against the ordered one\n";
+  std::cout << fmt::format("{:>6} {:>6} {:>6} {:>12} {:>12} {:>7}\n", "m", "n", "rows", "exact ms",
+                           "ordered ms", "x");
+  for (const auto& r : exact) {
+    std::cout << fmt::format("{:>6} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>7.1f}\n", r.shape.m,
+                             r.shape.n, r.shape.k, r.exact_seconds * 1e3, r.ordered_seconds * 1e3,
+                             r.ratio);
+  }
+}
+
 void run_plan_bench(bool json) {
   struct Case {
     const char* mesh;
@@ -423,6 +471,18 @@ void add_bench_command(CLI::App& app) {
   redistribute->callback([redistribute_options] { run_redistribute_bench(*redistribute_options); });
 
   auto plan_json = std::make_shared<bool>(false);
+  auto matmul_json = std::make_shared<bool>(false);
+  auto matmul_iterations = std::make_shared<std::string>("0");
+  CLI::App* matmul = bench->add_subcommand(
+      "matmul",
+      "Time the batch-invariant matmul (three forms, the default model's shapes and 512^3) "
+      "against OpenBLAS sgemm on one thread, and the exact weight gradient against the ordered "
+      "one");
+  add_flag(*matmul, "--json", *matmul_json, "print JSON");
+  matmul->add_option("--iterations", *matmul_iterations, "timed calls per row (0: about 0.3 s)");
+  matmul->callback([matmul_json, matmul_iterations] {
+    run_matmul_bench_command(*matmul_json, *matmul_iterations);
+  });
   CLI::App* plan = bench->add_subcommand(
       "plan", "Planning time per call, uncached and cached, for meshes from 1-D to 4-D");
   add_flag(*plan, "--json", *plan_json, "print JSON");

@@ -23,7 +23,8 @@ Tensor spread(std::int64_t rows, std::int64_t cols, std::uint64_t seed, int bina
   for (std::size_t i = 0; i < v.size(); ++i) {
     const std::int64_t e = uniform_int_sample(seed, 2 * i, -binades, binades / 4);
     const double sign = uniform_int_sample(seed, 2 * i + 1, 0, 9) == 0 ? 0.0 : 1.0;
-    v[i] = static_cast<float>(sign * normal_sample(seed + 1, i) * std::ldexp(1.0, static_cast<int>(e)));
+    v[i] = static_cast<float>(sign * normal_sample(seed + 1, i) *
+                              std::ldexp(1.0, static_cast<int>(e)));
   }
   return t;
 }
@@ -51,11 +52,13 @@ TEST(BinnedSums, OuterProductsAreCorrectlyRoundedExactSums) {
       for (std::int64_t j = 0; j < 5; ++j) {
         testing::ExactSumReference reference;
         for (std::int64_t r = 0; r < 60; ++r) {
-          reference.add(static_cast<double>(x.values<float>()[static_cast<std::size_t>(r * 7 + i)]) *
-                        dy.values<float>()[static_cast<std::size_t>(r * 5 + j)]);
+          reference.add(
+              static_cast<double>(x.values<float>()[static_cast<std::size_t>(r * 7 + i)]) *
+              dy.values<float>()[static_cast<std::size_t>(r * 5 + j)]);
         }
         EXPECT_EQ(got[static_cast<std::size_t>(i * 5 + j)],
-                  static_cast<std::uint32_t>(reference.rounded(8, 23, static_cast<std::uint64_t>(divisor))))
+                  static_cast<std::uint32_t>(
+                      reference.rounded(8, 23, static_cast<std::uint64_t>(divisor))))
             << i << "," << j << " / " << divisor;
       }
     }
@@ -75,7 +78,8 @@ TEST(BinnedSums, AnySplitAndOrderOfTheRowsGivesTheSameBits) {
     std::iota(order.begin(), order.end(), 0);
     for (std::int64_t i = 96; i > 0; --i)
       std::swap(order[static_cast<std::size_t>(i)],
-                order[static_cast<std::size_t>(uniform_int_sample(trial, static_cast<std::uint64_t>(i), 0, i))]);
+                order[static_cast<std::size_t>(
+                    uniform_int_sample(trial, static_cast<std::uint64_t>(i), 0, i))]);
     const std::int64_t pieces = 1 + static_cast<std::int64_t>(trial % 7);
     std::vector<BinnedSums> parts(static_cast<std::size_t>(pieces), BinnedSums(99));
     for (std::int64_t p = 0; p < pieces; ++p) {
@@ -89,13 +93,15 @@ TEST(BinnedSums, AnySplitAndOrderOfTheRowsGivesTheSameBits) {
       }
     }
     BinnedSums merged(99);
-    for (std::int64_t p = pieces; p-- > 0;) merge_binned_sums(merged, parts[static_cast<std::size_t>(p)]);
+    for (std::int64_t p = pieces; p-- > 0;)
+      merge_binned_sums(merged, parts[static_cast<std::size_t>(p)]);
     ASSERT_EQ(bits_of(rounded(merged, 97)), expected) << "trial " << trial;
   }
 }
 
 TEST(BinnedSums, ALateLargeAddendDropsTheSameBitsAsIfItCameFirst) {
-  Tensor small = Tensor::from_values(Shape{3, 1}, DType::f32, std::vector<double>{1e-30, 3e-25, -7e-28});
+  Tensor small =
+      Tensor::from_values(Shape{3, 1}, DType::f32, std::vector<double>{1e-30, 3e-25, -7e-28});
   Tensor large = Tensor::from_values(Shape{1, 1}, DType::f32, std::vector<double>{1e12});
   BinnedSums late(1);
   add_column_sums(late, 0, small);
@@ -128,8 +134,8 @@ TEST(BinnedSums, ColumnProductsAndSumsMatchTheReference) {
 }
 
 TEST(BinnedSums, NonFiniteAddendsMakeTheCanonicalNan) {
-  Tensor a = Tensor::from_values(Shape{2, 2}, DType::f32,
-                                 std::vector<double>{INFINITY, 1.0, 2.0, NAN});
+  Tensor a =
+      Tensor::from_values(Shape{2, 2}, DType::f32, std::vector<double>{INFINITY, 1.0, 2.0, NAN});
   BinnedSums sums(2);
   add_column_sums(sums, 0, a);
   EXPECT_EQ(bits_of(rounded(sums)), (std::vector<std::uint32_t>{0x7fc00000u, 0x7fc00000u}));
@@ -147,7 +153,8 @@ TEST(BinnedSums, EverySimdLevelGivesTheSameBits) {
     results.push_back(bits_of(rounded(sums, 50)));
   }
   set_simd_level(best_simd_level());
-  for (const auto& r : results) EXPECT_EQ(r, results.front());
+  for (const auto& r : results)
+    EXPECT_EQ(r, results.front());
 }
 
 TEST(BinnedSums, RejectsInputsThatDoNotFit) {

@@ -16,7 +16,9 @@ Tensor random(std::int64_t rows, std::int64_t cols, DType dtype, std::uint64_t s
   return Tensor::random_normal(Shape{rows, cols}, dtype, seed);
 }
 
-DType output_dtype(DType input) { return input == DType::f64 ? DType::f64 : DType::f32; }
+DType output_dtype(DType input) {
+  return input == DType::f64 ? DType::f64 : DType::f32;
+}
 
 /// op(a)·op(b) as a fresh tensor.
 Tensor product(const Tensor& a, T ta, const Tensor& b, T tb) {
@@ -40,12 +42,13 @@ class SimdLevels : public ::testing::Test {
 
 TEST(Matmul, MatchesAnF64ReferenceForEveryForm) {
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-    const Tensor x = random(9, 300, dtype, 1);     // [m, k]
-    const Tensor w = random(300, 37, dtype, 2);    // [k, n]
-    const Tensor wt = random(37, 300, dtype, 3);   // [n, k]
-    const Tensor xt = random(300, 9, dtype, 4);    // [k, m]
-    for (const auto& [a, ta, b, tb] : {std::tuple{x, T::no, w, T::no}, std::tuple{x, T::no, wt, T::yes},
-                                       std::tuple{xt, T::yes, w, T::no}}) {
+    const Tensor x = random(9, 300, dtype, 1);    // [m, k]
+    const Tensor w = random(300, 37, dtype, 2);   // [k, n]
+    const Tensor wt = random(37, 300, dtype, 3);  // [n, k]
+    const Tensor xt = random(300, 9, dtype, 4);   // [k, m]
+    for (const auto& [a, ta, b, tb] :
+         {std::tuple{x, T::no, w, T::no}, std::tuple{x, T::no, wt, T::yes},
+          std::tuple{xt, T::yes, w, T::no}}) {
       const Tensor c = product(a, ta, b, tb);
       for (std::int64_t i = 0; i < 9; ++i) {
         for (std::int64_t j = 0; j < 37; ++j) {
@@ -109,8 +112,8 @@ TEST(Matmul, WeightGradientRowsDoNotDependOnTheOtherFeatures) {
 
 TEST_F(SimdLevels, EveryLevelGivesTheSameBits) {
   for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
-    for (const auto& [m, n, k] : {std::tuple{13, 37, 300}, std::tuple{1, 1, 1}, std::tuple{30, 10, 520},
-                                  std::tuple{97, 129, 17}}) {
+    for (const auto& [m, n, k] : {std::tuple{13, 37, 300}, std::tuple{1, 1, 1},
+                                  std::tuple{30, 10, 520}, std::tuple{97, 129, 17}}) {
       const Tensor x = random(m, k, dtype, 11);
       const Tensor w = random(k, n, dtype, 12);
       const Tensor wt = random(n, k, dtype, 13);
@@ -150,8 +153,9 @@ TEST(Matmul, RejectsShapesThatDoNotFit) {
   EXPECT_THROW(matmul(random(3, 5, DType::f32, 1), T::no, random(5, 4, DType::f64, 2), T::no, c),
                InvalidArgument);
   Tensor wrong(Shape{3, 4}, DType::f64);
-  EXPECT_THROW(matmul(random(3, 5, DType::f32, 1), T::no, random(5, 4, DType::f32, 2), T::no, wrong),
-               InvalidArgument);
+  EXPECT_THROW(
+      matmul(random(3, 5, DType::f32, 1), T::no, random(5, 4, DType::f32, 2), T::no, wrong),
+      InvalidArgument);
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ double objective(Module& module, const Tensor& x, const Tensor& g) {
 
 /// Checks backward's input and parameter gradients against central differences of the objective.
 void check_gradients(Module& module, const Tensor& x, double tolerance) {
-  const Tensor g = Tensor::random_normal(Shape{x.shape()[0], module.forward(x).shape()[1]}, DType::f32, 77);
+  const Tensor g =
+      Tensor::random_normal(Shape{x.shape()[0], module.forward(x).shape()[1]}, DType::f32, 77);
   DenseGradients sink(module.parameters());
   sink.clear();
   module.forward(x);
@@ -37,7 +38,8 @@ void check_gradients(Module& module, const Tensor& x, double tolerance) {
     plus.values<float>()[static_cast<std::size_t>(i)] += h;
     minus.values<float>()[static_cast<std::size_t>(i)] -= h;
     const double numeric = (objective(module, plus, g) - objective(module, minus, g)) / (2 * h);
-    EXPECT_NEAR(dx.values<float>()[static_cast<std::size_t>(i)], numeric, tolerance) << "input " << i;
+    EXPECT_NEAR(dx.values<float>()[static_cast<std::size_t>(i)], numeric, tolerance)
+        << "input " << i;
   }
   for (Parameter* p : module.parameters()) {
     for (std::int64_t i = 0; i < p->value.numel(); ++i) {
@@ -48,7 +50,8 @@ void check_gradients(Module& module, const Tensor& x, double tolerance) {
       value = saved - h;
       const double down = objective(module, x, g);
       value = saved;
-      EXPECT_NEAR(p->grad.values<float>()[static_cast<std::size_t>(i)], (up - down) / (2 * h), tolerance)
+      EXPECT_NEAR(p->grad.values<float>()[static_cast<std::size_t>(i)], (up - down) / (2 * h),
+                  tolerance)
           << p->name << " " << i;
     }
   }
@@ -72,7 +75,8 @@ TEST(Modules, GeluAndReluGradientsMatchFiniteDifferences) {
   check_gradients(gelu, Tensor::random_normal(Shape{3, 4}, DType::f32, 6), 2e-2);
   ReLU relu;
   // Away from the kink at 0.
-  Tensor x = Tensor::from_values(Shape{1, 4}, DType::f32, std::vector<double>{-1.5, -0.2, 0.3, 2.0});
+  Tensor x =
+      Tensor::from_values(Shape{1, 4}, DType::f32, std::vector<double>{-1.5, -0.2, 0.3, 2.0});
   check_gradients(relu, x, 1e-3);
 }
 
@@ -84,16 +88,19 @@ TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
   config.layernorm = true;
   auto model = make_mlp(config);
   const Tensor x = Tensor::random_normal(Shape{20, 12}, DType::f32, 8);
-  const std::vector<std::uint8_t> labels = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  const std::vector<std::uint8_t> labels = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1,
+                                            2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
   DenseGradients dense(model->parameters());
   BinnedGradients exact(model->parameters());
   std::vector<Tensor> dense_grads;
-  for (GradientSink* sink : {static_cast<GradientSink*>(&dense), static_cast<GradientSink*>(&exact)}) {
+  for (GradientSink* sink :
+       {static_cast<GradientSink*>(&dense), static_cast<GradientSink*>(&exact)}) {
     const CrossEntropyResult loss = softmax_cross_entropy(model->forward(x), labels);
     model->backward(loss.grad_logits, *sink, false);
     if (sink == &dense) {
       dense.finish(20);
-      for (Parameter* p : model->parameters()) dense_grads.push_back(p->grad.clone());
+      for (Parameter* p : model->parameters())
+        dense_grads.push_back(p->grad.clone());
     } else {
       exact.finish(20);
     }
@@ -102,19 +109,23 @@ TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const auto a = dense_grads[i].values<float>();
     const auto b = parameters[i]->grad.values<float>();
-    for (std::size_t j = 0; j < a.size(); ++j) EXPECT_NEAR(a[j], b[j], 1e-5) << parameters[i]->name;
+    for (std::size_t j = 0; j < a.size(); ++j)
+      EXPECT_NEAR(a[j], b[j], 1e-5) << parameters[i]->name;
   }
 }
 
 TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {
-  const Tensor logits = Tensor::from_values(Shape{2, 3}, DType::f32, std::vector<double>{1, 2, 3, 0, 0, 5});
+  const Tensor logits =
+      Tensor::from_values(Shape{2, 3}, DType::f32, std::vector<double>{1, 2, 3, 0, 0, 5});
   const CrossEntropyResult result = softmax_cross_entropy(logits, {2, 0});
-  EXPECT_NEAR(result.losses.values<double>()[0], std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3, 1e-12);
+  EXPECT_NEAR(result.losses.values<double>()[0],
+              std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3, 1e-12);
   EXPECT_NEAR(result.losses.values<double>()[1], std::log(2 + std::exp(5)), 1e-12);
   EXPECT_EQ(result.correct, 1);
   for (int r = 0; r < 2; ++r) {
     double row = 0;
-    for (int c = 0; c < 3; ++c) row += result.grad_logits.values<float>()[static_cast<std::size_t>(r * 3 + c)];
+    for (int c = 0; c < 3; ++c)
+      row += result.grad_logits.values<float>()[static_cast<std::size_t>(r * 3 + c)];
     EXPECT_NEAR(row, 0.0, 1e-6);
   }
   EXPECT_THROW(softmax_cross_entropy(logits, {3, 0}), InvalidArgument);
@@ -174,7 +185,8 @@ TEST(Mlp, TheSameSeedGivesTheSameBitsAndAnotherSeedOthers) {
   EXPECT_EQ(parameters_digest(a->parameters()), parameters_digest(b->parameters()));
   config.seed = 6;
   EXPECT_NE(parameters_digest(a->parameters()), parameters_digest(make_mlp(config)->parameters()));
-  EXPECT_EQ(a->describe(), "Sequential(Linear(784, 32), ReLU, Linear(32, 16), ReLU, Linear(16, 10))");
+  EXPECT_EQ(a->describe(),
+            "Sequential(Linear(784, 32), ReLU, Linear(32, 16), ReLU, Linear(16, 10))");
 }
 
 TEST(Mlp, ModelSyntaxErrorsNameTheBadPart) {

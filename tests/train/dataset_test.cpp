@@ -1,14 +1,13 @@
-#include <unistd.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <unistd.h>
 #include <vector>
+#include <zlib.h>
 
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/train/dataset.hpp>
@@ -22,16 +21,19 @@ std::vector<std::uint8_t> idx_bytes(std::vector<std::int32_t> dims, std::int64_t
                                     std::uint8_t type = 0x08) {
   std::vector<std::uint8_t> out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
   for (std::int32_t d : dims)
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(d >> shift));
-  for (std::int64_t i = 0; i < data_bytes; ++i) out.push_back(static_cast<std::uint8_t>(i % 10));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out.push_back(static_cast<std::uint8_t>(d >> shift));
+  for (std::int64_t i = 0; i < data_bytes; ++i)
+    out.push_back(static_cast<std::uint8_t>(i % 10));
   return out;
 }
 
 class DataDir : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("meshtensor-data-" + std::to_string(getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("meshtensor-data-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     write("train-images-idx3-ubyte", idx_bytes({6, 2, 3}, 36), true);
     write("train-labels-idx1-ubyte", idx_bytes({6}, 6), true);
@@ -49,7 +51,8 @@ class DataDir : public ::testing::Test {
       gzclose(file);
     } else {
       std::ofstream(dir_ / name, std::ios::binary)
-          .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
     }
   }
 
@@ -96,7 +99,8 @@ TEST_F(DataDir, WrongElementTypeAndDimCountAreNamed) {
 
 TEST_F(DataDir, TruncatedDataIsNamed) {
   write("train-images-idx3-ubyte", idx_bytes({6, 2, 3}, 30), true);
-  expect_error("train-images-idx3-ubyte.gz: truncated: the dims need 36 bytes of data, the file has 30");
+  expect_error(
+      "train-images-idx3-ubyte.gz: truncated: the dims need 36 bytes of data, the file has 30");
 }
 
 TEST_F(DataDir, TruncatedGzipStreamIsNamed) {
@@ -113,7 +117,8 @@ TEST_F(DataDir, TruncatedGzipStreamIsNamed) {
 }
 
 TEST_F(DataDir, CorruptGzipStreamIsNamed) {
-  std::vector<std::uint8_t> bytes = {0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 3, 0xff, 0xff, 0xff, 0xff, 0xff};
+  std::vector<std::uint8_t> bytes = {0x1f, 0x8b, 0x08, 0,    0,    0,    0,   0,
+                                     0,    3,    0xff, 0xff, 0xff, 0xff, 0xff};
   write("train-images-idx3-ubyte", bytes, false);
   expect_error("bad gzip stream");
 }

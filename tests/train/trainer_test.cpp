@@ -16,10 +16,12 @@ Dataset synthetic(std::int64_t train_count, std::int64_t test_count) {
     ImageSet set{count, 4, 5, std::vector<std::uint8_t>(static_cast<std::size_t>(count * 20)),
                  std::vector<std::uint8_t>(static_cast<std::size_t>(count))};
     for (std::int64_t i = 0; i < count; ++i) {
-      const auto label = static_cast<std::uint8_t>(uniform_int_sample(seed, static_cast<std::uint64_t>(i), 0, 9));
+      const auto label =
+          static_cast<std::uint8_t>(uniform_int_sample(seed, static_cast<std::uint64_t>(i), 0, 9));
       set.labels[static_cast<std::size_t>(i)] = label;
       for (std::int64_t f = 0; f < 20; ++f) {
-        const std::int64_t noise = uniform_int_sample(seed + 1, static_cast<std::uint64_t>(i * 20 + f), 0, 120);
+        const std::int64_t noise =
+            uniform_int_sample(seed + 1, static_cast<std::uint64_t>(i * 20 + f), 0, 120);
         set.pixels[static_cast<std::size_t>(i * 20 + f)] =
             static_cast<std::uint8_t>(noise + (f / 2 == label ? 120 : 0));
       }
@@ -37,7 +39,8 @@ TrainResult run(const Dataset& data, const TrainConfig& config, int ranks) {
     const std::lock_guard lock(mutex);
     results[static_cast<std::size_t>(world.rank())] = result;
   });
-  for (const auto& r : results) EXPECT_EQ(r.digest, results.front().digest);
+  for (const auto& r : results)
+    EXPECT_EQ(r.digest, results.front().digest);
   return results.front();
 }
 
@@ -62,8 +65,8 @@ TEST(Train, ExactWeightsAreTheSameBitsOnEveryLayoutAndMicroBatchSplit) {
   const TrainConfig base = small_config(comm::ReductionMode::exact);
   const TrainResult reference = run(data, base, 1);
   EXPECT_TRUE(reference.replicas_identical);
-  for (const auto& [ranks, micro] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 1}, std::pair{8, 1},
-                                     std::pair{1, 5}, std::pair{3, 40}}) {
+  for (const auto& [ranks, micro] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 1},
+                                     std::pair{8, 1}, std::pair{1, 5}, std::pair{3, 40}}) {
     TrainConfig config = base;
     config.micro_batches = micro;
     const TrainResult result = run(data, config, ranks);

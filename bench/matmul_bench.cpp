@@ -1,0 +1,128 @@
+#include "matmul_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <cblas.h>
+
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/matmul.hpp>
+
+namespace meshtensor::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <class Fn>
+double time_once(Fn&& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+int iterations_for(double seconds_per_call, int requested) {
+  if (requested > 0) return requested;
+  return std::clamp(static_cast<int>(0.3 / std::max(seconds_per_call, 1e-6)), 5, 200);
+}
+
+}  // namespace
+
+std::vector<MatmulShape> default_matmul_shapes() {
+  std::vector<MatmulShape> shapes{{512, 512, 512, "x·W"}};
+  for (const std::int64_t rows : {128, 256}) {
+    for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
+      shapes.push_back({rows, out, in, "x·W"});
+      shapes.push_back({rows, in, out, "dy·Wᵀ"});
+      shapes.push_back({in, out, rows, "xᵀ·dy"});
+    }
+  }
+  return shapes;
+}
+
+std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes, int iterations) {
+  openblas_set_num_threads(1);
+  std::vector<MatmulBenchRow> rows;
+  for (const MatmulShape& shape : shapes) {
+    const bool transpose_a = shape.form == "xᵀ·dy";
+    const bool transpose_b = shape.form == "dy·Wᵀ";
+    const Tensor a = Tensor::random_normal(transpose_a ? Shape{shape.k, shape.m} : Shape{shape.m, shape.k},
+                                           DType::f32, 1);
+    const Tensor b = Tensor::random_normal(transpose_b ? Shape{shape.n, shape.k} : Shape{shape.k, shape.n},
+                                           DType::f32, 2);
+    Tensor c(Shape{shape.m, shape.n}, DType::f32);
+    Tensor c_blas(Shape{shape.m, shape.n}, DType::f32);
+    const auto ours = [&] {
+      kernels::matmul(a, transpose_a ? kernels::Transpose::yes : kernels::Transpose::no, b,
+                      transpose_b ? kernels::Transpose::yes : kernels::Transpose::no, c);
+    };
+    const auto theirs = [&] {
+      cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
+                  transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(shape.m),
+                  static_cast<int>(shape.n), static_cast<int>(shape.k), 1.0f,
+                  a.values<float>().data(), static_cast<int>(a.shape()[1]),
+                  b.values<float>().data(), static_cast<int>(b.shape()[1]), 0.0f,
+                  c_blas.values<float>().data(), static_cast<int>(shape.n));
+    };
+    ours();
+    theirs();  // warm up both
+    const int count = iterations_for(time_once(ours), iterations);
+    std::vector<double> ours_s, theirs_s, ratios;
+    for (int i = 0; i < count; ++i) {
+      const double t_ours = time_once(ours);
+      const double t_theirs = time_once(theirs);
+      ours_s.push_back(t_ours);
+      theirs_s.push_back(t_theirs);
+      ratios.push_back(t_theirs / t_ours);
+    }
+    const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+    rows.push_back({shape, flops / median(ours_s) / 1e9, flops / median(theirs_s) / 1e9, median(ratios)});
+  }
+  return rows;
+}
+
+std::vector<ExactGradientRow> run_exact_gradient_bench(double zero_fraction, int iterations) {
+  std::vector<ExactGradientRow> rows;
+  for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
+    constexpr std::int64_t kRows = 128;
+    Tensor x = Tensor::random_normal(Shape{kRows, in}, DType::f32, 3);
+    auto values = x.values<float>();
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const auto draw = static_cast<double>(uniform_int_sample(4, i, 0, 999)) / 1000.0;
+      if (draw < zero_fraction) values[i] = 0.0f;
+    }
+    const Tensor dy = Tensor::random_normal(Shape{kRows, out}, DType::f32, 5);
+    Tensor dense(Shape{in, out}, DType::f32);
+    kernels::BinnedSums sums(in * out);
+    const auto ordered = [&] {
+      kernels::matmul(x, kernels::Transpose::yes, dy, kernels::Transpose::no, dense);
+    };
+    const auto exact = [&] {
+      sums.clear();
+      kernels::add_outer_products(sums, 0, x, dy);
+    };
+    ordered();
+    exact();
+    const int count = iterations_for(time_once(exact), iterations);
+    std::vector<double> exact_s, ordered_s, ratios;
+    for (int i = 0; i < count; ++i) {
+      const double te = time_once(exact);
+      const double to = time_once(ordered);
+      exact_s.push_back(te);
+      ordered_s.push_back(to);
+      ratios.push_back(te / to);
+    }
+    rows.push_back({{in, out, kRows, "xᵀ·dy"}, median(exact_s), median(ordered_s), median(ratios)});
+  }
+  return rows;
+}
+
+}  // namespace meshtensor::bench
