@@ -1,9 +1,8 @@
 #include "matmul_bench.hpp"
 
 #include <algorithm>
-#include <chrono>
-
 #include <cblas.h>
+#include <chrono>
 
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/tensor.hpp>
@@ -39,7 +38,8 @@ int iterations_for(double seconds_per_call, int requested) {
 std::vector<MatmulShape> default_matmul_shapes() {
   std::vector<MatmulShape> shapes{{512, 512, 512, "x·W"}};
   for (const std::int64_t rows : {128, 256}) {
-    for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
+    for (const auto& [in, out] :
+         {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
       shapes.push_back({rows, out, in, "x·W"});
       shapes.push_back({rows, in, out, "dy·Wᵀ"});
       shapes.push_back({in, out, rows, "xᵀ·dy"});
@@ -48,16 +48,17 @@ std::vector<MatmulShape> default_matmul_shapes() {
   return shapes;
 }
 
-std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes, int iterations) {
+std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes,
+                                             int iterations) {
   openblas_set_num_threads(1);
   std::vector<MatmulBenchRow> rows;
   for (const MatmulShape& shape : shapes) {
     const bool transpose_a = shape.form == "xᵀ·dy";
     const bool transpose_b = shape.form == "dy·Wᵀ";
-    const Tensor a = Tensor::random_normal(transpose_a ? Shape{shape.k, shape.m} : Shape{shape.m, shape.k},
-                                           DType::f32, 1);
-    const Tensor b = Tensor::random_normal(transpose_b ? Shape{shape.n, shape.k} : Shape{shape.k, shape.n},
-                                           DType::f32, 2);
+    const Tensor a = Tensor::random_normal(
+        transpose_a ? Shape{shape.k, shape.m} : Shape{shape.m, shape.k}, DType::f32, 1);
+    const Tensor b = Tensor::random_normal(
+        transpose_b ? Shape{shape.n, shape.k} : Shape{shape.k, shape.n}, DType::f32, 2);
     Tensor c(Shape{shape.m, shape.n}, DType::f32);
     Tensor c_blas(Shape{shape.m, shape.n}, DType::f32);
     const auto ours = [&] {
@@ -84,14 +85,16 @@ std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& sha
       ratios.push_back(t_theirs / t_ours);
     }
     const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
-    rows.push_back({shape, flops / median(ours_s) / 1e9, flops / median(theirs_s) / 1e9, median(ratios)});
+    rows.push_back(
+        {shape, flops / median(ours_s) / 1e9, flops / median(theirs_s) / 1e9, median(ratios)});
   }
   return rows;
 }
 
 std::vector<ExactGradientRow> run_exact_gradient_bench(double zero_fraction, int iterations) {
   std::vector<ExactGradientRow> rows;
-  for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
+  for (const auto& [in, out] :
+       {std::pair<std::int64_t, std::int64_t>{784, 1024}, {1024, 1024}, {1024, 10}}) {
     constexpr std::int64_t kRows = 128;
     Tensor x = Tensor::random_normal(Shape{kRows, in}, DType::f32, 3);
     auto values = x.values<float>();

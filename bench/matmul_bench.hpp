@@ -28,7 +28,8 @@ struct MatmulBenchRow {
 std::vector<MatmulShape> default_matmul_shapes();
 
 /// Times every shape `iterations` times (0: about 0.3 s each).
-std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes, int iterations);
+std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes,
+                                             int iterations);
 
 /// Exact-mode weight gradient (binned xᵀ·dy) against the ordered one (matmul), same data.
 struct ExactGradientRow {
