@@ -10,6 +10,8 @@
 
 #include <meshtensor/core/error.hpp>
 
+#include "timing.hpp"
+
 namespace meshtensor::bench {
 
 namespace {
@@ -18,12 +20,6 @@ using Clock = std::chrono::steady_clock;
 using comm::CollectiveKind;
 using comm::Communicator;
 using comm::ReductionMode;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 // Buffers of one rank for one collective, refreshed from a pristine copy before each call.
 struct Buffers {

@@ -2,30 +2,37 @@
 
 #include <algorithm>
 #include <cblas.h>
-#include <chrono>
 
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 
+#include "timing.hpp"
+
 namespace meshtensor::bench {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+/// Times `subject` and `baseline` alternately `count` times: their median times and the median
+/// of the per-pair ratios baseline / subject (a drift in machine speed cancels within a pair).
+struct PairedTimes {
+  double subject_s = 0.0;
+  double baseline_s = 0.0;
+  double baseline_over_subject = 0.0;
+};
 
-template <class Fn>
-double time_once(Fn&& fn) {
-  const auto start = Clock::now();
-  fn();
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+template <class Subject, class Baseline>
+PairedTimes time_pairs(int count, Subject&& subject, Baseline&& baseline) {
+  std::vector<double> subject_s, baseline_s, ratios;
+  for (int i = 0; i < count; ++i) {
+    const double s = time_once(subject);
+    const double b = time_once(baseline);
+    subject_s.push_back(s);
+    baseline_s.push_back(b);
+    ratios.push_back(b / s);
+  }
+  return {median(subject_s), median(baseline_s), median(ratios)};
 }
 
 int iterations_for(double seconds_per_call, int requested) {
@@ -114,16 +121,13 @@ std::vector<ExactGradientRow> run_exact_gradient_bench(double zero_fraction, int
     };
     ordered();
     exact();
-    const int count = iterations_for(time_once(exact), iterations);
-    std::vector<double> exact_s, ordered_s, ratios;
-    for (int i = 0; i < count; ++i) {
-      const double te = time_once(exact);
-      const double to = time_once(ordered);
-      exact_s.push_back(te);
-      ordered_s.push_back(to);
-      ratios.push_back(te / to);
-    }
-    rows.push_back({{in, out, kRows, "xᵀ·dy"}, median(exact_s), median(ordered_s), median(ratios)});
+    // Here the ratio is exact over ordered time: the baseline is the exact gradient.
+    const PairedTimes times =
+        time_pairs(iterations_for(time_once(exact), iterations), ordered, exact);
+    rows.push_back({{in, out, kRows, "xᵀ·dy"},
+                    times.baseline_s,
+                    times.subject_s,
+                    times.baseline_over_subject});
   }
   return rows;
 }

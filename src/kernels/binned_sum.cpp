@@ -9,6 +9,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/half.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 
 #include "simd_dispatch.hpp"
 
@@ -190,20 +191,6 @@ void check_rows_matrix(const Tensor& t, const char* what, const char* operation)
   }
 }
 
-/// The elements of a 2-D f32 or f64 tensor as doubles (exact).
-std::vector<double> as_doubles(const Tensor& t) {
-  const Tensor dense = t.contiguous();
-  std::vector<double> out(static_cast<std::size_t>(dense.numel()));
-  if (dense.dtype() == DType::f64) {
-    const auto values = dense.values<double>();
-    std::copy(values.begin(), values.end(), out.begin());
-  } else {
-    const auto values = dense.values<float>();
-    std::copy(values.begin(), values.end(), out.begin());
-  }
-  return out;
-}
-
 void check_count(const BinnedSums& sums, std::int64_t expected, const char* operation) {
   if (sums.count() != expected) {
     throw InvalidArgument(fmt::format("{}: the accumulator holds {} elements, the inputs make {}",
@@ -242,8 +229,10 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   const std::int64_t m = x.shape()[1];
   const std::int64_t n = dy.shape()[1];
   check_range(sums, offset, m * n, operation);
-  const std::vector<double> xs = as_doubles(x);
-  const std::vector<double> dys = as_doubles(dy);
+  const Tensor x64 = convert(x, DType::f64);
+  const Tensor dy64 = convert(dy, DType::f64);
+  const auto xs = x64.values<double>();
+  const double* dys = dy64.values<double>().data();
   Planes planes = planes_of(sums);
   std::vector<double> a;
   std::vector<const double*> row_pointers;
@@ -259,7 +248,7 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
       const double value = xs[static_cast<std::size_t>(r * m + i)];
       if (value == 0.0) continue;
       a.push_back(value);
-      row_pointers.push_back(dys.data() + r * n);
+      row_pointers.push_back(dys + r * n);
     }
     add_row(planes, offset + i * n, a.data(), row_pointers.data(),
             static_cast<std::int64_t>(a.size()), n, magnitude, scale);
@@ -276,11 +265,13 @@ void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
     throw InvalidArgument(
         fmt::format("{}: a is {}, b {}", operation, a.shape().to_string(), b.shape().to_string()));
   }
-  std::vector<double> products = as_doubles(a);
-  const std::vector<double> bs = as_doubles(b);
-  for (std::size_t i = 0; i < products.size(); ++i)
-    products[i] *= bs[i];
-  add_column_sums(sums, offset, Tensor::from_values(a.shape(), DType::f64, products));
+  Tensor products = convert(a, DType::f64);
+  const Tensor b64 = convert(b, DType::f64);
+  auto values = products.values<double>();
+  const auto bs = b64.values<double>();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] *= bs[i];  // exact: f32 products
+  add_column_sums(sums, offset, products);
 }
 
 void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
@@ -289,11 +280,12 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
   const std::int64_t rows = a.shape()[0];
   const std::int64_t n = a.shape()[1];
   check_range(sums, offset, n, operation);
-  const std::vector<double> values = as_doubles(a);
+  const Tensor a64 = a.dtype() == DType::f64 ? a.contiguous() : convert(a, DType::f64);
+  const double* values = a64.values<double>().data();
   const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
   std::vector<const double*> row_pointers(static_cast<std::size_t>(rows));
   for (std::int64_t r = 0; r < rows; ++r)
-    row_pointers[static_cast<std::size_t>(r)] = values.data() + r * n;
+    row_pointers[static_cast<std::size_t>(r)] = values + r * n;
   std::vector<std::uint64_t> magnitude;
   std::vector<double> scale;
   add_row(planes_of(sums), offset, ones.data(), row_pointers.data(), rows, n, magnitude, scale);

@@ -29,6 +29,23 @@ void check_grad(const Tensor& grad, const Tensor& kept, const std::string& modul
   }
 }
 
+/// dx[i] = dy[i] * derivative(x[i]) for an element-wise activation whose input was `input`;
+/// undefined when the caller needs no input gradient. Checks the gradient's shape.
+template <class Derivative>
+Tensor elementwise_backward(const Tensor& input, const Tensor& grad_output, bool need_input_grad,
+                            const std::string& module, Derivative&& derivative) {
+  check_grad(grad_output, input, module);
+  if (!need_input_grad) return {};
+  const Tensor dy = grad_output.contiguous();
+  Tensor grad_input(dy.shape(), DType::f32);
+  const auto x = input.values<float>();
+  const auto g = dy.values<float>();
+  auto out = grad_input.values<float>();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    out[i] = derivative(x[i], g[i]);
+  return grad_input;
+}
+
 }  // namespace
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed) {
@@ -133,22 +150,14 @@ Tensor GELU::forward(const Tensor& input) {
 }
 
 Tensor GELU::backward(const Tensor& grad_output, GradientSink&, bool need_input_grad) {
-  check_grad(grad_output, input_, "GELU");
-  Tensor grad_input;
-  if (need_input_grad) {
-    const Tensor dy = grad_output.contiguous();
-    grad_input = Tensor(dy.shape(), DType::f32);
-    const auto x = input_.values<float>();
-    const auto g = dy.values<float>();
-    auto out = grad_input.values<float>();
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      const double v = x[i];
-      const double t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
-      const double inner = kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
-      const double derivative = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * inner;
-      out[i] = static_cast<float>(g[i] * derivative);
-    }
-  }
+  Tensor grad_input =
+      elementwise_backward(input_, grad_output, need_input_grad, "GELU", [](float x, float g) {
+        const double v = x;
+        const double t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
+        const double inner = kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
+        const double derivative = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * inner;
+        return static_cast<float>(g * derivative);
+      });
   input_ = Tensor();
   return grad_input;
 }

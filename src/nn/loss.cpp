@@ -24,6 +24,7 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
   auto losses = result.losses.values<double>();
   auto grad = result.grad_logits.values<float>();
   const std::vector<std::int64_t> predicted = predict(z);
+  std::vector<double> exponentials;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t label = labels[static_cast<std::size_t>(r)];
     if (label >= classes) {

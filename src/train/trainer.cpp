@@ -121,12 +121,10 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   std::vector<std::uint8_t> labels;
   double total_train_seconds = 0.0;
   std::int64_t total_samples_done = 0;
+  // Whole epochs, then the first steps of one more.
   const std::int64_t total_samples =
-      config.steps > 0
-          ? std::min(total_steps * config.batch,
-                     (total_steps / steps_per_epoch) * samples +
-                         std::min(samples, (total_steps % steps_per_epoch) * config.batch))
-          : config.epochs * samples;
+      (total_steps / steps_per_epoch) * samples +
+      std::min(samples, (total_steps % steps_per_epoch) * config.batch);
 
   while (step < total_steps) {
     ++epoch;
