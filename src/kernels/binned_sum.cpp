@@ -2,6 +2,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include <fmt/format.h>
@@ -57,84 +58,12 @@ std::int32_t bin_of_magnitude_bits(std::uint64_t magnitude_bits) {
 /// 2^(32 - 32 * bin): multiplying an addend below 2^(32 * bin) by it puts the top digit in the
 /// integer part (exact: a power of two, far from the f64 range limits).
 double top_digit_scale(std::int32_t bin) {
-  return std::ldexp(1.0, kBinBits - kBinBits * bin);
+  const auto biased = static_cast<std::uint64_t>(1023 + kBinBits - kBinBits * bin);
+  return std::bit_cast<double>(biased << 52);
 }
-
-/// The largest |a_t * rows_t[j]| of each column, as IEEE bits (integer order is magnitude order
-/// and puts NaN above infinity, so the maximum is the same in any order).
-template <class T>
-[[gnu::always_inline]] inline void max_magnitude_body(const double* a, const double* const* rows,
-                                                      std::int64_t terms, std::int64_t n,
-                                                      std::uint64_t* out) {
-  for (std::int64_t t = 0; t < terms; ++t) {
-    const double at = a[t];
-    const double* row = rows[t];
-    for (std::int64_t j = 0; j < n; ++j) {
-      const double p = at * row[j];
-      std::uint64_t bits;
-      std::memcpy(&bits, &p, sizeof bits);
-      bits &= ~(std::uint64_t{1} << 63);
-      out[j] = std::max(out[j], bits);
-    }
-  }
-}
-MESHTENSOR_SIMD_KERNEL(max_magnitude, max_magnitude_body)
-
-/// Adds the three window digits of every a_t * rows_t[j] into d0/d1/d2[j]. Truncation toward
-/// zero at each digit keeps the digits a function of the addend and the window alone.
-template <class T>
-[[gnu::always_inline]] inline void deposit_body(const double* a, const double* const* rows,
-                                                std::int64_t terms, std::int64_t n,
-                                                const double* scale, double* d0, double* d1,
-                                                double* d2) {
-  constexpr std::int64_t kBlock = 16;
-  std::int64_t j0 = 0;
-  for (; j0 + kBlock <= n; j0 += kBlock) {
-    double s[kBlock], acc0[kBlock], acc1[kBlock], acc2[kBlock];
-    for (std::int64_t j = 0; j < kBlock; ++j) {
-      s[j] = scale[j0 + j];
-      acc0[j] = d0[j0 + j];
-      acc1[j] = d1[j0 + j];
-      acc2[j] = d2[j0 + j];
-    }
-    for (std::int64_t t = 0; t < terms; ++t) {
-      const double at = a[t];
-      const double* row = rows[t] + j0;
-      for (std::int64_t j = 0; j < kBlock; ++j) {
-        const double top = at * row[j] * s[j];
-        const double digit2 = std::trunc(top);
-        const double middle = (top - digit2) * kDigitBase;
-        const double digit1 = std::trunc(middle);
-        const double digit0 = std::trunc((middle - digit1) * kDigitBase);
-        acc2[j] += digit2;
-        acc1[j] += digit1;
-        acc0[j] += digit0;
-      }
-    }
-    for (std::int64_t j = 0; j < kBlock; ++j) {
-      d0[j0 + j] = acc0[j];
-      d1[j0 + j] = acc1[j];
-      d2[j0 + j] = acc2[j];
-    }
-  }
-  for (std::int64_t t = 0; t < terms; ++t) {
-    const double at = a[t];
-    const double* row = rows[t];
-    for (std::int64_t j = j0; j < n; ++j) {
-      const double top = at * row[j] * scale[j];
-      const double digit2 = std::trunc(top);
-      const double middle = (top - digit2) * kDigitBase;
-      const double digit1 = std::trunc(middle);
-      d2[j] += digit2;
-      d1[j] += digit1;
-      d0[j] += std::trunc((middle - digit1) * kDigitBase);
-    }
-  }
-}
-MESHTENSOR_SIMD_KERNEL(deposit, deposit_body)
 
 /// Moves element i's digits up by `shift` bins (the lowest `shift` digits drop out).
-void shift_digits(double* d0, double* d1, double* d2, std::int64_t i, std::int32_t shift) {
+inline void shift_digits(double* d0, double* d1, double* d2, std::int64_t i, std::int32_t shift) {
   if (shift <= 0) return;
   if (shift == 1) {
     d0[i] = d1[i];
@@ -149,6 +78,107 @@ void shift_digits(double* d0, double* d1, double* d2, std::int64_t i, std::int32
   d2[i] = 0;
 }
 
+/// Columns one pass of the kernel keeps in registers.
+constexpr std::int64_t kColumnBlock = 16;
+
+/// The state of the accumulator elements one block of columns adds into.
+struct BlockTarget {
+  std::int32_t* bins;
+  double* d0;
+  double* d1;
+  double* d2;
+  std::int64_t width;  ///< elements in use (at most kColumnBlock)
+};
+
+/// Adds sum over t of a[t] * rows[index[t] * kColumnBlock + j] into the `target.width` elements
+/// of one block of columns. First the largest |product| of each column raises
+/// its bin (IEEE bits: integer order is magnitude order and puts NaN above infinity, so the
+/// maximum is the same in any order); then every product drops its three window digits into the
+/// digit sums. Truncation toward zero at each digit keeps the digits a function of the addend and
+/// the window alone.
+template <class T>
+[[gnu::always_inline]] inline void add_block_body(const double* a, const std::int64_t* index,
+                                                  std::int64_t terms, const double* rows,
+                                                  BlockTarget target) {
+  // Written with vector types: as a plain loop the compiler vectorises this maximum across rows
+  // (gathers) instead of across the block's columns.
+  constexpr std::int64_t kLanes = 8;
+  using Bits = std::uint64_t __attribute__((vector_size(kLanes * 8)));
+  using Values = double __attribute__((vector_size(kLanes * 8)));
+  const Bits magnitude = Bits{} + ~(std::uint64_t{1} << 63);
+  // Several independent running maxima: one chain of compare-and-select would wait on its own
+  // latency every row.
+  constexpr std::int64_t kChains = 4;
+  constexpr std::int64_t kVectors = kColumnBlock / kLanes;
+  Bits largest_bits[kChains][kVectors] = {};
+  // Casts between vector types of one size keep the bits.
+  const auto keep_larger = [](Bits& running, const Bits& candidate) {
+    const Bits above = (Bits)(candidate > running);
+    running = (candidate & above) | (running & ~above);
+  };
+  const auto take = [&](Bits& running, const double* values_at, double at) {
+    Values values;
+    std::memcpy(&values, values_at, sizeof values);
+    keep_larger(running, (Bits)(values * at) & magnitude);
+  };
+  std::int64_t first = 0;
+  for (; first + kChains <= terms; first += kChains) {
+    for (std::int64_t c = 0; c < kChains; ++c) {
+      const double* row = rows + index[first + c] * kColumnBlock;
+      for (std::int64_t h = 0; h < kVectors; ++h)
+        take(largest_bits[c][h], row + h * kLanes, a[first + c]);
+    }
+  }
+  for (; first < terms; ++first) {
+    const double* row = rows + index[first] * kColumnBlock;
+    for (std::int64_t h = 0; h < kVectors; ++h)
+      take(largest_bits[0][h], row + h * kLanes, a[first]);
+  }
+  for (std::int64_t c = 1; c < kChains; ++c)
+    for (std::int64_t h = 0; h < kVectors; ++h)
+      keep_larger(largest_bits[0][h], largest_bits[c][h]);
+  std::uint64_t largest[kColumnBlock];
+  std::memcpy(largest, largest_bits[0], sizeof largest);
+  double scale[kColumnBlock];
+  double acc0[kColumnBlock];
+  double acc1[kColumnBlock];
+  double acc2[kColumnBlock];
+  for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+    if (j >= target.width) {
+      scale[j] = acc0[j] = acc1[j] = acc2[j] = 0.0;
+      continue;
+    }
+    const std::int32_t bin = std::max(target.bins[j], bin_of_magnitude_bits(largest[j]));
+    shift_digits(target.d0, target.d1, target.d2, j, bin - target.bins[j]);
+    target.bins[j] = bin;
+    // Non-finite elements take no digits; a zero scale keeps them at zero.
+    scale[j] = bin == kNonFiniteBin ? 0.0 : top_digit_scale(bin);
+    acc0[j] = target.d0[j];
+    acc1[j] = target.d1[j];
+    acc2[j] = target.d2[j];
+  }
+  for (std::int64_t t = 0; t < terms; ++t) {
+    const double at = a[t];
+    const double* row = rows + index[t] * kColumnBlock;
+    for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+      const double top = at * row[j] * scale[j];
+      const double digit2 = std::trunc(top);
+      const double middle = (top - digit2) * kDigitBase;
+      const double digit1 = std::trunc(middle);
+      const double digit0 = std::trunc((middle - digit1) * kDigitBase);
+      acc2[j] += digit2;
+      acc1[j] += digit1;
+      acc0[j] += digit0;
+    }
+  }
+  for (std::int64_t j = 0; j < target.width; ++j) {
+    target.d0[j] = acc0[j];
+    target.d1[j] = acc1[j];
+    target.d2[j] = acc2[j];
+  }
+}
+MESHTENSOR_SIMD_KERNEL(add_block, add_block_body)
+
 struct Planes {
   std::int32_t* bins;
   double* d0;
@@ -162,25 +192,36 @@ Planes planes_of(BinnedSums& sums) {
   return {sums.bins.values<std::int32_t>().data(), digits, digits + count, digits + 2 * count};
 }
 
-/// Adds sum over t of a[t] * rows[t][j] into elements offset .. offset + n of `sums`, every
-/// product exact in f64.
-void add_row(Planes planes, std::int64_t offset, const double* a, const double* const* rows,
-             std::int64_t terms, std::int64_t n, std::vector<std::uint64_t>& magnitude,
-             std::vector<double>& scale) {
-  if (terms == 0) return;
-  magnitude.assign(static_cast<std::size_t>(n), 0);
-  max_magnitude<double>(a, rows, terms, n, magnitude.data());
-  scale.resize(static_cast<std::size_t>(n));
-  for (std::int64_t j = 0; j < n; ++j) {
-    const std::int64_t i = offset + j;
-    const std::int32_t bin = std::max(planes.bins[i], bin_of_magnitude_bits(magnitude[j]));
-    shift_digits(planes.d0, planes.d1, planes.d2, i, bin - planes.bins[i]);
-    planes.bins[i] = bin;
-    // Non-finite elements take no digits; a zero scale keeps them at zero.
-    scale[j] = bin == kNonFiniteBin ? 0.0 : top_digit_scale(bin);
+/// The rows [rows, n] of addend factors as f64 column blocks: block b holds columns
+/// b * kColumnBlock onwards of every row, row after row (zero-padded past n), so one pass over a
+/// block reads contiguous memory and runs full-width vectors.
+template <class T>
+std::vector<double> pack_column_blocks(const T* values, std::int64_t rows, std::int64_t n) {
+  const std::int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
+  std::vector<double> packed(static_cast<std::size_t>(blocks * rows * kColumnBlock), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t block = j / kColumnBlock;
+      packed[static_cast<std::size_t>((block * rows + r) * kColumnBlock + j % kColumnBlock)] =
+          values[r * n + j];
+    }
   }
-  deposit<double>(a, rows, terms, n, scale.data(), planes.d0 + offset, planes.d1 + offset,
-                  planes.d2 + offset);
+  return packed;
+}
+
+/// Adds sum over t of a[t] * (row index[t], column j of `packed`) into elements offset ..
+/// offset + n of `sums` (packed: pack_column_blocks of `rows` rows), every product exact in f64.
+void add_row(Planes planes, std::int64_t offset, const double* a, const std::int64_t* index,
+             std::int64_t terms, std::int64_t n, const std::vector<double>& packed,
+             std::int64_t rows) {
+  if (terms == 0) return;
+  for (std::int64_t j0 = 0; j0 < n; j0 += kColumnBlock) {
+    const std::int64_t i = offset + j0;
+    const BlockTarget target{planes.bins + i, planes.d0 + i, planes.d1 + i, planes.d2 + i,
+                             std::min(kColumnBlock, n - j0)};
+    add_block<double>(a, index, terms, packed.data() + (j0 / kColumnBlock) * rows * kColumnBlock,
+                      target);
+  }
 }
 
 void check_rows_matrix(const Tensor& t, const char* what, const char* operation) {
@@ -230,28 +271,26 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   const std::int64_t n = dy.shape()[1];
   check_range(sums, offset, m * n, operation);
   const Tensor x64 = convert(x, DType::f64);
-  const Tensor dy64 = convert(dy, DType::f64);
   const auto xs = x64.values<double>();
-  const double* dys = dy64.values<double>().data();
+  const Tensor dy_dense = dy.contiguous();
+  const std::vector<double> packed = pack_column_blocks(dy_dense.values<float>().data(), rows, n);
   Planes planes = planes_of(sums);
   std::vector<double> a;
-  std::vector<const double*> row_pointers;
-  std::vector<std::uint64_t> magnitude;
-  std::vector<double> scale;
+  std::vector<std::int64_t> index;
   a.reserve(static_cast<std::size_t>(rows));
-  row_pointers.reserve(static_cast<std::size_t>(rows));
+  index.reserve(static_cast<std::size_t>(rows));
   for (std::int64_t i = 0; i < m; ++i) {
     // Zero addends change nothing, so rows where x is zero (ReLU, blank pixels) are skipped.
     a.clear();
-    row_pointers.clear();
+    index.clear();
     for (std::int64_t r = 0; r < rows; ++r) {
       const double value = xs[static_cast<std::size_t>(r * m + i)];
       if (value == 0.0) continue;
       a.push_back(value);
-      row_pointers.push_back(dys + r * n);
+      index.push_back(r);
     }
-    add_row(planes, offset + i * n, a.data(), row_pointers.data(),
-            static_cast<std::int64_t>(a.size()), n, magnitude, scale);
+    add_row(planes, offset + i * n, a.data(), index.data(), static_cast<std::int64_t>(a.size()), n,
+            packed, rows);
   }
 }
 
@@ -283,12 +322,10 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
   const Tensor a64 = a.dtype() == DType::f64 ? a.contiguous() : convert(a, DType::f64);
   const double* values = a64.values<double>().data();
   const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
-  std::vector<const double*> row_pointers(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r)
-    row_pointers[static_cast<std::size_t>(r)] = values + r * n;
-  std::vector<std::uint64_t> magnitude;
-  std::vector<double> scale;
-  add_row(planes_of(sums), offset, ones.data(), row_pointers.data(), rows, n, magnitude, scale);
+  std::vector<std::int64_t> index(static_cast<std::size_t>(rows));
+  std::iota(index.begin(), index.end(), std::int64_t{0});
+  add_row(planes_of(sums), offset, ones.data(), index.data(), rows, n,
+          pack_column_blocks(values, rows, n), rows);
 }
 
 void align_bins(BinnedSums& sums, const Tensor& bins) {
@@ -335,26 +372,30 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
                     sums.count(), dtype_name(out.dtype()), out.shape().to_string()));
   }
   const std::int64_t count = sums.count();
-  const auto bins = sums.bins.values<std::int32_t>();
-  const auto digits = sums.digits.values<double>();
+  const std::int32_t* bins = sums.bins.values<std::int32_t>().data();
+  const double* digits = sums.digits.values<double>().data();
   const bool f32 = out.dtype() == DType::f32;
   const int exponent_bits = f32 ? 8 : 11;
   const int mantissa_bits = f32 ? 23 : 52;
-  using Wide = UInt128;
+  const auto wide_divisor = static_cast<std::uint64_t>(divisor);
+  // One 64-bit division gives a quotient of at least 64 - bit_width(divisor) bits; rounding needs
+  // the kept bits, a guard bit and the sticky bit.
+  const bool narrow_division =
+      64 - static_cast<int>(std::bit_width(wide_divisor)) >= mantissa_bits + 2;
+  std::byte* out_bytes = out.bytes().data();
   for (std::int64_t i = 0; i < count; ++i) {
     std::uint64_t bits = 0;
-    const std::int32_t bin = bins[static_cast<std::size_t>(i)];
+    const std::int32_t bin = bins[i];
     if (bin == kNonFiniteBin) {
       bits = f32 ? 0x7fc00000u : 0x7ff8000000000000ull;  // the canonical NaN
     } else {
       // The digit sums are integers below 2^53 in magnitude: the total fits 118 bits.
       const auto digit = [&](int plane) {
-        return static_cast<Int128>(
-            static_cast<std::int64_t>(digits[static_cast<std::size_t>(plane * count + i)]));
+        return static_cast<Int128>(static_cast<std::int64_t>(digits[plane * count + i]));
       };
       const Int128 total = (digit(2) << 64) + (digit(1) << 32) + digit(0);
       const bool negative = total < 0;
-      Wide magnitude = negative ? -static_cast<Wide>(total) : static_cast<Wide>(total);
+      UInt128 magnitude = negative ? -static_cast<UInt128>(total) : static_cast<UInt128>(total);
       int exponent = kBinBits * bin - 3 * kBinBits;
       bool sticky = false;
       if (magnitude != 0 && divisor != 1) {
@@ -364,14 +405,23 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
                                     : 64 + std::countl_zero(static_cast<std::uint64_t>(magnitude));
         magnitude <<= shift;
         exponent -= shift;
-        const Wide quotient = magnitude / static_cast<Wide>(divisor);
-        sticky = quotient * static_cast<Wide>(divisor) != magnitude;
-        magnitude = quotient;
+        if (narrow_division) {
+          // (high * 2^64 + low) / d = q * 2^64 + (r * 2^64 + low) / d with the last term below
+          // 2^64: q is the quotient truncated at 2^64, inexact when r or low is not zero.
+          const auto top = static_cast<std::uint64_t>(magnitude >> 64);
+          sticky = top % wide_divisor != 0 || static_cast<std::uint64_t>(magnitude) != 0;
+          magnitude = top / wide_divisor;
+          exponent += 64;
+        } else {
+          const UInt128 quotient = magnitude / wide_divisor;
+          sticky = quotient * wide_divisor != magnitude;
+          magnitude = quotient;
+        }
       }
       const auto high = static_cast<std::uint64_t>(magnitude >> 64);
       if (high != 0) {
         const int shift = 64 - std::countl_zero(high);
-        sticky = sticky || (magnitude & ((Wide{1} << shift) - 1)) != 0;
+        sticky = sticky || (magnitude & ((UInt128{1} << shift) - 1)) != 0;
         magnitude >>= shift;
         exponent += shift;
       }
@@ -380,12 +430,11 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
                               : round_to_format(negative, significand, exponent, sticky,
                                                 exponent_bits, mantissa_bits);
     }
-    std::byte* at = out.bytes().data() + i * (f32 ? 4 : 8);
     if (f32) {
       const auto narrow = static_cast<std::uint32_t>(bits);
-      std::memcpy(at, &narrow, sizeof narrow);
+      std::memcpy(out_bytes + i * 4, &narrow, sizeof narrow);
     } else {
-      std::memcpy(at, &bits, sizeof bits);
+      std::memcpy(out_bytes + i * 8, &bits, sizeof bits);
     }
   }
 }

@@ -122,8 +122,16 @@ void BinnedGradients::add_column_products(const Parameter& p, const Tensor& a, c
 void BinnedGradients::finish(std::int64_t divisor) {
   Tensor rounded(Shape{layout_.total()}, DType::f32);
   kernels::round_binned_sums(sums_, divisor, rounded);
+  set_gradients(rounded);
+}
+
+void BinnedGradients::set_gradients(const Tensor& flat) {
+  if (flat.dtype() != DType::f32 || flat.shape() != Shape{layout_.total()}) {
+    throw InvalidArgument(fmt::format("set_gradients needs f32 [{}], got {} {}", layout_.total(),
+                                      dtype_name(flat.dtype()), flat.shape().to_string()));
+  }
   for (Parameter* p : layout_.parameters()) {
-    p->grad.flatten().copy_from(rounded.narrow(0, layout_.offset_of(*p), p->value.numel()));
+    p->grad.flatten().copy_from(flat.narrow(0, layout_.offset_of(*p), p->value.numel()));
   }
 }
 

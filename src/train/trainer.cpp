@@ -52,13 +52,35 @@ comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
   return options;
 }
 
-/// Merges the binned sums of every rank: the bins agree on their maximum, then the digit sums
-/// (integers far below 2^53, so any order adds them exactly) are added.
-void all_reduce_binned(comm::Communicator& world, kernels::BinnedSums& sums) {
+/// Merges the binned sums of every rank and rounds (exact sum) / divisor into `rounded` (f32 or
+/// f64 [count]) on every rank. The bins agree on their maximum; then each rank takes one slice of
+/// the elements: the digit sums of its slice are reduce-scattered to it (integers far below 2^53,
+/// so any order adds them exactly), it rounds them, and the rounded slices are all-gathered. The
+/// rounding work is split over the ranks and the gathered values are 4 or 8 bytes per element
+/// instead of the 24 of the digits.
+void reduce_binned(comm::Communicator& world, kernels::BinnedSums& sums, std::int64_t divisor,
+                   const Tensor& rounded) {
   Tensor bins = sums.bins.clone();
   world.all_reduce(bins, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
   kernels::align_bins(sums, bins);
-  world.all_reduce(sums.digits, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+  const std::int64_t count = sums.count();
+  const std::int64_t ranks = world.size();
+  std::vector<std::int64_t> counts;
+  for (std::int64_t r = 0; r < ranks; ++r)
+    counts.push_back(chunk_extent(count, ranks, r).size);
+  const Chunk mine = chunk_extent(count, ranks, world.rank());
+  kernels::BinnedSums slice(mine.size);
+  slice.bins.copy_from(bins.narrow(0, mine.offset, mine.size));
+  const auto plane = [](const Tensor& digits, std::int64_t index, std::int64_t length) {
+    return digits.narrow(0, index, 1).reshape(Shape{length});
+  };
+  for (std::int64_t p = 0; p < 3; ++p) {
+    world.reduce_scatter(plane(sums.digits, p, count), plane(slice.digits, p, mine.size), counts,
+                         reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+  }
+  Tensor rounded_slice(Shape{mine.size}, rounded.dtype());
+  kernels::round_binned_sums(slice, divisor, rounded_slice);
+  world.all_gather(rounded_slice, rounded, counts);
 }
 
 void validate(const TrainConfig& config, const Dataset& data) {
@@ -97,6 +119,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
     dense.emplace(parameters);
   }
   nn::GradientSink& sink = exact ? static_cast<nn::GradientSink&>(*binned) : *dense;
+  const Tensor gradient_means(Shape{exact ? nn::parameter_count(parameters) : 0}, DType::f32);
 
   std::unique_ptr<nn::Optimizer> optimizer;
   if (config.optimizer == OptimizerKind::adamw) {
@@ -167,12 +190,11 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
       Tensor metrics(Shape{2}, DType::f64);
       double batch_loss_sum = 0.0;
       if (exact) {
-        all_reduce_binned(world, binned->sums());
-        binned->finish(global_batch);
-        all_reduce_binned(world, loss_sums);
-        Tensor rounded(Shape{1}, DType::f64);
-        kernels::round_binned_sums(loss_sums, 1, rounded);
-        batch_loss_sum = rounded.values<double>()[0];
+        reduce_binned(world, binned->sums(), global_batch, gradient_means);
+        binned->set_gradients(gradient_means);
+        Tensor loss_sum(Shape{1}, DType::f64);
+        reduce_binned(world, loss_sums, 1, loss_sum);
+        batch_loss_sum = loss_sum.values<double>()[0];
       } else {
         world.all_reduce(dense->sums(), reduce_options(ReduceOp::sum, config.mode));
         dense->finish(global_batch);

@@ -1,6 +1,8 @@
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -130,6 +132,33 @@ TEST(BinnedSums, ColumnProductsAndSumsMatchTheReference) {
     }
     EXPECT_EQ(got[static_cast<std::size_t>(j)], products.rounded(8, 23));
     EXPECT_EQ(got[static_cast<std::size_t>(6 + j)], plain.rounded(8, 23));
+  }
+}
+
+TEST(BinnedSums, AnyDivisorRoundsCorrectlyToF32AndF64) {
+  // Small divisors take one 64-bit division, large ones (and f64 results) the wide one.
+  const Tensor a = spread(30, 8, 11, 30);
+  BinnedSums sums(8);
+  add_column_sums(sums, 0, a);
+  for (const std::int64_t divisor :
+       {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, std::int64_t{255}, std::int64_t{511},
+        std::int64_t{512}, std::int64_t{1000}, std::int64_t{65537}, (std::int64_t{1} << 40) + 3,
+        std::numeric_limits<std::int64_t>::max()}) {
+    Tensor single(Shape{8}, DType::f32);
+    Tensor twice(Shape{8}, DType::f64);
+    round_binned_sums(sums, divisor, single);
+    round_binned_sums(sums, divisor, twice);
+    for (std::int64_t j = 0; j < 8; ++j) {
+      testing::ExactSumReference reference;
+      for (std::int64_t r = 0; r < 30; ++r)
+        reference.add(a.values<float>()[static_cast<std::size_t>(r * 8 + j)]);
+      const auto d = static_cast<std::uint64_t>(divisor);
+      EXPECT_EQ(bits_of(single)[static_cast<std::size_t>(j)], reference.rounded(8, 23, d))
+          << j << " / " << divisor;
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(twice.values<double>()[static_cast<std::size_t>(j)]),
+                reference.rounded(11, 52, d))
+          << j << " / " << divisor;
+    }
   }
 }
 

@@ -65,6 +65,9 @@ class BinnedGradients : public GradientSink {
   kernels::BinnedSums& sums() { return sums_; }
   /// grad = round(exact sum / divisor) for every parameter.
   void finish(std::int64_t divisor);
+  /// Sets every parameter's grad from `flat` (f32, one value per element in parameter order):
+  /// for gradients rounded elsewhere, e.g. a slice per rank.
+  void set_gradients(const Tensor& flat);
 
  private:
   GradientLayout layout_;
