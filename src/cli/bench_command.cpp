@@ -487,6 +487,7 @@ void add_bench_command(CLI::App& app) {
       "plan", "Planning time per call, uncached and cached, for meshes from 1-D to 4-D");
   add_flag(*plan, "--json", *plan_json, "print JSON");
   plan->callback([plan_json] { run_plan_bench(*plan_json); });
+  add_train_bench(*bench);
 }
 
 }  // namespace meshtensor::cli

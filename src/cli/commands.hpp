@@ -10,6 +10,8 @@ void add_plan_command(CLI::App& app);
 void add_check_command(CLI::App& app);
 /// Registers `meshtensor train`.
 void add_train_command(CLI::App& app);
+/// Registers `meshtensor bench train` under `bench`.
+void add_train_bench(CLI::App& bench);
 /// Registers `meshtensor bench` and its benchmarks.
 void add_bench_command(CLI::App& app);
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -234,7 +235,172 @@ void run_train(const TrainOptions& options) {
   });
 }
 
+/// `meshtensor bench train`: the options of `meshtensor train` it shares (and so its defaults),
+/// and the exact-mode layouts.
+struct TrainBenchOptions {
+  TrainOptions train;
+  std::string layouts;
+};
+
+/// One data-parallel layout: ranks, and micro-batches per rank.
+struct Layout {
+  std::int64_t ranks = 1;
+  std::int64_t micro_batches = 1;
+};
+
+/// "4" or "3x2" (3 ranks of 2 micro-batches each), comma-separated.
+std::vector<Layout> parse_layouts(const std::string& text) {
+  std::vector<Layout> layouts;
+  for (const std::string& entry : list_option("--layouts", text)) {
+    const auto cross = entry.find('x');
+    Layout layout;
+    const std::string option = fmt::format("--layouts {}", entry);
+    layout.ranks = integer_option(option, entry.substr(0, cross), 1, comm::kMaxThreadsRanks);
+    if (cross != std::string::npos)
+      layout.micro_batches = integer_option(option, entry.substr(cross + 1), 1, 1 << 21);
+    layouts.push_back(layout);
+  }
+  return layouts;
+}
+
+struct TrainBenchRun {
+  std::string mode;
+  Layout layout;
+  double samples_per_second = 0.0;
+  double step_seconds = 0.0;
+  double test_accuracy = 0.0;
+  std::uint64_t digest = 0;
+  bool replicas_identical = false;
+};
+
+TrainBenchRun time_training(const train::Dataset& data, train::TrainConfig config, Layout layout) {
+  config.micro_batches = layout.micro_batches;
+  TrainBenchRun run;
+  run.mode = std::string(comm::reduction_mode_name(config.mode));
+  run.layout = layout;
+  const std::string command =
+      fmt::format("bench train {} ranks={} micro={}", run.mode, layout.ranks, layout.micro_batches);
+  run_ranks(Backend::threads, layout.ranks, command, [&](comm::Communicator& world) {
+    const train::TrainResult result = train::train(world, data, config, {});
+    if (world.rank() != 0) return;
+    double seconds = 0.0;
+    std::int64_t samples = 0;
+    for (const train::EpochReport& e : result.epochs) {
+      seconds += e.seconds;
+      samples += e.samples;
+    }
+    run.samples_per_second = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
+    run.step_seconds = seconds / static_cast<double>(std::max<std::int64_t>(1, result.steps));
+    run.test_accuracy = result.test_accuracy;
+    run.digest = result.digest;
+    run.replicas_identical = result.replicas_identical;
+  });
+  return run;
+}
+
+void run_train_bench(const TrainBenchOptions& options) {
+  TrainOptions train_options = options.train;
+  // Steps unless epochs are given (`meshtensor train` counts epochs unless steps are given).
+  if (train_options.epochs_option->count() > 0 && train_options.steps_option->count() == 0)
+    train_options.steps = "0";
+  train::TrainConfig config = parse_config(train_options);
+  const std::int64_t ranks =
+      integer_option("--ranks", train_options.ranks, 1, comm::kMaxThreadsRanks);
+  std::vector<Layout> layouts{Layout{ranks, 1}};
+  if (!options.layouts.empty()) layouts = parse_layouts(options.layouts);
+  train_options.timeout.apply();
+  const train::Dataset data = train::load_dataset(train_options.data);
+
+  std::vector<TrainBenchRun> runs;
+  config.mode = comm::ReductionMode::ordered;
+  runs.push_back(time_training(data, config, Layout{ranks, 1}));
+  config.mode = comm::ReductionMode::exact;
+  for (const Layout& layout : layouts)
+    runs.push_back(time_training(data, config, layout));
+
+  const TrainBenchRun& ordered = runs.front();
+  const auto exact_same_ranks =
+      std::find_if(runs.begin() + 1, runs.end(), [&](const TrainBenchRun& r) {
+        return r.layout.ranks == ranks && r.layout.micro_batches == 1;
+      });
+  const double ratio =
+      exact_same_ranks == runs.end() ? 0.0 : exact_same_ranks->step_seconds / ordered.step_seconds;
+  bool digests_agree = true;
+  bool replicas_agree = true;
+  for (const TrainBenchRun& r : runs) {
+    replicas_agree = replicas_agree && r.replicas_identical;
+    if (r.mode == "exact") digests_agree = digests_agree && r.digest == runs[1].digest;
+  }
+  if (train_options.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const TrainBenchRun& r : runs) {
+      rows.push_back({{"mode", r.mode},
+                      {"ranks", r.layout.ranks},
+                      {"micro_batches", r.layout.micro_batches},
+                      {"samples_per_second", r.samples_per_second},
+                      {"step_seconds", r.step_seconds},
+                      {"test_accuracy", r.test_accuracy},
+                      {"digest", digest_hex(r.digest)},
+                      {"replicas_identical", r.replicas_identical}});
+    }
+    nlohmann::json out = {{"model", train_options.model},
+                          {"batch", config.batch},
+                          {"runs", rows},
+                          {"exact_digests_identical", digests_agree}};
+    if (ratio > 0) out["exact_over_ordered_step_time"] = ratio;
+    std::cout << out.dump(2) << '\n';
+  } else {
+    std::cout << fmt::format("training {} (global batch {}, {}) on threads\n", train_options.model,
+                             config.batch,
+                             config.steps > 0 ? fmt::format("{} steps", config.steps)
+                                              : fmt::format("{} epochs", config.epochs));
+    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9}  {}\n", "mode", "ranks", "micro",
+                             "samples/s", "step ms", "test acc", "digest");
+    for (const TrainBenchRun& r : runs) {
+      std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f}  {}{}\n", r.mode,
+                               r.layout.ranks, r.layout.micro_batches, r.samples_per_second,
+                               r.step_seconds * 1e3, r.test_accuracy, digest_hex(r.digest),
+                               r.replicas_identical ? "" : "  (replicas DIFFER)");
+    }
+    if (ratio > 0) {
+      std::cout << fmt::format(
+          "exact / ordered step time on {} ranks: {:.2f}x (goal: at most 3x)\n", ranks, ratio);
+    }
+    std::cout << fmt::format("exact digests over {} layout(s): {}\n", layouts.size(),
+                             digests_agree ? "identical" : "DIFFER");
+  }
+  if (!digests_agree || !replicas_agree) set_exit_status(1);
+}
+
 }  // namespace
+
+void add_train_bench(CLI::App& bench) {
+  auto options = std::make_shared<TrainBenchOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "train",
+      "Time data-parallel training in ordered and exact mode in the same run (the exact over "
+      "ordered step time), and check that exact mode ends on one digest over several layouts");
+  TrainOptions& train = options->train;
+  train.steps = "40";
+  command->add_option("--data", train.data, "directory of the four IDX files (gzip or plain)");
+  command->add_option("--model", train.model, "mlp:H1,H2,... (default mlp:1024,1024)");
+  train.steps_option = command->add_option("--steps", train.steps, "optimizer steps (default 40)");
+  train.epochs_option =
+      command->add_option("--epochs", train.epochs, "whole epochs instead of --steps");
+  command->add_option("--batch", train.batch, "global batch (default 256)");
+  command->add_option("--optimizer", train.optimizer, "adamw or sgd (default adamw)");
+  command->add_option("--lr", train.lr, "learning rate (default 1e-3)");
+  train.ranks_option = command->add_option(
+      "--ranks", train.ranks,
+      "ranks of the ordered run and of the exact run it is compared with (default 2)");
+  command->add_option("--layouts", options->layouts,
+                      "exact-mode layouts, e.g. 1,2,4,3x2 (ranks x micro-batches); default: "
+                      "--ranks");
+  command->add_option("--seed", train.seed, "seed of the initial weights and the data order");
+  add_flag(*command, "--json", train.json, "print one JSON object");
+  train.timeout.add_to(*command);
+  command->callback([options] { run_train_bench(*options); });
+}
 
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<TrainOptions>();

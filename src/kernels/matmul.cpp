@@ -99,21 +99,26 @@ Operand transposed(Operand x) {
 }
 
 /// Runs kc multiply-add steps on one mr x nr tile: c[r][j] = fma(a[k][r], b[k][j], c[r][j]) for
-/// k ascending. `a` is a packed panel [kc][mr], `b` a packed strip [kc][nr], `c` the tile with
+/// k ascending. `a` is a packed panel [kc][mr] (lda unused), or for the direct kernels mr rows
+/// of a read in place (row r at a + r * lda); `b` a packed strip [kc][nr], `c` the tile with
 /// row stride ldc; load_c false starts from +0.
 template <class T>
-using MicroKernel = void (*)(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,
-                             bool load_c);
+using MicroKernel = void (*)(std::int64_t kc, const T* a, std::int64_t lda, const T* b, T* c,
+                             std::int64_t ldc, bool load_c);
 
 template <class T>
 struct KernelShape {
   int mr;
   int nr;
   MicroKernel<T> run;
+  /// The same tile reading a in place (null where there is none): one-strip outputs, where
+  /// packing a would cost as much as the multiply-adds.
+  MicroKernel<T> run_direct = nullptr;
 };
 
 template <class T, int MR, int NR>
-void micro_scalar(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc, bool load_c) {
+void micro_scalar(std::int64_t kc, const T* a, std::int64_t /*lda*/, const T* b, T* c,
+                  std::int64_t ldc, bool load_c) {
   T acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NR; ++j)
@@ -218,11 +223,13 @@ struct Vector256<double> {
 
 // The tile is MR rows by NV vectors; the accumulators stay in registers for the whole k loop.
 #define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                       \
-  template <class T, int MR, int NV>                                                           \
-  [[attribute]] void name(std::int64_t kc, const T* a, const T* b, T* c, std::int64_t ldc,     \
-                          bool load_c) {                                                       \
+  template <class T, int MR, int NV, bool kDirectA = false>                                    \
+  [[attribute]] void name(std::int64_t kc, const T* a, std::int64_t lda, const T* b, T* c,     \
+                          std::int64_t ldc, bool load_c) {                                     \
     using V = typename vector<T>::type;                                                        \
     constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                            \
+    const std::int64_t a_row = kDirectA ? lda : 1;                                             \
+    const std::int64_t a_step = kDirectA ? 1 : MR;                                             \
     const V tag{};                                                                             \
     V acc[MR][NV];                                                                             \
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
@@ -230,11 +237,11 @@ struct Vector256<double> {
         acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                \
       }                                                                                        \
     }                                                                                          \
-    for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NV * kLanes) {                         \
+    for (std::int64_t k = 0; k < kc; ++k, a += a_step, b += NV * kLanes) {                     \
       V bv[NV];                                                                                \
       _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag); \
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                  \
-        const V ar = vbroadcast(a[r], tag);                                                    \
+        const V ar = vbroadcast(a[r * a_row], tag);                                            \
         _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                 \
           acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                              \
         }                                                                                      \
@@ -265,18 +272,18 @@ KernelShape<T> kernel_for_level(std::int64_t n) {
   const SimdLevel level = simd_level();
   if (level == SimdLevel::avx512) {
     constexpr int kLanes = static_cast<int>(64 / sizeof(T));
-    if (n <= kLanes) return {12, kLanes, &micro_avx512<T, 12, 1>};
+    if (n <= kLanes) return {12, kLanes, &micro_avx512<T, 12, 1>, &micro_avx512<T, 12, 1, true>};
     return {8, 2 * kLanes, &micro_avx512<T, 8, 2>};
   }
   static const bool has_fma = cpu_has_fma();
   if (level == SimdLevel::avx2 && has_fma) {
     constexpr int kLanes = static_cast<int>(32 / sizeof(T));
-    if (n <= kLanes) return {8, kLanes, &micro_avx2<T, 8, 1>};
+    if (n <= kLanes) return {8, kLanes, &micro_avx2<T, 8, 1>, &micro_avx2<T, 8, 1, true>};
     return {6, 2 * kLanes, &micro_avx2<T, 6, 2>};
   }
 #endif
   (void)n;
-  return {4, 4, &micro_scalar<T, 4, 4>};
+  return {4, 4, &micro_scalar<T, 4, 4>, nullptr};
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -299,6 +306,10 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
         std::fill_n(c + i * ldc, n, T{0});
     return;
   }
+  const T* direct_a = kernel.run_direct != nullptr && n <= nr && a.col_stride == 1 &&
+                              a.dtype == (sizeof(T) == 4 ? DType::f32 : DType::f64)
+                          ? reinterpret_cast<const T*>(a.data)
+                          : nullptr;
   thread_local std::vector<T> packed_a;
   thread_local std::vector<T> packed_b;
   thread_local std::vector<T> edge;
@@ -321,21 +332,29 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
       for (std::int64_t ic = 0; ic < m; ic += block_m) {
         const std::int64_t mc = std::min(block_m, m - ic);
         const std::int64_t panels = (mc + mr - 1) / mr;
+        // A full panel of a row-major `a` of the compute type can be read in place.
+        const auto direct = [&](std::int64_t row0) {
+          return direct_a != nullptr && row0 + mr <= m;
+        };
         for (std::int64_t p = 0; p < panels; ++p) {
           const std::int64_t row0 = ic + p * mr;
+          if (direct(row0)) continue;
           pack<T>(a, row0, std::min(mr, m - row0), mr, pc, kc, packed_a.data() + p * kc * mr, mr);
         }
         for (std::int64_t p = 0; p < panels; ++p) {
           const std::int64_t row0 = ic + p * mr;
           const std::int64_t rows = std::min(mr, m - row0);
+          const bool in_place = direct(row0);
+          const MicroKernel<T> run = in_place ? kernel.run_direct : kernel.run;
+          const T* panel =
+              in_place ? direct_a + row0 * a.row_stride + pc : packed_a.data() + p * kc * mr;
           for (std::int64_t s = 0; s < strips; ++s) {
             const std::int64_t col0 = jc + s * nr;
             const std::int64_t cols = std::min(nr, n - col0);
             T* tile = c + row0 * ldc + col0;
-            const T* panel = packed_a.data() + p * kc * mr;
             const T* strip = packed_b.data() + s * kc * nr;
             if (rows == mr && cols == nr) {
-              kernel.run(kc, panel, strip, tile, ldc, load_c);
+              run(kc, panel, a.row_stride, strip, tile, ldc, load_c);
               continue;
             }
             // Edge tile: run on a full-size copy; padded rows and columns are independent.
@@ -343,7 +362,7 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
             if (load_c)
               for (std::int64_t r = 0; r < rows; ++r)
                 std::copy_n(tile + r * ldc, cols, edge.data() + r * nr);
-            kernel.run(kc, panel, strip, edge.data(), nr, true);
+            run(kc, panel, a.row_stride, strip, edge.data(), nr, true);
             for (std::int64_t r = 0; r < rows; ++r)
               std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
           }

@@ -71,11 +71,14 @@ TEST(Matmul, MatchesAnF64ReferenceForEveryForm) {
 }
 
 TEST(Matmul, ARowsBitsDoNotDependOnTheBatch) {
-  // Row r of x·W, dy·Wᵀ computed alone, and at every position of batches of 1, 7 and 256 rows.
-  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
-    const Tensor w = random(200, 70, dtype, 5);
+  // Row r of x·W, dy·Wᵀ computed alone, and at every position of batches of 1, 7 and 256 rows;
+  // 10 outputs take the one-vector tiles that read full panels of x in place.
+  for (const auto& [dtype, width] :
+       {std::pair{DType::f32, 70}, std::pair{DType::f64, 70}, std::pair{DType::bf16, 70},
+        std::pair{DType::f32, 10}, std::pair{DType::f64, 10}}) {
+    const Tensor w = random(200, width, dtype, 5);
     const Tensor big = random(256, 200, dtype, 6);
-    const Tensor big_dy = random(256, 70, dtype, 7);
+    const Tensor big_dy = random(256, width, dtype, 7);
     const Tensor row = big.narrow(0, 100, 1).contiguous();
     const Tensor dy_row = big_dy.narrow(0, 100, 1).contiguous();
     const Tensor alone = product(row, T::no, w, T::no);
@@ -84,13 +87,14 @@ TEST(Matmul, ARowsBitsDoNotDependOnTheBatch) {
       for (std::int64_t position = 0; position < batch; ++position) {
         // A batch of other rows with the row at `position`.
         Tensor x = random(batch, 200, dtype, 100 + static_cast<std::uint64_t>(batch));
-        Tensor dy = random(batch, 70, dtype, 200 + static_cast<std::uint64_t>(batch));
+        Tensor dy = random(batch, width, dtype, 200 + static_cast<std::uint64_t>(batch));
         x.narrow(0, position, 1).copy_from(row);
         dy.narrow(0, position, 1).copy_from(dy_row);
         const Tensor out = product(x, T::no, w, T::no);
         const Tensor back = product(dy, T::no, w, T::yes);
         ASSERT_TRUE(out.narrow(0, position, 1).contiguous().bitwise_equal(alone))
-            << dtype_name(dtype) << " batch " << batch << " position " << position;
+            << dtype_name(dtype) << " width " << width << " batch " << batch << " position "
+            << position;
         ASSERT_TRUE(back.narrow(0, position, 1).contiguous().bitwise_equal(alone_back))
             << dtype_name(dtype) << " batch " << batch << " position " << position;
       }
