@@ -372,6 +372,19 @@ void run_train_bench(const TrainBenchOptions& options) {
   if (!digests_agree || !replicas_agree) set_exit_status(1);
 }
 
+/// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
+/// meaning and defaults.
+void add_shared_train_options(CLI::App& command, TrainOptions& options) {
+  command.add_option("--data", options.data, "directory of the four IDX files (gzip or plain)");
+  command.add_option("--model", options.model,
+                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
+  command.add_option("--batch", options.batch, "global batch (default 256)");
+  command.add_option("--optimizer", options.optimizer, "adamw or sgd (default adamw)");
+  command.add_option("--lr", options.lr, "learning rate (default 1e-3)");
+  command.add_option("--seed", options.seed, "seed of the initial weights and the data order");
+  options.timeout.add_to(command);
+}
+
 }  // namespace
 
 void add_train_bench(CLI::App& bench) {
@@ -382,23 +395,17 @@ void add_train_bench(CLI::App& bench) {
       "ordered step time), and check that exact mode ends on one digest over several layouts");
   TrainOptions& train = options->train;
   train.steps = "40";
-  command->add_option("--data", train.data, "directory of the four IDX files (gzip or plain)");
-  command->add_option("--model", train.model, "mlp:H1,H2,... (default mlp:1024,1024)");
+  add_shared_train_options(*command, train);
   train.steps_option = command->add_option("--steps", train.steps, "optimizer steps (default 40)");
   train.epochs_option =
       command->add_option("--epochs", train.epochs, "whole epochs instead of --steps");
-  command->add_option("--batch", train.batch, "global batch (default 256)");
-  command->add_option("--optimizer", train.optimizer, "adamw or sgd (default adamw)");
-  command->add_option("--lr", train.lr, "learning rate (default 1e-3)");
   train.ranks_option = command->add_option(
       "--ranks", train.ranks,
       "ranks of the ordered run and of the exact run it is compared with (default 2)");
   command->add_option("--layouts", options->layouts,
                       "exact-mode layouts, e.g. 1,2,4,3x2 (ranks x micro-batches); default: "
                       "--ranks");
-  command->add_option("--seed", train.seed, "seed of the initial weights and the data order");
   add_flag(*command, "--json", train.json, "print one JSON object");
-  train.timeout.add_to(*command);
   command->callback([options] { run_train_bench(*options); });
 }
 
@@ -406,19 +413,14 @@ void add_train_command(CLI::App& app) {
   auto options = std::make_shared<TrainOptions>();
   CLI::App* command = app.add_subcommand(
       "train", "Train an MLP on Fashion-MNIST (or any MNIST-format directory), data-parallel");
-  command->add_option("--data", options->data, "directory of the four IDX files (gzip or plain)");
-  command->add_option("--model", options->model,
-                      "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
+  add_shared_train_options(*command, *options);
   command->add_option("--activation", options->activation, "relu or gelu (default relu)");
   add_flag(*command, "--layernorm", options->layernorm, "LayerNorm after each hidden Linear");
   options->epochs_option = command->add_option("--epochs", options->epochs, "epochs (default 8)");
   options->steps_option =
       command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
-  command->add_option("--batch", options->batch, "global batch (default 256)");
   command->add_option("--micro-batches", options->micro_batches,
                       "pieces each rank's slice is split into, summed before one reduction");
-  command->add_option("--optimizer", options->optimizer, "adamw or sgd (default adamw)");
-  command->add_option("--lr", options->lr, "learning rate (default 1e-3)");
   command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
   command->add_option("--momentum", options->momentum, "SGD momentum (default 0.9)");
   command->add_option("--warmup", options->warmup, "steps of linear warmup (default 0)");
@@ -427,11 +429,9 @@ void add_train_command(CLI::App& app) {
       command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");
   command->add_option("--backend", options->backend, "threads, or mpi under mpirun");
   command->add_option("--mode", options->mode, "gradient reduction: ordered, exact or native");
-  command->add_option("--seed", options->seed, "seed of the initial weights and the data order");
   command->add_option("--log", options->log, "write the per-epoch figures to this CSV file");
   command->add_option("--plot", options->plot, "draw loss and accuracy per epoch to this PNG");
   add_flag(*command, "--json", options->json, "one JSON object per epoch and a final one");
-  options->timeout.add_to(*command);
   command->callback([options] { run_train(*options); });
 }
 

@@ -270,8 +270,8 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   const std::int64_t m = x.shape()[1];
   const std::int64_t n = dy.shape()[1];
   check_range(sums, offset, m * n, operation);
-  const Tensor x64 = convert(x, DType::f64);
-  const auto xs = x64.values<double>();
+  const Tensor x_dense = x.contiguous();
+  const auto xs = x_dense.values<float>();
   const Tensor dy_dense = dy.contiguous();
   const std::vector<double> packed = pack_column_blocks(dy_dense.values<float>().data(), rows, n);
   Planes planes = planes_of(sums);
@@ -284,7 +284,7 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
     a.clear();
     index.clear();
     for (std::int64_t r = 0; r < rows; ++r) {
-      const double value = xs[static_cast<std::size_t>(r * m + i)];
+      const double value = xs[static_cast<std::size_t>(r * m + i)];  // exact
       if (value == 0.0) continue;
       a.push_back(value);
       index.push_back(r);
