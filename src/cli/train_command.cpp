@@ -13,6 +13,7 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 #include "backend.hpp"
@@ -49,6 +50,16 @@ struct TrainOptions {
   std::string plot;
   bool json = false;
   TimeoutOption timeout;
+  std::string strategy;  // empty: hsdp with --mesh, ddp otherwise
+  std::string mesh;
+  bool reshard_after_forward = false;
+  bool no_reshard_after_forward = false;
+  std::string prefetch = "1";
+  std::string param_dtype = "f32";
+  std::string reduce_dtype = "f32";
+  std::string micro_batch_mode = "no-sync";
+  std::string link;
+  std::string trace;
 };
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 40;
@@ -74,7 +85,50 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.momentum = real_option("--momentum", options.momentum, 0.0, 1.0);
   config.mode = comm::parse_reduction_mode(options.mode);
   config.seed = seed_option("--seed", options.seed);
+  config.strategy = train::parse_strategy(
+      options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy);
+  if (!options.mesh.empty()) {
+    if (config.strategy != train::Strategy::hsdp) {
+      throw ParseError(fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
+                                   "{} runs on a 1-D mesh of --ranks",
+                                   options.mesh, options.strategy));
+    }
+    const auto cross = options.mesh.find('x');
+    if (cross == std::string::npos || options.mesh.find('x', cross + 1) != std::string::npos)
+      throw ParseError(fmt::format("--mesh '{}' is not RxS (e.g. 2x4)", options.mesh));
+    config.replicas =
+        integer_option("--mesh", options.mesh.substr(0, cross), 1, comm::kMaxThreadsRanks);
+    integer_option("--mesh", options.mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
+  }
+  if (options.reshard_after_forward && options.no_reshard_after_forward)
+    throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
+  config.reshard_after_forward = !options.no_reshard_after_forward;
+  config.prefetch = static_cast<int>(integer_option("--prefetch", options.prefetch, 0, 64));
+  config.param_dtype = parse_dtype(options.param_dtype);
+  config.reduce_dtype = parse_dtype(options.reduce_dtype);
+  for (const auto& [name, dtype] :
+       {std::pair{"--param-dtype", config.param_dtype}, {"--reduce-dtype", config.reduce_dtype}}) {
+    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+      throw ParseError(
+          fmt::format("{} {} is not one of f32, bf16, f16", name, dtype_name(dtype)));
+    }
+  }
+  if (config.mode == comm::ReductionMode::exact && config.reduce_dtype != DType::f32) {
+    throw ParseError(fmt::format("--reduce-dtype {} with --mode exact: exact mode reduces "
+                                 "gradients exactly (use ordered or native)",
+                                 options.reduce_dtype));
+  }
+  config.micro_batch_mode = train::parse_micro_batch_mode(options.micro_batch_mode);
+  config.trace = !options.trace.empty();
   return config;
+}
+
+/// The rank count of --mesh RxS (R * S), or 0 without --mesh.
+std::int64_t mesh_ranks(const std::string& mesh) {
+  if (mesh.empty()) return 0;
+  const auto cross = mesh.find('x');
+  return integer_option("--mesh", mesh.substr(0, cross), 1, comm::kMaxThreadsRanks) *
+         integer_option("--mesh", mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
 }
 
 std::string format_duration(double seconds) {
@@ -139,8 +193,28 @@ void draw_plot(const std::string& path, const std::vector<train::EpochReport>& e
 void run_train(const TrainOptions& options) {
   train::TrainConfig config = parse_config(options);
   const Backend backend = parse_backend(options.backend);
-  const std::int64_t ranks = integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
+  std::int64_t ranks = integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
+  if (const std::int64_t mesh = mesh_ranks(options.mesh); mesh > 0) {
+    if (options.ranks_option->count() > 0 && mesh != ranks) {
+      throw ParseError(
+          fmt::format("--mesh {} has {} ranks but --ranks is {}", options.mesh, mesh, ranks));
+    }
+    ranks = mesh;
+  }
+  if (mesh_ranks(options.mesh) > comm::kMaxThreadsRanks) {
+    throw ParseError(fmt::format("--mesh {} has more than {} ranks", options.mesh,
+                                 comm::kMaxThreadsRanks));
+  }
+  const comm::LinkDelay link = options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
+  if (!options.link.empty() && backend == Backend::mpi)
+    throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
+  std::optional<std::ofstream> trace_file;
+  if (!options.trace.empty()) {
+    trace_file.emplace(options.trace);
+    if (!*trace_file)
+      throw DataError(fmt::format("{}: cannot write the --trace file", options.trace));
+  }
   std::optional<std::ofstream> log;
   if (!options.log.empty()) {
     log.emplace(options.log);
@@ -149,11 +223,14 @@ void run_train(const TrainOptions& options) {
   const train::Dataset data = train::load_dataset(options.data);
   const std::string command = fmt::format(
       "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
-      "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={}",
+      "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
+      "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={}",
       options.data, options.model, options.activation, options.layernorm, config.epochs,
       config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
       options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
-      config.seed);
+      config.seed, static_cast<int>(config.strategy), config.replicas,
+      config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
+      options.micro_batch_mode, config.trace);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
   if (log)
     *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
@@ -166,11 +243,12 @@ void run_train(const TrainOptions& options) {
     }
     if (leader && !options.json) {
       std::cout << fmt::format(
-          "training {} ({}{}) on {} {} rank(s), mode {}, global batch {}, {} micro-batch(es) per "
-          "rank, {}\n",
+          "training {} ({}{}) on {} {} rank(s), {}, mode {}, global batch {}, {} micro-batch(es) "
+          "per rank, {}\n",
           options.model, options.activation, options.layernorm ? ", layernorm" : "", world.size(),
-          backend == Backend::threads ? "threads" : "mpi", options.mode, config.batch,
-          config.micro_batches, options.data);
+          backend == Backend::threads ? "threads" : "mpi",
+          options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy,
+          options.mode, config.batch, config.micro_batches, options.data);
       std::cout.flush();
     }
     train::TrainCallbacks callbacks;
@@ -206,23 +284,47 @@ void run_train(const TrainOptions& options) {
     };
     const train::TrainResult result = train::train(world, data, config, callbacks);
     if (!leader) return;
+    if (trace_file) {
+      *trace_file << result.trace << '\n';
+      trace_file->close();
+      if (!*trace_file) throw DataError(fmt::format("{}: writing the trace failed", options.trace));
+    }
+    nlohmann::json memory;
+    for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k) {
+      memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] =
+          result.memory_peak.bytes[k];
+    }
+    memory["total"] = result.memory_peak.total();
     if (options.json) {
       nlohmann::json final_json = {{"final", true},
                                    {"test_accuracy", result.test_accuracy},
                                    {"digest", digest_hex(result.digest)},
                                    {"replicas_identical", result.replicas_identical},
                                    {"ranks", world.size()},
+                                   {"mesh", result.mesh},
                                    {"mode", options.mode},
                                    {"steps", result.steps},
                                    {"parameters", result.parameters},
+                                   {"peak_memory_bytes", memory},
                                    {"seconds", result.seconds}};
       std::cout << final_json.dump() << '\n';
     } else {
       std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
                                result.test_accuracy, result.steps, result.seconds);
+      const auto kind = [&](fsdp::MemoryKind k) {
+        return format_bytes(static_cast<double>(result.memory_peak.of(k)));
+      };
+      std::cout << fmt::format(
+          "peak memory of rank 0: {} (parameters {}, gradients {}, optimizer {}, unsharded {}) "
+          "on mesh {}\n",
+          format_bytes(static_cast<double>(result.memory_peak.total())),
+          kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
+          kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
+          result.mesh);
       std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
                                digest_hex(result.digest), result.parameters,
                                result.replicas_identical ? "identical" : "DIFFER", world.size());
+      if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
     }
     std::cout.flush();
     if (!options.plot.empty()) {
@@ -232,7 +334,7 @@ void run_train(const TrainOptions& options) {
     }
     if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
       set_exit_status(1);
-  });
+  }, link);
 }
 
 /// `meshtensor bench train`: the options of `meshtensor train` it shares (and so its defaults),
@@ -429,6 +531,27 @@ void add_train_command(CLI::App& app) {
       command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");
   command->add_option("--backend", options->backend, "threads, or mpi under mpirun");
   command->add_option("--mode", options->mode, "gradient reduction: ordered, exact or native");
+  command->add_option("--strategy", options->strategy,
+                      "ddp, fsdp or hsdp (default: hsdp with --mesh, ddp otherwise)");
+  command->add_option("--mesh", options->mesh,
+                      "hsdp mesh RxS: R replicas of S-way sharding (ranks = R*S; default 2xN/2)");
+  add_flag(*command, "--reshard-after-forward", options->reshard_after_forward,
+           "free gathered parameters after forward, gather again for backward (the default)");
+  add_flag(*command, "--no-reshard-after-forward", options->no_reshard_after_forward,
+           "keep gathered parameters from forward to backward");
+  command->add_option("--prefetch", options->prefetch,
+                      "parameter groups gathered ahead of use (default 1; 0: none)");
+  command->add_option("--param-dtype", options->param_dtype,
+                      "dtype parameters are gathered and computed in: f32, bf16, f16");
+  command->add_option("--reduce-dtype", options->reduce_dtype,
+                      "dtype gradients are reduced in: f32, bf16, f16 (ordered/native modes)");
+  command->add_option("--micro-batch-mode", options->micro_batch_mode,
+                      "no-sync (sum locally, reduce on the last) or reduce-scatter (reduce-scatter "
+                      "each, all-reduce the last)");
+  command->add_option("--link", options->link,
+                      "simulated network for threads, LATENCY,GBPS (e.g. 20us,10)");
+  command->add_option("--trace", options->trace,
+                      "write every rank's events to this Chrome trace JSON (Perfetto opens it)");
   command->add_option("--log", options->log, "write the per-epoch figures to this CSV file");
   command->add_option("--plot", options->plot, "draw loss and accuracy per epoch to this PNG");
   add_flag(*command, "--json", options->json, "one JSON object per epoch and a final one");

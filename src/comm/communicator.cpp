@@ -106,6 +106,7 @@ std::string CollectiveCall::to_string() const {
   if (is_reducing(kind))
     details += fmt::format(", {}, {}", reduce_op_name(op), reduction_mode_name(mode));
   if (kind == CollectiveKind::broadcast) details += fmt::format(", root {}", root);
+  if (!label.empty()) details = fmt::format("'{}'{}{}", label, details.empty() ? "" : ", ", details);
   return fmt::format("{} #{}{}", collective_name(kind), sequence,
                      details.empty() ? "" : " (" + details + ")");
 }
@@ -119,7 +120,8 @@ void check_calls_match(std::span<const CollectiveCall* const> calls,
   const CollectiveCall& first = *calls[0];
   for (std::size_t i = 1; i < calls.size(); ++i) {
     const CollectiveCall& call = *calls[i];
-    bool same = call.kind == first.kind && call.sequence == first.sequence;
+    bool same =
+        call.kind == first.kind && call.sequence == first.sequence && call.label == first.label;
     if (same && call.kind != CollectiveKind::barrier && call.kind != CollectiveKind::split) {
       same = call.dtype == first.dtype;
     }

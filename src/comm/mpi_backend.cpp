@@ -330,6 +330,9 @@ std::vector<std::int64_t> serialize(const CollectiveCall& call) {
     out.push_back(static_cast<std::int64_t>(counts->size()));
     out.insert(out.end(), counts->begin(), counts->end());
   }
+  out.push_back(static_cast<std::int64_t>(call.label.size()));
+  for (const char c : call.label)
+    out.push_back(static_cast<unsigned char>(c));
   return out;
 }
 
@@ -349,6 +352,9 @@ CollectiveCall deserialize(std::span<const std::int64_t> in) {
                    in.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
   }
+  const auto label_size = static_cast<std::size_t>(in[at++]);
+  for (std::size_t i = 0; i < label_size; ++i)
+    call.label.push_back(static_cast<char>(in[at + i]));
   return call;
 }
 
@@ -616,7 +622,8 @@ class MpiCommunicator final : public QueuedCommunicator {
     for (const std::uint64_t field :
          {static_cast<std::uint64_t>(call.kind), static_cast<std::uint64_t>(call.dtype),
           static_cast<std::uint64_t>(call.op), static_cast<std::uint64_t>(call.mode),
-          static_cast<std::uint64_t>(call.count)}) {
+          static_cast<std::uint64_t>(call.count),
+          static_cast<std::uint64_t>(std::hash<std::string>{}(call.label))}) {
       value = mix64(value ^ field);
     }
     return value;

@@ -122,6 +122,7 @@ std::shared_ptr<Communicator> QueuedCommunicator::split(std::int64_t color, std:
 Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor output,
                                  const CollectiveOptions& options) {
   call.sequence = next_sequence_++;
+  call.label = options.label;
   const auto timeout = options.timeout;
   return queue_.submit([this, call = std::move(call), input = std::move(input),
                         output = std::move(output), timeout] {
@@ -132,6 +133,7 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
 void QueuedCommunicator::run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
                                  const CollectiveOptions& options) {
   call.sequence = next_sequence_++;
+  call.label = options.label;
   queue_.run([&] {
     run_collective(call, input, output, std::chrono::steady_clock::now() + options.timeout);
   });

@@ -1,5 +1,8 @@
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -33,7 +36,8 @@ struct GroupState;
 // The world: abort state, every group (to wake their waiters on abort) and the hand-over of
 // groups made by split().
 struct ThreadsShared {
-  explicit ThreadsShared(int world_size) : size(world_size) {}
+  ThreadsShared(int world_size, LinkDelay link_delay)
+      : size(world_size), link(std::move(link_delay)) {}
 
   void abort(const std::string& why);
   std::string abort_reason() {
@@ -46,6 +50,7 @@ struct ThreadsShared {
   }
 
   const int size;
+  const LinkDelay link;
   std::shared_ptr<GroupState> world_group;
   std::atomic<bool> aborted{false};
   std::mutex mutex;
@@ -247,6 +252,9 @@ class ThreadsCommunicator final : public QueuedCommunicator {
       throw;
     }
     group.arrive_and_wait(rank_, deadline, *world_, *posting.call);
+    if (world_->link && size() > 1) {
+      std::this_thread::sleep_for(world_->link(*posting.call, group.world_ranks));
+    }
   }
 
   void move_data(const CollectiveCall& call) {
@@ -331,12 +339,88 @@ class ThreadsCommunicator final : public QueuedCommunicator {
 
 }  // namespace
 
-ThreadsWorld::ThreadsWorld(int size) {
+std::int64_t link_bytes(const CollectiveCall& call, int size) {
+  if (size <= 1) return 0;
+  const auto element = static_cast<std::int64_t>(dtype_size(call.dtype));
+  const auto sum = [](const std::vector<std::int64_t>& counts) {
+    std::int64_t total = 0;
+    for (const std::int64_t c : counts)
+      total += c;
+    return total;
+  };
+  switch (call.kind) {
+    case CollectiveKind::all_reduce:
+      return 2 * (size - 1) * call.count * element / size;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_gather:
+      return (size - 1) * sum(call.segment_counts) * element / size;
+    case CollectiveKind::broadcast:
+      return call.count * element;
+    case CollectiveKind::all_to_all:
+      return sum(call.recv_counts) * element * (size - 1) / size;
+    case CollectiveKind::barrier:
+    case CollectiveKind::split:
+      return 0;
+  }
+  return 0;
+}
+
+LinkDelay simulated_link(std::chrono::nanoseconds latency, double bytes_per_second) {
+  if (latency.count() < 0 || !(bytes_per_second > 0)) {
+    throw InvalidArgument(fmt::format("a simulated link needs a latency >= 0 and a bandwidth > 0, "
+                                      "got {} ns and {} bytes/s",
+                                      latency.count(), bytes_per_second));
+  }
+  return [latency, bytes_per_second](const CollectiveCall& call,
+                                     const std::vector<std::int64_t>& ranks) {
+    const double bytes =
+        static_cast<double>(link_bytes(call, static_cast<int>(ranks.size())));
+    return latency + std::chrono::nanoseconds(std::llround(bytes / bytes_per_second * 1e9));
+  };
+}
+
+LinkDelay parse_link(const std::string& text) {
+  const auto fail = [&] {
+    return ParseError(fmt::format(
+        "link '{}' is not LATENCY,GBPS (e.g. 20us,10: latency in ns, us, ms or s, bandwidth in "
+        "GB/s, both positive and finite)",
+        text));
+  };
+  const std::size_t comma = text.find(',');
+  if (comma == std::string::npos) throw fail();
+  std::string latency_text = text.substr(0, comma);
+  const std::string bandwidth_text = text.substr(comma + 1);
+  double unit = 1e3;  // microseconds
+  for (const auto& [suffix, scale] : {std::pair{"ns", 1.0}, std::pair{"us", 1e3},
+                                      std::pair{"ms", 1e6}, std::pair{"s", 1e9}}) {
+    const std::string_view s(suffix);
+    if (latency_text.size() > s.size() && latency_text.ends_with(s)) {
+      latency_text.resize(latency_text.size() - s.size());
+      unit = scale;
+      break;
+    }
+  }
+  const auto number = [&](const std::string& part) {
+    char* end = nullptr;
+    errno = 0;
+    const double value = part.empty() ? -1 : std::strtod(part.c_str(), &end);
+    if (part.empty() || end != part.c_str() + part.size() || errno != 0 || !std::isfinite(value) ||
+        value < 0 || value > 1e12)
+      throw fail();
+    return value;
+  };
+  const double latency_ns = number(latency_text) * unit;
+  const double gbps = number(bandwidth_text);
+  if (!(gbps > 0) || latency_ns > 1e12) throw fail();
+  return simulated_link(std::chrono::nanoseconds(std::llround(latency_ns)), gbps * 1e9);
+}
+
+ThreadsWorld::ThreadsWorld(int size, LinkDelay link) {
   if (size < 1 || size > kMaxThreadsRanks) {
     throw InvalidArgument(
         fmt::format("a threads world needs 1 to {} ranks, not {}", kMaxThreadsRanks, size));
   }
-  shared_ = std::make_shared<ThreadsShared>(size);
+  shared_ = std::make_shared<ThreadsShared>(size, std::move(link));
   std::vector<std::int64_t> members(static_cast<std::size_t>(size));
   for (std::size_t i = 0; i < members.size(); ++i)
     members[i] = static_cast<std::int64_t>(i);
@@ -360,8 +444,8 @@ void ThreadsWorld::abort(const std::string& reason) const {
   shared_->abort(reason);
 }
 
-void run_threads(int size, const std::function<void(Communicator&)>& body) {
-  const ThreadsWorld world(size);
+void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link) {
+  const ThreadsWorld world(size, std::move(link));
   std::vector<std::shared_ptr<Communicator>> communicators;
   for (int rank = 0; rank < size; ++rank)
     communicators.push_back(world.communicator(rank));

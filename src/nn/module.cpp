@@ -6,6 +6,25 @@
 
 namespace meshtensor::nn {
 
+Tensor run_forward(Module& module, const Tensor& input) {
+  ModuleHooks* hooks = module.hooks();
+  if (hooks == nullptr) return module.forward(input);
+  hooks->pre_forward(module);
+  Tensor output = module.forward(input);
+  hooks->post_forward(module);
+  return output;
+}
+
+Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,
+                    bool need_input_grad) {
+  ModuleHooks* hooks = module.hooks();
+  if (hooks == nullptr) return module.backward(grad_output, sink, need_input_grad);
+  hooks->pre_backward(module);
+  Tensor grad_input = module.backward(grad_output, sink, need_input_grad);
+  hooks->post_backward(module);
+  return grad_input;
+}
+
 void Sequential::add(std::unique_ptr<Module> module) {
   if (!module) throw InvalidArgument("Sequential::add: the module is null");
   const std::size_t index = modules_.size();
@@ -17,14 +36,14 @@ void Sequential::add(std::unique_ptr<Module> module) {
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   for (auto& module : modules_)
-    x = module->forward(x);
+    x = run_forward(*module, x);
   return x;
 }
 
 Tensor Sequential::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
   Tensor grad = grad_output;
   for (std::size_t i = modules_.size(); i-- > 0;)
-    grad = modules_[i]->backward(grad, sink, i > 0 || need_input_grad);
+    grad = run_backward(*modules_[i], grad, sink, i > 0 || need_input_grad);
   return grad;
 }
 

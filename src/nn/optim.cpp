@@ -119,6 +119,23 @@ void AdamW::step(double lr) {
   ++steps_;
 }
 
+namespace {
+std::int64_t bytes_of(const std::vector<Tensor>& tensors) {
+  std::int64_t total = 0;
+  for (const Tensor& t : tensors)
+    total += static_cast<std::int64_t>(t.nbytes());
+  return total;
+}
+}  // namespace
+
+std::int64_t SGD::state_bytes() const {
+  return bytes_of(momentum_buffers_);
+}
+
+std::int64_t AdamW::state_bytes() const {
+  return bytes_of(first_moments_) + bytes_of(second_moments_);
+}
+
 double LrSchedule::at(std::int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps)
     return base * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);

@@ -4,14 +4,30 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/fsdp/reduction.hpp>
+#include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
-#include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 namespace meshtensor::train {
+
+Strategy parse_strategy(const std::string& text) {
+  if (text == "ddp") return Strategy::ddp;
+  if (text == "fsdp") return Strategy::fsdp;
+  if (text == "hsdp") return Strategy::hsdp;
+  throw ParseError(fmt::format("unknown strategy '{}' (expected ddp, fsdp or hsdp)", text));
+}
+
+MicroBatchMode parse_micro_batch_mode(const std::string& text) {
+  if (text == "no-sync") return MicroBatchMode::no_sync;
+  if (text == "reduce-scatter") return MicroBatchMode::reduce_scatter;
+  throw ParseError(
+      fmt::format("unknown micro-batch mode '{}' (expected no-sync or reduce-scatter)", text));
+}
 
 OptimizerKind parse_optimizer(const std::string& text) {
   if (text == "adamw") return OptimizerKind::adamw;
@@ -52,35 +68,39 @@ comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
   return options;
 }
 
-/// Merges the binned sums of every rank and rounds (exact sum) / divisor into `rounded` (f32 or
-/// f64 [count]) on every rank. The bins agree on their maximum; then each rank takes one slice of
-/// the elements: the digit sums of its slice are reduce-scattered to it (integers far below 2^53,
-/// so any order adds them exactly), it rounds them, and the rounded slices are all-gathered. The
-/// rounding work is split over the ranks and the gathered values are 4 or 8 bytes per element
-/// instead of the 24 of the digits.
-void reduce_binned(comm::Communicator& world, kernels::BinnedSums& sums, std::int64_t divisor,
-                   const Tensor& rounded) {
-  Tensor bins = sums.bins.clone();
-  world.all_reduce(bins, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
-  kernels::align_bins(sums, bins);
-  const std::int64_t count = sums.count();
-  const std::int64_t ranks = world.size();
-  std::vector<std::int64_t> counts;
-  for (std::int64_t r = 0; r < ranks; ++r)
-    counts.push_back(chunk_extent(count, ranks, r).size);
-  const Chunk mine = chunk_extent(count, ranks, world.rank());
-  kernels::BinnedSums slice(mine.size);
-  slice.bins.copy_from(bins.narrow(0, mine.offset, mine.size));
-  const auto plane = [](const Tensor& digits, std::int64_t index, std::int64_t length) {
-    return digits.narrow(0, index, 1).reshape(Shape{length});
-  };
-  for (std::int64_t p = 0; p < 3; ++p) {
-    world.reduce_scatter(plane(sums.digits, p, count), plane(slice.digits, p, mine.size), counts,
-                         reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+/// The mesh of a strategy and the mesh dims parameters are sharded / replicated over.
+struct Placement {
+  DeviceMesh mesh;
+  fsdp::FsdpConfig config;
+  std::string description;
+};
+
+Placement placement_for(const TrainConfig& config, std::int64_t ranks) {
+  fsdp::FsdpConfig shard;
+  shard.reshard_after_forward = config.reshard_after_forward;
+  shard.param_dtype = config.param_dtype;
+  shard.reduce_dtype = config.reduce_dtype;
+  switch (config.strategy) {
+    case Strategy::ddp:
+      shard.replicate_mesh_dims = {0};
+      shard.shard_mesh_dims = {};
+      return {DeviceMesh({ranks}), shard, fmt::format("{} (replicate)", ranks)};
+    case Strategy::fsdp:
+      shard.shard_mesh_dims = {0};
+      return {DeviceMesh({ranks}), shard, fmt::format("{} (shard)", ranks)};
+    case Strategy::hsdp: {
+      const std::int64_t replicas = config.replicas > 0 ? config.replicas : (ranks > 1 ? 2 : 1);
+      if (ranks % replicas != 0) {
+        throw InvalidArgument(fmt::format(
+            "hsdp: {} ranks do not split into {} replicas of equal shard groups", ranks, replicas));
+      }
+      shard.replicate_mesh_dims = {0};
+      shard.shard_mesh_dims = {1};
+      return {DeviceMesh({replicas, ranks / replicas}), shard,
+              fmt::format("{}x{} (replicate x shard)", replicas, ranks / replicas)};
+    }
   }
-  Tensor rounded_slice(Shape{mine.size}, rounded.dtype());
-  kernels::round_binned_sums(slice, divisor, rounded_slice);
-  world.all_gather(rounded_slice, rounded, counts);
+  throw InvalidArgument("unknown strategy");
 }
 
 void validate(const TrainConfig& config, const Dataset& data) {
@@ -108,37 +128,52 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   const bool leader = world.rank() == 0;
   config.model.inputs = data.train.features();
   config.model.outputs = kClasses;
+  const std::int64_t ranks = world.size();
+  const std::int64_t rank = world.rank();
+  Placement placement = placement_for(config, ranks);
+
   auto model = nn::make_mlp(config.model);
   const std::vector<nn::Parameter*> parameters = model->parameters();
-
-  std::optional<nn::DenseGradients> dense;
-  std::optional<nn::BinnedGradients> binned;
-  if (exact) {
-    binned.emplace(parameters);
-  } else {
-    dense.emplace(parameters);
+  const std::int64_t parameter_count = nn::parameter_count(parameters);
+  // MeshGroups shares the world communicator; the caller owns it.
+  comm::MeshGroups groups(placement.mesh,
+                          std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
+  fsdp::RuntimeOptions runtime;
+  runtime.mode = config.mode;
+  runtime.prefetch = config.prefetch;
+  fsdp::ShardedModel sharded(*model, groups, runtime);
+  if (config.trace) {
+    // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
+    // monotonic clock, so processes of one machine share it).
+    Tensor origin = Tensor::full(Shape{1}, DType::i64, 0.0);
+    origin.values<std::int64_t>()[0] = run_start.time_since_epoch().count();
+    world.broadcast(origin, 0);
+    sharded.tracer().enable(Clock::time_point(Clock::duration(origin.values<std::int64_t>()[0])));
   }
-  nn::GradientSink& sink = exact ? static_cast<nn::GradientSink&>(*binned) : *dense;
-  const Tensor gradient_means(Shape{exact ? nn::parameter_count(parameters) : 0}, DType::f32);
+  for (std::size_t i = 0; i < model->size(); ++i) {
+    nn::Module& layer = model->at(i);
+    if (!layer.parameters().empty()) sharded.fully_shard(layer, placement.config);
+  }
 
   std::unique_ptr<nn::Optimizer> optimizer;
   if (config.optimizer == OptimizerKind::adamw) {
-    optimizer = std::make_unique<nn::AdamW>(nn::slots_of(parameters), config.weight_decay);
+    optimizer = std::make_unique<nn::AdamW>(sharded.optimizer_slots(), config.weight_decay);
   } else {
-    optimizer =
-        std::make_unique<nn::SGD>(nn::slots_of(parameters), config.momentum, config.weight_decay);
+    optimizer = std::make_unique<nn::SGD>(sharded.optimizer_slots(), config.momentum,
+                                          config.weight_decay);
   }
+  sharded.memory().add(fsdp::MemoryKind::optimizer_state, optimizer->state_bytes());
+  std::int64_t optimizer_bytes = optimizer->state_bytes();
 
   const std::int64_t samples = data.train.count;
   const std::int64_t steps_per_epoch = (samples + config.batch - 1) / config.batch;
   const std::int64_t total_steps =
       config.steps > 0 ? config.steps : config.epochs * steps_per_epoch;
   config.schedule.total_steps = total_steps;
-  const std::int64_t ranks = world.size();
-  const std::int64_t rank = world.rank();
 
   TrainResult result;
-  result.parameters = nn::parameter_count(parameters);
+  result.parameters = parameter_count;
+  result.mesh = placement.description;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::vector<std::uint8_t> labels;
@@ -148,6 +183,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   const std::int64_t total_samples =
       (total_steps / steps_per_epoch) * samples +
       std::min(samples, (total_steps % steps_per_epoch) * config.batch);
+  fsdp::Tracer& tracer = sharded.tracer();
 
   while (step < total_steps) {
     ++epoch;
@@ -158,46 +194,50 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
     std::int64_t correct_total = 0;
     const auto epoch_start = Clock::now();
     for (std::int64_t s = 0; s < epoch_steps; ++s) {
+      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step + 1), "step",
+                                         "step");
       const std::int64_t start = s * config.batch;
       const std::int64_t global_batch = std::min(config.batch, samples - start);
       const Chunk slice = chunk_extent(global_batch, ranks, rank);
-      if (exact) {
-        binned->clear();
-      } else {
-        dense->clear();
-      }
+      sharded.zero_grad();
+      sharded.set_gradient_divide_factor(static_cast<double>(global_batch));
       kernels::BinnedSums loss_sums(1);
       double loss_local = 0.0;
       std::int64_t correct_local = 0;
+      // Every rank runs every micro-batch, empty or not: the collectives are the same on all.
       for (std::int64_t k = 0; k < config.micro_batches; ++k) {
+        const bool last = k + 1 == config.micro_batches;
+        sharded.set_is_last_backward(last);
+        if (config.micro_batch_mode == MicroBatchMode::no_sync) {
+          sharded.set_requires_gradient_sync(last);
+          sharded.set_requires_all_reduce(true);
+        } else {
+          sharded.set_requires_gradient_sync(true);
+          sharded.set_requires_all_reduce(last);
+        }
         const Chunk micro = chunk_extent(slice.size, config.micro_batches, k);
-        if (micro.size == 0) continue;
         const Tensor x = gather_inputs(data.train, &order, start + slice.offset + micro.offset,
                                        micro.size, labels);
-        const Tensor logits = model->forward(x);
+        const Tensor logits = sharded.forward(x);
         const nn::CrossEntropyResult loss = nn::softmax_cross_entropy(logits, labels);
         if (exact) {
-          kernels::add_column_sums(loss_sums, 0, loss.losses.reshape(Shape{micro.size, 1}));
+          if (micro.size > 0)
+            kernels::add_column_sums(loss_sums, 0, loss.losses.reshape(Shape{micro.size, 1}));
         } else {
           for (const double value : loss.losses.values<double>())
             loss_local += value;
         }
         correct_local += loss.correct;
-        model->backward(loss.grad_logits, sink, /*need_input_grad=*/false);
+        sharded.backward(loss.grad_logits);
       }
 
-      // One reduction of the gradient sums, then the mean over the global batch.
       Tensor metrics(Shape{2}, DType::f64);
       double batch_loss_sum = 0.0;
       if (exact) {
-        reduce_binned(world, binned->sums(), global_batch, gradient_means);
-        binned->set_gradients(gradient_means);
         Tensor loss_sum(Shape{1}, DType::f64);
-        reduce_binned(world, loss_sums, 1, loss_sum);
+        fsdp::reduce_binned_sums(world, loss_sums, 1, loss_sum);
         batch_loss_sum = loss_sum.values<double>()[0];
       } else {
-        world.all_reduce(dense->sums(), reduce_options(ReduceOp::sum, config.mode));
-        dense->finish(global_batch);
         metrics.values<double>()[1] = loss_local;
       }
       metrics.values<double>()[0] = static_cast<double>(correct_local);
@@ -206,7 +246,15 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
       correct_total += static_cast<std::int64_t>(metrics.values<double>()[0]);
       loss_total += batch_loss_sum;
 
-      optimizer->step(config.schedule.at(step));
+      {
+        const fsdp::Tracer::Span span(tracer, "optimizer step", "optimizer", "compute");
+        optimizer->step(config.schedule.at(step));
+      }
+      if (optimizer->state_bytes() != optimizer_bytes) {  // SGD makes its buffers lazily
+        sharded.memory().add(fsdp::MemoryKind::optimizer_state,
+                             optimizer->state_bytes() - optimizer_bytes);
+        optimizer_bytes = optimizer->state_bytes();
+      }
       ++step;
       if (leader && callbacks.on_step) {
         const double elapsed = seconds_since(epoch_start);
@@ -228,18 +276,21 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
     total_train_seconds += train_seconds;
     total_samples_done += epoch_samples;
 
-    // Test accuracy: each rank predicts its slice of the test set.
+    // Test accuracy: each rank predicts its slice of the test set, in as many forwards as the
+    // largest slice needs (the gathers are collective).
     std::int64_t test_correct = 0;
     const Chunk test_slice = chunk_extent(data.test.count, ranks, rank);
     constexpr std::int64_t kEvalRows = 1000;
-    for (std::int64_t first = 0; first < test_slice.size; first += kEvalRows) {
-      const std::int64_t rows = std::min(kEvalRows, test_slice.size - first);
-      const Tensor x = gather_inputs(data.test, nullptr, test_slice.offset + first, rows, labels);
-      const std::vector<std::int64_t> predicted = nn::predict(model->forward(x));
+    const std::int64_t largest = chunk_extent(data.test.count, ranks, 0).size;
+    for (std::int64_t first = 0; first < largest; first += kEvalRows) {
+      const std::int64_t rows = std::clamp<std::int64_t>(test_slice.size - first, 0, kEvalRows);
+      const Tensor x = gather_inputs(data.test, nullptr, test_slice.offset + std::min(first, test_slice.size), rows, labels);
+      const std::vector<std::int64_t> predicted = nn::predict(sharded.forward(x));
       for (std::int64_t r = 0; r < rows; ++r)
         if (predicted[static_cast<std::size_t>(r)] == labels[static_cast<std::size_t>(r)])
           ++test_correct;
     }
+    sharded.reshard();
     Tensor test_metric = Tensor::full(Shape{1}, DType::f64, static_cast<double>(test_correct));
     world.all_reduce(test_metric, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
 
@@ -261,7 +312,9 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
 
   result.steps = step;
   result.test_accuracy = result.epochs.empty() ? 0.0 : result.epochs.back().test_accuracy;
-  result.digest = nn::parameters_digest(parameters);
+  result.memory_peak = sharded.memory().peak();
+  result.memory_peak_by_kind = sharded.memory().peak_by_kind();
+  result.digest = sharded.full_parameters_digest();
   // Replicas agree when the largest and the smallest digest over the ranks are equal; the
   // maximum of ~d is ~(minimum of d).
   Tensor digests(Shape{2}, DType::i64);
@@ -271,6 +324,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   world.all_reduce(digests, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
   result.replicas_identical =
       digests.values<std::int64_t>()[0] == ~digests.values<std::int64_t>()[1];
+  if (config.trace) result.trace = fsdp::gather_chrome_trace(world, tracer.events());
   result.seconds = seconds_since(run_start);
   return result;
 }

@@ -45,6 +45,10 @@ struct CollectiveOptions {
   ReduceOp op = ReduceOp::sum;                            ///< reducing collectives only
   ReductionMode mode = ReductionMode::ordered;            ///< reducing collectives only
   std::chrono::milliseconds timeout = default_timeout();  ///< how long to wait for the others
+  /// What the call is for, e.g. "unshard layers.0": part of the call that every rank must agree
+  /// on (a rank that issues another label at this position is a DesyncError naming both) and of
+  /// every message about it. Empty: unlabelled.
+  std::string label = {};
 };
 
 /// The collectives a Communicator offers.
@@ -74,6 +78,7 @@ struct CollectiveCall {
   std::vector<std::int64_t> segment_counts;  ///< reduce_scatter / all_gather: elements per rank
   std::vector<std::int64_t> send_counts;     ///< all_to_all: elements this rank sends to each rank
   std::vector<std::int64_t> recv_counts;     ///< all_to_all: elements it receives from each rank
+  std::string label;                         ///< CollectiveOptions::label
 
   /// "all_reduce #3 (f32, 1024 elements, sum, ordered)".
   std::string to_string() const;

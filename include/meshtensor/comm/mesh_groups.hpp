@@ -29,15 +29,19 @@ class MeshGroups {
   /// Communicator over `dims` (major to minor): its members are mesh.group_ranks(rank(), dims)
   /// in that order. Collective on first use of a rank list: every rank of the mesh must ask for
   /// the same dims in the same order; cached lookups communicate nothing.
+  ///
+  /// `channel` > 0 asks for another communicator over the same ranks, with its own queue: work
+  /// on different channels of one rank list runs concurrently (e.g. the all-gathers and the
+  /// reduce-scatters of a sharded model). Channel 0 of the whole mesh is the world itself.
   std::shared_ptr<Communicator> group(std::span<const int> dims,
-                                      const CollectiveOptions& options = {});
+                                      const CollectiveOptions& options = {}, int channel = 0);
   /// Number of distinct communicators created so far (the world included).
   std::size_t cached_groups() const { return by_ranks_.size(); }
 
  private:
   DeviceMesh mesh_;
   std::shared_ptr<Communicator> world_;
-  std::map<std::vector<std::int64_t>, std::shared_ptr<Communicator>> by_ranks_;
+  std::map<std::pair<std::vector<std::int64_t>, int>, std::shared_ptr<Communicator>> by_ranks_;
 };
 
 }  // namespace meshtensor::comm

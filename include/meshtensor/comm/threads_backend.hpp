@@ -1,8 +1,10 @@
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
 
@@ -15,13 +17,33 @@ struct ThreadsShared;
 /// Most ranks a threads world runs.
 inline constexpr int kMaxThreadsRanks = 4096;
 
+/// Extra wall time a collective takes on a simulated link, given the call and its group's world
+/// ranks: the rank's queue sleeps that long after moving the data (in memory), so communication
+/// takes time without taking a core, as it would on a network.
+using LinkDelay = std::function<std::chrono::nanoseconds(const CollectiveCall& call,
+                                                         const std::vector<std::int64_t>& ranks)>;
+
+/// Bytes one rank moves over its link for `call` on a group of `size` ranks with ring-style
+/// algorithms: all_gather and reduce_scatter (n-1)/n of the whole buffer, all_reduce twice that,
+/// broadcast the buffer, all_to_all what the rank receives from others; 0 on a single rank.
+std::int64_t link_bytes(const CollectiveCall& call, int size);
+
+/// The link every group of the world sits on: `latency` per collective plus link_bytes() at
+/// `bytes_per_second`; a group of one rank communicates nothing and takes no time.
+LinkDelay simulated_link(std::chrono::nanoseconds latency, double bytes_per_second);
+
+/// Parses "LATENCY,GBPS": latency with a unit (ns, us, ms or s; a bare number is microseconds)
+/// and bandwidth in GB/s (1e9 bytes), e.g. "20us,10". ParseError naming the text otherwise.
+LinkDelay parse_link(const std::string& text);
+
 /// All ranks of a job as threads of one process, exchanging through shared memory. Each rank's
 /// collectives run on a queue of its own per group; a collective's calls are compared across
 /// ranks before any data moves (a mismatch is a DesyncError on every rank, never a hang).
 class ThreadsWorld {
  public:
-  /// A world of `size` ranks (1 to kMaxThreadsRanks).
-  explicit ThreadsWorld(int size);
+  /// A world of `size` ranks (1 to kMaxThreadsRanks); `link`, when set, delays every collective
+  /// of every group as a network would.
+  explicit ThreadsWorld(int size, LinkDelay link = {});
   /// Number of ranks.
   int size() const;
   /// The communicator of the whole world for `rank`. Call once per rank and use it from that
@@ -39,6 +61,7 @@ class ThreadsWorld {
 /// ranks' collectives fail with CommError naming it) and the first error is rethrown here. A
 /// thread that cannot be started (a process or memory limit) fails the world the same way and
 /// throws ResourceError naming the rank.
-void run_threads(int size, const std::function<void(Communicator&)>& body);
+void run_threads(int size, const std::function<void(Communicator&)>& body,
+                 LinkDelay link = {});
 
 }  // namespace meshtensor::comm

@@ -31,6 +31,24 @@ class GradientSink {
   virtual void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) = 0;
 };
 
+class Module;
+
+/// Runs around a module's forward and backward when installed on it (Module::set_hooks), for
+/// whatever calls the module through run_forward() / run_backward(): a sharded-parameter runtime
+/// gathers the module's parameters before and frees them after.
+class ModuleHooks {
+ public:
+  virtual ~ModuleHooks() = default;
+  /// Before forward.
+  virtual void pre_forward(Module& module) = 0;
+  /// After forward.
+  virtual void post_forward(Module& module) = 0;
+  /// Before backward.
+  virtual void pre_backward(Module& module) = 0;
+  /// After backward (every gradient of the module reported to the sink).
+  virtual void post_backward(Module& module) = 0;
+};
+
 /// A layer with explicit forward and backward. forward keeps what backward needs (its input,
 /// normalised values, ...); backward consumes it. Inputs and outputs are f32 [rows, features];
 /// every kernel is row-wise or a batch-invariant matmul, so a row's output bits never depend on
@@ -47,7 +65,23 @@ class Module {
   virtual std::vector<Parameter*> parameters() { return {}; }
   /// Short description, e.g. "Linear(784, 1024)".
   virtual std::string describe() const = 0;
+  /// Installs hooks run around this module's forward and backward (null: none). The hooks must
+  /// outlive the module or be removed first.
+  void set_hooks(ModuleHooks* hooks) { hooks_ = hooks; }
+  /// The installed hooks, or null.
+  ModuleHooks* hooks() const { return hooks_; }
+
+ private:
+  ModuleHooks* hooks_ = nullptr;
 };
+
+/// module.forward(input) between the module's hooks, if any. Containers call their children
+/// through it.
+Tensor run_forward(Module& module, const Tensor& input);
+
+/// module.backward(...) between the module's hooks, if any.
+Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,
+                    bool need_input_grad);
 
 /// Modules applied in order.
 class Sequential : public Module {

@@ -29,6 +29,8 @@ class Optimizer {
   virtual void step(double lr) = 0;
   /// Steps taken so far.
   std::int64_t steps() const { return steps_; }
+  /// Bytes of state the optimizer keeps (momentum buffers, moments).
+  virtual std::int64_t state_bytes() const = 0;
 
  protected:
   std::int64_t steps_ = 0;
@@ -40,6 +42,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<OptimizerSlot> slots, double momentum, double weight_decay);
   void step(double lr) override;
+  std::int64_t state_bytes() const override;
 
  private:
   std::vector<OptimizerSlot> slots_;
@@ -54,6 +57,7 @@ class AdamW : public Optimizer {
   AdamW(std::vector<OptimizerSlot> slots, double weight_decay, double beta1 = 0.9,
         double beta2 = 0.999, double epsilon = 1e-8);
   void step(double lr) override;
+  std::int64_t state_bytes() const override;
 
  private:
   std::vector<OptimizerSlot> slots_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/optim.hpp>
 #include <meshtensor/train/dataset.hpp>
@@ -17,6 +18,25 @@ enum class OptimizerKind : std::uint8_t { adamw, sgd };
 
 /// "adamw" or "sgd"; ParseError naming the text otherwise.
 OptimizerKind parse_optimizer(const std::string& text);
+
+/// How the model is spread over the ranks.
+enum class Strategy : std::uint8_t {
+  ddp,   ///< every rank holds every parameter; gradients all-reduce over all ranks
+  fsdp,  ///< parameters sharded over all ranks; gather before use, reduce-scatter gradients
+  hsdp,  ///< mesh replicas x shards: sharded over the shard dim, replicated over the other
+};
+
+/// "ddp", "fsdp" or "hsdp"; ParseError naming the text otherwise.
+Strategy parse_strategy(const std::string& text);
+
+/// How micro-batches of one step reduce (FSDP2's two controls).
+enum class MicroBatchMode : std::uint8_t {
+  no_sync,         ///< set_requires_gradient_sync(false): sum locally, reduce once on the last
+  reduce_scatter,  ///< set_requires_all_reduce(false): reduce-scatter each, all-reduce the last
+};
+
+/// "no-sync" or "reduce-scatter"; ParseError naming the text otherwise.
+MicroBatchMode parse_micro_batch_mode(const std::string& text);
 
 /// Everything a data-parallel training run depends on. The same config on any number of ranks
 /// sees the same global batches in the same order.
@@ -32,6 +52,14 @@ struct TrainConfig {
   double momentum = 0.9;  ///< SGD only
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   std::uint64_t seed = 0;  ///< initial weights and the data order
+  Strategy strategy = Strategy::ddp;
+  std::int64_t replicas = 0;  ///< hsdp: size of the replicate mesh dim (0: 2, or 1 on one rank)
+  bool reshard_after_forward = true;
+  int prefetch = 1;  ///< groups gathered ahead; 0: none
+  DType param_dtype = DType::f32;
+  DType reduce_dtype = DType::f32;
+  MicroBatchMode micro_batch_mode = MicroBatchMode::no_sync;
+  bool trace = false;  ///< record every rank's events (TrainResult::trace)
 };
 
 /// Progress inside an epoch (for a progress bar).
@@ -65,6 +93,10 @@ struct TrainResult {
   std::int64_t steps = 0;
   std::int64_t parameters = 0;
   double seconds = 0.0;
+  std::string mesh;  ///< e.g. "2x4 (replicate x shard)"
+  fsdp::MemoryTracker::Snapshot memory_peak;  ///< this rank's largest total, by kind
+  fsdp::MemoryTracker::Snapshot memory_peak_by_kind;
+  std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
 };
 
 /// Callbacks run on world rank 0 only.
@@ -73,12 +105,13 @@ struct TrainCallbacks {
   std::function<void(const EpochReport&)> on_epoch;
 };
 
-/// Trains data-parallel on every rank of `world` (call it on all of them): every rank holds the
-/// whole model, takes its Shard(0)-style slice of every global batch, splits it into micro-batches,
-/// sums gradients locally, and one reduction per step in config.mode forms the gradient of the
-/// mean loss over the global batch; then every rank steps. In exact mode the weights are the same
-/// bits for any rank count, micro-batch split and backend; in ordered mode the replicas are the
-/// same bits on every rank and a rerun with the same layout repeats them.
+/// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
+/// each parameterised layer is one fsdp::ShardedModule group; every rank takes its Shard(0)-style
+/// slice of every global batch and splits it into micro-batches; gradients reduce in config.mode
+/// to the gradient of the mean loss over the global batch (divide factor: the global batch), and
+/// every rank steps on its shards. In exact mode the weights are the same bits for any strategy,
+/// mesh, rank count, micro-batch split and mode, and backend; in ordered mode the replicas are
+/// the same bits on every rank and a rerun with the same layout repeats them.
 TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
                   const TrainCallbacks& callbacks = {});
 

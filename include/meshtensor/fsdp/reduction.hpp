@@ -1,0 +1,40 @@
+#pragma once
+
+#include <cstdint>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/dtype.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
+
+namespace meshtensor::fsdp {
+
+/// How a gradient reduction divides: by `pre` before the sum (in f32, before converting to the
+/// reduce dtype) and by `post` after it (in f32), pre * post being the whole factor.
+struct DivideFactors {
+  double pre = 1.0;
+  double post = 1.0;
+};
+
+/// The factors of a sum over `ranks` ranks in `reduce_dtype` that must end divided by `total`.
+/// f32, f64 and bf16 (whose range is f32's) sum, then divide once: pre = 1. f16 tops out at
+/// 65504, so its addends are first divided by a power of two near sqrt(ranks) (exact: it only
+/// moves the exponent) and the sum by the rest: sums of `ranks` values near the top of the range
+/// do not overflow, and small values do not flush to zero either. InvalidArgument unless ranks
+/// >= 1 and total is positive and finite.
+DivideFactors divide_factors(DType reduce_dtype, std::int64_t ranks, double total);
+
+/// A divide factor exact mode can apply inside its one rounding: a positive integer (at most
+/// 2^62). InvalidArgument naming the value otherwise.
+std::int64_t exact_divisor(double factor);
+
+/// Merges the binned sums of every rank of `group` and rounds (exact sum) / divisor into `rounded`
+/// (f32 or f64 [count], contiguous) on every rank: the same bits as rounding the merged sums in
+/// one place, for any number of ranks. The ranks agree on each element's bin (all-reduce max),
+/// then each rank takes one slice of the elements: the digit sums of its slice are
+/// reduce-scattered to it (integers far below 2^53, so the sum is exact in any order), it rounds
+/// them, and the rounded slices are all-gathered. Collective over `group`; `label` names the
+/// calls.
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
+                        std::int64_t divisor, const Tensor& rounded, const std::string& label = {});
+
+}  // namespace meshtensor::fsdp

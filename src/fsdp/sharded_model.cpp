@@ -1,0 +1,818 @@
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/fsdp/reduction.hpp>
+#include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+
+namespace meshtensor::fsdp {
+
+namespace {
+
+// Each group of ranks has one communicator per channel; the world's own (channel 0) is left to
+// the caller.
+constexpr int kUnshardChannel = 1;
+constexpr int kReduceChannel = 2;
+constexpr int kControlChannel = 3;
+
+enum class OrderKind : std::uint8_t { unshard, reduce_scatter, all_reduce };
+constexpr std::array<std::string_view, 3> kOrderNames = {"all-gather (unshard)", "reduce-scatter",
+                                                         "all-reduce"};
+
+std::int64_t bytes_of(const Tensor& t) {
+  return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
+}
+
+bool check_mode_from_environment() {
+  const char* value = std::getenv("MESHTENSOR_CHECK_COLLECTIVES");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+void require_compute_dtype(DType dtype, const char* what) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+    throw InvalidArgument(
+        fmt::format("{} {} is not one of f32, bf16, f16", what, dtype_name(dtype)));
+  }
+}
+
+// "layers.0" from "layers.0.weight", "layers.0.bias".
+std::string common_prefix(const std::vector<nn::Parameter*>& parameters) {
+  std::string prefix = parameters.front()->name;
+  const std::size_t dot = prefix.rfind('.');
+  prefix = dot == std::string::npos ? std::string() : prefix.substr(0, dot);
+  for (const nn::Parameter* p : parameters)
+    if (!p->name.starts_with(prefix)) return {};
+  return prefix;
+}
+
+}  // namespace
+
+// A queue of one rank's work on one group of ranks, with that group's communicator for one
+// channel (null for a group of one rank: nothing to communicate).
+struct ShardedModule::Lane {
+  std::shared_ptr<comm::Communicator> comm;
+  std::string name;
+  comm::WorkQueue queue;
+  ~Lane() { queue.stop(); }
+};
+
+// What a group's reductions carry between the backwards of one step (this rank's shard only).
+struct ShardedModule::StepAccumulator {
+  Tensor partial;                  // ordered: f32 sums over the shard group, not yet all-reduced
+  Tensor pending;                  // ordered: a reduce-scatter output its all-reduce will take
+  kernels::BinnedSums shard_sums;  // exact: reduced over the shard group only
+  kernels::BinnedSums full_sums;   // exact: reduced over shard and replicate groups
+};
+
+ShardedModule::ShardedModule(ShardedModel& model, nn::Module& module,
+                             std::vector<nn::Parameter*> parameters, const FsdpConfig& config,
+                             std::string name, std::size_t index)
+    : model_(model),
+      module_(module),
+      parameters_(std::move(parameters)),
+      config_(config),
+      name_(std::move(name)),
+      index_(index),
+      layout_([&] {
+        std::vector<Shape> shapes;
+        std::vector<int> dims;
+        for (const nn::Parameter* p : parameters_) {
+          shapes.push_back(p->value.shape());
+          dims.push_back(config.shard_dim < p->value.rank() ? config.shard_dim : 0);
+        }
+        const DeviceMesh& mesh = model.groups().mesh();
+        std::int64_t ranks = 1;
+        for (const int d : config.shard_mesh_dims)
+          ranks *= mesh.size(d);
+        return ShardLayout(std::move(shapes), std::move(dims), static_cast<int>(ranks));
+      }()) {
+  unshard_lane_ = model.lane(config_.shard_mesh_dims, kUnshardChannel, "unshard");
+  reduce_lane_ = model.lane(config_.shard_mesh_dims, kReduceChannel, "reduce");
+  if (!config_.replicate_mesh_dims.empty()) {
+    replicate_lane_ = model.lane(config_.replicate_mesh_dims, kReduceChannel, "reduce");
+    if (!replicate_lane_->comm) replicate_lane_.reset();
+  }
+  const int me = shard_rank();
+  shard_values_ = Tensor::zeros(Shape{layout_.counts()[static_cast<std::size_t>(me)]}, DType::f32);
+  shard_grads_ = Tensor::zeros(shard_values_.shape(), DType::f32);
+  for (std::size_t p = 0; p < parameters_.size(); ++p) {
+    Tensor& full = parameters_[p]->value;
+    if (full.dtype() != DType::f32) {
+      throw InvalidArgument(fmt::format("parameter '{}' is {}, not f32", parameters_[p]->name,
+                                        dtype_name(full.dtype())));
+    }
+    const Chunk c = layout_.chunk(p, me);
+    const Tensor mine = full.rank() == 0 ? full : full.narrow(layout_.dim(p), c.offset, c.size);
+    if (mine.numel() > 0) layout_.chunk_view(shard_values_, p, me).copy_from(mine);
+    full = Tensor();  // the module holds no full copy until it is gathered
+    parameters_[p]->grad = Tensor();
+  }
+  received_.assign(parameters_.size(), false);
+  model.memory().add(MemoryKind::parameters, bytes_of(shard_values_));
+  model.memory().add(MemoryKind::gradients, bytes_of(shard_grads_));
+}
+
+ShardedModule::~ShardedModule() {
+  // Work in flight uses this group's members: let it finish (errors were reported to waiters).
+  try {
+    unshard_work_.wait();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): already reported through the handle
+  }
+  try {
+    reduce_work_.wait();
+  } catch (...) {  // NOLINT(bugprone-empty-catch)
+  }
+}
+
+int ShardedModule::shard_rank() const {
+  return static_cast<int>(
+      model_.groups().mesh().group_position(model_.groups().rank(), config_.shard_mesh_dims));
+}
+
+int ShardedModule::replicate_size() const {
+  return replicate_lane_ ? replicate_lane_->comm->size() : 1;
+}
+
+Tensor ShardedModule::local_shard(std::size_t p) const {
+  return layout_.chunk_view(shard_values_, p, shard_rank());
+}
+
+Tensor ShardedModule::local_grad(std::size_t p) const {
+  return layout_.chunk_view(shard_grads_, p, shard_rank());
+}
+
+void ShardedModule::set_gradient_divide_factor(std::optional<double> factor) {
+  if (factor) {
+    divide_factors(DType::f32, 1, *factor);  // validates
+    if (model_.options().mode == comm::ReductionMode::exact) exact_divisor(*factor);
+  }
+  divide_factor_ = factor;
+}
+
+void ShardedModule::set_modules_to_forward_prefetch(std::vector<ShardedModule*> modules) {
+  forward_prefetch_ = std::move(modules);
+}
+
+void ShardedModule::set_modules_to_backward_prefetch(std::vector<ShardedModule*> modules) {
+  backward_prefetch_ = std::move(modules);
+}
+
+double ShardedModule::divide_factor() const {
+  return divide_factor_ ? *divide_factor_ : static_cast<double>(shard_size() * replicate_size());
+}
+
+UnshardHandle ShardedModule::unshard() {
+  if (gathered_) return UnshardHandle(unshard_work_);
+  gathered_ = true;
+  model_.record_order(static_cast<int>(OrderKind::unshard), *this);
+  const auto task = [this] {
+    const Tracer::Span span(model_.tracer(), "all_gather " + name_, "unshard",
+                            unshard_lane_->name);
+    full_.clear();
+    const DType dtype = config_.param_dtype;
+    if (!unshard_lane_->comm) {
+      // One shard holds everything: the parameters are views of it (no copy) unless they are
+      // to be seen rounded to a narrower dtype.
+      const Tensor values = dtype == DType::f32
+                                ? shard_values_
+                                : kernels::convert(kernels::convert(shard_values_, dtype),
+                                                   DType::f32);
+      if (dtype != DType::f32) model_.memory().add(MemoryKind::unsharded, bytes_of(values));
+      for (std::size_t p = 0; p < parameters_.size(); ++p)
+        full_.push_back(layout_.chunk_view(values, p, 0));
+    } else {
+      const Tensor send = dtype == DType::f32 ? shard_values_ : kernels::convert(shard_values_, dtype);
+      Tensor gathered(Shape{layout_.total()}, dtype);
+      model_.memory().add(MemoryKind::unsharded, bytes_of(gathered));
+      comm::CollectiveOptions options;
+      options.label = "unshard " + name_;
+      unshard_lane_->comm->all_gather(send, gathered, layout_.counts(), options);
+      std::int64_t bytes = 0;
+      for (std::size_t p = 0; p < parameters_.size(); ++p) {
+        full_.emplace_back(layout_.shape(p), DType::f32);
+        bytes += bytes_of(full_.back());
+      }
+      model_.memory().add(MemoryKind::unsharded, bytes);
+      layout_.unpack(dtype == DType::f32 ? gathered : kernels::convert(gathered, DType::f32),
+                     full_);
+      model_.memory().add(MemoryKind::unsharded, -bytes_of(gathered));
+    }
+    for (std::size_t p = 0; p < parameters_.size(); ++p)
+      parameters_[p]->value = full_[p];
+  };
+  unshard_work_ = unshard_lane_->queue.submit(task);
+  return UnshardHandle(unshard_work_);
+}
+
+void ShardedModule::reshard() {
+  if (!gathered_) return;
+  unshard_work_.wait();
+  gathered_ = false;
+  const bool owns_copy = unshard_lane_->comm || config_.param_dtype != DType::f32;
+  std::int64_t bytes = 0;
+  if (owns_copy) {
+    if (!unshard_lane_->comm) {
+      bytes = layout_.total() * 4;
+    } else {
+      for (const Tensor& t : full_)
+        bytes += bytes_of(t);
+    }
+  }
+  for (nn::Parameter* p : parameters_)
+    p->value = Tensor();
+  full_.clear();
+  model_.memory().add(MemoryKind::unsharded, -bytes);
+}
+
+void ShardedModule::launch_reduce() {
+  ShardedModel& model = model_;
+  const bool exact = model.options().mode == comm::ReductionMode::exact;
+  const int shards = shard_size();
+  const int replicas = replicate_size();
+  const double factor = divide_factor();
+  const bool all_reduce_now = replicas == 1 || requires_all_reduce_;
+  const bool last = model.is_last_backward_;
+  if (!accumulator_) accumulator_ = std::make_shared<StepAccumulator>();
+  std::shared_ptr<StepAccumulator> acc = accumulator_;
+  // One reduction in flight at a time bounds the memory of their buffers.
+  model.last_reduce_scatter_.wait();
+
+  // Ordered: the reduce-scatter and all-reduce of one backward divide once, after both sums;
+  // after earlier partial backwards, each backward divides its shard sums by factor / replicas
+  // and the all-reduce by replicas (see DESIGN).
+  const bool fused = !exact && all_reduce_now && replicas > 1 && !partial_pending_;
+  const bool through_partial = !exact && replicas > 1 && !fused;
+  partial_pending_ = through_partial && !all_reduce_now;
+  const DType reduce_dtype = config_.reduce_dtype;
+  const DivideFactors rs_factors =
+      fused ? divide_factors(reduce_dtype, static_cast<std::int64_t>(shards) * replicas, factor)
+            : divide_factors(reduce_dtype, shards,
+                             replicas > 1 ? factor / static_cast<double>(replicas) : factor);
+
+  std::shared_ptr<nn::DenseGradients> dense(std::move(dense_sink_));
+  std::shared_ptr<nn::BinnedGradients> binned(std::move(binned_sink_));
+  const std::int64_t sink_bytes = sink_bytes_;
+  sink_bytes_ = 0;
+  model.record_order(static_cast<int>(OrderKind::reduce_scatter), *this);
+  const bool runs_all_reduce = replicas > 1 && all_reduce_now;
+  if (runs_all_reduce) model.record_order(static_cast<int>(OrderKind::all_reduce), *this);
+
+  const std::string label = name_;
+  const int me = shard_rank();
+  const std::int64_t mine = layout_.counts()[static_cast<std::size_t>(me)];
+  const auto reduce_scatter = [this, dense, binned, acc, sink_bytes, exact, fused, rs_factors,
+                               reduce_dtype, replicas, label, mine] {
+    const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce",
+                            reduce_lane_->name);
+    comm::CollectiveOptions options;
+    options.op = ReduceOp::sum;
+    options.mode = model_.options().mode;
+    options.label = "reduce-scatter " + label;
+    const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
+    if (exact) {
+      kernels::BinnedSums& sums = binned->sums();
+      kernels::BinnedSums slice(mine);
+      if (!group) {
+        slice = sums;
+      } else {
+        options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
+        Tensor bins = sums.bins.clone();
+        comm::CollectiveOptions max_options = options;
+        max_options.op = ReduceOp::max;
+        max_options.label = "reduce-scatter bins " + label;
+        group->all_reduce(bins, max_options);
+        kernels::align_bins(sums, bins);
+        const std::int64_t count = sums.count();
+        const auto plane = [&](std::int64_t j) {
+          return sums.digits.narrow(0, j, 1).reshape(Shape{count});
+        };
+        const auto bins_of = [&](const Tensor& flat) {
+          std::vector<Tensor> views;
+          std::int64_t at = 0;
+          for (std::size_t p = 0; p < layout_.parameters(); ++p) {
+            views.push_back(flat.narrow(0, at, layout_.shape(p).numel()).reshape(layout_.shape(p)));
+            at += layout_.shape(p).numel();
+          }
+          return views;
+        };
+        Tensor packed_bins(Shape{count}, DType::i32);
+        layout_.pack(bins_of(bins), packed_bins);
+        slice.bins.copy_from(
+            packed_bins.narrow(0, comm::displacements(layout_.counts())[static_cast<std::size_t>(
+                                      shard_rank())],
+                               mine));
+        // Rank r's segment: its elements of digit plane 0, then 1, then 2 (the [3, count]
+        // layout of its slice), so one reduce-scatter moves all three.
+        Tensor send(Shape{3 * count}, DType::f64);
+        model_.memory().add(MemoryKind::unsharded, bytes_of(send));
+        const std::vector<std::int64_t> starts = comm::displacements(layout_.counts());
+        std::vector<std::int64_t> digit_counts;
+        for (const std::int64_t c : layout_.counts())
+          digit_counts.push_back(3 * c);
+        for (std::int64_t j = 0; j < 3; ++j) {
+          std::vector<std::int64_t> plane_starts;
+          for (std::size_t r = 0; r < starts.size(); ++r)
+            plane_starts.push_back(3 * starts[r] + j * layout_.counts()[r]);
+          layout_.pack(bins_of(plane(j)), send, plane_starts);
+        }
+        group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts,
+                              options);
+        model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
+      }
+      binned->clear();
+      kernels::merge_binned_sums(acc->shard_sums, slice);
+    } else {
+      Tensor packed(Shape{layout_.total()}, DType::f32);
+      model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
+      {
+        const Tensor& sums = dense->sums();
+        std::vector<Tensor> views;
+        std::int64_t at = 0;
+        for (std::size_t p = 0; p < layout_.parameters(); ++p) {
+          views.push_back(sums.narrow(0, at, layout_.shape(p).numel()).reshape(layout_.shape(p)));
+          at += layout_.shape(p).numel();
+        }
+        layout_.pack(views, packed);
+      }
+      if (rs_factors.pre != 1.0) kernels::divide(packed, rs_factors.pre);
+      const Tensor send =
+          reduce_dtype == DType::f32 ? packed : kernels::convert(packed, reduce_dtype);
+      Tensor out(Shape{mine}, reduce_dtype);
+      if (group) {
+        group->reduce_scatter(send, out, layout_.counts(), options);
+      } else {
+        out.copy_from(send);
+      }
+      model_.memory().add(MemoryKind::unsharded, -bytes_of(packed));
+      if (fused) {
+        acc->pending = out;
+      } else {
+        Tensor result = reduce_dtype == DType::f32 ? out : kernels::convert(out, DType::f32);
+        kernels::divide(result, rs_factors.post);
+        if (replicas == 1) {
+          kernels::accumulate(shard_grads_, result, ReduceOp::sum);
+        } else {
+          if (!acc->partial.defined()) {
+            acc->partial = Tensor::zeros(Shape{mine}, DType::f32);
+            model_.memory().add(MemoryKind::gradients, bytes_of(acc->partial));
+          }
+          kernels::accumulate(acc->partial, result, ReduceOp::sum);
+        }
+      }
+    }
+    model_.memory().add(MemoryKind::unsharded, -sink_bytes);
+  };
+
+  // Exact: the sums reduced over every group round once, at the last backward of the step.
+  const std::int64_t divisor = exact ? exact_divisor(factor) : 0;
+  const auto finish_exact = [this, acc, divisor, mine, label](comm::Communicator* replicate,
+                                                               bool round) {
+    if (replicate != nullptr && !round) {
+      kernels::BinnedSums& sums = acc->shard_sums;
+      Tensor bins = sums.bins.clone();
+      comm::CollectiveOptions options;
+      options.op = ReduceOp::max;
+      options.label = "all-reduce bins " + label;
+      replicate->all_reduce(bins, options);
+      kernels::align_bins(sums, bins);
+      options.op = ReduceOp::sum;
+      options.label = "all-reduce digits " + label;
+      replicate->all_reduce(sums.digits, options);
+      kernels::merge_binned_sums(acc->full_sums, sums);
+      sums = kernels::BinnedSums(mine);
+      return;
+    }
+    if (!round) return;
+    // Sums already reduced over the replicas join on one replica only.
+    if (acc->full_sums.count() > 0 && (replicate == nullptr || replicate->rank() == 0))
+      kernels::merge_binned_sums(acc->shard_sums, acc->full_sums);
+    Tensor rounded(Shape{mine}, DType::f32);
+    if (replicate != nullptr) {
+      reduce_binned_sums(*replicate, acc->shard_sums, divisor, rounded, "all-reduce " + label);
+    } else {
+      kernels::round_binned_sums(acc->shard_sums, divisor, rounded);
+    }
+    kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
+    acc->shard_sums = kernels::BinnedSums(mine);
+    acc->full_sums = kernels::BinnedSums(0);
+  };
+
+  if (exact && acc->shard_sums.count() != mine) {
+    acc->shard_sums = kernels::BinnedSums(mine);
+    model.memory().add(MemoryKind::gradients, bytes_of(acc->shard_sums.bins) +
+                                                  bytes_of(acc->shard_sums.digits));
+  }
+  comm::Work rs_work;
+  if (exact && !runs_all_reduce) {
+    rs_work = reduce_lane_->queue.submit([reduce_scatter, finish_exact, last, replicas] {
+      reduce_scatter();
+      finish_exact(nullptr, last && replicas == 1);
+    });
+  } else {
+    rs_work = reduce_lane_->queue.submit(reduce_scatter);
+  }
+  model.last_reduce_scatter_ = rs_work;
+  reduce_work_ = rs_work;
+  if (!runs_all_reduce) return;
+
+  const DivideFactors ar_factors =
+      fused ? rs_factors
+            : divide_factors(reduce_dtype, replicas, static_cast<double>(replicas));
+  const auto all_reduce = [this, rs_work, acc, exact, fused, ar_factors, reduce_dtype, label,
+                           finish_exact, last] {
+    rs_work.wait();
+    const Tracer::Span span(model_.tracer(), "all_reduce " + name_, "reduce",
+                            replicate_lane_->name);
+    comm::Communicator& replicate = *replicate_lane_->comm;
+    if (exact) {
+      finish_exact(&replicate, last);
+      return;
+    }
+    comm::CollectiveOptions options;
+    options.op = ReduceOp::sum;
+    options.mode = model_.options().mode;
+    options.label = "all-reduce " + label;
+    Tensor buffer;
+    if (fused) {
+      buffer = acc->pending;
+      acc->pending = Tensor();
+    } else {
+      Tensor partial = acc->partial;
+      if (ar_factors.pre != 1.0) kernels::divide(partial, ar_factors.pre);
+      buffer = reduce_dtype == DType::f32 ? partial.clone() : kernels::convert(partial, reduce_dtype);
+      model_.memory().add(MemoryKind::gradients, -bytes_of(acc->partial));
+      acc->partial = Tensor();
+    }
+    replicate.all_reduce(buffer, options);
+    Tensor result = reduce_dtype == DType::f32 ? buffer : kernels::convert(buffer, DType::f32);
+    kernels::divide(result, ar_factors.post);
+    kernels::accumulate(shard_grads_, result, ReduceOp::sum);
+  };
+  reduce_work_ = replicate_lane_->queue.submit(all_reduce);
+}
+
+ShardedModel::ShardedModel(nn::Module& root, comm::MeshGroups& groups, RuntimeOptions options)
+    : root_(root), groups_(groups), options_(options) {
+  if (options_.prefetch < 0)
+    throw InvalidArgument(fmt::format("prefetch {} is negative", options_.prefetch));
+  if (check_mode_from_environment()) options_.check_every_step = true;
+}
+
+ShardedModel::~ShardedModel() {
+  for (auto& module : modules_)
+    module->module().set_hooks(nullptr);
+  modules_.clear();  // before the lanes their work runs on
+  lanes_.clear();
+}
+
+std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& dims, int channel,
+                                                        const std::string& role) {
+  auto& slot = lanes_[{dims, channel}];
+  if (!slot) {
+    slot = std::make_shared<ShardedModule::Lane>();
+    std::int64_t ranks = 1;
+    for (const int d : dims)
+      ranks *= groups_.mesh().size(d);
+    if (ranks > 1) slot->comm = groups_.group(dims, {}, channel);
+    slot->name = fmt::format("{} [{}]", role, fmt::join(dims, ","));
+  }
+  return slot;
+}
+
+ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& config,
+                                         std::string name) {
+  if (order_recorded_ || !forward_order_.empty())
+    throw InvalidArgument("fully_shard must be called before the first forward");
+  if (by_module_.count(&module) != 0) {
+    throw InvalidArgument(fmt::format("module '{}' is already sharded",
+                                      by_module_.at(&module)->name()));
+  }
+  const DeviceMesh& mesh = groups_.mesh();
+  FsdpConfig resolved = config;
+  std::vector<bool> used(static_cast<std::size_t>(mesh.ndim()), false);
+  for (const auto* dims : {&resolved.replicate_mesh_dims, &resolved.shard_mesh_dims}) {
+    for (const int d : *dims) {
+      if (d < 0 || d >= mesh.ndim()) {
+        throw InvalidArgument(
+            fmt::format("mesh dim {} is out of range for mesh {}", d, mesh.to_string()));
+      }
+      if (used[static_cast<std::size_t>(d)]) {
+        throw InvalidArgument(fmt::format(
+            "mesh dim {} is named twice among the shard and replicate dims", d));
+      }
+      used[static_cast<std::size_t>(d)] = true;
+    }
+  }
+  if (resolved.shard_mesh_dims.empty()) {
+    for (int d = 0; d < mesh.ndim(); ++d)
+      if (!used[static_cast<std::size_t>(d)]) resolved.shard_mesh_dims.push_back(d);
+  }
+  if (resolved.shard_dim < 0)
+    throw InvalidArgument(fmt::format("shard dim {} is negative", resolved.shard_dim));
+  require_compute_dtype(resolved.param_dtype, "param dtype");
+  require_compute_dtype(resolved.reduce_dtype, "reduce dtype");
+  if (options_.mode == comm::ReductionMode::exact && resolved.reduce_dtype != DType::f32) {
+    throw InvalidArgument(fmt::format(
+        "exact mode reduces gradients exactly; reduce dtype {} applies to ordered and native "
+        "modes only",
+        dtype_name(resolved.reduce_dtype)));
+  }
+  std::vector<nn::Parameter*> parameters;
+  for (nn::Parameter* p : module.parameters())
+    if (by_parameter_.count(p) == 0) parameters.push_back(p);
+  if (parameters.empty()) {
+    throw InvalidArgument(fmt::format("module {} has no parameters that are not already sharded",
+                                      module.describe()));
+  }
+  if (name.empty()) {
+    const std::string prefix = common_prefix(parameters);
+    name = prefix.empty() ? module.describe() : fmt::format("{}: {}", prefix, module.describe());
+  }
+  modules_.push_back(std::unique_ptr<ShardedModule>(
+      new ShardedModule(*this, module, parameters, resolved, std::move(name), modules_.size())));
+  ShardedModule& created = *modules_.back();
+  by_module_[&module] = &created;
+  for (std::size_t p = 0; p < parameters.size(); ++p)
+    by_parameter_[parameters[p]] = {&created, p};
+  module.set_hooks(this);
+  return created;
+}
+
+ShardedModule& ShardedModel::group_of(const nn::Module& module) {
+  return *by_module_.at(&module);
+}
+
+void ShardedModel::record_order(int kind, const ShardedModule& module) {
+  const std::uint64_t event = (static_cast<std::uint64_t>(module.index_) << 2) |
+                              static_cast<std::uint64_t>(kind);
+  order_events_.push_back(event);
+  order_hash_ = mix64(order_hash_ ^ mix64(event + 1));
+}
+
+void ShardedModel::prefetch(const std::vector<ShardedModule*>& order, ShardedModule& current,
+                            const std::optional<std::vector<ShardedModule*>>& explicit_list) {
+  if (explicit_list) {
+    for (ShardedModule* next : *explicit_list)
+      next->unshard();
+    return;
+  }
+  if (options_.prefetch == 0) return;
+  const auto at = std::find(order.begin(), order.end(), &current);
+  if (at == order.end()) return;
+  for (auto next = at + 1; next != order.end() && next - at <= options_.prefetch; ++next)
+    (*next)->unshard();
+}
+
+void ShardedModel::pre_forward(nn::Module& module) {
+  ShardedModule& group = group_of(module);
+  if (!order_recorded_ &&
+      std::find(forward_order_.begin(), forward_order_.end(), &group) == forward_order_.end())
+    forward_order_.push_back(&group);
+  const UnshardHandle handle = group.unshard();
+  if (order_recorded_) prefetch(forward_order_, group, group.forward_prefetch_);
+  {
+    const Tracer::Span span(tracer_, "wait unshard " + group.name(), "wait", "compute");
+    handle.wait();
+  }
+  group.compute_begin_ = std::chrono::steady_clock::now();
+}
+
+void ShardedModel::post_forward(nn::Module& module) {
+  ShardedModule& group = group_of(module);
+  if (tracer_.enabled()) {
+    tracer_.record("forward " + group.name(), "compute", "compute", group.compute_begin_,
+                   std::chrono::steady_clock::now());
+  }
+  const bool needed_next = order_recorded_ && !forward_order_.empty() &&
+                           forward_order_.back() == &group;
+  if (group.config_.reshard_after_forward && !needed_next) group.reshard();
+}
+
+void ShardedModel::pre_backward(nn::Module& module) {
+  ShardedModule& group = group_of(module);
+  const UnshardHandle handle = group.unshard();
+  const std::vector<ShardedModule*> backward_order(forward_order_.rbegin(), forward_order_.rend());
+  prefetch(backward_order, group, group.backward_prefetch_);
+  {
+    const Tracer::Span span(tracer_, "wait unshard " + group.name(), "wait", "compute");
+    handle.wait();
+  }
+  // The sink lays out the sums by the gathered parameters' shapes.
+  if (!group.dense_sink_ && !group.binned_sink_) {
+    std::int64_t bytes = 0;
+    if (options_.mode == comm::ReductionMode::exact) {
+      group.binned_sink_ = std::make_unique<nn::BinnedGradients>(group.parameters_);
+      bytes = group.layout_.total() * (4 + 3 * 8);
+    } else {
+      group.dense_sink_ = std::make_unique<nn::DenseGradients>(group.parameters_);
+      bytes = group.layout_.total() * 4;
+    }
+    group.sink_bytes_ = bytes;
+    memory_.add(MemoryKind::unsharded, bytes);
+  }
+  std::fill(group.received_.begin(), group.received_.end(), false);
+  group.compute_begin_ = std::chrono::steady_clock::now();
+}
+
+void ShardedModel::post_backward(nn::Module& module) {
+  ShardedModule& group = group_of(module);
+  if (tracer_.enabled()) {
+    tracer_.record("backward " + group.name(), "compute", "compute", group.compute_begin_,
+                   std::chrono::steady_clock::now());
+  }
+  if (!group.step_started_) {
+    group.step_received_ = group.received_;
+    group.step_started_ = true;
+  } else if (group.received_ != group.step_received_) {
+    for (std::size_t p = 0; p < group.received_.size(); ++p) {
+      if (group.received_[p] != group.step_received_[p]) {
+        throw InvalidArgument(fmt::format(
+            "parameter '{}' of {} {} a gradient in this backward but {} in the first backward of "
+            "the step: the parameters that receive gradients must not change between the "
+            "micro-batches of one step",
+            group.parameters_[p]->name, group.name(),
+            group.received_[p] ? "received" : "did not receive",
+            group.step_received_[p] ? "did" : "did not"));
+      }
+    }
+  }
+  group.reshard();
+  if (group.requires_gradient_sync_) group.launch_reduce();
+}
+
+nn::GradientSink& ShardedModel::sink_of(const nn::Parameter& p) {
+  const auto found = by_parameter_.find(&p);
+  if (found == by_parameter_.end()) {
+    throw InvalidArgument(
+        fmt::format("parameter '{}' received a gradient but is in no sharded group", p.name));
+  }
+  ShardedModule& group = *found->second.first;
+  group.received_[found->second.second] = true;
+  if (group.dense_sink_) return *group.dense_sink_;
+  if (group.binned_sink_) return *group.binned_sink_;
+  throw InvalidArgument(fmt::format(
+      "parameter '{}' received a gradient outside its module's backward", p.name));
+}
+
+void ShardedModel::add_outer_products(const nn::Parameter& p, const Tensor& x, const Tensor& dy) {
+  sink_of(p).add_outer_products(p, x, dy);
+}
+
+void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {
+  sink_of(p).add_column_sums(p, a);
+}
+
+void ShardedModel::add_column_products(const nn::Parameter& p, const Tensor& a,
+                                       const Tensor& b) {
+  sink_of(p).add_column_products(p, a, b);
+}
+
+Tensor ShardedModel::forward(const Tensor& input) {
+  return nn::run_forward(root_, input);
+}
+
+Tensor ShardedModel::backward(const Tensor& grad_output, bool need_input_grad) {
+  order_recorded_ = true;
+  Tensor grad_input = nn::run_backward(root_, grad_output, *this, need_input_grad);
+  if (is_last_backward_) finish_step();
+  return grad_input;
+}
+
+void ShardedModel::finish_step() {
+  // The order is compared before waiting for the reductions: a rank that issued them in another
+  // order gets a DesyncError here instead of waiting for collectives that will never match.
+  if (!order_checked_ || options_.check_every_step) check_order();
+  order_checked_ = true;
+  {
+    const Tracer::Span span(tracer_, "wait reductions", "wait", "compute");
+    for (auto& module : modules_)
+      module->reduce_work_.wait();
+  }
+  for (auto& module : modules_)
+    module->step_started_ = false;
+  order_events_.clear();
+  order_hash_ = 0;
+}
+
+void ShardedModel::check_order() {
+  std::vector<int> all_dims;
+  for (int d = 0; d < groups_.mesh().ndim(); ++d)
+    all_dims.push_back(d);
+  if (groups_.mesh().size() == 1) return;
+  const std::shared_ptr<comm::Communicator> control =
+      groups_.group(all_dims, {}, kControlChannel);
+  const int ranks = control->size();
+  comm::CollectiveOptions options;
+  options.label = "issue order check";
+  Tensor mine = Tensor::full(Shape{1}, DType::i64, 0.0);
+  mine.values<std::int64_t>()[0] = static_cast<std::int64_t>(order_hash_);
+  Tensor all(Shape{ranks}, DType::i64);
+  control->all_gather(mine, all, {}, options);
+  const auto hashes = all.values<std::int64_t>();
+  if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; }))
+    return;
+  // Someone differs: every rank takes this path, gathers the orders and names the first
+  // difference.
+  Tensor count = Tensor::full(Shape{1}, DType::i64, static_cast<double>(order_events_.size()));
+  Tensor counts(Shape{ranks}, DType::i64);
+  control->all_gather(count, counts, {}, options);
+  std::vector<std::int64_t> sizes(counts.values<std::int64_t>().begin(),
+                                  counts.values<std::int64_t>().end());
+  std::int64_t total = 0;
+  for (const std::int64_t s : sizes)
+    total += s;
+  Tensor events(Shape{static_cast<std::int64_t>(order_events_.size())}, DType::i64);
+  for (std::size_t i = 0; i < order_events_.size(); ++i)
+    events.values<std::int64_t>()[i] = static_cast<std::int64_t>(order_events_[i]);
+  Tensor gathered(Shape{total}, DType::i64);
+  control->all_gather(events, gathered, sizes, options);
+  const auto values = gathered.values<std::int64_t>();
+  const std::vector<std::int64_t> starts = comm::displacements(sizes);
+  const auto describe = [&](int rank, std::int64_t i) -> std::string {
+    if (i >= sizes[static_cast<std::size_t>(rank)]) return "nothing (its step ended there)";
+    const auto event = static_cast<std::uint64_t>(
+        values[static_cast<std::size_t>(starts[static_cast<std::size_t>(rank)] + i)]);
+    const std::size_t index = event >> 2;
+    const std::string module =
+        index < modules_.size() ? modules_[index]->name() : fmt::format("group {}", index);
+    return fmt::format("the {} of '{}'", kOrderNames.at(event & 3), module);
+  };
+  for (int r = 1; r < ranks; ++r) {
+    if (hashes[static_cast<std::size_t>(r)] == hashes[0]) continue;
+    for (std::int64_t i = 0;; ++i) {
+      const std::string first = describe(0, i);
+      const std::string other = describe(r, i);
+      if (first != other) {
+        throw DesyncError(fmt::format(
+            "the ranks issued FSDP collectives in different orders: operation {} of the step is "
+            "{} on world rank {} but {} on world rank {}",
+            i + 1, first, control->world_ranks()[0], other,
+            control->world_ranks()[static_cast<std::size_t>(r)]));
+      }
+    }
+  }
+}
+
+void ShardedModel::set_requires_gradient_sync(bool value) {
+  for (auto& module : modules_)
+    module->set_requires_gradient_sync(value);
+}
+
+void ShardedModel::set_requires_all_reduce(bool value) {
+  for (auto& module : modules_)
+    module->set_requires_all_reduce(value);
+}
+
+void ShardedModel::set_gradient_divide_factor(std::optional<double> factor) {
+  for (auto& module : modules_)
+    module->set_gradient_divide_factor(factor);
+}
+
+void ShardedModel::zero_grad() {
+  for (auto& module : modules_) {
+    module->reduce_work_.wait();
+    module->shard_grads_.fill(0.0);
+  }
+}
+
+void ShardedModel::reshard() {
+  for (auto& module : modules_)
+    module->reshard();
+}
+
+std::vector<nn::OptimizerSlot> ShardedModel::optimizer_slots() {
+  std::vector<nn::OptimizerSlot> slots;
+  for (auto& module : modules_)
+    for (std::size_t p = 0; p < module->parameters().size(); ++p)
+      slots.push_back({module->local_shard(p), module->local_grad(p)});
+  return slots;
+}
+
+std::vector<Tensor> ShardedModel::full_parameters() {
+  for (auto& module : modules_)
+    module->unshard();
+  std::vector<Tensor> result;
+  for (auto& module : modules_)
+    module->unshard_work_.wait();
+  for (nn::Parameter* p : root_.parameters())
+    result.push_back(p->value.clone());
+  reshard();
+  return result;
+}
+
+std::uint64_t ShardedModel::full_parameters_digest() {
+  for (auto& module : modules_)
+    module->unshard();
+  for (auto& module : modules_)
+    module->unshard_work_.wait();
+  const std::uint64_t digest = nn::parameters_digest(root_.parameters());
+  reshard();
+  return digest;
+}
+
+}  // namespace meshtensor::fsdp
