@@ -79,6 +79,61 @@ TEST(Train, ExactWeightsAreTheSameBitsOnEveryLayoutAndMicroBatchSplit) {
   EXPECT_EQ(run(data, sgd, 2).digest, run(data, sgd, 3).digest);
 }
 
+TEST(Train, ExactWeightsAreTheSameBitsForDdpFsdpHsdpAndBothMicroBatchModes) {
+  const Dataset data = synthetic(150, 50);
+  const TrainConfig base = small_config(comm::ReductionMode::exact);
+  const TrainResult reference = run(data, base, 1);
+  struct Case {
+    Strategy strategy;
+    int ranks;
+    std::int64_t replicas;
+    std::int64_t micro;
+    MicroBatchMode micro_mode;
+  };
+  for (const Case& c : {Case{Strategy::ddp, 8, 0, 1, MicroBatchMode::no_sync},
+                        Case{Strategy::fsdp, 8, 0, 1, MicroBatchMode::no_sync},
+                        Case{Strategy::fsdp, 3, 0, 2, MicroBatchMode::reduce_scatter},
+                        Case{Strategy::hsdp, 8, 2, 1, MicroBatchMode::no_sync},
+                        Case{Strategy::hsdp, 8, 4, 4, MicroBatchMode::no_sync},
+                        Case{Strategy::hsdp, 8, 4, 4, MicroBatchMode::reduce_scatter},
+                        Case{Strategy::hsdp, 6, 3, 3, MicroBatchMode::reduce_scatter}}) {
+    TrainConfig config = base;
+    config.strategy = c.strategy;
+    config.replicas = c.replicas;
+    config.micro_batches = c.micro;
+    config.micro_batch_mode = c.micro_mode;
+    const TrainResult result = run(data, config, c.ranks);
+    EXPECT_EQ(result.digest, reference.digest)
+        << result.mesh << ", " << c.micro << " micro-batches, mode "
+        << static_cast<int>(c.micro_mode);
+    EXPECT_TRUE(result.replicas_identical);
+  }
+}
+
+TEST(Train, OrderedFsdpEqualsDdpBitwiseAndHsdpReplicasAgree) {
+  const Dataset data = synthetic(150, 50);
+  TrainConfig config = small_config(comm::ReductionMode::ordered);
+  config.strategy = Strategy::ddp;
+  const TrainResult ddp = run(data, config, 4);
+  config.strategy = Strategy::fsdp;
+  const TrainResult fsdp = run(data, config, 4);
+  // Both sum each element over the ranks in rank order, then divide once.
+  EXPECT_EQ(ddp.digest, fsdp.digest);
+  config.strategy = Strategy::hsdp;
+  config.replicas = 2;
+  const TrainResult hsdp = run(data, config, 4);
+  EXPECT_TRUE(hsdp.replicas_identical);
+  EXPECT_TRUE(fsdp.replicas_identical);
+  // Sharded state is a quarter of DDP's (parameters, gradients, optimizer state).
+  const auto state = [](const TrainResult& r) {
+    return r.memory_peak_by_kind.of(fsdp::MemoryKind::parameters) +
+           r.memory_peak_by_kind.of(fsdp::MemoryKind::gradients) +
+           r.memory_peak_by_kind.of(fsdp::MemoryKind::optimizer_state);
+  };
+  EXPECT_LE(state(fsdp), state(ddp) / 4 + 4096);
+  EXPECT_LT(fsdp.memory_peak.total(), ddp.memory_peak.total());
+}
+
 TEST(Train, OrderedReplicasAreIdenticalAndARerunRepeatsThem) {
   const Dataset data = synthetic(150, 50);
   const TrainConfig config = small_config(comm::ReductionMode::ordered);
