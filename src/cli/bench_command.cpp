@@ -488,6 +488,7 @@ void add_bench_command(CLI::App& app) {
   add_flag(*plan, "--json", *plan_json, "print JSON");
   plan->callback([plan_json] { run_plan_bench(*plan_json); });
   add_train_bench(*bench);
+  add_fsdp_bench(*bench);
 }
 
 }  // namespace meshtensor::cli

@@ -12,6 +12,8 @@ void add_check_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 /// Registers `meshtensor bench train` under `bench`.
 void add_train_bench(CLI::App& bench);
+/// Registers `meshtensor bench fsdp`.
+void add_fsdp_bench(CLI::App& bench);
 /// Registers `meshtensor bench` and its benchmarks.
 void add_bench_command(CLI::App& app);
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -89,9 +90,10 @@ train::TrainConfig parse_config(const TrainOptions& options) {
       options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy);
   if (!options.mesh.empty()) {
     if (config.strategy != train::Strategy::hsdp) {
-      throw ParseError(fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
-                                   "{} runs on a 1-D mesh of --ranks",
-                                   options.mesh, options.strategy));
+      throw ParseError(
+          fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
+                      "{} runs on a 1-D mesh of --ranks",
+                      options.mesh, options.strategy));
     }
     const auto cross = options.mesh.find('x');
     if (cross == std::string::npos || options.mesh.find('x', cross + 1) != std::string::npos)
@@ -109,14 +111,14 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   for (const auto& [name, dtype] :
        {std::pair{"--param-dtype", config.param_dtype}, {"--reduce-dtype", config.reduce_dtype}}) {
     if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
-      throw ParseError(
-          fmt::format("{} {} is not one of f32, bf16, f16", name, dtype_name(dtype)));
+      throw ParseError(fmt::format("{} {} is not one of f32, bf16, f16", name, dtype_name(dtype)));
     }
   }
   if (config.mode == comm::ReductionMode::exact && config.reduce_dtype != DType::f32) {
-    throw ParseError(fmt::format("--reduce-dtype {} with --mode exact: exact mode reduces "
-                                 "gradients exactly (use ordered or native)",
-                                 options.reduce_dtype));
+    throw ParseError(
+        fmt::format("--reduce-dtype {} with --mode exact: exact mode reduces "
+                    "gradients exactly (use ordered or native)",
+                    options.reduce_dtype));
   }
   config.micro_batch_mode = train::parse_micro_batch_mode(options.micro_batch_mode);
   config.trace = !options.trace.empty();
@@ -202,10 +204,11 @@ void run_train(const TrainOptions& options) {
     ranks = mesh;
   }
   if (mesh_ranks(options.mesh) > comm::kMaxThreadsRanks) {
-    throw ParseError(fmt::format("--mesh {} has more than {} ranks", options.mesh,
-                                 comm::kMaxThreadsRanks));
+    throw ParseError(
+        fmt::format("--mesh {} has more than {} ranks", options.mesh, comm::kMaxThreadsRanks));
   }
-  const comm::LinkDelay link = options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
+  const comm::LinkDelay link =
+      options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
   if (!options.link.empty() && backend == Backend::mpi)
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
@@ -228,113 +231,120 @@ void run_train(const TrainOptions& options) {
       options.data, options.model, options.activation, options.layernorm, config.epochs,
       config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
       options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
-      config.seed, static_cast<int>(config.strategy), config.replicas,
-      config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
-      options.micro_batch_mode, config.trace);
+      config.seed, static_cast<int>(config.strategy), config.replicas, config.reshard_after_forward,
+      config.prefetch, options.param_dtype, options.reduce_dtype, options.micro_batch_mode,
+      config.trace);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
   if (log)
     *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
 
-  run_ranks(backend, ranks, command, [&](comm::Communicator& world) {
-    const bool leader = world.rank() == 0;
-    if (backend == Backend::mpi && options.ranks_option->count() > 0 && world.size() != ranks) {
-      throw InvalidArgument(
-          fmt::format("--ranks {} does not match the mpi job's {} ranks", ranks, world.size()));
-    }
-    if (leader && !options.json) {
-      std::cout << fmt::format(
-          "training {} ({}{}) on {} {} rank(s), {}, mode {}, global batch {}, {} micro-batch(es) "
-          "per rank, {}\n",
-          options.model, options.activation, options.layernorm ? ", layernorm" : "", world.size(),
-          backend == Backend::threads ? "threads" : "mpi",
-          options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy,
-          options.mode, config.batch, config.micro_batches, options.data);
-      std::cout.flush();
-    }
-    train::TrainCallbacks callbacks;
-    callbacks.on_step = [&](const train::StepProgress& p) {
-      if (!terminal) return;
-      constexpr int kWidth = 30;
-      const auto filled =
-          static_cast<int>(kWidth * p.samples_done / std::max<std::int64_t>(1, p.samples_total));
-      std::cout << fmt::format(
-          "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ", p.epoch,
-          std::string(static_cast<std::size_t>(filled), '#'),
-          std::string(static_cast<std::size_t>(kWidth - filled), ' '), p.samples_done,
-          p.samples_total, p.samples_per_second, p.loss, format_duration(p.eta_seconds));
-      std::cout.flush();
-    };
-    callbacks.on_epoch = [&](const train::EpochReport& e) {
-      if (options.json) {
-        std::cout << epoch_json(e).dump() << '\n';
-      } else {
-        if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
-        std::cout << fmt::format(
-            "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} samples/s  "
-            "({:.1f} s)\n",
-            e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy, e.samples_per_second,
-            e.seconds);
-      }
-      std::cout.flush();
-      if (log) {
-        *log << fmt::format("{},{},{},{},{},{},{}\n", e.epoch, e.steps, e.train_loss,
-                            e.train_accuracy, e.test_accuracy, e.samples_per_second, e.seconds);
-        log->flush();
-      }
-    };
-    const train::TrainResult result = train::train(world, data, config, callbacks);
-    if (!leader) return;
-    if (trace_file) {
-      *trace_file << result.trace << '\n';
-      trace_file->close();
-      if (!*trace_file) throw DataError(fmt::format("{}: writing the trace failed", options.trace));
-    }
-    nlohmann::json memory;
-    for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k) {
-      memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] =
-          result.memory_peak.bytes[k];
-    }
-    memory["total"] = result.memory_peak.total();
-    if (options.json) {
-      nlohmann::json final_json = {{"final", true},
-                                   {"test_accuracy", result.test_accuracy},
-                                   {"digest", digest_hex(result.digest)},
-                                   {"replicas_identical", result.replicas_identical},
-                                   {"ranks", world.size()},
-                                   {"mesh", result.mesh},
-                                   {"mode", options.mode},
-                                   {"steps", result.steps},
-                                   {"parameters", result.parameters},
-                                   {"peak_memory_bytes", memory},
-                                   {"seconds", result.seconds}};
-      std::cout << final_json.dump() << '\n';
-    } else {
-      std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
-                               result.test_accuracy, result.steps, result.seconds);
-      const auto kind = [&](fsdp::MemoryKind k) {
-        return format_bytes(static_cast<double>(result.memory_peak.of(k)));
-      };
-      std::cout << fmt::format(
-          "peak memory of rank 0: {} (parameters {}, gradients {}, optimizer {}, unsharded {}) "
-          "on mesh {}\n",
-          format_bytes(static_cast<double>(result.memory_peak.total())),
-          kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
-          kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
-          result.mesh);
-      std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
-                               digest_hex(result.digest), result.parameters,
-                               result.replicas_identical ? "identical" : "DIFFER", world.size());
-      if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
-    }
-    std::cout.flush();
-    if (!options.plot.empty()) {
-      draw_plot(options.plot, result.epochs,
-                fmt::format("meshtensor train {} on {} ranks, mode {}", options.model, world.size(),
-                            options.mode));
-    }
-    if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
-      set_exit_status(1);
-  }, link);
+  run_ranks(
+      backend, ranks, command,
+      [&](comm::Communicator& world) {
+        const bool leader = world.rank() == 0;
+        if (backend == Backend::mpi && options.ranks_option->count() > 0 && world.size() != ranks) {
+          throw InvalidArgument(
+              fmt::format("--ranks {} does not match the mpi job's {} ranks", ranks, world.size()));
+        }
+        if (leader && !options.json) {
+          std::cout << fmt::format(
+              "training {} ({}{}) on {} {} rank(s), {}, mode {}, global batch {}, {} "
+              "micro-batch(es) "
+              "per rank, {}\n",
+              options.model, options.activation, options.layernorm ? ", layernorm" : "",
+              world.size(), backend == Backend::threads ? "threads" : "mpi",
+              options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy,
+              options.mode, config.batch, config.micro_batches, options.data);
+          std::cout.flush();
+        }
+        train::TrainCallbacks callbacks;
+        callbacks.on_step = [&](const train::StepProgress& p) {
+          if (!terminal) return;
+          constexpr int kWidth = 30;
+          const auto filled = static_cast<int>(kWidth * p.samples_done /
+                                               std::max<std::int64_t>(1, p.samples_total));
+          std::cout << fmt::format(
+              "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ", p.epoch,
+              std::string(static_cast<std::size_t>(filled), '#'),
+              std::string(static_cast<std::size_t>(kWidth - filled), ' '), p.samples_done,
+              p.samples_total, p.samples_per_second, p.loss, format_duration(p.eta_seconds));
+          std::cout.flush();
+        };
+        callbacks.on_epoch = [&](const train::EpochReport& e) {
+          if (options.json) {
+            std::cout << epoch_json(e).dump() << '\n';
+          } else {
+            if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
+            std::cout << fmt::format(
+                "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} "
+                "samples/s  "
+                "({:.1f} s)\n",
+                e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy, e.samples_per_second,
+                e.seconds);
+          }
+          std::cout.flush();
+          if (log) {
+            *log << fmt::format("{},{},{},{},{},{},{}\n", e.epoch, e.steps, e.train_loss,
+                                e.train_accuracy, e.test_accuracy, e.samples_per_second, e.seconds);
+            log->flush();
+          }
+        };
+        const train::TrainResult result = train::train(world, data, config, callbacks);
+        if (!leader) return;
+        if (trace_file) {
+          *trace_file << result.trace << '\n';
+          trace_file->close();
+          if (!*trace_file)
+            throw DataError(fmt::format("{}: writing the trace failed", options.trace));
+        }
+        nlohmann::json memory;
+        for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k) {
+          memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] =
+              result.memory_peak.bytes[k];
+        }
+        memory["total"] = result.memory_peak.total();
+        if (options.json) {
+          nlohmann::json final_json = {{"final", true},
+                                       {"test_accuracy", result.test_accuracy},
+                                       {"digest", digest_hex(result.digest)},
+                                       {"replicas_identical", result.replicas_identical},
+                                       {"ranks", world.size()},
+                                       {"mesh", result.mesh},
+                                       {"mode", options.mode},
+                                       {"steps", result.steps},
+                                       {"parameters", result.parameters},
+                                       {"peak_memory_bytes", memory},
+                                       {"seconds", result.seconds}};
+          std::cout << final_json.dump() << '\n';
+        } else {
+          std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
+                                   result.test_accuracy, result.steps, result.seconds);
+          const auto kind = [&](fsdp::MemoryKind k) {
+            return format_bytes(static_cast<double>(result.memory_peak.of(k)));
+          };
+          std::cout << fmt::format(
+              "peak memory of rank 0: {} (parameters {}, gradients {}, optimizer {}, unsharded {}) "
+              "on mesh {}\n",
+              format_bytes(static_cast<double>(result.memory_peak.total())),
+              kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
+              kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
+              result.mesh);
+          std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
+                                   digest_hex(result.digest), result.parameters,
+                                   result.replicas_identical ? "identical" : "DIFFER",
+                                   world.size());
+          if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
+        }
+        std::cout.flush();
+        if (!options.plot.empty()) {
+          draw_plot(options.plot, result.epochs,
+                    fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
+                                world.size(), options.mode));
+        }
+        if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
+          set_exit_status(1);
+      },
+      link);
 }
 
 /// `meshtensor bench train`: the options of `meshtensor train` it shares (and so its defaults),
@@ -474,6 +484,205 @@ void run_train_bench(const TrainBenchOptions& options) {
   if (!digests_agree || !replicas_agree) set_exit_status(1);
 }
 
+/// `meshtensor bench fsdp`: the shared train options, the simulated link and the exact layouts.
+struct FsdpBenchOptions {
+  TrainOptions train;
+  std::string link = "20us,10";
+  std::string exact_steps = "3";
+};
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// One timed training run of the fsdp bench, as world rank 0 saw it.
+struct FsdpBenchRun {
+  std::string name;
+  double step_seconds = 0.0;  // median over the steps after the first two
+  double wait_seconds = 0.0;  // median compute wait per step
+  double link_seconds = 0.0;  // per rank and step: what the link charged for its collectives
+  std::int64_t peak_bytes = 0;
+  std::int64_t sharded_bytes = 0;  // parameters + gradients + optimizer state
+  std::uint64_t digest = 0;
+  bool replicas_identical = false;
+};
+
+void run_fsdp_bench(const FsdpBenchOptions& options) {
+  const train::TrainConfig base = parse_config(options.train);
+  const std::int64_t ranks =
+      integer_option("--ranks", options.train.ranks, 1, comm::kMaxThreadsRanks);
+  const std::int64_t exact_steps = integer_option("--exact-steps", options.exact_steps, 0, 1 << 20);
+  const comm::LinkDelay link = comm::parse_link(options.link);
+  options.train.timeout.apply();
+  const train::Dataset data = train::load_dataset(options.train.data);
+
+  // Charged link time, summed over every call of every rank (divided by ranks and steps below).
+  std::atomic<std::int64_t> charged_ns{0};
+  const comm::LinkDelay counted = [&](const comm::CollectiveCall& call,
+                                      const std::vector<std::int64_t>& group) {
+    const std::chrono::nanoseconds delay = link(call, group);
+    charged_ns += delay.count();
+    return delay;
+  };
+  const auto measure = [&](const std::string& name, train::TrainConfig config,
+                           std::int64_t world_size, bool with_link) {
+    FsdpBenchRun run;
+    run.name = name;
+    charged_ns = 0;
+    run_ranks(
+        Backend::threads, world_size, "bench fsdp",
+        [&](comm::Communicator& world) {
+          const train::TrainResult result = train::train(world, data, config, {});
+          if (world.rank() != 0) return;
+          const auto skip = std::min<std::size_t>(2, result.step_seconds.size() - 1);
+          run.step_seconds = median(
+              std::vector<double>(result.step_seconds.begin() + skip, result.step_seconds.end()));
+          run.wait_seconds = median(std::vector<double>(result.step_wait_seconds.begin() + skip,
+                                                        result.step_wait_seconds.end()));
+          run.peak_bytes = result.memory_peak.total();
+          run.sharded_bytes = result.memory_peak_by_kind.of(fsdp::MemoryKind::parameters) +
+                              result.memory_peak_by_kind.of(fsdp::MemoryKind::gradients) +
+                              result.memory_peak_by_kind.of(fsdp::MemoryKind::optimizer_state);
+          run.digest = result.digest;
+          run.replicas_identical = result.replicas_identical;
+        },
+        with_link ? counted : comm::LinkDelay());
+    // Steps plus the evaluation's gathers and the final digest's: an upper bound per step.
+    run.link_seconds = static_cast<double>(charged_ns.load()) * 1e-9 /
+                       static_cast<double>(world_size) / static_cast<double>(config.steps);
+    return run;
+  };
+
+  train::TrainConfig timed = base;
+  if (timed.steps == 0) timed.steps = 12;
+  std::vector<FsdpBenchRun> runs;
+  train::TrainConfig fsdp_config = timed;
+  fsdp_config.strategy = train::Strategy::fsdp;
+  train::TrainConfig ddp_config = timed;
+  ddp_config.strategy = train::Strategy::ddp;
+  train::TrainConfig no_prefetch = fsdp_config;
+  no_prefetch.prefetch = 0;
+  const FsdpBenchRun fsdp_compute = measure("fsdp, no link", fsdp_config, ranks, false);
+  const FsdpBenchRun fsdp_linked = measure("fsdp, link", fsdp_config, ranks, true);
+  const FsdpBenchRun bare_compute = measure("fsdp no prefetch, no link", no_prefetch, ranks, false);
+  const FsdpBenchRun bare_linked = measure("fsdp no prefetch, link", no_prefetch, ranks, true);
+  const FsdpBenchRun ddp_compute = measure("ddp, no link", ddp_config, ranks, false);
+  const FsdpBenchRun ddp_linked = measure("ddp, link", ddp_config, ranks, true);
+
+  // Exposed communication: the compute thread's extra wait per step once the link charges
+  // time, over the link time the step's collectives take (the measure does not depend on how
+  // fast this machine computes). The step-time difference is beside it.
+  const auto exposed = [](const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
+    return linked.link_seconds > 0
+               ? std::max(0.0, linked.wait_seconds - compute.wait_seconds) / linked.link_seconds
+               : 0.0;
+  };
+  const auto exposed_by_step = [](const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
+    return linked.link_seconds > 0
+               ? std::max(0.0, linked.step_seconds - compute.step_seconds) / linked.link_seconds
+               : 0.0;
+  };
+
+  // Exact mode over the layouts of the issue: one digest.
+  std::vector<FsdpBenchRun> exact_runs;
+  if (exact_steps > 0) {
+    train::TrainConfig exact = base;
+    exact.mode = comm::ReductionMode::exact;
+    exact.steps = exact_steps;
+    const auto layout = [&](const std::string& name, train::Strategy strategy,
+                            std::int64_t world_size, std::int64_t replicas, std::int64_t micro,
+                            train::MicroBatchMode mode) {
+      train::TrainConfig config = exact;
+      config.strategy = strategy;
+      config.replicas = replicas;
+      config.micro_batches = micro;
+      config.micro_batch_mode = mode;
+      exact_runs.push_back(measure(name, config, world_size, false));
+    };
+    using train::MicroBatchMode;
+    using train::Strategy;
+    layout("ddp 8", Strategy::ddp, 8, 0, 1, MicroBatchMode::no_sync);
+    layout("fsdp 8", Strategy::fsdp, 8, 0, 1, MicroBatchMode::no_sync);
+    layout("hsdp 2x4", Strategy::hsdp, 8, 2, 1, MicroBatchMode::no_sync);
+    layout("hsdp 4x2, 4 micro-batches (no-sync)", Strategy::hsdp, 8, 4, 4, MicroBatchMode::no_sync);
+    layout("hsdp 4x2, 4 micro-batches (reduce-scatter)", Strategy::hsdp, 8, 4, 4,
+           MicroBatchMode::reduce_scatter);
+    layout("1 rank", Strategy::fsdp, 1, 0, 1, MicroBatchMode::no_sync);
+  }
+  bool digests_agree = true;
+  for (const FsdpBenchRun& r : exact_runs)
+    digests_agree = digests_agree && r.digest == exact_runs.front().digest;
+  bool replicas_agree = true;
+  for (const FsdpBenchRun* r : {&fsdp_linked, &ddp_linked, &bare_linked})
+    replicas_agree = replicas_agree && r->replicas_identical;
+
+  const double fsdp_over_ddp = fsdp_linked.step_seconds / ddp_linked.step_seconds;
+  if (options.train.json) {
+    nlohmann::json out = {
+        {"ranks", ranks},
+        {"link", options.link},
+        {"steps", timed.steps},
+        {"link_ms_per_step", fsdp_linked.link_seconds * 1e3},
+        {"exposed_communication_prefetch", exposed(fsdp_compute, fsdp_linked)},
+        {"exposed_communication_no_prefetch", exposed(bare_compute, bare_linked)},
+        {"exposed_by_step_time_prefetch", exposed_by_step(fsdp_compute, fsdp_linked)},
+        {"exposed_by_step_time_no_prefetch", exposed_by_step(bare_compute, bare_linked)},
+        {"fsdp_step_ms", fsdp_linked.step_seconds * 1e3},
+        {"ddp_step_ms", ddp_linked.step_seconds * 1e3},
+        {"fsdp_over_ddp_step_time", fsdp_over_ddp},
+        {"fsdp_peak_bytes", fsdp_linked.peak_bytes},
+        {"ddp_peak_bytes", ddp_linked.peak_bytes},
+        {"fsdp_sharded_state_bytes", fsdp_linked.sharded_bytes},
+        {"ddp_state_bytes", ddp_linked.sharded_bytes},
+        {"ordered_replicas_identical", replicas_agree},
+        {"exact_digests_identical", digests_agree}};
+    nlohmann::json layouts = nlohmann::json::array();
+    for (const FsdpBenchRun& r : exact_runs)
+      layouts.push_back({{"layout", r.name}, {"digest", digest_hex(r.digest)}});
+    out["exact_layouts"] = layouts;
+    std::cout << out.dump() << '\n';
+  } else {
+    std::cout << fmt::format(
+        "fsdp bench: {} thread ranks, model {}, global batch {}, {} steps, simulated link {}\n",
+        ranks, options.train.model, timed.batch, timed.steps, options.link);
+    std::cout << fmt::format("{:<28} {:>10} {:>12} {:>12} {:>12}\n", "run", "step ms",
+                             "wait ms/step", "link ms/step", "peak memory");
+    for (const FsdpBenchRun* r :
+         {&fsdp_compute, &fsdp_linked, &bare_compute, &bare_linked, &ddp_compute, &ddp_linked}) {
+      std::cout << fmt::format("{:<28} {:>10.2f} {:>12.2f} {:>12.2f} {:>12}\n", r->name,
+                               r->step_seconds * 1e3, r->wait_seconds * 1e3, r->link_seconds * 1e3,
+                               format_bytes(static_cast<double>(r->peak_bytes)));
+    }
+    std::cout << fmt::format(
+        "exposed communication (extra compute wait / link time): {:.3f} with prefetch, {:.3f} "
+        "without (goal <= 0.10 with prefetch)\n",
+        exposed(fsdp_compute, fsdp_linked), exposed(bare_compute, bare_linked));
+    std::cout << fmt::format(
+        "exposed communication by step time ((step - compute-only step) / link time): {:.3f} "
+        "with prefetch, {:.3f} without\n",
+        exposed_by_step(fsdp_compute, fsdp_linked), exposed_by_step(bare_compute, bare_linked));
+    std::cout << fmt::format("fsdp / ddp step time on the link: {:.3f} (goal <= 1.1)\n",
+                             fsdp_over_ddp);
+    std::cout << fmt::format(
+        "peak memory per rank: fsdp {} against ddp {} ({:.2f}x); sharded state {} against {}\n",
+        format_bytes(static_cast<double>(fsdp_linked.peak_bytes)),
+        format_bytes(static_cast<double>(ddp_linked.peak_bytes)),
+        static_cast<double>(fsdp_linked.peak_bytes) / static_cast<double>(ddp_linked.peak_bytes),
+        format_bytes(static_cast<double>(fsdp_linked.sharded_bytes)),
+        format_bytes(static_cast<double>(ddp_linked.sharded_bytes)));
+    std::cout << fmt::format("ordered replicas identical: {}\n", replicas_agree ? "yes" : "NO");
+    for (const FsdpBenchRun& r : exact_runs)
+      std::cout << fmt::format("exact {:<44} digest {}\n", r.name, digest_hex(r.digest));
+    if (!exact_runs.empty()) {
+      std::cout << fmt::format("exact digests over {} layouts: {}\n", exact_runs.size(),
+                               digests_agree ? "identical" : "DIFFER");
+    }
+  }
+  if (!digests_agree || !replicas_agree) set_exit_status(1);
+}
+
 /// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
 /// meaning and defaults.
 void add_shared_train_options(CLI::App& command, TrainOptions& options) {
@@ -509,6 +718,26 @@ void add_train_bench(CLI::App& bench) {
                       "--ranks");
   add_flag(*command, "--json", train.json, "print one JSON object");
   command->callback([options] { run_train_bench(*options); });
+}
+
+void add_fsdp_bench(CLI::App& bench) {
+  auto options = std::make_shared<FsdpBenchOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "fsdp",
+      "Exposed communication of FSDP on a simulated link with and without prefetch, FSDP against "
+      "DDP step time and peak memory, and one exact digest over DDP, FSDP and HSDP layouts");
+  TrainOptions& train = options->train;
+  train.steps = "12";
+  train.ranks = "8";
+  add_shared_train_options(*command, train);
+  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 12)");
+  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  train.ranks_option = command->add_option("--ranks", train.ranks, "thread ranks (default 8)");
+  command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  command->add_option("--exact-steps", options->exact_steps,
+                      "steps of each exact layout run (default 3; 0 skips them)");
+  add_flag(*command, "--json", train.json, "print one JSON object");
+  command->callback([options] { run_fsdp_bench(*options); });
 }
 
 void add_train_command(CLI::App& app) {

@@ -106,7 +106,8 @@ std::string CollectiveCall::to_string() const {
   if (is_reducing(kind))
     details += fmt::format(", {}, {}", reduce_op_name(op), reduction_mode_name(mode));
   if (kind == CollectiveKind::broadcast) details += fmt::format(", root {}", root);
-  if (!label.empty()) details = fmt::format("'{}'{}{}", label, details.empty() ? "" : ", ", details);
+  if (!label.empty())
+    details = fmt::format("'{}'{}{}", label, details.empty() ? "" : ", ", details);
   return fmt::format("{} #{}{}", collective_name(kind), sequence,
                      details.empty() ? "" : " (" + details + ")");
 }

@@ -2,8 +2,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -367,14 +367,14 @@ std::int64_t link_bytes(const CollectiveCall& call, int size) {
 
 LinkDelay simulated_link(std::chrono::nanoseconds latency, double bytes_per_second) {
   if (latency.count() < 0 || !(bytes_per_second > 0)) {
-    throw InvalidArgument(fmt::format("a simulated link needs a latency >= 0 and a bandwidth > 0, "
-                                      "got {} ns and {} bytes/s",
-                                      latency.count(), bytes_per_second));
+    throw InvalidArgument(
+        fmt::format("a simulated link needs a latency >= 0 and a bandwidth > 0, "
+                    "got {} ns and {} bytes/s",
+                    latency.count(), bytes_per_second));
   }
   return [latency, bytes_per_second](const CollectiveCall& call,
                                      const std::vector<std::int64_t>& ranks) {
-    const double bytes =
-        static_cast<double>(link_bytes(call, static_cast<int>(ranks.size())));
+    const double bytes = static_cast<double>(link_bytes(call, static_cast<int>(ranks.size())));
     return latency + std::chrono::nanoseconds(std::llround(bytes / bytes_per_second * 1e9));
   };
 }
@@ -391,8 +391,8 @@ LinkDelay parse_link(const std::string& text) {
   std::string latency_text = text.substr(0, comma);
   const std::string bandwidth_text = text.substr(comma + 1);
   double unit = 1e3;  // microseconds
-  for (const auto& [suffix, scale] : {std::pair{"ns", 1.0}, std::pair{"us", 1e3},
-                                      std::pair{"ms", 1e6}, std::pair{"s", 1e9}}) {
+  for (const auto& [suffix, scale] :
+       {std::pair{"ns", 1.0}, std::pair{"us", 1e3}, std::pair{"ms", 1e6}, std::pair{"s", 1e9}}) {
     const std::string_view s(suffix);
     if (latency_text.size() > s.size() && latency_text.ends_with(s)) {
       latency_text.resize(latency_text.size() - s.size());

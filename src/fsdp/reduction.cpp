@@ -11,12 +11,12 @@ namespace meshtensor::fsdp {
 DivideFactors divide_factors(DType reduce_dtype, std::int64_t ranks, double total) {
   if (ranks < 1) throw InvalidArgument(fmt::format("a reduction over {} ranks", ranks));
   if (!(total > 0) || !std::isfinite(total)) {
-    throw InvalidArgument(fmt::format("gradient divide factor {} is not positive and finite",
-                                      total));
+    throw InvalidArgument(
+        fmt::format("gradient divide factor {} is not positive and finite", total));
   }
   if (reduce_dtype != DType::f16) return {1.0, total};
-  const double pre = std::ldexp(1.0, static_cast<int>(std::lround(std::log2(
-                                         static_cast<double>(ranks)) / 2.0)));
+  const double pre =
+      std::ldexp(1.0, static_cast<int>(std::lround(std::log2(static_cast<double>(ranks)) / 2.0)));
   return {pre, total / pre};
 }
 
@@ -40,8 +40,8 @@ comm::CollectiveOptions options_for(ReduceOp op, const std::string& label, const
 }
 }  // namespace
 
-void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
-                        std::int64_t divisor, const Tensor& rounded, const std::string& label) {
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
+                        const Tensor& rounded, const std::string& label) {
   const std::int64_t count = sums.count();
   const int ranks = group.size();
   if (ranks == 1) {

@@ -10,13 +10,13 @@ ShardLayout::ShardLayout(std::vector<Shape> shapes, std::vector<int> dims, int r
     : shapes_(std::move(shapes)), dims_(std::move(dims)), ranks_(ranks) {
   if (ranks_ < 1) throw InvalidArgument(fmt::format("cannot shard over {} ranks", ranks_));
   if (dims_.size() != shapes_.size()) {
-    throw InvalidArgument(fmt::format("{} shard dims for {} parameters", dims_.size(),
-                                      shapes_.size()));
+    throw InvalidArgument(
+        fmt::format("{} shard dims for {} parameters", dims_.size(), shapes_.size()));
   }
   for (std::size_t p = 0; p < shapes_.size(); ++p) {
     if (dims_[p] < 0 || dims_[p] >= std::max(1, shapes_[p].rank())) {
-      throw InvalidArgument(fmt::format("parameter {} of shape {} has no dim {} to shard along",
-                                        p, shapes_[p].to_string(), dims_[p]));
+      throw InvalidArgument(fmt::format("parameter {} of shape {} has no dim {} to shard along", p,
+                                        shapes_[p].to_string(), dims_[p]));
     }
     total_ += shapes_[p].numel();
   }
@@ -70,13 +70,13 @@ Tensor full_chunk(const ShardLayout& layout, const Tensor& full, std::size_t p, 
 void ShardLayout::pack(std::span<const Tensor> full, Tensor flat,
                        std::span<const std::int64_t> segment_starts) const {
   if (full.size() != shapes_.size()) {
-    throw InvalidArgument(fmt::format("pack: {} tensors for {} parameters", full.size(),
-                                      shapes_.size()));
+    throw InvalidArgument(
+        fmt::format("pack: {} tensors for {} parameters", full.size(), shapes_.size()));
   }
   const std::vector<std::int64_t> starts =
-      segment_starts.empty() ? comm::displacements(counts_)
-                             : std::vector<std::int64_t>(segment_starts.begin(),
-                                                         segment_starts.end());
+      segment_starts.empty()
+          ? comm::displacements(counts_)
+          : std::vector<std::int64_t>(segment_starts.begin(), segment_starts.end());
   for (int r = 0; r < ranks_; ++r) {
     const Tensor segment =
         flat.narrow(0, starts[static_cast<std::size_t>(r)], counts_[static_cast<std::size_t>(r)]);
@@ -89,8 +89,8 @@ void ShardLayout::pack(std::span<const Tensor> full, Tensor flat,
 
 void ShardLayout::unpack(const Tensor& flat, std::span<const Tensor> full) const {
   if (full.size() != shapes_.size()) {
-    throw InvalidArgument(fmt::format("unpack: {} tensors for {} parameters", full.size(),
-                                      shapes_.size()));
+    throw InvalidArgument(
+        fmt::format("unpack: {} tensors for {} parameters", full.size(), shapes_.size()));
   }
   const std::vector<std::int64_t> starts = comm::displacements(counts_);
   for (int r = 0; r < ranks_; ++r) {

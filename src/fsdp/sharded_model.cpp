@@ -171,22 +171,22 @@ UnshardHandle ShardedModule::unshard() {
   gathered_ = true;
   model_.record_order(static_cast<int>(OrderKind::unshard), *this);
   const auto task = [this] {
-    const Tracer::Span span(model_.tracer(), "all_gather " + name_, "unshard",
-                            unshard_lane_->name);
+    const Tracer::Span span(model_.tracer(), "all_gather " + name_, "unshard", unshard_lane_->name);
     full_.clear();
     const DType dtype = config_.param_dtype;
     if (!unshard_lane_->comm) {
       // One shard holds everything: the parameters are views of it (no copy) unless they are
       // to be seen rounded to a narrower dtype.
-      const Tensor values = dtype == DType::f32
-                                ? shard_values_
-                                : kernels::convert(kernels::convert(shard_values_, dtype),
-                                                   DType::f32);
+      const Tensor values =
+          dtype == DType::f32
+              ? shard_values_
+              : kernels::convert(kernels::convert(shard_values_, dtype), DType::f32);
       if (dtype != DType::f32) model_.memory().add(MemoryKind::unsharded, bytes_of(values));
       for (std::size_t p = 0; p < parameters_.size(); ++p)
         full_.push_back(layout_.chunk_view(values, p, 0));
     } else {
-      const Tensor send = dtype == DType::f32 ? shard_values_ : kernels::convert(shard_values_, dtype);
+      const Tensor send =
+          dtype == DType::f32 ? shard_values_ : kernels::convert(shard_values_, dtype);
       Tensor gathered(Shape{layout_.total()}, dtype);
       model_.memory().add(MemoryKind::unsharded, bytes_of(gathered));
       comm::CollectiveOptions options;
@@ -302,10 +302,9 @@ void ShardedModule::launch_reduce() {
         };
         Tensor packed_bins(Shape{count}, DType::i32);
         layout_.pack(bins_of(bins), packed_bins);
-        slice.bins.copy_from(
-            packed_bins.narrow(0, comm::displacements(layout_.counts())[static_cast<std::size_t>(
-                                      shard_rank())],
-                               mine));
+        slice.bins.copy_from(packed_bins.narrow(
+            0, comm::displacements(layout_.counts())[static_cast<std::size_t>(shard_rank())],
+            mine));
         // Rank r's segment: its elements of digit plane 0, then 1, then 2 (the [3, count]
         // layout of its slice), so one reduce-scatter moves all three.
         Tensor send(Shape{3 * count}, DType::f64);
@@ -320,8 +319,7 @@ void ShardedModule::launch_reduce() {
             plane_starts.push_back(3 * starts[r] + j * layout_.counts()[r]);
           layout_.pack(bins_of(plane(j)), send, plane_starts);
         }
-        group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts,
-                              options);
+        group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
         model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
       }
       binned->clear();
@@ -371,7 +369,7 @@ void ShardedModule::launch_reduce() {
   // Exact: the sums reduced over every group round once, at the last backward of the step.
   const std::int64_t divisor = exact ? exact_divisor(factor) : 0;
   const auto finish_exact = [this, acc, divisor, mine, label](comm::Communicator* replicate,
-                                                               bool round) {
+                                                              bool round) {
     if (replicate != nullptr && !round) {
       kernels::BinnedSums& sums = acc->shard_sums;
       Tensor bins = sums.bins.clone();
@@ -404,8 +402,8 @@ void ShardedModule::launch_reduce() {
 
   if (exact && acc->shard_sums.count() != mine) {
     acc->shard_sums = kernels::BinnedSums(mine);
-    model.memory().add(MemoryKind::gradients, bytes_of(acc->shard_sums.bins) +
-                                                  bytes_of(acc->shard_sums.digits));
+    model.memory().add(MemoryKind::gradients,
+                       bytes_of(acc->shard_sums.bins) + bytes_of(acc->shard_sums.digits));
   }
   comm::Work rs_work;
   if (exact && !runs_all_reduce) {
@@ -421,8 +419,7 @@ void ShardedModule::launch_reduce() {
   if (!runs_all_reduce) return;
 
   const DivideFactors ar_factors =
-      fused ? rs_factors
-            : divide_factors(reduce_dtype, replicas, static_cast<double>(replicas));
+      fused ? rs_factors : divide_factors(reduce_dtype, replicas, static_cast<double>(replicas));
   const auto all_reduce = [this, rs_work, acc, exact, fused, ar_factors, reduce_dtype, label,
                            finish_exact, last] {
     rs_work.wait();
@@ -444,7 +441,8 @@ void ShardedModule::launch_reduce() {
     } else {
       Tensor partial = acc->partial;
       if (ar_factors.pre != 1.0) kernels::divide(partial, ar_factors.pre);
-      buffer = reduce_dtype == DType::f32 ? partial.clone() : kernels::convert(partial, reduce_dtype);
+      buffer =
+          reduce_dtype == DType::f32 ? partial.clone() : kernels::convert(partial, reduce_dtype);
       model_.memory().add(MemoryKind::gradients, -bytes_of(acc->partial));
       acc->partial = Tensor();
     }
@@ -489,8 +487,8 @@ ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& c
   if (order_recorded_ || !forward_order_.empty())
     throw InvalidArgument("fully_shard must be called before the first forward");
   if (by_module_.count(&module) != 0) {
-    throw InvalidArgument(fmt::format("module '{}' is already sharded",
-                                      by_module_.at(&module)->name()));
+    throw InvalidArgument(
+        fmt::format("module '{}' is already sharded", by_module_.at(&module)->name()));
   }
   const DeviceMesh& mesh = groups_.mesh();
   FsdpConfig resolved = config;
@@ -502,8 +500,8 @@ ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& c
             fmt::format("mesh dim {} is out of range for mesh {}", d, mesh.to_string()));
       }
       if (used[static_cast<std::size_t>(d)]) {
-        throw InvalidArgument(fmt::format(
-            "mesh dim {} is named twice among the shard and replicate dims", d));
+        throw InvalidArgument(
+            fmt::format("mesh dim {} is named twice among the shard and replicate dims", d));
       }
       used[static_cast<std::size_t>(d)] = true;
     }
@@ -526,8 +524,8 @@ ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& c
   for (nn::Parameter* p : module.parameters())
     if (by_parameter_.count(p) == 0) parameters.push_back(p);
   if (parameters.empty()) {
-    throw InvalidArgument(fmt::format("module {} has no parameters that are not already sharded",
-                                      module.describe()));
+    throw InvalidArgument(
+        fmt::format("module {} has no parameters that are not already sharded", module.describe()));
   }
   if (name.empty()) {
     const std::string prefix = common_prefix(parameters);
@@ -548,8 +546,8 @@ ShardedModule& ShardedModel::group_of(const nn::Module& module) {
 }
 
 void ShardedModel::record_order(int kind, const ShardedModule& module) {
-  const std::uint64_t event = (static_cast<std::uint64_t>(module.index_) << 2) |
-                              static_cast<std::uint64_t>(kind);
+  const std::uint64_t event =
+      (static_cast<std::uint64_t>(module.index_) << 2) | static_cast<std::uint64_t>(kind);
   order_events_.push_back(event);
   order_hash_ = mix64(order_hash_ ^ mix64(event + 1));
 }
@@ -573,13 +571,22 @@ void ShardedModel::pre_forward(nn::Module& module) {
   if (!order_recorded_ &&
       std::find(forward_order_.begin(), forward_order_.end(), &group) == forward_order_.end())
     forward_order_.push_back(&group);
-  const UnshardHandle handle = group.unshard();
+  group.unshard();
   if (order_recorded_) prefetch(forward_order_, group, group.forward_prefetch_);
-  {
-    const Tracer::Span span(tracer_, "wait unshard " + group.name(), "wait", "compute");
-    handle.wait();
-  }
+  wait_for(group.unshard_work_, "wait unshard " + group.name());
   group.compute_begin_ = std::chrono::steady_clock::now();
+}
+
+void ShardedModel::wait_for(const comm::Work& work, const std::string& what) {
+  if (work.is_completed()) {
+    work.wait();  // rethrows a failure
+    return;
+  }
+  const auto begin = std::chrono::steady_clock::now();
+  work.wait();
+  const auto end = std::chrono::steady_clock::now();
+  wait_seconds_ += std::chrono::duration<double>(end - begin).count();
+  if (tracer_.enabled()) tracer_.record(what, "wait", "compute", begin, end);
 }
 
 void ShardedModel::post_forward(nn::Module& module) {
@@ -588,20 +595,17 @@ void ShardedModel::post_forward(nn::Module& module) {
     tracer_.record("forward " + group.name(), "compute", "compute", group.compute_begin_,
                    std::chrono::steady_clock::now());
   }
-  const bool needed_next = order_recorded_ && !forward_order_.empty() &&
-                           forward_order_.back() == &group;
+  const bool needed_next =
+      order_recorded_ && !forward_order_.empty() && forward_order_.back() == &group;
   if (group.config_.reshard_after_forward && !needed_next) group.reshard();
 }
 
 void ShardedModel::pre_backward(nn::Module& module) {
   ShardedModule& group = group_of(module);
-  const UnshardHandle handle = group.unshard();
+  group.unshard();
   const std::vector<ShardedModule*> backward_order(forward_order_.rbegin(), forward_order_.rend());
   prefetch(backward_order, group, group.backward_prefetch_);
-  {
-    const Tracer::Span span(tracer_, "wait unshard " + group.name(), "wait", "compute");
-    handle.wait();
-  }
+  wait_for(group.unshard_work_, "wait unshard " + group.name());
   // The sink lays out the sums by the gathered parameters' shapes.
   if (!group.dense_sink_ && !group.binned_sink_) {
     std::int64_t bytes = 0;
@@ -655,8 +659,8 @@ nn::GradientSink& ShardedModel::sink_of(const nn::Parameter& p) {
   group.received_[found->second.second] = true;
   if (group.dense_sink_) return *group.dense_sink_;
   if (group.binned_sink_) return *group.binned_sink_;
-  throw InvalidArgument(fmt::format(
-      "parameter '{}' received a gradient outside its module's backward", p.name));
+  throw InvalidArgument(
+      fmt::format("parameter '{}' received a gradient outside its module's backward", p.name));
 }
 
 void ShardedModel::add_outer_products(const nn::Parameter& p, const Tensor& x, const Tensor& dy) {
@@ -667,8 +671,7 @@ void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {
   sink_of(p).add_column_sums(p, a);
 }
 
-void ShardedModel::add_column_products(const nn::Parameter& p, const Tensor& a,
-                                       const Tensor& b) {
+void ShardedModel::add_column_products(const nn::Parameter& p, const Tensor& a, const Tensor& b) {
   sink_of(p).add_column_products(p, a, b);
 }
 
@@ -688,11 +691,8 @@ void ShardedModel::finish_step() {
   // order gets a DesyncError here instead of waiting for collectives that will never match.
   if (!order_checked_ || options_.check_every_step) check_order();
   order_checked_ = true;
-  {
-    const Tracer::Span span(tracer_, "wait reductions", "wait", "compute");
-    for (auto& module : modules_)
-      module->reduce_work_.wait();
-  }
+  for (auto& module : modules_)
+    wait_for(module->reduce_work_, "wait reduction " + module->name());
   for (auto& module : modules_)
     module->step_started_ = false;
   order_events_.clear();
@@ -704,8 +704,7 @@ void ShardedModel::check_order() {
   for (int d = 0; d < groups_.mesh().ndim(); ++d)
     all_dims.push_back(d);
   if (groups_.mesh().size() == 1) return;
-  const std::shared_ptr<comm::Communicator> control =
-      groups_.group(all_dims, {}, kControlChannel);
+  const std::shared_ptr<comm::Communicator> control = groups_.group(all_dims, {}, kControlChannel);
   const int ranks = control->size();
   comm::CollectiveOptions options;
   options.label = "issue order check";

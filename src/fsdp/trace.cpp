@@ -17,8 +17,8 @@ void Tracer::record(std::string name, std::string category, std::string lane,
     return std::chrono::duration_cast<std::chrono::microseconds>(t - origin_).count();
   };
   const std::lock_guard lock(mutex_);
-  events_.push_back(TraceEvent{std::move(name), std::move(category), std::move(lane),
-                               micros(begin), micros(end) - micros(begin)});
+  events_.push_back(TraceEvent{std::move(name), std::move(category), std::move(lane), micros(begin),
+                               micros(end) - micros(begin)});
 }
 
 std::vector<TraceEvent> Tracer::events() const {
@@ -68,9 +68,13 @@ std::string gather_chrome_trace(comm::Communicator& world, const std::vector<Tra
     const auto n = counts[static_cast<std::size_t>(rank)];
     const nlohmann::json theirs = nlohmann::json::parse(bytes + at, bytes + at + n);
     at += n;
-    trace_events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+    trace_events.push_back({{"name", "process_name"},
+                            {"ph", "M"},
+                            {"pid", rank},
                             {"args", {{"name", "rank " + std::to_string(rank)}}}});
-    trace_events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank},
+    trace_events.push_back({{"name", "process_sort_index"},
+                            {"ph", "M"},
+                            {"pid", rank},
                             {"args", {{"sort_index", rank}}}});
     std::vector<std::string> lanes;
     for (const auto& e : theirs) {

@@ -159,8 +159,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   if (config.optimizer == OptimizerKind::adamw) {
     optimizer = std::make_unique<nn::AdamW>(sharded.optimizer_slots(), config.weight_decay);
   } else {
-    optimizer = std::make_unique<nn::SGD>(sharded.optimizer_slots(), config.momentum,
-                                          config.weight_decay);
+    optimizer =
+        std::make_unique<nn::SGD>(sharded.optimizer_slots(), config.momentum, config.weight_decay);
   }
   sharded.memory().add(fsdp::MemoryKind::optimizer_state, optimizer->state_bytes());
   std::int64_t optimizer_bytes = optimizer->state_bytes();
@@ -194,8 +194,9 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
     std::int64_t correct_total = 0;
     const auto epoch_start = Clock::now();
     for (std::int64_t s = 0; s < epoch_steps; ++s) {
-      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step + 1), "step",
-                                         "step");
+      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step + 1), "step", "step");
+      const auto step_start = Clock::now();
+      const double waited_before = sharded.wait_seconds();
       const std::int64_t start = s * config.batch;
       const std::int64_t global_batch = std::min(config.batch, samples - start);
       const Chunk slice = chunk_extent(global_batch, ranks, rank);
@@ -256,6 +257,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
         optimizer_bytes = optimizer->state_bytes();
       }
       ++step;
+      result.step_seconds.push_back(seconds_since(step_start));
+      result.step_wait_seconds.push_back(sharded.wait_seconds() - waited_before);
       if (leader && callbacks.on_step) {
         const double elapsed = seconds_since(epoch_start);
         const std::int64_t done = start + global_batch;
@@ -284,7 +287,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
     const std::int64_t largest = chunk_extent(data.test.count, ranks, 0).size;
     for (std::int64_t first = 0; first < largest; first += kEvalRows) {
       const std::int64_t rows = std::clamp<std::int64_t>(test_slice.size - first, 0, kEvalRows);
-      const Tensor x = gather_inputs(data.test, nullptr, test_slice.offset + std::min(first, test_slice.size), rows, labels);
+      const Tensor x = gather_inputs(
+          data.test, nullptr, test_slice.offset + std::min(first, test_slice.size), rows, labels);
       const std::vector<std::int64_t> predicted = nn::predict(sharded.forward(x));
       for (std::int64_t r = 0; r < rows; ++r)
         if (predicted[static_cast<std::size_t>(r)] == labels[static_cast<std::size_t>(r)])

@@ -84,9 +84,9 @@ TEST(DivideFactors, SumThenDivideOnceExceptF16WhichSplitsAroundSqrtN) {
 
 /// Runs one backward of a ColumnSum model on every rank of `mesh` (threads) with rank r
 /// contributing `contribution(r)` to every element, and returns each rank's gradient shard.
-std::vector<std::vector<float>> reduce_once(
-    const DeviceMesh& mesh, const FsdpConfig& config, std::int64_t features,
-    const std::function<float(int)>& contribution) {
+std::vector<std::vector<float>> reduce_once(const DeviceMesh& mesh, const FsdpConfig& config,
+                                            std::int64_t features,
+                                            const std::function<float(int)>& contribution) {
   std::vector<std::vector<float>> shards(static_cast<std::size_t>(mesh.size()));
   comm::run_threads(static_cast<int>(mesh.size()), [&](comm::Communicator& world) {
     comm::MeshGroups groups(mesh, borrow(world));

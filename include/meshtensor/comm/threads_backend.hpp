@@ -61,7 +61,6 @@ class ThreadsWorld {
 /// ranks' collectives fail with CommError naming it) and the first error is rethrown here. A
 /// thread that cannot be started (a process or memory limit) fails the world the same way and
 /// throws ResourceError naming the rank.
-void run_threads(int size, const std::function<void(Communicator&)>& body,
-                 LinkDelay link = {});
+void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link = {});
 
 }  // namespace meshtensor::comm

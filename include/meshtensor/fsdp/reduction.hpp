@@ -34,7 +34,7 @@ std::int64_t exact_divisor(double factor);
 /// reduce-scattered to it (integers far below 2^53, so the sum is exact in any order), it rounds
 /// them, and the rounded slices are all-gathered. Collective over `group`; `label` names the
 /// calls.
-void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
-                        std::int64_t divisor, const Tensor& rounded, const std::string& label = {});
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
+                        const Tensor& rounded, const std::string& label = {});
 
 }  // namespace meshtensor::fsdp

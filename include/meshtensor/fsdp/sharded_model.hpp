@@ -149,8 +149,8 @@ class ShardedModule {
   std::unique_ptr<nn::DenseGradients> dense_sink_;
   std::unique_ptr<nn::BinnedGradients> binned_sink_;
   std::shared_ptr<StepAccumulator> accumulator_;
-  std::vector<bool> received_;        // parameters that got a gradient this backward
-  std::vector<bool> step_received_;   // ... in the first backward of the step
+  std::vector<bool> received_;       // parameters that got a gradient this backward
+  std::vector<bool> step_received_;  // ... in the first backward of the step
   bool step_started_ = false;
   bool partial_pending_ = false;  // ordered: reduce-scattered sums wait for their all-reduce
   std::int64_t sink_bytes_ = 0;
@@ -221,6 +221,9 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   MemoryTracker& memory() { return memory_; }
   /// The events of this rank (record them with tracer().enable()).
   Tracer& tracer() { return tracer_; }
+  /// Seconds the calling (compute) thread has spent waiting for gathers and reductions: the
+  /// communication it could not hide.
+  double wait_seconds() const { return wait_seconds_; }
   /// Fingerprint of the issue order (unshards and reductions) of the current step so far.
   std::uint64_t order_fingerprint() const { return order_hash_; }
   /// The mesh groups.
@@ -267,6 +270,8 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   std::uint64_t order_hash_ = 0;
   bool order_checked_ = false;
   comm::Work last_reduce_scatter_;  // bounds reductions in flight to one
+  double wait_seconds_ = 0.0;
+  void wait_for(const comm::Work& work, const std::string& what);
 };
 
 }  // namespace meshtensor::fsdp

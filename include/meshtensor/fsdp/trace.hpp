@@ -12,9 +12,9 @@ namespace meshtensor::fsdp {
 
 /// One span of time on one rank: a module's forward, an all-gather, an optimizer step.
 struct TraceEvent {
-  std::string name;      ///< e.g. "forward 0", "all_gather 2"
-  std::string category;  ///< "compute", "unshard", "reduce", "optimizer", "wait"
-  std::string lane;      ///< the thread it ran on: "compute", "unshard [0,1,2,3]", ...
+  std::string name;           ///< e.g. "forward 0", "all_gather 2"
+  std::string category;       ///< "compute", "unshard", "reduce", "optimizer", "wait"
+  std::string lane;           ///< the thread it ran on: "compute", "unshard [0,1,2,3]", ...
   std::int64_t begin_us = 0;  ///< microseconds since the trace's start
   std::int64_t duration_us = 0;
 };
@@ -28,7 +28,8 @@ class Tracer {
   bool enabled() const { return enabled_; }
   /// Records [begin, end) as `name` on `lane`.
   void record(std::string name, std::string category, std::string lane,
-              std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end);
+              std::chrono::steady_clock::time_point begin,
+              std::chrono::steady_clock::time_point end);
   /// The events so far.
   std::vector<TraceEvent> events() const;
 

@@ -93,9 +93,11 @@ struct TrainResult {
   std::int64_t steps = 0;
   std::int64_t parameters = 0;
   double seconds = 0.0;
-  std::string mesh;  ///< e.g. "2x4 (replicate x shard)"
+  std::string mesh;                           ///< e.g. "2x4 (replicate x shard)"
   fsdp::MemoryTracker::Snapshot memory_peak;  ///< this rank's largest total, by kind
   fsdp::MemoryTracker::Snapshot memory_peak_by_kind;
+  std::vector<double> step_seconds;       ///< wall time of every step (this rank)
+  std::vector<double> step_wait_seconds;  ///< per step: compute waiting for communication
   std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
 };
 
