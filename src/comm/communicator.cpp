@@ -59,6 +59,11 @@ void set_default_timeout(std::chrono::milliseconds timeout) {
   default_timeout_ms.store(timeout.count(), std::memory_order_relaxed);
 }
 
+bool check_mode_from_environment() {
+  const char* value = std::getenv("MESHTENSOR_CHECK_COLLECTIVES");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
 std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::string_view what) {
   constexpr double kWeek = 7 * 24 * 3600.0;
   const std::string copy(text);

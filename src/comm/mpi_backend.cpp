@@ -715,11 +715,6 @@ class MpiCommunicator final : public QueuedCommunicator {
   std::size_t staging_bytes_ = 0;
 };
 
-bool check_from_environment() {
-  const char* value = std::getenv("MESHTENSOR_CHECK_COLLECTIVES");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
 }  // namespace
 
 MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
@@ -742,7 +737,7 @@ MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
   MPI_Comm own_world = MPI_COMM_NULL;
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &own_world), "MPI_Comm_dup");
   shared_ = std::make_shared<detail::MpiShared>(
-      options.check_collectives || check_from_environment(), control);
+      options.check_collectives || check_mode_from_environment(), control);
   world_ = std::make_shared<MpiCommunicator>(shared_, own_world, true, kWorldKey);
 }
 

@@ -4,7 +4,6 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
-#include <meshtensor/mesh/layout.hpp>
 
 namespace meshtensor::fsdp {
 
@@ -40,6 +39,24 @@ comm::CollectiveOptions options_for(ReduceOp op, const std::string& label, const
 }
 }  // namespace
 
+std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout& layout,
+                                                               const kernels::BinnedSums& sums) {
+  const std::int64_t count = sums.count();
+  Tensor send(Shape{3 * count}, DType::f64);
+  const std::vector<std::int64_t> starts = comm::displacements(layout.counts());
+  std::vector<std::int64_t> digit_counts;
+  for (const std::int64_t c : layout.counts())
+    digit_counts.push_back(3 * c);
+  for (std::int64_t j = 0; j < 3; ++j) {
+    std::vector<std::int64_t> plane_starts;
+    for (std::size_t r = 0; r < starts.size(); ++r)
+      plane_starts.push_back(3 * starts[r] + j * layout.counts()[r]);
+    layout.pack(layout.parameter_views(sums.digits.narrow(0, j, 1).reshape(Shape{count})), send,
+                plane_starts);
+  }
+  return {send, digit_counts};
+}
+
 void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
                         const Tensor& rounded, const std::string& label) {
   const std::int64_t count = sums.count();
@@ -51,33 +68,20 @@ void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, st
   Tensor bins = sums.bins.clone();
   group.all_reduce(bins, options_for(ReduceOp::max, label, "bins"));
   kernels::align_bins(sums, bins);
-  std::vector<std::int64_t> counts;
-  for (int r = 0; r < ranks; ++r)
-    counts.push_back(chunk_extent(count, ranks, r).size);
-  const Chunk mine = chunk_extent(count, ranks, group.rank());
-  kernels::BinnedSums slice(mine.size);
-  slice.bins.copy_from(bins.narrow(0, mine.offset, mine.size));
-  // The three digit planes travel in one reduce-scatter: rank r's segment holds its elements of
-  // plane 0, then plane 1, then plane 2, which is the [3, count] layout of its slice.
-  Tensor send(Shape{3 * count}, DType::f64);
-  std::vector<std::int64_t> digit_counts;
-  std::int64_t at = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const Chunk c = chunk_extent(count, ranks, r);
-    for (std::int64_t p = 0; p < 3; ++p) {
-      send.narrow(0, at, c.size)
-          .copy_from(sums.digits.narrow(0, p, 1).reshape(Shape{count}).narrow(0, c.offset, c.size));
-      at += c.size;
-    }
-    digit_counts.push_back(3 * c.size);
-  }
-  group.reduce_scatter(send, slice.digits.reshape(Shape{3 * mine.size}), digit_counts,
+  // The elements as one parameter split over the ranks.
+  const ShardLayout layout({Shape{count}}, {0}, ranks);
+  const std::int64_t mine = layout.counts()[static_cast<std::size_t>(group.rank())];
+  kernels::BinnedSums slice(mine);
+  slice.bins.copy_from(bins.narrow(
+      0, comm::displacements(layout.counts())[static_cast<std::size_t>(group.rank())], mine));
+  const auto [send, digit_counts] = pack_digit_planes(layout, sums);
+  group.reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts,
                        options_for(ReduceOp::sum, label, "digits"));
-  Tensor rounded_slice(Shape{mine.size}, rounded.dtype());
+  Tensor rounded_slice(Shape{mine}, rounded.dtype());
   kernels::round_binned_sums(slice, divisor, rounded_slice);
   comm::CollectiveOptions gather;
   gather.label = label.empty() ? std::string() : fmt::format("{} (rounded)", label);
-  group.all_gather(rounded_slice, rounded, counts, gather);
+  group.all_gather(rounded_slice, rounded, layout.counts(), gather);
 }
 
 }  // namespace meshtensor::fsdp

@@ -54,6 +54,16 @@ Tensor ShardLayout::chunk_view(const Tensor& segment, std::size_t p, int r) cons
   return segment.narrow(0, offset_in_segment(p, r), shape.numel()).reshape(shape);
 }
 
+std::vector<Tensor> ShardLayout::parameter_views(const Tensor& flat) const {
+  std::vector<Tensor> views;
+  std::int64_t at = 0;
+  for (const Shape& shape : shapes_) {
+    views.push_back(flat.narrow(0, at, shape.numel()).reshape(shape));
+    at += shape.numel();
+  }
+  return views;
+}
+
 namespace {
 // The chunk of `full` (a parameter) that rank r holds, as a view.
 Tensor full_chunk(const ShardLayout& layout, const Tensor& full, std::size_t p, int r) {

@@ -28,11 +28,6 @@ std::int64_t bytes_of(const Tensor& t) {
   return t.defined() ? static_cast<std::int64_t>(t.nbytes()) : 0;
 }
 
-bool check_mode_from_environment() {
-  const char* value = std::getenv("MESHTENSOR_CHECK_COLLECTIVES");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
 void require_compute_dtype(DType dtype, const char* what) {
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
     throw InvalidArgument(
@@ -287,38 +282,13 @@ void ShardedModule::launch_reduce() {
         max_options.label = "reduce-scatter bins " + label;
         group->all_reduce(bins, max_options);
         kernels::align_bins(sums, bins);
-        const std::int64_t count = sums.count();
-        const auto plane = [&](std::int64_t j) {
-          return sums.digits.narrow(0, j, 1).reshape(Shape{count});
-        };
-        const auto bins_of = [&](const Tensor& flat) {
-          std::vector<Tensor> views;
-          std::int64_t at = 0;
-          for (std::size_t p = 0; p < layout_.parameters(); ++p) {
-            views.push_back(flat.narrow(0, at, layout_.shape(p).numel()).reshape(layout_.shape(p)));
-            at += layout_.shape(p).numel();
-          }
-          return views;
-        };
-        Tensor packed_bins(Shape{count}, DType::i32);
-        layout_.pack(bins_of(bins), packed_bins);
+        Tensor packed_bins(Shape{sums.count()}, DType::i32);
+        layout_.pack(layout_.parameter_views(bins), packed_bins);
         slice.bins.copy_from(packed_bins.narrow(
             0, comm::displacements(layout_.counts())[static_cast<std::size_t>(shard_rank())],
             mine));
-        // Rank r's segment: its elements of digit plane 0, then 1, then 2 (the [3, count]
-        // layout of its slice), so one reduce-scatter moves all three.
-        Tensor send(Shape{3 * count}, DType::f64);
+        const auto [send, digit_counts] = pack_digit_planes(layout_, sums);
         model_.memory().add(MemoryKind::unsharded, bytes_of(send));
-        const std::vector<std::int64_t> starts = comm::displacements(layout_.counts());
-        std::vector<std::int64_t> digit_counts;
-        for (const std::int64_t c : layout_.counts())
-          digit_counts.push_back(3 * c);
-        for (std::int64_t j = 0; j < 3; ++j) {
-          std::vector<std::int64_t> plane_starts;
-          for (std::size_t r = 0; r < starts.size(); ++r)
-            plane_starts.push_back(3 * starts[r] + j * layout_.counts()[r]);
-          layout_.pack(bins_of(plane(j)), send, plane_starts);
-        }
         group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
         model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
       }
@@ -327,16 +297,7 @@ void ShardedModule::launch_reduce() {
     } else {
       Tensor packed(Shape{layout_.total()}, DType::f32);
       model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
-      {
-        const Tensor& sums = dense->sums();
-        std::vector<Tensor> views;
-        std::int64_t at = 0;
-        for (std::size_t p = 0; p < layout_.parameters(); ++p) {
-          views.push_back(sums.narrow(0, at, layout_.shape(p).numel()).reshape(layout_.shape(p)));
-          at += layout_.shape(p).numel();
-        }
-        layout_.pack(views, packed);
-      }
+      layout_.pack(layout_.parameter_views(dense->sums()), packed);
       if (rs_factors.pre != 1.0) kernels::divide(packed, rs_factors.pre);
       const Tensor send =
           reduce_dtype == DType::f32 ? packed : kernels::convert(packed, reduce_dtype);
@@ -458,7 +419,7 @@ ShardedModel::ShardedModel(nn::Module& root, comm::MeshGroups& groups, RuntimeOp
     : root_(root), groups_(groups), options_(options) {
   if (options_.prefetch < 0)
     throw InvalidArgument(fmt::format("prefetch {} is negative", options_.prefetch));
-  if (check_mode_from_environment()) options_.check_every_step = true;
+  if (comm::check_mode_from_environment()) options_.check_every_step = true;
 }
 
 ShardedModel::~ShardedModel() {
@@ -792,12 +753,16 @@ std::vector<nn::OptimizerSlot> ShardedModel::optimizer_slots() {
   return slots;
 }
 
-std::vector<Tensor> ShardedModel::full_parameters() {
+void ShardedModel::unshard_all() {
   for (auto& module : modules_)
     module->unshard();
-  std::vector<Tensor> result;
   for (auto& module : modules_)
     module->unshard_work_.wait();
+}
+
+std::vector<Tensor> ShardedModel::full_parameters() {
+  unshard_all();
+  std::vector<Tensor> result;
   for (nn::Parameter* p : root_.parameters())
     result.push_back(p->value.clone());
   reshard();
@@ -805,10 +770,7 @@ std::vector<Tensor> ShardedModel::full_parameters() {
 }
 
 std::uint64_t ShardedModel::full_parameters_digest() {
-  for (auto& module : modules_)
-    module->unshard();
-  for (auto& module : modules_)
-    module->unshard_work_.wait();
+  unshard_all();
   const std::uint64_t digest = nn::parameters_digest(root_.parameters());
   reshard();
   return digest;

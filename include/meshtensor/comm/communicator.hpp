@@ -36,6 +36,10 @@ std::chrono::milliseconds default_timeout();
 /// Sets default_timeout() for the whole process; throws InvalidArgument unless positive.
 void set_default_timeout(std::chrono::milliseconds timeout);
 
+/// True when MESHTENSOR_CHECK_COLLECTIVES=1 (check mode): backends compare every call across
+/// ranks and the FSDP runtime compares its issue order every step.
+bool check_mode_from_environment();
+
 /// Parses a timeout in seconds ("30", "2.5"): positive and at most a week; throws ParseError
 /// naming `what` and the text otherwise.
 std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::string_view what);

@@ -1,9 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/dtype.hpp>
+#include <meshtensor/fsdp/shard_layout.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 
 namespace meshtensor::fsdp {
@@ -26,6 +29,13 @@ DivideFactors divide_factors(DType reduce_dtype, std::int64_t ranks, double tota
 /// A divide factor exact mode can apply inside its one rounding: a positive integer (at most
 /// 2^62). InvalidArgument naming the value otherwise.
 std::int64_t exact_divisor(double factor);
+
+/// The digit sums of `sums` (its elements being `layout`'s whole parameters back to back) packed
+/// for one reduce-scatter over the layout's ranks: rank r's segment holds its elements of digit
+/// plane 0, then 1, then 2, which is the [3, n] layout of its slice. Returns the f64 buffer and
+/// the per-rank counts of the reduce-scatter.
+std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout& layout,
+                                                               const kernels::BinnedSums& sums);
 
 /// Merges the binned sums of every rank of `group` and rounds (exact sum) / divisor into `rounded`
 /// (f32 or f64 [count], contiguous) on every rank: the same bits as rounding the merged sums in

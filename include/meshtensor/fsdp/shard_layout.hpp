@@ -44,6 +44,10 @@ class ShardLayout {
   /// Rank r's chunk of parameter p as a view into `segment` (rank r's segment, any dtype).
   Tensor chunk_view(const Tensor& segment, std::size_t p, int r) const;
 
+  /// Each parameter as a view of `flat`, which holds the whole parameters back to back in
+  /// parameter order (the unsharded layout of gradient sums), any dtype.
+  std::vector<Tensor> parameter_views(const Tensor& flat) const;
+
   /// Writes chunk r of every tensor of `full` (parameter shapes, one dtype) into rank r's segment
   /// of `flat` (contiguous, same dtype), where segment r starts at `segment_starts[r]`
   /// (rank-major when empty).

@@ -250,6 +250,7 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   void prefetch(const std::vector<ShardedModule*>& order, ShardedModule& current,
                 const std::optional<std::vector<ShardedModule*>>& explicit_list);
   void finish_step();
+  void unshard_all();  // gathers every group and waits
   void check_order();
 
   nn::Module& root_;
