@@ -1,0 +1,835 @@
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <random>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/checkpoint/checksum.hpp>
+#include <meshtensor/checkpoint/safetensors.hpp>
+#include <meshtensor/comm/agree.hpp>
+#include <meshtensor/core/digest.hpp>
+#include <meshtensor/core/error.hpp>
+
+#include "file_io.hpp"
+
+namespace meshtensor::checkpoint {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr char kFormat[] = "meshtensor.checkpoint";
+constexpr int kVersion = 1;
+constexpr char kTemporaryPrefix[] = ".tmp-";
+constexpr char kStepPrefix[] = "step-";
+
+std::string join_path(const std::string& directory, const std::string& name) {
+  return (std::filesystem::path(directory) / name).string();
+}
+
+std::string rank_file_name(int rank) {
+  return fmt::format("rank-{:05d}.safetensors", rank);
+}
+
+/// Fault injection for the crash tests: MESHTENSOR_FAILPOINT=<point>[@<world rank>] kills the
+/// whole process (SIGKILL, as a preemption would) when that rank reaches the point.
+void failpoint(const char* point, int rank) {
+  const char* setting = std::getenv("MESHTENSOR_FAILPOINT");
+  if (setting == nullptr) return;
+  const std::string text(setting);
+  const std::size_t at = text.find('@');
+  if (text.substr(0, at) != point) return;
+  if (at != std::string::npos && text.substr(at + 1) != std::to_string(rank)) return;
+  ::kill(::getpid(), SIGKILL);
+}
+
+std::string offset_text(const std::vector<std::int64_t>& offset) {
+  return fmt::format("[{}]", fmt::join(offset, ","));
+}
+
+std::vector<std::int64_t> full_offset(const std::vector<std::int64_t>& offset, int rank) {
+  return offset.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(rank), 0) : offset;
+}
+
+/// Checks that `offset` + `shape` lies inside `global`; returns the problem or "".
+std::string outside(const Shape& global, const std::vector<std::int64_t>& offset,
+                    const Shape& shape) {
+  if (static_cast<int>(offset.size()) != global.rank() || shape.rank() != global.rank()) {
+    return fmt::format("block {} at {} does not have the {} dims of {}", shape.to_string(),
+                       offset_text(offset), global.rank(), global.to_string());
+  }
+  for (int d = 0; d < global.rank(); ++d) {
+    const std::int64_t begin = offset[static_cast<std::size_t>(d)];
+    if (begin < 0 || shape[d] > global[d] || begin > global[d] - shape[d]) {
+      return fmt::format("block {} at {} lies outside {}", shape.to_string(), offset_text(offset),
+                         global.to_string());
+    }
+  }
+  return {};
+}
+
+/// The problem with a tensor's blocks, or "": every block inside, none overlapping, together
+/// covering every element once.
+std::string tiling_problem(const StoredTensor& tensor) {
+  std::int64_t covered = 0;
+  for (std::size_t i = 0; i < tensor.blocks.size(); ++i) {
+    const StoredBlock& a = tensor.blocks[i];
+    if (std::string problem = outside(tensor.shape, a.offset, a.shape); !problem.empty())
+      return problem;
+    covered += a.shape.numel();
+    for (std::size_t j = 0; j < i; ++j) {
+      const StoredBlock& b = tensor.blocks[j];
+      if (intersect(Layout{a.shape, a.offset}, Layout{b.shape, b.offset}).numel() > 0) {
+        return fmt::format("blocks {} at {} ({}) and {} at {} ({}) overlap", a.shape.to_string(),
+                           offset_text(a.offset), a.file, b.shape.to_string(),
+                           offset_text(b.offset), b.file);
+      }
+    }
+  }
+  if (covered != tensor.shape.numel()) {
+    return fmt::format("its blocks cover {} of its {} elements", covered, tensor.shape.numel());
+  }
+  return {};
+}
+
+/// Calls fn(stored_element, target_element, elements) for every run of `overlap` that is
+/// contiguous both in the stored block and in the target block (row-major), in order.
+template <class Fn>
+void for_each_overlap_run(const Layout& stored, const Layout& target, const Layout& overlap,
+                          Fn&& fn) {
+  if (overlap.numel() == 0) return;
+  const int dims = overlap.local_shape.rank();
+  if (dims == 0) {
+    fn(std::int64_t{0}, std::int64_t{0}, std::int64_t{1});
+    return;
+  }
+  std::vector<std::int64_t> stored_stride(static_cast<std::size_t>(dims), 1);
+  std::vector<std::int64_t> target_stride(static_cast<std::size_t>(dims), 1);
+  for (int d = dims - 2; d >= 0; --d) {
+    const auto i = static_cast<std::size_t>(d);
+    stored_stride[i] = stored_stride[i + 1] * stored.local_shape[d + 1];
+    target_stride[i] = target_stride[i + 1] * target.local_shape[d + 1];
+  }
+  // Inner dims the overlap spans whole in both blocks fold into one run.
+  int inner = dims - 1;
+  std::int64_t run = overlap.local_shape[inner];
+  while (inner > 0 && overlap.local_shape[inner] == stored.local_shape[inner] &&
+         overlap.local_shape[inner] == target.local_shape[inner]) {
+    --inner;
+    run *= overlap.local_shape[inner];
+  }
+  std::vector<std::int64_t> index(static_cast<std::size_t>(inner), 0);
+  while (true) {
+    std::int64_t from = 0;
+    std::int64_t to = 0;
+    for (int d = 0; d < dims; ++d) {
+      const auto i = static_cast<std::size_t>(d);
+      const std::int64_t global = overlap.global_offset[i] + (d < inner ? index[i] : 0);
+      from += (global - stored.global_offset[i]) * stored_stride[i];
+      to += (global - target.global_offset[i]) * target_stride[i];
+    }
+    fn(from, to, run);
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      auto& i = index[static_cast<std::size_t>(d)];
+      if (++i < overlap.local_shape[d]) break;
+      i = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+json shape_json(const Shape& shape) {
+  return shape.dims();
+}
+
+std::vector<std::int64_t> int_list(const json& value, const std::string& what) {
+  if (!value.is_array()) throw DataError(fmt::format("{} is not a list of integers", what));
+  std::vector<std::int64_t> out;
+  for (const auto& item : value) {
+    if (!item.is_number_integer())
+      throw DataError(fmt::format("{} holds {}, not an integer", what, item.dump()));
+    out.push_back(item.get<std::int64_t>());
+  }
+  return out;
+}
+
+Shape shape_from(const json& value, const std::string& what) {
+  const std::vector<std::int64_t> dims = int_list(value, what);
+  try {
+    return Shape(dims);
+  } catch (const InvalidArgument& error) {
+    throw DataError(fmt::format("{}: {}", what, error.what()));
+  }
+}
+
+const json& field(const json& object, const char* key, const std::string& what) {
+  if (!object.is_object() || !object.contains(key))
+    throw DataError(fmt::format("{} has no '{}'", what, key));
+  return object[key];
+}
+
+std::int64_t integer_field(const json& object, const char* key, const std::string& what) {
+  const json& value = field(object, key, what);
+  if (!value.is_number_integer())
+    throw DataError(fmt::format("{}: '{}' is {}, not an integer", what, key, value.dump()));
+  return value.get<std::int64_t>();
+}
+
+std::string string_field(const json& object, const char* key, const std::string& what) {
+  const json& value = field(object, key, what);
+  if (!value.is_string())
+    throw DataError(fmt::format("{}: '{}' is {}, not a string", what, key, value.dump()));
+  return value.get<std::string>();
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+std::uint64_t parse_hex64(const std::string& text, const std::string& what) {
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw DataError(fmt::format("{}: checksum '{}' is not 16 hex digits", what, text));
+  return std::stoull(text, nullptr, 16);
+}
+
+/// One rank's part of a save, as world rank 0 collects them.
+json describe_block(const SaveItem& item, const Shape& shape, std::int64_t begin, std::int64_t end,
+                    std::uint64_t checksum, const std::string& file) {
+  return {{"name", item.name},
+          {"dtype", safetensors_dtype_name(item.data.dtype())},
+          {"global_shape", shape_json(item.global_shape)},
+          {"offset", full_offset(item.offset, item.global_shape.rank())},
+          {"shape", shape_json(shape)},
+          {"owner", item.owner},
+          {"file", file},
+          {"begin", begin},
+          {"end", end},
+          {"checksum", digest_hex(checksum)}};
+}
+
+void check_items(std::span<const SaveItem> items) {
+  std::vector<std::string> names;
+  for (const SaveItem& item : items) {
+    if (item.name.empty() || item.name == "__metadata__")
+      throw InvalidArgument(fmt::format("checkpoint tensor name '{}' is empty or reserved", item.name));
+    if (!item.data.defined())
+      throw InvalidArgument(fmt::format("checkpoint tensor '{}' has no data", item.name));
+    const std::vector<std::int64_t> offset = full_offset(item.offset, item.global_shape.rank());
+    if (std::string problem = outside(item.global_shape, offset, item.data.shape());
+        !problem.empty()) {
+      throw InvalidArgument(fmt::format("checkpoint tensor '{}': {}", item.name, problem));
+    }
+    names.push_back(item.name);
+  }
+  std::sort(names.begin(), names.end());
+  if (const auto repeated = std::adjacent_find(names.begin(), names.end());
+      repeated != names.end()) {
+    throw InvalidArgument(fmt::format("checkpoint tensor '{}' is given twice on one rank", *repeated));
+  }
+}
+
+/// Writes this rank's owned blocks to `path`; returns their descriptions (and those of the
+/// blocks it holds but does not own).
+json write_rank_file(std::span<const SaveItem> items, const std::string& path,
+                     const std::string& file_name, int rank, std::int64_t& file_bytes) {
+  json blocks = json::array();
+  std::vector<SafetensorsEntry> entries;
+  std::vector<const SaveItem*> written;
+  for (const SaveItem& item : items) {
+    if (!item.owner || item.data.numel() == 0) {
+      blocks.push_back(describe_block(item, item.data.shape(), 0, 0, 0, ""));
+      continue;
+    }
+    entries.push_back({item.name, item.data.dtype(), item.data.shape(), 0, 0});
+    written.push_back(&item);
+  }
+  file_bytes = 0;
+  if (written.empty()) return blocks;
+  json offsets = json::object();
+  for (const SaveItem* item : written)
+    offsets[item->name] = {{"offset", full_offset(item->offset, item->global_shape.rank())},
+                           {"global_shape", shape_json(item->global_shape)}};
+  const std::string prefix = encode_safetensors_header(
+      entries, {{"format", "meshtensor"}, {"blocks", offsets.dump()}});
+  io::File file = io::File::create(path);
+  file.write(std::as_bytes(std::span<const char>(prefix)));
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    const Tensor data = written[i]->data.contiguous();
+    const std::span<const std::byte> bytes = data.bytes();
+    file.write(bytes);
+    blocks.push_back(describe_block(*written[i], data.shape(), entries[i].begin, entries[i].end,
+                                    block_checksum(bytes), file_name));
+    if (i == 0) failpoint("checkpoint.mid_write", rank);
+  }
+  file.sync();
+  file.close();
+  file_bytes = static_cast<std::int64_t>(prefix.size()) + entries.back().end;
+  return blocks;
+}
+
+/// World rank 0: the index from every rank's description; InvalidArgument when the blocks do not
+/// fit together.
+Index build_index(const std::vector<std::string>& descriptions, std::int64_t step,
+                  const SaveOptions& options) {
+  Index index;
+  index.step = step;
+  index.world_size = static_cast<std::int64_t>(descriptions.size());
+  index.metadata = options.metadata;
+  std::map<std::string, StoredTensor> tensors;
+  std::map<std::string, int> first_rank;
+  for (std::size_t rank = 0; rank < descriptions.size(); ++rank) {
+    const json part = json::parse(descriptions[rank]);
+    if (const std::string file = part["file"]; !file.empty())
+      index.files[file] = part["bytes"].get<std::int64_t>();
+    for (const json& block : part["blocks"]) {
+      const std::string name = block["name"];
+      const DType dtype = parse_safetensors_dtype(block["dtype"]);
+      const Shape global(block["global_shape"].get<std::vector<std::int64_t>>());
+      auto [it, inserted] = tensors.try_emplace(name);
+      StoredTensor& tensor = it->second;
+      if (inserted) {
+        tensor.name = name;
+        tensor.dtype = dtype;
+        tensor.shape = global;
+        first_rank[name] = static_cast<int>(rank);
+      } else if (tensor.dtype != dtype || tensor.shape != global) {
+        throw InvalidArgument(fmt::format(
+            "checkpoint tensor '{}' is {} {} on world rank {} but {} {} on world rank {}", name,
+            dtype_name(tensor.dtype), tensor.shape.to_string(), first_rank[name],
+            dtype_name(dtype), global.to_string(), rank));
+      }
+      if (!block["owner"].get<bool>()) continue;
+      const Shape shape(block["shape"].get<std::vector<std::int64_t>>());
+      if (shape.numel() == 0) continue;
+      tensor.blocks.push_back({block["file"].get<std::string>(),
+                               block["offset"].get<std::vector<std::int64_t>>(), shape,
+                               block["begin"].get<std::int64_t>(), block["end"].get<std::int64_t>(),
+                               std::stoull(block["checksum"].get<std::string>(), nullptr, 16)});
+    }
+  }
+  for (auto& [name, tensor] : tensors) {
+    if (std::string problem = tiling_problem(tensor); !problem.empty())
+      throw InvalidArgument(fmt::format("checkpoint tensor '{}': {}", name, problem));
+    index.tensors.push_back(std::move(tensor));
+  }
+  return index;
+}
+
+std::string step_directory_name(const std::string& root, std::int64_t step) {
+  const std::string base = fmt::format("{}{:08d}", kStepPrefix, step);
+  std::string name = base;
+  for (int n = 1; io::exists(join_path(root, name)); ++n)
+    name = fmt::format("{}.{}", base, n);
+  return name;
+}
+
+/// Removes all but the newest `keep` complete checkpoints under `root`, never `latest`.
+void prune(const std::string& root, int keep, const std::string& latest) {
+  if (keep <= 0) return;
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  for (const std::string& name : io::list_directory(root)) {
+    if (name.rfind(kStepPrefix, 0) != 0 || !io::exists(join_path(join_path(root, name), kIndexFile)))
+      continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(name.c_str() + std::strlen(kStepPrefix), &end, 10);
+    found.emplace_back(step, name);
+  }
+  std::sort(found.begin(), found.end());
+  const std::size_t removable = found.size() > static_cast<std::size_t>(keep)
+                                    ? found.size() - static_cast<std::size_t>(keep)
+                                    : 0;
+  for (std::size_t i = 0; i < removable; ++i)
+    if (found[i].second != latest) io::remove_all(join_path(root, found[i].second));
+}
+
+std::string temporary_name(std::int64_t step) {
+  std::random_device entropy;
+  return fmt::format("{}{}{:08d}-{}-{:08x}", kTemporaryPrefix, kStepPrefix, step, ::getpid(),
+                     entropy());
+}
+
+}  // namespace
+
+std::int64_t StoredTensor::nbytes() const {
+  return shape.numel() * static_cast<std::int64_t>(dtype_size(dtype));
+}
+
+const StoredTensor* Index::find(const std::string& name) const {
+  const auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
+                                   [](const StoredTensor& t, const std::string& n) { return t.name < n; });
+  return it != tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+std::string Index::to_json() const {
+  json tensor_map = json::object();
+  for (const StoredTensor& tensor : tensors) {
+    json blocks = json::array();
+    for (const StoredBlock& block : tensor.blocks) {
+      blocks.push_back({{"file", block.file},
+                        {"offset", block.offset},
+                        {"shape", shape_json(block.shape)},
+                        {"data_offsets", {block.begin, block.end}},
+                        {"checksum", digest_hex(block.checksum)}});
+    }
+    tensor_map[tensor.name] = {{"dtype", safetensors_dtype_name(tensor.dtype)},
+                               {"shape", shape_json(tensor.shape)},
+                               {"blocks", blocks}};
+  }
+  json file_map = json::object();
+  for (const auto& [name, bytes] : files)
+    file_map[name] = {{"bytes", bytes}};
+  const json index = {{"format", kFormat},   {"version", kVersion}, {"step", step},
+                      {"world_size", world_size}, {"metadata", metadata}, {"files", file_map},
+                      {"tensors", tensor_map}};
+  return index.dump(1) + "\n";
+}
+
+Index parse_index(const std::string& text, const std::string& file) {
+  const json index = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded() || !index.is_object())
+    throw DataError(fmt::format("{} is not a checkpoint index: not a JSON object", file));
+  const std::string what = fmt::format("checkpoint index {}", file);
+  if (!index.contains("format") || index["format"] != kFormat)
+    throw DataError(fmt::format("{} is not a checkpoint index: 'format' is not '{}'", file, kFormat));
+  if (integer_field(index, "version", what) != kVersion) {
+    throw DataError(fmt::format("{}: version {} is not the {} this build reads", what,
+                                index["version"].dump(), kVersion));
+  }
+  Index result;
+  result.step = integer_field(index, "step", what);
+  result.world_size = integer_field(index, "world_size", what);
+  const json& metadata = field(index, "metadata", what);
+  if (!metadata.is_object()) throw DataError(fmt::format("{}: 'metadata' is not an object", what));
+  for (const auto& [key, value] : metadata.items()) {
+    if (!value.is_string())
+      throw DataError(fmt::format("{}: metadata '{}' is not a string", what, key));
+    result.metadata[key] = value.get<std::string>();
+  }
+  const json& files = field(index, "files", what);
+  if (!files.is_object()) throw DataError(fmt::format("{}: 'files' is not an object", what));
+  for (const auto& [name, entry] : files.items()) {
+    if (!is_plain_file_name(name))
+      throw DataError(fmt::format("{}: file name '{}' is not a plain file name", what, name));
+    const std::int64_t bytes = integer_field(entry, "bytes", fmt::format("{}: file '{}'", what, name));
+    if (bytes < 8) throw DataError(fmt::format("{}: file '{}' has {} bytes", what, name, bytes));
+    result.files[name] = bytes;
+  }
+  const json& tensors = field(index, "tensors", what);
+  if (!tensors.is_object()) throw DataError(fmt::format("{}: 'tensors' is not an object", what));
+  for (const auto& [name, entry] : tensors.items()) {
+    const std::string where = fmt::format("{}: tensor '{}'", what, name);
+    StoredTensor tensor;
+    tensor.name = name;
+    try {
+      tensor.dtype = parse_safetensors_dtype(string_field(entry, "dtype", where));
+    } catch (const DataError& error) {
+      throw DataError(fmt::format("{}: {}", where, error.what()));
+    }
+    tensor.shape = shape_from(field(entry, "shape", where), where + " shape");
+    const json& blocks = field(entry, "blocks", where);
+    if (!blocks.is_array()) throw DataError(fmt::format("{}: 'blocks' is not a list", where));
+    for (const json& block : blocks) {
+      StoredBlock stored;
+      stored.file = string_field(block, "file", where);
+      if (!result.files.contains(stored.file))
+        throw DataError(fmt::format("{}: block file '{}' is not among the files", where, stored.file));
+      stored.offset = int_list(field(block, "offset", where), where + " offset");
+      stored.shape = shape_from(field(block, "shape", where), where + " block shape");
+      const std::vector<std::int64_t> range =
+          int_list(field(block, "data_offsets", where), where + " data_offsets");
+      if (range.size() != 2 || range[0] < 0 || range[1] < range[0] ||
+          range[1] - range[0] != stored.shape.numel() * static_cast<std::int64_t>(dtype_size(tensor.dtype))) {
+        throw DataError(fmt::format("{}: data_offsets {} do not hold a {} block of {}", where,
+                                    offset_text(range), dtype_name(tensor.dtype),
+                                    stored.shape.to_string()));
+      }
+      stored.begin = range[0];
+      stored.end = range[1];
+      stored.checksum = parse_hex64(string_field(block, "checksum", where), where);
+      tensor.blocks.push_back(std::move(stored));
+    }
+    if (std::string problem = tiling_problem(tensor); !problem.empty())
+      throw DataError(fmt::format("{}: {}", where, problem));
+    result.tensors.push_back(std::move(tensor));
+  }
+  std::sort(result.tensors.begin(), result.tensors.end(),
+            [](const StoredTensor& a, const StoredTensor& b) { return a.name < b.name; });
+  return result;
+}
+
+std::string resolve(const std::string& path) {
+  if (io::exists(join_path(path, kIndexFile))) return path;
+  const std::string latest = join_path(path, kLatestFile);
+  if (!io::exists(latest)) {
+    throw DataError(fmt::format("no checkpoint at {}: it has neither {} nor {}", path, kIndexFile,
+                                kLatestFile));
+  }
+  std::string name = io::read_text(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (!is_plain_file_name(name))
+    throw DataError(fmt::format("{} names '{}', not a checkpoint directory", latest, name));
+  const std::string directory = join_path(path, name);
+  if (!io::exists(join_path(directory, kIndexFile))) {
+    throw DataError(fmt::format("{} names {}, which has no {}", latest, directory, kIndexFile));
+  }
+  return directory;
+}
+
+Index read_index(const std::string& path) {
+  const std::string file = join_path(resolve(path), kIndexFile);
+  return parse_index(io::read_text(file), file);
+}
+
+std::string save(comm::Communicator& world, const std::string& root, std::int64_t step,
+                 std::span<const SaveItem> items, const SaveOptions& options) {
+  const int rank = world.rank();
+  if (step < 0) throw InvalidArgument(fmt::format("checkpoint step {} is negative", step));
+  // World rank 0 prepares the temporary directory and tells the others its name.
+  std::exception_ptr failure;
+  std::string temporary;
+  if (rank == 0) {
+    try {
+      io::make_directories(root);
+      for (const std::string& name : io::list_directory(root))
+        if (name.rfind(kTemporaryPrefix, 0) == 0) io::remove_all(join_path(root, name));
+      temporary = join_path(root, temporary_name(step));
+      io::make_directories(temporary);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world, failure);
+  temporary = comm::broadcast_text(world, temporary, 0);
+  failpoint("checkpoint.before_write", rank);
+
+  json part;
+  try {
+    check_items(items);
+    const std::string file_name = rank_file_name(rank);
+    std::int64_t bytes = 0;
+    part["blocks"] = write_rank_file(items, join_path(temporary, file_name), file_name, rank, bytes);
+    part["file"] = bytes > 0 ? file_name : "";
+    part["bytes"] = bytes;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  failpoint("checkpoint.after_write", rank);
+  const auto clean_up_and_rethrow = [&] {
+    if (rank == 0) {
+      try {
+        io::remove_all(temporary);
+      } catch (const Error&) {  // the failure that brought us here is the one to report
+      }
+    }
+  };
+  try {
+    comm::throw_if_any_failed(world, failure);
+  } catch (...) {
+    clean_up_and_rethrow();
+    throw;
+  }
+  const std::vector<std::string> parts = comm::all_gather_text(world, part.dump());
+
+  std::string directory;
+  if (rank == 0) {
+    try {
+      const Index index = build_index(parts, step, options);
+      failpoint("checkpoint.before_index", rank);
+      io::File file = io::File::create(join_path(temporary, kIndexFile));
+      const std::string text = index.to_json();
+      file.write(std::as_bytes(std::span<const char>(text)));
+      file.sync();
+      file.close();
+      io::sync_directory(temporary);
+      failpoint("checkpoint.before_rename", rank);
+      const std::string name = step_directory_name(root, step);
+      directory = join_path(root, name);
+      io::rename_durably(temporary, directory);
+      failpoint("checkpoint.before_latest", rank);
+      io::write_text_atomically(join_path(root, kLatestFile), name + "\n");
+      failpoint("checkpoint.after_latest", rank);
+      prune(root, options.keep, name);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  try {
+    comm::throw_if_any_failed(world, failure);
+  } catch (...) {
+    clean_up_and_rethrow();
+    throw;
+  }
+  return comm::broadcast_text(world, directory, 0);
+}
+
+namespace {
+
+/// A file of the checkpoint as one rank reads it.
+struct OpenFile {
+  io::File file;
+  SafetensorsHeader header;
+};
+
+/// Opens `name` once per load and checks its header against the index.
+OpenFile& open_checked(std::map<std::string, OpenFile>& open, const std::string& directory,
+                       const Index& index, const std::string& name, LoadStats& stats) {
+  if (const auto it = open.find(name); it != open.end()) return it->second;
+  const std::string path = join_path(directory, name);
+  io::File file = io::File::open_read(path);
+  SafetensorsHeader header = read_safetensors_header(path);
+  const std::int64_t bytes = file.size();
+  if (bytes != index.files.at(name)) {
+    throw DataError(fmt::format("{} is {} bytes, but the index records {} ({})", path, bytes,
+                                index.files.at(name), bytes < index.files.at(name) ? "truncated" : "changed"));
+  }
+  ++stats.files;
+  return open.emplace(name, OpenFile{std::move(file), std::move(header)}).first->second;
+}
+
+void check_entry(const OpenFile& file, const StoredTensor& tensor, const StoredBlock& block) {
+  const SafetensorsEntry* entry = file.header.find(tensor.name);
+  if (entry == nullptr || entry->dtype != tensor.dtype || entry->shape != block.shape ||
+      entry->begin != block.begin || entry->end != block.end) {
+    throw DataError(fmt::format(
+        "{} does not match the index for tensor '{}': the index has a {} block {} at bytes "
+        "[{}, {}), the file {}",
+        file.file.path(), tensor.name, dtype_name(tensor.dtype), block.shape.to_string(),
+        block.begin, block.end,
+        entry == nullptr ? std::string("has no such entry")
+                         : fmt::format("{} {} at [{}, {})", dtype_name(entry->dtype),
+                                       entry->shape.to_string(), entry->begin, entry->end)));
+  }
+}
+
+// Per stored block, what the verifiers read: bytes and the checksum as four 16-bit limbs, each
+// summed exactly in an i64 all-reduce.
+constexpr std::size_t kVerifyWords = 5;
+
+}  // namespace
+
+std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
+                         std::span<const LoadRequest> requests, LoadStats* stats_out) {
+  LoadStats stats;
+  std::exception_ptr failure;
+  std::string directory;
+  Index index;
+  std::vector<Tensor> loaded;
+  std::vector<std::uint64_t> checksum_parts;
+  std::vector<std::int64_t> bytes_parts;
+  std::string index_text;
+  try {
+    directory = resolve(path);
+    const std::string index_file = join_path(directory, kIndexFile);
+    index_text = io::read_text(index_file);
+    index = parse_index(index_text, index_file);
+    std::size_t blocks = 0;
+    for (const StoredTensor& tensor : index.tensors)
+      blocks += tensor.blocks.size();
+    checksum_parts.assign(blocks, 0);
+    bytes_parts.assign(blocks, 0);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::throw_if_any_failed(world, failure);
+  Digest64 index_digest;
+  index_digest.update(index_text);
+  comm::check_same_on_every_rank(world, "the checkpoint index",
+                                 fmt::format("{} (index digest {})", directory,
+                                             digest_hex(index_digest.finish())));
+
+  try {
+    std::map<std::string, OpenFile> open;
+    const std::string index_file = join_path(directory, kIndexFile);
+    for (const LoadRequest& request : requests) {
+      const StoredTensor* tensor = index.find(request.name);
+      if (tensor == nullptr) {
+        throw DataError(fmt::format("checkpoint {} has no tensor '{}'", index_file, request.name));
+      }
+      if (tensor->dtype != request.dtype || tensor->shape != request.global_shape) {
+        throw DataError(fmt::format("tensor '{}' in {} is {} {}, but {} {} is expected",
+                                    request.name, index_file, dtype_name(tensor->dtype),
+                                    tensor->shape.to_string(), dtype_name(request.dtype),
+                                    request.global_shape.to_string()));
+      }
+      const std::vector<std::int64_t> offset = full_offset(request.offset, request.global_shape.rank());
+      if (std::string problem = outside(request.global_shape, offset, request.shape);
+          !problem.empty()) {
+        throw InvalidArgument(fmt::format("load of tensor '{}': {}", request.name, problem));
+      }
+      const Layout target{request.shape, offset};
+      Tensor out(request.shape, request.dtype);
+      std::byte* destination = out.numel() > 0 ? out.bytes().data() : nullptr;
+      const auto element = static_cast<std::int64_t>(dtype_size(request.dtype));
+      std::int64_t copied = 0;
+      std::size_t block_id = 0;
+      for (const StoredTensor& t : index.tensors) {
+        if (&t == tensor) break;
+        block_id += t.blocks.size();
+      }
+      for (const StoredBlock& block : tensor->blocks) {
+        const Layout stored{block.shape, block.offset};
+        const Layout overlap = intersect(stored, target);
+        if (overlap.numel() > 0) {
+          OpenFile& file = open_checked(open, directory, index, block.file, stats);
+          check_entry(file, *tensor, block);
+          const std::int64_t base = file.header.data_start + block.begin;
+          for_each_overlap_run(stored, target, overlap,
+                               [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+                                 const std::span<std::byte> bytes(
+                                     destination + to * element,
+                                     static_cast<std::size_t>(count * element));
+                                 file.file.read_at(base + from * element, bytes);
+                                 ++stats.reads;
+                                 if (request.verifier) {
+                                   checksum_parts[block_id] += block_checksum(
+                                       bytes, static_cast<std::uint64_t>(from * element));
+                                   bytes_parts[block_id] += count * element;
+                                 }
+                               });
+          copied += overlap.numel();
+        }
+        ++block_id;
+      }
+      if (copied != out.numel()) {
+        throw DataError(fmt::format("tensor '{}' in {}: the stored blocks hold {} of the {} "
+                                    "elements of block {} at {}",
+                                    request.name, index_file, copied, out.numel(),
+                                    request.shape.to_string(), offset_text(offset)));
+      }
+      stats.bytes_read += copied * element;
+      loaded.push_back(std::move(out));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::throw_if_any_failed(world, failure);
+
+  // The verifiers' reads of each block, summed over the ranks.
+  const std::size_t blocks = checksum_parts.size();
+  Tensor sums = Tensor::zeros({static_cast<std::int64_t>(blocks * kVerifyWords)}, DType::i64);
+  {
+    auto words = sums.values<std::int64_t>();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      words[b * kVerifyWords] = bytes_parts[b];
+      for (std::size_t limb = 0; limb < 4; ++limb)
+        words[b * kVerifyWords + 1 + limb] =
+            static_cast<std::int64_t>((checksum_parts[b] >> (16 * limb)) & 0xFFFF);
+    }
+  }
+  if (blocks > 0) world.all_reduce(sums, {.op = ReduceOp::sum, .mode = comm::ReductionMode::ordered});
+  const auto words = std::as_const(sums).values<std::int64_t>();
+  std::size_t b = 0;
+  for (const StoredTensor& tensor : index.tensors) {
+    for (const StoredBlock& block : tensor.blocks) {
+      const std::int64_t read = words[b * kVerifyWords];
+      if (read == block.end - block.begin && read > 0) {
+        std::uint64_t checksum = 0;
+        for (std::size_t limb = 0; limb < 4; ++limb)
+          checksum += static_cast<std::uint64_t>(words[b * kVerifyWords + 1 + limb]) << (16 * limb);
+        if (checksum != block.checksum) {
+          throw DataError(fmt::format(
+              "checksum mismatch in {}: tensor '{}', block {} at {} reads as {}, the index "
+              "records {} (the file is corrupt)",
+              join_path(directory, block.file), tensor.name, block.shape.to_string(),
+              offset_text(block.offset), digest_hex(checksum), digest_hex(block.checksum)));
+        }
+        ++stats.blocks_verified;
+      }
+      ++b;
+    }
+  }
+  if (stats_out != nullptr) *stats_out = stats;
+  return loaded;
+}
+
+VerifyReport verify(const std::string& path) {
+  VerifyReport report;
+  report.directory = resolve(path);
+  const Index index = read_index(report.directory);
+  std::map<std::string, SafetensorsHeader> headers;
+  for (const auto& [name, bytes] : index.files) {
+    const std::string file = join_path(report.directory, name);
+    try {
+      SafetensorsHeader header = read_safetensors_header(file);
+      const std::int64_t size = header.data_start + header.data_bytes;
+      if (size != bytes) {
+        report.problems.push_back(
+            fmt::format("{} is {} bytes, but the index records {}", file, size, bytes));
+      }
+      headers.emplace(name, std::move(header));
+      ++report.files;
+    } catch (const DataError& error) {
+      report.problems.push_back(error.what());
+    }
+  }
+  for (const StoredTensor& tensor : index.tensors) {
+    for (const StoredBlock& block : tensor.blocks) {
+      ++report.blocks;
+      const auto header = headers.find(block.file);
+      if (header == headers.end()) continue;  // its file's problem is reported
+      try {
+        OpenFile file{io::File::open_read(join_path(report.directory, block.file)), header->second};
+        check_entry(file, tensor, block);
+        std::vector<std::byte> bytes(static_cast<std::size_t>(block.end - block.begin));
+        file.file.read_at(file.header.data_start + block.begin, bytes);
+        report.bytes += static_cast<std::int64_t>(bytes.size());
+        if (const std::uint64_t checksum = block_checksum(bytes); checksum != block.checksum) {
+          report.problems.push_back(fmt::format(
+              "checksum mismatch in {}: tensor '{}', block {} at {} reads as {}, the index "
+              "records {}",
+              file.file.path(), tensor.name, block.shape.to_string(), offset_text(block.offset),
+              digest_hex(checksum), digest_hex(block.checksum)));
+        }
+      } catch (const DataError& error) {
+        report.problems.push_back(error.what());
+      }
+    }
+  }
+  return report;
+}
+
+SaveItem save_item(const dtensor::DTensor& tensor, std::string name) {
+  PlacementSpec spec = tensor.spec();
+  std::optional<dtensor::DTensor> reduced;
+  if (!spec.partial_mesh_dims().empty()) {
+    std::vector<Placement> placements = spec.placements();
+    for (Placement& placement : placements)
+      if (placement.is_partial()) placement = Placement::replicate();
+    spec = PlacementSpec(placements, spec.shard_levels());
+    reduced = tensor.redistribute(spec);
+  }
+  comm::MeshGroups& groups = tensor.groups();
+  const Layout layout = local_layout(groups.mesh(), spec, tensor.global_shape(), groups.rank());
+  const std::vector<std::int64_t> coordinates = groups.mesh().coordinates(groups.rank());
+  bool owner = true;
+  for (const int dim : non_shard_mesh_dims(spec))
+    owner = owner && coordinates[static_cast<std::size_t>(dim)] == 0;
+  return {std::move(name), tensor.global_shape(), layout.global_offset,
+          reduced ? reduced->local() : tensor.local(), owner};
+}
+
+LoadRequest load_request(std::string name, const DeviceMesh& mesh, const PlacementSpec& spec,
+                         const Shape& global_shape, DType dtype, std::int64_t rank) {
+  std::vector<Placement> placements = spec.placements();
+  for (Placement& placement : placements)
+    if (placement.is_partial()) placement = Placement::replicate();
+  const PlacementSpec loaded(placements, spec.shard_levels());
+  const Layout layout = local_layout(mesh, loaded, global_shape, rank);
+  const std::vector<std::int64_t> coordinates = mesh.coordinates(rank);
+  bool verifier = true;
+  for (const int dim : non_shard_mesh_dims(loaded))
+    verifier = verifier && coordinates[static_cast<std::size_t>(dim)] == 0;
+  return {std::move(name), global_shape, dtype, layout.global_offset, layout.local_shape, verifier};
+}
+
+}  // namespace meshtensor::checkpoint
