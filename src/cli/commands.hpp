@@ -14,6 +14,10 @@ void add_train_command(CLI::App& app);
 void add_train_bench(CLI::App& bench);
 /// Registers `meshtensor bench fsdp`.
 void add_fsdp_bench(CLI::App& bench);
+/// Registers `meshtensor checkpoint inspect` and `meshtensor checkpoint verify`.
+void add_checkpoint_command(CLI::App& app);
+/// Registers `meshtensor bench checkpoint`.
+void add_checkpoint_bench(CLI::App& bench);
 /// Registers `meshtensor bench` and its benchmarks.
 void add_bench_command(CLI::App& app);
 

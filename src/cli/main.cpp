@@ -72,6 +72,7 @@ int run(int argc, char** argv) {
   meshtensor::cli::add_check_command(app);
   meshtensor::cli::add_bench_command(app);
   meshtensor::cli::add_train_command(app);
+  meshtensor::cli::add_checkpoint_command(app);
   if (const std::string complaint = malformed(app, argc, argv); !complaint.empty()) {
     std::cerr << "meshtensor: error: " << complaint << '\n';
     return kBadInput;

@@ -61,6 +61,11 @@ struct TrainOptions {
   std::string micro_batch_mode = "no-sync";
   std::string link;
   std::string trace;
+  std::string save;
+  std::string save_every = "0";
+  std::string keep_checkpoints = "0";
+  std::string resume;
+  std::string stop_after = "0";
 };
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 40;
@@ -122,6 +127,16 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   }
   config.micro_batch_mode = train::parse_micro_batch_mode(options.micro_batch_mode);
   config.trace = !options.trace.empty();
+  config.save_dir = options.save;
+  config.resume_dir = options.resume;
+  config.save_every = integer_option("--save-every", options.save_every, 0, kMaxCount);
+  config.keep_checkpoints =
+      static_cast<int>(integer_option("--keep-checkpoints", options.keep_checkpoints, 0, 1 << 20));
+  if (options.save.empty() && (config.save_every > 0 || config.keep_checkpoints > 0))
+    throw ParseError("--save-every and --keep-checkpoints need --save DIR");
+  // --stop-after counts what the run's length counts: steps with --steps, else epochs.
+  const std::int64_t stop_after = integer_option("--stop-after", options.stop_after, 0, kMaxCount);
+  (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
   return config;
 }
 
@@ -227,13 +242,15 @@ void run_train(const TrainOptions& options) {
   const std::string command = fmt::format(
       "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
       "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
-      "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={}",
+      "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
+      "save_every={} keep={} resume={} stop_after={},{}",
       options.data, options.model, options.activation, options.layernorm, config.epochs,
       config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
       options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
       config.seed, static_cast<int>(config.strategy), config.replicas, config.reshard_after_forward,
       config.prefetch, options.param_dtype, options.reduce_dtype, options.micro_batch_mode,
-      config.trace);
+      config.trace, config.save_dir, config.save_every, config.keep_checkpoints, config.resume_dir,
+      config.stop_after, config.stop_after_epochs);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
   if (log)
     *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
@@ -314,9 +331,22 @@ void run_train(const TrainOptions& options) {
                                        {"steps", result.steps},
                                        {"parameters", result.parameters},
                                        {"peak_memory_bytes", memory},
+                                       {"resumed_step", result.resumed_step},
+                                       {"checkpoints", result.checkpoints},
                                        {"seconds", result.seconds}};
           std::cout << final_json.dump() << '\n';
         } else {
+          if (!config.resume_dir.empty()) {
+            std::cout << fmt::format("resumed from {} at step {}{}\n", config.resume_dir,
+                                     result.resumed_step,
+                                     result.resumed_step == result.steps
+                                         ? " (nothing left: give the whole run's --epochs or --steps)"
+                                         : "");
+          }
+          if (!result.checkpoints.empty()) {
+            std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
+                                     result.checkpoints.size(), result.checkpoints.back());
+          }
           std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
                                    result.test_accuracy, result.steps, result.seconds);
           const auto kind = [&](fsdp::MemoryKind k) {
@@ -781,6 +811,15 @@ void add_train_command(CLI::App& app) {
                       "simulated network for threads, LATENCY,GBPS (e.g. 20us,10)");
   command->add_option("--trace", options->trace,
                       "write every rank's events to this Chrome trace JSON (Perfetto opens it)");
+  command->add_option("--save", options->save,
+                      "checkpoint root: save there at the end (and every --save-every steps)");
+  command->add_option("--save-every", options->save_every, "save every N steps (default: at the end)");
+  command->add_option("--keep-checkpoints", options->keep_checkpoints,
+                      "keep only the newest N checkpoints under --save (default: all)");
+  command->add_option("--resume", options->resume,
+                      "resume from this checkpoint (or root with LATEST), on any layout");
+  command->add_option("--stop-after", options->stop_after,
+                      "stop after N epochs (N steps with --steps), as a preemption would");
   command->add_option("--log", options->log, "write the per-epoch figures to this CSV file");
   command->add_option("--plot", options->plot, "draw loss and accuracy per epoch to this PNG");
   add_flag(*command, "--json", options->json, "one JSON object per epoch and a final one");

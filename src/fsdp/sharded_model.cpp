@@ -137,6 +137,20 @@ Tensor ShardedModule::local_shard(std::size_t p) const {
   return layout_.chunk_view(shard_values_, p, shard_rank());
 }
 
+Layout ShardedModule::local_block(std::size_t p) const {
+  const Shape& shape = layout_.shape(p);
+  Layout block{layout_.chunk_shape(p, shard_rank()),
+               std::vector<std::int64_t>(static_cast<std::size_t>(shape.rank()), 0)};
+  if (shape.rank() > 0)
+    block.global_offset[static_cast<std::size_t>(layout_.dim(p))] = layout_.chunk(p, shard_rank()).offset;
+  return block;
+}
+
+bool ShardedModule::is_first_replica() const {
+  return model_.groups().mesh().group_position(model_.groups().rank(),
+                                               config_.replicate_mesh_dims) == 0;
+}
+
 Tensor ShardedModule::local_grad(std::size_t p) const {
   return layout_.chunk_view(shard_grads_, p, shard_rank());
 }

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -43,6 +44,32 @@ std::vector<Tensor> zeros_like(const std::vector<OptimizerSlot>& slots) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, double>> Optimizer::scalar_state() const {
+  return {{"step", static_cast<double>(steps_)}};
+}
+
+void Optimizer::set_scalar_state(const std::vector<std::pair<std::string, double>>& values) {
+  const auto wanted = scalar_state();
+  for (const auto& [name, current] : wanted) {
+    const auto found = std::find_if(values.begin(), values.end(),
+                                    [&](const auto& entry) { return entry.first == name; });
+    if (found == values.end())
+      throw InvalidArgument(fmt::format("optimizer state '{}' is missing", name));
+  }
+  for (const auto& [name, current] : wanted) {
+    const auto found = std::find_if(values.begin(), values.end(),
+                                    [&](const auto& entry) { return entry.first == name; });
+    set_scalar(name, found->second);
+  }
+}
+
+void Optimizer::set_scalar(const std::string& name, double value) {
+  if (name != "step") throw InvalidArgument(fmt::format("unknown optimizer state '{}'", name));
+  if (!(value >= 0.0) || value != std::floor(value))
+    throw InvalidArgument(fmt::format("optimizer step {} is not a count", value));
+  steps_ = static_cast<std::int64_t>(value);
+}
+
 SGD::SGD(std::vector<OptimizerSlot> slots, double momentum, double weight_decay)
     : slots_(std::move(slots)), momentum_(momentum), weight_decay_(weight_decay) {
   check_slots(slots_);
@@ -71,6 +98,32 @@ void SGD::step(double lr) {
     }
   }
   ++steps_;
+}
+
+std::vector<std::pair<std::string, Tensor>> SGD::slot_state(std::size_t slot) {
+  if (momentum_buffers_.empty()) return {};
+  return {{"momentum_buffer", momentum_buffers_.at(slot)}};
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::slot_state(std::size_t slot) {
+  return {{"exp_avg", first_moments_.at(slot)}, {"exp_avg_sq", second_moments_.at(slot)}};
+}
+
+std::vector<std::pair<std::string, double>> AdamW::scalar_state() const {
+  auto state = Optimizer::scalar_state();
+  state.emplace_back("beta1_power", beta1_power_);
+  state.emplace_back("beta2_power", beta2_power_);
+  return state;
+}
+
+void AdamW::set_scalar(const std::string& name, double value) {
+  if (name == "beta1_power") {
+    beta1_power_ = value;
+  } else if (name == "beta2_power") {
+    beta2_power_ = value;
+  } else {
+    Optimizer::set_scalar(name, value);
+  }
 }
 
 AdamW::AdamW(std::vector<OptimizerSlot> slots, double weight_decay, double beta1, double beta2,

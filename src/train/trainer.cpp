@@ -1,9 +1,11 @@
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
@@ -109,6 +111,12 @@ void validate(const TrainConfig& config, const Dataset& data) {
   };
   positive(config.batch, "the batch");
   positive(config.micro_batches, "the number of micro-batches");
+  if (config.save_every < 0 || config.stop_after < 0 || config.stop_after_epochs < 0 ||
+      config.keep_checkpoints < 0) {
+    throw InvalidArgument(fmt::format(
+        "save_every {}, stop_after {}, stop_after_epochs {} and keep_checkpoints {} must be >= 0",
+        config.save_every, config.stop_after, config.stop_after_epochs, config.keep_checkpoints));
+  }
   if (config.steps < 0) throw InvalidArgument(fmt::format("steps {} is negative", config.steps));
   if (config.steps == 0) positive(config.epochs, "the number of epochs");
   if (config.mode == comm::ReductionMode::exact && config.batch > kernels::kMaxBinnedAddends) {
@@ -116,6 +124,43 @@ void validate(const TrainConfig& config, const Dataset& data) {
                                       config.batch, kernels::kMaxBinnedAddends));
   }
   if (data.train.count == 0) throw InvalidArgument("the training set is empty");
+}
+
+/// The samples of the first `steps` steps of the run.
+std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, std::int64_t samples,
+                             std::int64_t batch) {
+  return (steps / steps_per_epoch) * samples +
+         std::min(samples, (steps % steps_per_epoch) * batch);
+}
+
+/// Everything a resume needs, as checkpoint blocks of this rank: the parameter and optimizer
+/// shards (written by the first replica) and the scalars (written by world rank 0). `data`
+/// views the live state, so a save reads it and a load's result is copied into it.
+std::vector<checkpoint::SaveItem> training_state(fsdp::ShardedModel& sharded,
+                                                 nn::Optimizer& optimizer,
+                                                 std::vector<Tensor>& scalars, bool leader) {
+  std::vector<checkpoint::SaveItem> items;
+  std::size_t slot = 0;
+  for (const auto& module : sharded.modules()) {
+    for (std::size_t p = 0; p < module->parameters().size(); ++p, ++slot) {
+      const std::string& name = module->parameters()[p]->name;
+      const Layout block = module->local_block(p);
+      const Shape& shape = module->layout().shape(p);
+      const bool owner = module->is_first_replica();
+      items.push_back({"model." + name, shape, block.global_offset, module->local_shard(p), owner});
+      for (const auto& [state, tensor] : optimizer.slot_state(slot))
+        items.push_back({"optimizer." + name + "." + state, shape, block.global_offset, tensor, owner});
+    }
+  }
+  for (const auto& [name, value] : optimizer.scalar_state())
+    items.push_back({"optimizer." + name, Shape{}, {}, Tensor::full(Shape{}, DType::f64, value), leader});
+  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
+    items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars[i], leader});
+  return items;
+}
+
+std::string mode_text(comm::ReductionMode mode) {
+  return mode == comm::ReductionMode::exact ? "exact" : "ordered";
 }
 
 }  // namespace
@@ -175,25 +220,100 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   result.parameters = parameter_count;
   result.mesh = placement.description;
   std::int64_t step = 0;
-  std::int64_t epoch = 0;
+
+  // The scalars of a checkpoint, in the order of kTrainStateTensors.
+  std::vector<Tensor> scalars;
+  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
+    scalars.push_back(Tensor::zeros(Shape{}, DType::i64));
+  const auto scalar = [&scalars](std::size_t i) -> std::int64_t& {
+    return scalars[i].values<std::int64_t>()[0];
+  };
+  if (!config.resume_dir.empty()) {
+    std::vector<checkpoint::SaveItem> state = training_state(sharded, *optimizer, scalars, leader);
+    std::vector<checkpoint::LoadRequest> requests;
+    for (const checkpoint::SaveItem& item : state) {
+      requests.push_back({item.name, item.global_shape, item.data.dtype(), item.offset,
+                          item.data.shape(), item.owner});
+    }
+    const std::vector<Tensor> loaded = checkpoint::load(world, config.resume_dir, requests);
+    // Check the run's position fits this data before anything is overwritten.
+    const auto loaded_scalar = [&](const char* name) {
+      for (std::size_t i = 0; i < state.size(); ++i)
+        if (state[i].name == name) return loaded[i].values<std::int64_t>()[0];
+      throw InvalidArgument(fmt::format("no checkpoint tensor '{}'", name));
+    };
+    if (loaded_scalar("data.batch") != config.batch || loaded_scalar("data.samples") != samples) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint {} was saved by a run with batch {} over {} samples; this run has batch {} "
+          "over {} samples (the data position would not carry over)",
+          config.resume_dir, loaded_scalar("data.batch"), loaded_scalar("data.samples"),
+          config.batch, samples));
+    }
+    if (loaded_scalar("train.step") > total_steps) {
+      throw InvalidArgument(fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
+                                        config.resume_dir, loaded_scalar("train.step"),
+                                        total_steps));
+    }
+    std::vector<std::pair<std::string, double>> optimizer_scalars;
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      if (state[i].name.rfind("optimizer.", 0) == 0 && state[i].global_shape.rank() == 0) {
+        optimizer_scalars.emplace_back(state[i].name.substr(std::strlen("optimizer.")),
+                                       loaded[i].values<double>()[0]);
+      } else {
+        state[i].data.copy_from(loaded[i]);
+      }
+    }
+    optimizer->set_scalar_state(optimizer_scalars);
+    step = scalar(0);
+    config.seed = static_cast<std::uint64_t>(scalar(5));
+    result.resumed_step = step;
+  }
+  std::int64_t last_step = total_steps;
+  if (config.stop_after > 0) last_step = std::min(last_step, config.stop_after);
+  if (config.stop_after_epochs > 0)
+    last_step = std::min(last_step, config.stop_after_epochs * steps_per_epoch);
+  const auto save_checkpoint = [&] {
+    scalar(0) = step;
+    scalar(1) = step / steps_per_epoch;
+    scalar(2) = step % steps_per_epoch;
+    scalar(3) = config.batch;
+    scalar(4) = samples;
+    scalar(5) = static_cast<std::int64_t>(config.seed);
+    const fsdp::Tracer::Span span(sharded.tracer(), "save checkpoint", "checkpoint", "compute");
+    const std::vector<checkpoint::SaveItem> state =
+        training_state(sharded, *optimizer, scalars, leader);
+    checkpoint::SaveOptions options;
+    options.keep = config.keep_checkpoints;
+    options.metadata = {{"strategy", std::string(config.strategy == Strategy::ddp    ? "ddp"
+                                                 : config.strategy == Strategy::fsdp ? "fsdp"
+                                                                                     : "hsdp")},
+                        {"mesh", placement.description},
+                        {"mode", mode_text(config.mode)},
+                        {"hidden", fmt::format("{}", fmt::join(config.model.hidden, ","))},
+                        {"optimizer", config.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"}};
+    result.checkpoints.push_back(checkpoint::save(world, config.save_dir, step, state, options));
+  };
+
+  std::int64_t epoch = step / steps_per_epoch;
+  std::int64_t first_step = step % steps_per_epoch;
   std::vector<std::uint8_t> labels;
   double total_train_seconds = 0.0;
   std::int64_t total_samples_done = 0;
-  // Whole epochs, then the first steps of one more.
   const std::int64_t total_samples =
-      (total_steps / steps_per_epoch) * samples +
-      std::min(samples, (total_steps % steps_per_epoch) * config.batch);
+      samples_through(last_step, steps_per_epoch, samples, config.batch) -
+      samples_through(step, steps_per_epoch, samples, config.batch);
   fsdp::Tracer& tracer = sharded.tracer();
 
-  while (step < total_steps) {
+  while (step < last_step) {
     ++epoch;
     const std::vector<std::int64_t> order = epoch_order(samples, config.seed, epoch - 1);
-    const std::int64_t epoch_steps = std::min(steps_per_epoch, total_steps - step);
-    const std::int64_t epoch_samples = std::min(samples, epoch_steps * config.batch);
+    const std::int64_t end_step = std::min(steps_per_epoch, first_step + last_step - step);
+    const std::int64_t epoch_samples =
+        std::min(samples, end_step * config.batch) - first_step * config.batch;
     double loss_total = 0.0;
     std::int64_t correct_total = 0;
     const auto epoch_start = Clock::now();
-    for (std::int64_t s = 0; s < epoch_steps; ++s) {
+    for (std::int64_t s = first_step; s < end_step; ++s) {
       const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step + 1), "step", "step");
       const auto step_start = Clock::now();
       const double waited_before = sharded.wait_seconds();
@@ -259,9 +379,13 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
       ++step;
       result.step_seconds.push_back(seconds_since(step_start));
       result.step_wait_seconds.push_back(sharded.wait_seconds() - waited_before);
+      if (!config.save_dir.empty() &&
+          ((config.save_every > 0 && step % config.save_every == 0) || step == last_step)) {
+        save_checkpoint();
+      }
       if (leader && callbacks.on_step) {
         const double elapsed = seconds_since(epoch_start);
-        const std::int64_t done = start + global_batch;
+        const std::int64_t done = start + global_batch - first_step * config.batch;
         StepProgress progress;
         progress.epoch = epoch;
         progress.samples_done = done;
@@ -275,6 +399,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
         callbacks.on_step(progress);
       }
     }
+    first_step = 0;
     const double train_seconds = seconds_since(epoch_start);
     total_train_seconds += train_seconds;
     total_samples_done += epoch_samples;

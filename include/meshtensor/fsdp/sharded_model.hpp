@@ -94,6 +94,11 @@ class ShardedModule {
   int shard_rank() const;
   /// This rank's shard of parameter p (a view into the flat shard buffer, f32).
   Tensor local_shard(std::size_t p) const;
+  /// Where local_shard(p) lies in the whole parameter p.
+  Layout local_block(std::size_t p) const;
+  /// True on the first rank of the replicate group (position 0): of the ranks holding the same
+  /// shards, the one that saves them.
+  bool is_first_replica() const;
   /// This rank's gradient shard of parameter p (f32; accumulates until zero_grad()).
   Tensor local_grad(std::size_t p) const;
 

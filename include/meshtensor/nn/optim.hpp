@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
@@ -31,8 +32,19 @@ class Optimizer {
   std::int64_t steps() const { return steps_; }
   /// Bytes of state the optimizer keeps (momentum buffers, moments).
   virtual std::int64_t state_bytes() const = 0;
+  /// The state tensors of slot `slot` by name, as torch names them ("exp_avg", "exp_avg_sq",
+  /// "momentum_buffer"): views of the live state (slot-shaped, f32) that a checkpoint reads and
+  /// a resume overwrites.
+  virtual std::vector<std::pair<std::string, Tensor>> slot_state(std::size_t slot) = 0;
+  /// The scalar state by name: "step", and what else the update depends on (AdamW's running
+  /// powers of the betas, kept as computed so that a resume continues with the same bits).
+  virtual std::vector<std::pair<std::string, double>> scalar_state() const;
+  /// Restores the values scalar_state() lists; InvalidArgument naming the first one missing.
+  void set_scalar_state(const std::vector<std::pair<std::string, double>>& values);
 
  protected:
+  /// Sets one scalar named by scalar_state() (the base handles "step").
+  virtual void set_scalar(const std::string& name, double value);
   std::int64_t steps_ = 0;
 };
 
@@ -43,6 +55,7 @@ class SGD : public Optimizer {
   SGD(std::vector<OptimizerSlot> slots, double momentum, double weight_decay);
   void step(double lr) override;
   std::int64_t state_bytes() const override;
+  std::vector<std::pair<std::string, Tensor>> slot_state(std::size_t slot) override;
 
  private:
   std::vector<OptimizerSlot> slots_;
@@ -58,8 +71,11 @@ class AdamW : public Optimizer {
         double beta2 = 0.999, double epsilon = 1e-8);
   void step(double lr) override;
   std::int64_t state_bytes() const override;
+  std::vector<std::pair<std::string, Tensor>> slot_state(std::size_t slot) override;
+  std::vector<std::pair<std::string, double>> scalar_state() const override;
 
  private:
+  void set_scalar(const std::string& name, double value) override;
   std::vector<OptimizerSlot> slots_;
   std::vector<Tensor> first_moments_;
   std::vector<Tensor> second_moments_;

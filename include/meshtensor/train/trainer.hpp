@@ -60,6 +60,17 @@ struct TrainConfig {
   DType reduce_dtype = DType::f32;
   MicroBatchMode micro_batch_mode = MicroBatchMode::no_sync;
   bool trace = false;  ///< record every rank's events (TrainResult::trace)
+  /// Checkpoint root to save to ("" : none): after every `save_every` steps and at the end.
+  std::string save_dir;
+  std::int64_t save_every = 0;  ///< 0: only at the end of the run
+  int keep_checkpoints = 0;     ///< keep only the newest N under save_dir (0: all)
+  /// Checkpoint (or root with LATEST) to resume from ("": start afresh). The run goes on from
+  /// the saved step up to `steps` / `epochs` in total, on this config's strategy and ranks.
+  std::string resume_dir;
+  /// Stop once this many steps are done in total (0: run to the end), as a preempted job would:
+  /// the schedule still spans the whole run, so a resume continues it unchanged.
+  std::int64_t stop_after = 0;
+  std::int64_t stop_after_epochs = 0;  ///< the same, in whole epochs (0: run to the end)
 };
 
 /// Progress inside an epoch (for a progress bar).
@@ -99,6 +110,8 @@ struct TrainResult {
   std::vector<double> step_seconds;       ///< wall time of every step (this rank)
   std::vector<double> step_wait_seconds;  ///< per step: compute waiting for communication
   std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
+  std::int64_t resumed_step = 0;         ///< the step the run resumed at (0: started afresh)
+  std::vector<std::string> checkpoints;  ///< directories saved, in order
 };
 
 /// Callbacks run on world rank 0 only.
@@ -107,6 +120,12 @@ struct TrainCallbacks {
   std::function<void(const EpochReport&)> on_epoch;
 };
 
+/// Names of the tensors a training checkpoint holds besides the parameters ("model.<name>") and
+/// their optimizer state ("optimizer.<name>.<state>", "optimizer.<scalar>"): the position in the
+/// data and the generator's seed, each an i64 scalar.
+inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch", "data.position",
+                                                     "data.batch", "data.samples", "rng.seed"};
+
 /// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
 /// each parameterised layer is one fsdp::ShardedModule group; every rank takes its Shard(0)-style
 /// slice of every global batch and splits it into micro-batches; gradients reduce in config.mode
@@ -114,6 +133,13 @@ struct TrainCallbacks {
 /// every rank steps on its shards. In exact mode the weights are the same bits for any strategy,
 /// mesh, rank count, micro-batch split and mode, and backend; in ordered mode the replicas are
 /// the same bits on every rank and a rerun with the same layout repeats them.
+///
+/// Checkpoints (config.save_dir, config.resume_dir) hold the parameters, the optimizer state,
+/// the step, the position in the data order and the seed, sharded as the run holds them; a
+/// resume loads them onto this run's layout, whatever the saving run's, and continues with the
+/// same bits as the run that was never stopped (exact mode: on any layout; ordered mode: on the
+/// same layout). The learning-rate schedule is this run's: give the resumed run the same
+/// --epochs / --steps as the whole run for a cosine schedule to continue unchanged.
 TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
                   const TrainCallbacks& callbacks = {});
 
