@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Crash safety of `meshtensor train --save`: a run is killed (SIGKILL, as a preemption) while it
+# saves, at each point of the save where a crash could do harm, on every rank or on one; then the
+# checkpoint root must verify, LATEST must name a complete checkpoint (the previous one, or the
+# new one once LATEST was replaced), and resuming from it must end on the digest of the run that
+# was never stopped.
+# Usage: checkpoint_crash.sh <meshtensor binary> points|random|mpi [mpirun command...]
+set -euo pipefail
+bin=$1
+mode=$2
+shift 2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
+run=(train --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp --ranks 4)
+"$bin" "${run[@]}" --stop-after 4 --save "$dir/base" >/dev/null
+whole=$("$bin" "${run[@]}" | digest)
+
+# After a crash: the root verifies, and what LATEST names resumes to the same end.
+check_root() {
+  local root=$1 label=$2 expect_latest=$3
+  "$bin" checkpoint verify "$root" >/dev/null || { echo "FAILED: $label: verify"; "$bin" checkpoint verify "$root"; exit 1; }
+  local latest
+  latest=$(cat "$root/LATEST")
+  if [ -n "$expect_latest" ] && [ "$latest" != "$expect_latest" ]; then
+    echo "FAILED: $label: LATEST is $latest, expected $expect_latest"
+    exit 1
+  fi
+  local resumed
+  resumed=$("$bin" "${run[@]}" --resume "$root" | digest)
+  if [ "$resumed" != "$whole" ]; then
+    echo "FAILED: $label: resumed from $latest to digest '$resumed', expected $whole"
+    exit 1
+  fi
+  echo "ok: $label: LATEST $latest intact, resumes to $resumed"
+}
+
+# Runs a resumed save that must die by SIGKILL (137 from the shell, or a failure from mpirun).
+expect_killed() {
+  local label=$1
+  shift
+  set +e
+  "$@" >"$dir/out.txt" 2>&1
+  local status=$?
+  set -e
+  if [ "$status" = 0 ]; then
+    echo "FAILED: $label: the run was not killed"
+    cat "$dir/out.txt"
+    exit 1
+  fi
+}
+
+case $mode in
+points)
+  for point in before_write mid_write after_write before_index before_rename before_latest after_latest; do
+    for who in "" "@2" "@0"; do
+      case "$point$who" in
+        before_index@2 | before_rename@2 | before_latest@2 | after_latest@2) continue ;;  # rank 0's steps
+      esac
+      root="$dir/root-$point${who#@}"
+      cp -r "$dir/base" "$root"
+      expect_killed "$point$who" env MESHTENSOR_FAILPOINT="checkpoint.$point$who" \
+        "$bin" "${run[@]}" --resume "$root" --stop-after 8 --save "$root"
+      expected=step-00000004
+      [ "$point" = after_latest ] && expected=step-00000008
+      check_root "$root" "killed at $point$who" "$expected"
+      rm -rf "$root"
+    done
+  done
+  ;;
+random)
+  # A larger model saved every step, killed from outside at arbitrary moments.
+  big=(train --model mlp:1024,1024 --batch 1000 --steps 60 --seed 5 --strategy fsdp --ranks 4)
+  "$bin" "${big[@]}" --stop-after 1 --save "$dir/big-base" >/dev/null
+  for delay in 0.2 0.45 0.7 0.95 1.2; do
+    rm -rf "$dir/big"
+    cp -r "$dir/big-base" "$dir/big"
+    "$bin" "${big[@]}" --resume "$dir/big" --save "$dir/big" --save-every 1 --keep-checkpoints 2 >/dev/null 2>&1 &
+    pid=$!
+    sleep "$delay"
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    "$bin" checkpoint verify "$dir/big" >/dev/null || { echo "FAILED: killed after ${delay}s"; "$bin" checkpoint verify "$dir/big"; exit 1; }
+    echo "ok: killed after ${delay}s: $(cat "$dir/big/LATEST") verifies ($(ls -a "$dir/big" | tr '\n' ' '))"
+  done
+  # The next save clears what the killed ones left behind.
+  "$bin" "${big[@]}" --resume "$dir/big" --save "$dir/big" >/dev/null
+  if ls -a "$dir/big" | grep -q '^\.tmp-'; then
+    echo "FAILED: leftovers of killed saves remain: $(ls -a "$dir/big")"
+    exit 1
+  fi
+  echo "ok: the next save removed the leftovers"
+  ;;
+mpi)
+  # One process of an mpi job dies in the middle of writing its file; mpirun ends the others.
+  root="$dir/root-mpi"
+  cp -r "$dir/base" "$root"
+  mpi_run=(train --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp)
+  expect_killed "mpi mid_write@1" env MESHTENSOR_FAILPOINT=checkpoint.mid_write@1 \
+    "$@" -np 4 "$bin" "${mpi_run[@]}" --backend mpi --resume "$root" --stop-after 8 --save "$root"
+  check_root "$root" "mpi rank 1 killed while writing" step-00000004
+  ;;
+esac

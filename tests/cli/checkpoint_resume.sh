@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Resume through `meshtensor train --save/--resume`: each case compares the weights digest of a
+# stopped-and-resumed run with the run that was never stopped.
+# Usage: checkpoint_resume.sh <meshtensor binary> <case> [mpirun command...]
+#   exact_layouts  exact mode: FSDP 8 ranks for 2 of 4 epochs, resumed on HSDP 2x2 (4 ranks),
+#                  equals 4 uninterrupted epochs on DDP 3 ranks
+#   ordered_same   ordered mode, HSDP 2x2, saved every 7 steps mid-epoch: resuming any of the
+#                  kept checkpoints on the same layout equals the uninterrupted run
+#   mpi            exact mode: saved by 4 mpi processes (FSDP), resumed on 2 thread ranks (DDP)
+#   errors         bad checkpoints and mismatched runs: clear errors, exit 2 (verify: 1)
+set -euo pipefail
+bin=$1
+case_name=$2
+shift 2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
+same() {
+  if [ -z "$2" ] || [ "$1" != "$2" ]; then
+    echo "FAILED: $3: digest '$2', expected '$1'"
+    exit 1
+  fi
+  echo "ok: $3: $2"
+}
+
+case $case_name in
+exact_layouts)
+  run=(train --mode exact --model mlp:32 --batch 1000 --epochs 4 --seed 3)
+  "$bin" "${run[@]}" --strategy fsdp --ranks 8 --stop-after 2 --save "$dir" >"$dir/first.txt"
+  grep -q "saved 1 checkpoint(s), the last $dir/step-00000120" "$dir/first.txt"
+  "$bin" checkpoint verify "$dir"
+  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | digest)
+  grep -q "resumed from $dir at step 120" "$dir/second.txt"
+  whole=$("$bin" "${run[@]}" --strategy ddp --ranks 3 | digest)
+  same "$whole" "$resumed" "fsdp 8 (2 epochs) -> hsdp 2x2 (2 epochs) vs ddp 3 (4 epochs)"
+  ;;
+ordered_same)
+  run=(train --model mlp:24,16 --batch 700 --steps 40 --seed 9 --mesh 2x2 --optimizer adamw)
+  "$bin" "${run[@]}" --stop-after 30 --save "$dir" --save-every 7 --keep-checkpoints 3 >/dev/null
+  ls "$dir"
+  [ "$(ls -d "$dir"/step-* | wc -l)" = 3 ] || { echo "FAILED: --keep-checkpoints 3"; exit 1; }
+  [ "$(cat "$dir/LATEST")" = step-00000030 ] || { echo "FAILED: LATEST"; exit 1; }
+  whole=$("$bin" "${run[@]}" | digest)
+  for checkpoint in "$dir"/step-*; do
+    resumed=$("$bin" "${run[@]}" --resume "$checkpoint" | digest)
+    same "$whole" "$resumed" "ordered resume from $(basename "$checkpoint")"
+  done
+  ;;
+mpi)
+  run=(train --mode exact --model mlp:16 --batch 500 --steps 30 --seed 2)
+  "$@" -np 4 "$bin" "${run[@]}" --backend mpi --strategy fsdp --stop-after 11 --save "$dir" >/dev/null
+  resumed=$("$bin" "${run[@]}" --ranks 2 --resume "$dir" | digest)
+  whole=$("$bin" "${run[@]}" --ranks 1 | digest)
+  same "$whole" "$resumed" "mpi fsdp 4 -> threads ddp 2 vs 1 rank"
+  ;;
+errors)
+  run=(train --model mlp:16 --batch 500 --steps 6 --seed 2 --strategy fsdp --ranks 2)
+  "$bin" "${run[@]}" --save "$dir" >/dev/null
+  expect() {  # expect <status> <pattern> <command...>
+    local status=$1 pattern=$2
+    shift 2
+    set +e
+    out=$("$@" 2>&1)
+    got=$?
+    set -e
+    if [ "$got" != "$status" ] || ! grep -q -- "$pattern" <<<"$out"; then
+      echo "FAILED: $*: exit $got (expected $status), output:"
+      echo "$out"
+      exit 1
+    fi
+    echo "ok: exit $got: $(grep -- "$pattern" <<<"$out" | head -1)"
+  }
+  expect 0 '"step": 6' "$bin" checkpoint inspect "$dir" --json
+  expect 0 "model.0.weight  *F32  *\[784, 16\]  *2" "$bin" checkpoint inspect "$dir"
+  expect 2 "batch 500 over 60000 samples; this run has batch 400" \
+    "$bin" train --model mlp:16 --batch 400 --steps 6 --resume "$dir"
+  expect 2 "tensor 'model.0.weight' in .*index.json is f32 784x16, but f32 784x17 is expected" \
+    "$bin" train --model mlp:17 --batch 500 --steps 6 --resume "$dir"
+  expect 2 "has no tensor 'optimizer.0.weight.momentum_buffer'" \
+    "$bin" train --model mlp:16 --batch 500 --steps 6 --optimizer sgd --resume "$dir"
+  expect 2 "no checkpoint at $dir/nothing" "$bin" "${run[@]}" --resume "$dir/nothing"
+  file=$(ls "$dir"/step-*/rank-00001.safetensors)
+  cp "$file" "$dir/saved"
+  size=$(stat -c %s "$file")
+  printf '\x7f' | dd of="$file" bs=1 seek=$((size - 3)) conv=notrunc status=none
+  expect 1 "FAILED: checksum mismatch in .*rank-00001.safetensors: tensor '" "$bin" checkpoint verify "$dir"
+  expect 2 "checksum mismatch in .*rank-00001.safetensors: tensor '" "$bin" train --model mlp:16 --batch 500 --steps 6 --ranks 3 --resume "$dir"
+  truncate -s $((size - 100)) "$file"
+  expect 2 "rank-00001.safetensors.*truncated" "$bin" "${run[@]}" --resume "$dir"
+  expect 1 "rank-00001.safetensors.*truncated" "$bin" checkpoint verify "$dir"
+  cp "$dir/saved" "$file"
+  expect 0 "OK: 2 file(s)" "$bin" checkpoint verify "$dir"
+  ;;
+*)
+  echo "unknown case $case_name"
+  exit 2
+  ;;
+esac
