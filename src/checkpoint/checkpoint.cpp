@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <optional>
 #include <random>
-
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -221,7 +220,8 @@ void check_items(std::span<const SaveItem> items) {
   std::vector<std::string> names;
   for (const SaveItem& item : items) {
     if (item.name.empty() || item.name == "__metadata__")
-      throw InvalidArgument(fmt::format("checkpoint tensor name '{}' is empty or reserved", item.name));
+      throw InvalidArgument(
+          fmt::format("checkpoint tensor name '{}' is empty or reserved", item.name));
     if (!item.data.defined())
       throw InvalidArgument(fmt::format("checkpoint tensor '{}' has no data", item.name));
     const std::vector<std::int64_t> offset = full_offset(item.offset, item.global_shape.rank());
@@ -234,9 +234,13 @@ void check_items(std::span<const SaveItem> items) {
   std::sort(names.begin(), names.end());
   if (const auto repeated = std::adjacent_find(names.begin(), names.end());
       repeated != names.end()) {
-    throw InvalidArgument(fmt::format("checkpoint tensor '{}' is given twice on one rank", *repeated));
+    throw InvalidArgument(
+        fmt::format("checkpoint tensor '{}' is given twice on one rank", *repeated));
   }
 }
+
+// Bytes written per call, checksummed just before while in the cache.
+constexpr std::size_t kWritePiece = std::size_t{1} << 20;
 
 /// Writes this rank's owned blocks to `path`; returns their descriptions (and those of the
 /// blocks it holds but does not own).
@@ -259,16 +263,21 @@ json write_rank_file(std::span<const SaveItem> items, const std::string& path,
   for (const SaveItem* item : written)
     offsets[item->name] = {{"offset", full_offset(item->offset, item->global_shape.rank())},
                            {"global_shape", shape_json(item->global_shape)}};
-  const std::string prefix = encode_safetensors_header(
-      entries, {{"format", "meshtensor"}, {"blocks", offsets.dump()}});
+  const std::string prefix =
+      encode_safetensors_header(entries, {{"format", "meshtensor"}, {"blocks", offsets.dump()}});
   io::File file = io::File::create(path);
   file.write(std::as_bytes(std::span<const char>(prefix)));
   for (std::size_t i = 0; i < written.size(); ++i) {
     const Tensor data = written[i]->data.contiguous();
     const std::span<const std::byte> bytes = data.bytes();
-    file.write(bytes);
+    std::uint64_t checksum = 0;
+    for (std::size_t at = 0; at < bytes.size(); at += kWritePiece) {
+      const auto piece = bytes.subspan(at, std::min(kWritePiece, bytes.size() - at));
+      checksum += block_checksum(piece, at);
+      file.write(piece);
+    }
     blocks.push_back(describe_block(*written[i], data.shape(), entries[i].begin, entries[i].end,
-                                    block_checksum(bytes), file_name));
+                                    checksum, file_name));
     if (i == 0) failpoint("checkpoint.mid_write", rank);
   }
   file.sync();
@@ -305,8 +314,8 @@ Index build_index(const std::vector<std::string>& descriptions, std::int64_t ste
       } else if (tensor.dtype != dtype || tensor.shape != global) {
         throw InvalidArgument(fmt::format(
             "checkpoint tensor '{}' is {} {} on world rank {} but {} {} on world rank {}", name,
-            dtype_name(tensor.dtype), tensor.shape.to_string(), first_rank[name],
-            dtype_name(dtype), global.to_string(), rank));
+            dtype_name(tensor.dtype), tensor.shape.to_string(), first_rank[name], dtype_name(dtype),
+            global.to_string(), rank));
       }
       if (!block["owner"].get<bool>()) continue;
       const Shape shape(block["shape"].get<std::vector<std::int64_t>>());
@@ -338,7 +347,8 @@ void prune(const std::string& root, int keep, const std::string& latest) {
   if (keep <= 0) return;
   std::vector<std::pair<std::int64_t, std::string>> found;
   for (const std::string& name : io::list_directory(root)) {
-    if (name.rfind(kStepPrefix, 0) != 0 || !io::exists(join_path(join_path(root, name), kIndexFile)))
+    if (name.rfind(kStepPrefix, 0) != 0 ||
+        !io::exists(join_path(join_path(root, name), kIndexFile)))
       continue;
     char* end = nullptr;
     const long long step = std::strtoll(name.c_str() + std::strlen(kStepPrefix), &end, 10);
@@ -365,8 +375,9 @@ std::int64_t StoredTensor::nbytes() const {
 }
 
 const StoredTensor* Index::find(const std::string& name) const {
-  const auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
-                                   [](const StoredTensor& t, const std::string& n) { return t.name < n; });
+  const auto it =
+      std::lower_bound(tensors.begin(), tensors.end(), name,
+                       [](const StoredTensor& t, const std::string& n) { return t.name < n; });
   return it != tensors.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -388,7 +399,7 @@ std::string Index::to_json() const {
   json file_map = json::object();
   for (const auto& [name, bytes] : files)
     file_map[name] = {{"bytes", bytes}};
-  const json index = {{"format", kFormat},   {"version", kVersion}, {"step", step},
+  const json index = {{"format", kFormat},        {"version", kVersion},  {"step", step},
                       {"world_size", world_size}, {"metadata", metadata}, {"files", file_map},
                       {"tensors", tensor_map}};
   return index.dump(1) + "\n";
@@ -400,7 +411,8 @@ Index parse_index(const std::string& text, const std::string& file) {
     throw DataError(fmt::format("{} is not a checkpoint index: not a JSON object", file));
   const std::string what = fmt::format("checkpoint index {}", file);
   if (!index.contains("format") || index["format"] != kFormat)
-    throw DataError(fmt::format("{} is not a checkpoint index: 'format' is not '{}'", file, kFormat));
+    throw DataError(
+        fmt::format("{} is not a checkpoint index: 'format' is not '{}'", file, kFormat));
   if (integer_field(index, "version", what) != kVersion) {
     throw DataError(fmt::format("{}: version {} is not the {} this build reads", what,
                                 index["version"].dump(), kVersion));
@@ -420,7 +432,8 @@ Index parse_index(const std::string& text, const std::string& file) {
   for (const auto& [name, entry] : files.items()) {
     if (!is_plain_file_name(name))
       throw DataError(fmt::format("{}: file name '{}' is not a plain file name", what, name));
-    const std::int64_t bytes = integer_field(entry, "bytes", fmt::format("{}: file '{}'", what, name));
+    const std::int64_t bytes =
+        integer_field(entry, "bytes", fmt::format("{}: file '{}'", what, name));
     if (bytes < 8) throw DataError(fmt::format("{}: file '{}' has {} bytes", what, name, bytes));
     result.files[name] = bytes;
   }
@@ -442,13 +455,15 @@ Index parse_index(const std::string& text, const std::string& file) {
       StoredBlock stored;
       stored.file = string_field(block, "file", where);
       if (!result.files.contains(stored.file))
-        throw DataError(fmt::format("{}: block file '{}' is not among the files", where, stored.file));
+        throw DataError(
+            fmt::format("{}: block file '{}' is not among the files", where, stored.file));
       stored.offset = int_list(field(block, "offset", where), where + " offset");
       stored.shape = shape_from(field(block, "shape", where), where + " block shape");
       const std::vector<std::int64_t> range =
           int_list(field(block, "data_offsets", where), where + " data_offsets");
       if (range.size() != 2 || range[0] < 0 || range[1] < range[0] ||
-          range[1] - range[0] != stored.shape.numel() * static_cast<std::int64_t>(dtype_size(tensor.dtype))) {
+          range[1] - range[0] !=
+              stored.shape.numel() * static_cast<std::int64_t>(dtype_size(tensor.dtype))) {
         throw DataError(fmt::format("{}: data_offsets {} do not hold a {} block of {}", where,
                                     offset_text(range), dtype_name(tensor.dtype),
                                     stored.shape.to_string()));
@@ -475,7 +490,8 @@ std::string resolve(const std::string& path) {
                                 kLatestFile));
   }
   std::string name = io::read_text(latest);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' '))
+    name.pop_back();
   if (!is_plain_file_name(name))
     throw DataError(fmt::format("{} names '{}', not a checkpoint directory", latest, name));
   const std::string directory = join_path(path, name);
@@ -517,7 +533,8 @@ std::string save(comm::Communicator& world, const std::string& root, std::int64_
     check_items(items);
     const std::string file_name = rank_file_name(rank);
     std::int64_t bytes = 0;
-    part["blocks"] = write_rank_file(items, join_path(temporary, file_name), file_name, rank, bytes);
+    part["blocks"] =
+        write_rank_file(items, join_path(temporary, file_name), file_name, rank, bytes);
     part["file"] = bytes > 0 ? file_name : "";
     part["bytes"] = bytes;
   } catch (...) {
@@ -590,7 +607,8 @@ OpenFile& open_checked(std::map<std::string, OpenFile>& open, const std::string&
   const std::int64_t bytes = file.size();
   if (bytes != index.files.at(name)) {
     throw DataError(fmt::format("{} is {} bytes, but the index records {} ({})", path, bytes,
-                                index.files.at(name), bytes < index.files.at(name) ? "truncated" : "changed"));
+                                index.files.at(name),
+                                bytes < index.files.at(name) ? "truncated" : "changed"));
   }
   ++stats.files;
   return open.emplace(name, OpenFile{std::move(file), std::move(header)}).first->second;
@@ -614,6 +632,10 @@ void check_entry(const OpenFile& file, const StoredTensor& tensor, const StoredB
 // Per stored block, what the verifiers read: bytes and the checksum as four 16-bit limbs, each
 // summed exactly in an i64 all-reduce.
 constexpr std::size_t kVerifyWords = 5;
+
+// Bytes read (and written) per call: large enough for the disk, small enough that a checksum
+// of the piece right after finds it in the cache.
+constexpr std::int64_t kReadPiece = std::int64_t{1} << 20;
 
 }  // namespace
 
@@ -643,9 +665,9 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
   comm::throw_if_any_failed(world, failure);
   Digest64 index_digest;
   index_digest.update(index_text);
-  comm::check_same_on_every_rank(world, "the checkpoint index",
-                                 fmt::format("{} (index digest {})", directory,
-                                             digest_hex(index_digest.finish())));
+  comm::check_same_on_every_rank(
+      world, "the checkpoint index",
+      fmt::format("{} (index digest {})", directory, digest_hex(index_digest.finish())));
 
   try {
     std::map<std::string, OpenFile> open;
@@ -661,13 +683,15 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
                                     tensor->shape.to_string(), dtype_name(request.dtype),
                                     request.global_shape.to_string()));
       }
-      const std::vector<std::int64_t> offset = full_offset(request.offset, request.global_shape.rank());
+      const std::vector<std::int64_t> offset =
+          full_offset(request.offset, request.global_shape.rank());
       if (std::string problem = outside(request.global_shape, offset, request.shape);
           !problem.empty()) {
         throw InvalidArgument(fmt::format("load of tensor '{}': {}", request.name, problem));
       }
       const Layout target{request.shape, offset};
-      Tensor out(request.shape, request.dtype);
+      // Every element is read below (or the load fails), so the zero-fill can be skipped.
+      Tensor out = Tensor::uninitialized(request.shape, request.dtype);
       std::byte* destination = out.numel() > 0 ? out.bytes().data() : nullptr;
       const auto element = static_cast<std::int64_t>(dtype_size(request.dtype));
       std::int64_t copied = 0;
@@ -683,28 +707,36 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
           OpenFile& file = open_checked(open, directory, index, block.file, stats);
           check_entry(file, *tensor, block);
           const std::int64_t base = file.header.data_start + block.begin;
-          for_each_overlap_run(stored, target, overlap,
-                               [&](std::int64_t from, std::int64_t to, std::int64_t count) {
-                                 const std::span<std::byte> bytes(
-                                     destination + to * element,
-                                     static_cast<std::size_t>(count * element));
-                                 file.file.read_at(base + from * element, bytes);
-                                 ++stats.reads;
-                                 if (request.verifier) {
-                                   checksum_parts[block_id] += block_checksum(
-                                       bytes, static_cast<std::uint64_t>(from * element));
-                                   bytes_parts[block_id] += count * element;
-                                 }
-                               });
+          for_each_overlap_run(
+              stored, target, overlap, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+                // Long runs go in pieces, each checksummed while it is still in the cache.
+                std::int64_t position = from * element;
+                std::byte* into = destination + to * element;
+                for (std::int64_t left = count * element; left > 0;) {
+                  const std::int64_t piece = std::min(left, kReadPiece);
+                  const std::span<std::byte> bytes(into, static_cast<std::size_t>(piece));
+                  file.file.read_at(base + position, bytes);
+                  ++stats.reads;
+                  if (request.verifier) {
+                    checksum_parts[block_id] +=
+                        block_checksum(bytes, static_cast<std::uint64_t>(position));
+                    bytes_parts[block_id] += piece;
+                  }
+                  position += piece;
+                  into += piece;
+                  left -= piece;
+                }
+              });
           copied += overlap.numel();
         }
         ++block_id;
       }
       if (copied != out.numel()) {
-        throw DataError(fmt::format("tensor '{}' in {}: the stored blocks hold {} of the {} "
-                                    "elements of block {} at {}",
-                                    request.name, index_file, copied, out.numel(),
-                                    request.shape.to_string(), offset_text(offset)));
+        throw DataError(
+            fmt::format("tensor '{}' in {}: the stored blocks hold {} of the {} "
+                        "elements of block {} at {}",
+                        request.name, index_file, copied, out.numel(), request.shape.to_string(),
+                        offset_text(offset)));
       }
       stats.bytes_read += copied * element;
       loaded.push_back(std::move(out));
@@ -726,7 +758,8 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
             static_cast<std::int64_t>((checksum_parts[b] >> (16 * limb)) & 0xFFFF);
     }
   }
-  if (blocks > 0) world.all_reduce(sums, {.op = ReduceOp::sum, .mode = comm::ReductionMode::ordered});
+  if (blocks > 0)
+    world.all_reduce(sums, {.op = ReduceOp::sum, .mode = comm::ReductionMode::ordered});
   const auto words = std::as_const(sums).values<std::int64_t>();
   std::size_t b = 0;
   for (const StoredTensor& tensor : index.tensors) {

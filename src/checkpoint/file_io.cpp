@@ -2,11 +2,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
-
 #include <fcntl.h>
+#include <filesystem>
 #include <sys/stat.h>
+#include <system_error>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -74,9 +73,9 @@ void File::read_at(std::int64_t offset, std::span<std::byte> out) const {
       fail("cannot read", path_, errno);
     }
     if (got == 0) {
-      throw DataError(fmt::format("{} ends at byte {}, before the {} bytes at offset {} (truncated)",
-                                  path_, offset + static_cast<std::int64_t>(done), out.size(),
-                                  offset));
+      throw DataError(
+          fmt::format("{} ends at byte {}, before the {} bytes at offset {} (truncated)", path_,
+                      offset + static_cast<std::int64_t>(done), out.size(), offset));
     }
     done += static_cast<std::size_t>(got);
   }

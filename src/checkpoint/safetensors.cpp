@@ -43,9 +43,10 @@ std::string safetensors_dtype_name(DType dtype) {
 DType parse_safetensors_dtype(const std::string& name) {
   for (const auto& entry : kNames)
     if (name == entry.name) return entry.dtype;
-  throw DataError(fmt::format("dtype '{}' is not one meshtensor reads (F64, F32, BF16, F16, I64, "
-                              "I32, U8)",
-                              name));
+  throw DataError(
+      fmt::format("dtype '{}' is not one meshtensor reads (F64, F32, BF16, F16, I64, "
+                  "I32, U8)",
+                  name));
 }
 
 const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
@@ -79,22 +80,23 @@ std::string encode_safetensors_header(std::vector<SafetensorsEntry>& entries,
   return prefix + json;
 }
 
-SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json,
-                                           std::int64_t file_bytes, const std::string& file) {
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std::int64_t file_bytes,
+                                           const std::string& file) {
   const auto bad = [&file](const std::string& problem) {
     return DataError(fmt::format("{} is not a valid safetensors file: {}", file, problem));
   };
   if (json.empty() || json[0] != std::byte{'{'}) throw bad("the header does not start with '{'");
   // Repeated names would be silently merged by the JSON library: refuse them while parsing.
   std::set<std::string> names;
-  const nlohmann::json::parser_callback_t unique_names =
-      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-        if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
-            !names.insert(parsed.get<std::string>()).second) {
-          throw bad(fmt::format("tensor '{}' appears twice in the header", parsed.get<std::string>()));
-        }
-        return true;
-      };
+  const nlohmann::json::parser_callback_t unique_names = [&](int depth,
+                                                             nlohmann::json::parse_event_t event,
+                                                             nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+        !names.insert(parsed.get<std::string>()).second) {
+      throw bad(fmt::format("tensor '{}' appears twice in the header", parsed.get<std::string>()));
+    }
+    return true;
+  };
   const auto* text = reinterpret_cast<const char*>(json.data());
   const nlohmann::json header =
       nlohmann::json::parse(text, text + json.size(), unique_names, /*allow_exceptions=*/false);
@@ -173,10 +175,10 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json,
   }
   result.data_bytes = position;
   if (result.data_start + result.data_bytes != file_bytes) {
-    throw bad(fmt::format("the file is {} bytes, but its header describes {} ({})", file_bytes,
-                          result.data_start + result.data_bytes,
-                          file_bytes < result.data_start + result.data_bytes ? "truncated"
-                                                                             : "trailing bytes"));
+    throw bad(fmt::format(
+        "the file is {} bytes, but its header describes {} ({})", file_bytes,
+        result.data_start + result.data_bytes,
+        file_bytes < result.data_start + result.data_bytes ? "truncated" : "trailing bytes"));
   }
   return result;
 }

@@ -46,10 +46,10 @@ void inspect(const CheckpointOptions& options) {
                          {"bytes", tensor.nbytes()},
                          {"blocks", blocks}});
     }
-    const nlohmann::json out = {{"directory", directory},        {"step", index.step},
-                                {"world_size", index.world_size}, {"metadata", index.metadata},
-                                {"files", index.files},           {"file_bytes", total_bytes},
-                                {"tensors", tensors}};
+    const nlohmann::json out = {
+        {"directory", directory},     {"step", index.step},   {"world_size", index.world_size},
+        {"metadata", index.metadata}, {"files", index.files}, {"file_bytes", total_bytes},
+        {"tensors", tensors}};
     std::cout << out.dump(1) << '\n';
     return;
   }

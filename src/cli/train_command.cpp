@@ -337,11 +337,11 @@ void run_train(const TrainOptions& options) {
           std::cout << final_json.dump() << '\n';
         } else {
           if (!config.resume_dir.empty()) {
-            std::cout << fmt::format("resumed from {} at step {}{}\n", config.resume_dir,
-                                     result.resumed_step,
-                                     result.resumed_step == result.steps
-                                         ? " (nothing left: give the whole run's --epochs or --steps)"
-                                         : "");
+            std::cout << fmt::format(
+                "resumed from {} at step {}{}\n", config.resume_dir, result.resumed_step,
+                result.resumed_step == result.steps
+                    ? " (nothing left: give the whole run's --epochs or --steps)"
+                    : "");
           }
           if (!result.checkpoints.empty()) {
             std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
@@ -813,7 +813,8 @@ void add_train_command(CLI::App& app) {
                       "write every rank's events to this Chrome trace JSON (Perfetto opens it)");
   command->add_option("--save", options->save,
                       "checkpoint root: save there at the end (and every --save-every steps)");
-  command->add_option("--save-every", options->save_every, "save every N steps (default: at the end)");
+  command->add_option("--save-every", options->save_every,
+                      "save every N steps (default: at the end)");
   command->add_option("--keep-checkpoints", options->keep_checkpoints,
                       "keep only the newest N checkpoints under --save (default: all)");
   command->add_option("--resume", options->resume,

@@ -110,14 +110,22 @@ std::string failure_message(const std::exception_ptr& failure) {
 
 [[noreturn]] void throw_class(char kind, const std::string& message) {
   switch (kind) {
-    case 'P': throw ParseError(message);
-    case 'I': throw InvalidArgument(message);
-    case 'R': throw ResourceError(message);
-    case 'D': throw DataError(message);
-    case 'S': throw DesyncError(message);
-    case 'T': throw TimeoutError(message);
-    case 'C': throw CommError(message);
-    default: throw Error(message);
+    case 'P':
+      throw ParseError(message);
+    case 'I':
+      throw InvalidArgument(message);
+    case 'R':
+      throw ResourceError(message);
+    case 'D':
+      throw DataError(message);
+    case 'S':
+      throw DesyncError(message);
+    case 'T':
+      throw TimeoutError(message);
+    case 'C':
+      throw CommError(message);
+    default:
+      throw Error(message);
   }
 }
 
@@ -129,7 +137,8 @@ void throw_if_any_failed(Communicator& group, const std::exception_ptr& failure)
   const auto root = static_cast<int>(std::as_const(first).values<std::int64_t>()[0]);
   if (root == group.size()) return;
   std::string text;
-  if (group.rank() == root) text = std::string(1, failure_class(failure)) + failure_message(failure);
+  if (group.rank() == root)
+    text = std::string(1, failure_class(failure)) + failure_message(failure);
   text = broadcast_text(group, text, root);
   if (group.rank() == root) std::rethrow_exception(failure);
   throw_class(text.empty() ? 'E' : text[0], text.empty() ? text : text.substr(1));

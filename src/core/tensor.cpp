@@ -17,10 +17,10 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 constexpr std::size_t kStorageAlignment = 64;
 
-std::shared_ptr<std::byte[]> allocate_zeroed(std::size_t bytes) {
+std::shared_ptr<std::byte[]> allocate(std::size_t bytes, bool zeroed) {
   const std::size_t size = bytes == 0 ? 1 : bytes;
   auto* data = new (std::align_val_t{kStorageAlignment}) std::byte[size];
-  std::memset(data, 0, size);
+  if (zeroed) std::memset(data, 0, size);
   return {data, [](std::byte* p) { operator delete[](p, std::align_val_t{kStorageAlignment}); }};
 }
 
@@ -41,11 +41,21 @@ Tensor generate_tensor(Shape shape, DType dtype, Generate generate) {
 
 Tensor::Tensor(Shape shape, DType dtype)
     : dtype_(dtype), shape_(std::move(shape)), strides_(shape_.contiguous_strides()) {
-  storage_ = allocate_zeroed(static_cast<std::size_t>(shape_.numel()) * dtype_size(dtype));
+  storage_ = allocate(static_cast<std::size_t>(shape_.numel()) * dtype_size(dtype), true);
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {
   return Tensor(std::move(shape), dtype);
+}
+
+Tensor Tensor::uninitialized(Shape shape, DType dtype) {
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.strides_ = tensor.shape_.contiguous_strides();
+  tensor.storage_ =
+      allocate(static_cast<std::size_t>(tensor.shape_.numel()) * dtype_size(dtype), false);
+  return tensor;
 }
 
 Tensor Tensor::full(Shape shape, DType dtype, double value) {

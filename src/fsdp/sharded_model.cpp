@@ -142,7 +142,8 @@ Layout ShardedModule::local_block(std::size_t p) const {
   Layout block{layout_.chunk_shape(p, shard_rank()),
                std::vector<std::int64_t>(static_cast<std::size_t>(shape.rank()), 0)};
   if (shape.rank() > 0)
-    block.global_offset[static_cast<std::size_t>(layout_.dim(p))] = layout_.chunk(p, shard_rank()).offset;
+    block.global_offset[static_cast<std::size_t>(layout_.dim(p))] =
+        layout_.chunk(p, shard_rank()).offset;
   return block;
 }
 

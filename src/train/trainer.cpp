@@ -129,8 +129,7 @@ void validate(const TrainConfig& config, const Dataset& data) {
 /// The samples of the first `steps` steps of the run.
 std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, std::int64_t samples,
                              std::int64_t batch) {
-  return (steps / steps_per_epoch) * samples +
-         std::min(samples, (steps % steps_per_epoch) * batch);
+  return (steps / steps_per_epoch) * samples + std::min(samples, (steps % steps_per_epoch) * batch);
 }
 
 /// Everything a resume needs, as checkpoint blocks of this rank: the parameter and optimizer
@@ -149,11 +148,13 @@ std::vector<checkpoint::SaveItem> training_state(fsdp::ShardedModel& sharded,
       const bool owner = module->is_first_replica();
       items.push_back({"model." + name, shape, block.global_offset, module->local_shard(p), owner});
       for (const auto& [state, tensor] : optimizer.slot_state(slot))
-        items.push_back({"optimizer." + name + "." + state, shape, block.global_offset, tensor, owner});
+        items.push_back(
+            {"optimizer." + name + "." + state, shape, block.global_offset, tensor, owner});
     }
   }
   for (const auto& [name, value] : optimizer.scalar_state())
-    items.push_back({"optimizer." + name, Shape{}, {}, Tensor::full(Shape{}, DType::f64, value), leader});
+    items.push_back(
+        {"optimizer." + name, Shape{}, {}, Tensor::full(Shape{}, DType::f64, value), leader});
   for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
     items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars[i], leader});
   return items;
@@ -250,9 +251,9 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
           config.batch, samples));
     }
     if (loaded_scalar("train.step") > total_steps) {
-      throw InvalidArgument(fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
-                                        config.resume_dir, loaded_scalar("train.step"),
-                                        total_steps));
+      throw InvalidArgument(
+          fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
+                      config.resume_dir, loaded_scalar("train.step"), total_steps));
     }
     std::vector<std::pair<std::string, double>> optimizer_scalars;
     for (std::size_t i = 0; i < state.size(); ++i) {

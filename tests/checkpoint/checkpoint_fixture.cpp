@@ -47,15 +47,16 @@ int main(int argc, char** argv) {
         mesh, std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
     std::vector<checkpoint::SaveItem> items;
     for (const Case& c : cases)
-      items.push_back(checkpoint::save_item(
-          dtensor::distribute(c.global, groups, parse_spec(c.spec)), c.name));
+      items.push_back(
+          checkpoint::save_item(dtensor::distribute(c.global, groups, parse_spec(c.spec)), c.name));
     checkpoint::save(world, root, 42, items);
   });
   std::filesystem::create_directories(root + "/expected");
   for (const Case& c : cases) {
     std::ofstream out(root + "/expected/" + c.name + ".raw", std::ios::binary);
     const auto bytes = c.global.bytes();
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
   }
   std::printf("wrote %zu tensors under %s\n", cases.size(), root.c_str());
   return 0;

@@ -218,8 +218,8 @@ void load_and_check(const Placing& placing, const std::vector<Named>& tensors,
     for (const Named& t : tensors) {
       requests.push_back(load_request(t.name, mesh, parse_spec(placing.spec(t.global.rank())),
                                       t.global.shape(), t.global.dtype(), world.rank()));
-      wanted += requests.back().shape.numel() *
-                static_cast<std::int64_t>(dtype_size(t.global.dtype()));
+      wanted +=
+          requests.back().shape.numel() * static_cast<std::int64_t>(dtype_size(t.global.dtype()));
     }
     LoadStats stats;
     const std::vector<Tensor> loaded = load(world, path, requests, &stats);
@@ -307,9 +307,8 @@ TEST(Save, PartialTensorsAreReducedAndScalarsKept) {
     auto groups = std::make_shared<comm::MeshGroups>(
         mesh, std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
     // Every rank holds 1 + rank: the sum over the partial dim 1 is (1+2r0*2) + (2+2r0*2).
-    const auto partial = dtensor::from_local(
-        Tensor::full(Shape{3}, DType::f32, 1.0 + world.rank()), groups, parse_spec("S0,P"),
-        Shape{6});
+    const auto partial = dtensor::from_local(Tensor::full(Shape{3}, DType::f32, 1.0 + world.rank()),
+                                             groups, parse_spec("S0,P"), Shape{6});
     const auto scalar = dtensor::from_local(Tensor::full(Shape{}, DType::i64, 42), groups,
                                             parse_spec("R,R"), Shape{});
     const SaveItem items[] = {save_item(partial, "p"), save_item(scalar, "step")};
@@ -335,8 +334,8 @@ TEST(Save, LatestMovesOnlyAfterACompleteSaveAndKeepPrunes) {
     SaveOptions options;
     options.keep = 2;
     options.metadata["run"] = "unit";
-    const SaveItem item{"x", Shape{4}, {world.rank() * 2}, Tensor::full(Shape{2}, DType::f32, 1),
-                        true};
+    const SaveItem item{
+        "x", Shape{4}, {world.rank() * 2}, Tensor::full(Shape{2}, DType::f32, 1), true};
     save(world, dir.str(), 9, std::span(&item, 1), options);
   });
   EXPECT_FALSE(fs::exists(dir / "step-00000005"));
@@ -354,8 +353,7 @@ TEST(Save, BlocksThatDoNotTileFailOnEveryRankAndCommitNothing) {
       comm::run_threads(2, [&](comm::Communicator& world) {
         const std::int64_t offset = world.rank() == 0 ? 0 : second_offset;
         const std::int64_t size = world.rank() == 0 ? 5 : second_size;
-        const SaveItem item{"x", Shape{10}, {offset}, Tensor::zeros(Shape{size}, DType::f32),
-                            true};
+        const SaveItem item{"x", Shape{10}, {offset}, Tensor::zeros(Shape{size}, DType::f32), true};
         errors[static_cast<std::size_t>(world.rank())] =
             error_message([&] { save(world, dir.str(), 2, std::span(&item, 1)); });
       });
@@ -370,8 +368,7 @@ TEST(Save, BlocksThatDoNotTileFailOnEveryRankAndCommitNothing) {
   EXPECT_EQ(file_bytes(dir / "LATEST"), "step-00000001\n");
   EXPECT_EQ(fs::directory_iterator(dir.str()) == fs::directory_iterator(), false);
   for (const auto& entry : fs::directory_iterator(dir.str()))
-    EXPECT_TRUE(entry.path().filename() == "LATEST" ||
-                entry.path().filename() == "step-00000001")
+    EXPECT_TRUE(entry.path().filename() == "LATEST" || entry.path().filename() == "step-00000001")
         << entry.path();
 }
 
@@ -384,8 +381,7 @@ std::vector<std::string> load_errors(const std::string& path, std::vector<Named>
   comm::run_threads(4, [&](comm::Communicator& world) {
     std::vector<LoadRequest> requests;
     for (const Named& t : tensors)
-      requests.push_back(load_request(t.name, mesh,
-                                      parse_spec(kDim1On4.spec(t.global.rank())),
+      requests.push_back(load_request(t.name, mesh, parse_spec(kDim1On4.spec(t.global.rank())),
                                       t.global.shape(), t.global.dtype(), world.rank()));
     std::vector<Tensor> loaded;
     errors[static_cast<std::size_t>(world.rank())] =
@@ -474,7 +470,8 @@ TEST(Index, RoundTripsAndRefusesBadBlocks) {
   index.step = 3;
   index.world_size = 2;
   index.files["rank-00000.safetensors"] = 100;
-  index.tensors.push_back({"w", DType::f32, Shape{4}, {{"rank-00000.safetensors", {0}, Shape{4}, 0, 16, 0xabc}}});
+  index.tensors.push_back(
+      {"w", DType::f32, Shape{4}, {{"rank-00000.safetensors", {0}, Shape{4}, 0, 16, 0xabc}}});
   const Index back = parse_index(index.to_json(), "i");
   EXPECT_EQ(back.to_json(), index.to_json());
   auto edited = nlohmann::json::parse(index.to_json());

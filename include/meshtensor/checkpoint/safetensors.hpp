@@ -54,8 +54,8 @@ std::string encode_safetensors_header(std::vector<SafetensorsEntry>& entries,
 /// the shape and dtype need; the entries tiling the data section with no gap or overlap; the
 /// data section ending exactly at the end of the file (so a truncated or extended file is
 /// refused). DataError naming the file and the problem otherwise.
-SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json,
-                                           std::int64_t file_bytes, const std::string& file);
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std::int64_t file_bytes,
+                                           const std::string& file);
 
 /// Parses the header of the whole safetensors file held in `file` (`name` names it in errors):
 /// the length prefix, then parse_safetensors_header().

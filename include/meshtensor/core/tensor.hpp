@@ -23,6 +23,9 @@ class Tensor {
 
   /// Zero-filled tensor.
   static Tensor zeros(Shape shape, DType dtype);
+  /// A contiguous tensor whose elements are left unset, for a buffer that is overwritten whole
+  /// right away (a read from a file): skips the zero-fill pass over its memory.
+  static Tensor uninitialized(Shape shape, DType dtype);
   /// Tensor with every element equal to `value` (converted to `dtype`).
   static Tensor full(Shape shape, DType dtype, double value);
   /// Element at row-major position i holds i (converted to `dtype`).

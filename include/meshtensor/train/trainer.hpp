@@ -123,7 +123,7 @@ struct TrainCallbacks {
 /// Names of the tensors a training checkpoint holds besides the parameters ("model.<name>") and
 /// their optimizer state ("optimizer.<name>.<state>", "optimizer.<scalar>"): the position in the
 /// data and the generator's seed, each an i64 scalar.
-inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch", "data.position",
+inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch",   "data.position",
                                                      "data.batch", "data.samples", "rng.seed"};
 
 /// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
