@@ -1,12 +1,13 @@
+#include "checkpoint_bench.hpp"
+
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
-
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -17,7 +18,6 @@
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
-#include "checkpoint_bench.hpp"
 #include "timing.hpp"
 
 namespace meshtensor::bench {
@@ -37,19 +37,22 @@ constexpr std::size_t kBaselineChunk = std::size_t{8} << 20;
 /// The shapes of the state: 4096-column f32 matrices adding up to `megabytes`; the last one has
 /// fewer rows when the total is not a multiple of 64 MiB.
 std::vector<Shape> state_shapes(std::int64_t megabytes) {
-  const std::int64_t rows = megabytes * (std::int64_t{1} << 20) / (kColumns * 4) * kRowsPerTensor / 4096;
+  const std::int64_t rows =
+      megabytes * (std::int64_t{1} << 20) / (kColumns * 4) * kRowsPerTensor / 4096;
   std::vector<Shape> shapes;
   for (std::int64_t done = 0; done < rows; done += kRowsPerTensor)
     shapes.push_back(Shape{std::min(kRowsPerTensor, rows - done), kColumns});
   return shapes;
 }
 
-double baseline_write(const std::string& path, std::span<const std::byte> source, std::int64_t bytes) {
+double baseline_write(const std::string& path, std::span<const std::byte> source,
+                      std::int64_t bytes) {
   return time_once([&] {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) fail("cannot create", path);
     for (std::int64_t done = 0; done < bytes;) {
-      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(bytes - done, static_cast<std::int64_t>(source.size())));
+      const auto n = static_cast<std::size_t>(
+          std::min<std::int64_t>(bytes - done, static_cast<std::int64_t>(source.size())));
       const ssize_t wrote = ::write(fd, source.data(), n);
       if (wrote <= 0) fail("cannot write", path);
       done += wrote;
@@ -90,18 +93,21 @@ double time_ranks(comm::Communicator& world, const std::function<void()>& body) 
 
 CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) {
   if (config.ranks < 2 || config.ranks % 2 != 0)
-    throw InvalidArgument(fmt::format("bench checkpoint needs an even number of ranks >= 2, not {}", config.ranks));
-  if (config.megabytes < 1) throw InvalidArgument(fmt::format("--mib {} is below 1", config.megabytes));
+    throw InvalidArgument(
+        fmt::format("bench checkpoint needs an even number of ranks >= 2, not {}", config.ranks));
+  if (config.megabytes < 1)
+    throw InvalidArgument(fmt::format("--mib {} is below 1", config.megabytes));
   const std::vector<Shape> shapes = state_shapes(config.megabytes);
   std::int64_t total = 0;
   for (const Shape& shape : shapes)
     total += shape.numel() * 4;
   std::random_device entropy;
-  const std::string root = (std::filesystem::path(config.directory.empty()
-                                                      ? std::filesystem::temp_directory_path().string()
-                                                      : config.directory) /
-                            fmt::format("meshtensor-bench-checkpoint-{:08x}", entropy()))
-                               .string();
+  const std::string root =
+      (std::filesystem::path(config.directory.empty()
+                                 ? std::filesystem::temp_directory_path().string()
+                                 : config.directory) /
+       fmt::format("meshtensor-bench-checkpoint-{:08x}", entropy()))
+          .string();
   std::filesystem::create_directories(root);
   const auto cleanup = std::unique_ptr<const std::string, void (*)(const std::string*)>(
       &root, [](const std::string* path) { std::filesystem::remove_all(*path); });
@@ -120,11 +126,12 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
   const auto requests_for = [&](const DeviceMesh& mesh, const PlacementSpec& spec, int rank) {
     std::vector<checkpoint::LoadRequest> requests;
     for (std::size_t t = 0; t < shapes.size(); ++t)
-      requests.push_back(checkpoint::load_request(fmt::format("state.{}", t), mesh, spec,
-                                                  shapes[t], DType::f32, rank));
+      requests.push_back(checkpoint::load_request(fmt::format("state.{}", t), mesh, spec, shapes[t],
+                                                  DType::f32, rank));
     return requests;
   };
-  const auto record_reads = [&](CheckpointTiming& timing, int rank, const checkpoint::LoadStats& stats,
+  const auto record_reads = [&](CheckpointTiming& timing, int rank,
+                                const checkpoint::LoadStats& stats,
                                 const std::vector<checkpoint::LoadRequest>& requests) {
     std::int64_t target = 0;
     for (const auto& r : requests)
@@ -153,7 +160,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
         // The sequential baseline writes rank 0's first block over and over, as dd would.
         const std::string file = root + "/baseline.bin";
         const auto source = items.front().data.bytes();
-        write_s.push_back(baseline_write(file, source.first(std::min(source.size(), kBaselineChunk)), total));
+        write_s.push_back(
+            baseline_write(file, source.first(std::min(source.size(), kBaselineChunk)), total));
         read_s.push_back(baseline_read(file, total, true));
         discard_s.push_back(baseline_read(file, total, false));
         std::filesystem::remove(file);
@@ -166,7 +174,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
                                   CheckpointTiming& timing) {
         const auto requests = requests_for(mesh, spec, rank);
         checkpoint::LoadStats stats;
-        const double seconds = time_ranks(world, [&] { checkpoint::load(world, directory, requests, &stats); });
+        const double seconds =
+            time_ranks(world, [&] { checkpoint::load(world, directory, requests, &stats); });
         record_reads(timing, rank, stats, requests);
         return seconds;
       };
@@ -184,8 +193,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
       }
     });
   }
-  const auto finish = [&](CheckpointTiming& timing, const char* name, const std::vector<double>& seconds,
-                          std::int64_t bytes) {
+  const auto finish = [&](CheckpointTiming& timing, const char* name,
+                          const std::vector<double>& seconds, std::int64_t bytes) {
     timing.name = name;
     timing.seconds = median(seconds);
     timing.bytes = bytes;

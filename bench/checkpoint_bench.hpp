@@ -8,10 +8,11 @@ namespace meshtensor::bench {
 
 /// What `meshtensor bench checkpoint` measures.
 struct CheckpointBenchConfig {
-  int ranks = 8;                 ///< thread ranks saving and loading
-  std::int64_t megabytes = 1024;  ///< model state: this many MiB of 4096-column f32 matrices of 4093 rows
-  int repeats = 3;               ///< each figure is the median over this many runs
-  std::string directory;         ///< where to write (a temporary directory under it)
+  int ranks = 8;  ///< thread ranks saving and loading
+  std::int64_t megabytes =
+      1024;               ///< model state: this many MiB of 4096-column f32 matrices of 4093 rows
+  int repeats = 3;        ///< each figure is the median over this many runs
+  std::string directory;  ///< where to write (a temporary directory under it)
 };
 
 /// One timed operation: median seconds and the bytes it moved.
@@ -22,7 +23,9 @@ struct CheckpointTiming {
   /// Data bytes each rank read (loads only), and what its target blocks hold.
   std::vector<std::int64_t> bytes_read_per_rank;
   std::vector<std::int64_t> target_bytes_per_rank;
-  double gigabytes_per_second() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
+  double gigabytes_per_second() const {
+    return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+  }
 };
 
 /// The figures: the sequential baselines, the save, and loads onto the same and other layouts.

@@ -77,18 +77,21 @@ void run(const CheckpointBenchOptions& options) {
   }
   std::cout << fmt::format("save / sequential write throughput:        {:.2f}  (goal >= 0.7)\n",
                            save_ratio);
-  std::cout << fmt::format("load / sequential read throughput:         {:.2f}  (goal >= 0.7; "
-                           "{:.2f} of dd reading into one reused buffer)\n",
-                           load_ratio, load_vs_dd);
+  std::cout << fmt::format(
+      "load / sequential read throughput:         {:.2f}  (goal >= 0.7; "
+      "{:.2f} of dd reading into one reused buffer)\n",
+      load_ratio, load_vs_dd);
   std::cout << fmt::format("reshard load (2 x n, uneven) / same layout: {:.2f}  (goal <= 1.2)\n",
                            reshard_ratio);
-  std::cout << fmt::format("load onto Shard(1) / same layout:           {:.2f}  (one read per "
-                           "strided run)\n",
-                           other_dim_ratio);
+  std::cout << fmt::format(
+      "load onto Shard(1) / same layout:           {:.2f}  (one read per "
+      "strided run)\n",
+      other_dim_ratio);
   for (const auto* t : {&r.load_same, &r.load_nested, &r.load_other_dim, &r.load_hsdp}) {
-    std::cout << fmt::format("bytes read per rank, {}: {} (target blocks: {})\n", t->name,
-                             fmt::join(t->bytes_read_per_rank, " "),
-                             t->bytes_read_per_rank == t->target_bytes_per_rank ? "equal" : "DIFFERENT");
+    std::cout << fmt::format(
+        "bytes read per rank, {}: {} (target blocks: {})\n", t->name,
+        fmt::join(t->bytes_read_per_rank, " "),
+        t->bytes_read_per_rank == t->target_bytes_per_rank ? "equal" : "DIFFERENT");
   }
 }
 
