@@ -308,6 +308,8 @@ void run_train(const TrainOptions& options) {
         };
         const train::TrainResult result = train::train(world, data, config, callbacks);
         if (!leader) return;
+        for (const std::string& warning : result.warnings)
+          std::cerr << "meshtensor: warning: " << warning << '\n';
         if (trace_file) {
           *trace_file << result.trace << '\n';
           trace_file->close();
@@ -333,6 +335,7 @@ void run_train(const TrainOptions& options) {
                                        {"peak_memory_bytes", memory},
                                        {"resumed_step", result.resumed_step},
                                        {"checkpoints", result.checkpoints},
+                                       {"warnings", result.warnings},
                                        {"seconds", result.seconds}};
           std::cout << final_json.dump() << '\n';
         } else {

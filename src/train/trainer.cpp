@@ -160,6 +160,13 @@ std::vector<checkpoint::SaveItem> training_state(fsdp::ShardedModel& sharded,
   return items;
 }
 
+/// The learning-rate schedule as checkpoint metadata: a resume compares it with its own.
+std::string schedule_text(const nn::LrSchedule& schedule) {
+  return fmt::format("{} base={} warmup={} total_steps={}",
+                     schedule.kind == nn::LrSchedule::Kind::cosine ? "cosine" : "constant",
+                     schedule.base, schedule.warmup_steps, schedule.total_steps);
+}
+
 std::string mode_text(comm::ReductionMode mode) {
   return mode == comm::ReductionMode::exact ? "exact" : "ordered";
 }
@@ -265,6 +272,15 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
       }
     }
     optimizer->set_scalar_state(optimizer_scalars);
+    const checkpoint::Index index = checkpoint::read_index(config.resume_dir);
+    if (const auto saved = index.metadata.find("schedule");
+        saved != index.metadata.end() && saved->second != schedule_text(config.schedule)) {
+      result.warnings.push_back(fmt::format(
+          "the checkpoint's run had the learning-rate schedule '{}', this run has '{}': the "
+          "weights will differ from one uninterrupted run (give both runs the whole run's "
+          "--epochs or --steps, and stop the first with --stop-after)",
+          saved->second, schedule_text(config.schedule)));
+    }
     step = scalar(0);
     config.seed = static_cast<std::uint64_t>(scalar(5));
     result.resumed_step = step;
@@ -291,7 +307,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
                         {"mesh", placement.description},
                         {"mode", mode_text(config.mode)},
                         {"hidden", fmt::format("{}", fmt::join(config.model.hidden, ","))},
-                        {"optimizer", config.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"}};
+                        {"optimizer", config.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
+                        {"schedule", schedule_text(config.schedule)}};
     result.checkpoints.push_back(checkpoint::save(world, config.save_dir, step, state, options));
   };
 

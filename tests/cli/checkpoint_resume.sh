@@ -79,6 +79,8 @@ errors)
     "$bin" train --model mlp:17 --batch 500 --steps 6 --resume "$dir"
   expect 2 "has no tensor 'optimizer.0.weight.momentum_buffer'" \
     "$bin" train --model mlp:16 --batch 500 --steps 6 --optimizer sgd --resume "$dir"
+  expect 0 "warning: the checkpoint's run had the learning-rate schedule 'cosine base=0.001 warmup=0 total_steps=6', this run has 'cosine base=0.001 warmup=0 total_steps=9'" \
+    "$bin" train --model mlp:16 --batch 500 --steps 9 --seed 2 --strategy fsdp --ranks 2 --resume "$dir"
   expect 2 "no checkpoint at $dir/nothing" "$bin" "${run[@]}" --resume "$dir/nothing"
   file=$(ls "$dir"/step-*/rank-00001.safetensors)
   cp "$file" "$dir/saved"
