@@ -1,4 +1,5 @@
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -153,6 +154,50 @@ TEST(Optimizers, AdamWFollowsTheReferenceUpdate) {
   }
   EXPECT_NEAR(w.values<float>()[0], ref[0], 1e-6);
   EXPECT_NEAR(w.values<float>()[1], ref[1], 1e-6);
+}
+
+// A copy of the state (values, per-slot tensors, scalars) continues with the same bits, which is
+// what a checkpoint resume relies on.
+template <class MakeOptimizer>
+void expect_state_copy_continues_bitwise(MakeOptimizer make) {
+  const Tensor g = Tensor::random_normal(Shape{5}, DType::f32, 8);
+  Tensor w1 = Tensor::random_normal(Shape{5}, DType::f32, 9);
+  auto first = make(w1, g);
+  for (int i = 0; i < 3; ++i)
+    first->step(0.01 * (i + 1));
+  Tensor w2 = w1.clone();
+  auto second = make(w2, g);
+  const auto from = first->slot_state(0);
+  auto into = second->slot_state(0);
+  ASSERT_EQ(from.size(), into.size());
+  for (std::size_t k = 0; k < from.size(); ++k) {
+    EXPECT_EQ(from[k].first, into[k].first);
+    into[k].second.copy_from(from[k].second);
+  }
+  second->set_scalar_state(first->scalar_state());
+  EXPECT_EQ(second->steps(), 3);
+  first->step(0.02);
+  second->step(0.02);
+  EXPECT_TRUE(w1.bitwise_equal(w2));
+}
+
+TEST(Optimizers, StateCopiesContinueBitwise) {
+  expect_state_copy_continues_bitwise([](Tensor& w, const Tensor& g) {
+    return std::make_unique<AdamW>(std::vector<OptimizerSlot>{{w, g}}, 0.1);
+  });
+  expect_state_copy_continues_bitwise([](Tensor& w, const Tensor& g) {
+    return std::make_unique<SGD>(std::vector<OptimizerSlot>{{w, g}}, 0.9, 0.01);
+  });
+  Tensor w = Tensor::zeros(Shape{1}, DType::f32);
+  AdamW adam({{w, w.clone()}}, 0.0);
+  EXPECT_EQ(adam.slot_state(0).front().first, "exp_avg");
+  try {
+    adam.set_scalar_state({{"step", 2.0}, {"beta1_power", 0.5}});
+    FAIL() << "a missing scalar was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("'beta2_power' is missing"), std::string::npos);
+  }
+  EXPECT_EQ(adam.steps(), 0);  // nothing was set
 }
 
 TEST(Optimizers, SgdWithMomentumAndWeightDecay) {
