@@ -4,6 +4,8 @@
 # Usage: checkpoint_resume.sh <meshtensor binary> <case> [mpirun command...]
 #   exact_layouts  exact mode: FSDP 8 ranks for 2 of 4 epochs, resumed on HSDP 2x2 (4 ranks),
 #                  equals 4 uninterrupted epochs on DDP 3 ranks
+#   exact_chain    exact mode, 40 steps in four legs, each resumed on another layout and saved:
+#                  FSDP 8 -> HSDP 2x2 -> DDP 3 (uneven shards) -> 1 rank, against HSDP 4x2 in one go
 #   ordered_same   ordered mode, HSDP 2x2, saved every 7 steps mid-epoch: resuming any of the
 #                  kept checkpoints on the same layout equals the uninterrupted run
 #   mpi            exact mode: saved by 4 mpi processes (FSDP), resumed on 2 thread ranks (DDP)
@@ -34,6 +36,15 @@ exact_layouts)
   grep -q "resumed from $dir at step 120" "$dir/second.txt"
   whole=$("$bin" "${run[@]}" --strategy ddp --ranks 3 | digest)
   same "$whole" "$resumed" "fsdp 8 (2 epochs) -> hsdp 2x2 (2 epochs) vs ddp 3 (4 epochs)"
+  ;;
+exact_chain)
+  run=(train --mode exact --model mlp:30,20 --batch 600 --steps 40 --seed 7 --optimizer adamw)
+  "$bin" "${run[@]}" --strategy fsdp --ranks 8 --stop-after 10 --save "$dir/a" >/dev/null
+  "$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir/a" --stop-after 20 --save "$dir/b" >/dev/null
+  "$bin" "${run[@]}" --strategy ddp --ranks 3 --resume "$dir/b" --stop-after 30 --save "$dir/c" >/dev/null
+  resumed=$("$bin" "${run[@]}" --ranks 1 --resume "$dir/c" | digest)
+  whole=$("$bin" "${run[@]}" --mesh 4x2 | digest)
+  same "$whole" "$resumed" "fsdp 8 -> hsdp 2x2 -> ddp 3 -> 1 rank vs hsdp 4x2"
   ;;
 ordered_same)
   run=(train --model mlp:24,16 --batch 700 --steps 40 --seed 9 --mesh 2x2 --optimizer adamw)
