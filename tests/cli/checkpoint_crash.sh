@@ -13,7 +13,25 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
-run=(train --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp --ranks 4)
+
+# The first 6000 training and 1000 test images of Fashion-MNIST as plain IDX files: every run
+# below starts a process, and reading the whole set each time would dominate the test.
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
+"$python" - "$dir/data" <<'PY'
+import gzip, os, struct, sys
+out = sys.argv[1]
+os.makedirs(out)
+for name, count in (("train", 6000), ("t10k", 1000)):
+    for kind, header in (("images-idx3-ubyte", 16), ("labels-idx1-ubyte", 8)):
+        with gzip.open(f"/usr/share/datasets/fashion-mnist/{name}-{kind}.gz") as f:
+            blob = f.read()
+        item = 784 if header == 16 else 1
+        head = blob[:4] + struct.pack(">I", count) + blob[8:header]
+        with open(os.path.join(out, f"{name}-{kind}"), "wb") as f:
+            f.write(head + blob[header:header + count * item])
+PY
+run=(train --data "$dir/data" --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp --ranks 4)
 "$bin" "${run[@]}" --stop-after 4 --save "$dir/base" >/dev/null
 whole=$("$bin" "${run[@]}" | digest)
 
@@ -77,7 +95,7 @@ points)
   ;;
 random)
   # A larger model saved every step, killed from outside at moments during and after a save.
-  big=(train --model mlp:1024,1024 --batch 1000 --steps 60 --seed 5 --strategy fsdp --ranks 4)
+  big=(train --data "$dir/data" --model mlp:1024,1024 --batch 1000 --steps 60 --seed 5 --strategy fsdp --ranks 4)
   "$bin" "${big[@]}" --stop-after 1 --save "$dir/big-base" >/dev/null
   for delay in 0 0 0.01 0.02 0.05; do
     rm -rf "$dir/big"
@@ -109,7 +127,7 @@ mpi)
   # One process of an mpi job dies in the middle of writing its file; mpirun ends the others.
   root="$dir/root-mpi"
   cp -r "$dir/base" "$root"
-  mpi_run=(train --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp)
+  mpi_run=(train --data "$dir/data" --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp)
   expect_killed "mpi mid_write@1" env MESHTENSOR_FAILPOINT=checkpoint.mid_write@1 \
     "$@" -np 4 "$bin" "${mpi_run[@]}" --backend mpi --resume "$root" --stop-after 8 --save "$root"
   check_root "$root" "mpi rank 1 killed while writing" step-00000004
