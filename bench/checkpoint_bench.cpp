@@ -120,7 +120,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
   const PlacementSpec replicate_shard0 = parse_spec("R,S0");
   const PlacementSpec nested_shard0 = parse_spec("S0,S0");
 
-  std::vector<double> write_s, read_s, discard_s, save_s, same_s, nested_s, other_s, hsdp_s;
+  std::vector<double> write_s, read_s, fresh_s, discard_s, save_s, same_s, nested_s, other_s,
+      hsdp_s;
   std::mutex mutex;
   const auto requests_for = [&](const DeviceMesh& mesh, const PlacementSpec& spec, int rank) {
     std::vector<checkpoint::LoadRequest> requests;
@@ -164,6 +165,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
         // Memory already touched, as the loads below find theirs after a first untimed load.
         Tensor memory = Tensor::zeros(Shape{total}, DType::u8);
         read_s.push_back(baseline_read(file, total, memory.bytes()));
+        fresh_s.push_back(
+            baseline_read(file, total, Tensor::uninitialized(Shape{total}, DType::u8).bytes()));
         discard_s.push_back(baseline_read(file, total, memory.bytes().first(kBaselineChunk)));
         std::filesystem::remove(file);
       }
@@ -204,7 +207,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
     timing.bytes = bytes;
   };
   finish(result.baseline_write, "sequential write + fsync (dd)", write_s, total);
-  finish(result.baseline_read, "sequential read into memory", read_s, total);
+  finish(result.baseline_read, "sequential read into touched memory", read_s, total);
+  finish(result.baseline_fresh, "sequential read into new memory", fresh_s, total);
   finish(result.baseline_discard, "sequential read, discarded (dd)", discard_s, total);
   finish(result.save, "save (a file per rank, fsync, rename)", save_s, total);
   finish(result.load_same, "load, same layout", same_s, total);

@@ -31,7 +31,8 @@ struct CheckpointTiming {
 /// The figures: the sequential baselines, the save, and loads onto the same and other layouts.
 struct CheckpointBenchResult {
   CheckpointTiming baseline_write;    ///< one file, 8 MiB writes, fsync
-  CheckpointTiming baseline_read;     ///< that file read back into one buffer of its size
+  CheckpointTiming baseline_read;     ///< that file read back into one touched buffer of its size
+  CheckpointTiming baseline_fresh;    ///< the same into newly allocated memory (page faults)
   CheckpointTiming baseline_discard;  ///< read again through one reused 8 MiB buffer (dd)
   CheckpointTiming save;              ///< Shard(0) blocks of every rank, fsync, rename, LATEST
   CheckpointTiming load_same;         ///< onto the layout it was saved from
