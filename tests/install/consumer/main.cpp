@@ -14,7 +14,8 @@ int main() {
   int matches = 0;
   comm::run_threads(4, [&](comm::Communicator& world) {
     auto groups = std::make_shared<comm::MeshGroups>(
-        DeviceMesh({2, 2}), std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
+        DeviceMesh({2, 2}),
+        std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
     const dtensor::DTensor sharded = dtensor::distribute(global, groups, parse_spec("S0,S1"));
     const Tensor whole = sharded.redistribute(parse_spec("R,R")).full_tensor();
     if (whole.bitwise_equal(global) && world.rank() == 0) matches = 1;
