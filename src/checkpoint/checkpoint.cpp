@@ -648,15 +648,19 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
   std::vector<Tensor> loaded;
   std::vector<std::uint64_t> checksum_parts;
   std::vector<std::int64_t> bytes_parts;
+  std::vector<std::size_t> first_block;
   std::string index_text;
   try {
     directory = resolve(path);
     const std::string index_file = join_path(directory, kIndexFile);
     index_text = io::read_text(index_file);
     index = parse_index(index_text, index_file);
+    // Stored blocks are numbered in index order; first_block[t] is tensor t's first.
     std::size_t blocks = 0;
-    for (const StoredTensor& tensor : index.tensors)
+    for (const StoredTensor& tensor : index.tensors) {
+      first_block.push_back(blocks);
       blocks += tensor.blocks.size();
+    }
     checksum_parts.assign(blocks, 0);
     bytes_parts.assign(blocks, 0);
   } catch (...) {
@@ -695,11 +699,7 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
       std::byte* destination = out.numel() > 0 ? out.bytes().data() : nullptr;
       const auto element = static_cast<std::int64_t>(dtype_size(request.dtype));
       std::int64_t copied = 0;
-      std::size_t block_id = 0;
-      for (const StoredTensor& t : index.tensors) {
-        if (&t == tensor) break;
-        block_id += t.blocks.size();
-      }
+      std::size_t block_id = first_block[static_cast<std::size_t>(tensor - index.tensors.data())];
       for (const StoredBlock& block : tensor->blocks) {
         const Layout stored{block.shape, block.offset};
         const Layout overlap = intersect(stored, target);
@@ -789,39 +789,43 @@ VerifyReport verify(const std::string& path) {
   VerifyReport report;
   report.directory = resolve(path);
   const Index index = read_index(report.directory);
-  std::map<std::string, SafetensorsHeader> headers;
+  std::map<std::string, OpenFile> files;
   for (const auto& [name, bytes] : index.files) {
     const std::string file = join_path(report.directory, name);
     try {
-      SafetensorsHeader header = read_safetensors_header(file);
-      const std::int64_t size = header.data_start + header.data_bytes;
-      if (size != bytes) {
+      OpenFile open{io::File::open_read(file), read_safetensors_header(file)};
+      if (const std::int64_t size = open.file.size(); size != bytes) {
         report.problems.push_back(
             fmt::format("{} is {} bytes, but the index records {}", file, size, bytes));
       }
-      headers.emplace(name, std::move(header));
+      files.emplace(name, std::move(open));
       ++report.files;
     } catch (const DataError& error) {
       report.problems.push_back(error.what());
     }
   }
+  std::vector<std::byte> piece;
   for (const StoredTensor& tensor : index.tensors) {
     for (const StoredBlock& block : tensor.blocks) {
       ++report.blocks;
-      const auto header = headers.find(block.file);
-      if (header == headers.end()) continue;  // its file's problem is reported
+      const auto file = files.find(block.file);
+      if (file == files.end()) continue;  // its file's problem is reported
       try {
-        OpenFile file{io::File::open_read(join_path(report.directory, block.file)), header->second};
-        check_entry(file, tensor, block);
-        std::vector<std::byte> bytes(static_cast<std::size_t>(block.end - block.begin));
-        file.file.read_at(file.header.data_start + block.begin, bytes);
-        report.bytes += static_cast<std::int64_t>(bytes.size());
-        if (const std::uint64_t checksum = block_checksum(bytes); checksum != block.checksum) {
+        check_entry(file->second, tensor, block);
+        std::uint64_t checksum = 0;
+        for (std::int64_t at = 0; at < block.end - block.begin; at += kReadPiece) {
+          piece.resize(
+              static_cast<std::size_t>(std::min(kReadPiece, block.end - block.begin - at)));
+          file->second.file.read_at(file->second.header.data_start + block.begin + at, piece);
+          checksum += block_checksum(piece, static_cast<std::uint64_t>(at));
+        }
+        report.bytes += block.end - block.begin;
+        if (checksum != block.checksum) {
           report.problems.push_back(fmt::format(
               "checksum mismatch in {}: tensor '{}', block {} at {} reads as {}, the index "
               "records {}",
-              file.file.path(), tensor.name, block.shape.to_string(), offset_text(block.offset),
-              digest_hex(checksum), digest_hex(block.checksum)));
+              file->second.file.path(), tensor.name, block.shape.to_string(),
+              offset_text(block.offset), digest_hex(checksum), digest_hex(block.checksum)));
         }
       } catch (const DataError& error) {
         report.problems.push_back(error.what());
@@ -831,38 +835,45 @@ VerifyReport verify(const std::string& path) {
   return report;
 }
 
+namespace {
+
+/// `spec` with every Partial placement made Replicate: what a Partial tensor is saved and loaded
+/// as.
+PlacementSpec reduced_spec(const PlacementSpec& spec) {
+  std::vector<Placement> placements = spec.placements();
+  for (Placement& placement : placements)
+    if (placement.is_partial()) placement = Placement::replicate();
+  return PlacementSpec(placements, spec.shard_levels());
+}
+
+/// True when `rank` sits at coordinate 0 of every non-Shard mesh dim of `spec`: of the ranks
+/// holding the same block, the one that writes and verifies it.
+bool is_first_holder(const DeviceMesh& mesh, const PlacementSpec& spec, std::int64_t rank) {
+  const std::vector<std::int64_t> coordinates = mesh.coordinates(rank);
+  for (const int dim : non_shard_mesh_dims(spec))
+    if (coordinates[static_cast<std::size_t>(dim)] != 0) return false;
+  return true;
+}
+
+}  // namespace
+
 SaveItem save_item(const dtensor::DTensor& tensor, std::string name) {
-  PlacementSpec spec = tensor.spec();
+  const PlacementSpec spec = reduced_spec(tensor.spec());
   std::optional<dtensor::DTensor> reduced;
-  if (!spec.partial_mesh_dims().empty()) {
-    std::vector<Placement> placements = spec.placements();
-    for (Placement& placement : placements)
-      if (placement.is_partial()) placement = Placement::replicate();
-    spec = PlacementSpec(placements, spec.shard_levels());
-    reduced = tensor.redistribute(spec);
-  }
+  if (!tensor.spec().partial_mesh_dims().empty()) reduced = tensor.redistribute(spec);
   comm::MeshGroups& groups = tensor.groups();
   const Layout layout = local_layout(groups.mesh(), spec, tensor.global_shape(), groups.rank());
-  const std::vector<std::int64_t> coordinates = groups.mesh().coordinates(groups.rank());
-  bool owner = true;
-  for (const int dim : non_shard_mesh_dims(spec))
-    owner = owner && coordinates[static_cast<std::size_t>(dim)] == 0;
   return {std::move(name), tensor.global_shape(), layout.global_offset,
-          reduced ? reduced->local() : tensor.local(), owner};
+          reduced ? reduced->local() : tensor.local(),
+          is_first_holder(groups.mesh(), spec, groups.rank())};
 }
 
 LoadRequest load_request(std::string name, const DeviceMesh& mesh, const PlacementSpec& spec,
                          const Shape& global_shape, DType dtype, std::int64_t rank) {
-  std::vector<Placement> placements = spec.placements();
-  for (Placement& placement : placements)
-    if (placement.is_partial()) placement = Placement::replicate();
-  const PlacementSpec loaded(placements, spec.shard_levels());
+  const PlacementSpec loaded = reduced_spec(spec);
   const Layout layout = local_layout(mesh, loaded, global_shape, rank);
-  const std::vector<std::int64_t> coordinates = mesh.coordinates(rank);
-  bool verifier = true;
-  for (const int dim : non_shard_mesh_dims(loaded))
-    verifier = verifier && coordinates[static_cast<std::size_t>(dim)] == 0;
-  return {std::move(name), global_shape, dtype, layout.global_offset, layout.local_shape, verifier};
+  return {std::move(name),      global_shape,       dtype,
+          layout.global_offset, layout.local_shape, is_first_holder(mesh, loaded, rank)};
 }
 
 }  // namespace meshtensor::checkpoint

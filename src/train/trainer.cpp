@@ -272,7 +272,9 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
       }
     }
     optimizer->set_scalar_state(optimizer_scalars);
-    const checkpoint::Index index = checkpoint::read_index(config.resume_dir);
+    // Only world rank 0 reports warnings, so only it reads the index's metadata.
+    const checkpoint::Index index =
+        leader ? checkpoint::read_index(config.resume_dir) : checkpoint::Index{};
     if (const auto saved = index.metadata.find("schedule");
         saved != index.metadata.end() && saved->second != schedule_text(config.schedule)) {
       result.warnings.push_back(fmt::format(

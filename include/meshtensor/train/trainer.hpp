@@ -112,7 +112,7 @@ struct TrainResult {
   std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
   std::int64_t resumed_step = 0;         ///< the step the run resumed at (0: started afresh)
   std::vector<std::string> checkpoints;  ///< directories saved, in order
-  /// Things the caller should tell the user (e.g. a resumed run whose learning-rate schedule
+  /// Things the caller should tell the user, on world rank 0 (e.g. a resumed run whose schedule
   /// differs from the saving run's, so that its bits cannot match an uninterrupted run).
   std::vector<std::string> warnings;
 };
