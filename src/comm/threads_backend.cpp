@@ -445,6 +445,12 @@ void ThreadsWorld::abort(const std::string& reason) const {
 }
 
 void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link) {
+  run_threads(
+      size, [&body](const std::shared_ptr<Communicator>& world) { body(*world); }, std::move(link));
+}
+
+void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
+                 LinkDelay link) {
   const ThreadsWorld world(size, std::move(link));
   std::vector<std::shared_ptr<Communicator>> communicators;
   for (int rank = 0; rank < size; ++rank)
@@ -464,7 +470,7 @@ void run_threads(int size, const std::function<void(Communicator&)>& body, LinkD
   };
   const auto run_rank = [&](int rank) {
     try {
-      body(*communicators[static_cast<std::size_t>(rank)]);
+      body(communicators[static_cast<std::size_t>(rank)]);
     } catch (const std::exception& error) {
       fail(fmt::format("world rank {} failed: {}", rank, error.what()));
     } catch (...) {

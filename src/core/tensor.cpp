@@ -58,6 +58,21 @@ Tensor Tensor::uninitialized(Shape shape, DType dtype) {
   return tensor;
 }
 
+Tensor Tensor::wrap(std::shared_ptr<std::byte[]> storage, Shape shape, DType dtype) {
+  if (!storage) throw InvalidArgument("Tensor::wrap: null storage");
+  const auto address = reinterpret_cast<std::uintptr_t>(storage.get());
+  if (address % dtype_size(dtype) != 0) {
+    throw InvalidArgument(fmt::format("Tensor::wrap: storage at {:#x} is not aligned to the {} bytes of {}",
+                                      address, dtype_size(dtype), dtype_name(dtype)));
+  }
+  Tensor tensor;
+  tensor.dtype_ = dtype;
+  tensor.shape_ = std::move(shape);
+  tensor.strides_ = tensor.shape_.contiguous_strides();
+  tensor.storage_ = std::move(storage);
+  return tensor;
+}
+
 Tensor Tensor::full(Shape shape, DType dtype, double value) {
   Tensor tensor(std::move(shape), dtype);
   tensor.fill(value);

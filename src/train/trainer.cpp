@@ -1,5 +1,4 @@
 #include <chrono>
-#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -13,6 +12,7 @@
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 namespace meshtensor::train {
@@ -132,29 +132,12 @@ std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, s
   return (steps / steps_per_epoch) * samples + std::min(samples, (steps % steps_per_epoch) * batch);
 }
 
-/// Everything a resume needs, as checkpoint blocks of this rank: the parameter and optimizer
-/// shards (written by the first replica) and the scalars (written by world rank 0). `data`
-/// views the live state, so a save reads it and a load's result is copied into it.
+/// Everything a resume needs, as checkpoint blocks of this rank: the model and optimizer state
+/// (model_state) and the scalars of kTrainStateTensors (written by world rank 0).
 std::vector<checkpoint::SaveItem> training_state(fsdp::ShardedModel& sharded,
                                                  nn::Optimizer& optimizer,
                                                  std::vector<Tensor>& scalars, bool leader) {
-  std::vector<checkpoint::SaveItem> items;
-  std::size_t slot = 0;
-  for (const auto& module : sharded.modules()) {
-    for (std::size_t p = 0; p < module->parameters().size(); ++p, ++slot) {
-      const std::string& name = module->parameters()[p]->name;
-      const Layout block = module->local_block(p);
-      const Shape& shape = module->layout().shape(p);
-      const bool owner = module->is_first_replica();
-      items.push_back({"model." + name, shape, block.global_offset, module->local_shard(p), owner});
-      for (const auto& [state, tensor] : optimizer.slot_state(slot))
-        items.push_back(
-            {"optimizer." + name + "." + state, shape, block.global_offset, tensor, owner});
-    }
-  }
-  for (const auto& [name, value] : optimizer.scalar_state())
-    items.push_back(
-        {"optimizer." + name, Shape{}, {}, Tensor::full(Shape{}, DType::f64, value), leader});
+  std::vector<checkpoint::SaveItem> items = model_state(sharded, &optimizer, leader);
   for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
     items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars[i], leader});
   return items;
@@ -238,12 +221,8 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   };
   if (!config.resume_dir.empty()) {
     std::vector<checkpoint::SaveItem> state = training_state(sharded, *optimizer, scalars, leader);
-    std::vector<checkpoint::LoadRequest> requests;
-    for (const checkpoint::SaveItem& item : state) {
-      requests.push_back({item.name, item.global_shape, item.data.dtype(), item.offset,
-                          item.data.shape(), item.owner});
-    }
-    const std::vector<Tensor> loaded = checkpoint::load(world, config.resume_dir, requests);
+    const std::vector<Tensor> loaded =
+        checkpoint::load(world, config.resume_dir, load_requests(state));
     // Check the run's position fits this data before anything is overwritten.
     const auto loaded_scalar = [&](const char* name) {
       for (std::size_t i = 0; i < state.size(); ++i)
@@ -262,16 +241,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
           fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
                       config.resume_dir, loaded_scalar("train.step"), total_steps));
     }
-    std::vector<std::pair<std::string, double>> optimizer_scalars;
-    for (std::size_t i = 0; i < state.size(); ++i) {
-      if (state[i].name.rfind("optimizer.", 0) == 0 && state[i].global_shape.rank() == 0) {
-        optimizer_scalars.emplace_back(state[i].name.substr(std::strlen("optimizer.")),
-                                       loaded[i].values<double>()[0]);
-      } else {
-        state[i].data.copy_from(loaded[i]);
-      }
-    }
-    optimizer->set_scalar_state(optimizer_scalars);
+    restore_model_state(state, loaded, optimizer.get());
     // Only world rank 0 reports warnings, so only it reads the index's metadata.
     const checkpoint::Index index =
         leader ? checkpoint::read_index(config.resume_dir) : checkpoint::Index{};

@@ -62,5 +62,10 @@ class ThreadsWorld {
 /// thread that cannot be started (a process or memory limit) fails the world the same way and
 /// throws ResourceError naming the rank.
 void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link = {});
+/// The same, handing each rank its communicator as a shared handle, for bodies that keep it
+/// beyond the call (a language binding's objects): the rank's queue drains when the last handle
+/// goes.
+void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
+                 LinkDelay link = {});
 
 }  // namespace meshtensor::comm

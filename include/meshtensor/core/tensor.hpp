@@ -26,6 +26,10 @@ class Tensor {
   /// A contiguous tensor whose elements are left unset, for a buffer that is overwritten whole
   /// right away (a read from a file): skips the zero-fill pass over its memory.
   static Tensor uninitialized(Shape shape, DType dtype);
+  /// A contiguous tensor over memory that someone else owns (a NumPy array, say): `storage`
+  /// holds shape.numel() elements of `dtype`, aligned to the element size, and its deleter
+  /// releases the memory. Throws InvalidArgument for a null or misaligned pointer.
+  static Tensor wrap(std::shared_ptr<std::byte[]> storage, Shape shape, DType dtype);
   /// Tensor with every element equal to `value` (converted to `dtype`).
   static Tensor full(Shape shape, DType dtype, double value);
   /// Element at row-major position i holds i (converted to `dtype`).

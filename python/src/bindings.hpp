@@ -1,0 +1,70 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/mesh/device_mesh.hpp>
+#include <meshtensor/mesh/spec.hpp>
+
+/// The pieces of the `_meshtensor` extension, one binder per file; the Python package
+/// (python/meshtensor) builds the public API on them.
+namespace meshtensor::python {
+
+namespace py = pybind11;
+
+// arrays.cpp: NumPy <-> Tensor.
+
+/// The dtype of a NumPy array; InvalidArgument naming the NumPy dtype when meshtensor has none.
+DType dtype_of_array(const py::array& array);
+/// A Tensor over `object`'s memory when it is a C-contiguous, aligned, writeable array of a
+/// supported dtype (the Tensor keeps the array alive); otherwise over a contiguous copy. Anything
+/// NumPy turns into an array (lists, scalars) is accepted.
+Tensor tensor_from_array(const py::handle& object);
+/// A NumPy array over the tensor's storage (which the array keeps alive); views and bf16
+/// tensors (which NumPy cannot hold) come out as copies, bf16 as float32.
+py::array array_from_tensor(const Tensor& tensor);
+/// A Shape from a sequence of ints (or one int); InvalidArgument naming the value otherwise.
+Shape shape_from(const py::handle& object);
+
+// runtime.cpp: worlds, communicators, the rank a thread runs.
+
+/// The world communicator of the calling rank: the one run_threads gave this thread, else the
+/// mpi world of this process; InvalidArgument when there is none.
+std::shared_ptr<comm::Communicator> current_world();
+/// `world` when not None, else current_world().
+std::shared_ptr<comm::Communicator> world_or_current(const py::object& world);
+/// Parses "ordered" / "exact" / "native".
+comm::ReductionMode mode_from(const std::string& text);
+
+// mesh.cpp: meshes and placements.
+
+/// A device mesh as Python sees it: the pure grid, plus its groups on this rank when the mesh
+/// was made for a world (init_device_mesh).
+struct Mesh {
+  DeviceMesh mesh;
+  std::shared_ptr<comm::MeshGroups> groups;  ///< null for a mesh that is only a grid
+  std::shared_ptr<comm::Communicator> world;  ///< the world of `groups` (null with them)
+  /// The groups; InvalidArgument naming `what` when the mesh is not bound to a world.
+  const std::shared_ptr<comm::MeshGroups>& bound(const char* what) const;
+};
+/// A PlacementSpec from placements as Python gives them: a spec text ("S0,R"), a sequence of
+/// Placement objects and/or tokens, or None (Replicate everywhere). Negative shard dims count
+/// from the end of a tensor of `tensor_rank` dims.
+PlacementSpec spec_from(const py::handle& placements, const DeviceMesh& mesh, int tensor_rank);
+/// The Python placement objects (meshtensor.Shard, ...) of `spec`, as a tuple.
+py::tuple placements_of(const PlacementSpec& spec);
+
+void bind_arrays(py::module_& module);
+void bind_runtime(py::module_& module);
+void bind_mesh(py::module_& module);
+void bind_dtensor(py::module_& module);
+void bind_train(py::module_& module);
+
+}  // namespace meshtensor::python

@@ -1,0 +1,87 @@
+#include <meshtensor/core/error.hpp>
+
+#include "bindings.hpp"
+
+namespace meshtensor::python {
+namespace {
+
+// Python classes of the C++ exceptions, with the same names and hierarchy; ParseError and
+// InvalidArgument are ValueErrors too, and TimeoutError is Python's TimeoutError too.
+struct ExceptionClasses {
+  PyObject* error = nullptr;
+  PyObject* parse = nullptr;
+  PyObject* invalid = nullptr;
+  PyObject* resource = nullptr;
+  PyObject* data = nullptr;
+  PyObject* comm = nullptr;
+  PyObject* timeout = nullptr;
+  PyObject* desync = nullptr;
+};
+ExceptionClasses g_exceptions;
+
+PyObject* add_exception(py::module_& module, const char* name, py::tuple bases, const char* doc) {
+  const std::string qualified = std::string("meshtensor.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  module.add_object(name, py::reinterpret_borrow<py::object>(type));
+  return type;
+}
+
+void bind_exceptions(py::module_& module) {
+  const py::handle runtime_error(PyExc_RuntimeError);
+  const py::handle value_error(PyExc_ValueError);
+  const py::handle timeout_error(PyExc_TimeoutError);
+  auto& e = g_exceptions;
+  e.error = add_exception(module, "Error", py::make_tuple(runtime_error),
+                          "Root of every exception meshtensor raises.");
+  const py::handle base(e.error);
+  e.parse = add_exception(module, "ParseError", py::make_tuple(base, value_error),
+                          "Text that does not parse (mesh, shape, placement, dtype, ...).");
+  e.invalid = add_exception(module, "InvalidArgument", py::make_tuple(base, value_error),
+                            "A well-formed value that is not valid here.");
+  e.resource = add_exception(module, "ResourceError", py::make_tuple(base),
+                             "More memory, threads or ranks than the machine has.");
+  e.data = add_exception(module, "DataError", py::make_tuple(base),
+                         "A missing, truncated or malformed file.");
+  e.comm = add_exception(module, "CommError", py::make_tuple(base), "A collective failed.");
+  const py::handle comm_error(e.comm);
+  e.timeout = add_exception(module, "TimeoutError", py::make_tuple(comm_error, timeout_error),
+                            "A collective did not complete within its timeout.");
+  e.desync = add_exception(module, "DesyncError", py::make_tuple(comm_error),
+                           "Ranks issued different collectives at one position of a group.");
+  py::register_exception_translator([](std::exception_ptr pointer) {
+    try {
+      std::rethrow_exception(pointer);
+    } catch (const DesyncError& error) {
+      PyErr_SetString(g_exceptions.desync, error.what());
+    } catch (const TimeoutError& error) {
+      PyErr_SetString(g_exceptions.timeout, error.what());
+    } catch (const CommError& error) {
+      PyErr_SetString(g_exceptions.comm, error.what());
+    } catch (const ParseError& error) {
+      PyErr_SetString(g_exceptions.parse, error.what());
+    } catch (const InvalidArgument& error) {
+      PyErr_SetString(g_exceptions.invalid, error.what());
+    } catch (const ResourceError& error) {
+      PyErr_SetString(g_exceptions.resource, error.what());
+    } catch (const DataError& error) {
+      PyErr_SetString(g_exceptions.data, error.what());
+    } catch (const Error& error) {
+      PyErr_SetString(g_exceptions.error, error.what());
+    }
+  });
+}
+
+}  // namespace
+}  // namespace meshtensor::python
+
+PYBIND11_MODULE(_meshtensor, module) {
+  using namespace meshtensor::python;
+  module.doc() = "meshtensor's C++ core; import the `meshtensor` package instead.";
+  bind_exceptions(module);
+  bind_arrays(module);
+  bind_runtime(module);
+  bind_mesh(module);
+  bind_dtensor(module);
+  bind_train(module);
+}

@@ -1,0 +1,67 @@
+#include <string>
+
+#include <meshtensor/train/model_state.hpp>
+
+namespace meshtensor::train {
+
+namespace {
+constexpr std::string_view kOptimizerPrefix = "optimizer.";
+
+bool is_optimizer_scalar(const checkpoint::SaveItem& item) {
+  return item.name.starts_with(kOptimizerPrefix) && item.global_shape.rank() == 0;
+}
+}  // namespace
+
+std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::Optimizer* optimizer,
+                                              bool leader) {
+  std::vector<checkpoint::SaveItem> items;
+  std::size_t slot = 0;
+  for (const auto& module : sharded.modules()) {
+    for (std::size_t p = 0; p < module->parameters().size(); ++p, ++slot) {
+      const std::string& name = module->parameters()[p]->name;
+      const Layout block = module->local_block(p);
+      const Shape& shape = module->layout().shape(p);
+      const bool owner = module->is_first_replica();
+      items.push_back({"model." + name, shape, block.global_offset, module->local_shard(p), owner});
+      if (optimizer == nullptr) continue;
+      for (const auto& [state, tensor] : optimizer->slot_state(slot)) {
+        items.push_back({std::string(kOptimizerPrefix) + name + "." + state, shape,
+                         block.global_offset, tensor, owner});
+      }
+    }
+  }
+  if (optimizer != nullptr) {
+    for (const auto& [name, value] : optimizer->scalar_state()) {
+      items.push_back({std::string(kOptimizerPrefix) + name, Shape{}, {},
+                       Tensor::full(Shape{}, DType::f64, value), leader});
+    }
+  }
+  return items;
+}
+
+std::vector<checkpoint::LoadRequest> load_requests(std::span<const checkpoint::SaveItem> items) {
+  std::vector<checkpoint::LoadRequest> requests;
+  requests.reserve(items.size());
+  for (const checkpoint::SaveItem& item : items) {
+    requests.push_back({item.name, item.global_shape, item.data.dtype(), item.offset,
+                        item.data.shape(), item.owner});
+  }
+  return requests;
+}
+
+void restore_model_state(std::span<const checkpoint::SaveItem> items,
+                         std::span<const Tensor> loaded, nn::Optimizer* optimizer) {
+  std::vector<std::pair<std::string, double>> optimizer_scalars;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (is_optimizer_scalar(items[i])) {
+      optimizer_scalars.emplace_back(items[i].name.substr(kOptimizerPrefix.size()),
+                                     loaded[i].values<double>()[0]);
+    } else {
+      Tensor target = items[i].data;
+      target.copy_from(loaded[i]);
+    }
+  }
+  if (optimizer != nullptr) optimizer->set_scalar_state(optimizer_scalars);
+}
+
+}  // namespace meshtensor::train
