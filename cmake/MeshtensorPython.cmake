@@ -6,7 +6,7 @@ set(MESHTENSOR_PYTHON "AUTO" CACHE STRING "Build the Python module: AUTO, ON or 
 set(MESHTENSOR_PYTHON_ENABLED OFF)
 if(NOT MESHTENSOR_PYTHON STREQUAL "OFF" AND MESHTENSOR_SANITIZE STREQUAL "" AND NOT MESHTENSOR_FUZZ)
   if(NOT DEFINED Python_EXECUTABLE AND EXISTS /usr/bin/python3)
-    set(Python_EXECUTABLE /usr/bin/python3)
+    set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The interpreter the Python module is for")
   endif()
   set(PYBIND11_FINDPYTHON ON)
   find_package(Python 3.9 COMPONENTS Interpreter Development.Module)

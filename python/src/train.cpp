@@ -252,10 +252,14 @@ std::shared_ptr<PyModel> shard_model(const std::shared_ptr<PyModel>& model,
   fsdp::RuntimeOptions options;
   options.mode = mode_from(mode);
   options.prefetch = prefetch;
-  auto sharded = std::make_unique<fsdp::ShardedModel>(*model->module, *groups, options);
-  for (std::size_t i = 0; i < model->module->size(); ++i) {
-    nn::Module& layer = model->module->at(i);
-    if (!layer.parameters().empty()) sharded->fully_shard(layer, config);
+  std::unique_ptr<fsdp::ShardedModel> sharded;
+  {
+    const py::gil_scoped_release release;  // making the groups is collective
+    sharded = std::make_unique<fsdp::ShardedModel>(*model->module, *groups, options);
+    for (std::size_t i = 0; i < model->module->size(); ++i) {
+      nn::Module& layer = model->module->at(i);
+      if (!layer.parameters().empty()) sharded->fully_shard(layer, config);
+    }
   }
   model->mesh = mesh;
   model->sharded = std::move(sharded);

@@ -221,7 +221,7 @@ def test_errors_are_exceptions_of_matching_classes():
         mt.cross_entropy(np.zeros((2, 3), dtype=np.float64), [0, 1])
     with pytest.raises(mt.InvalidArgument, match="complex128"):
         mt.digest(np.zeros(3, dtype=np.complex128))
-    with pytest.raises(mt.ResourceError):
+    with pytest.raises(mt.InvalidArgument, match="1 to 4096 ranks, not 100000"):
         mt.run_threads(100000, lambda w: None)
 
 

@@ -168,6 +168,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   const std::int64_t rank = world.rank();
   Placement placement = placement_for(config, ranks);
 
+  config.model.seed = config.seed;
   auto model = nn::make_mlp(config.model);
   const std::vector<nn::Parameter*> parameters = model->parameters();
   const std::int64_t parameter_count = nn::parameter_count(parameters);

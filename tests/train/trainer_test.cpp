@@ -142,6 +142,24 @@ TEST(Train, OrderedReplicasAreIdenticalAndARerunRepeatsThem) {
   EXPECT_EQ(run(data, config, 3).digest, first.digest);
 }
 
+TEST(Train, TheSeedSetsTheInitialWeights) {
+  const Dataset data = synthetic(40, 10);
+  TrainConfig config = small_config(comm::ReductionMode::exact);
+  config.steps = 1;
+  config.schedule.base = 0.0;  // weights stay as initialised
+  config.weight_decay = 0.0;
+  const auto digest_for_seed = [&](std::uint64_t seed) {
+    config.seed = seed;
+    return run(data, config, 1).digest;
+  };
+  nn::MlpConfig model = config.model;
+  model.inputs = 20;
+  model.outputs = kClasses;
+  model.seed = 5;
+  EXPECT_EQ(digest_for_seed(5), nn::parameters_digest(nn::make_mlp(model)->parameters()));
+  EXPECT_NE(digest_for_seed(6), digest_for_seed(5));
+}
+
 TEST(Train, LearnsTheSyntheticProblem) {
   const Dataset data = synthetic(2000, 500);
   TrainConfig config = small_config(comm::ReductionMode::ordered);

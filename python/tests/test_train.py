@@ -1,0 +1,156 @@
+"""Training from Python: train() against the CLI, and a loop written here with the pieces
+(MLP, fully_shard, cross_entropy, an optimizer) that reproduces the CLI's weights bit for bit."""
+
+import re
+
+import numpy as np
+import pytest
+
+import meshtensor as mt
+from conftest import chunk
+
+RUN = dict(model="mlp:32,16", steps=6, batch=500, seed=3, lr=2e-3)
+
+
+def cli_digest(cli, data_dir, ranks, **options):
+    args = ["train", "--data", data_dir, "--ranks", ranks]
+    for key, value in {**RUN, **options}.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    return re.search(r"weights digest ([0-9a-f]{16})", cli(*args)).group(1)
+
+
+@pytest.mark.parametrize("ranks,options", [
+    (4, dict(strategy="fsdp", mode="exact")),
+    (4, dict(strategy="hsdp", replicas=2, mode="ordered", micro_batches=2)),
+    (3, dict(strategy="ddp", mode="ordered", optimizer="sgd")),
+])
+def test_train_equals_the_cli(cli, data_dir, ranks, options):
+    data = mt.load_dataset(data_dir)
+    results = mt.run_threads(ranks, lambda world: mt.train(data, **RUN, **options))
+    assert len({r["digest"] for r in results}) == 1 and results[0]["replicas_identical"]
+    cli_options = dict(options)
+    if "replicas" in cli_options:
+        cli_options["mesh"] = f"{cli_options.pop('replicas')}x{ranks // 2}"
+    assert results[0]["digest"] == cli_digest(cli, data_dir, ranks, **cli_options)
+    assert results[0]["steps"] == 6 and 0 < results[0]["test_accuracy"] <= 1
+
+
+def python_loop(data, mesh_shape, micro_batches, mode, strategy="fsdp"):
+    """The trainer's steps, written with the Python pieces."""
+    images = data.train_images.reshape(len(data.train_labels), -1)
+    labels = data.train_labels
+    samples, batch, steps = len(labels), RUN["batch"], RUN["steps"]
+
+    def body(world):
+        mesh = mt.init_device_mesh("cpu", mesh_shape)
+        model = mt.MLP(images.shape[1], [32, 16], 10, seed=RUN["seed"])
+        if strategy == "ddp":
+            mt.replicate(model, mesh, mode=mode)
+        else:
+            mt.fully_shard(model, mesh, mode=mode)
+        optimizer = mt.AdamW(model, lr=RUN["lr"])
+        order = mt.epoch_order(samples, RUN["seed"], 0)
+        for step in range(steps):
+            start = step * batch
+            global_batch = min(batch, samples - start)
+            offset, size = chunk(global_batch, world.size, world.rank)
+            model.zero_grad()
+            model.set_gradient_divide_factor(global_batch)
+            for k in range(micro_batches):
+                last = k + 1 == micro_batches
+                model.set_is_last_backward(last)
+                model.set_requires_gradient_sync(last)
+                m_offset, m_size = chunk(size, micro_batches, k)
+                rows = order[start + offset + m_offset:start + offset + m_offset + m_size]
+                x = images[rows].astype(np.float32) / np.float32(255)
+                logits = model(x)
+                losses, grad, correct = mt.cross_entropy(logits, labels[rows])
+                model.backward(grad)
+            optimizer.step(mt.lr_at(step, RUN["lr"], steps))
+        return model.digest(), model.full_parameters()
+
+    return mt.run_threads(int(np.prod(mesh_shape)), body)
+
+
+def test_a_python_training_loop_reproduces_the_cli(cli, data_dir):
+    data = mt.load_dataset(data_dir)
+    fsdp = python_loop(data, (4,), 1, "exact")
+    hsdp = python_loop(data, (2, 2), 2, "exact")
+    ddp = python_loop(data, (3,), 3, "exact", strategy="ddp")
+    digests = {d for d, _ in fsdp + hsdp + ddp}
+    assert digests == {cli_digest(cli, data_dir, 4, strategy="fsdp", mode="exact")}
+    # The weights as NumPy: the same on every rank, and their digest is the model's.
+    params = fsdp[0][1]
+    assert list(params)[:2] == ["0.weight", "0.bias"] and params["0.weight"].shape == (784, 32)
+    for _, other in fsdp[1:] + hsdp:
+        assert all(np.array_equal(params[k], other[k]) for k in params)
+
+
+def test_ordered_loop_equals_the_cli_on_the_same_layout(cli, data_dir):
+    data = mt.load_dataset(data_dir)
+    digests = {d for d, _ in python_loop(data, (2, 2), 1, "ordered")}
+    assert digests == {cli_digest(cli, data_dir, 4, strategy="hsdp", mesh="2x2", mode="ordered")}
+
+
+def test_model_checkpoints_load_onto_another_layout(tmp_path, data_dir):
+    data = mt.load_dataset(data_dir)
+    x = data.train_images[:64].reshape(64, -1).astype(np.float32) / np.float32(255)
+    y = data.train_labels[:64]
+
+    def step(model, optimizer):
+        model.zero_grad()
+        model.set_gradient_divide_factor(64)
+        offset, size = chunk(64, mt.get_world_size(), mt.get_rank())
+        _, grad, _ = mt.cross_entropy(model(x[offset:offset + size]), y[offset:offset + size])
+        model.backward(grad)
+        optimizer.step()
+
+    def first(world):
+        model = mt.fully_shard(mt.MLP(784, [24], 10, seed=1), mt.init_device_mesh("cpu", (4,)),
+                               mode="exact")
+        optimizer = mt.AdamW(model, lr=1e-2)
+        step(model, optimizer)
+        path = model.save(str(tmp_path), step=1, optimizer=optimizer)
+        step(model, optimizer)
+        return path, model.digest()
+
+    def resumed(world):
+        model = mt.fully_shard(mt.MLP(784, [24], 10, seed=99), mt.init_device_mesh("cpu", (1, 3)),
+                               mode="exact")
+        optimizer = mt.AdamW(model, lr=1e-2)
+        model.load(str(tmp_path), optimizer=optimizer)
+        step(model, optimizer)
+        return model.digest()
+
+    path, straight = mt.run_threads(4, first)[0]
+    assert path.endswith("step-00000001")
+    assert set(mt.run_threads(3, resumed)) == {straight}
+
+    def wrong_shape(world):
+        model = mt.fully_shard(mt.MLP(784, [25], 10), mt.init_device_mesh("cpu", (1,)))
+        model.load(str(tmp_path))
+
+    with pytest.raises(mt.DataError, match="0.weight"):
+        mt.run_threads(1, wrong_shape)
+
+
+def test_dataset_arrays_view_the_loaded_data(data_dir):
+    data = mt.load_dataset(data_dir)
+    assert data.train_images.shape == (3000, 28, 28) and data.train_images.dtype == np.uint8
+    assert data.test_labels.shape == (500,) and data.test_labels.max() < 10
+    assert not data.train_images.flags.writeable
+    small = data.limit(100, 10)
+    assert small.train_images.shape == (100, 28, 28)
+    assert np.array_equal(small.train_images, data.train_images[:100])
+    with pytest.raises(mt.DataError, match="no-such-dir"):
+        mt.load_dataset("/no-such-dir")
+
+
+def test_training_errors_name_the_value(data_dir):
+    data = mt.load_dataset(data_dir)
+    with pytest.raises(mt.InvalidArgument, match="unknown option 'epoch'"):
+        mt.run_threads(1, lambda w: mt.train(data, epoch=2))
+    with pytest.raises(mt.ParseError, match="'sdg'"):
+        mt.run_threads(1, lambda w: mt.train(data, optimizer="sdg"))
+    with pytest.raises(mt.InvalidArgument, match="fully_shard"):
+        mt.MLP(4, [3], 2).forward(np.zeros((1, 4), np.float32))
