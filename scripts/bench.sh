@@ -8,7 +8,9 @@
 #    memory-bandwidth bound.
 # 3. Redistributes, merged plan against the unmerged one (one mesh dim per collective), on both
 #    backends; planning time per call, uncached and cached, for meshes from 1-D to 4-D.
-# Usage: bash scripts/bench.sh [sweep|threads|redistribute|all]   (default: all)
+# 4. Python: DTensor.redistribute of small tensors against the same C++ call (threads backend,
+#    2 and 4 ranks, and the mpi backend with 4 processes).
+# Usage: bash scripts/bench.sh [sweep|threads|redistribute|python|all]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh default >/dev/null
@@ -49,4 +51,14 @@ if [ "$what" = all ] || [ "$what" = redistribute ]; then
   "$bin" bench redistribute --mesh 2x2x2 --from P,S0,P --to R,R,R --shape 2048x2048 --iterations 7 --json
   "$bin" bench redistribute --mesh 4x2 --from S0,S1 --to R,R --shape 2048x2048 --iterations 7 --json
   "$bin" bench plan --json
+fi
+
+if [ "$what" = all ] || [ "$what" = python ]; then
+  echo "== Python overhead: DTensor.redistribute against the C++ call"
+  python=$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' build/CMakeCache.txt)
+  export PYTHONPATH=$PWD/build/python
+  for ranks in 2 4; do
+    "$python" bench/python_overhead.py --ranks "$ranks"
+  done
+  mpirun "${mpirun_flags[@]}" -np 4 "$python" bench/python_overhead.py
 fi

@@ -23,12 +23,13 @@ class Placement:
 class Shard(Placement):
     """Split along tensor dim `dim` (negative: from the end) into torch.chunk-style pieces."""
 
-    __slots__ = ("dim",)
+    __slots__ = ("dim", "_text")
 
     def __init__(self, dim):
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise InvalidArgument(f"Shard dim must be an int, got {dim!r}")
         self.dim = dim
+        self._text = f"S{dim}" if dim >= 0 else None  # spec token; negative dims need the rank
 
     def is_shard(self, dim=None):
         return dim is None or dim == self.dim
@@ -53,6 +54,7 @@ class Replicate(Placement):
     """Every rank along the mesh dim holds the whole tensor."""
 
     __slots__ = ()
+    _text = "R"
 
     def is_replicate(self):
         return True
@@ -73,13 +75,14 @@ class Replicate(Placement):
 class Partial(Placement):
     """Pending contributions: the value is reduce_op (sum, avg, max, min) over the mesh dim."""
 
-    __slots__ = ("reduce_op",)
+    __slots__ = ("reduce_op", "_text")
 
     def __init__(self, reduce_op="sum"):
         if reduce_op not in _REDUCE_OPS:
             raise InvalidArgument(
                 f"Partial reduce_op must be one of {', '.join(_REDUCE_OPS)}, got {reduce_op!r}")
         self.reduce_op = reduce_op
+        self._text = f"P({reduce_op})"
 
     def is_partial(self):
         return True

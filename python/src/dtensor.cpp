@@ -1,3 +1,5 @@
+#include <chrono>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -216,7 +218,8 @@ void bind_dtensor(py::module_& module) {
           "redistribute",
           [](const PyDTensor& d, const py::object& device_mesh, const py::object& placements,
              const std::string& mode, bool merge) {
-            if (!device_mesh.is_none() && !(device_mesh.cast<Mesh&>().mesh == d.mesh->mesh)) {
+            if (!device_mesh.is_none() && device_mesh.ptr() != py::cast(d.mesh).ptr() &&
+                !(device_mesh.cast<Mesh&>().mesh == d.mesh->mesh)) {
               throw InvalidArgument(fmt::format(
                   "redistribute moves a tensor within its mesh {}, not onto mesh {}",
                   d.mesh->mesh.to_string(), device_mesh.cast<Mesh&>().mesh.to_string()));
@@ -292,6 +295,21 @@ void bind_dtensor(py::module_& module) {
       py::arg("merge") = true,
       "What `meshtensor check` does, on a mesh bound to a world: redistribute generated "
       "contributions and verify every rank. Returns {'ok', 'digest', 'message', 'collectives'}.");
+
+  module.def(
+      "_time_redistribute",
+      [](const PyDTensor& d, const py::object& placements, int iterations, const std::string& mode) {
+        const PlacementSpec spec = spec_from(placements, d.mesh->mesh, d.tensor.global_shape().rank());
+        const dtensor::RedistributeOptions options = redistribute_options(mode, true);
+        const py::gil_scoped_release release;
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < iterations; ++i)
+          d.tensor.redistribute(spec, options);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      },
+      py::arg("dtensor"), py::arg("placements"), py::arg("iterations"), py::arg("mode") = "ordered",
+      "Seconds `iterations` redistributes of `dtensor` take as C++ calls (the baseline of "
+      "bench/python_overhead.py).");
 
   module.def(
       "contribution",

@@ -1,3 +1,5 @@
+#include <map>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,23 +27,36 @@ PlacementSpec spec_from(const py::handle& placements, const DeviceMesh& mesh, in
   if (placements.is_none())
     return PlacementSpec(std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()),
                                                 Placement::replicate()));
-  if (py::isinstance<py::str>(placements)) return parse_spec(placements.cast<std::string>());
-  if (!py::isinstance<py::sequence>(placements)) {
+  std::string text;
+  if (py::isinstance<py::str>(placements)) {
+    text = placements.cast<std::string>();
+  } else if (py::isinstance<py::sequence>(placements)) {
+    for (const py::handle item : placements) {
+      if (!text.empty()) text += ',';
+      if (py::isinstance<py::str>(item)) {
+        text += item.cast<std::string>();
+        continue;
+      }
+      // Placement objects carry their token (`_text`), None where it depends on the rank.
+      PyObject* token = PyObject_GetAttrString(item.ptr(), "_text");
+      if (token == nullptr) {
+        PyErr_Clear();
+        throw InvalidArgument(fmt::format("not a placement: {}", py::repr(item).cast<std::string>()));
+      }
+      const auto owned = py::reinterpret_steal<py::object>(token);
+      text += owned.is_none() ? item.attr("_token")(tensor_rank).cast<std::string>()
+                              : owned.cast<std::string>();
+    }
+  } else {
     throw InvalidArgument(fmt::format("placements must be a sequence or a spec text, got {}",
                                       py::repr(placements).cast<std::string>()));
   }
-  std::string text;
-  for (const py::handle item : placements) {
-    if (!text.empty()) text += ',';
-    if (py::isinstance<py::str>(item)) {
-      text += item.cast<std::string>();
-    } else if (py::hasattr(item, "_token")) {
-      text += item.attr("_token")(tensor_rank).cast<std::string>();
-    } else {
-      throw InvalidArgument(fmt::format("not a placement: {}", py::repr(item).cast<std::string>()));
-    }
-  }
-  return parse_spec(text);
+  // Specs repeat (a training loop, a benchmark): parse each text once per thread.
+  thread_local std::map<std::string, PlacementSpec, std::less<>> parsed;
+  if (const auto found = parsed.find(text); found != parsed.end()) return found->second;
+  PlacementSpec spec = parse_spec(text);
+  if (parsed.size() < 256) parsed.emplace(text, spec);
+  return spec;
 }
 
 py::tuple placements_of(const PlacementSpec& spec) {
