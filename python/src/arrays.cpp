@@ -105,18 +105,18 @@ Tensor tensor_from_array(const py::handle& object) {
   auto array = py::array::ensure(object);
   if (!array) {
     PyErr_Clear();
-    throw InvalidArgument(fmt::format("expected an array, got {}",
-                                      py::repr(object).cast<std::string>()));
+    throw InvalidArgument(
+        fmt::format("expected an array, got {}", py::repr(object).cast<std::string>()));
   }
   const DType dtype = dtype_of_array(array);
   const int flags = array.flags();
   const bool direct = (flags & py::array::c_style) != 0 &&
-                      (flags & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0 &&
-                      array.writeable() && array.dtype().kind() != 'b';
+                      (flags & py::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0 && array.writeable() &&
+                      array.dtype().kind() != 'b';
   if (!direct) {
-    py::object copy = py::module_::import("numpy").attr("array")(
-        array, py::arg("dtype") = numpy_dtype(dtype), py::arg("order") = "C",
-        py::arg("copy") = true);
+    py::object copy =
+        py::module_::import("numpy").attr("array")(array, py::arg("dtype") = numpy_dtype(dtype),
+                                                   py::arg("order") = "C", py::arg("copy") = true);
     array = copy.cast<py::array>();
   }
   std::vector<std::int64_t> dims(array.shape(), array.shape() + array.ndim());
@@ -131,8 +131,8 @@ py::array array_from_tensor(const Tensor& tensor) {
   std::vector<py::ssize_t> dims(source.shape().dims().begin(), source.shape().dims().end());
   auto* kept = new Tensor(source);
   const py::capsule base(kept, [](void* pointer) { delete static_cast<Tensor*>(pointer); });
-  return py::array(numpy_dtype(source.dtype()), dims, {},
-                   static_cast<void*>(kept->bytes().data()), base);
+  return py::array(numpy_dtype(source.dtype()), dims, {}, static_cast<void*>(kept->bytes().data()),
+                   base);
 }
 
 Shape shape_from(const py::handle& object) {
@@ -140,8 +140,8 @@ Shape shape_from(const py::handle& object) {
     if (py::isinstance<py::int_>(object)) return Shape{object.cast<std::int64_t>()};
     return Shape(object.cast<std::vector<std::int64_t>>());
   } catch (const py::cast_error&) {
-    throw InvalidArgument(
-        fmt::format("expected a shape (a sequence of ints), got {}", py::repr(object).cast<std::string>()));
+    throw InvalidArgument(fmt::format("expected a shape (a sequence of ints), got {}",
+                                      py::repr(object).cast<std::string>()));
   }
 }
 

@@ -1,11 +1,10 @@
 #pragma once
 
 #include <memory>
-#include <string>
-
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <string>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
@@ -49,7 +48,7 @@ comm::ReductionMode mode_from(const std::string& text);
 /// was made for a world (init_device_mesh).
 struct Mesh {
   DeviceMesh mesh;
-  std::shared_ptr<comm::MeshGroups> groups;  ///< null for a mesh that is only a grid
+  std::shared_ptr<comm::MeshGroups> groups;   ///< null for a mesh that is only a grid
   std::shared_ptr<comm::Communicator> world;  ///< the world of `groups` (null with them)
   /// The groups; InvalidArgument naming `what` when the mesh is not bound to a world.
   const std::shared_ptr<comm::MeshGroups>& bound(const char* what) const;

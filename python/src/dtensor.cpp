@@ -50,9 +50,9 @@ Shape infer_global_shape(Mesh& mesh, const PlacementSpec& spec, const Shape& loc
   };
   for (std::int64_t r = 0; r < world.size(); ++r) {
     if (shapes[static_cast<std::size_t>(r * (dims + 1))] != dims) {
-      throw InvalidArgument(fmt::format("from_local: rank {} holds a {}-d block, rank {} a {}-d one",
-                                        r, shapes[static_cast<std::size_t>(r * (dims + 1))],
-                                        world.rank(), dims));
+      throw InvalidArgument(
+          fmt::format("from_local: rank {} holds a {}-d block, rank {} a {}-d one", r,
+                      shapes[static_cast<std::size_t>(r * (dims + 1))], world.rank(), dims));
     }
   }
   std::vector<std::int64_t> global(static_cast<std::size_t>(dims));
@@ -165,7 +165,8 @@ void load_checkpoint(const py::dict& state, const std::string& path,
       copies.emplace_back(py::none());
     } else {
       Tensor tensor = tensor_from_array(value);
-      requests.push_back({name, tensor.shape(), tensor.dtype(), {}, tensor.shape(), world->rank() == 0});
+      requests.push_back(
+          {name, tensor.shape(), tensor.dtype(), {}, tensor.shape(), world->rank() == 0});
       targets.push_back(tensor);
       copies.emplace_back(py::reinterpret_borrow<py::object>(value));
     }
@@ -199,8 +200,9 @@ void bind_dtensor(py::module_& module) {
                   "is a C-contiguous writeable array of a meshtensor dtype). Without shape= the "
                   "global shape is worked out from every rank's block (collective) and each block "
                   "is checked.")
-      .def("to_local", [](const PyDTensor& d) { return array_from_tensor(d.tensor.local()); },
-           "This rank's block, as an array sharing the DTensor's memory.")
+      .def(
+          "to_local", [](const PyDTensor& d) { return array_from_tensor(d.tensor.local()); },
+          "This rank's block, as an array sharing the DTensor's memory.")
       .def(
           "full_tensor",
           [](const PyDTensor& d, const std::string& mode) {
@@ -236,14 +238,18 @@ void bind_dtensor(py::module_& module) {
           "at most one mesh dim per collective).")
       .def_property_readonly("placements",
                              [](const PyDTensor& d) { return placements_of(d.tensor.spec()); })
-      .def_property_readonly("spec", [](const PyDTensor& d) { return d.tensor.spec().to_string(); },
-                             "The placements as text, shard order included ('S0@1,S0@0').")
-      .def_property_readonly("device_mesh", [](const PyDTensor& d) { return d.mesh; })
-      .def_property_readonly("shape",
-                             [](const PyDTensor& d) { return shape_tuple(d.tensor.global_shape()); })
-      .def_property_readonly("ndim", [](const PyDTensor& d) { return d.tensor.global_shape().rank(); })
       .def_property_readonly(
-          "dtype", [](const PyDTensor& d) { return array_from_tensor(Tensor(Shape{0}, d.tensor.dtype())).dtype(); })
+          "spec", [](const PyDTensor& d) { return d.tensor.spec().to_string(); },
+          "The placements as text, shard order included ('S0@1,S0@0').")
+      .def_property_readonly("device_mesh", [](const PyDTensor& d) { return d.mesh; })
+      .def_property_readonly(
+          "shape", [](const PyDTensor& d) { return shape_tuple(d.tensor.global_shape()); })
+      .def_property_readonly("ndim",
+                             [](const PyDTensor& d) { return d.tensor.global_shape().rank(); })
+      .def_property_readonly("dtype",
+                             [](const PyDTensor& d) {
+                               return array_from_tensor(Tensor(Shape{0}, d.tensor.dtype())).dtype();
+                             })
       .def("__repr__", [](const PyDTensor& d) {
         return fmt::format("DTensor(shape={}, dtype={}, placements={}, mesh={}, local_shape={})",
                            d.tensor.global_shape().to_string(), dtype_name(d.tensor.dtype()),
@@ -253,7 +259,8 @@ void bind_dtensor(py::module_& module) {
 
   module.def(
       "distribute_tensor",
-      [](const py::object& tensor, const std::shared_ptr<Mesh>& mesh, const py::object& placements) {
+      [](const py::object& tensor, const std::shared_ptr<Mesh>& mesh,
+         const py::object& placements) {
         const Tensor global = tensor_from_array(tensor);
         const auto& groups = mesh->bound("distribute_tensor");
         const PlacementSpec spec = spec_from(placements, mesh->mesh, global.rank());
@@ -298,8 +305,10 @@ void bind_dtensor(py::module_& module) {
 
   module.def(
       "_time_redistribute",
-      [](const PyDTensor& d, const py::object& placements, int iterations, const std::string& mode) {
-        const PlacementSpec spec = spec_from(placements, d.mesh->mesh, d.tensor.global_shape().rank());
+      [](const PyDTensor& d, const py::object& placements, int iterations,
+         const std::string& mode) {
+        const PlacementSpec spec =
+            spec_from(placements, d.mesh->mesh, d.tensor.global_shape().rank());
         const dtensor::RedistributeOptions options = redistribute_options(mode, true);
         const py::gil_scoped_release release;
         const auto start = std::chrono::steady_clock::now();
@@ -313,10 +322,12 @@ void bind_dtensor(py::module_& module) {
 
   module.def(
       "contribution",
-      [](const py::object& shape, const std::string& dtype, std::uint64_t seed, std::int64_t index) {
+      [](const py::object& shape, const std::string& dtype, std::uint64_t seed,
+         std::int64_t index) {
         const Shape global = shape_from(shape);
         Tensor tensor(global, parse_dtype(dtype));
-        const Layout whole{global, std::vector<std::int64_t>(static_cast<std::size_t>(global.rank()), 0)};
+        const Layout whole{global,
+                           std::vector<std::int64_t>(static_cast<std::size_t>(global.rank()), 0)};
         dtensor::fill_contribution(tensor, whole, global, seed, index);
         return array_from_tensor(tensor);
       },

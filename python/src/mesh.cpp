@@ -15,18 +15,18 @@ namespace meshtensor::python {
 
 const std::shared_ptr<comm::MeshGroups>& Mesh::bound(const char* what) const {
   if (!groups) {
-    throw InvalidArgument(fmt::format(
-        "{} needs a mesh bound to a world: make it with init_device_mesh inside "
-        "meshtensor.run (mesh {} is only a grid)",
-        what, mesh.to_string()));
+    throw InvalidArgument(
+        fmt::format("{} needs a mesh bound to a world: make it with init_device_mesh inside "
+                    "meshtensor.run (mesh {} is only a grid)",
+                    what, mesh.to_string()));
   }
   return groups;
 }
 
 PlacementSpec spec_from(const py::handle& placements, const DeviceMesh& mesh, int tensor_rank) {
   if (placements.is_none())
-    return PlacementSpec(std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()),
-                                                Placement::replicate()));
+    return PlacementSpec(
+        std::vector<Placement>(static_cast<std::size_t>(mesh.ndim()), Placement::replicate()));
   std::string text;
   if (py::isinstance<py::str>(placements)) {
     text = placements.cast<std::string>();
@@ -41,7 +41,8 @@ PlacementSpec spec_from(const py::handle& placements, const DeviceMesh& mesh, in
       PyObject* token = PyObject_GetAttrString(item.ptr(), "_text");
       if (token == nullptr) {
         PyErr_Clear();
-        throw InvalidArgument(fmt::format("not a placement: {}", py::repr(item).cast<std::string>()));
+        throw InvalidArgument(
+            fmt::format("not a placement: {}", py::repr(item).cast<std::string>()));
       }
       const auto owned = py::reinterpret_steal<py::object>(token);
       text += owned.is_none() ? item.attr("_token")(tensor_rank).cast<std::string>()
@@ -86,7 +87,8 @@ int mesh_dim_of(const DeviceMesh& mesh, const py::handle& dim) {
   if (py::isinstance<py::str>(dim)) return mesh.dim_index(dim.cast<std::string>());
   const int index = dim.cast<int>();
   if (index < -mesh.ndim() || index >= mesh.ndim())
-    throw InvalidArgument(fmt::format("mesh dim {} is out of range for mesh {}", index, mesh.to_string()));
+    throw InvalidArgument(
+        fmt::format("mesh dim {} is out of range for mesh {}", index, mesh.to_string()));
   return index < 0 ? index + mesh.ndim() : index;
 }
 
@@ -136,8 +138,10 @@ void bind_mesh(py::module_& module) {
             return dim.is_none() ? m.mesh.size() : m.mesh.size(mesh_dim_of(m.mesh, dim));
           },
           py::arg("mesh_dim") = py::none(), "Ranks in the mesh, or along one mesh dim.")
-      .def("coordinates", [](const Mesh& m, std::int64_t rank) { return as_tuple(m.mesh.coordinates(rank)); },
-           py::arg("rank"))
+      .def(
+          "coordinates",
+          [](const Mesh& m, std::int64_t rank) { return as_tuple(m.mesh.coordinates(rank)); },
+          py::arg("rank"))
       .def(
           "group_ranks",
           [](const Mesh& m, std::int64_t rank, const py::object& dims) {
@@ -148,7 +152,9 @@ void bind_mesh(py::module_& module) {
       .def_property_readonly("is_bound", [](const Mesh& m) { return m.groups != nullptr; })
       .def("get_rank", [](const Mesh& m) { return m.bound("get_rank")->rank(); })
       .def("get_coordinate",
-           [](const Mesh& m) { return as_tuple(m.mesh.coordinates(m.bound("get_coordinate")->rank())); })
+           [](const Mesh& m) {
+             return as_tuple(m.mesh.coordinates(m.bound("get_coordinate")->rank()));
+           })
       .def(
           "get_local_rank",
           [](const Mesh& m, const py::object& dim) {
@@ -230,7 +236,8 @@ void bind_mesh(py::module_& module) {
 
   module.def(
       "local_layout",
-      [](const Mesh& mesh, const py::object& placements, const py::object& shape, std::int64_t rank) {
+      [](const Mesh& mesh, const py::object& placements, const py::object& shape,
+         std::int64_t rank) {
         const Shape global = shape_from(shape);
         const Layout layout =
             local_layout(mesh.mesh, spec_from(placements, mesh.mesh, global.rank()), global, rank);

@@ -16,7 +16,7 @@ namespace meshtensor::python {
 namespace {
 
 thread_local std::shared_ptr<comm::Communicator> t_world;  // the rank this thread runs
-std::unique_ptr<comm::MpiWorld> g_mpi;                      // this process's mpirun rank
+std::unique_ptr<comm::MpiWorld> g_mpi;                     // this process's mpirun rank
 std::shared_ptr<comm::Communicator> g_mpi_world;
 
 bool under_mpirun() {
@@ -57,8 +57,9 @@ class RankFailed : public Error {
 };
 
 std::string python_error_text(const py::error_already_set& error) {
-  const py::object lines = py::module_::import("traceback").attr("format_exception")(
-      error.type(), error.value(), error.trace());
+  const py::object lines =
+      py::module_::import("traceback")
+          .attr("format_exception")(error.type(), error.value(), error.trace());
   return py::str("").attr("join")(lines).cast<std::string>();
 }
 
@@ -121,7 +122,8 @@ comm::CollectiveOptions collective_options(const std::string& op, const std::str
   options.op = parse_reduce_op(op);
   options.mode = mode_from(mode);
   if (timeout) {
-    if (!(*timeout > 0)) throw InvalidArgument(fmt::format("timeout must be positive, got {}", *timeout));
+    if (!(*timeout > 0))
+      throw InvalidArgument(fmt::format("timeout must be positive, got {}", *timeout));
     options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*timeout * 1000.0 + 0.5));
   }
   options.label = label;
@@ -160,8 +162,9 @@ void bind_communicator(py::module_& module) {
       "NumPy arrays; in-place calls write into them.")
       .def_property_readonly("rank", &Communicator::rank, "This rank's position in the group.")
       .def_property_readonly("size", &Communicator::size, "Number of ranks in the group.")
-      .def_property_readonly("backend", [](const Communicator& c) { return std::string(c.backend()); },
-                             "'threads' or 'mpi'.")
+      .def_property_readonly(
+          "backend", [](const Communicator& c) { return std::string(c.backend()); },
+          "'threads' or 'mpi'.")
       .def_property_readonly("world_ranks", &Communicator::world_ranks,
                              "The members' world ranks, in group order.")
       .def(
@@ -185,7 +188,8 @@ void bind_communicator(py::module_& module) {
           [](Communicator& c, const py::object& array, int src, std::optional<double> timeout,
              const std::string& label) {
             Tensor tensor = tensor_from_array(array);
-            const comm::CollectiveOptions options = collective_options("sum", "ordered", timeout, label);
+            const comm::CollectiveOptions options =
+                collective_options("sum", "ordered", timeout, label);
             {
               const py::gil_scoped_release release;
               c.broadcast(tensor, src, options);
@@ -209,7 +213,8 @@ void bind_communicator(py::module_& module) {
               shape = Shape{total};
             }
             Tensor output(shape, input.dtype());
-            const comm::CollectiveOptions options = collective_options("sum", "ordered", timeout, label);
+            const comm::CollectiveOptions options =
+                collective_options("sum", "ordered", timeout, label);
             {
               const py::gil_scoped_release release;
               c.all_gather(input, output, counts_from(counts), options);
@@ -268,7 +273,8 @@ void bind_communicator(py::module_& module) {
               shape = Shape{total};
             }
             Tensor output(shape, input.dtype());
-            const comm::CollectiveOptions options = collective_options("sum", "ordered", timeout, label);
+            const comm::CollectiveOptions options =
+                collective_options("sum", "ordered", timeout, label);
             {
               const py::gil_scoped_release release;
               c.all_to_all(input, output, counts_from(send_counts), counts_from(recv_counts),
@@ -284,7 +290,8 @@ void bind_communicator(py::module_& module) {
       .def(
           "barrier",
           [](Communicator& c, std::optional<double> timeout) {
-            const comm::CollectiveOptions options = collective_options("sum", "ordered", timeout, "");
+            const comm::CollectiveOptions options =
+                collective_options("sum", "ordered", timeout, "");
             const py::gil_scoped_release release;
             c.barrier(options);
           },

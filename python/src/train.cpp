@@ -58,12 +58,11 @@ struct PyOptimizer {
   double lr = 1e-3;
 };
 
-py::array view_bytes(const std::shared_ptr<train::Dataset>& data, const std::vector<std::uint8_t>& bytes,
-                     std::vector<py::ssize_t> shape) {
+py::array view_bytes(const std::shared_ptr<train::Dataset>& data,
+                     const std::vector<std::uint8_t>& bytes, std::vector<py::ssize_t> shape) {
   auto* kept = new std::shared_ptr<train::Dataset>(data);
-  const py::capsule base(kept, [](void* pointer) {
-    delete static_cast<std::shared_ptr<train::Dataset>*>(pointer);
-  });
+  const py::capsule base(
+      kept, [](void* pointer) { delete static_cast<std::shared_ptr<train::Dataset>*>(pointer); });
   py::array array(py::dtype::of<std::uint8_t>(), std::move(shape), {}, bytes.data(), base);
   array.attr("setflags")(py::arg("write") = false);
   return array;
@@ -179,7 +178,8 @@ py::dict run_training(const PyDataset& dataset, const py::object& world_object,
       throw InvalidArgument(fmt::format("train: unknown option '{}'", name));
     }
   }
-  if (stop_after < 0) throw InvalidArgument(fmt::format("stop_after must be at least 0, got {}", stop_after));
+  if (stop_after < 0)
+    throw InvalidArgument(fmt::format("stop_after must be at least 0, got {}", stop_after));
   (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
   train::TrainCallbacks callbacks;
   if (!on_epoch.is_none()) {
@@ -217,7 +217,8 @@ std::shared_ptr<PyModel> make_model(std::int64_t inputs, const std::vector<std::
     if (size < 1) throw InvalidArgument(fmt::format("MLP sizes must be at least 1, got {}", size));
   }
   for (const std::int64_t size : hidden) {
-    if (size < 1) throw InvalidArgument(fmt::format("MLP hidden sizes must be at least 1, got {}", size));
+    if (size < 1)
+      throw InvalidArgument(fmt::format("MLP hidden sizes must be at least 1, got {}", size));
   }
   model->module = nn::make_mlp(model->config);
   return model;
@@ -230,7 +231,8 @@ std::shared_ptr<PyModel> shard_model(const std::shared_ptr<PyModel>& model,
                                      int prefetch, const std::string& param_dtype,
                                      const std::string& reduce_dtype) {
   const auto& groups = mesh->bound(replicate ? "replicate" : "fully_shard");
-  if (model->sharded) throw InvalidArgument("the model is already sharded (fully_shard or replicate ran)");
+  if (model->sharded)
+    throw InvalidArgument("the model is already sharded (fully_shard or replicate ran)");
   fsdp::FsdpConfig config;
   config.reshard_after_forward = reshard_after_forward;
   config.param_dtype = parse_dtype(param_dtype);
@@ -274,7 +276,8 @@ std::vector<std::uint8_t> labels_from(const py::handle& labels) {
     const auto values = tensor.values<T>();
     for (std::size_t i = 0; i < values.size(); ++i) {
       const double value = element_to_double(values[i]);
-      if (!(value >= 0 && value < 256)) throw InvalidArgument(fmt::format("label {} is not a class index", value));
+      if (!(value >= 0 && value < 256))
+        throw InvalidArgument(fmt::format("label {} is not a class index", value));
       result[i] = static_cast<std::uint8_t>(value);
     }
   });
@@ -326,26 +329,38 @@ void bind_models(py::module_& module) {
           "Backward from the gradient of the last forward's logits; gradient reductions start as "
           "each layer finishes and, on the last backward of a step, are complete on return.")
       .def("zero_grad", [](PyModel& m) { m.runtime("zero_grad").zero_grad(); })
-      .def("set_is_last_backward", [](PyModel& m, bool value) { m.runtime("set_is_last_backward").set_is_last_backward(value); },
-           py::arg("is_last_backward"))
-      .def("set_requires_gradient_sync",
-           [](PyModel& m, bool value) { m.runtime("set_requires_gradient_sync").set_requires_gradient_sync(value); },
-           py::arg("requires_gradient_sync"))
-      .def("set_requires_all_reduce",
-           [](PyModel& m, bool value) { m.runtime("set_requires_all_reduce").set_requires_all_reduce(value); },
-           py::arg("requires_all_reduce"))
-      .def("set_gradient_divide_factor",
-           [](PyModel& m, std::optional<double> factor) {
-             m.runtime("set_gradient_divide_factor").set_gradient_divide_factor(factor);
-           },
-           py::arg("factor"),
-           "Gradients end divided by `factor` (e.g. the global batch) instead of the rank count; "
-           "None restores the default.")
-      .def("reshard", [](PyModel& m) {
-        fsdp::ShardedModel& sharded = m.runtime("reshard");
-        const py::gil_scoped_release release;
-        sharded.reshard();
-      })
+      .def(
+          "set_is_last_backward",
+          [](PyModel& m, bool value) {
+            m.runtime("set_is_last_backward").set_is_last_backward(value);
+          },
+          py::arg("is_last_backward"))
+      .def(
+          "set_requires_gradient_sync",
+          [](PyModel& m, bool value) {
+            m.runtime("set_requires_gradient_sync").set_requires_gradient_sync(value);
+          },
+          py::arg("requires_gradient_sync"))
+      .def(
+          "set_requires_all_reduce",
+          [](PyModel& m, bool value) {
+            m.runtime("set_requires_all_reduce").set_requires_all_reduce(value);
+          },
+          py::arg("requires_all_reduce"))
+      .def(
+          "set_gradient_divide_factor",
+          [](PyModel& m, std::optional<double> factor) {
+            m.runtime("set_gradient_divide_factor").set_gradient_divide_factor(factor);
+          },
+          py::arg("factor"),
+          "Gradients end divided by `factor` (e.g. the global batch) instead of the rank count; "
+          "None restores the default.")
+      .def("reshard",
+           [](PyModel& m) {
+             fsdp::ShardedModel& sharded = m.runtime("reshard");
+             const py::gil_scoped_release release;
+             sharded.reshard();
+           })
       .def(
           "full_parameters",
           [](PyModel& m) {
@@ -402,7 +417,8 @@ void bind_models(py::module_& module) {
             nn::Optimizer* state = optimizer != nullptr ? optimizer->optimizer.get() : nullptr;
             const py::gil_scoped_release release;
             const auto items = train::model_state(sharded, state, world.rank() == 0);
-            const std::vector<Tensor> loaded = checkpoint::load(world, path, train::load_requests(items));
+            const std::vector<Tensor> loaded =
+                checkpoint::load(world, path, train::load_requests(items));
             train::restore_model_state(items, loaded, state);
           },
           py::arg("path"), py::arg("optimizer") = nullptr,
@@ -441,13 +457,14 @@ void bind_models(py::module_& module) {
 
   py::class_<PyOptimizer>(module, "Optimizer",
                           "Steps a sharded model's local shards (state sharded alike).")
-      .def("step",
-           [](PyOptimizer& o, std::optional<double> lr) {
-             const double rate = lr.value_or(o.lr);
-             const py::gil_scoped_release release;
-             o.optimizer->step(rate);
-           },
-           py::arg("lr") = py::none(), "One step with `lr` (default: the optimizer's lr).")
+      .def(
+          "step",
+          [](PyOptimizer& o, std::optional<double> lr) {
+            const double rate = lr.value_or(o.lr);
+            const py::gil_scoped_release release;
+            o.optimizer->step(rate);
+          },
+          py::arg("lr") = py::none(), "One step with `lr` (default: the optimizer's lr).")
       .def("zero_grad", [](PyOptimizer& o) { o.model->runtime("zero_grad").zero_grad(); })
       .def_readwrite("lr", &PyOptimizer::lr)
       .def_property_readonly("steps", [](const PyOptimizer& o) { return o.optimizer->steps(); });
@@ -469,8 +486,8 @@ void bind_models(py::module_& module) {
       "SGD",
       [](const std::shared_ptr<PyModel>& model, double lr, double momentum, double weight_decay) {
         auto slots = model->runtime("SGD").optimizer_slots();
-        return PyOptimizer{model, std::make_unique<nn::SGD>(std::move(slots), momentum, weight_decay),
-                           lr};
+        return PyOptimizer{model,
+                           std::make_unique<nn::SGD>(std::move(slots), momentum, weight_decay), lr};
       },
       py::arg("model"), py::arg("lr") = 1e-3, py::arg("momentum") = 0.9,
       py::arg("weight_decay") = 0.0, "SGD with momentum as torch.optim.SGD.");
@@ -481,8 +498,8 @@ void bind_models(py::module_& module) {
         const Tensor input = f32_input(logits, "logits");
         const std::vector<std::uint8_t> classes = labels_from(labels);
         const nn::CrossEntropyResult result = nn::softmax_cross_entropy(input, classes);
-        return py::make_tuple(array_from_tensor(result.losses), array_from_tensor(result.grad_logits),
-                              result.correct);
+        return py::make_tuple(array_from_tensor(result.losses),
+                              array_from_tensor(result.grad_logits), result.correct);
       },
       py::arg("logits"), py::arg("labels"),
       "(losses float64 [rows], grad_logits float32 [rows, classes], correct): softmax "
@@ -498,7 +515,8 @@ void bind_data(py::module_& module) {
                              })
       .def_property_readonly("train_labels",
                              [](const PyDataset& d) {
-                               return view_bytes(d.data, d.data->train.labels, {d.data->train.count});
+                               return view_bytes(d.data, d.data->train.labels,
+                                                 {d.data->train.count});
                              })
       .def_property_readonly("test_images",
                              [](const PyDataset& d) {

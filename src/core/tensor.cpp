@@ -62,8 +62,9 @@ Tensor Tensor::wrap(std::shared_ptr<std::byte[]> storage, Shape shape, DType dty
   if (!storage) throw InvalidArgument("Tensor::wrap: null storage");
   const auto address = reinterpret_cast<std::uintptr_t>(storage.get());
   if (address % dtype_size(dtype) != 0) {
-    throw InvalidArgument(fmt::format("Tensor::wrap: storage at {:#x} is not aligned to the {} bytes of {}",
-                                      address, dtype_size(dtype), dtype_name(dtype)));
+    throw InvalidArgument(
+        fmt::format("Tensor::wrap: storage at {:#x} is not aligned to the {} bytes of {}", address,
+                    dtype_size(dtype), dtype_name(dtype)));
   }
   Tensor tensor;
   tensor.dtype_ = dtype;

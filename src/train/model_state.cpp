@@ -32,8 +32,11 @@ std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::O
   }
   if (optimizer != nullptr) {
     for (const auto& [name, value] : optimizer->scalar_state()) {
-      items.push_back({std::string(kOptimizerPrefix) + name, Shape{}, {},
-                       Tensor::full(Shape{}, DType::f64, value), leader});
+      items.push_back({std::string(kOptimizerPrefix) + name,
+                       Shape{},
+                       {},
+                       Tensor::full(Shape{}, DType::f64, value),
+                       leader});
     }
   }
   return items;
