@@ -145,6 +145,10 @@ Shape shape_from(const py::handle& object) {
   }
 }
 
+py::tuple as_tuple(const std::vector<std::int64_t>& values) {
+  return py::tuple(py::cast(values));
+}
+
 void bind_arrays(py::module_& module) {
   module.def(
       "digest",

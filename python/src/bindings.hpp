@@ -31,6 +31,8 @@ Tensor tensor_from_array(const py::handle& object);
 py::array array_from_tensor(const Tensor& tensor);
 /// A Shape from a sequence of ints (or one int); InvalidArgument naming the value otherwise.
 Shape shape_from(const py::handle& object);
+/// Dims, coordinates or offsets as a Python tuple.
+py::tuple as_tuple(const std::vector<std::int64_t>& values);
 
 // runtime.cpp: worlds, communicators, the rank a thread runs.
 

@@ -28,10 +28,6 @@ dtensor::RedistributeOptions redistribute_options(const std::string& mode, bool 
   return options;
 }
 
-py::tuple shape_tuple(const Shape& shape) {
-  return py::tuple(py::cast(shape.dims()));
-}
-
 // The global shape of blocks every rank holds under `spec`: along each sharded tensor dim the
 // sum of the extents of the ranks that tile it. Checks every rank's block against it, so that all
 // ranks fail alike. Collective over the mesh's world.
@@ -243,7 +239,7 @@ void bind_dtensor(py::module_& module) {
           "The placements as text, shard order included ('S0@1,S0@0').")
       .def_property_readonly("device_mesh", [](const PyDTensor& d) { return d.mesh; })
       .def_property_readonly(
-          "shape", [](const PyDTensor& d) { return shape_tuple(d.tensor.global_shape()); })
+          "shape", [](const PyDTensor& d) { return as_tuple(d.tensor.global_shape().dims()); })
       .def_property_readonly("ndim",
                              [](const PyDTensor& d) { return d.tensor.global_shape().rank(); })
       .def_property_readonly("dtype",

@@ -103,10 +103,6 @@ std::vector<int> mesh_dims_of(const DeviceMesh& mesh, const py::handle& dims) {
   return result;
 }
 
-py::tuple as_tuple(const std::vector<std::int64_t>& values) {
-  return py::tuple(py::cast(values));
-}
-
 }  // namespace
 
 void bind_mesh(py::module_& module) {

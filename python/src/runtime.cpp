@@ -146,8 +146,19 @@ std::vector<std::int64_t> counts_from(const std::optional<std::vector<std::int64
   return counts ? *counts : std::vector<std::int64_t>{};
 }
 
-Shape gathered_shape(const Shape& input, int size, bool uneven) {
-  if (uneven || input.rank() == 0) return Shape{input.numel() * (uneven ? 0 : size)};
+// The result shape of a collective: `even` without per-rank counts, else the 1-d sum of `counts`
+// (negative counts are left to the collective's own checks, which name them).
+Shape result_shape(const Shape& even, const std::optional<std::vector<std::int64_t>>& counts) {
+  if (!counts) return even;
+  std::int64_t total = 0;
+  for (const std::int64_t count : *counts)
+    total += std::max<std::int64_t>(count, 0);
+  return Shape{total};
+}
+
+// Every rank's `input` stacked along dim 0 (a scalar per rank: 1-d).
+Shape gathered_shape(const Shape& input, int size) {
+  if (input.rank() == 0) return Shape{size};
   std::vector<std::int64_t> dims = input.dims();
   dims[0] *= size;
   return Shape(std::move(dims));
@@ -204,15 +215,8 @@ void bind_communicator(py::module_& module) {
              const std::optional<std::vector<std::int64_t>>& counts, std::optional<double> timeout,
              const std::string& label) {
             const Tensor input = tensor_from_array(array);
-            const bool uneven = counts.has_value();
-            Shape shape = gathered_shape(input.shape(), c.size(), uneven);
-            if (uneven) {
-              std::int64_t total = 0;
-              for (const std::int64_t count : *counts)
-                total += std::max<std::int64_t>(count, 0);
-              shape = Shape{total};
-            }
-            Tensor output(shape, input.dtype());
+            Tensor output(result_shape(gathered_shape(input.shape(), c.size()), counts),
+                          input.dtype());
             const comm::CollectiveOptions options =
                 collective_options("sum", "ordered", timeout, label);
             {
@@ -265,14 +269,7 @@ void bind_communicator(py::module_& module) {
              const std::optional<std::vector<std::int64_t>>& recv_counts,
              std::optional<double> timeout, const std::string& label) {
             const Tensor input = tensor_from_array(array);
-            Shape shape = input.shape();
-            if (recv_counts) {
-              std::int64_t total = 0;
-              for (const std::int64_t count : *recv_counts)
-                total += std::max<std::int64_t>(count, 0);
-              shape = Shape{total};
-            }
-            Tensor output(shape, input.dtype());
+            Tensor output(result_shape(input.shape(), recv_counts), input.dtype());
             const comm::CollectiveOptions options =
                 collective_options("sum", "ordered", timeout, label);
             {
