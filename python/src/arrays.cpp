@@ -5,6 +5,7 @@
 
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 
 #include "bindings.hpp"
 
@@ -69,16 +70,6 @@ py::dtype numpy_dtype(DType dtype) {
   throw InvalidArgument("invalid dtype");
 }
 
-Tensor bf16_as_f32(const Tensor& tensor) {
-  const Tensor source = tensor.contiguous();
-  Tensor result(source.shape(), DType::f32);
-  const auto in = source.values<BFloat16>();
-  auto out = result.values<float>();
-  for (std::size_t i = 0; i < in.size(); ++i)
-    out[i] = to_float(in[i]);
-  return result;
-}
-
 }  // namespace
 
 DType dtype_of_array(const py::array& array) {
@@ -127,7 +118,8 @@ Tensor tensor_from_array(const py::handle& object) {
 }
 
 py::array array_from_tensor(const Tensor& tensor) {
-  Tensor source = tensor.dtype() == DType::bf16 ? bf16_as_f32(tensor) : tensor.contiguous();
+  Tensor source =
+      tensor.dtype() == DType::bf16 ? kernels::convert(tensor, DType::f32) : tensor.contiguous();
   std::vector<py::ssize_t> dims(source.shape().dims().begin(), source.shape().dims().end());
   auto* kept = new Tensor(source);
   const py::capsule base(kept, [](void* pointer) { delete static_cast<Tensor*>(pointer); });
@@ -143,6 +135,14 @@ Shape shape_from(const py::handle& object) {
     throw InvalidArgument(fmt::format("expected a shape (a sequence of ints), got {}",
                                       py::repr(object).cast<std::string>()));
   }
+}
+
+py::object write_back(const py::object& original, const Tensor& tensor) {
+  py::array result = array_from_tensor(tensor);
+  if (!py::isinstance<py::array>(original)) return result;
+  if (original.cast<py::array>().data() != result.data())
+    original.attr("__setitem__")(py::ellipsis(), result);
+  return original;
 }
 
 py::tuple as_tuple(const std::vector<std::int64_t>& values) {

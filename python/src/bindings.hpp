@@ -31,6 +31,9 @@ Tensor tensor_from_array(const py::handle& object);
 py::array array_from_tensor(const Tensor& tensor);
 /// A Shape from a sequence of ints (or one int); InvalidArgument naming the value otherwise.
 Shape shape_from(const py::handle& object);
+/// What a call that wrote `tensor` in place of `original` returns: the original array, with the
+/// result copied into it unless `tensor` is its own memory; for anything else, a new array.
+py::object write_back(const py::object& original, const Tensor& tensor);
 /// Dims, coordinates or offsets as a Python tuple.
 py::tuple as_tuple(const std::vector<std::int64_t>& values);
 

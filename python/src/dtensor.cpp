@@ -96,46 +96,24 @@ PyDTensor from_local(const py::object& local, const std::shared_ptr<Mesh>& mesh,
   return PyDTensor{mesh, dtensor::from_local(std::move(block), groups, spec, global)};
 }
 
-// Partial(sum) contributions: a full value loaded into a Partial tensor stays on the member at
-// position 0 of the sum dims, as distribute_tensor places it.
-void keep_on_first_of_sums(const dtensor::DTensor& tensor) {
-  std::vector<int> sum_dims;
-  for (int m = 0; m < tensor.spec().mesh_ndim(); ++m) {
-    const Placement& p = tensor.spec().at(m);
-    if (p.is_partial() && p.reduce_op() == ReduceOp::sum) sum_dims.push_back(m);
-  }
-  const DeviceMesh& mesh = tensor.groups().mesh();
-  if (mesh.group_position(tensor.groups().rank(), sum_dims) != 0) {
-    Tensor local = tensor.local();
-    local.fill(0);
-  }
-}
-
 std::string save_checkpoint(const py::dict& state, const std::string& root, std::int64_t step,
                             const std::map<std::string, std::string>& metadata, int keep,
                             const py::object& world_object) {
   std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
   std::vector<checkpoint::SaveItem> items;
-  std::vector<const dtensor::DTensor*> partials;
-  std::vector<std::string> partial_names;
+  std::vector<std::pair<const dtensor::DTensor*, std::string>> dtensors;
   for (const auto& [key, value] : state) {
-    const auto name = key.cast<std::string>();
+    auto name = key.cast<std::string>();
     if (py::isinstance<PyDTensor>(value)) {
-      const dtensor::DTensor& tensor = value.cast<PyDTensor&>().tensor;
-      if (tensor.spec().partial_mesh_dims().empty()) {
-        items.push_back(checkpoint::save_item(tensor, name));
-      } else {
-        partials.push_back(&tensor);  // reduced below, without the GIL
-        partial_names.push_back(name);
-      }
+      dtensors.emplace_back(&value.cast<PyDTensor&>().tensor, std::move(name));
     } else {
       Tensor tensor = tensor_from_array(value);
-      items.push_back({name, tensor.shape(), {}, tensor, world->rank() == 0});
+      items.push_back({std::move(name), tensor.shape(), {}, tensor, world->rank() == 0});
     }
   }
-  const py::gil_scoped_release release;
-  for (std::size_t i = 0; i < partials.size(); ++i)
-    items.push_back(checkpoint::save_item(*partials[i], partial_names[i]));
+  const py::gil_scoped_release release;  // save_item reduces a Partial tensor (collective)
+  for (const auto& [tensor, name] : dtensors)
+    items.push_back(checkpoint::save_item(*tensor, name));
   checkpoint::SaveOptions options;
   options.metadata = metadata;
   options.keep = keep;
@@ -148,7 +126,7 @@ void load_checkpoint(const py::dict& state, const std::string& path,
   std::vector<checkpoint::LoadRequest> requests;
   std::vector<Tensor> targets;
   std::vector<const dtensor::DTensor*> partials;
-  std::vector<py::object> copies;  // arrays a copy was loaded for
+  std::vector<py::object> copies;  // the arrays loaded into (None for DTensors)
   for (const auto& [key, value] : state) {
     const auto name = key.cast<std::string>();
     if (py::isinstance<PyDTensor>(value)) {
@@ -172,15 +150,14 @@ void load_checkpoint(const py::dict& state, const std::string& path,
     const std::vector<Tensor> loaded = checkpoint::load(*world, path, requests);
     for (std::size_t i = 0; i < loaded.size(); ++i)
       targets[i].copy_from(loaded[i]);
-    for (const dtensor::DTensor* tensor : partials)
-      keep_on_first_of_sums(*tensor);
+    for (const dtensor::DTensor* tensor : partials) {
+      Tensor local = tensor->local();
+      dtensor::keep_partial_sums_on_first(local, tensor->groups().mesh(), tensor->spec(),
+                                          tensor->groups().rank());
+    }
   }
-  for (std::size_t i = 0; i < copies.size(); ++i) {
-    if (copies[i].is_none() || !py::isinstance<py::array>(copies[i])) continue;
-    const py::array array = array_from_tensor(targets[i]);
-    if (copies[i].cast<py::array>().data() != array.data())
-      copies[i].attr("__setitem__")(py::ellipsis(), array);
-  }
+  for (std::size_t i = 0; i < copies.size(); ++i)
+    if (!copies[i].is_none()) write_back(copies[i], targets[i]);
 }
 
 }  // namespace

@@ -202,14 +202,6 @@ void bind_mesh(py::module_& module) {
       "torch.distributed.device_mesh.init_device_mesh.");
 
   module.def(
-      "_spec_text",
-      [](const py::object& placements, const Mesh& mesh, int tensor_rank) {
-        const PlacementSpec spec = spec_from(placements, mesh.mesh, tensor_rank);
-        spec.validate(mesh.mesh, tensor_rank);
-        return spec.to_string();
-      },
-      py::arg("placements"), py::arg("mesh"), py::arg("tensor_rank"));
-  module.def(
       "parse_placements", [](const std::string& text) { return placements_of(parse_spec(text)); },
       py::arg("text"), "Placements from the spec text: parse_placements('S0,R,P(avg)').");
 

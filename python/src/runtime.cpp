@@ -130,18 +130,6 @@ comm::CollectiveOptions collective_options(const std::string& op, const std::str
   return options;
 }
 
-// The array a collective writes into `original` in place: `tensor` when it is the array's own
-// memory, else copied back (a non-contiguous view); anything else than an array gets the result.
-py::object write_back(const py::object& original, const Tensor& tensor) {
-  py::array result = array_from_tensor(tensor);
-  if (py::isinstance<py::array>(original)) {
-    auto array = original.cast<py::array>();
-    if (array.data() != result.data()) original.attr("__setitem__")(py::ellipsis(), result);
-    return original;
-  }
-  return result;
-}
-
 std::vector<std::int64_t> counts_from(const std::optional<std::vector<std::int64_t>>& counts) {
   return counts ? *counts : std::vector<std::int64_t>{};
 }

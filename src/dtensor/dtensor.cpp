@@ -40,12 +40,17 @@ DTensor distribute(const Tensor& global, std::shared_ptr<comm::MeshGroups> group
   const DeviceMesh& mesh = groups->mesh();
   const Layout layout = local_layout(mesh, spec, global.shape(), groups->rank());
   Tensor local = local_view(global, layout).clone();
+  keep_partial_sums_on_first(local, mesh, spec, groups->rank());
+  return {std::move(groups), spec, global.shape(), std::move(local)};
+}
+
+void keep_partial_sums_on_first(Tensor& local, const DeviceMesh& mesh, const PlacementSpec& spec,
+                                std::int64_t rank) {
   std::vector<int> sum_dims;
   for (int m = 0; m < spec.mesh_ndim(); ++m) {
     if (spec.at(m).is_partial() && spec.at(m).reduce_op() == ReduceOp::sum) sum_dims.push_back(m);
   }
-  if (mesh.group_position(groups->rank(), sum_dims) != 0) local.fill(0);
-  return {std::move(groups), spec, global.shape(), std::move(local)};
+  if (mesh.group_position(rank, sum_dims) != 0) local.fill(0);
 }
 
 DTensor from_local(Tensor local, std::shared_ptr<comm::MeshGroups> groups,

@@ -42,6 +42,11 @@ class DTensor {
   Tensor local_;
 };
 
+/// Turns `local`, a block every rank holds whole under `spec`'s Partial dims, into Partial
+/// contributions: along Partial(sum) dims the member at position 0 keeps the values and the others
+/// zero theirs (Partial avg/max/min keep them everywhere).
+void keep_partial_sums_on_first(Tensor& local, const DeviceMesh& mesh, const PlacementSpec& spec,
+                                std::int64_t rank);
 /// Places `global` (the same on every rank) by `spec`: each rank keeps its block. Along
 /// Partial(sum) dims the member at position 0 keeps the values and the others hold zeros; along
 /// Partial(avg|max|min) dims every member keeps them.
