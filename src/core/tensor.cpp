@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <new>
@@ -256,9 +258,16 @@ void Tensor::fill(double value) {
   visit_dtype(dtype_, [&](auto zero) {
     using T = decltype(zero);
     const T element = element_from_double<T>(value);
+    std::array<std::byte, sizeof(T)> bits{};
+    std::memcpy(bits.data(), &element, sizeof(T));
+    const bool all_zero =
+        std::all_of(bits.begin(), bits.end(), [](std::byte b) { return b == std::byte{0}; });
     for_each_run([&](std::byte* p, std::size_t n) {
-      for (std::size_t i = 0; i < n; ++i)
-        std::memcpy(p + i * sizeof(T), &element, sizeof(T));
+      if (all_zero) {
+        std::memset(p, 0, n * sizeof(T));
+      } else {
+        std::fill_n(reinterpret_cast<T*>(p), n, element);  // storage is aligned for T
+      }
     });
   });
 }

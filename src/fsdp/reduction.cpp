@@ -42,7 +42,7 @@ comm::CollectiveOptions options_for(ReduceOp op, const std::string& label, const
 std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout& layout,
                                                                const kernels::BinnedSums& sums) {
   const std::int64_t count = sums.count();
-  Tensor send(Shape{3 * count}, DType::f64);
+  Tensor send = Tensor::uninitialized(Shape{3 * count}, DType::f64);  // every element is packed
   const std::vector<std::int64_t> starts = comm::displacements(layout.counts());
   std::vector<std::int64_t> digit_counts;
   for (const std::int64_t c : layout.counts())

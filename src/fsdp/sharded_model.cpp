@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -56,12 +59,77 @@ struct ShardedModule::Lane {
   ~Lane() { queue.stop(); }
 };
 
-// What a group's reductions carry between the backwards of one step (this rank's shard only).
+namespace {
+
+/// Exact sums carried between the backwards of one step. While it holds nothing its storage is
+/// zero, so the first sums taken are swapped in rather than copied.
+struct CarriedSums {
+  kernels::BinnedSums sums;
+  bool holds_sums = false;
+
+  /// Makes the storage `count` elements (zero) when it holds nothing.
+  void reserve(std::int64_t count) {
+    if (!holds_sums && sums.count() != count) sums = kernels::BinnedSums(count);
+  }
+  /// Adds the sums of `from` (same count); `from` is left zero when `zero_from` is set, and
+  /// holding unspecified values otherwise (for a buffer that is overwritten before its next use).
+  void take(kernels::BinnedSums& from, bool zero_from) {
+    if (!holds_sums) {
+      reserve(from.count());
+      std::swap(sums, from);
+      holds_sums = true;
+      return;
+    }
+    kernels::merge_binned_sums(sums, from);
+    if (zero_from) from.clear();
+  }
+  /// Adds everything `other` holds and empties it.
+  void take(CarriedSums& other) {
+    if (!other.holds_sums) return;
+    take(other.sums, /*zero_from=*/true);
+    other.holds_sums = false;
+  }
+  /// Back to holding nothing.
+  void reset() {
+    if (holds_sums) sums.clear();
+    holds_sums = false;
+  }
+};
+
+}  // namespace
+
+// What a group's reductions carry between the backwards of one step (this rank's shard only),
+// and the gradient sinks its reductions are done with, kept for the next backward.
 struct ShardedModule::StepAccumulator {
-  Tensor partial;                  // ordered: f32 sums over the shard group, not yet all-reduced
-  Tensor pending;                  // ordered: a reduce-scatter output its all-reduce will take
-  kernels::BinnedSums shard_sums;  // exact: reduced over the shard group only
-  kernels::BinnedSums full_sums;   // exact: reduced over shard and replicate groups
+  Tensor partial;             // ordered: f32 sums over the shard group, not yet all-reduced
+  Tensor pending;             // ordered: a reduce-scatter output its all-reduce will take
+  CarriedSums shard;          // exact: reduced over the shard group only
+  CarriedSums full;           // exact: reduced over shard and replicate groups
+  kernels::BinnedSums slice;  // exact: this rank's reduce-scatter output (scratch)
+
+  /// A sink the reductions are done with (zeroed), or null.
+  template <class Sink>
+  std::shared_ptr<Sink> take_spare() {
+    const std::lock_guard lock(spare_mutex_);
+    if constexpr (std::is_same_v<Sink, nn::BinnedGradients>)
+      return std::exchange(binned_, nullptr);
+    else
+      return std::exchange(dense_, nullptr);
+  }
+  /// Keeps `sink` (zeroed by the caller) for the next backward.
+  void keep_spare(std::shared_ptr<nn::BinnedGradients> sink) {
+    const std::lock_guard lock(spare_mutex_);
+    binned_ = std::move(sink);
+  }
+  void keep_spare(std::shared_ptr<nn::DenseGradients> sink) {
+    const std::lock_guard lock(spare_mutex_);
+    dense_ = std::move(sink);
+  }
+
+ private:
+  std::mutex spare_mutex_;  // reductions give sinks back on their queue threads
+  std::shared_ptr<nn::BinnedGradients> binned_;
+  std::shared_ptr<nn::DenseGradients> dense_;
 };
 
 ShardedModule::ShardedModule(ShardedModel& model, nn::Module& module,
@@ -108,6 +176,7 @@ ShardedModule::ShardedModule(ShardedModel& model, nn::Module& module,
     parameters_[p]->grad = Tensor();
   }
   received_.assign(parameters_.size(), false);
+  accumulator_ = std::make_shared<StepAccumulator>();
   model.memory().add(MemoryKind::parameters, bytes_of(shard_values_));
   model.memory().add(MemoryKind::gradients, bytes_of(shard_grads_));
 }
@@ -247,7 +316,6 @@ void ShardedModule::launch_reduce() {
   const double factor = divide_factor();
   const bool all_reduce_now = replicas == 1 || requires_all_reduce_;
   const bool last = model.is_last_backward_;
-  if (!accumulator_) accumulator_ = std::make_shared<StepAccumulator>();
   std::shared_ptr<StepAccumulator> acc = accumulator_;
   // One reduction in flight at a time bounds the memory of their buffers.
   model.last_reduce_scatter_.wait();
@@ -264,8 +332,8 @@ void ShardedModule::launch_reduce() {
             : divide_factors(reduce_dtype, shards,
                              replicas > 1 ? factor / static_cast<double>(replicas) : factor);
 
-  std::shared_ptr<nn::DenseGradients> dense(std::move(dense_sink_));
-  std::shared_ptr<nn::BinnedGradients> binned(std::move(binned_sink_));
+  std::shared_ptr<nn::DenseGradients> dense = std::exchange(dense_sink_, nullptr);
+  std::shared_ptr<nn::BinnedGradients> binned = std::exchange(binned_sink_, nullptr);
   const std::int64_t sink_bytes = sink_bytes_;
   sink_bytes_ = 0;
   model.record_order(static_cast<int>(OrderKind::reduce_scatter), *this);
@@ -286,9 +354,8 @@ void ShardedModule::launch_reduce() {
     const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
     if (exact) {
       kernels::BinnedSums& sums = binned->sums();
-      kernels::BinnedSums slice(mine);
       if (!group) {
-        slice = sums;
+        acc->shard.take(sums, /*zero_from=*/true);
       } else {
         options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
         Tensor bins = sums.bins.clone();
@@ -299,6 +366,8 @@ void ShardedModule::launch_reduce() {
         kernels::align_bins(sums, bins);
         Tensor packed_bins(Shape{sums.count()}, DType::i32);
         layout_.pack(layout_.parameter_views(bins), packed_bins);
+        kernels::BinnedSums& slice = acc->slice;
+        if (slice.count() != mine) slice = kernels::BinnedSums(mine);
         slice.bins.copy_from(packed_bins.narrow(
             0, comm::displacements(layout_.counts())[static_cast<std::size_t>(shard_rank())],
             mine));
@@ -306,13 +375,16 @@ void ShardedModule::launch_reduce() {
         model_.memory().add(MemoryKind::unsharded, bytes_of(send));
         group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
         model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
+        binned->clear();
+        acc->shard.take(slice, /*zero_from=*/false);  // overwritten whole by the next one
       }
-      binned->clear();
-      kernels::merge_binned_sums(acc->shard_sums, slice);
+      acc->keep_spare(binned);
     } else {
       Tensor packed(Shape{layout_.total()}, DType::f32);
       model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
       layout_.pack(layout_.parameter_views(dense->sums()), packed);
+      dense->clear();
+      acc->keep_spare(dense);
       if (rs_factors.pre != 1.0) kernels::divide(packed, rs_factors.pre);
       const Tensor send =
           reduce_dtype == DType::f32 ? packed : kernels::convert(packed, reduce_dtype);
@@ -347,7 +419,7 @@ void ShardedModule::launch_reduce() {
   const auto finish_exact = [this, acc, divisor, mine, label](comm::Communicator* replicate,
                                                               bool round) {
     if (replicate != nullptr && !round) {
-      kernels::BinnedSums& sums = acc->shard_sums;
+      kernels::BinnedSums& sums = acc->shard.sums;
       Tensor bins = sums.bins.clone();
       comm::CollectiveOptions options;
       options.op = ReduceOp::max;
@@ -357,29 +429,31 @@ void ShardedModule::launch_reduce() {
       options.op = ReduceOp::sum;
       options.label = "all-reduce digits " + label;
       replicate->all_reduce(sums.digits, options);
-      kernels::merge_binned_sums(acc->full_sums, sums);
-      sums = kernels::BinnedSums(mine);
+      acc->full.take(acc->shard);
       return;
     }
     if (!round) return;
     // Sums already reduced over the replicas join on one replica only.
-    if (acc->full_sums.count() > 0 && (replicate == nullptr || replicate->rank() == 0))
-      kernels::merge_binned_sums(acc->shard_sums, acc->full_sums);
+    if (replicate == nullptr || replicate->rank() == 0) {
+      acc->shard.take(acc->full);
+    } else {
+      acc->full.reset();
+    }
+    acc->shard.reserve(mine);
     Tensor rounded(Shape{mine}, DType::f32);
     if (replicate != nullptr) {
-      reduce_binned_sums(*replicate, acc->shard_sums, divisor, rounded, "all-reduce " + label);
+      reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label);
     } else {
-      kernels::round_binned_sums(acc->shard_sums, divisor, rounded);
+      kernels::round_binned_sums(acc->shard.sums, divisor, rounded);
     }
     kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
-    acc->shard_sums = kernels::BinnedSums(mine);
-    acc->full_sums = kernels::BinnedSums(0);
+    acc->shard.reset();
   };
 
-  if (exact && acc->shard_sums.count() != mine) {
-    acc->shard_sums = kernels::BinnedSums(mine);
+  if (exact && acc->shard.sums.count() != mine && !acc->shard.holds_sums) {
+    acc->shard.reserve(mine);
     model.memory().add(MemoryKind::gradients,
-                       bytes_of(acc->shard_sums.bins) + bytes_of(acc->shard_sums.digits));
+                       bytes_of(acc->shard.sums.bins) + bytes_of(acc->shard.sums.digits));
   }
   comm::Work rs_work;
   if (exact && !runs_all_reduce) {
@@ -585,11 +659,17 @@ void ShardedModel::pre_backward(nn::Module& module) {
   // The sink lays out the sums by the gathered parameters' shapes.
   if (!group.dense_sink_ && !group.binned_sink_) {
     std::int64_t bytes = 0;
+    // A sink the group's last reduction is done with is reused (zeroed): no allocation a step.
+    ShardedModule::StepAccumulator& acc = *group.accumulator_;
     if (options_.mode == comm::ReductionMode::exact) {
-      group.binned_sink_ = std::make_unique<nn::BinnedGradients>(group.parameters_);
+      group.binned_sink_ = acc.template take_spare<nn::BinnedGradients>();
+      if (!group.binned_sink_)
+        group.binned_sink_ = std::make_shared<nn::BinnedGradients>(group.parameters_);
       bytes = group.layout_.total() * (4 + 3 * 8);
     } else {
-      group.dense_sink_ = std::make_unique<nn::DenseGradients>(group.parameters_);
+      group.dense_sink_ = acc.template take_spare<nn::DenseGradients>();
+      if (!group.dense_sink_)
+        group.dense_sink_ = std::make_shared<nn::DenseGradients>(group.parameters_);
       bytes = group.layout_.total() * 4;
     }
     group.sink_bytes_ = bytes;

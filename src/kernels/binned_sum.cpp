@@ -328,39 +328,143 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
           pack_column_blocks(values, rows, n), rows);
 }
 
+namespace {
+
+/// Moves element i of `planes` to bin `bin` (at least its own), dropping the digits below the new
+/// window; InvalidArgument for a bin outside the valid range or below the element's.
+inline void raise_bin(Planes planes, std::int64_t i, std::int32_t bin, const char* operation) {
+  const std::int32_t current = planes.bins[i];
+  if (bin == current) return;
+  if (bin < current || bin > kNonFiniteBin) {
+    throw InvalidArgument(
+        fmt::format("{}: element {} cannot move from bin {} to {}", operation, i, current, bin));
+  }
+  shift_digits(planes.d0, planes.d1, planes.d2, i, bin - current);
+  planes.bins[i] = bin;
+}
+
+}  // namespace
+
 void align_bins(BinnedSums& sums, const Tensor& bins) {
   if (bins.dtype() != DType::i32 || bins.numel() != sums.count()) {
     throw InvalidArgument(fmt::format("align_bins needs {} i32 bins, got {} {}", sums.count(),
                                       bins.numel(), dtype_name(bins.dtype())));
   }
-  Planes planes = planes_of(sums);
-  const auto target = bins.values<std::int32_t>();
+  const Planes planes = planes_of(sums);
+  const std::int32_t* target = bins.values<std::int32_t>().data();
+  for (std::int64_t i = 0; i < sums.count(); ++i)
+    raise_bin(planes, i, target[i], "align_bins");
+}
+
+void merge_binned_sums(BinnedSums& sums, BinnedSums& other) {
+  check_count(sums, other.count(), "merge_binned_sums");
+  const Planes mine = planes_of(sums);
+  const Planes theirs = planes_of(other);
   for (std::int64_t i = 0; i < sums.count(); ++i) {
-    const std::int32_t bin = target[static_cast<std::size_t>(i)];
-    if (bin < planes.bins[i] || bin > kNonFiniteBin || bin < kLowestBin) {
-      throw InvalidArgument(fmt::format("align_bins: element {} cannot move from bin {} to {}", i,
-                                        planes.bins[i], bin));
-    }
-    shift_digits(planes.d0, planes.d1, planes.d2, i, bin - planes.bins[i]);
-    planes.bins[i] = bin;
+    const std::int32_t top = std::max(mine.bins[i], theirs.bins[i]);
+    raise_bin(mine, i, top, "merge_binned_sums");
+    raise_bin(theirs, i, top, "merge_binned_sums");
+    mine.d0[i] += theirs.d0[i];
+    mine.d1[i] += theirs.d1[i];
+    mine.d2[i] += theirs.d2[i];
   }
 }
 
-void merge_binned_sums(BinnedSums& sums, const BinnedSums& other) {
-  check_count(sums, other.count(), "merge_binned_sums");
-  BinnedSums aligned = other;
-  Tensor top = sums.bins.clone();
-  auto top_values = top.values<std::int32_t>();
-  const auto other_bins = other.bins.values<std::int32_t>();
-  for (std::size_t i = 0; i < top_values.size(); ++i)
-    top_values[i] = std::max(top_values[i], other_bins[i]);
-  align_bins(sums, top);
-  align_bins(aligned, top);
-  auto mine = sums.digits.values<double>();
-  const auto theirs = aligned.digits.values<double>();
-  for (std::size_t i = 0; i < mine.size(); ++i)
-    mine[i] += theirs[i];
+namespace {
+
+/// The one rounding of an exact sum: the digit sums of one element (integers below 2^53 in
+/// magnitude) at bin `bin`, divided by `divisor`, rounded to nearest-even in the format of
+/// `exponent_bits` / `mantissa_bits`. Returns the bit pattern.
+std::uint64_t round_digits(const double* digit, std::int32_t bin, std::uint64_t divisor,
+                           int exponent_bits, int mantissa_bits) {
+  // The digit sums are integers below 2^53 in magnitude: the total fits 118 bits.
+  const auto as_int = [&](int plane) {
+    return static_cast<Int128>(static_cast<std::int64_t>(digit[plane]));
+  };
+  const Int128 total = (as_int(2) << 64) + (as_int(1) << 32) + as_int(0);
+  const bool negative = total < 0;
+  UInt128 magnitude = negative ? -static_cast<UInt128>(total) : static_cast<UInt128>(total);
+  int exponent = kBinBits * bin - 3 * kBinBits;
+  bool sticky = false;
+  if (std::has_single_bit(divisor)) {
+    // Dividing by a power of two only moves the exponent.
+    exponent -= static_cast<int>(std::bit_width(divisor)) - 1;
+  } else if (magnitude != 0) {
+    // Put the leading bit at position 127 so the quotient keeps at least 64 bits.
+    const auto high = static_cast<std::uint64_t>(magnitude >> 64);
+    const int shift = high != 0 ? std::countl_zero(high)
+                                : 64 + std::countl_zero(static_cast<std::uint64_t>(magnitude));
+    magnitude <<= shift;
+    exponent -= shift;
+    // One 64-bit division gives a quotient of at least 64 - bit_width(divisor) bits; rounding
+    // needs the kept bits, a guard bit and the sticky bit.
+    if (64 - static_cast<int>(std::bit_width(divisor)) >= mantissa_bits + 2) {
+      // (high * 2^64 + low) / d = q * 2^64 + (r * 2^64 + low) / d with the last term below
+      // 2^64: q is the quotient truncated at 2^64, inexact when r or low is not zero.
+      const auto top = static_cast<std::uint64_t>(magnitude >> 64);
+      sticky = top % divisor != 0 || static_cast<std::uint64_t>(magnitude) != 0;
+      magnitude = top / divisor;
+      exponent += 64;
+    } else {
+      const UInt128 quotient = magnitude / divisor;
+      sticky = quotient * divisor != magnitude;
+      magnitude = quotient;
+    }
+  }
+  const auto high = static_cast<std::uint64_t>(magnitude >> 64);
+  if (high != 0) {
+    const int shift = 64 - std::countl_zero(high);
+    sticky = sticky || (magnitude & ((UInt128{1} << shift) - 1)) != 0;
+    magnitude >>= shift;
+    exponent += shift;
+  }
+  const auto significand = static_cast<std::uint64_t>(magnitude);
+  return significand == 0 ? 0
+                          : round_to_format(negative, significand, exponent, sticky, exponent_bits,
+                                            mantissa_bits);
 }
+
+/// a + b = sum + the returned error, exactly (Knuth's two-sum).
+inline double two_sum_error(double a, double b, double sum) {
+  const double b_part = sum - a;
+  return (a - (sum - b_part)) + (b - b_part);
+}
+
+/// The f32 rounding of an element's digit sums times 2^exponent (a power-of-two divisor folded
+/// in), through doubles: the digits sum to t + r exactly with |r| a few units in t's last place,
+/// so rounding t to f32 is correct unless t lies within that distance of an f32 rounding
+/// boundary (a midpoint), or the result is not a normal f32. Returns false then, for the exact
+/// path to decide; the bits are the same either way.
+inline bool round_digits_to_f32_fast(const double* digit, int exponent, std::uint32_t& bits) {
+  const double high = digit[2] * 0x1p64;
+  const double middle = digit[1] * 0x1p32;
+  const double partial = high + middle;
+  const double total = partial + digit[0];
+  const double error =
+      two_sum_error(high, middle, partial) + two_sum_error(partial, digit[0], total);
+  if (total == 0.0) {
+    if (error != 0.0) return false;
+    bits = 0;
+    return true;
+  }
+  // exponent is within [-350, 160] and |total| below 2^119: the product is a normal double.
+  const double scaled =
+      total * std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
+  const double magnitude = std::fabs(scaled);
+  if (!(magnitude >= 0x1p-126 && magnitude < 0x1p127)) return false;
+  // |error| <= |partial| / 2^53 + |total| / 2^53, and |partial| <= 2 |total| unless the total
+  // cancelled, in which case the check below is taken against a tiny total and fails safe.
+  if (std::fabs(error) > std::fabs(total) * 0x1p-51) return false;
+  // The 29 bits f32 drops: a midpoint is 2^28; within 8 units of it the error could decide.
+  const std::uint64_t dropped =
+      std::bit_cast<std::uint64_t>(scaled) & ((std::uint64_t{1} << 29) - 1);
+  constexpr std::uint64_t kMidpoint = std::uint64_t{1} << 28;
+  if (dropped + 8 >= kMidpoint && dropped <= kMidpoint + 8) return false;
+  bits = std::bit_cast<std::uint32_t>(static_cast<float>(scaled));
+  return true;
+}
+
+}  // namespace
 
 void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out) {
   if (divisor <= 0)
@@ -373,65 +477,27 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
   }
   const std::int64_t count = sums.count();
   const std::int32_t* bins = sums.bins.values<std::int32_t>().data();
-  const double* digits = sums.digits.values<double>().data();
+  const double* planes = sums.digits.values<double>().data();
   const bool f32 = out.dtype() == DType::f32;
-  const int exponent_bits = f32 ? 8 : 11;
-  const int mantissa_bits = f32 ? 23 : 52;
   const auto wide_divisor = static_cast<std::uint64_t>(divisor);
-  // One 64-bit division gives a quotient of at least 64 - bit_width(divisor) bits; rounding needs
-  // the kept bits, a guard bit and the sticky bit.
-  const bool narrow_division =
-      64 - static_cast<int>(std::bit_width(wide_divisor)) >= mantissa_bits + 2;
+  const bool fast = f32 && std::has_single_bit(wide_divisor);
+  const int divisor_log2 = static_cast<int>(std::bit_width(wide_divisor)) - 1;
   std::byte* out_bytes = out.bytes().data();
   for (std::int64_t i = 0; i < count; ++i) {
-    std::uint64_t bits = 0;
     const std::int32_t bin = bins[i];
+    const double digit[3] = {planes[i], planes[count + i], planes[2 * count + i]};
+    std::uint64_t bits = 0;
+    std::uint32_t narrow = 0;
     if (bin == kNonFiniteBin) {
       bits = f32 ? 0x7fc00000u : 0x7ff8000000000000ull;  // the canonical NaN
+    } else if (fast && round_digits_to_f32_fast(digit, kBinBits * bin - 3 * kBinBits - divisor_log2,
+                                                narrow)) {
+      bits = narrow;
     } else {
-      // The digit sums are integers below 2^53 in magnitude: the total fits 118 bits.
-      const auto digit = [&](int plane) {
-        return static_cast<Int128>(static_cast<std::int64_t>(digits[plane * count + i]));
-      };
-      const Int128 total = (digit(2) << 64) + (digit(1) << 32) + digit(0);
-      const bool negative = total < 0;
-      UInt128 magnitude = negative ? -static_cast<UInt128>(total) : static_cast<UInt128>(total);
-      int exponent = kBinBits * bin - 3 * kBinBits;
-      bool sticky = false;
-      if (magnitude != 0 && divisor != 1) {
-        // Put the leading bit at position 127 so the quotient keeps at least 64 bits.
-        const auto high = static_cast<std::uint64_t>(magnitude >> 64);
-        const int shift = high != 0 ? std::countl_zero(high)
-                                    : 64 + std::countl_zero(static_cast<std::uint64_t>(magnitude));
-        magnitude <<= shift;
-        exponent -= shift;
-        if (narrow_division) {
-          // (high * 2^64 + low) / d = q * 2^64 + (r * 2^64 + low) / d with the last term below
-          // 2^64: q is the quotient truncated at 2^64, inexact when r or low is not zero.
-          const auto top = static_cast<std::uint64_t>(magnitude >> 64);
-          sticky = top % wide_divisor != 0 || static_cast<std::uint64_t>(magnitude) != 0;
-          magnitude = top / wide_divisor;
-          exponent += 64;
-        } else {
-          const UInt128 quotient = magnitude / wide_divisor;
-          sticky = quotient * wide_divisor != magnitude;
-          magnitude = quotient;
-        }
-      }
-      const auto high = static_cast<std::uint64_t>(magnitude >> 64);
-      if (high != 0) {
-        const int shift = 64 - std::countl_zero(high);
-        sticky = sticky || (magnitude & ((UInt128{1} << shift) - 1)) != 0;
-        magnitude >>= shift;
-        exponent += shift;
-      }
-      const auto significand = static_cast<std::uint64_t>(magnitude);
-      bits = significand == 0 ? 0
-                              : round_to_format(negative, significand, exponent, sticky,
-                                                exponent_bits, mantissa_bits);
+      bits = round_digits(digit, bin, wide_divisor, f32 ? 8 : 11, f32 ? 23 : 52);
     }
     if (f32) {
-      const auto narrow = static_cast<std::uint32_t>(bits);
+      narrow = static_cast<std::uint32_t>(bits);
       std::memcpy(out_bytes + i * 4, &narrow, sizeof narrow);
     } else {
       std::memcpy(out_bytes + i * 8, &bits, sizeof bits);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -158,6 +159,44 @@ TEST(BinnedSums, AnyDivisorRoundsCorrectlyToF32AndF64) {
       EXPECT_EQ(std::bit_cast<std::uint64_t>(twice.values<double>()[static_cast<std::size_t>(j)]),
                 reference.rounded(11, 52, d))
           << j << " / " << divisor;
+    }
+  }
+}
+
+TEST(BinnedSums, DigitSumsNextToF32MidpointsRoundCorrectly) {
+  // Digit sums whose value lies on, or a few units of 2^-64 (of the window) beside, an f32
+  // midpoint, with the digits split so their doubles cancel: the fast f32 rounding must hand
+  // every such case to the exact path or get it right.
+  std::vector<std::array<double, 3>> cases;
+  for (const double k : {0.0, 12345.0, 8388607.0}) {
+    // An f32 midpoint: 25 significant bits, the last one set.
+    const double midpoint = 0x1p24 + 2.0 * k + 1.0;
+    for (const double nudge : {-3.0, -1.0, 0.0, 1.0, 2.0}) {
+      for (const int shift : {0, 8, 20}) {
+        const double high = std::ldexp(midpoint, shift);
+        cases.push_back({nudge, high, 0.0});
+        cases.push_back({nudge - 0x1p32, high + 1.0, 0.0});  // the same value, split otherwise
+        cases.push_back({nudge, 0.0, high});
+        cases.push_back({nudge, -0x1p32, high + 1.0 / 0x1p32 * 0x1p32});
+      }
+    }
+  }
+  for (const std::int64_t divisor : {1, 2, 256, 3}) {
+    for (const auto& digits : cases) {
+      if (std::any_of(digits.begin(), digits.end(),
+                      [](double d) { return d != std::trunc(d) || std::fabs(d) >= 0x1p53; }))
+        continue;
+      BinnedSums sums(1);
+      sums.bins.values<std::int32_t>()[0] = 1;
+      for (int plane = 0; plane < 3; ++plane)
+        sums.digits.values<double>()[static_cast<std::size_t>(plane)] =
+            digits[static_cast<std::size_t>(plane)];
+      testing::ExactSumReference reference;
+      for (int plane = 0; plane < 3; ++plane)
+        reference.add(std::ldexp(digits[static_cast<std::size_t>(plane)], 32 * plane - 64));
+      EXPECT_EQ(bits_of(rounded(sums, divisor))[0],
+                reference.rounded(8, 23, static_cast<std::uint64_t>(divisor)))
+          << digits[0] << " " << digits[1] << " " << digits[2] << " / " << divisor;
     }
   }
 }

@@ -151,8 +151,8 @@ class ShardedModule {
   bool gathered_ = false;
   comm::Work unshard_work_;
   comm::Work reduce_work_;  // the last reduction launched (its all-reduce when there is one)
-  std::unique_ptr<nn::DenseGradients> dense_sink_;
-  std::unique_ptr<nn::BinnedGradients> binned_sink_;
+  std::shared_ptr<nn::DenseGradients> dense_sink_;  // shared with the reduction using it
+  std::shared_ptr<nn::BinnedGradients> binned_sink_;
   std::shared_ptr<StepAccumulator> accumulator_;
   std::vector<bool> received_;       // parameters that got a gradient this backward
   std::vector<bool> step_received_;  // ... in the first backward of the step

@@ -69,8 +69,9 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a);
 /// accumulators (for ranks: all-reduce the bins with max, align, all-reduce the digits with sum).
 void align_bins(BinnedSums& sums, const Tensor& bins);
 
-/// Adds `other`'s digits into `sums` after aligning both to the larger bins.
-void merge_binned_sums(BinnedSums& sums, const BinnedSums& other);
+/// Adds `other`'s digits into `sums` after aligning both to the larger bins (`other` is left
+/// aligned, holding the same sum it held).
+void merge_binned_sums(BinnedSums& sums, BinnedSums& other);
 
 /// out[i] = the correctly rounded value of (exact sum held in sums, element i) / divisor (f32 or
 /// f64 `out`, contiguous, count elements): one rounding, ties to even; NaN for non-finite elements.
