@@ -30,6 +30,18 @@ std::string parent_of(const std::string& path) {
 File File::open_read(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open", path, errno);
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    const int error = errno;
+    ::close(fd);
+    fail("cannot stat", path, error);
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError(
+        fmt::format("cannot read {}: {}", path,
+                    S_ISDIR(info.st_mode) ? "it is a directory" : "it is not a regular file"));
+  }
   return File(fd, path);
 }
 
@@ -103,8 +115,12 @@ void File::close() {
   if (fd >= 0 && ::close(fd) != 0) fail("cannot close", path_, errno);
 }
 
-std::string read_text(const std::string& path) {
+std::string read_text(const std::string& path, std::int64_t max_bytes) {
   const File file = File::open_read(path);
+  if (file.size() > max_bytes) {
+    throw DataError(fmt::format("{} is {} bytes, more than the {} this reader accepts", path,
+                                file.size(), max_bytes));
+  }
   std::string text(static_cast<std::size_t>(file.size()), '\0');
   file.read_at(0, std::as_writable_bytes(std::span<char>(text)));
   return text;
@@ -139,6 +155,11 @@ void rename_durably(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     throw DataError(fmt::format("cannot rename {} to {}: {}", from, to, std::strerror(errno)));
   sync_directory(parent_of(to));
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
 }
 
 bool exists(const std::string& path) {

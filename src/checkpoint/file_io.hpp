@@ -43,8 +43,8 @@ class File {
   std::string path_;
 };
 
-/// The whole file as bytes.
-std::string read_text(const std::string& path);
+/// The whole file as bytes; DataError when it is larger than `max_bytes`.
+std::string read_text(const std::string& path, std::int64_t max_bytes);
 /// Writes `text` to `path` (created or replaced through a temporary and rename) and syncs it and
 /// its directory, so that after a crash the file holds either the old or the new text.
 void write_text_atomically(const std::string& path, const std::string& text);
@@ -54,6 +54,8 @@ void make_directories(const std::string& path);
 void sync_directory(const std::string& path);
 /// Renames `from` to `to` (same file system) and syncs the directory holding `to`.
 void rename_durably(const std::string& from, const std::string& to);
+/// True when `path` is a regular file (links followed).
+bool is_regular_file(const std::string& path);
 /// True when `path` exists.
 bool exists(const std::string& path);
 /// Entries of a directory (names only; "." and ".." left out); empty when it does not exist.

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <numeric>
 #include <set>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <meshtensor/core/error.hpp>
 
 #include "file_io.hpp"
+#include "untrusted_json.hpp"
 
 namespace meshtensor::checkpoint {
 
@@ -50,9 +52,10 @@ DType parse_safetensors_dtype(const std::string& name) {
 }
 
 const SafetensorsEntry* SafetensorsHeader::find(const std::string& name) const {
-  for (const auto& entry : entries)
-    if (entry.name == name) return &entry;
-  return nullptr;
+  const auto it = std::lower_bound(
+      by_name.begin(), by_name.end(), name,
+      [this](std::size_t i, const std::string& key) { return entries[i].name < key; });
+  return it != by_name.end() && entries[*it].name == name ? &entries[*it] : nullptr;
 }
 
 std::string encode_safetensors_header(std::vector<SafetensorsEntry>& entries,
@@ -97,9 +100,13 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
     }
     return true;
   };
-  const auto* text = reinterpret_cast<const char*>(json.data());
-  const nlohmann::json header =
-      nlohmann::json::parse(text, text + json.size(), unique_names, /*allow_exceptions=*/false);
+  const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
+  nlohmann::json header;
+  try {
+    header = parse_untrusted_json(text, file + " (header)", unique_names);
+  } catch (const DataError& error) {
+    throw bad(error.what());
+  }
   if (header.is_discarded() || !header.is_object()) throw bad("the header is not a JSON object");
 
   SafetensorsHeader result;
@@ -135,7 +142,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
     std::vector<std::int64_t> dims;
     for (const auto& dim : shape) {
       if (!dim.is_number_integer() || dim.get<std::int64_t>() < 0)
-        throw bad(in_tensor(fmt::format("shape entry {} is not a size >= 0", dim.dump())));
+        throw bad(in_tensor(fmt::format("shape entry {} is not a size >= 0", json_excerpt(dim))));
       dims.push_back(dim.get<std::int64_t>());
     }
     try {
@@ -174,6 +181,11 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
     position = entry.end;
   }
   result.data_bytes = position;
+  result.by_name.resize(result.entries.size());
+  std::iota(result.by_name.begin(), result.by_name.end(), std::size_t{0});
+  std::sort(result.by_name.begin(), result.by_name.end(), [&](std::size_t a, std::size_t b) {
+    return result.entries[a].name < result.entries[b].name;
+  });
   if (result.data_start + result.data_bytes != file_bytes) {
     throw bad(fmt::format(
         "the file is {} bytes, but its header describes {} ({})", file_bytes,

@@ -27,6 +27,9 @@ std::string offset_text(const std::vector<std::int64_t>& offset) {
 void inspect(const CheckpointOptions& options) {
   const std::string directory = checkpoint::resolve(options.path);
   const checkpoint::Index index = checkpoint::read_index(directory);
+  // The listing is only worth reading when the files hold what the index says (headers only).
+  const std::vector<std::string> problems = checkpoint::reconcile(directory, index);
+  if (!problems.empty()) set_exit_status(1);
   std::int64_t total_bytes = 0;
   for (const auto& [file, bytes] : index.files)
     total_bytes += bytes;
@@ -47,9 +50,9 @@ void inspect(const CheckpointOptions& options) {
                          {"blocks", blocks}});
     }
     const nlohmann::json out = {
-        {"directory", directory},     {"step", index.step},   {"world_size", index.world_size},
-        {"metadata", index.metadata}, {"files", index.files}, {"file_bytes", total_bytes},
-        {"tensors", tensors}};
+        {"directory", directory},     {"step", index.step},     {"world_size", index.world_size},
+        {"metadata", index.metadata}, {"files", index.files},   {"file_bytes", total_bytes},
+        {"tensors", tensors},         {"ok", problems.empty()}, {"problems", problems}};
     std::cout << out.dump(1) << '\n';
     return;
   }
@@ -73,6 +76,10 @@ void inspect(const CheckpointOptions& options) {
                                offset_text(block.offset), block.file, block.end - block.begin);
     }
   }
+  for (const std::string& problem : problems)
+    std::cout << "FAILED: " << problem << '\n';
+  if (!problems.empty())
+    std::cout << fmt::format("{} problem(s) in {}\n", problems.size(), directory);
 }
 
 void verify(const CheckpointOptions& options) {

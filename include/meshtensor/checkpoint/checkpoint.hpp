@@ -33,6 +33,8 @@ struct SaveOptions {
 inline constexpr char kIndexFile[] = "index.json";
 /// Name of the file under a checkpoint root that names the newest complete checkpoint.
 inline constexpr char kLatestFile[] = "LATEST";
+/// Largest index file read (an index of about a million blocks).
+inline constexpr std::int64_t kMaxIndexBytes = std::int64_t{256} << 20;
 
 /// Saves a checkpoint of step `step` under the directory `root` (created when missing);
 /// collective over `world`, which must be every rank holding a block. Each rank that owns
@@ -134,10 +136,19 @@ struct VerifyReport {
   std::vector<std::string> problems;  ///< empty: the checkpoint is intact
 };
 
-/// Checks a whole checkpoint on its own, without a communicator: every file's header against
-/// the index, every block's bytes against its checksum, and that each tensor's blocks tile it.
-/// Problems are collected (each naming the tensor and the file), not thrown; a missing or
-/// unreadable index throws DataError.
+/// Reconciles the index of the checkpoint directory `directory` with its files, reading only
+/// their headers: every file the index lists is there with its recorded size and a valid
+/// safetensors header, every block matches an entry of its file (dtype, shape, byte range inside
+/// the file), and every entry of every file is referenced by exactly one block. Returns the
+/// problems found (each naming the file and the tensor); empty when they agree. `files_read`
+/// counts the files whose header was read.
+std::vector<std::string> reconcile(const std::string& directory, const Index& index,
+                                   std::int64_t* files_read = nullptr);
+
+/// Checks a whole checkpoint on its own, without a communicator: reconcile(), then every
+/// block's bytes against its checksum (each tensor's blocks tiling it is checked when the index
+/// is read). Problems are collected (each naming the tensor and the file), not thrown; a missing
+/// or unreadable index throws DataError.
 VerifyReport verify(const std::string& path);
 
 /// The SaveItem of a DTensor: its local block, owned by the rank at coordinate 0 of every

@@ -35,8 +35,10 @@ struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;
   std::int64_t data_start = 0;  ///< 8 + the length of the JSON header
   std::int64_t data_bytes = 0;  ///< bytes of the data section (the end of the last entry)
-  /// The entry named `name`, or nullptr.
+  /// The entry named `name`, or nullptr (a binary search of by_name).
   const SafetensorsEntry* find(const std::string& name) const;
+  /// Indexes into `entries` in name order.
+  std::vector<std::size_t> by_name;
 };
 
 /// Largest JSON header accepted (as the reference implementation: 100 MB).
