@@ -15,6 +15,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
@@ -107,9 +108,28 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
                                  : config.directory) /
        fmt::format("meshtensor-bench-checkpoint-{:08x}", entropy()))
           .string();
-  std::filesystem::create_directories(root);
+  // The state, a loaded copy and the baselines' buffers live at once; two copies go to disk.
+  require_memory(3.0 * static_cast<double>(total),
+                 fmt::format("bench checkpoint --mib {}", config.megabytes));
+  std::error_code error;
+  std::filesystem::create_directories(root, error);
+  if (error) {
+    throw DataError(fmt::format("bench checkpoint: cannot create a directory in {}: {}",
+                                std::filesystem::path(root).parent_path().string(),
+                                error.message()));
+  }
   const auto cleanup = std::unique_ptr<const std::string, void (*)(const std::string*)>(
-      &root, [](const std::string* path) { std::filesystem::remove_all(*path); });
+      &root, [](const std::string* path) {
+        std::error_code ignored;
+        std::filesystem::remove_all(*path, ignored);
+      });
+  const std::filesystem::space_info space = std::filesystem::space(root, error);
+  if (!error && static_cast<double>(space.available) < 2.0 * static_cast<double>(total)) {
+    throw ResourceError(
+        fmt::format("bench checkpoint --mib {} writes about {} to {}, but only {} is free there",
+                    config.megabytes, format_bytes(2.0 * static_cast<double>(total)), root,
+                    format_bytes(static_cast<double>(space.available))));
+  }
 
   CheckpointBenchResult result;
   result.tensors = static_cast<std::int64_t>(shapes.size());

@@ -59,8 +59,8 @@ std::string json_excerpt(const nlohmann::json& value) {
   if (value.is_string()) {
     const auto& text = value.get_ref<const std::string&>();
     if (text.size() > kLength)
-      return nlohmann::json(text.substr(0, kLength)).dump(-1, ' ', false,
-                                                          nlohmann::json::error_handler_t::replace) +
+      return nlohmann::json(text.substr(0, kLength))
+                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
              "...";
   }
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

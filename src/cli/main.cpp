@@ -29,7 +29,8 @@ constexpr int kBadInput = 2;
 // What CLI11 lets through but meshtensor refuses, found before parsing:
 // - a command that does not exist (`meshtensor plann`, `meshtensor bench collectve`): the first
 //   token after each command that needs a subcommand must be one of its subcommands;
-// - a value given to a flag (`--json=`, `--json=yes`): flags take none.
+// - a value given to a flag (`--json=`, `--json=yes`): flags take none;
+// - an empty value given to an option (`--log ""`, `--mesh=`): no option means anything by it.
 // Returns the complaint, or empty.
 std::string malformed(CLI::App& app, int argc, char** argv) {
   CLI::App* at = &app;
@@ -53,13 +54,20 @@ std::string malformed(CLI::App& app, int argc, char** argv) {
   }
   for (; i < argc; ++i) {
     const std::string_view token = argv[i];
+    if (token.substr(0, 2) != "--") continue;
     const std::size_t equals = token.find('=');
-    if (token.substr(0, 2) != "--" || equals == std::string_view::npos) continue;
     const std::string name(token.substr(0, equals));
     const CLI::Option* option = at->get_option_no_throw(name);
-    if (option != nullptr && option->get_expected_max() == 0) {
+    if (option == nullptr) continue;
+    if (equals != std::string_view::npos && option->get_expected_max() == 0) {
       return fmt::format("{} is a flag and takes no value, not '{}'", name, token);
     }
+    const bool takes_value = option->get_expected_max() > 0;
+    const bool empty_value = equals != std::string_view::npos
+                                 ? equals + 1 == token.size()
+                                 : i + 1 < argc && argv[i + 1][0] == '\0';
+    if (takes_value && empty_value)
+      return fmt::format("{} was given an empty value: give one, or leave the option out", name);
   }
   return {};
 }

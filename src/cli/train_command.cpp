@@ -1,7 +1,10 @@
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -9,6 +12,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/comm/threads_backend.hpp>
@@ -163,13 +167,26 @@ nlohmann::json epoch_json(const train::EpochReport& e) {
           {"seconds", e.seconds}};
 }
 
-/// Draws loss and accuracy per epoch with gnuplot into a PNG.
-void draw_plot(const std::string& path, const std::vector<train::EpochReport>& epochs,
-               const std::string& title) {
+/// `text` with every character but letters, digits and " ,:._=-" removed: what may appear in
+/// the gnuplot script, which must never parse user text.
+std::string plot_safe(const std::string& text) {
+  std::string out;
+  for (const char c : text)
+    if (std::isalnum(static_cast<unsigned char>(c)) != 0 || std::strchr(" ,:._=-", c) != nullptr)
+      out += c;
+  return out;
+}
+
+/// Draws loss and accuracy per epoch with gnuplot into `png` (opened by the caller before the
+/// run, so a bad path fails before training). gnuplot reads and writes only temporary files this
+/// function names; the image is copied to the user's file here, so no path is ever parsed.
+void draw_plot(const std::string& path, std::ofstream& png,
+               const std::vector<train::EpochReport>& epochs, const std::string& title) {
   char data_path[] = "/tmp/meshtensor-plot-XXXXXX";
   const int fd = mkstemp(data_path);
   if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
   close(fd);
+  const std::string image_path = std::string(data_path) + ".png";
   {
     std::ofstream data(data_path);
     for (const auto& e : epochs)
@@ -190,7 +207,7 @@ void draw_plot(const std::string& path, const std::vector<train::EpochReport>& e
       "plot '{}' using 1:2 with linespoints title 'train loss' axes x1y1, "
       "'' using 1:3 with linespoints title 'train accuracy' axes x1y2, "
       "'' using 1:4 with linespoints title 'test accuracy' axes x1y2\n",
-      path, title, data_path);
+      image_path, plot_safe(title), data_path);
   FILE* gnuplot = popen("gnuplot 2>&1", "w");
   if (gnuplot == nullptr) {
     std::remove(data_path);
@@ -199,12 +216,38 @@ void draw_plot(const std::string& path, const std::vector<train::EpochReport>& e
   std::fputs(script.c_str(), gnuplot);
   const int status = pclose(gnuplot);
   std::remove(data_path);
-  if (status != 0) {
-    throw DataError(
-        fmt::format("gnuplot could not draw {} (exit status {}; is gnuplot-nox "
-                    "installed and the directory writable?)",
-                    path, status));
+  std::ifstream image(image_path, std::ios::binary);
+  if (status != 0 || !image) {
+    std::remove(image_path.c_str());
+    throw DataError(fmt::format(
+        "gnuplot could not draw {} (exit status {}; is gnuplot-nox installed?)", path, status));
   }
+  png << image.rdbuf();
+  png.close();
+  std::remove(image_path.c_str());
+  if (!png) throw DataError(fmt::format("{}: writing the plot failed", path));
+}
+
+/// Opens a file an option names for writing, before the run: DataError naming the option, the
+/// path and the system's reason.
+std::ofstream open_output(const char* option, const std::string& path, bool binary = false) {
+  std::ofstream out(path, binary ? std::ios::out | std::ios::binary : std::ios::out);
+  if (!out) {
+    throw DataError(
+        fmt::format("{} {}: cannot write the file: {}", option, path, std::strerror(errno)));
+  }
+  return out;
+}
+
+/// Refuses a run whose `processes_ranks` ranks in this process would need more memory than it
+/// has (ResourceError with both figures).
+void require_training_memory(const train::TrainConfig& config, const train::Dataset& data,
+                             std::int64_t process_ranks, std::int64_t ranks) {
+  const double per_rank = train::estimate_rank_bytes(config, data.train.features(), ranks);
+  require_memory(
+      per_rank * static_cast<double>(process_ranks),
+      fmt::format("training model mlp:{} on {} rank(s) in this process ({} a rank)",
+                  fmt::join(config.model.hidden, ","), process_ranks, format_bytes(per_rank)));
 }
 
 void run_train(const TrainOptions& options) {
@@ -228,17 +271,13 @@ void run_train(const TrainOptions& options) {
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
   std::optional<std::ofstream> trace_file;
-  if (!options.trace.empty()) {
-    trace_file.emplace(options.trace);
-    if (!*trace_file)
-      throw DataError(fmt::format("{}: cannot write the --trace file", options.trace));
-  }
+  if (!options.trace.empty()) trace_file = open_output("--trace", options.trace);
   std::optional<std::ofstream> log;
-  if (!options.log.empty()) {
-    log.emplace(options.log);
-    if (!*log) throw DataError(fmt::format("{}: cannot write the --log file", options.log));
-  }
+  if (!options.log.empty()) log = open_output("--log", options.log);
+  std::optional<std::ofstream> plot;
+  if (!options.plot.empty()) plot = open_output("--plot", options.plot, /*binary=*/true);
   const train::Dataset data = train::load_dataset(options.data);
+  require_training_memory(config, data, backend == Backend::threads ? ranks : 1, ranks);
   const std::string command = fmt::format(
       "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
       "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
@@ -369,8 +408,8 @@ void run_train(const TrainOptions& options) {
           if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
         }
         std::cout.flush();
-        if (!options.plot.empty()) {
-          draw_plot(options.plot, result.epochs,
+        if (plot) {
+          draw_plot(options.plot, *plot, result.epochs,
                     fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
                                 world.size(), options.mode));
         }
@@ -455,6 +494,11 @@ void run_train_bench(const TrainBenchOptions& options) {
   if (!options.layouts.empty()) layouts = parse_layouts(options.layouts);
   train_options.timeout.apply();
   const train::Dataset data = train::load_dataset(train_options.data);
+  train::TrainConfig largest = config;
+  largest.mode = comm::ReductionMode::exact;
+  for (const Layout& layout : layouts)
+    require_training_memory(largest, data, layout.ranks, layout.ranks);
+  require_training_memory(largest, data, ranks, ranks);
 
   std::vector<TrainBenchRun> runs;
   config.mode = comm::ReductionMode::ordered;
@@ -550,6 +594,10 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   const comm::LinkDelay link = comm::parse_link(options.link);
   options.train.timeout.apply();
   const train::Dataset data = train::load_dataset(options.train.data);
+  train::TrainConfig largest = base;
+  largest.mode = comm::ReductionMode::exact;
+  largest.strategy = train::Strategy::ddp;  // the most memory of the layouts it runs
+  require_training_memory(largest, data, ranks, ranks);
 
   // Charged link time, summed over every call of every rank (divided by ranks and steps below).
   std::atomic<std::int64_t> charged_ns{0};

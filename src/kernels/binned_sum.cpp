@@ -279,13 +279,17 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   std::vector<std::int64_t> index;
   a.reserve(static_cast<std::size_t>(rows));
   index.reserve(static_cast<std::size_t>(rows));
+  // 0 * inf is NaN here as in every other sum: rows where x is zero are skipped (ReLU, blank
+  // pixels: they add nothing) only when dy holds no infinity or NaN.
+  const auto dys = dy_dense.values<float>();
+  const bool dy_finite =
+      std::all_of(dys.begin(), dys.end(), [](float v) { return std::isfinite(v); });
   for (std::int64_t i = 0; i < m; ++i) {
-    // Zero addends change nothing, so rows where x is zero (ReLU, blank pixels) are skipped.
     a.clear();
     index.clear();
     for (std::int64_t r = 0; r < rows; ++r) {
       const double value = xs[static_cast<std::size_t>(r * m + i)];  // exact
-      if (value == 0.0) continue;
+      if (value == 0.0 && dy_finite) continue;
       a.push_back(value);
       index.push_back(r);
     }

@@ -1,3 +1,5 @@
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -6,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/train/dataset.hpp>
 
@@ -15,49 +18,73 @@ namespace {
 
 // The largest array the reader accepts: far above MNIST's 47 MB, far below a decompression bomb.
 constexpr std::int64_t kMaxIdxBytes = std::int64_t{1} << 31;
+// Declared sizes above this are checked against the memory available before reading.
+constexpr std::int64_t kMemoryCheckBytes = std::int64_t{64} << 20;
+// The first piece of data read; later pieces double what is there.
+constexpr std::size_t kFirstPiece = std::size_t{1} << 20;
+// Bytes after the declared data read before the file is refused for them.
+constexpr std::int64_t kMaxTrailingBytes = std::int64_t{1} << 20;
 
 bool is_gzip(std::span<const std::byte> bytes) {
   return bytes.size() >= 2 && bytes[0] == std::byte{0x1f} && bytes[1] == std::byte{0x8b};
 }
 
-std::vector<std::uint8_t> gunzip(std::span<const std::byte> bytes, const std::string& name) {
-  z_stream stream{};
-  if (inflateInit2(&stream, 15 + 16) != Z_OK)
-    throw DataError(fmt::format("{}: cannot start the gzip decoder", name));
-  std::vector<std::uint8_t> out;
-  std::size_t consumed = 0;
-  int status = Z_OK;
-  while (true) {
-    // Feed at most 1 GiB at a time: z_stream counts in 32 bits.
-    const std::size_t chunk = std::min<std::size_t>(bytes.size() - consumed, std::size_t{1} << 30);
-    stream.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(bytes.data() + consumed));
-    stream.avail_in = static_cast<uInt>(chunk);
-    const std::size_t before = out.size();
-    out.resize(before + std::max<std::size_t>(std::size_t{1} << 16, before));
-    stream.next_out = out.data() + before;
-    stream.avail_out = static_cast<uInt>(out.size() - before);
-    status = inflate(&stream, Z_NO_FLUSH);
-    consumed += chunk - stream.avail_in;
-    out.resize(out.size() - stream.avail_out);
-    if (status == Z_STREAM_END) break;
-    if (status != Z_OK && status != Z_BUF_ERROR) {
-      const std::string why = stream.msg != nullptr ? stream.msg : "corrupt data";
-      inflateEnd(&stream);
-      throw DataError(fmt::format("{}: bad gzip stream ({})", name, why));
-    }
-    if (status == Z_BUF_ERROR && consumed == bytes.size() && stream.avail_out != 0) {
-      inflateEnd(&stream);
-      throw DataError(fmt::format("{}: the gzip stream is truncated (it ends after {} bytes)", name,
-                                  bytes.size()));
-    }
-    if (static_cast<std::int64_t>(out.size()) > kMaxIdxBytes) {
-      inflateEnd(&stream);
-      throw DataError(fmt::format("{}: decompresses to more than {} bytes", name, kMaxIdxBytes));
-    }
+/// Bytes of an IDX file, plain or gzip, read in the amounts the caller asks for, so that nothing
+/// is decompressed past what the header declares.
+class IdxSource {
+ public:
+  IdxSource(std::span<const std::byte> bytes, std::string name)
+      : bytes_(bytes), name_(std::move(name)), gzip_(is_gzip(bytes)) {
+    if (gzip_ && inflateInit2(&stream_, 15 + 16) != Z_OK)
+      throw DataError(fmt::format("{}: cannot start the gzip decoder", name_));
   }
-  inflateEnd(&stream);
-  return out;
-}
+  IdxSource(const IdxSource&) = delete;
+  IdxSource& operator=(const IdxSource&) = delete;
+  ~IdxSource() {
+    if (gzip_) inflateEnd(&stream_);
+  }
+
+  /// Fills `out` as far as the data goes; returns the bytes written (fewer at the end).
+  std::size_t read(std::span<std::uint8_t> out) {
+    if (!gzip_) {
+      const std::size_t n = std::min(out.size(), bytes_.size() - consumed_);
+      std::memcpy(out.data(), bytes_.data() + consumed_, n);
+      consumed_ += n;
+      return n;
+    }
+    std::size_t produced = 0;
+    while (produced < out.size() && !ended_) {
+      // At most 1 GiB a call each way: z_stream counts in 32 bits.
+      const std::size_t in = std::min<std::size_t>(bytes_.size() - consumed_, std::size_t{1} << 30);
+      const std::size_t room = std::min<std::size_t>(out.size() - produced, std::size_t{1} << 30);
+      stream_.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(bytes_.data() + consumed_));
+      stream_.avail_in = static_cast<uInt>(in);
+      stream_.next_out = out.data() + produced;
+      stream_.avail_out = static_cast<uInt>(room);
+      const int status = inflate(&stream_, Z_NO_FLUSH);
+      consumed_ += in - stream_.avail_in;
+      produced += room - stream_.avail_out;
+      if (status == Z_STREAM_END) {
+        ended_ = true;
+      } else if (status != Z_OK && status != Z_BUF_ERROR) {
+        throw DataError(fmt::format("{}: bad gzip stream ({})", name_,
+                                    stream_.msg != nullptr ? stream_.msg : "corrupt data"));
+      } else if (status == Z_BUF_ERROR && consumed_ == bytes_.size() && stream_.avail_out != 0) {
+        throw DataError(fmt::format("{}: the gzip stream is truncated (it ends after {} bytes)",
+                                    name_, bytes_.size()));
+      }
+    }
+    return produced;
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::string name_;
+  bool gzip_ = false;
+  bool ended_ = false;
+  std::size_t consumed_ = 0;
+  z_stream stream_{};
+};
 
 std::int64_t read_be32(const std::uint8_t* p) {
   return (std::int64_t{p[0]} << 24) | (std::int64_t{p[1]} << 16) | (std::int64_t{p[2]} << 8) |
@@ -67,38 +94,33 @@ std::int64_t read_be32(const std::uint8_t* p) {
 }  // namespace
 
 IdxArray parse_idx(std::span<const std::byte> bytes, int expected_dims, const std::string& name) {
-  std::vector<std::uint8_t> raw;
-  if (is_gzip(bytes)) {
-    raw = gunzip(bytes, name);
-  } else {
-    const auto* begin = reinterpret_cast<const std::uint8_t*>(bytes.data());
-    raw.assign(begin, begin + bytes.size());
-  }
-  if (raw.size() < 4) {
-    throw DataError(fmt::format("{}: {} bytes is too short for an IDX header", name, raw.size()));
-  }
-  if (raw[0] != 0 || raw[1] != 0) {
+  IdxSource source(bytes, name);
+  std::uint8_t magic[4] = {};
+  if (const std::size_t got = source.read(magic); got < 4)
+    throw DataError(fmt::format("{}: {} bytes is too short for an IDX header", name, got));
+  if (magic[0] != 0 || magic[1] != 0) {
     throw DataError(
         fmt::format("{}: bad magic {:02x}{:02x}{:02x}{:02x} (an IDX file starts with "
                     "two zero bytes)",
-                    name, raw[0], raw[1], raw[2], raw[3]));
+                    name, magic[0], magic[1], magic[2], magic[3]));
   }
-  if (raw[2] != 0x08) {
+  if (magic[2] != 0x08) {
     throw DataError(
-        fmt::format("{}: element type 0x{:02x} is not unsigned byte (0x08)", name, raw[2]));
+        fmt::format("{}: element type 0x{:02x} is not unsigned byte (0x08)", name, magic[2]));
   }
-  if (raw[3] != expected_dims) {
-    throw DataError(fmt::format("{}: {} dims where {} were expected", name, raw[3], expected_dims));
-  }
-  const std::size_t header = 4 + 4 * static_cast<std::size_t>(expected_dims);
-  if (raw.size() < header) {
+  if (magic[3] != expected_dims) {
     throw DataError(
-        fmt::format("{}: truncated header ({} bytes, {} needed)", name, raw.size(), header));
+        fmt::format("{}: {} dims where {} were expected", name, magic[3], expected_dims));
+  }
+  std::vector<std::uint8_t> sizes(4 * static_cast<std::size_t>(expected_dims));
+  if (const std::size_t got = source.read(sizes); got < sizes.size()) {
+    throw DataError(
+        fmt::format("{}: truncated header ({} bytes, {} needed)", name, 4 + got, 4 + sizes.size()));
   }
   IdxArray array;
   std::int64_t elements = 1;
   for (int d = 0; d < expected_dims; ++d) {
-    const std::int64_t size = read_be32(raw.data() + 4 + 4 * d);
+    const std::int64_t size = read_be32(sizes.data() + 4 * d);
     if (size <= 0 || size > kMaxIdxBytes / elements) {
       throw DataError(
           fmt::format("{}: dim {} has size {}, which is not valid here", name, d, size));
@@ -106,25 +128,60 @@ IdxArray parse_idx(std::span<const std::byte> bytes, int expected_dims, const st
     elements *= size;
     array.dims.push_back(size);
   }
-  const auto data_bytes = static_cast<std::int64_t>(raw.size() - header);
-  if (data_bytes < elements) {
+  // Only what the header declares is ever decompressed (a bomb stops here or at the check
+  // below), and the buffer grows with the data actually there, not with what a header claims.
+  if (elements > kMemoryCheckBytes) {
+    require_memory(static_cast<double>(elements),
+                   fmt::format("reading the {} bytes {} declares", elements, name));
+  }
+  std::size_t total = 0;
+  const auto wanted = static_cast<std::size_t>(elements);
+  while (total < wanted) {
+    const std::size_t piece = std::min(wanted - total, std::max(kFirstPiece, total));
+    array.data.resize(total + piece);
+    const std::size_t got = source.read(std::span(array.data).subspan(total, piece));
+    total += got;
+    if (got < piece) break;
+  }
+  if (total < wanted) {
     throw DataError(fmt::format("{}: truncated: the dims need {} bytes of data, the file has {}",
-                                name, elements, data_bytes));
+                                name, elements, total));
   }
-  if (data_bytes > elements) {
-    throw DataError(fmt::format("{}: {} bytes after the {} the dims describe", name,
-                                data_bytes - elements, elements));
+  std::uint8_t extra[4096];
+  std::int64_t trailing = 0;
+  for (std::size_t got = source.read(extra); got > 0; got = source.read(extra)) {
+    trailing += static_cast<std::int64_t>(got);
+    if (trailing > kMaxTrailingBytes) break;
   }
-  array.data.assign(raw.begin() + static_cast<std::ptrdiff_t>(header), raw.end());
+  if (trailing > 0) {
+    throw DataError(fmt::format("{}: {}{} bytes after the {} the dims describe", name,
+                                trailing > kMaxTrailingBytes ? "more than " : "",
+                                std::min(trailing, kMaxTrailingBytes), elements));
+  }
   return array;
 }
 
 IdxArray read_idx(const std::string& path, int expected_dims) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error) throw DataError(fmt::format("{}: cannot open the file: {}", path, error.message()));
+  if (!std::filesystem::is_regular_file(status)) {
+    throw DataError(fmt::format(
+        "{}: cannot read it: {}", path,
+        std::filesystem::is_directory(status) ? "it is a directory" : "it is not a regular file"));
+  }
+  const auto size = static_cast<std::int64_t>(std::filesystem::file_size(path, error));
+  // A gzip stream is never much larger than what it holds: refuse files past twice the cap.
+  if (error || size > 2 * kMaxIdxBytes) {
+    throw DataError(fmt::format("{}: {} bytes, more than an IDX file this reader accepts ({})",
+                                path, size, 2 * kMaxIdxBytes));
+  }
+  require_memory(static_cast<double>(size), fmt::format("reading {}", path));
   std::ifstream file(path, std::ios::binary);
   if (!file) throw DataError(fmt::format("{}: cannot open the file", path));
-  std::vector<char> content((std::istreambuf_iterator<char>(file)),
-                            std::istreambuf_iterator<char>());
-  if (file.bad()) throw DataError(fmt::format("{}: read error", path));
+  std::vector<char> content(static_cast<std::size_t>(size));
+  file.read(content.data(), size);
+  if (file.gcount() != size) throw DataError(fmt::format("{}: read error", path));
   return parse_idx(std::as_bytes(std::span<const char>(content)), expected_dims, path);
 }
 

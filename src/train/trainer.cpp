@@ -1,10 +1,12 @@
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/agree.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
@@ -105,6 +107,14 @@ Placement placement_for(const TrainConfig& config, std::int64_t ranks) {
   throw InvalidArgument("unknown strategy");
 }
 
+/// The model's architecture as checkpoint metadata: a resume refuses a checkpoint of another one
+/// (the tensor shapes alone do not tell activations apart).
+std::string architecture_text(const nn::MlpConfig& model) {
+  return fmt::format("mlp hidden={} activation={} layernorm={}", fmt::join(model.hidden, ","),
+                     model.activation == nn::Activation::gelu ? "gelu" : "relu",
+                     model.layernorm ? "yes" : "no");
+}
+
 void validate(const TrainConfig& config, const Dataset& data) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
@@ -124,6 +134,14 @@ void validate(const TrainConfig& config, const Dataset& data) {
                                       config.batch, kernels::kMaxBinnedAddends));
   }
   if (data.train.count == 0) throw InvalidArgument("the training set is empty");
+  // Micro-batches split each rank's slice of the global batch (some may be empty); more of them
+  // than the global batch has samples are empty everywhere, and a count in the millions would
+  // run for hours.
+  if (config.micro_batches > config.batch) {
+    throw InvalidArgument(fmt::format(
+        "{} micro-batches is more than the {} sample(s) of the global batch: give at most {}",
+        config.micro_batches, config.batch, config.batch));
+  }
 }
 
 /// The samples of the first `steps` steps of the run.
@@ -155,6 +173,38 @@ std::string mode_text(comm::ReductionMode mode) {
 }
 
 }  // namespace
+
+double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std::int64_t ranks) {
+  std::vector<double> widths{static_cast<double>(features)};
+  for (const std::int64_t h : config.model.hidden)
+    widths.push_back(static_cast<double>(h));
+  widths.push_back(kClasses);
+  double parameters = 0;
+  double largest_layer = 0;
+  double activations = 0;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    const double layer =
+        widths[i] * widths[i + 1] + widths[i + 1] * (config.model.layernorm ? 3 : 1);
+    parameters += layer;
+    largest_layer = std::max(largest_layer, layer);
+    activations += widths[i + 1];
+  }
+  const auto replicas = static_cast<double>(
+      config.strategy == Strategy::hsdp
+          ? (config.replicas > 0 ? config.replicas : std::min<std::int64_t>(2, ranks))
+          : 1);
+  const double shards =
+      config.strategy == Strategy::ddp ? 1.0 : static_cast<double>(ranks) / replicas;
+  const double state_copies = config.optimizer == OptimizerKind::adamw ? 4.0 : 3.0;
+  const bool exact = config.mode == comm::ReductionMode::exact;
+  const double sink = exact ? 28.0 : 4.0;
+  const double rows = std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks));
+  return 4.0 * parameters                              // the whole model, before sharding
+         + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
+         + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
+         + (4.0 * (1 + config.prefetch) + 2 * sink) * largest_layer  // gathered, sinks in flight
+         + 4.0 * 4.0 * rows * (activations + widths.front());        // activations and gradients
+}
 
 TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
                   const TrainCallbacks& callbacks) {
@@ -242,10 +292,19 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
           fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
                       config.resume_dir, loaded_scalar("train.step"), total_steps));
     }
-    restore_model_state(state, loaded, optimizer.get());
-    // Only world rank 0 reports warnings, so only it reads the index's metadata.
+    // Only world rank 0 reads the index's metadata; every rank checks the architecture.
     const checkpoint::Index index =
         leader ? checkpoint::read_index(config.resume_dir) : checkpoint::Index{};
+    const auto saved_architecture = index.metadata.find("architecture");
+    const std::string architecture = comm::broadcast_text(
+        world, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
+    if (!architecture.empty() && architecture != architecture_text(config.model)) {
+      throw InvalidArgument(
+          fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (--model, "
+                      "--activation and --layernorm must match the saving run's)",
+                      config.resume_dir, architecture, architecture_text(config.model)));
+    }
+    restore_model_state(state, loaded, optimizer.get());
     if (const auto saved = index.metadata.find("schedule");
         saved != index.metadata.end() && saved->second != schedule_text(config.schedule)) {
       result.warnings.push_back(fmt::format(
@@ -280,6 +339,7 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
                         {"mesh", placement.description},
                         {"mode", mode_text(config.mode)},
                         {"hidden", fmt::format("{}", fmt::join(config.model.hidden, ","))},
+                        {"architecture", architecture_text(config.model)},
                         {"optimizer", config.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
                         {"schedule", schedule_text(config.schedule)}};
     result.checkpoints.push_back(checkpoint::save(world, config.save_dir, step, state, options));

@@ -93,6 +93,8 @@ errors)
   expect 0 "warning: the checkpoint's run had the learning-rate schedule 'cosine base=0.001 warmup=0 total_steps=6', this run has 'cosine base=0.001 warmup=0 total_steps=9'" \
     "$bin" train --model mlp:16 --batch 500 --steps 9 --seed 2 --strategy fsdp --ranks 2 --resume "$dir"
   expect 2 "no checkpoint at $dir/nothing" "$bin" "${run[@]}" --resume "$dir/nothing"
+  expect 2 "holds a model 'mlp hidden=16 activation=relu layernorm=no', but this run trains 'mlp hidden=16 activation=gelu layernorm=no'" \
+    "$bin" "${run[@]}" --activation gelu --resume "$dir"
   file=$(ls "$dir"/step-*/rank-00001.safetensors)
   cp "$file" "$dir/saved"
   size=$(stat -c %s "$file")

@@ -209,6 +209,19 @@ TEST(BinnedSums, NonFiniteAddendsMakeTheCanonicalNan) {
   EXPECT_EQ(bits_of(rounded(sums)), (std::vector<std::uint32_t>{0x7fc00000u, 0x7fc00000u}));
 }
 
+TEST(BinnedSums, ZeroTimesInfinityIsNanInOuterAndColumnProducts) {
+  // One convention for 0 * inf (NaN, as IEEE multiplication) in both kernels.
+  Tensor x = Tensor::zeros(Shape{2, 1}, DType::f32);
+  Tensor dy = Tensor::zeros(Shape{2, 1}, DType::f32);
+  dy.values<float>()[0] = std::numeric_limits<float>::infinity();
+  BinnedSums outer(1);
+  add_outer_products(outer, 0, x, dy);
+  BinnedSums column(1);
+  add_column_products(column, 0, x, dy);
+  EXPECT_TRUE(std::isnan(rounded(outer).values<float>()[0]));
+  EXPECT_TRUE(std::isnan(rounded(column).values<float>()[0]));
+}
+
 TEST(BinnedSums, EverySimdLevelGivesTheSameBits) {
   const Tensor x = spread(50, 20, 7);
   const Tensor dy = spread(50, 37, 8);

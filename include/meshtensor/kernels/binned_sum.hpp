@@ -20,10 +20,13 @@ namespace meshtensor::kernels {
 /// stored as plain sums of the addends' own digits, never carried. Digit sums are integers held
 /// in doubles, exact for up to kMaxBinnedAddends addends per element.
 ///
-/// Floor: addends within 2^-64 of the element's largest are added exactly; each addend loses at
-/// most 2^-64 of the largest addend. Products of f32 values are exact in f64, so sums of
-/// products of f32 inputs (x^T·dy, column sums, column dot products) are the exact sums of those
-/// products down to that floor. A non-finite addend (or one of 2^256 or more) makes the element
+/// Floor: the window's lowest digit is worth at most 2^-64 of the element's largest addend, so
+/// each addend loses less than that (truncation toward zero). An addend is added exactly when its
+/// lowest set bit lies inside the window: products of f32 values (at most 48 significant bits)
+/// within 2^-17 of the largest always are; smaller ones may lose their lowest bits. Products of
+/// f32 values are exact in f64, so sums of products of f32 inputs (x^T·dy, column sums, column
+/// dot products) are the exact sums of those products down to that floor. A non-finite addend
+/// (or one of 2^256 or more) makes the element
 /// NaN.
 struct BinnedSums {
   /// An empty accumulator for `count` elements: bins at kLowestBin, digits zero.

@@ -129,6 +129,14 @@ struct TrainCallbacks {
 inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch",   "data.position",
                                                      "data.batch", "data.samples", "rng.seed"};
 
+/// An upper estimate of the memory one rank of train() needs at its peak, for `ranks` ranks and
+/// inputs of `features` values: the full model it builds before sharding, its shards of the
+/// parameters, gradients and optimizer state, the gathered parameters and gradient sums of the
+/// layers in flight (exact mode's carry 28 bytes a value) and the activations of its slice of the
+/// batch. Commands check it against the memory available before they start (threads ranks share
+/// one process: multiply by their number).
+double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std::int64_t ranks);
+
 /// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
 /// each parameterised layer is one fsdp::ShardedModule group; every rank takes its Shard(0)-style
 /// slice of every global batch and splits it into micro-batches; gradients reduce in config.mode
