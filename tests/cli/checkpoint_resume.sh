@@ -68,20 +68,7 @@ mpi)
 errors)
   run=(train --model mlp:16 --batch 500 --steps 6 --seed 2 --strategy fsdp --ranks 2)
   "$bin" "${run[@]}" --save "$dir" >/dev/null
-  expect() {  # expect <status> <pattern> <command...>
-    local status=$1 pattern=$2
-    shift 2
-    set +e
-    out=$("$@" 2>&1)
-    got=$?
-    set -e
-    if [ "$got" != "$status" ] || ! grep -q -- "$pattern" <<<"$out"; then
-      echo "FAILED: $*: exit $got (expected $status), output:"
-      echo "$out"
-      exit 1
-    fi
-    echo "ok: exit $got: $(grep -- "$pattern" <<<"$out" | head -1)"
-  }
+  source "$(dirname "$0")/expect.sh"
   expect 0 '"step": 6' "$bin" checkpoint inspect "$dir" --json
   expect 0 "model.0.weight  *F32  *\[784, 16\]  *2" "$bin" checkpoint inspect "$dir"
   expect 2 "batch 500 over 60000 samples; this run has batch 400" \

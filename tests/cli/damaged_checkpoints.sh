@@ -9,20 +9,7 @@ python=${2:-python3}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-expect() {  # expect <status> <pattern> <command...>
-  local status=$1 pattern=$2
-  shift 2
-  set +e
-  out=$("$@" 2>&1)
-  got=$?
-  set -e
-  if [ "$got" != "$status" ] || ! grep -q -- "$pattern" <<<"$out"; then
-    echo "FAILED: $*: exit $got (expected $status), output:"
-    head -c 2000 <<<"$out"
-    exit 1
-  fi
-  echo "ok: exit $got: $(grep -- "$pattern" <<<"$out" | head -1 | cut -c1-200)"
-}
+source "$(dirname "$0")/expect.sh"
 
 run=(train --model mlp:16 --batch 500 --steps 2 --strategy fsdp --ranks 2)
 "$bin" "${run[@]}" --save "$dir/good" >/dev/null
