@@ -61,39 +61,40 @@ struct ShardedModule::Lane {
 
 namespace {
 
-/// Exact sums carried between the backwards of one step. While it holds nothing its storage is
-/// zero, so the first sums taken are swapped in rather than copied.
+/// Exact sums carried between the backwards of one step. The first sums taken are swapped in
+/// rather than copied; storage that holds nothing is emptied only when it is read.
 struct CarriedSums {
   kernels::BinnedSums sums;
   bool holds_sums = false;
 
-  /// Makes the storage `count` elements (zero) when it holds nothing.
+  /// Makes the storage `count` empty elements when it holds nothing.
   void reserve(std::int64_t count) {
-    if (!holds_sums && sums.count() != count) sums = kernels::BinnedSums(count);
+    if (holds_sums) return;
+    if (sums.count() == count) {
+      sums.clear();
+    } else {
+      sums = kernels::BinnedSums(count);
+    }
   }
-  /// Adds the sums of `from` (same count); `from` is left zero when `zero_from` is set, and
-  /// holding unspecified values otherwise (for a buffer that is overwritten before its next use).
-  void take(kernels::BinnedSums& from, bool zero_from) {
+  /// Adds the sums of `from` (same count), leaving `from` holding unspecified values: its owner
+  /// empties or overwrites it before its next use.
+  void take(kernels::BinnedSums& from) {
     if (!holds_sums) {
-      reserve(from.count());
+      if (sums.count() != from.count()) sums = kernels::BinnedSums(from.count());
       std::swap(sums, from);
       holds_sums = true;
       return;
     }
     kernels::merge_binned_sums(sums, from);
-    if (zero_from) from.clear();
   }
-  /// Adds everything `other` holds and empties it.
+  /// Adds everything `other` holds and leaves it holding nothing.
   void take(CarriedSums& other) {
     if (!other.holds_sums) return;
-    take(other.sums, /*zero_from=*/true);
+    take(other.sums);
     other.holds_sums = false;
   }
   /// Back to holding nothing.
-  void reset() {
-    if (holds_sums) sums.clear();
-    holds_sums = false;
-  }
+  void reset() { holds_sums = false; }
 };
 
 }  // namespace
@@ -355,7 +356,7 @@ void ShardedModule::launch_reduce() {
     if (exact) {
       kernels::BinnedSums& sums = binned->sums();
       if (!group) {
-        acc->shard.take(sums, /*zero_from=*/true);
+        acc->shard.take(sums);
       } else {
         options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
         Tensor bins = sums.bins.clone();
@@ -375,9 +376,9 @@ void ShardedModule::launch_reduce() {
         model_.memory().add(MemoryKind::unsharded, bytes_of(send));
         group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
         model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
-        binned->clear();
-        acc->shard.take(slice, /*zero_from=*/false);  // overwritten whole by the next one
+        acc->shard.take(slice);  // overwritten whole by the next reduce-scatter
       }
+      binned->clear();
       acc->keep_spare(binned);
     } else {
       Tensor packed(Shape{layout_.total()}, DType::f32);

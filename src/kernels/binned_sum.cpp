@@ -36,30 +36,46 @@ void BinnedSums::clear() {
   digits.fill(0.0);
 }
 
+void BinnedSums::clear(std::int64_t offset, std::int64_t length) {
+  if (offset < 0 || length < 0 || offset > count() - length) {
+    throw InvalidArgument(fmt::format("BinnedSums::clear: elements [{}, {}) are outside its {}",
+                                      offset, offset + length, count()));
+  }
+  bins.narrow(0, offset, length).fill(kLowestBin);
+  digits.narrow(1, offset, length).fill(0.0);
+}
+
 namespace {
 
 __extension__ using Int128 = __int128;
 __extension__ using UInt128 = unsigned __int128;
 
-constexpr double kDigitBase = 4294967296.0;  // 2^32
 constexpr int kBinBits = 32;
 
-std::int32_t bin_of_magnitude_bits(std::uint64_t magnitude_bits) {
-  const int biased = static_cast<int>(magnitude_bits >> 52);
-  if (biased == 0x7ff) return kNonFiniteBin;
-  if (magnitude_bits == 0) return kLowestBin;
-  const int exponent = biased - 1023;  // products of f32 values are never subnormal in f64
-  const int bin =
-      (exponent >= 0 ? exponent / kBinBits : -((-exponent + kBinBits - 1) / kBinBits)) + 1;
-  if (bin >= kNonFiniteBin - 1 + 1) return kNonFiniteBin;  // 2^256 or more
-  return std::max(bin, kLowestBin);
+/// Bound code of zero: far enough below any other that a sum with it stays below every bin.
+constexpr std::int32_t kZeroCode = -(1 << 20);
+/// Bound code of infinities and NaN: a sum with it (even with kZeroCode) is past every bin.
+constexpr std::int32_t kNonFiniteCode = 1 << 24;
+
+/// The smallest c with |v| < 2^c (kZeroCode for zero, kNonFiniteCode for infinities and NaN), so
+/// that |a * b| < 2^(code(a) + code(b)).
+inline std::int32_t bound_code(double v) {
+  const std::uint64_t bits = std::bit_cast<std::uint64_t>(v) & ~(std::uint64_t{1} << 63);
+  const auto biased = static_cast<std::int32_t>(bits >> 52);
+  if (biased == 0x7ff) return kNonFiniteCode;
+  if (bits == 0) return kZeroCode;
+  return std::max(biased, 1) - 1022;  // subnormals are below 2^-1022
 }
 
-/// 2^(32 - 32 * bin): multiplying an addend below 2^(32 * bin) by it puts the top digit in the
-/// integer part (exact: a power of two, far from the f64 range limits).
-double top_digit_scale(std::int32_t bin) {
-  const auto biased = static_cast<std::uint64_t>(1023 + kBinBits - kBinBits * bin);
-  return std::bit_cast<double>(biased << 52);
+/// The bin of addends bounded by 2^code: the smallest b (at least kLowestBin) with
+/// 2^code <= 2^(32b - 1), so every addend is below half the window's top; kNonFiniteBin past
+/// the last.
+inline std::int32_t bin_of_bound(std::int32_t code) {
+  constexpr std::int32_t kLastBin = kNonFiniteBin - 1;
+  if (code > kBinBits * kLastBin - 1) return kNonFiniteBin;
+  if (code < kBinBits * kLowestBin) return kLowestBin;
+  const std::int32_t n = code + 1;  // ceil(n / 32)
+  return n >= 0 ? (n + kBinBits - 1) / kBinBits : -(-n / kBinBits);
 }
 
 /// Moves element i's digits up by `shift` bins (the lowest `shift` digits drop out).
@@ -87,94 +103,138 @@ struct BlockTarget {
   double* d0;
   double* d1;
   double* d2;
-  std::int64_t width;  ///< elements in use (at most kColumnBlock)
+  bool empty;  ///< whether to ignore what the elements hold (Start::empty)
 };
 
-/// Adds sum over t of a[t] * rows[index[t] * kColumnBlock + j] into the `target.width` elements
-/// of one block of columns. First the largest |product| of each column raises
-/// its bin (IEEE bits: integer order is magnitude order and puts NaN above infinity, so the
-/// maximum is the same in any order); then every product drops its three window digits into the
-/// digit sums. Truncation toward zero at each digit keeps the digits a function of the addend and
-/// the window alone.
-template <class T>
-[[gnu::always_inline]] inline void add_block_body(const double* a, const std::int64_t* index,
-                                                  std::int64_t terms, const double* rows,
-                                                  BlockTarget target) {
-  // Written with vector types: as a plain loop the compiler vectorises this maximum across rows
-  // (gathers) instead of across the block's columns.
-  constexpr std::int64_t kLanes = 8;
-  using Bits = std::uint64_t __attribute__((vector_size(kLanes * 8)));
-  using Values = double __attribute__((vector_size(kLanes * 8)));
-  const Bits magnitude = Bits{} + ~(std::uint64_t{1} << 63);
-  // Several independent running maxima: one chain of compare-and-select would wait on its own
-  // latency every row.
-  constexpr std::int64_t kChains = 4;
-  constexpr std::int64_t kVectors = kColumnBlock / kLanes;
-  Bits largest_bits[kChains][kVectors] = {};
-  // Casts between vector types of one size keep the bits.
-  const auto keep_larger = [](Bits& running, const Bits& candidate) {
-    const Bits above = (Bits)(candidate > running);
-    running = (candidate & above) | (running & ~above);
+/// The addends' first factors, one per term: a[t] multiplies row index[t] of a packed block.
+struct Terms {
+  const double* a;
+  const std::int32_t* codes;  ///< bound_code(a[t])
+  const std::int32_t* index;
+  std::int64_t count;
+};
+
+/// One block of columns of the packed second factors, row after row (see PackedRows).
+struct RowBlock {
+  const double* values;
+  const std::int32_t* codes;
+};
+
+/// The largest bound code (a sum of the factors' codes) of each column's products: one integer
+/// add and maximum per product. Written with vector types: as a plain loop the compiler
+/// vectorises this maximum across rows (gathers) instead of across the block's columns.
+[[gnu::always_inline]] inline void largest_codes(Terms terms, RowBlock block,
+                                                 std::int32_t (&out)[kColumnBlock]) {
+  using ColumnCodes = std::int32_t __attribute__((vector_size(kColumnBlock * 4)));
+  constexpr std::int64_t kChains = 4;  // independent maxima: one chain waits on its latency
+  ColumnCodes largest[kChains];
+  for (ColumnCodes& chain : largest)
+    chain = ColumnCodes{} + 2 * kZeroCode;  // below every sum of two codes
+  const auto take = [&](ColumnCodes& running, std::int64_t t) {
+    ColumnCodes row;
+    std::memcpy(&row, block.codes + std::int64_t{terms.index[t]} * kColumnBlock, sizeof row);
+    const ColumnCodes bound = row + terms.codes[t];
+    running = bound > running ? bound : running;
   };
-  const auto take = [&](Bits& running, const double* values_at, double at) {
-    Values values;
-    std::memcpy(&values, values_at, sizeof values);
-    keep_larger(running, (Bits)(values * at) & magnitude);
-  };
-  std::int64_t first = 0;
-  for (; first + kChains <= terms; first += kChains) {
-    for (std::int64_t c = 0; c < kChains; ++c) {
-      const double* row = rows + index[first + c] * kColumnBlock;
-      for (std::int64_t h = 0; h < kVectors; ++h)
-        take(largest_bits[c][h], row + h * kLanes, a[first + c]);
-    }
-  }
-  for (; first < terms; ++first) {
-    const double* row = rows + index[first] * kColumnBlock;
-    for (std::int64_t h = 0; h < kVectors; ++h)
-      take(largest_bits[0][h], row + h * kLanes, a[first]);
-  }
+  std::int64_t t = 0;
+  for (; t + kChains <= terms.count; t += kChains)
+    for (std::int64_t c = 0; c < kChains; ++c)
+      take(largest[c], t + c);
+  for (; t < terms.count; ++t)
+    take(largest[0], t);
   for (std::int64_t c = 1; c < kChains; ++c)
-    for (std::int64_t h = 0; h < kVectors; ++h)
-      keep_larger(largest_bits[0][h], largest_bits[c][h]);
-  std::uint64_t largest[kColumnBlock];
-  std::memcpy(largest, largest_bits[0], sizeof largest);
-  double scale[kColumnBlock];
-  double acc0[kColumnBlock];
-  double acc1[kColumnBlock];
-  double acc2[kColumnBlock];
+    largest[0] = largest[c] > largest[0] ? largest[c] : largest[0];
+  std::memcpy(out, &largest[0], sizeof out);
+}
+
+/// Raises element j's bin to at least needed[j], dropping the digits below each new window.
+[[gnu::always_inline]] inline void raise_block(const BlockTarget& target,
+                                               const std::int32_t (&needed)[kColumnBlock]) {
+  std::int32_t moved = 0;
+  for (std::int64_t j = 0; j < kColumnBlock; ++j)
+    moved |= needed[j] > target.bins[j] ? 1 : 0;
+  if (moved == 0) return;  // the common case once the first addends have set the bins
   for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-    if (j >= target.width) {
-      scale[j] = acc0[j] = acc1[j] = acc2[j] = 0.0;
-      continue;
-    }
-    const std::int32_t bin = std::max(target.bins[j], bin_of_magnitude_bits(largest[j]));
+    const std::int32_t bin = std::max(needed[j], target.bins[j]);
     shift_digits(target.d0, target.d1, target.d2, j, bin - target.bins[j]);
     target.bins[j] = bin;
-    // Non-finite elements take no digits; a zero scale keeps them at zero.
-    scale[j] = bin == kNonFiniteBin ? 0.0 : top_digit_scale(bin);
-    acc0[j] = target.d0[j];
-    acc1[j] = target.d1[j];
-    acc2[j] = target.d2[j];
   }
-  for (std::int64_t t = 0; t < terms; ++t) {
-    const double at = a[t];
-    const double* row = rows + index[t] * kColumnBlock;
+}
+
+/// Adds sum over t of a[t] * row index[t] into the kColumnBlock elements of one block of
+/// columns. First the largest bound of each column's products raises its bin; then every
+/// product drops its three window digits into the digit sums. Each digit is the nearest multiple
+/// of its unit (ties to even) of what the digits above left, taken with the magic-constant
+/// rounding (x + C) - C, C = 1.5 * 2^52 * unit: one add and one subtract, the rounding a function
+/// of x and the unit alone. The remainders are exact, and an addend below half the window's top
+/// contributes the same upper digits to a window one or more bins higher, so dropping the lowest
+/// digits when a bin rises gives exactly the digits of the higher window.
+template <class T>
+[[gnu::always_inline]] inline void add_block_body(Terms terms, RowBlock block, BlockTarget target) {
+  std::int32_t needed[kColumnBlock];
+  largest_codes(terms, block, needed);
+  for (std::int64_t j = 0; j < kColumnBlock; ++j)  // ceil((code + 1) / 32), clamped
+    needed[j] = std::clamp((needed[j] + kBinBits) >> 5, kLowestBin, kNonFiniteBin);
+  if (target.empty) {
     for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-      const double top = at * row[j] * scale[j];
-      const double digit2 = std::trunc(top);
-      const double middle = (top - digit2) * kDigitBase;
-      const double digit1 = std::trunc(middle);
-      const double digit0 = std::trunc((middle - digit1) * kDigitBase);
+      target.bins[j] = needed[j];
+      target.d0[j] = target.d1[j] = target.d2[j] = 0.0;
+    }
+  } else {
+    raise_block(target, needed);
+  }
+  // Digit units 2^(top - 32), 2^(top - 64), 2^(top - 96) (top = 32 * bin) and the constants
+  // 1.5 * 2^52 * unit, built from their exponent fields.
+  std::int64_t exponent[kColumnBlock];
+  for (std::int64_t j = 0; j < kColumnBlock; ++j)
+    exponent[j] = std::int64_t{kBinBits} * target.bins[j] + 1023;
+  double magic2[kColumnBlock];
+  double magic1[kColumnBlock];
+  double magic0[kColumnBlock];
+  double unit2[kColumnBlock];
+  double unit1[kColumnBlock];
+  double unit0[kColumnBlock];
+  const auto powers = [&](double(&out)[kColumnBlock], std::int64_t add, std::int64_t sign) {
+    std::int64_t bits[kColumnBlock];
+    for (std::int64_t j = 0; j < kColumnBlock; ++j)
+      bits[j] = (sign * (exponent[j] - 1023) + add + 1023) << 52;
+    std::memcpy(out, bits, sizeof out);
+  };
+  powers(magic2, 52 - 32, 1);
+  powers(magic1, 52 - 64, 1);
+  powers(magic0, 52 - 96, 1);
+  powers(unit2, 32, -1);
+  powers(unit1, 64, -1);
+  powers(unit0, 96, -1);
+  double acc0[kColumnBlock] = {};
+  double acc1[kColumnBlock] = {};
+  double acc2[kColumnBlock] = {};
+  for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+    magic2[j] *= 1.5;
+    magic1[j] *= 1.5;
+    magic0[j] *= 1.5;
+  }
+  for (std::int64_t t = 0; t < terms.count; ++t) {
+    const double at = terms.a[t];
+    const double* row = block.values + std::int64_t{terms.index[t]} * kColumnBlock;
+    for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+      const double product = at * row[j];  // exact: f32 factors
+      const double digit2 = (product + magic2[j]) - magic2[j];
+      const double rest2 = product - digit2;
+      const double digit1 = (rest2 + magic1[j]) - magic1[j];
+      const double rest1 = rest2 - digit1;
+      const double digit0 = (rest1 + magic0[j]) - magic0[j];
       acc2[j] += digit2;
       acc1[j] += digit1;
       acc0[j] += digit0;
     }
   }
-  for (std::int64_t j = 0; j < target.width; ++j) {
-    target.d0[j] = acc0[j];
-    target.d1[j] = acc1[j];
-    target.d2[j] = acc2[j];
+  // Exact: integers below 2^53 in units. Non-finite elements keep no digits (their sum is NaN).
+  for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+    const bool finite = target.bins[j] != kNonFiniteBin;
+    target.d2[j] = finite ? target.d2[j] + acc2[j] * unit2[j] : 0.0;
+    target.d1[j] = finite ? target.d1[j] + acc1[j] * unit1[j] : 0.0;
+    target.d0[j] = finite ? target.d0[j] + acc0[j] * unit0[j] : 0.0;
   }
 }
 MESHTENSOR_SIMD_KERNEL(add_block, add_block_body)
@@ -194,33 +254,111 @@ Planes planes_of(BinnedSums& sums) {
 
 /// The rows [rows, n] of addend factors as f64 column blocks: block b holds columns
 /// b * kColumnBlock onwards of every row, row after row (zero-padded past n), so one pass over a
-/// block reads contiguous memory and runs full-width vectors.
+/// block reads contiguous memory and runs full-width vectors; with each value's bound code.
+struct PackedRows {
+  std::vector<double> values;
+  std::vector<std::int32_t> codes;
+  std::int64_t rows = 0;
+
+  RowBlock block(std::int64_t first_column) const {
+    const auto at = static_cast<std::size_t>((first_column / kColumnBlock) * rows * kColumnBlock);
+    return {values.data() + at, codes.data() + at};
+  }
+};
+
 template <class T>
-std::vector<double> pack_column_blocks(const T* values, std::int64_t rows, std::int64_t n) {
+PackedRows pack_column_blocks(const T* values, std::int64_t rows, std::int64_t n) {
   const std::int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
-  std::vector<double> packed(static_cast<std::size_t>(blocks * rows * kColumnBlock), 0.0);
+  PackedRows packed;
+  packed.rows = rows;
+  packed.values.assign(static_cast<std::size_t>(blocks * rows * kColumnBlock), 0.0);
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t block = j / kColumnBlock;
-      packed[static_cast<std::size_t>((block * rows + r) * kColumnBlock + j % kColumnBlock)] =
+      packed
+          .values[static_cast<std::size_t>((block * rows + r) * kColumnBlock + j % kColumnBlock)] =
           values[r * n + j];
     }
   }
+  packed.codes.resize(packed.values.size());
+  std::transform(packed.values.begin(), packed.values.end(), packed.codes.begin(), bound_code);
   return packed;
 }
 
-/// Adds sum over t of a[t] * (row index[t], column j of `packed`) into elements offset ..
-/// offset + n of `sums` (packed: pack_column_blocks of `rows` rows), every product exact in f64.
-void add_row(Planes planes, std::int64_t offset, const double* a, const std::int64_t* index,
-             std::int64_t terms, std::int64_t n, const std::vector<double>& packed,
-             std::int64_t rows) {
-  if (terms == 0) return;
+/// The first factors of every output row: list i holds the terms of row i of the result (a row
+/// of the packed second factors and the value it is multiplied by), `capacity` slots apart.
+struct TermLists {
+  std::vector<double> a;
+  std::vector<std::int32_t> codes;
+  std::vector<std::int32_t> index;
+  std::vector<std::int64_t> counts;
+  std::int64_t capacity = 0;
+
+  TermLists(std::int64_t lists, std::int64_t list_capacity)
+      : a(static_cast<std::size_t>(lists * list_capacity)),
+        codes(a.size()),
+        index(a.size()),
+        counts(static_cast<std::size_t>(lists), 0),
+        capacity(list_capacity) {}
+  void add(std::int64_t list, double value, std::int64_t row) {
+    auto& count = counts[static_cast<std::size_t>(list)];
+    const auto slot = static_cast<std::size_t>(list * capacity + count++);
+    a[slot] = value;
+    codes[slot] = bound_code(value);
+    index[slot] = static_cast<std::int32_t>(row);
+  }
+  Terms terms(std::int64_t list) const {
+    const auto at = static_cast<std::size_t>(list * capacity);
+    return {a.data() + at, codes.data() + at, index.data() + at,
+            counts[static_cast<std::size_t>(list)]};
+  }
+};
+
+/// add_block for the first `width` (< kColumnBlock) elements from `at`, through a full block
+/// whose padding columns (zeros in the packed rows) are thrown away.
+void add_partial_block(Planes planes, std::int64_t at, std::int64_t width, Terms terms,
+                       RowBlock block, Start start) {
+  std::int32_t bins[kColumnBlock];
+  double d0[kColumnBlock];
+  double d1[kColumnBlock];
+  double d2[kColumnBlock];
+  for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+    const bool used = j < width && start == Start::sums;
+    bins[j] = used ? planes.bins[at + j] : kLowestBin;
+    d0[j] = used ? planes.d0[at + j] : 0.0;
+    d1[j] = used ? planes.d1[at + j] : 0.0;
+    d2[j] = used ? planes.d2[at + j] : 0.0;
+  }
+  add_block<double>(terms, block, BlockTarget{bins, d0, d1, d2, false});
+  for (std::int64_t j = 0; j < width; ++j) {
+    planes.bins[at + j] = bins[j];
+    planes.d0[at + j] = d0[j];
+    planes.d1[at + j] = d1[j];
+    planes.d2[at + j] = d2[j];
+  }
+}
+
+/// Element offset + i * n + j of `sums` += sum over the terms t of list i of a[t] * (row
+/// index[t], column j of `packed`), every product exact in f64. Column blocks run outermost so
+/// each stays in the L1 cache while every list multiplies it.
+void add_term_lists(Planes planes, std::int64_t offset, const TermLists& lists, std::int64_t n,
+                    const PackedRows& packed, Start start) {
+  const auto m = static_cast<std::int64_t>(lists.counts.size());
   for (std::int64_t j0 = 0; j0 < n; j0 += kColumnBlock) {
-    const std::int64_t i = offset + j0;
-    const BlockTarget target{planes.bins + i, planes.d0 + i, planes.d1 + i, planes.d2 + i,
-                             std::min(kColumnBlock, n - j0)};
-    add_block<double>(a, index, terms, packed.data() + (j0 / kColumnBlock) * rows * kColumnBlock,
-                      target);
+    const RowBlock block = packed.block(j0);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const Terms terms = lists.terms(i);
+      if (terms.count == 0 && start == Start::sums) continue;
+      const std::int64_t at = offset + i * n + j0;
+      const std::int64_t width = std::min(kColumnBlock, n - j0);
+      if (width == kColumnBlock) {
+        add_block<double>(terms, block,
+                          BlockTarget{planes.bins + at, planes.d0 + at, planes.d1 + at,
+                                      planes.d2 + at, start == Start::empty});
+      } else {
+        add_partial_block(planes, at, width, terms, block, start);
+      }
+    }
   }
 }
 
@@ -229,6 +367,10 @@ void check_rows_matrix(const Tensor& t, const char* what, const char* operation)
     throw InvalidArgument(fmt::format("{}: {} must be a 2-D f32 or f64 tensor, got {} {}",
                                       operation, what, dtype_name(t.dtype()),
                                       t.shape().to_string()));
+  }
+  if (t.shape()[0] > kMaxBinnedAddends) {
+    throw InvalidArgument(fmt::format("{}: {} has {} rows, more addends than an element holds ({})",
+                                      operation, what, t.shape()[0], kMaxBinnedAddends));
   }
 }
 
@@ -256,7 +398,8 @@ void check_f32(const Tensor& t, const char* what, const char* operation) {
 
 }  // namespace
 
-void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy) {
+void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy,
+                        Start start) {
   const char* operation = "add_outer_products";
   check_rows_matrix(x, "x", operation);
   check_rows_matrix(dy, "dy", operation);
@@ -273,32 +416,25 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   const Tensor x_dense = x.contiguous();
   const auto xs = x_dense.values<float>();
   const Tensor dy_dense = dy.contiguous();
-  const std::vector<double> packed = pack_column_blocks(dy_dense.values<float>().data(), rows, n);
-  Planes planes = planes_of(sums);
-  std::vector<double> a;
-  std::vector<std::int64_t> index;
-  a.reserve(static_cast<std::size_t>(rows));
-  index.reserve(static_cast<std::size_t>(rows));
+  const PackedRows packed = pack_column_blocks(dy_dense.values<float>().data(), rows, n);
   // 0 * inf is NaN here as in every other sum: rows where x is zero are skipped (ReLU, blank
   // pixels: they add nothing) only when dy holds no infinity or NaN.
   const auto dys = dy_dense.values<float>();
   const bool dy_finite =
       std::all_of(dys.begin(), dys.end(), [](float v) { return std::isfinite(v); });
-  for (std::int64_t i = 0; i < m; ++i) {
-    a.clear();
-    index.clear();
-    for (std::int64_t r = 0; r < rows; ++r) {
+  TermLists lists(m, rows);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t i = 0; i < m; ++i) {
       const double value = xs[static_cast<std::size_t>(r * m + i)];  // exact
       if (value == 0.0 && dy_finite) continue;
-      a.push_back(value);
-      index.push_back(r);
+      lists.add(i, value, r);
     }
-    add_row(planes, offset + i * n, a.data(), index.data(), static_cast<std::int64_t>(a.size()), n,
-            packed, rows);
   }
+  add_term_lists(planes_of(sums), offset, lists, n, packed, start);
 }
 
-void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b) {
+void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b,
+                         Start start) {
   const char* operation = "add_column_products";
   check_rows_matrix(a, "a", operation);
   check_rows_matrix(b, "b", operation);
@@ -314,10 +450,10 @@ void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
   const auto bs = b64.values<double>();
   for (std::size_t i = 0; i < values.size(); ++i)
     values[i] *= bs[i];  // exact: f32 products
-  add_column_sums(sums, offset, products);
+  add_column_sums(sums, offset, products, start);
 }
 
-void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
+void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a, Start start) {
   const char* operation = "add_column_sums";
   check_rows_matrix(a, "a", operation);
   const std::int64_t rows = a.shape()[0];
@@ -325,11 +461,10 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a) {
   check_range(sums, offset, n, operation);
   const Tensor a64 = a.dtype() == DType::f64 ? a.contiguous() : convert(a, DType::f64);
   const double* values = a64.values<double>().data();
-  const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
-  std::vector<std::int64_t> index(static_cast<std::size_t>(rows));
-  std::iota(index.begin(), index.end(), std::int64_t{0});
-  add_row(planes_of(sums), offset, ones.data(), index.data(), rows, n,
-          pack_column_blocks(values, rows, n), rows);
+  TermLists ones(1, rows);
+  for (std::int64_t r = 0; r < rows; ++r)
+    ones.add(0, 1.0, r);
+  add_term_lists(planes_of(sums), offset, ones, n, pack_column_blocks(values, rows, n), start);
 }
 
 namespace {
@@ -451,7 +586,7 @@ inline bool round_digits_to_f32_fast(const double* digit, int exponent, std::uin
     bits = 0;
     return true;
   }
-  // exponent is within [-350, 160] and |total| below 2^119: the product is a normal double.
+  // exponent is within [-255, 192] and |total| below 2^119: the product is a normal double.
   const double scaled =
       total * std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
   const double magnitude = std::fabs(scaled);

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
@@ -8,17 +10,25 @@ namespace meshtensor::nn {
 
 GradientLayout::GradientLayout(std::vector<Parameter*> parameters)
     : parameters_(std::move(parameters)) {
-  for (const Parameter* p : parameters_) {
-    offsets_[p] = total_;
-    total_ += p->value.numel();
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    places_[parameters_[i]] = {total_, i};
+    total_ += parameters_[i]->value.numel();
   }
 }
 
-std::int64_t GradientLayout::offset_of(const Parameter& p) const {
-  const auto it = offsets_.find(&p);
-  if (it == offsets_.end())
+const GradientLayout::Place& GradientLayout::place_of(const Parameter& p) const {
+  const auto it = places_.find(&p);
+  if (it == places_.end())
     throw InvalidArgument(fmt::format("parameter '{}' is not one this sink collects", p.name));
   return it->second;
+}
+
+std::int64_t GradientLayout::offset_of(const Parameter& p) const {
+  return place_of(p).offset;
+}
+
+std::size_t GradientLayout::index_of(const Parameter& p) const {
+  return place_of(p).index;
 }
 
 namespace {
@@ -101,27 +111,56 @@ void DenseGradients::finish(std::int64_t divisor) {
 }
 
 BinnedGradients::BinnedGradients(std::vector<Parameter*> parameters)
-    : layout_(std::move(parameters)), sums_(layout_.total()) {}
+    : layout_(std::move(parameters)),
+      sums_(layout_.total()),
+      emptied_(layout_.parameters().size(), 0) {}
+
+template <class Add>
+void BinnedGradients::add_to(const Parameter& p, const Add& add) {
+  char& emptied = emptied_[layout_.index_of(p)];
+  add(emptied != 0 ? kernels::Start::empty : kernels::Start::sums);
+  emptied = 0;  // after the addition: one that throws leaves the elements to sums() to empty
+}
+
+void BinnedGradients::clear() {
+  std::fill(emptied_.begin(), emptied_.end(), 1);
+}
+
+kernels::BinnedSums& BinnedGradients::sums() {
+  for (std::size_t i = 0; i < emptied_.size(); ++i) {
+    if (emptied_[i] == 0) continue;
+    const Parameter& p = *layout_.parameters()[i];
+    sums_.clear(layout_.offset_of(p), p.value.numel());
+    emptied_[i] = 0;
+  }
+  return sums_;
+}
 
 void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) {
   check_outer(p, x, dy);
-  kernels::add_outer_products(sums_, layout_.offset_of(p), x, dy);
+  add_to(p, [&](kernels::Start start) {
+    kernels::add_outer_products(sums_, layout_.offset_of(p), x, dy, start);
+  });
 }
 
 void BinnedGradients::add_column_sums(const Parameter& p, const Tensor& a) {
   check_rows(a, p.value.numel(), p, "a");
-  kernels::add_column_sums(sums_, layout_.offset_of(p), a);
+  add_to(p, [&](kernels::Start start) {
+    kernels::add_column_sums(sums_, layout_.offset_of(p), a, start);
+  });
 }
 
 void BinnedGradients::add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) {
   check_rows(a, p.value.numel(), p, "a");
   check_rows(b, p.value.numel(), p, "b");
-  kernels::add_column_products(sums_, layout_.offset_of(p), a, b);
+  add_to(p, [&](kernels::Start start) {
+    kernels::add_column_products(sums_, layout_.offset_of(p), a, b, start);
+  });
 }
 
 void BinnedGradients::finish(std::int64_t divisor) {
   Tensor rounded(Shape{layout_.total()}, DType::f32);
-  kernels::round_binned_sums(sums_, divisor, rounded);
+  kernels::round_binned_sums(sums(), divisor, rounded);
   set_gradients(rounded);
 }
 

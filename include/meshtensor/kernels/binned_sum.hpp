@@ -12,22 +12,26 @@ namespace meshtensor::kernels {
 /// reached is the same, so the rounded result depends on the multiset of addends only.
 ///
 /// Each element keeps a *window* of three digits of 32 bits at fixed absolute positions: bin b
-/// covers magnitudes below 2^(32b) and keeps the bits of every addend from 2^(32b - 32) down to
-/// 2^(32b - 96); lower bits are truncated (toward zero) addend by addend. The bin is the smallest
-/// one (at least kLowestBin) above every addend's magnitude: a maximum, so it is the same for any
-/// order or split. When a larger addend raises it, the lowest digits are dropped whole, which is
-/// exactly what truncating every earlier addend at the new window would have given: digits are
-/// stored as plain sums of the addends' own digits, never carried. Digit sums are integers held
-/// in doubles, exact for up to kMaxBinnedAddends addends per element.
+/// holds addends below 2^(32b - 1), half its top, and keeps the digits of weight 2^(32b - 32),
+/// 2^(32b - 64) and 2^(32b - 96). Each addend's top digit is its nearest multiple of the top unit
+/// (ties to even), the next digit the nearest multiple of the next unit of what is left, and so on:
+/// what remains below the lowest digit (at most half its unit) is dropped, addend by addend. The
+/// bin is the smallest one (at least kLowestBin) that holds every addend, judged from a bound on
+/// each: 2^(c(a) + c(b)) for a product a * b, where c(v) is the smallest integer with |v| < 2^c
+/// (a maximum over the addends, so the same for any order or split). When a larger addend raises
+/// it, the lowest digits are dropped whole, which is exactly what the higher window would have
+/// taken from every earlier addend (an addend below half the top has a zero top digit in any
+/// higher window): digits are stored as plain sums of the addends' own digits, never carried.
+/// Digit sums are integers held in doubles, exact for up to kMaxBinnedAddends addends per element.
 ///
-/// Floor: the window's lowest digit is worth at most 2^-64 of the element's largest addend, so
-/// each addend loses less than that (truncation toward zero). An addend is added exactly when its
-/// lowest set bit lies inside the window: products of f32 values (at most 48 significant bits)
-/// within 2^-17 of the largest always are; smaller ones may lose their lowest bits. Products of
-/// f32 values are exact in f64, so sums of products of f32 inputs (x^T·dy, column sums, column
-/// dot products) are the exact sums of those products down to that floor. A non-finite addend
-/// (or one of 2^256 or more) makes the element
-/// NaN.
+/// Floor: the largest addend is at least 2^(32b - 34) (its factors' bounds overstate it by at
+/// most 4), so each addend loses at most 2^-63 of the element's largest. An addend is added
+/// exactly when its lowest set bit lies inside the window: products of f32 values (at most 48
+/// significant bits) within 2^-15 of the largest always are; smaller ones may lose their lowest
+/// bits. Products of f32 values are exact in f64, so sums of products of f32 inputs (x^T·dy,
+/// column sums, column dot products) are the exact sums of those products down to that floor.
+/// A non-finite addend (0 * inf included), or one whose bound reaches 2^287 (never a product of
+/// f32 values), makes the element NaN.
 struct BinnedSums {
   /// An empty accumulator for `count` elements: bins at kLowestBin, digits zero.
   explicit BinnedSums(std::int64_t count = 0);
@@ -43,6 +47,8 @@ struct BinnedSums {
   std::int64_t count() const { return bins.numel(); }
   /// Back to the empty state (keeps the storage).
   void clear();
+  /// Elements [offset, offset + length) back to the empty state.
+  void clear(std::int64_t offset, std::int64_t length);
 
   /// Per-element bin, i32 [count] (kNonFiniteBin marks NaN results).
   Tensor bins;
@@ -53,19 +59,26 @@ struct BinnedSums {
 /// Lowest bin: windows never reach below 2^-192.
 inline constexpr std::int32_t kLowestBin = -3;
 /// Bin of an element that saw a non-finite addend (its sum rounds to NaN).
-inline constexpr std::int32_t kNonFiniteBin = 9;
+inline constexpr std::int32_t kNonFiniteBin = 10;
 /// Most addends one element may receive before its digit sums could round.
 inline constexpr std::int64_t kMaxBinnedAddends = std::int64_t{1} << 21;
 
+/// What the elements an add_* call writes hold before it: `sums` adds to them; `empty` ignores
+/// them (as if cleared first, without the pass over memory a clear costs).
+enum class Start : std::uint8_t { sums, empty };
+
 /// sums[offset + i * n + j] += sum over r of x[r][i] * dy[r][j] (x: f32 [rows, m], dy: f32
 /// [rows, n]): the weight gradient x^T·dy of a linear layer.
-void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy);
+void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy,
+                        Start start = Start::sums);
 
 /// sums[offset + j] += sum over r of a[r][j] * b[r][j] (f32 [rows, n] each).
-void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b);
+void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b,
+                         Start start = Start::sums);
 
 /// sums[offset + j] += sum over r of a[r][j] (f32 or f64 [rows, n]).
-void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a);
+void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a,
+                     Start start = Start::sums);
 
 /// Raises every element's bin to bins[i] (i32, each at least the element's own), dropping the
 /// digits that fall below the new window: the step before adding digit sums of several

@@ -17,6 +17,8 @@ class GradientLayout {
   explicit GradientLayout(std::vector<Parameter*> parameters);
   /// First element of `p` in the flat buffer; InvalidArgument for a parameter not in the layout.
   std::int64_t offset_of(const Parameter& p) const;
+  /// Position of `p` in parameters(); InvalidArgument for a parameter not in the layout.
+  std::size_t index_of(const Parameter& p) const;
   /// Total number of elements.
   std::int64_t total() const { return total_; }
   /// The parameters, in order.
@@ -24,7 +26,12 @@ class GradientLayout {
 
  private:
   std::vector<Parameter*> parameters_;
-  std::unordered_map<const Parameter*, std::int64_t> offsets_;
+  struct Place {
+    std::int64_t offset;
+    std::size_t index;
+  };
+  const Place& place_of(const Parameter& p) const;
+  std::unordered_map<const Parameter*, Place> places_;
   std::int64_t total_ = 0;
 };
 
@@ -59,10 +66,11 @@ class BinnedGradients : public GradientSink {
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
   void add_column_sums(const Parameter& p, const Tensor& a) override;
   void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
-  /// Back to empty (start of a step).
-  void clear() { sums_.clear(); }
+  /// Back to empty (start of a step). Costs no pass over the sums: each parameter's first
+  /// addition afterwards overwrites its elements, and sums() empties those that got none.
+  void clear();
   /// The accumulators of every parameter, flat (merge them across ranks before finish()).
-  kernels::BinnedSums& sums() { return sums_; }
+  kernels::BinnedSums& sums();
   /// grad = round(exact sum / divisor) for every parameter.
   void finish(std::int64_t divisor);
   /// Sets every parameter's grad from `flat` (f32, one value per element in parameter order):
@@ -70,8 +78,13 @@ class BinnedGradients : public GradientSink {
   void set_gradients(const Tensor& flat);
 
  private:
+  /// Runs add(start) for an addition to `p`: Start::empty the first time after clear().
+  template <class Add>
+  void add_to(const Parameter& p, const Add& add);
+
   GradientLayout layout_;
   kernels::BinnedSums sums_;
+  std::vector<char> emptied_;  ///< per parameter: cleared, its elements not yet written
 };
 
 }  // namespace meshtensor::nn
