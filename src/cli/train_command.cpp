@@ -447,11 +447,24 @@ std::vector<Layout> parse_layouts(const std::string& text) {
   return layouts;
 }
 
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// The median step time after the first two (which allocate and warm the caches).
+double steady_step_seconds(const std::vector<double>& steps) {
+  if (steps.empty()) return 0.0;
+  const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, steps.size() - 1));
+  return median(std::vector<double>(steps.begin() + skip, steps.end()));
+}
+
 struct TrainBenchRun {
   std::string mode;
   Layout layout;
   double samples_per_second = 0.0;
-  double step_seconds = 0.0;
+  double step_seconds = 0.0;  // median over the steps after the first two
   double test_accuracy = 0.0;
   std::uint64_t digest = 0;
   bool replicas_identical = false;
@@ -474,7 +487,7 @@ TrainBenchRun time_training(const train::Dataset& data, train::TrainConfig confi
       samples += e.samples;
     }
     run.samples_per_second = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
-    run.step_seconds = seconds / static_cast<double>(std::max<std::int64_t>(1, result.steps));
+    run.step_seconds = steady_step_seconds(result.step_seconds);  // one slow step moves it not
     run.test_accuracy = result.test_accuracy;
     run.digest = result.digest;
     run.replicas_identical = result.replicas_identical;
@@ -568,12 +581,6 @@ struct FsdpBenchOptions {
   std::string exact_steps = "3";
 };
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 /// One timed training run of the fsdp bench, as world rank 0 saw it.
 struct FsdpBenchRun {
   std::string name;
@@ -618,8 +625,7 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
           const train::TrainResult result = train::train(world, data, config, {});
           if (world.rank() != 0) return;
           const auto skip = std::min<std::size_t>(2, result.step_seconds.size() - 1);
-          run.step_seconds = median(
-              std::vector<double>(result.step_seconds.begin() + skip, result.step_seconds.end()));
+          run.step_seconds = steady_step_seconds(result.step_seconds);
           run.wait_seconds = median(std::vector<double>(result.step_wait_seconds.begin() + skip,
                                                         result.step_wait_seconds.end()));
           run.peak_bytes = result.memory_peak.total();

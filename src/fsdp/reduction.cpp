@@ -39,6 +39,11 @@ comm::CollectiveOptions options_for(ReduceOp op, const std::string& label, const
 }
 }  // namespace
 
+namespace {
+
+/// The digit planes of `sums` packed for one reduce-scatter: rank r's segment holds its elements
+/// of plane 0, then 1, then 2 (the [3, n] layout of its slice). Returns the buffer and the
+/// per-rank counts.
 std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout& layout,
                                                                const kernels::BinnedSums& sums) {
   const std::int64_t count = sums.count();
@@ -57,8 +62,52 @@ std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout
   return {send, digit_counts};
 }
 
+}  // namespace
+
+void reduce_scatter_digits(comm::Communicator& group, const ShardLayout& layout,
+                           const kernels::BinnedSums& sums, kernels::BinnedSums& slice,
+                           const comm::CollectiveOptions& options) {
+  const int me = group.rank();
+  const std::int64_t mine = layout.counts()[static_cast<std::size_t>(me)];
+  if (sums.count() != layout.total() || slice.count() != mine || group.size() != layout.ranks()) {
+    throw InvalidArgument(fmt::format(
+        "reduce_scatter_digits: {} sums and a slice of {} for a layout of {} over {} ranks "
+        "(the group has {})",
+        sums.count(), slice.count(), layout.total(), layout.ranks(), group.size()));
+  }
+  if (!layout.chunks_contiguous()) {
+    const auto [send, digit_counts] = pack_digit_planes(layout, sums);
+    group.reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
+    return;
+  }
+  std::int64_t start = 0;
+  for (std::size_t p = 0; p < layout.parameters(); ++p) {
+    const std::int64_t numel = layout.shape(p).numel();
+    std::vector<std::int64_t> counts;
+    for (int r = 0; r < layout.ranks(); ++r)
+      counts.push_back(layout.chunk_shape(p, r).numel());
+    const std::int64_t at = layout.offset_in_segment(p, me);
+    for (std::int64_t j = 0; j < 3; ++j) {
+      group.reduce_scatter(
+          sums.digits.narrow(0, j, 1).reshape(Shape{sums.count()}).narrow(0, start, numel),
+          slice.digits.narrow(0, j, 1)
+              .reshape(Shape{mine})
+              .narrow(0, at, counts[static_cast<std::size_t>(me)]),
+          counts, options);
+    }
+    start += numel;
+  }
+}
+
 void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
                         const Tensor& rounded, const std::string& label) {
+  kernels::BinnedSums slice;
+  reduce_binned_sums(group, sums, divisor, rounded, label, slice);
+}
+
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
+                        const Tensor& rounded, const std::string& label,
+                        kernels::BinnedSums& slice) {
   const std::int64_t count = sums.count();
   const int ranks = group.size();
   if (ranks == 1) {
@@ -71,12 +120,10 @@ void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, st
   // The elements as one parameter split over the ranks.
   const ShardLayout layout({Shape{count}}, {0}, ranks);
   const std::int64_t mine = layout.counts()[static_cast<std::size_t>(group.rank())];
-  kernels::BinnedSums slice(mine);
+  if (slice.count() != mine) slice = kernels::BinnedSums::uninitialized(mine);
   slice.bins.copy_from(bins.narrow(
       0, comm::displacements(layout.counts())[static_cast<std::size_t>(group.rank())], mine));
-  const auto [send, digit_counts] = pack_digit_planes(layout, sums);
-  group.reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts,
-                       options_for(ReduceOp::sum, label, "digits"));
+  reduce_scatter_digits(group, layout, sums, slice, options_for(ReduceOp::sum, label, "digits"));
   Tensor rounded_slice(Shape{mine}, rounded.dtype());
   kernels::round_binned_sums(slice, divisor, rounded_slice);
   comm::CollectiveOptions gather;

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
@@ -95,6 +97,25 @@ void ShardLayout::pack(std::span<const Tensor> full, Tensor flat,
       if (source.numel() > 0) chunk_view(segment, p, r).copy_from(source);
     }
   }
+}
+
+void ShardLayout::pack_segment(std::span<const Tensor> full, int r, Tensor segment) const {
+  if (full.size() != shapes_.size()) {
+    throw InvalidArgument(
+        fmt::format("pack: {} tensors for {} parameters", full.size(), shapes_.size()));
+  }
+  if (r < 0 || r >= ranks_ || segment.numel() != counts_[static_cast<std::size_t>(r)]) {
+    throw InvalidArgument(
+        fmt::format("pack_segment: rank {} of {} with {} elements", r, ranks_, segment.numel()));
+  }
+  for (std::size_t p = 0; p < shapes_.size(); ++p) {
+    const Tensor source = full_chunk(*this, full[p], p, r);
+    if (source.numel() > 0) chunk_view(segment, p, r).copy_from(source);
+  }
+}
+
+bool ShardLayout::chunks_contiguous() const {
+  return std::all_of(dims_.begin(), dims_.end(), [](int d) { return d == 0; });
 }
 
 void ShardLayout::unpack(const Tensor& flat, std::span<const Tensor> full) const {

@@ -102,11 +102,12 @@ struct CarriedSums {
 // What a group's reductions carry between the backwards of one step (this rank's shard only),
 // and the gradient sinks its reductions are done with, kept for the next backward.
 struct ShardedModule::StepAccumulator {
-  Tensor partial;             // ordered: f32 sums over the shard group, not yet all-reduced
-  Tensor pending;             // ordered: a reduce-scatter output its all-reduce will take
-  CarriedSums shard;          // exact: reduced over the shard group only
-  CarriedSums full;           // exact: reduced over shard and replicate groups
-  kernels::BinnedSums slice;  // exact: this rank's reduce-scatter output (scratch)
+  Tensor partial;                     // ordered: f32 sums over the shard group, not yet all-reduced
+  Tensor pending;                     // ordered: a reduce-scatter output its all-reduce will take
+  CarriedSums shard;                  // exact: reduced over the shard group only
+  CarriedSums full;                   // exact: reduced over shard and replicate groups
+  kernels::BinnedSums slice;          // exact: this rank's slice of a reduce-scatter (scratch)
+  kernels::BinnedSums replica_slice;  // exact: its slice of the replicas' reduction (scratch)
 
   /// A sink the reductions are done with (zeroed), or null.
   template <class Sink>
@@ -365,17 +366,10 @@ void ShardedModule::launch_reduce() {
         max_options.label = "reduce-scatter bins " + label;
         group->all_reduce(bins, max_options);
         kernels::align_bins(sums, bins);
-        Tensor packed_bins(Shape{sums.count()}, DType::i32);
-        layout_.pack(layout_.parameter_views(bins), packed_bins);
         kernels::BinnedSums& slice = acc->slice;
-        if (slice.count() != mine) slice = kernels::BinnedSums(mine);
-        slice.bins.copy_from(packed_bins.narrow(
-            0, comm::displacements(layout_.counts())[static_cast<std::size_t>(shard_rank())],
-            mine));
-        const auto [send, digit_counts] = pack_digit_planes(layout_, sums);
-        model_.memory().add(MemoryKind::unsharded, bytes_of(send));
-        group->reduce_scatter(send, slice.digits.reshape(Shape{3 * mine}), digit_counts, options);
-        model_.memory().add(MemoryKind::unsharded, -bytes_of(send));
+        if (slice.count() != mine) slice = kernels::BinnedSums::uninitialized(mine);
+        layout_.pack_segment(layout_.parameter_views(bins), shard_rank(), slice.bins);
+        reduce_scatter_digits(*group, layout_, sums, slice, options);
         acc->shard.take(slice);  // overwritten whole by the next reduce-scatter
       }
       binned->clear();
@@ -443,7 +437,8 @@ void ShardedModule::launch_reduce() {
     acc->shard.reserve(mine);
     Tensor rounded(Shape{mine}, DType::f32);
     if (replicate != nullptr) {
-      reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label);
+      reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label,
+                         acc->replica_slice);
     } else {
       kernels::round_binned_sums(acc->shard.sums, divisor, rounded);
     }

@@ -20,6 +20,13 @@ BinnedSums::BinnedSums(std::int64_t count)
     : bins(Tensor::full(Shape{count}, DType::i32, kLowestBin)),
       digits(Tensor::zeros(Shape{3, count}, DType::f64)) {}
 
+BinnedSums BinnedSums::uninitialized(std::int64_t count) {
+  BinnedSums sums;
+  sums.bins = Tensor::uninitialized(Shape{count}, DType::i32);
+  sums.digits = Tensor::uninitialized(Shape{3, count}, DType::f64);
+  return sums;
+}
+
 BinnedSums::BinnedSums(const BinnedSums& other)
     : bins(other.bins.clone()), digits(other.digits.clone()) {}
 
@@ -569,39 +576,47 @@ inline double two_sum_error(double a, double b, double sum) {
   return (a - (sum - b_part)) + (b - b_part);
 }
 
-/// The f32 rounding of an element's digit sums times 2^exponent (a power-of-two divisor folded
-/// in), through doubles: the digits sum to t + r exactly with |r| a few units in t's last place,
-/// so rounding t to f32 is correct unless t lies within that distance of an f32 rounding
-/// boundary (a midpoint), or the result is not a normal f32. Returns false then, for the exact
-/// path to decide; the bits are the same either way.
-inline bool round_digits_to_f32_fast(const double* digit, int exponent, std::uint32_t& bits) {
-  const double high = digit[2] * 0x1p64;
-  const double middle = digit[1] * 0x1p32;
-  const double partial = high + middle;
-  const double total = partial + digit[0];
-  const double error =
-      two_sum_error(high, middle, partial) + two_sum_error(partial, digit[0], total);
-  if (total == 0.0) {
-    if (error != 0.0) return false;
-    bits = 0;
-    return true;
+/// The elements' f32 roundings (bits into `out`) of their digit sums times 2^(32 * bin - 96 -
+/// shift) (a power-of-two divisor folded in), through doubles, branch-free so that it
+/// vectorises: the digits sum to t + r exactly with |r| a few units in t's last place, so rounding
+/// t to f32 is correct unless t lies within that distance of an f32 rounding boundary (a
+/// midpoint), or the result is not a normal f32. needs_exact[i] is set then, for the exact path to
+/// decide; the bits are the same either way. Non-finite elements get the canonical NaN.
+template <class T>
+[[gnu::always_inline]] inline void round_to_f32_fast_body(
+    const std::int32_t* bins, const double* d0, const double* d1, const double* d2,
+    std::int64_t shift, std::uint32_t* out, std::uint8_t* needs_exact, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double high = d2[i] * 0x1p64;
+    const double middle = d1[i] * 0x1p32;
+    const double partial = high + middle;
+    const double total = partial + d0[i];
+    const double error =
+        two_sum_error(high, middle, partial) + two_sum_error(partial, d0[i], total);
+    // The exponent is within [-255, 224] and |total| below 2^119: the product is a normal double.
+    const std::int64_t exponent = std::int64_t{kBinBits} * bins[i] - 3 * kBinBits - shift;
+    const double scaled = total * std::bit_cast<double>((exponent + 1023) << 52);
+    const double magnitude = std::fabs(scaled);
+    // Conditions combined with & and | (no short circuits), so the loop has no branches.
+    const bool normal = (magnitude >= 0x1p-126) & (magnitude < 0x1p127);
+    // |error| <= |partial| / 2^53 + |total| / 2^53, and |partial| <= 2 |total| unless the total
+    // cancelled, in which case this check is taken against a tiny total and fails safe.
+    const bool small_error = std::fabs(error) <= std::fabs(total) * 0x1p-51;
+    // The 29 bits f32 drops: a midpoint is 2^28; within 8 units of it the error could decide.
+    const std::uint64_t dropped =
+        std::bit_cast<std::uint64_t>(scaled) & ((std::uint64_t{1} << 29) - 1);
+    constexpr std::uint64_t kMidpoint = std::uint64_t{1} << 28;
+    const bool near_midpoint = (dropped + 8 >= kMidpoint) & (dropped <= kMidpoint + 8);
+    const bool zero = total == 0.0;
+    const bool non_finite = bins[i] == kNonFiniteBin;
+    const bool ok =
+        non_finite | (zero & (error == 0.0)) | (!zero & normal & small_error & !near_midpoint);
+    const auto narrow = std::bit_cast<std::uint32_t>(static_cast<float>(normal ? scaled : 0.0));
+    out[i] = non_finite ? 0x7fc00000u : narrow;  // the canonical NaN
+    needs_exact[i] = static_cast<std::uint8_t>(!ok);
   }
-  // exponent is within [-255, 192] and |total| below 2^119: the product is a normal double.
-  const double scaled =
-      total * std::bit_cast<double>(static_cast<std::uint64_t>(1023 + exponent) << 52);
-  const double magnitude = std::fabs(scaled);
-  if (!(magnitude >= 0x1p-126 && magnitude < 0x1p127)) return false;
-  // |error| <= |partial| / 2^53 + |total| / 2^53, and |partial| <= 2 |total| unless the total
-  // cancelled, in which case the check below is taken against a tiny total and fails safe.
-  if (std::fabs(error) > std::fabs(total) * 0x1p-51) return false;
-  // The 29 bits f32 drops: a midpoint is 2^28; within 8 units of it the error could decide.
-  const std::uint64_t dropped =
-      std::bit_cast<std::uint64_t>(scaled) & ((std::uint64_t{1} << 29) - 1);
-  constexpr std::uint64_t kMidpoint = std::uint64_t{1} << 28;
-  if (dropped + 8 >= kMidpoint && dropped <= kMidpoint + 8) return false;
-  bits = std::bit_cast<std::uint32_t>(static_cast<float>(scaled));
-  return true;
 }
+MESHTENSOR_SIMD_KERNEL(round_to_f32_fast, round_to_f32_fast_body)
 
 }  // namespace
 
@@ -619,28 +634,36 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
   const double* planes = sums.digits.values<double>().data();
   const bool f32 = out.dtype() == DType::f32;
   const auto wide_divisor = static_cast<std::uint64_t>(divisor);
-  const bool fast = f32 && std::has_single_bit(wide_divisor);
-  const int divisor_log2 = static_cast<int>(std::bit_width(wide_divisor)) - 1;
   std::byte* out_bytes = out.bytes().data();
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::int32_t bin = bins[i];
+  const auto round_exactly = [&](std::int64_t i) {
     const double digit[3] = {planes[i], planes[count + i], planes[2 * count + i]};
-    std::uint64_t bits = 0;
-    std::uint32_t narrow = 0;
-    if (bin == kNonFiniteBin) {
-      bits = f32 ? 0x7fc00000u : 0x7ff8000000000000ull;  // the canonical NaN
-    } else if (fast && round_digits_to_f32_fast(digit, kBinBits * bin - 3 * kBinBits - divisor_log2,
-                                                narrow)) {
-      bits = narrow;
-    } else {
-      bits = round_digits(digit, bin, wide_divisor, f32 ? 8 : 11, f32 ? 23 : 52);
-    }
+    const std::uint64_t bits =
+        bins[i] == kNonFiniteBin
+            ? (f32 ? 0x7fc00000u : 0x7ff8000000000000ull)  // canonical NaN
+            : round_digits(digit, bins[i], wide_divisor, f32 ? 8 : 11, f32 ? 23 : 52);
     if (f32) {
-      narrow = static_cast<std::uint32_t>(bits);
+      const auto narrow = static_cast<std::uint32_t>(bits);
       std::memcpy(out_bytes + i * 4, &narrow, sizeof narrow);
     } else {
       std::memcpy(out_bytes + i * 8, &bits, sizeof bits);
     }
+  };
+  if (!f32 || !std::has_single_bit(wide_divisor)) {
+    for (std::int64_t i = 0; i < count; ++i)
+      round_exactly(i);
+    return;
+  }
+  const auto shift = static_cast<std::int64_t>(std::bit_width(wide_divisor)) - 1;
+  constexpr std::int64_t kChunk = 1024;
+  std::uint32_t rounded[kChunk];
+  std::uint8_t needs_exact[kChunk];
+  for (std::int64_t begin = 0; begin < count; begin += kChunk) {
+    const std::int64_t n = std::min(kChunk, count - begin);
+    round_to_f32_fast<double>(bins + begin, planes + begin, planes + count + begin,
+                              planes + 2 * count + begin, shift, rounded, needs_exact, n);
+    std::memcpy(out_bytes + begin * 4, rounded, static_cast<std::size_t>(n) * 4);
+    for (std::int64_t i = 0; i < n; ++i)
+      if (needs_exact[i] != 0) round_exactly(begin + i);
   }
 }
 

@@ -19,7 +19,8 @@ SimdLevel detect() {
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
     return SimdLevel::avx512;
   }
-  if (__builtin_cpu_supports("avx2")) return SimdLevel::avx2;
+  // The avx2 matmul kernels are built with fused multiply-adds.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::avx2;
 #endif
   return SimdLevel::baseline;
 }

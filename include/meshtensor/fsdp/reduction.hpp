@@ -30,12 +30,15 @@ DivideFactors divide_factors(DType reduce_dtype, std::int64_t ranks, double tota
 /// 2^62). InvalidArgument naming the value otherwise.
 std::int64_t exact_divisor(double factor);
 
-/// The digit sums of `sums` (its elements being `layout`'s whole parameters back to back) packed
-/// for one reduce-scatter over the layout's ranks: rank r's segment holds its elements of digit
-/// plane 0, then 1, then 2, which is the [3, n] layout of its slice. Returns the f64 buffer and
-/// the per-rank counts of the reduce-scatter.
-std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout& layout,
-                                                               const kernels::BinnedSums& sums);
+/// Reduce-scatters the digit sums of `sums` (its elements being `layout`'s whole parameters back
+/// to back, its bins already agreed over `group` and aligned) into the digits of `slice` (this
+/// rank's segment; its bins are the caller's): every digit plane of rank r's segment receives the
+/// sum over the ranks of their elements of that segment. With contiguous chunks it runs one
+/// collective per parameter and digit plane straight from `sums`; otherwise it packs the planes
+/// into one buffer first. Integer digit sums: exact in any order.
+void reduce_scatter_digits(comm::Communicator& group, const ShardLayout& layout,
+                           const kernels::BinnedSums& sums, kernels::BinnedSums& slice,
+                           const comm::CollectiveOptions& options);
 
 /// Merges the binned sums of every rank of `group` and rounds (exact sum) / divisor into `rounded`
 /// (f32 or f64 [count], contiguous) on every rank: the same bits as rounding the merged sums in
@@ -46,5 +49,10 @@ std::pair<Tensor, std::vector<std::int64_t>> pack_digit_planes(const ShardLayout
 /// calls.
 void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
                         const Tensor& rounded, const std::string& label = {});
+/// The same, with `slice` as the buffer of this rank's slice (resized when its size differs),
+/// so that a reduction repeated every step reuses one allocation.
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
+                        const Tensor& rounded, const std::string& label,
+                        kernels::BinnedSums& slice);
 
 }  // namespace meshtensor::fsdp

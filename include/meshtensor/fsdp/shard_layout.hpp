@@ -53,6 +53,12 @@ class ShardLayout {
   /// (rank-major when empty).
   void pack(std::span<const Tensor> full, Tensor flat,
             std::span<const std::int64_t> segment_starts = {}) const;
+  /// Writes chunk r of every tensor of `full` into `segment` (rank r's segment alone).
+  void pack_segment(std::span<const Tensor> full, int r, Tensor segment) const;
+  /// Whether every parameter's chunks lie back to back in rank order inside the parameter's
+  /// flat elements (each split along its first dim), so a parameter-order buffer reduce-scatters
+  /// one parameter at a time without packing.
+  bool chunks_contiguous() const;
   /// The inverse of pack(): every segment of the rank-major `flat` into the tensors of `full`.
   void unpack(const Tensor& flat, std::span<const Tensor> full) const;
 

@@ -35,6 +35,9 @@ namespace meshtensor::kernels {
 struct BinnedSums {
   /// An empty accumulator for `count` elements: bins at kLowestBin, digits zero.
   explicit BinnedSums(std::int64_t count = 0);
+  /// An accumulator of `count` elements whose storage is not initialised: for a buffer written
+  /// whole before it is read (a reduce-scatter's output).
+  static BinnedSums uninitialized(std::int64_t count);
   /// Copies are deep (unlike Tensor handles): each accumulator owns its state.
   BinnedSums(const BinnedSums& other);
   /// Deep copy.

@@ -10,7 +10,7 @@ namespace meshtensor::kernels {
 /// reassociation, so a wider vector changes the speed and nothing else.
 enum class SimdLevel : std::uint8_t {
   baseline,  ///< what the build targets (x86-64: SSE2)
-  avx2,      ///< x86-64 with AVX2
+  avx2,      ///< x86-64 with AVX2 and FMA
   avx512,    ///< x86-64 with AVX-512 (F, DQ, BW, VL)
 };
 
