@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <cblas.h>
+#include <dlfcn.h>
+#include <string>
 
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
@@ -40,6 +45,43 @@ int iterations_for(double seconds_per_call, int requested) {
   return std::clamp(static_cast<int>(0.3 / std::max(seconds_per_call, 1e-6)), 5, 200);
 }
 
+/// OpenBLAS, loaded when the benchmark runs rather than linked into the tool: no other command
+/// pays for its start-up (its thread pool) or depends on it being installed.
+struct OpenBlas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&openblas_set_num_threads) set_num_threads = nullptr;
+
+  static const OpenBlas& get() {
+    static const OpenBlas loaded = load();
+    return loaded;
+  }
+
+ private:
+  static OpenBlas load() {
+    void* handle = nullptr;
+    std::string why;
+    for (const char* name : {"libopenblas.so.0", "libopenblas.so"}) {
+      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);  // never closed: kept for the process
+      if (handle != nullptr) break;
+      const char* error = dlerror();
+      why += fmt::format("{}{}", why.empty() ? "" : "; ", error != nullptr ? error : name);
+    }
+    if (handle == nullptr) {
+      throw DataError(fmt::format(
+          "bench matmul measures against OpenBLAS, which could not be loaded ({}): install "
+          "libopenblas0",
+          why));
+    }
+    OpenBlas blas;
+    blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(handle, "cblas_sgemm"));
+    blas.set_num_threads = reinterpret_cast<decltype(&openblas_set_num_threads)>(
+        dlsym(handle, "openblas_set_num_threads"));
+    if (blas.sgemm == nullptr || blas.set_num_threads == nullptr)
+      throw DataError("the OpenBLAS library found has no cblas_sgemm or openblas_set_num_threads");
+    return blas;
+  }
+};
+
 }  // namespace
 
 std::vector<MatmulShape> default_matmul_shapes() {
@@ -57,7 +99,8 @@ std::vector<MatmulShape> default_matmul_shapes() {
 
 std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes,
                                              int iterations) {
-  openblas_set_num_threads(1);
+  const OpenBlas& blas = OpenBlas::get();
+  blas.set_num_threads(1);
   std::vector<MatmulBenchRow> rows;
   for (const MatmulShape& shape : shapes) {
     const bool transpose_a = shape.form == "xᵀ·dy";
@@ -73,12 +116,12 @@ std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& sha
                       transpose_b ? kernels::Transpose::yes : kernels::Transpose::no, c);
     };
     const auto theirs = [&] {
-      cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
-                  transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(shape.m),
-                  static_cast<int>(shape.n), static_cast<int>(shape.k), 1.0f,
-                  a.values<float>().data(), static_cast<int>(a.shape()[1]),
-                  b.values<float>().data(), static_cast<int>(b.shape()[1]), 0.0f,
-                  c_blas.values<float>().data(), static_cast<int>(shape.n));
+      blas.sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
+                 transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(shape.m),
+                 static_cast<int>(shape.n), static_cast<int>(shape.k), 1.0f,
+                 a.values<float>().data(), static_cast<int>(a.shape()[1]), b.values<float>().data(),
+                 static_cast<int>(b.shape()[1]), 0.0f, c_blas.values<float>().data(),
+                 static_cast<int>(shape.n));
     };
     ours();
     theirs();  // warm up both

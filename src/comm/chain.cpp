@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +20,21 @@ CollectiveOptions primitive_options(ReduceOp op) {
 
 }  // namespace
 
+namespace {
+
+/// "2,4,8" for the groups' sizes; the first 16 and a count of the rest for longer chains.
+std::string group_sizes(std::span<Communicator* const> groups) {
+  constexpr std::size_t kShown = 16;
+  std::vector<int> sizes;
+  for (std::size_t g = 0; g < std::min(kShown, groups.size()); ++g)
+    sizes.push_back(groups[g]->size());
+  std::string text = fmt::format("{}", fmt::join(sizes, ","));
+  if (groups.size() > kShown) text += fmt::format(", ... and {} more", groups.size() - kShown);
+  return text;
+}
+
+}  // namespace
+
 void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffer,
                       const CollectiveOptions& options) {
   CollectiveCall call = describe_all_reduce(buffer, options, 1);
@@ -28,16 +45,17 @@ void all_reduce_chain(std::span<Communicator* const> groups, const Tensor& buffe
   }
   // Counted without overflow: a chain may name more groups than an int64 product can hold.
   std::int64_t addends = 1;
-  std::vector<int> sizes;
-  for (Communicator* group : groups) {
-    sizes.push_back(group->size());
-    if (addends > kernels::kMaxExactAddends / group->size()) {
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const int size = groups[g]->size();
+    if (addends > kernels::kMaxExactAddends / size) {
+      // addends <= the limit and size fits an int: the product fits 64 bits.
       throw InvalidArgument(fmt::format(
-          "all_reduce_chain: an exact reduction over groups of sizes [{}] has more than {} "
-          "addends per element, the limit",
-          fmt::join(sizes, ","), kernels::kMaxExactAddends));
+          "all_reduce_chain: an exact reduction over {} groups has more addends per element "
+          "than the limit of {}: the first {} (sizes [{}]) already give {}",
+          groups.size(), kernels::kMaxExactAddends, g + 1, group_sizes(groups.first(g + 1)),
+          addends * size));
     }
-    addends *= group->size();
+    addends *= size;
   }
 
   const Tensor values = buffer.flatten();

@@ -117,6 +117,14 @@ std::string CollectiveCall::to_string() const {
                      details.empty() ? "" : " (" + details + ")");
 }
 
+std::string CollectiveCall::match_key() const {
+  if (kind != CollectiveKind::all_to_all) return to_string();
+  CollectiveCall shared = *this;
+  shared.send_counts.clear();
+  shared.recv_counts.clear();
+  return shared.to_string();
+}
+
 void check_calls_match(std::span<const CollectiveCall* const> calls,
                        const std::vector<std::int64_t>& world_ranks) {
   const auto side = [&](std::size_t i) {

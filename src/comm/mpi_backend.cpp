@@ -129,15 +129,19 @@ struct MpiShared {
       }
       std::int64_t query[2] = {0, 0};
       MPI_Recv(query, 2, MPI_INT64_T, status.MPI_SOURCE, kQueryTag, control, MPI_STATUS_IGNORE);
-      std::int64_t reply[2] = {query[0], -1};
+      // The group, the calls this rank issued on it, and the sequence of the one it is in.
+      std::int64_t reply[3] = {query[0], -1, -1};
       const auto found = groups_.find(static_cast<std::uint64_t>(query[0]));
       if (found != groups_.end()) reply[1] = found->second();
       std::string doing;
       for (const auto& [id, entry] : in_flight_) {
-        if (entry.group == static_cast<std::uint64_t>(query[0])) doing = entry.call->to_string();
+        if (entry.group == static_cast<std::uint64_t>(query[0])) {
+          doing = entry.call->match_key();
+          reply[2] = entry.call->sequence;
+        }
       }
       lock.unlock();
-      MPI_Send(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control);
+      MPI_Send(reply, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control);
       MPI_Send(doing.data(), static_cast<int>(doing.size()), MPI_CHAR, status.MPI_SOURCE,
                kReplyTextTag, control);
       lock.lock();
@@ -149,6 +153,7 @@ struct MpiShared {
   std::string diagnose(const Watch& watch, std::unique_lock<std::mutex>& lock) {
     std::map<std::int64_t, std::int64_t> issued;  // world rank -> calls issued (-1: not a member)
     std::map<std::int64_t, std::string> doing;    // world rank -> the call it is in, if any
+    std::map<std::int64_t, std::int64_t> doing_sequence;  // world rank -> that call's sequence
     for (std::int64_t member : *watch.members) {
       if (member == watch.me) continue;
       const std::int64_t query[2] = {static_cast<std::int64_t>(watch.group), watch.sequence};
@@ -164,8 +169,8 @@ struct MpiShared {
       MPI_Status status;
       if (MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, control, &pending, &status) == MPI_SUCCESS &&
           pending != 0) {
-        std::int64_t reply[2] = {0, 0};
-        MPI_Recv(reply, 2, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control, MPI_STATUS_IGNORE);
+        std::int64_t reply[3] = {0, 0, -1};
+        MPI_Recv(reply, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control, MPI_STATUS_IGNORE);
         MPI_Status text_status;
         MPI_Probe(status.MPI_SOURCE, kReplyTextTag, control, &text_status);
         int length = 0;
@@ -176,6 +181,7 @@ struct MpiShared {
         if (reply[0] == static_cast<std::int64_t>(watch.group)) {
           issued[status.MPI_SOURCE] = reply[1];
           doing[status.MPI_SOURCE] = std::move(text);
+          doing_sequence[status.MPI_SOURCE] = reply[2];
         }
         continue;
       }
@@ -186,7 +192,8 @@ struct MpiShared {
     std::vector<std::int64_t> missing;
     std::vector<std::int64_t> silent;
     std::vector<std::string> other_calls;
-    const std::string mine = watch.call->to_string();
+    std::vector<std::string> ahead;
+    const std::string mine = watch.call->match_key();
     for (std::int64_t member : *watch.members) {
       if (member == watch.me) continue;
       const auto found = issued.find(member);
@@ -194,23 +201,28 @@ struct MpiShared {
         silent.push_back(member);
       } else if (found->second <= watch.sequence) {
         missing.push_back(member);
-      } else if (!doing[member].empty() && doing[member] != mine) {
-        // It issued a call at this position, but not this one: the ranks disagree.
+      } else if (doing_sequence[member] == watch.sequence && doing[member] != mine) {
+        // It is in the call at this position, but not this one: the ranks disagree.
         other_calls.push_back(fmt::format("world rank {} is in {}", member, doing[member]));
+      } else if (doing_sequence[member] > watch.sequence) {
+        ahead.push_back(
+            fmt::format("world rank {} finished its part and is in {}", member, doing[member]));
       }
     }
+    // The ranks that stopped first: they are the likely cause.
     std::string why;
-    if (!missing.empty()) {
-      why += fmt::format("world rank(s) [{}] never issued it", fmt::join(missing, ","));
-    }
-    if (!other_calls.empty()) {
-      why += fmt::format("{}the ranks issued different calls: {}", why.empty() ? "" : "; ",
-                         fmt::join(other_calls, "; "));
-    }
+    const auto add = [&why](const std::string& part) {
+      why += fmt::format("{}{}", why.empty() ? "" : "; ", part);
+    };
     if (!silent.empty()) {
-      why += fmt::format("{}world rank(s) [{}] did not answer within {} ms (stopped, hung or dead)",
-                         why.empty() ? "" : "; ", fmt::join(silent, ","), grace.count());
+      add(fmt::format("world rank(s) [{}] did not answer within {} ms (stopped, hung or dead)",
+                      fmt::join(silent, ","), grace.count()));
     }
+    if (!missing.empty())
+      add(fmt::format("world rank(s) [{}] never issued it", fmt::join(missing, ",")));
+    if (!other_calls.empty())
+      add(fmt::format("the ranks issued different calls: {}", fmt::join(other_calls, "; ")));
+    if (!ahead.empty()) add(fmt::format("{}", fmt::join(ahead, "; ")));
     if (why.empty()) why = "every member issued it, but it did not complete";
     return fmt::format("{} timed out after {} ms: {}", watch.describe(), watch.timeout.count(),
                        why);

@@ -86,6 +86,9 @@ struct CollectiveCall {
 
   /// "all_reduce #3 (f32, 1024 elements, sum, ordered)".
   std::string to_string() const;
+  /// to_string() without what legitimately differs from rank to rank (all_to_all counts): equal
+  /// on every rank that issued this call.
+  std::string match_key() const;
 };
 
 /// True when `call` is a reduction that `exact` mode computes in fixed point: sum or avg of a
