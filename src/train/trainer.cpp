@@ -1,7 +1,10 @@
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -63,6 +66,23 @@ Tensor gather_inputs(const ImageSet& set, const std::vector<std::int64_t>* order
     labels[static_cast<std::size_t>(r)] = set.labels[static_cast<std::size_t>(sample)];
   }
   return x;
+}
+
+/// epoch_order(), computed once for all the ranks of this process that ask for it while one
+/// holds it: thread ranks would otherwise each keep a copy of the whole permutation.
+std::shared_ptr<const std::vector<std::int64_t>> shared_epoch_order(std::int64_t count,
+                                                                    std::uint64_t seed,
+                                                                    std::int64_t epoch) {
+  using Key = std::tuple<std::int64_t, std::uint64_t, std::int64_t>;
+  static std::mutex mutex;
+  static std::map<Key, std::weak_ptr<const std::vector<std::int64_t>>> orders;
+  const std::lock_guard lock(mutex);
+  std::erase_if(orders, [](const auto& entry) { return entry.second.expired(); });
+  auto& slot = orders[Key{count, seed, epoch}];
+  if (auto held = slot.lock()) return held;
+  auto made = std::make_shared<const std::vector<std::int64_t>>(epoch_order(count, seed, epoch));
+  slot = made;
+  return made;
 }
 
 comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
@@ -199,7 +219,10 @@ double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std
   const bool exact = config.mode == comm::ReductionMode::exact;
   const double sink = exact ? 28.0 : 4.0;
   const double rows = std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks));
-  return 4.0 * parameters                              // the whole model, before sharding
+  // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
+  // state hold about 1.2 MiB whatever the model.
+  constexpr double kRankRuntimeBytes = 1.5 * 1024 * 1024;
+  return kRankRuntimeBytes + 4.0 * parameters          // the whole model, before sharding
          + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
          + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
          + (4.0 * (1 + config.prefetch) + 2 * sink) * largest_layer  // gathered, sinks in flight
@@ -357,7 +380,9 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
 
   while (step < last_step) {
     ++epoch;
-    const std::vector<std::int64_t> order = epoch_order(samples, config.seed, epoch - 1);
+    const std::shared_ptr<const std::vector<std::int64_t>> shared_order =
+        shared_epoch_order(samples, config.seed, epoch - 1);
+    const std::vector<std::int64_t>& order = *shared_order;
     const std::int64_t end_step = std::min(steps_per_epoch, first_step + last_step - step);
     const std::int64_t epoch_samples =
         std::min(samples, end_step * config.batch) - first_step * config.batch;
