@@ -152,5 +152,15 @@ def test_training_errors_name_the_value(data_dir):
         mt.run_threads(1, lambda w: mt.train(data, epoch=2))
     with pytest.raises(mt.ParseError, match="'sdg'"):
         mt.run_threads(1, lambda w: mt.train(data, optimizer="sdg"))
+    # The command line's ranges hold here too, each refused by name before any training.
+    for options, message in [(dict(momentum=2), "momentum must be within \\[0, 1\\], got 2"),
+                             (dict(epochs=0), "number of epochs must be at least 1, got 0"),
+                             (dict(warmup=-1), "warmup must be at least 0 steps, got -1"),
+                             (dict(replicas=-1), "replicas must be at least 1"),
+                             (dict(lr=float("nan")), "learning rate must be within"),
+                             (dict(prefetch=65), "prefetch must be within \\[0, 64\\], got 65"),
+                             (dict(micro_batches=600, batch=500), "600 micro-batches")]:
+        with pytest.raises(mt.InvalidArgument, match=message):
+            mt.run_threads(1, lambda w: mt.train(data, steps=1, **options))
     with pytest.raises(mt.InvalidArgument, match="fully_shard"):
         mt.MLP(4, [3], 2).forward(np.zeros((1, 4), np.float32))

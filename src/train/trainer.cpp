@@ -148,7 +148,27 @@ void validate(const TrainConfig& config, const Dataset& data) {
         config.save_every, config.stop_after, config.stop_after_epochs, config.keep_checkpoints));
   }
   if (config.steps < 0) throw InvalidArgument(fmt::format("steps {} is negative", config.steps));
-  if (config.steps == 0) positive(config.epochs, "the number of epochs");
+  positive(config.epochs, "the number of epochs");  // also when steps decide the length
+  // The command line's ranges, for every caller (the Python module included).
+  const auto within = [](double value, double low, double high, const char* what) {
+    if (!(value >= low && value <= high)) {
+      throw InvalidArgument(
+          fmt::format("{} must be within [{}, {}], got {}", what, low, high, value));
+    }
+  };
+  within(config.schedule.base, 0.0, 1e6, "the learning rate");
+  within(config.weight_decay, 0.0, 1e6, "the weight decay");
+  within(config.momentum, 0.0, 1.0, "the momentum");
+  if (config.schedule.warmup_steps < 0) {
+    throw InvalidArgument(
+        fmt::format("the warmup must be at least 0 steps, got {}", config.schedule.warmup_steps));
+  }
+  if (config.replicas < 0) {
+    throw InvalidArgument(
+        fmt::format("replicas must be at least 1 (0: the default), got {}", config.replicas));
+  }
+  if (config.prefetch < 0 || config.prefetch > 64)
+    throw InvalidArgument(fmt::format("prefetch must be within [0, 64], got {}", config.prefetch));
   if (config.mode == comm::ReductionMode::exact && config.batch > kernels::kMaxBinnedAddends) {
     throw InvalidArgument(fmt::format("a batch of {} is above the {} samples exact mode sums",
                                       config.batch, kernels::kMaxBinnedAddends));
