@@ -206,7 +206,7 @@ Tensor Tensor::reshape(Shape shape) const {
 
 Tensor Tensor::clone() const {
   check_defined("clone");
-  Tensor copy(shape_, dtype_);
+  Tensor copy = uninitialized(shape_, dtype_);  // copy_from writes every element
   copy.copy_from(*this);
   return copy;
 }

@@ -124,7 +124,7 @@ void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, st
   slice.bins.copy_from(bins.narrow(
       0, comm::displacements(layout.counts())[static_cast<std::size_t>(group.rank())], mine));
   reduce_scatter_digits(group, layout, sums, slice, options_for(ReduceOp::sum, label, "digits"));
-  Tensor rounded_slice(Shape{mine}, rounded.dtype());
+  Tensor rounded_slice = Tensor::uninitialized(Shape{mine}, rounded.dtype());
   kernels::round_binned_sums(slice, divisor, rounded_slice);
   comm::CollectiveOptions gather;
   gather.label = label.empty() ? std::string() : fmt::format("{} (rounded)", label);

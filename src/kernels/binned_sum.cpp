@@ -14,6 +14,10 @@
 
 #include "simd_dispatch.hpp"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 namespace meshtensor::kernels {
 
 BinnedSums::BinnedSums(std::int64_t count)
@@ -154,17 +158,58 @@ struct RowBlock {
   std::memcpy(out, &largest[0], sizeof out);
 }
 
-/// Raises element j's bin to at least needed[j], dropping the digits below each new window.
-[[gnu::always_inline]] inline void raise_block(const BlockTarget& target,
+/// One block's elements while the kernel works on them: bins and digit sums in digit units.
+struct BlockState {
+  std::int32_t bins[kColumnBlock];
+  double d0[kColumnBlock];
+  double d1[kColumnBlock];
+  double d2[kColumnBlock];
+};
+
+/// The block's state to add to: `needed` and no digits for an empty target, else the target's
+/// with each bin raised to at least needed[j], dropping the digits below each new window.
+[[gnu::always_inline]] inline void start_block(BlockState& state, const BlockTarget& target,
                                                const std::int32_t (&needed)[kColumnBlock]) {
+  if (target.empty) {
+    for (std::int64_t j = 0; j < kColumnBlock; ++j) {
+      state.bins[j] = needed[j];
+      state.d0[j] = state.d1[j] = state.d2[j] = 0.0;
+    }
+    return;
+  }
+  std::memcpy(state.bins, target.bins, sizeof state.bins);
+  std::memcpy(state.d0, target.d0, sizeof state.d0);
+  std::memcpy(state.d1, target.d1, sizeof state.d1);
+  std::memcpy(state.d2, target.d2, sizeof state.d2);
   std::int32_t moved = 0;
   for (std::int64_t j = 0; j < kColumnBlock; ++j)
-    moved |= needed[j] > target.bins[j] ? 1 : 0;
+    moved |= needed[j] > state.bins[j] ? 1 : 0;
   if (moved == 0) return;  // the common case once the first addends have set the bins
   for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-    const std::int32_t bin = std::max(needed[j], target.bins[j]);
-    shift_digits(target.d0, target.d1, target.d2, j, bin - target.bins[j]);
-    target.bins[j] = bin;
+    const std::int32_t bin = std::max(needed[j], state.bins[j]);
+    shift_digits(state.d0, state.d1, state.d2, j, bin - state.bins[j]);
+    state.bins[j] = bin;
+  }
+}
+
+/// Writes a block's state back with plain stores.
+struct PlainStores {
+  [[gnu::always_inline]] static void write(const BlockTarget& target, const BlockState& state) {
+    std::memcpy(target.bins, state.bins, sizeof state.bins);
+    std::memcpy(target.d0, state.d0, sizeof state.d0);
+    std::memcpy(target.d1, state.d1, sizeof state.d1);
+    std::memcpy(target.d2, state.d2, sizeof state.d2);
+  }
+};
+
+/// a * b + c rounded once: fused where the level has the instruction, else multiplied and added
+/// (the same bits when a * b is exact, as every product of f32 factors is in f64).
+template <bool kFused>
+[[gnu::always_inline]] inline double multiply_add(double a, double b, double c) {
+  if constexpr (kFused) {
+    return __builtin_fma(a, b, c);
+  } else {
+    return a * b + c;
   }
 }
 
@@ -176,31 +221,24 @@ struct RowBlock {
 /// of x and the unit alone. The remainders are exact, and an addend below half the window's top
 /// contributes the same upper digits to a window one or more bins higher, so dropping the lowest
 /// digits when a bin rises gives exactly the digits of the higher window.
-template <class T>
-[[gnu::always_inline]] inline void add_block_body(Terms terms, RowBlock block, BlockTarget target) {
+template <bool kFused>
+[[gnu::always_inline]] inline void add_block_body(Terms terms, RowBlock block, BlockTarget target,
+                                                  BlockState& state) {
   std::int32_t needed[kColumnBlock];
   largest_codes(terms, block, needed);
   for (std::int64_t j = 0; j < kColumnBlock; ++j)  // ceil((code + 1) / 32), clamped
     needed[j] = std::clamp((needed[j] + kBinBits) >> 5, kLowestBin, kNonFiniteBin);
-  if (target.empty) {
-    for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-      target.bins[j] = needed[j];
-      target.d0[j] = target.d1[j] = target.d2[j] = 0.0;
-    }
-  } else {
-    raise_block(target, needed);
-  }
+  start_block(state, target, needed);
   // Digit units 2^(top - 32), 2^(top - 64), 2^(top - 96) (top = 32 * bin) and the constants
   // 1.5 * 2^52 * unit, built from their exponent fields.
   std::int64_t exponent[kColumnBlock];
   for (std::int64_t j = 0; j < kColumnBlock; ++j)
-    exponent[j] = std::int64_t{kBinBits} * target.bins[j] + 1023;
+    exponent[j] = std::int64_t{kBinBits} * state.bins[j] + 1023;
   double magic2[kColumnBlock];
   double magic1[kColumnBlock];
   double magic0[kColumnBlock];
   double unit2[kColumnBlock];
   double unit1[kColumnBlock];
-  double unit0[kColumnBlock];
   const auto powers = [&](double(&out)[kColumnBlock], std::int64_t add, std::int64_t sign) {
     std::int64_t bits[kColumnBlock];
     for (std::int64_t j = 0; j < kColumnBlock; ++j)
@@ -212,39 +250,115 @@ template <class T>
   powers(magic0, 52 - 96, 1);
   powers(unit2, 32, -1);
   powers(unit1, 64, -1);
-  powers(unit0, 96, -1);
-  double acc0[kColumnBlock] = {};
-  double acc1[kColumnBlock] = {};
-  double acc2[kColumnBlock] = {};
   for (std::int64_t j = 0; j < kColumnBlock; ++j) {
     magic2[j] *= 1.5;
     magic1[j] *= 1.5;
     magic0[j] *= 1.5;
   }
+  // The lowest digit is summed as the bit patterns of x + C: for |x| < 2^51 units, x + C keeps
+  // C's exponent and its bits are C's plus the digit in units, so wrapping integer sums of them
+  // minus count * bits(C) are the digit sums exactly, one operation per digit fewer.
+  double acc2[kColumnBlock] = {};
+  double acc1[kColumnBlock] = {};
+  std::uint64_t acc0[kColumnBlock] = {};
   for (std::int64_t t = 0; t < terms.count; ++t) {
     const double at = terms.a[t];
     const double* row = block.values + std::int64_t{terms.index[t]} * kColumnBlock;
     for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-      const double product = at * row[j];  // exact: f32 factors
-      const double digit2 = (product + magic2[j]) - magic2[j];
-      const double rest2 = product - digit2;
+      // The product is exact (f32 factors), so a fused multiply-add rounds it as x + C does.
+      const double digit2 = multiply_add<kFused>(at, row[j], magic2[j]) - magic2[j];
+      const double rest2 = multiply_add<kFused>(at, row[j], -digit2);
       const double digit1 = (rest2 + magic1[j]) - magic1[j];
       const double rest1 = rest2 - digit1;
-      const double digit0 = (rest1 + magic0[j]) - magic0[j];
       acc2[j] += digit2;
       acc1[j] += digit1;
-      acc0[j] += digit0;
+      acc0[j] += std::bit_cast<std::uint64_t>(rest1 + magic0[j]);
     }
   }
   // Exact: integers below 2^53 in units. Non-finite elements keep no digits (their sum is NaN).
   for (std::int64_t j = 0; j < kColumnBlock; ++j) {
-    const bool finite = target.bins[j] != kNonFiniteBin;
-    target.d2[j] = finite ? target.d2[j] + acc2[j] * unit2[j] : 0.0;
-    target.d1[j] = finite ? target.d1[j] + acc1[j] * unit1[j] : 0.0;
-    target.d0[j] = finite ? target.d0[j] + acc0[j] * unit0[j] : 0.0;
+    const auto units0 =
+        static_cast<std::int64_t>(acc0[j] - static_cast<std::uint64_t>(terms.count) *
+                                                std::bit_cast<std::uint64_t>(magic0[j]));
+    const bool finite = state.bins[j] != kNonFiniteBin;
+    state.d2[j] = finite ? state.d2[j] + acc2[j] * unit2[j] : 0.0;
+    state.d1[j] = finite ? state.d1[j] + acc1[j] * unit1[j] : 0.0;
+    state.d0[j] = finite ? state.d0[j] + static_cast<double>(units0) : 0.0;
   }
 }
-MESHTENSOR_SIMD_KERNEL(add_block, add_block_body)
+
+void add_block_baseline(Terms terms, RowBlock block, BlockTarget target) {
+  BlockState state;
+  add_block_body<false>(terms, block, target, state);
+  PlainStores::write(target, state);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/// Whether a block's state may go out with streaming stores of `bytes`-wide vectors: only to a
+/// fresh (empty) target, whose lines need not be read before they are overwritten (the sums are
+/// many megabytes, written once per step), and only where every plane is aligned for them.
+bool streams(const BlockTarget& target, std::uintptr_t bytes) {
+  const auto aligned = [&](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+  };
+  return target.empty && aligned(target.bins) && aligned(target.d0) && aligned(target.d1) &&
+         aligned(target.d2);
+}
+
+#define MESHTENSOR_STREAMING_STORES(Name, target_flags, Vector, load, stream)                      \
+  struct Name {                                                                                    \
+    [[gnu::always_inline, gnu::target(target_flags)]] static void copy(void* to, const void* from, \
+                                                                       std::size_t bytes) {        \
+      for (std::size_t at = 0; at < bytes; at += sizeof(Vector)) {                                 \
+        stream(reinterpret_cast<Vector*>(static_cast<std::byte*>(to) + at),                        \
+               load(reinterpret_cast<const Vector*>(static_cast<const std::byte*>(from) + at)));   \
+      }                                                                                            \
+    }                                                                                              \
+    [[gnu::always_inline, gnu::target(target_flags)]] static void write(const BlockTarget& target, \
+                                                                        const BlockState& state) { \
+      if (!streams(target, sizeof(Vector))) return PlainStores::write(target, state);              \
+      copy(target.bins, state.bins, sizeof state.bins);                                            \
+      copy(target.d0, state.d0, sizeof state.d0);                                                  \
+      copy(target.d1, state.d1, sizeof state.d1);                                                  \
+      copy(target.d2, state.d2, sizeof state.d2);                                                  \
+    }                                                                                              \
+  };
+MESHTENSOR_STREAMING_STORES(Avx512Stores, "avx512f", __m512i, _mm512_loadu_si512,
+                            _mm512_stream_si512)
+MESHTENSOR_STREAMING_STORES(Avx2Stores, "avx2", __m256i, _mm256_loadu_si256, _mm256_stream_si256)
+#undef MESHTENSOR_STREAMING_STORES
+
+[[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,fma")]] void add_block_avx512(
+    Terms terms, RowBlock block, BlockTarget target) {
+  BlockState state;
+  add_block_body<true>(terms, block, target, state);
+  Avx512Stores::write(target, state);
+}
+[[gnu::target("avx2,fma")]] void add_block_avx2(Terms terms, RowBlock block, BlockTarget target) {
+  BlockState state;
+  add_block_body<true>(terms, block, target, state);
+  Avx2Stores::write(target, state);
+}
+void add_block(Terms terms, RowBlock block, BlockTarget target) {
+  switch (simd_level()) {
+    case SimdLevel::avx512:
+      return add_block_avx512(terms, block, target);
+    case SimdLevel::avx2:
+      return add_block_avx2(terms, block, target);
+    default:
+      return add_block_baseline(terms, block, target);
+  }
+}
+/// Orders the streaming stores before whatever follows (another thread may read the sums next).
+void finish_streaming_stores() {
+  _mm_sfence();
+}
+#else
+void add_block(Terms terms, RowBlock block, BlockTarget target) {
+  add_block_baseline(terms, block, target);
+}
+void finish_streaming_stores() {}
+#endif
 
 struct Planes {
   std::int32_t* bins;
@@ -336,7 +450,7 @@ void add_partial_block(Planes planes, std::int64_t at, std::int64_t width, Terms
     d1[j] = used ? planes.d1[at + j] : 0.0;
     d2[j] = used ? planes.d2[at + j] : 0.0;
   }
-  add_block<double>(terms, block, BlockTarget{bins, d0, d1, d2, false});
+  add_block(terms, block, BlockTarget{bins, d0, d1, d2, false});
   for (std::int64_t j = 0; j < width; ++j) {
     planes.bins[at + j] = bins[j];
     planes.d0[at + j] = d0[j];
@@ -359,14 +473,15 @@ void add_term_lists(Planes planes, std::int64_t offset, const TermLists& lists, 
       const std::int64_t at = offset + i * n + j0;
       const std::int64_t width = std::min(kColumnBlock, n - j0);
       if (width == kColumnBlock) {
-        add_block<double>(terms, block,
-                          BlockTarget{planes.bins + at, planes.d0 + at, planes.d1 + at,
-                                      planes.d2 + at, start == Start::empty});
+        add_block(terms, block,
+                  BlockTarget{planes.bins + at, planes.d0 + at, planes.d1 + at, planes.d2 + at,
+                              start == Start::empty});
       } else {
         add_partial_block(planes, at, width, terms, block, start);
       }
     }
   }
+  finish_streaming_stores();
 }
 
 void check_rows_matrix(const Tensor& t, const char* what, const char* operation) {
@@ -498,8 +613,17 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
   }
   const Planes planes = planes_of(sums);
   const std::int32_t* target = bins.values<std::int32_t>().data();
-  for (std::int64_t i = 0; i < sums.count(); ++i)
-    raise_bin(planes, i, target[i], "align_bins");
+  const std::int64_t count = sums.count();
+  constexpr std::int64_t kRun = 16;  // most elements already sit in their bin: skip runs of them
+  for (std::int64_t first = 0; first < count; first += kRun) {
+    const std::int64_t last = std::min(count, first + kRun);
+    std::int32_t moved = 0;
+    for (std::int64_t i = first; i < last; ++i)
+      moved |= planes.bins[i] ^ target[i];
+    if (moved == 0) continue;
+    for (std::int64_t i = first; i < last; ++i)
+      raise_bin(planes, i, target[i], "align_bins");
+  }
 }
 
 void merge_binned_sums(BinnedSums& sums, BinnedSums& other) {

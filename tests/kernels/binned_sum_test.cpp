@@ -232,6 +232,13 @@ TEST(BinnedSums, EverySimdLevelGivesTheSameBits) {
     BinnedSums sums(740);
     add_outer_products(sums, 0, x, dy);
     results.push_back(bits_of(rounded(sums, 50)));
+    // Fresh sinks (streaming stores where the planes are aligned, plain ones elsewhere).
+    for (const std::int64_t offset : {0, 5}) {
+      BinnedSums fresh = BinnedSums::uninitialized(740 + offset);
+      add_outer_products(fresh, offset, x, dy, Start::empty);
+      auto bits = bits_of(rounded(fresh, 50));
+      results.emplace_back(bits.begin() + offset, bits.end());
+    }
   }
   set_simd_level(best_simd_level());
   for (const auto& r : results)
