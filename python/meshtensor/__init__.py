@@ -40,6 +40,7 @@ _load_mpi_globally()
 
 from ._meshtensor import (  # noqa: E402
     AdamW,
+    ArgumentTypeError,
     CommError,
     Communicator,
     DataError,
@@ -76,11 +77,15 @@ from ._meshtensor import (  # noqa: E402
     train,
     under_mpirun,
 )
+from . import _meshtensor  # noqa: E402
 from ._meshtensor import _finalize_mpi  # noqa: E402
+from ._arguments import name_arguments as _name_arguments  # noqa: E402
 from .placement import Partial, Placement, Replicate, Shard  # noqa: E402
 from .plan import Plan, plan  # noqa: E402
 
 __version__ = "0.1.0"
+
+_name_arguments(globals(), _meshtensor, ArgumentTypeError)
 
 _atexit.register(_finalize_mpi)
 
@@ -107,7 +112,7 @@ def get_world_size():
 
 
 __all__ = [
-    "AdamW", "CommError", "Communicator", "DataError", "Dataset", "DesyncError", "DeviceMesh",
+    "AdamW", "ArgumentTypeError", "CommError", "Communicator", "DataError", "Dataset", "DesyncError", "DeviceMesh",
     "DTensor", "Error", "InvalidArgument", "MLP", "Optimizer", "ParseError", "Partial", "Placement",
     "Plan", "Replicate", "ResourceError", "SGD", "Shard", "TimeoutError", "check", "contribution",
     "cross_entropy", "digest", "distribute_tensor", "epoch_order", "fully_shard", "get_rank",

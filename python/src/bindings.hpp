@@ -5,9 +5,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/core/error.hpp>
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/spec.hpp>
@@ -17,6 +23,50 @@
 namespace meshtensor::python {
 
 namespace py = pybind11;
+
+// module.cpp: exceptions and arguments.
+
+/// A Python argument of the wrong type: raised as meshtensor.ArgumentTypeError, which is both a
+/// meshtensor.InvalidArgument and a TypeError.
+class ArgumentTypeError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+/// A Python value as a message shows it: its type and its repr, cut to a bounded length.
+std::string describe_value(const py::handle& value);
+
+/// What a message says an argument of type T must be ("an int", "a sequence of str", ...).
+template <class T>
+constexpr std::string_view expected_type() {
+  if constexpr (std::is_same_v<T, bool>) {
+    return "a bool";
+  } else if constexpr (std::is_integral_v<T>) {
+    return std::is_unsigned_v<T> ? "a non-negative int" : "an int";
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return "a number";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return "a str";
+  } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    return "a sequence of ints";
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return "a sequence of str";
+  } else {
+    return "of another type";
+  }
+}
+
+/// `value` as T; ArgumentTypeError "`argument` must be <expected_type<T>()>, got <value>"
+/// otherwise (instead of pybind11's message, which names neither).
+template <class T>
+T cast_argument(const py::handle& value, std::string_view argument) {
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    throw ArgumentTypeError(
+        fmt::format("{} must be {}, got {}", argument, expected_type<T>(), describe_value(value)));
+  }
+}
 
 // arrays.cpp: NumPy <-> Tensor.
 

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/agree.hpp>
+#include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/check.hpp>
 #include <meshtensor/dtensor/dtensor.hpp>
@@ -20,6 +22,18 @@ struct PyDTensor {
   std::shared_ptr<Mesh> mesh;
   dtensor::DTensor tensor;
 };
+
+/// SPMD check: every rank of the mesh's world passes the same `text` (what it was asked to do),
+/// else every rank raises the same InvalidArgument naming `what` and the first rank that differs.
+void check_agreement(const Mesh& mesh, std::string_view what, const std::string& text) {
+  const py::gil_scoped_release release;
+  comm::check_same_on_every_rank(*mesh.world, what, text);
+}
+
+/// The mesh as the agreement checks compare it: its sizes, dim names and world size.
+std::string mesh_text(const Mesh& mesh) {
+  return fmt::format("mesh {} over a world of {}", mesh.mesh.to_string(), mesh.world->size());
+}
 
 dtensor::RedistributeOptions redistribute_options(const std::string& mode, bool merge) {
   dtensor::RedistributeOptions options;
@@ -86,6 +100,11 @@ PyDTensor from_local(const py::object& local, const std::shared_ptr<Mesh>& mesh,
   const auto& groups = mesh->bound("DTensor.from_local");
   const PlacementSpec spec = spec_from(placements, mesh->mesh, block.rank());
   spec.validate(mesh->mesh, block.rank());
+  check_agreement(
+      *mesh, "DTensor.from_local's mesh, placements, dtype and shape",
+      fmt::format("{}, placements {}, {}, shape {}", mesh_text(*mesh), spec.to_string(),
+                  dtype_name(block.dtype()),
+                  shape.is_none() ? std::string("inferred") : shape_from(shape).to_string()));
   Shape global;
   if (shape.is_none()) {
     const py::gil_scoped_release release;
@@ -103,7 +122,7 @@ std::string save_checkpoint(const py::dict& state, const std::string& root, std:
   std::vector<checkpoint::SaveItem> items;
   std::vector<std::pair<const dtensor::DTensor*, std::string>> dtensors;
   for (const auto& [key, value] : state) {
-    auto name = key.cast<std::string>();
+    auto name = cast_argument<std::string>(key, "save_checkpoint(): a key of state_dict");
     if (py::isinstance<PyDTensor>(value)) {
       dtensors.emplace_back(&value.cast<PyDTensor&>().tensor, std::move(name));
     } else {
@@ -128,7 +147,7 @@ void load_checkpoint(const py::dict& state, const std::string& path,
   std::vector<const dtensor::DTensor*> partials;
   std::vector<py::object> copies;  // the arrays loaded into (None for DTensors)
   for (const auto& [key, value] : state) {
-    const auto name = key.cast<std::string>();
+    const auto name = cast_argument<std::string>(key, "load_checkpoint(): a key of state_dict");
     if (py::isinstance<PyDTensor>(value)) {
       const dtensor::DTensor& tensor = value.cast<PyDTensor&>().tensor;
       requests.push_back(checkpoint::load_request(name, tensor.groups().mesh(), tensor.spec(),
@@ -193,6 +212,11 @@ void bind_dtensor(py::module_& module) {
           "redistribute",
           [](const PyDTensor& d, const py::object& device_mesh, const py::object& placements,
              const std::string& mode, bool merge) {
+            if (!device_mesh.is_none() && !py::isinstance<Mesh>(device_mesh)) {
+              throw ArgumentTypeError(
+                  fmt::format("redistribute(): device_mesh must be a DeviceMesh or None, got {}",
+                              describe_value(device_mesh)));
+            }
             if (!device_mesh.is_none() && device_mesh.ptr() != py::cast(d.mesh).ptr() &&
                 !(device_mesh.cast<Mesh&>().mesh == d.mesh->mesh)) {
               throw InvalidArgument(fmt::format(
@@ -202,6 +226,11 @@ void bind_dtensor(py::module_& module) {
             const PlacementSpec spec =
                 spec_from(placements, d.mesh->mesh, d.tensor.global_shape().rank());
             const dtensor::RedistributeOptions options = redistribute_options(mode, merge);
+            check_agreement(
+                *d.mesh, "redistribute's tensor, placements and mode",
+                fmt::format("{} {} {} to {}, mode {}, merge {}", dtype_name(d.tensor.dtype()),
+                            d.tensor.global_shape().to_string(), d.tensor.spec().to_string(),
+                            spec.to_string(), mode, merge));
             const py::gil_scoped_release release;
             return PyDTensor{d.mesh, d.tensor.redistribute(spec, options)};
           },
@@ -237,10 +266,18 @@ void bind_dtensor(py::module_& module) {
         const Tensor global = tensor_from_array(tensor);
         const auto& groups = mesh->bound("distribute_tensor");
         const PlacementSpec spec = spec_from(placements, mesh->mesh, global.rank());
+        Digest64 values;
+        if (global.numel() > 0) values.update(std::as_bytes(global.bytes()));
+        check_agreement(*mesh, "distribute_tensor's mesh, placements and tensor",
+                        fmt::format("{}, placements {}, {} {} with values digest {}",
+                                    mesh_text(*mesh), spec.to_string(), dtype_name(global.dtype()),
+                                    global.shape().to_string(), digest_hex(values.finish())));
         return PyDTensor{mesh, dtensor::distribute(global, groups, spec)};
       },
       py::arg("tensor"), py::arg("device_mesh"), py::arg("placements") = py::none(),
-      "Places `tensor` (the same on every rank) on the mesh: each rank keeps a copy of its block. "
+      "Places `tensor` (the same on every rank, which is checked: InvalidArgument naming the first "
+      "rank whose mesh, placements or values differ) on the mesh: each rank keeps a copy of its "
+      "block. "
       "Along Partial(sum) dims the member at position 0 keeps the values, the others zeros.");
 
   module.def(

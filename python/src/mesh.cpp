@@ -79,13 +79,14 @@ namespace {
 
 DeviceMesh make_mesh(const py::handle& shape, const py::object& names) {
   std::vector<std::string> dim_names;
-  if (!names.is_none()) dim_names = names.cast<std::vector<std::string>>();
+  if (!names.is_none())
+    dim_names = cast_argument<std::vector<std::string>>(names, "mesh_dim_names");
   return DeviceMesh(shape_from(shape).dims(), std::move(dim_names));
 }
 
 int mesh_dim_of(const DeviceMesh& mesh, const py::handle& dim) {
   if (py::isinstance<py::str>(dim)) return mesh.dim_index(dim.cast<std::string>());
-  const int index = dim.cast<int>();
+  const int index = cast_argument<int>(dim, "a mesh dim (a name or an index)");
   if (index < -mesh.ndim() || index >= mesh.ndim())
     throw InvalidArgument(
         fmt::format("mesh dim {} is out of range for mesh {}", index, mesh.to_string()));

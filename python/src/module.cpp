@@ -16,6 +16,7 @@ struct ExceptionClasses {
   PyObject* comm = nullptr;
   PyObject* timeout = nullptr;
   PyObject* desync = nullptr;
+  PyObject* argument_type = nullptr;
 };
 ExceptionClasses g_exceptions;
 
@@ -44,6 +45,11 @@ void bind_exceptions(py::module_& module) {
   e.data = add_exception(module, "DataError", py::make_tuple(base),
                          "A missing, truncated or malformed file.");
   e.comm = add_exception(module, "CommError", py::make_tuple(base), "A collective failed.");
+  e.argument_type = add_exception(
+      module, "ArgumentTypeError",
+      py::make_tuple(py::handle(e.invalid), py::handle(PyExc_TypeError)),
+      "An argument of the wrong type; the message names the argument. Both an InvalidArgument "
+      "and a TypeError.");
   const py::handle comm_error(e.comm);
   e.timeout = add_exception(module, "TimeoutError", py::make_tuple(comm_error, timeout_error),
                             "A collective did not complete within its timeout.");
@@ -58,6 +64,8 @@ void bind_exceptions(py::module_& module) {
       PyErr_SetString(g_exceptions.timeout, error.what());
     } catch (const CommError& error) {
       PyErr_SetString(g_exceptions.comm, error.what());
+    } catch (const ArgumentTypeError& error) {
+      PyErr_SetString(g_exceptions.argument_type, error.what());
     } catch (const ParseError& error) {
       PyErr_SetString(g_exceptions.parse, error.what());
     } catch (const InvalidArgument& error) {
@@ -73,6 +81,20 @@ void bind_exceptions(py::module_& module) {
 }
 
 }  // namespace
+
+std::string describe_value(const py::handle& value) {
+  constexpr std::size_t kShown = 80;
+  std::string repr;
+  try {
+    repr = py::repr(value).cast<std::string>();
+  } catch (const py::error_already_set&) {
+    repr = "<repr failed>";
+  }
+  if (repr.size() > kShown) repr = repr.substr(0, kShown) + "...";
+  return fmt::format("{} {}", py::str(py::type::of(value).attr("__name__")).cast<std::string>(),
+                     repr);
+}
+
 }  // namespace meshtensor::python
 
 PYBIND11_MODULE(_meshtensor, module) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/comm/mpi_backend.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
@@ -63,10 +64,50 @@ std::string python_error_text(const py::error_already_set& error) {
   return py::str("").attr("join")(lines).cast<std::string>();
 }
 
+// The Python thread ids of the ranks still running their function, so that Ctrl-C reaches the
+// ones running Python code (those waiting in a collective are woken by the abort).
+class RunningRanks {
+ public:
+  explicit RunningRanks(int ranks) : ids_(static_cast<std::size_t>(std::max(ranks, 0)), 0) {}
+  void start(int rank) {
+    const std::lock_guard lock(mutex_);
+    ids_[static_cast<std::size_t>(rank)] = PyThread_get_thread_ident();
+  }
+  void stop(int rank) {
+    const std::lock_guard lock(mutex_);
+    ids_[static_cast<std::size_t>(rank)] = 0;
+  }
+  // Raises `error` in every running rank's thread at its next Python instruction (GIL held).
+  void interrupt(PyObject* error) {
+    const std::lock_guard lock(mutex_);
+    for (const unsigned long id : ids_)
+      if (id != 0) PyThreadState_SetAsyncExc(id, error);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<unsigned long> ids_;
+};
+
 py::list run_threads(int ranks, const py::object& fn, const std::optional<std::string>& link) {
   std::vector<py::object> results(static_cast<std::size_t>(std::max(ranks, 0)));
   std::vector<std::optional<py::error_already_set>> errors(results.size());
   comm::LinkDelay delay = link ? comm::parse_link(*link) : comm::LinkDelay{};
+  RunningRanks running(ranks);
+  // Ctrl-C: Python runs signal handlers on the main thread only, which waits here without the
+  // GIL; check for them between waits and interrupt the ranks.
+  const auto poll = [&running] {
+    const py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set error;
+      running.interrupt(error.type().ptr());
+      throw error;
+    }
+  };
+  const auto clear_errors = [&errors] {
+    for (auto& error : errors)
+      error.reset();
+  };
   try {
     const py::gil_scoped_release release;
     comm::run_threads(
@@ -75,20 +116,25 @@ py::list run_threads(int ranks, const py::object& fn, const std::optional<std::s
           const int rank = world->rank();
           const py::gil_scoped_acquire gil;
           const WorldScope scope(world);
+          running.start(rank);
           try {
             results[static_cast<std::size_t>(rank)] = fn(py::cast(std::move(world)));
+            running.stop(rank);
           } catch (py::error_already_set& error) {
+            running.stop(rank);
             const std::string what = error.what();
             errors[static_cast<std::size_t>(rank)] = std::move(error);
             throw RankFailed(rank, what);
           }
         },
-        std::move(delay));
+        std::move(delay), poll);
   } catch (const RankFailed& failed) {
     errors[static_cast<std::size_t>(failed.rank())]->restore();
-    for (auto& error : errors)
-      error.reset();
+    clear_errors();
     throw py::error_already_set();
+  } catch (py::error_already_set&) {  // the interruption poll raised
+    clear_errors();
+    throw;
   }
   py::list list;
   for (py::object& result : results)
@@ -139,8 +185,13 @@ std::vector<std::int64_t> counts_from(const std::optional<std::vector<std::int64
 Shape result_shape(const Shape& even, const std::optional<std::vector<std::int64_t>>& counts) {
   if (!counts) return even;
   std::int64_t total = 0;
-  for (const std::int64_t count : *counts)
-    total += std::max<std::int64_t>(count, 0);
+  for (const std::int64_t count : *counts) {
+    if (__builtin_add_overflow(total, std::max<std::int64_t>(count, 0), &total)) {
+      throw InvalidArgument(
+          fmt::format("counts [{}] add up to more elements than a tensor holds (2^63 - 1)",
+                      list_excerpt(*counts)));
+    }
+  }
   return Shape{total};
 }
 
@@ -148,7 +199,10 @@ Shape result_shape(const Shape& even, const std::optional<std::vector<std::int64
 Shape gathered_shape(const Shape& input, int size) {
   if (input.rank() == 0) return Shape{size};
   std::vector<std::int64_t> dims = input.dims();
-  dims[0] *= size;
+  if (__builtin_mul_overflow(dims[0], std::int64_t{size}, &dims[0])) {
+    throw InvalidArgument(fmt::format("all_gather of shape {} over {} ranks overflows dim 0",
+                                      input.to_string(), size));
+  }
   return Shape(std::move(dims));
 }
 
@@ -309,6 +363,10 @@ std::shared_ptr<comm::Communicator> current_world() {
 
 std::shared_ptr<comm::Communicator> world_or_current(const py::object& world) {
   if (world.is_none()) return current_world();
+  if (!py::isinstance<comm::Communicator>(world)) {
+    throw ArgumentTypeError(
+        fmt::format("world must be a Communicator or None, got {}", describe_value(world)));
+  }
   return world.cast<std::shared_ptr<comm::Communicator>>();
 }
 

@@ -3,6 +3,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/nn/mlp.hpp>
@@ -114,48 +115,49 @@ py::dict run_training(const PyDataset& dataset, const py::object& world_object,
   py::object on_epoch = py::none();
   std::int64_t stop_after = 0;
   for (const auto& [key, value] : kwargs) {
-    const auto name = key.cast<std::string>();
+    const auto name = key.cast<std::string>();  // keyword names are str
+    const std::string argument = fmt::format("train() argument '{}'", name);
     const auto text = [&] { return py::str(value).cast<std::string>(); };
     if (name == "model") {
       config.model.hidden = nn::parse_mlp_hidden(text());
     } else if (name == "hidden") {
-      config.model.hidden = value.cast<std::vector<std::int64_t>>();
+      config.model.hidden = cast_argument<std::vector<std::int64_t>>(value, argument);
     } else if (name == "activation") {
       config.model.activation = nn::parse_activation(text());
     } else if (name == "layernorm") {
-      config.model.layernorm = value.cast<bool>();
+      config.model.layernorm = cast_argument<bool>(value, argument);
     } else if (name == "epochs") {
-      config.epochs = value.cast<std::int64_t>();
+      config.epochs = cast_argument<std::int64_t>(value, argument);
     } else if (name == "steps") {
-      config.steps = value.cast<std::int64_t>();
+      config.steps = cast_argument<std::int64_t>(value, argument);
     } else if (name == "batch") {
-      config.batch = value.cast<std::int64_t>();
+      config.batch = cast_argument<std::int64_t>(value, argument);
     } else if (name == "micro_batches") {
-      config.micro_batches = value.cast<std::int64_t>();
+      config.micro_batches = cast_argument<std::int64_t>(value, argument);
     } else if (name == "optimizer") {
       config.optimizer = train::parse_optimizer(text());
     } else if (name == "lr") {
-      config.schedule.base = value.cast<double>();
+      config.schedule.base = cast_argument<double>(value, argument);
     } else if (name == "warmup") {
-      config.schedule.warmup_steps = value.cast<std::int64_t>();
+      config.schedule.warmup_steps = cast_argument<std::int64_t>(value, argument);
     } else if (name == "schedule") {
       config.schedule.kind = nn::parse_schedule_kind(text());
     } else if (name == "weight_decay") {
-      config.weight_decay = value.cast<double>();
+      config.weight_decay = cast_argument<double>(value, argument);
     } else if (name == "momentum") {
-      config.momentum = value.cast<double>();
+      config.momentum = cast_argument<double>(value, argument);
     } else if (name == "mode") {
       config.mode = mode_from(text());
     } else if (name == "seed") {
-      config.seed = value.cast<std::uint64_t>();
+      config.seed = cast_argument<std::uint64_t>(value, argument);
     } else if (name == "strategy") {
       config.strategy = train::parse_strategy(text());
     } else if (name == "replicas") {
-      config.replicas = value.cast<std::int64_t>();
+      config.replicas = cast_argument<std::int64_t>(value, argument);
     } else if (name == "reshard_after_forward") {
-      config.reshard_after_forward = value.cast<bool>();
+      config.reshard_after_forward = cast_argument<bool>(value, argument);
     } else if (name == "prefetch") {
-      config.prefetch = value.cast<int>();
+      config.prefetch = cast_argument<int>(value, argument);
     } else if (name == "param_dtype") {
       config.param_dtype = parse_dtype(text());
     } else if (name == "reduce_dtype") {
@@ -165,13 +167,13 @@ py::dict run_training(const PyDataset& dataset, const py::object& world_object,
     } else if (name == "save") {
       config.save_dir = value.is_none() ? "" : text();
     } else if (name == "save_every") {
-      config.save_every = value.cast<std::int64_t>();
+      config.save_every = cast_argument<std::int64_t>(value, argument);
     } else if (name == "keep_checkpoints") {
-      config.keep_checkpoints = value.cast<int>();
+      config.keep_checkpoints = cast_argument<int>(value, argument);
     } else if (name == "resume") {
       config.resume_dir = value.is_none() ? "" : text();
     } else if (name == "stop_after") {
-      stop_after = value.cast<std::int64_t>();
+      stop_after = cast_argument<std::int64_t>(value, argument);
     } else if (name == "on_epoch") {
       on_epoch = py::reinterpret_borrow<py::object>(value);
     } else {
@@ -557,8 +559,13 @@ void bind_data(py::module_& module) {
   module.def(
       "epoch_order",
       [](std::int64_t count, std::uint64_t seed, std::int64_t epoch) {
+        if (count > 0 && count <= train::kMaxEpochSamples) {  // the order and its array
+          require_memory(2.0 * static_cast<double>(count) * sizeof(std::int64_t),
+                         fmt::format("the epoch order of {} samples", count));
+        }
         const std::vector<std::int64_t> order = train::epoch_order(count, seed, epoch);
-        Tensor tensor(Shape{static_cast<std::int64_t>(order.size())}, DType::i64);
+        Tensor tensor =
+            Tensor::uninitialized(Shape{static_cast<std::int64_t>(order.size())}, DType::i64);
         std::copy(order.begin(), order.end(), tensor.values<std::int64_t>().begin());
         return array_from_tensor(tensor);
       },

@@ -3,6 +3,7 @@
 import math
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -256,6 +257,8 @@ def test_different_collectives_are_a_desync_and_a_missing_rank_a_timeout():
     def missing(world):
         if world.rank == 0:
             world.barrier(timeout=0.3)
+        else:
+            time.sleep(1.0)  # alive but not calling: a timeout (a rank that returns is named at once)
 
     with pytest.raises(mt.TimeoutError) as error:
         mt.run_threads(2, missing)

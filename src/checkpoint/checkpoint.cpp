@@ -600,10 +600,42 @@ Index read_index(const std::string& path) {
   return parse_index(io::read_text(file, kMaxIndexBytes), file);
 }
 
+namespace {
+
+/// SPMD check of a save: every rank names the same root (as an absolute path), step, keep,
+/// metadata and tensors (names, global shapes, dtypes); otherwise every rank throws the same
+/// InvalidArgument naming the first rank that differs, before anything is written.
+void check_save_agrees(comm::Communicator& world, const std::string& root, std::int64_t step,
+                       std::span<const SaveItem> items, const SaveOptions& options) {
+  std::string where = root;
+  try {
+    where = std::filesystem::absolute(root).lexically_normal().string();
+  } catch (const std::exception&) {  // the root's own checks name the problem later
+  }
+  comm::check_same_on_every_rank(
+      world, "the checkpoint root, step and keep",
+      fmt::format("root {}, step {}, keep {}", where, step, options.keep));
+  std::string metadata;
+  for (const auto& [key, value] : options.metadata)
+    metadata += fmt::format("{}={}\n", key, value);
+  comm::check_same_on_every_rank(world, "the checkpoint metadata", metadata);
+  std::vector<std::string> tensors;
+  for (const SaveItem& item : items) {
+    tensors.push_back(fmt::format("{} {} {}", item.name, dtype_name(item.data.dtype()),
+                                  item.global_shape.to_string()));
+  }
+  std::sort(tensors.begin(), tensors.end());
+  comm::check_same_on_every_rank(world, "the checkpoint's tensors (names, dtypes and shapes)",
+                                 fmt::format("{}", fmt::join(tensors, "; ")));
+}
+
+}  // namespace
+
 std::string save(comm::Communicator& world, const std::string& root, std::int64_t step,
                  std::span<const SaveItem> items, const SaveOptions& options) {
   const int rank = world.rank();
   if (step < 0) throw InvalidArgument(fmt::format("checkpoint step {} is negative", step));
+  check_save_agrees(world, root, step, items, options);
   // World rank 0 prepares the temporary directory and tells the others its name.
   std::exception_ptr failure;
   std::string temporary;

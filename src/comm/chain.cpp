@@ -24,13 +24,10 @@ namespace {
 
 /// "2,4,8" for the groups' sizes; the first 16 and a count of the rest for longer chains.
 std::string group_sizes(std::span<Communicator* const> groups) {
-  constexpr std::size_t kShown = 16;
-  std::vector<int> sizes;
-  for (std::size_t g = 0; g < std::min(kShown, groups.size()); ++g)
-    sizes.push_back(groups[g]->size());
-  std::string text = fmt::format("{}", fmt::join(sizes, ","));
-  if (groups.size() > kShown) text += fmt::format(", ... and {} more", groups.size() - kShown);
-  return text;
+  std::vector<std::int64_t> sizes;
+  for (Communicator* group : groups)
+    sizes.push_back(group->size());
+  return list_excerpt(sizes);
 }
 
 }  // namespace

@@ -235,19 +235,25 @@ std::vector<std::int64_t> resolve_counts(std::vector<std::int64_t> counts, std::
   }
   if (counts.size() != static_cast<std::size_t>(size)) {
     throw InvalidArgument(fmt::format("{}: {} counts [{}] for a group of {} ranks",
-                                      collective_name(kind), counts.size(), fmt::join(counts, ","),
+                                      collective_name(kind), counts.size(), list_excerpt(counts),
                                       size));
   }
   for (std::int64_t c : counts) {
     if (c < 0) {
       throw InvalidArgument(fmt::format("{}: count {} in [{}] is negative", collective_name(kind),
-                                        c, fmt::join(counts, ",")));
+                                        c, list_excerpt(counts)));
     }
   }
-  const std::int64_t sum = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  std::int64_t sum = 0;
+  for (const std::int64_t c : counts) {
+    if (__builtin_add_overflow(sum, c, &sum)) {
+      throw InvalidArgument(fmt::format("{}: counts [{}] add up to more than 2^63 - 1 elements",
+                                        collective_name(kind), list_excerpt(counts)));
+    }
+  }
   if (sum != total) {
     throw InvalidArgument(fmt::format("{}: counts [{}] add up to {}, but the {} holds {} elements",
-                                      collective_name(kind), fmt::join(counts, ","), sum, what,
+                                      collective_name(kind), list_excerpt(counts), sum, what,
                                       total));
   }
   return counts;

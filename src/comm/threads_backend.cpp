@@ -40,6 +40,12 @@ struct ThreadsShared {
       : size(world_size), link(std::move(link_delay)) {}
 
   void abort(const std::string& why);
+  // Marks `world_rank` as gone (its rank function returned) and wakes every waiter, so that
+  // collectives waiting for it fail at once instead of at their deadline.
+  void leave(int world_rank);
+  bool has_left(std::int64_t world_rank) const {
+    return left_count.load() != 0 && left[static_cast<std::size_t>(world_rank)].load();
+  }
   std::string abort_reason() {
     const std::lock_guard lock(mutex);
     return reason;
@@ -53,8 +59,11 @@ struct ThreadsShared {
   const LinkDelay link;
   std::shared_ptr<GroupState> world_group;
   std::atomic<bool> aborted{false};
+  std::atomic<int> left_count{0};
   std::mutex mutex;
   std::string reason;
+  std::vector<std::atomic<bool>> left =
+      std::vector<std::atomic<bool>>(static_cast<std::size_t>(size));
   std::uint64_t next_group_id = 1;
   std::vector<std::weak_ptr<GroupState>> groups;
   // Groups being created by a split: key (parent id, split sequence, color) -> state and the
@@ -99,12 +108,19 @@ struct GroupState {
                                     call.to_string(), fmt::join(world_ranks, ","),
                                     world.abort_reason()));
       }
+      const std::vector<std::int64_t> gone = missing_members(generation_now, world, true);
+      if (!gone.empty()) {
+        const std::string message = fmt::format(
+            "{} on group [{}] failed: world rank(s) [{}] returned from the rank function without "
+            "issuing it (every rank must make the same collective calls)",
+            call.to_string(), fmt::join(world_ranks, ","), fmt::join(gone, ","));
+        lock.unlock();
+        world.abort(message);
+        throw CommError(message);
+      }
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
           generation == generation_now && !world.aborted.load()) {
-        std::vector<std::int64_t> missing;
-        for (std::size_t i = 0; i < arrived_at.size(); ++i) {
-          if (arrived_at[i] != generation_now + 1) missing.push_back(world_ranks[i]);
-        }
+        const std::vector<std::int64_t> missing = missing_members(generation_now, world, false);
         const std::string message =
             fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it",
                         call.to_string(), fmt::join(world_ranks, ","), fmt::join(missing, ","));
@@ -113,6 +129,19 @@ struct GroupState {
         throw TimeoutError(message);
       }
     }
+  }
+
+  // The world ranks of the members that have not arrived at `generation_now` (only those that
+  // left the world, with `only_left`). Called with the mutex held.
+  std::vector<std::int64_t> missing_members(std::uint64_t generation_now,
+                                            const ThreadsShared& world, bool only_left) const {
+    std::vector<std::int64_t> missing;
+    if (only_left && world.left_count.load() == 0) return missing;
+    for (std::size_t i = 0; i < arrived_at.size(); ++i) {
+      if (arrived_at[i] == generation_now + 1) continue;
+      if (!only_left || world.has_left(world_ranks[i])) missing.push_back(world_ranks[i]);
+    }
+    return missing;
   }
 
   void wake_all() {
@@ -146,6 +175,20 @@ void ThreadsShared::abort(const std::string& why) {
     group->wake_all();
 }
 
+void ThreadsShared::leave(int world_rank) {
+  std::vector<std::shared_ptr<GroupState>> alive;
+  {
+    const std::lock_guard lock(mutex);
+    if (left[static_cast<std::size_t>(world_rank)].exchange(true)) return;
+    left_count.fetch_add(1);
+    for (const auto& group : groups) {
+      if (auto held = group.lock()) alive.push_back(std::move(held));
+    }
+  }
+  for (const auto& group : alive)
+    group->wake_all();
+}
+
 }  // namespace detail
 
 namespace {
@@ -171,6 +214,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
  protected:
   void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
                       Deadline deadline) override {
+    check_still_running(call);
     run_posting(Posting{&call, input.defined() ? input.bytes().data() : nullptr,
                         output.defined() ? output.bytes().data() : nullptr, 0, 0},
                 deadline);
@@ -178,6 +222,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
 
   std::shared_ptr<Communicator> run_split(const CollectiveCall& call, std::int64_t color,
                                           std::int64_t key, Deadline deadline) override {
+    check_still_running(call);
     const Posting posting{&call, nullptr, nullptr, color, key};
     GroupState& group = *group_;
     post_and_check(posting, deadline);
@@ -217,6 +262,18 @@ class ThreadsCommunicator final : public QueuedCommunicator {
   }
 
  private:
+  // A rank whose function returned has left its run: what it still holds (a DTensor, a group)
+  // cannot take part in collectives, whose other members have moved on or left too.
+  void check_still_running(const CollectiveCall& call) const {
+    const std::int64_t me = group_->world_ranks[static_cast<std::size_t>(rank_)];
+    if (world_->has_left(me)) {
+      throw CommError(fmt::format(
+          "{}: world rank {}'s run has ended (its rank function returned); a communicator or "
+          "DTensor of a run cannot be used after the run",
+          call.to_string(), me));
+    }
+  }
+
   // Posts this rank's call and buffers and waits for every member; the last to arrive checks
   // once that all calls match, and every rank throws the same verdict before anyone touches
   // another rank's buffers.
@@ -444,6 +501,14 @@ void ThreadsWorld::abort(const std::string& reason) const {
   shared_->abort(reason);
 }
 
+void ThreadsWorld::leave(int rank) const {
+  if (rank < 0 || rank >= size()) {
+    throw InvalidArgument(
+        fmt::format("rank {} is not in this threads world of {} ranks", rank, size()));
+  }
+  shared_->leave(rank);
+}
+
 void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link) {
   run_threads(
       size, [&body](const std::shared_ptr<Communicator>& world) { body(*world); }, std::move(link));
@@ -451,12 +516,56 @@ void run_threads(int size, const std::function<void(Communicator&)>& body, LinkD
 
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
                  LinkDelay link) {
+  run_threads(size, body, std::move(link), {});
+}
+
+namespace {
+
+/// Counts the ranks that finished, for a caller that waits for them while it polls.
+struct FinishLine {
+  void cross() {
+    {
+      const std::lock_guard lock(mutex);
+      ++finished;
+    }
+    cv.notify_all();
+  }
+  /// Waits until `count` ranks finished, calling `poll` between waits of kPollInterval; returns
+  /// the exception `poll` threw (the ranks are then still running), or null.
+  std::exception_ptr wait(int count, const std::function<void()>& poll) {
+    constexpr auto kPollInterval = std::chrono::milliseconds(50);
+    std::unique_lock lock(mutex);
+    while (finished < count) {
+      if (poll) {
+        lock.unlock();
+        try {
+          poll();
+        } catch (...) {
+          return std::current_exception();
+        }
+        lock.lock();
+      }
+      cv.wait_for(lock, kPollInterval, [&] { return finished >= count; });
+    }
+    return nullptr;
+  }
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  int finished = 0;
+};
+
+}  // namespace
+
+void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
+                 LinkDelay link, const std::function<void()>& poll) {
   const ThreadsWorld world(size, std::move(link));
   std::vector<std::shared_ptr<Communicator>> communicators;
   for (int rank = 0; rank < size; ++rank)
     communicators.push_back(world.communicator(rank));
   std::mutex first_error_mutex;
   std::exception_ptr first_error;
+  FinishLine finish_line;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(size));
   // The first error is recorded before the world aborts, so that it is the root cause and not
@@ -469,14 +578,18 @@ void run_threads(int size, const std::function<void(std::shared_ptr<Communicator
     world.abort(why);
   };
   const auto run_rank = [&](int rank) {
+    bool returned = false;
     try {
       body(communicators[static_cast<std::size_t>(rank)]);
+      returned = true;
     } catch (const std::exception& error) {
       fail(fmt::format("world rank {} failed: {}", rank, error.what()));
     } catch (...) {
       fail(fmt::format("world rank {} failed with a non-standard exception", rank));
     }
     communicators[static_cast<std::size_t>(rank)].reset();  // drain this rank's queue here
+    if (returned) world.leave(rank);
+    finish_line.cross();
   };
   for (int rank = 0; rank < size; ++rank) {
     try {
@@ -493,8 +606,20 @@ void run_threads(int size, const std::function<void(std::shared_ptr<Communicator
       throw ResourceError(message);
     }
   }
+  const std::exception_ptr interrupted = finish_line.wait(size, poll);
+  if (interrupted) {
+    std::string why = "unknown cause";
+    try {
+      std::rethrow_exception(interrupted);
+    } catch (const std::exception& error) {
+      why = error.what();
+    } catch (...) {
+    }
+    world.abort(fmt::format("the run was interrupted: {}", why));
+  }
   for (std::thread& thread : threads)
     thread.join();
+  if (interrupted) std::rethrow_exception(interrupted);
   if (first_error) std::rethrow_exception(first_error);
 }
 

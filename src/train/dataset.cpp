@@ -229,6 +229,13 @@ Dataset load_dataset(const std::string& dir) {
 }
 
 std::vector<std::int64_t> epoch_order(std::int64_t count, std::uint64_t seed, std::int64_t epoch) {
+  if (count < 0 || count > kMaxEpochSamples) {
+    throw InvalidArgument(fmt::format(
+        "epoch order of {} samples: the count must be 0 to {} (the most samples a dataset holds)",
+        count, kMaxEpochSamples));
+  }
+  require_memory(static_cast<double>(count) * sizeof(std::int64_t),
+                 fmt::format("the epoch order of {} samples", count));
   std::vector<std::int64_t> order(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i)
     order[static_cast<std::size_t>(i)] = i;

@@ -1,10 +1,13 @@
 // Behaviour particular to the threads backend: many ranks in one process, queues, and failure
 // propagation within a process.
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <numeric>
+#include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <meshtensor/comm/threads_backend.hpp>
@@ -143,7 +146,10 @@ TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
   EXPECT_THROW(
       run_threads(3,
                   [&](Communicator& world) {
-                    if (world.rank() == 2) return;  // never joins
+                    if (world.rank() == 2) {  // alive, but never joins
+                      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                      return;
+                    }
                     try {
                       world.barrier({.timeout = std::chrono::milliseconds(200)});
                     } catch (const CommError& error) {
@@ -156,6 +162,64 @@ TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
                   }),
       CommError);
   EXPECT_GE(named.load(), 1);
+}
+
+TEST(ThreadsFailures, ARankThatReturnsReleasesItsWaitersAtOnceNamingIt) {
+  std::atomic<int> named{0};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_threads(3,
+                           [&](Communicator& world) {
+                             if (world.rank() == 2) return;  // leaves without the barrier
+                             try {
+                               world.barrier({.timeout = std::chrono::seconds(60)});
+                             } catch (const CommError& error) {
+                               if (std::string(error.what()).find("world rank(s) [2] returned") !=
+                                   std::string::npos) {
+                                 ++named;
+                               }
+                               throw;
+                             }
+                           }),
+               CommError);
+  EXPECT_GE(named.load(), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(ThreadsFailures, ACommunicatorUsedAfterItsRunFailsAtOnce) {
+  std::vector<std::shared_ptr<Communicator>> kept(2);
+  run_threads(2, [&](std::shared_ptr<Communicator> world) {
+    kept[static_cast<std::size_t>(world->rank())] = std::move(world);
+  });
+  Tensor buffer({4}, DType::f32);
+  EXPECT_THAT(testing::error_message([&] { kept[0]->all_reduce(buffer); }),
+              ::testing::HasSubstr("world rank 0's run has ended"));
+}
+
+TEST(ThreadsFailures, APollThatThrowsAbortsTheRunAndIsRethrown) {
+  std::atomic<int> aborted{0};
+  const auto poll = [] { throw ResourceError("interrupted by the test"); };
+  try {
+    run_threads(
+        2,
+        [&](const std::shared_ptr<Communicator>& world) {
+          if (world->rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            return;
+          }
+          try {
+            world->barrier({.timeout = std::chrono::seconds(60)});
+          } catch (const CommError& error) {
+            if (std::string(error.what()).find("interrupted by the test") != std::string::npos)
+              ++aborted;
+            throw;
+          }
+        },
+        {}, poll);
+    FAIL() << "no error";
+  } catch (const ResourceError& error) {
+    EXPECT_STREQ(error.what(), "interrupted by the test");
+  }
+  EXPECT_EQ(aborted.load(), 1);
 }
 
 }  // namespace

@@ -51,21 +51,31 @@ class ThreadsWorld {
   std::shared_ptr<Communicator> communicator(int rank) const;
   /// Fails every pending and future collective of this world with CommError carrying `reason`.
   void abort(const std::string& reason) const;
+  /// Marks `rank` as gone (its work returned): collectives that wait for it fail at once with
+  /// CommError naming it, and its own later collectives fail too.
+  void leave(int rank) const;
 
  private:
   std::shared_ptr<detail::ThreadsShared> shared_;
 };
 
 /// Runs `body(world communicator)` on `size` threads, one per rank, and returns when all
-/// finished. When a rank throws, the world aborts with that rank's error as the cause (the other
-/// ranks' collectives fail with CommError naming it) and the first error is rethrown here. A
-/// thread that cannot be started (a process or memory limit) fails the world the same way and
-/// throws ResourceError naming the rank.
+/// finished. A rank whose body returns has left: a collective that waits for it fails at once
+/// with CommError naming it, rather than at its deadline. When a rank throws, the world aborts with
+/// that rank's error as the cause (the other ranks' collectives fail with CommError naming it) and
+/// the first error is rethrown here. A thread that cannot be started (a process or memory limit)
+/// fails the world the same way and throws ResourceError naming the rank.
 void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link = {});
 /// The same, handing each rank its communicator as a shared handle, for bodies that keep it
 /// beyond the call (a language binding's objects): the rank's queue drains when the last handle
 /// goes.
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
                  LinkDelay link = {});
+/// The same, calling `poll` on the calling thread about every 50 ms while the ranks run (a
+/// language binding checks for Ctrl-C there). When `poll` throws, the world aborts naming its
+/// error (collectives fail at once with CommError), every rank is joined and that exception is
+/// rethrown.
+void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
+                 LinkDelay link, const std::function<void()>& poll);
 
 }  // namespace meshtensor::comm

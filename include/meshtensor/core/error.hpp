@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -58,5 +60,9 @@ class DesyncError : public CommError {
  public:
   explicit DesyncError(const std::string& message) : CommError(message) {}
 };
+
+/// A bounded excerpt of a list for a message: the first `shown` values joined by ",", then
+/// ", ... and N more" when there are more (a message never grows with its input).
+std::string list_excerpt(std::span<const std::int64_t> values, std::size_t shown = 16);
 
 }  // namespace meshtensor

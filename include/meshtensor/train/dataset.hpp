@@ -52,8 +52,12 @@ inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnis
 /// the file and the problem otherwise.
 Dataset load_dataset(const std::string& dir);
 
+/// Most samples a dataset holds: an IDX file of 1-byte samples at the reader's 2 GiB cap.
+inline constexpr std::int64_t kMaxEpochSamples = std::int64_t{1} << 31;
+
 /// The order of the `count` training samples in epoch `epoch`: a permutation seeded by (seed,
-/// epoch) alone, the same on every platform and for any number of ranks.
+/// epoch) alone, the same on every platform and for any number of ranks. InvalidArgument for a
+/// count outside [0, kMaxEpochSamples], ResourceError when the order does not fit in memory.
 std::vector<std::int64_t> epoch_order(std::int64_t count, std::uint64_t seed, std::int64_t epoch);
 
 }  // namespace meshtensor::train
