@@ -2,6 +2,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -409,16 +410,17 @@ PackedRows pack_column_blocks(const T* values, std::int64_t rows, std::int64_t n
 /// The first factors of every output row: list i holds the terms of row i of the result (a row
 /// of the packed second factors and the value it is multiplied by), `capacity` slots apart.
 struct TermLists {
-  std::vector<double> a;
-  std::vector<std::int32_t> codes;
-  std::vector<std::int32_t> index;
+  // Slots past a list's count are never read: the arrays are left uninitialised.
+  std::unique_ptr<double[]> a;
+  std::unique_ptr<std::int32_t[]> codes;
+  std::unique_ptr<std::int32_t[]> index;
   std::vector<std::int64_t> counts;
   std::int64_t capacity = 0;
 
   TermLists(std::int64_t lists, std::int64_t list_capacity)
-      : a(static_cast<std::size_t>(lists * list_capacity)),
-        codes(a.size()),
-        index(a.size()),
+      : a(new double[static_cast<std::size_t>(lists * list_capacity)]),
+        codes(new std::int32_t[static_cast<std::size_t>(lists * list_capacity)]),
+        index(new std::int32_t[static_cast<std::size_t>(lists * list_capacity)]),
         counts(static_cast<std::size_t>(lists), 0),
         capacity(list_capacity) {}
   void add(std::int64_t list, double value, std::int64_t row) {
@@ -430,7 +432,7 @@ struct TermLists {
   }
   Terms terms(std::int64_t list) const {
     const auto at = static_cast<std::size_t>(list * capacity);
-    return {a.data() + at, codes.data() + at, index.data() + at,
+    return {a.get() + at, codes.get() + at, index.get() + at,
             counts[static_cast<std::size_t>(list)]};
   }
 };
