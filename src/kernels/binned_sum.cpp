@@ -616,16 +616,34 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
   const Planes planes = planes_of(sums);
   const std::int32_t* target = bins.values<std::int32_t>().data();
   const std::int64_t count = sums.count();
-  constexpr std::int64_t kRun = 16;  // most elements already sit in their bin: skip runs of them
-  for (std::int64_t first = 0; first < count; first += kRun) {
-    const std::int64_t last = std::min(count, first + kRun);
+  constexpr std::int64_t kRun = 16;
+  std::int64_t first = 0;
+  for (; first + kRun <= count; first += kRun) {
     std::int32_t moved = 0;
-    for (std::int64_t i = first; i < last; ++i)
+    std::int32_t invalid = 0;
+    for (std::int64_t i = first; i < first + kRun; ++i) {
       moved |= planes.bins[i] ^ target[i];
-    if (moved == 0) continue;
-    for (std::int64_t i = first; i < last; ++i)
-      raise_bin(planes, i, target[i], "align_bins");
+      invalid |= (target[i] < planes.bins[i] || target[i] > kNonFiniteBin) ? 1 : 0;
+    }
+    if (moved == 0) continue;  // most runs already sit in their bins
+    if (invalid != 0) {        // raise_bin names the element
+      for (std::int64_t i = first; i < first + kRun; ++i)
+        raise_bin(planes, i, target[i], "align_bins");
+    }
+    // shift_digits without branches, so that the run vectorises.
+    for (std::int64_t i = first; i < first + kRun; ++i) {
+      const std::int32_t shift = target[i] - planes.bins[i];
+      const double d0 = planes.d0[i];
+      const double d1 = planes.d1[i];
+      const double d2 = planes.d2[i];
+      planes.d0[i] = shift == 0 ? d0 : shift == 1 ? d1 : shift == 2 ? d2 : 0.0;
+      planes.d1[i] = shift == 0 ? d1 : shift == 1 ? d2 : 0.0;
+      planes.d2[i] = shift == 0 ? d2 : 0.0;
+      planes.bins[i] = target[i];
+    }
   }
+  for (std::int64_t i = first; i < count; ++i)
+    raise_bin(planes, i, target[i], "align_bins");
 }
 
 void merge_binned_sums(BinnedSums& sums, BinnedSums& other) {

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <meshtensor/core/error.hpp>
@@ -14,6 +15,7 @@
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
+#include "support/error_message.hpp"
 #include "support/exact_sum_reference.hpp"
 
 namespace meshtensor::kernels {
@@ -235,6 +237,7 @@ TEST(BinnedSums, EverySimdLevelGivesTheSameBits) {
     // Fresh sinks (streaming stores where the planes are aligned, plain ones elsewhere).
     for (const std::int64_t offset : {0, 5}) {
       BinnedSums fresh = BinnedSums::uninitialized(740 + offset);
+      fresh.clear(0, offset);  // the elements before the sums are rounded too
       add_outer_products(fresh, offset, x, dy, Start::empty);
       auto bits = bits_of(rounded(fresh, 50));
       results.emplace_back(bits.begin() + offset, bits.end());
@@ -252,6 +255,42 @@ TEST(BinnedSums, RejectsInputsThatDoNotFit) {
   EXPECT_THROW(add_column_sums(sums, 4, spread(4, 3, 1)), InvalidArgument);
   Tensor out(Shape{6}, DType::f32);
   EXPECT_THROW(round_binned_sums(sums, 0, out), InvalidArgument);
+}
+
+TEST(BinnedSums, AlignBinsMovesEveryElementUpDroppingTheLowDigits) {
+  // 37 elements: two full runs of 16 and a tail; shifts 0 to 3 bins and some already aligned.
+  constexpr std::int64_t kCount = 37;
+  BinnedSums sums(kCount);
+  Tensor target(Shape{kCount}, DType::i32);
+  auto bins = sums.bins.values<std::int32_t>();
+  auto digits = sums.digits.values<double>();
+  for (std::int64_t i = 0; i < kCount; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    bins[k] = static_cast<std::int32_t>(i % 5) - 2;
+    for (std::int64_t plane = 0; plane < 3; ++plane)
+      digits[static_cast<std::size_t>(plane * kCount + i)] = static_cast<double>(100 * plane + i);
+    target.values<std::int32_t>()[k] =
+        i < 16 ? bins[k] : bins[k] + static_cast<std::int32_t>(i % 4);
+  }
+  const BinnedSums before = sums;
+  align_bins(sums, target);
+  const auto old_digits = before.digits.values<double>();
+  for (std::int64_t i = 0; i < kCount; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    const std::int32_t shift =
+        target.values<std::int32_t>()[k] - before.bins.values<std::int32_t>()[k];
+    const auto old = [&](std::int64_t plane) {
+      return plane < 3 ? old_digits[static_cast<std::size_t>(plane * kCount + i)] : 0.0;
+    };
+    EXPECT_EQ(bins[k], target.values<std::int32_t>()[k]) << i;
+    for (std::int64_t plane = 0; plane < 3; ++plane)
+      EXPECT_EQ(digits[static_cast<std::size_t>(plane * kCount + i)], old(plane + shift))
+          << "element " << i << " plane " << plane;
+  }
+  Tensor lower = sums.bins.clone();
+  lower.values<std::int32_t>()[20] -= 1;
+  EXPECT_THAT(testing::error_message([&] { align_bins(sums, lower); }),
+              ::testing::HasSubstr("element 20 cannot move"));
 }
 
 }  // namespace
