@@ -90,20 +90,16 @@ inline std::int32_t bin_of_bound(std::int32_t code) {
   return n >= 0 ? (n + kBinBits - 1) / kBinBits : -(-n / kBinBits);
 }
 
-/// Moves element i's digits up by `shift` bins (the lowest `shift` digits drop out).
+/// Moves element i's digits up by `shift` bins (the lowest `shift` digits drop out; nothing for
+/// shift <= 0). Written with selects, not branches, so that loops over elements vectorise.
 inline void shift_digits(double* d0, double* d1, double* d2, std::int64_t i, std::int32_t shift) {
-  if (shift <= 0) return;
-  if (shift == 1) {
-    d0[i] = d1[i];
-    d1[i] = d2[i];
-  } else if (shift == 2) {
-    d0[i] = d2[i];
-    d1[i] = 0;
-  } else {
-    d0[i] = 0;
-    d1[i] = 0;
-  }
-  d2[i] = 0;
+  const double low = d0[i];
+  const double middle = d1[i];
+  const double high = d2[i];
+  const bool keep = shift <= 0;
+  d0[i] = keep ? low : shift == 1 ? middle : shift == 2 ? high : 0.0;
+  d1[i] = keep ? middle : shift == 1 ? high : 0.0;
+  d2[i] = keep ? high : 0.0;
 }
 
 /// Columns one pass of the kernel keeps in registers.
@@ -630,15 +626,8 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
       for (std::int64_t i = first; i < first + kRun; ++i)
         raise_bin(planes, i, target[i], "align_bins");
     }
-    // shift_digits without branches, so that the run vectorises.
     for (std::int64_t i = first; i < first + kRun; ++i) {
-      const std::int32_t shift = target[i] - planes.bins[i];
-      const double d0 = planes.d0[i];
-      const double d1 = planes.d1[i];
-      const double d2 = planes.d2[i];
-      planes.d0[i] = shift == 0 ? d0 : shift == 1 ? d1 : shift == 2 ? d2 : 0.0;
-      planes.d1[i] = shift == 0 ? d1 : shift == 1 ? d2 : 0.0;
-      planes.d2[i] = shift == 0 ? d2 : 0.0;
+      shift_digits(planes.d0, planes.d1, planes.d2, i, target[i] - planes.bins[i]);
       planes.bins[i] = target[i];
     }
   }

@@ -2,6 +2,7 @@
 // propagation within a process.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <numeric>
 #include <thread>
@@ -141,47 +142,37 @@ TEST(ThreadsFailures, AFailingRankMakesTheOthersFailWithItsCause) {
   EXPECT_EQ(saw_cause.load(), 3);
 }
 
-TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
+/// Runs a barrier with `timeout` on every rank of 3 but rank 2, which runs `absent` instead.
+/// The run must throw CommError; returns how many ranks' errors contained `text`.
+int barrier_errors_naming(const std::function<void()>& absent, std::chrono::milliseconds timeout,
+                          const std::string& text) {
   std::atomic<int> named{0};
-  EXPECT_THROW(
-      run_threads(3,
-                  [&](Communicator& world) {
-                    if (world.rank() == 2) {  // alive, but never joins
-                      std::this_thread::sleep_for(std::chrono::milliseconds(600));
-                      return;
-                    }
-                    try {
-                      world.barrier({.timeout = std::chrono::milliseconds(200)});
-                    } catch (const CommError& error) {
-                      if (std::string(error.what()).find("world rank(s) [2] never issued it") !=
-                          std::string::npos) {
-                        ++named;
-                      }
-                      throw;
-                    }
-                  }),
-      CommError);
-  EXPECT_GE(named.load(), 1);
-}
-
-TEST(ThreadsFailures, ARankThatReturnsReleasesItsWaitersAtOnceNamingIt) {
-  std::atomic<int> named{0};
-  const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(run_threads(3,
                            [&](Communicator& world) {
-                             if (world.rank() == 2) return;  // leaves without the barrier
+                             if (world.rank() == 2) return absent();
                              try {
-                               world.barrier({.timeout = std::chrono::seconds(60)});
+                               world.barrier({.timeout = timeout});
                              } catch (const CommError& error) {
-                               if (std::string(error.what()).find("world rank(s) [2] returned") !=
-                                   std::string::npos) {
+                               if (std::string(error.what()).find(text) != std::string::npos)
                                  ++named;
-                               }
                                throw;
                              }
                            }),
                CommError);
-  EXPECT_GE(named.load(), 1);
+  return named.load();
+}
+
+TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
+  const auto alive_but_absent = [] { std::this_thread::sleep_for(std::chrono::milliseconds(600)); };
+  EXPECT_GE(barrier_errors_naming(alive_but_absent, std::chrono::milliseconds(200),
+                                  "world rank(s) [2] never issued it"),
+            1);
+}
+
+TEST(ThreadsFailures, ARankThatReturnsReleasesItsWaitersAtOnceNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_GE(barrier_errors_naming([] {}, std::chrono::seconds(60), "world rank(s) [2] returned"),
+            1);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
