@@ -435,7 +435,7 @@ void ShardedModule::launch_reduce() {
       acc->full.reset();
     }
     acc->shard.reserve(mine);
-    Tensor rounded(Shape{mine}, DType::f32);
+    Tensor rounded = Tensor::uninitialized(Shape{mine}, DType::f32);  // written whole below
     if (replicate != nullptr) {
       reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label,
                          acc->replica_slice);

@@ -74,9 +74,9 @@ constexpr std::int32_t kNonFiniteCode = 1 << 24;
 inline std::int32_t bound_code(double v) {
   const std::uint64_t bits = std::bit_cast<std::uint64_t>(v) & ~(std::uint64_t{1} << 63);
   const auto biased = static_cast<std::int32_t>(bits >> 52);
-  if (biased == 0x7ff) return kNonFiniteCode;
-  if (bits == 0) return kZeroCode;
-  return std::max(biased, 1) - 1022;  // subnormals are below 2^-1022
+  // Selects, not branches: zeros come at random (ReLU, blank pixels) and loops vectorise.
+  const std::int32_t finite = bits == 0 ? kZeroCode : std::max(biased, 1) - 1022;  // subnormals
+  return biased == 0x7ff ? kNonFiniteCode : finite;                                // are < 2^-1022
 }
 
 /// The bin of addends bounded by 2^code: the smallest b (at least kLowestBin) with
@@ -370,66 +370,94 @@ Planes planes_of(BinnedSums& sums) {
   return {sums.bins.values<std::int32_t>().data(), digits, digits + count, digits + 2 * count};
 }
 
+/// Storage that calls on one thread reuse (grown when a call needs more, kept until the thread
+/// ends): the packed operands of the kernels below are rebuilt every training step, and fresh
+/// allocations of that size would map and fault in new pages each time. `Slot` tells apart the
+/// buffers one call uses at once. Contents are left uninitialised.
+template <class T, int Slot>
+T* thread_buffer(std::size_t count) {
+  thread_local std::unique_ptr<T[]> buffer;
+  thread_local std::size_t capacity = 0;
+  if (count > capacity) {
+    buffer.reset();  // the old one goes first: peak memory is the new size only
+    buffer.reset(new T[count]);
+    capacity = count;
+  }
+  return buffer.get();
+}
+
 /// The rows [rows, n] of addend factors as f64 column blocks: block b holds columns
 /// b * kColumnBlock onwards of every row, row after row (zero-padded past n), so one pass over a
 /// block reads contiguous memory and runs full-width vectors; with each value's bound code.
 struct PackedRows {
-  std::vector<double> values;
-  std::vector<std::int32_t> codes;
+  double* values;  // this thread's buffers, written whole by pack_column_blocks
+  std::int32_t* codes;
   std::int64_t rows = 0;
 
   RowBlock block(std::int64_t first_column) const {
     const auto at = static_cast<std::size_t>((first_column / kColumnBlock) * rows * kColumnBlock);
-    return {values.data() + at, codes.data() + at};
+    return {values + at, codes + at};
   }
 };
+
+/// codes[i] = bound_code(values[i]).
+template <class T>
+[[gnu::always_inline]] inline void bound_codes_body(const double* values, std::int32_t* codes,
+                                                    std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i)
+    codes[i] = bound_code(values[i]);
+}
+MESHTENSOR_SIMD_KERNEL(bound_codes, bound_codes_body)
 
 template <class T>
 PackedRows pack_column_blocks(const T* values, std::int64_t rows, std::int64_t n) {
   const std::int64_t blocks = (n + kColumnBlock - 1) / kColumnBlock;
-  PackedRows packed;
-  packed.rows = rows;
-  packed.values.assign(static_cast<std::size_t>(blocks * rows * kColumnBlock), 0.0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t block = j / kColumnBlock;
-      packed
-          .values[static_cast<std::size_t>((block * rows + r) * kColumnBlock + j % kColumnBlock)] =
-          values[r * n + j];
+  const auto size = static_cast<std::size_t>(blocks * rows * kColumnBlock);
+  PackedRows packed{thread_buffer<double, 0>(size), thread_buffer<std::int32_t, 0>(size), rows};
+  double* out = packed.values;
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const std::int64_t first = block * kColumnBlock;
+    const std::int64_t width = std::min(kColumnBlock, n - first);
+    for (std::int64_t r = 0; r < rows; ++r, out += kColumnBlock) {
+      const T* row = values + r * n + first;
+      for (std::int64_t j = 0; j < kColumnBlock; ++j)
+        out[j] = j < width ? static_cast<double>(row[j < width ? j : 0]) : 0.0;
     }
   }
-  packed.codes.resize(packed.values.size());
-  std::transform(packed.values.begin(), packed.values.end(), packed.codes.begin(), bound_code);
+  bound_codes<void>(static_cast<const double*>(packed.values), packed.codes,
+                    static_cast<std::int64_t>(size));
   return packed;
 }
 
 /// The first factors of every output row: list i holds the terms of row i of the result (a row
 /// of the packed second factors and the value it is multiplied by), `capacity` slots apart.
 struct TermLists {
-  // Slots past a list's count are never read: the arrays are left uninitialised.
-  std::unique_ptr<double[]> a;
-  std::unique_ptr<std::int32_t[]> codes;
-  std::unique_ptr<std::int32_t[]> index;
+  // This thread's buffers; slots past a list's count are never read.
+  double* a;
+  std::int32_t* codes;
+  std::int32_t* index;
   std::vector<std::int64_t> counts;
   std::int64_t capacity = 0;
 
   TermLists(std::int64_t lists, std::int64_t list_capacity)
-      : a(new double[static_cast<std::size_t>(lists * list_capacity)]),
-        codes(new std::int32_t[static_cast<std::size_t>(lists * list_capacity)]),
-        index(new std::int32_t[static_cast<std::size_t>(lists * list_capacity)]),
+      : a(thread_buffer<double, 1>(static_cast<std::size_t>(lists * list_capacity))),
+        codes(thread_buffer<std::int32_t, 1>(static_cast<std::size_t>(lists * list_capacity))),
+        index(thread_buffer<std::int32_t, 2>(static_cast<std::size_t>(lists * list_capacity))),
         counts(static_cast<std::size_t>(lists), 0),
         capacity(list_capacity) {}
-  void add(std::int64_t list, double value, std::int64_t row) {
+  /// Appends the term (value, row) to `list` when `keep`: the slot is written either way, so
+  /// that loops over many terms run without branches (a list never holds more than `capacity`).
+  void add(std::int64_t list, double value, std::int64_t row, bool keep = true) {
     auto& count = counts[static_cast<std::size_t>(list)];
-    const auto slot = static_cast<std::size_t>(list * capacity + count++);
+    const auto slot = static_cast<std::size_t>(list * capacity + count);
     a[slot] = value;
     codes[slot] = bound_code(value);
     index[slot] = static_cast<std::int32_t>(row);
+    count += keep ? 1 : 0;
   }
   Terms terms(std::int64_t list) const {
     const auto at = static_cast<std::size_t>(list * capacity);
-    return {a.get() + at, codes.get() + at, index.get() + at,
-            counts[static_cast<std::size_t>(list)]};
+    return {a + at, codes + at, index + at, counts[static_cast<std::size_t>(list)]};
   }
 };
 
@@ -543,11 +571,15 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   const bool dy_finite =
       std::all_of(dys.begin(), dys.end(), [](float v) { return std::isfinite(v); });
   TermLists lists(m, rows);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      const double value = xs[static_cast<std::size_t>(r * m + i)];  // exact
-      if (value == 0.0 && dy_finite) continue;
-      lists.add(i, value, r);
+  // A few lists at a time, row after row: x is read along its rows and each list's slots are
+  // written in order.
+  constexpr std::int64_t kListTile = 16;
+  for (std::int64_t i0 = 0; i0 < m; i0 += kListTile) {
+    const std::int64_t width = std::min(kListTile, m - i0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = xs.data() + r * m + i0;
+      for (std::int64_t k = 0; k < width; ++k)
+        lists.add(i0 + k, row[k], r, row[k] != 0.0f || !dy_finite);  // f32 to f64: exact
     }
   }
   add_term_lists(planes_of(sums), offset, lists, n, packed, start);
@@ -579,12 +611,14 @@ void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a, Sta
   const std::int64_t rows = a.shape()[0];
   const std::int64_t n = a.shape()[1];
   check_range(sums, offset, n, operation);
-  const Tensor a64 = a.dtype() == DType::f64 ? a.contiguous() : convert(a, DType::f64);
-  const double* values = a64.values<double>().data();
+  const Tensor dense = a.contiguous();
+  const PackedRows packed = dense.dtype() == DType::f64
+                                ? pack_column_blocks(dense.values<double>().data(), rows, n)
+                                : pack_column_blocks(dense.values<float>().data(), rows, n);
   TermLists ones(1, rows);
   for (std::int64_t r = 0; r < rows; ++r)
     ones.add(0, 1.0, r);
-  add_term_lists(planes_of(sums), offset, ones, n, pack_column_blocks(values, rows, n), start);
+  add_term_lists(planes_of(sums), offset, ones, n, packed, start);
 }
 
 namespace {
@@ -602,6 +636,35 @@ inline void raise_bin(Planes planes, std::int64_t i, std::int32_t bin, const cha
   planes.bins[i] = bin;
 }
 
+/// Runs of elements align_bins checks and moves together.
+constexpr std::int64_t kAlignRun = 16;
+
+/// align_bins over whole runs from `first` on: returns where it stopped, the first run holding
+/// an element whose target is below its bin or past kNonFiniteBin (untouched, for raise_bin to
+/// name), else the end of the last whole run. Written with selects so that each run is checked
+/// and moved in a few vector operations; runs already in their bins are only read.
+template <class T>
+[[gnu::always_inline]] inline std::int64_t align_runs_body(Planes planes,
+                                                           const std::int32_t* target,
+                                                           std::int64_t first, std::int64_t count) {
+  for (; first + kAlignRun <= count; first += kAlignRun) {
+    std::int32_t moved = 0;
+    std::int32_t invalid = 0;
+    for (std::int64_t i = first; i < first + kAlignRun; ++i) {
+      moved |= planes.bins[i] ^ target[i];
+      invalid |= (target[i] < planes.bins[i]) | (target[i] > kNonFiniteBin);
+    }
+    if (moved == 0) continue;  // most runs already sit in their bins
+    if (invalid != 0) return first;
+    for (std::int64_t i = first; i < first + kAlignRun; ++i) {
+      shift_digits(planes.d0, planes.d1, planes.d2, i, target[i] - planes.bins[i]);
+      planes.bins[i] = target[i];
+    }
+  }
+  return first;
+}
+MESHTENSOR_SIMD_KERNEL(align_runs, align_runs_body)
+
 }  // namespace
 
 void align_bins(BinnedSums& sums, const Tensor& bins) {
@@ -612,25 +675,8 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
   const Planes planes = planes_of(sums);
   const std::int32_t* target = bins.values<std::int32_t>().data();
   const std::int64_t count = sums.count();
-  constexpr std::int64_t kRun = 16;
-  std::int64_t first = 0;
-  for (; first + kRun <= count; first += kRun) {
-    std::int32_t moved = 0;
-    std::int32_t invalid = 0;
-    for (std::int64_t i = first; i < first + kRun; ++i) {
-      moved |= planes.bins[i] ^ target[i];
-      invalid |= (target[i] < planes.bins[i] || target[i] > kNonFiniteBin) ? 1 : 0;
-    }
-    if (moved == 0) continue;  // most runs already sit in their bins
-    if (invalid != 0) {        // raise_bin names the element
-      for (std::int64_t i = first; i < first + kRun; ++i)
-        raise_bin(planes, i, target[i], "align_bins");
-    }
-    for (std::int64_t i = first; i < first + kRun; ++i) {
-      shift_digits(planes.d0, planes.d1, planes.d2, i, target[i] - planes.bins[i]);
-      planes.bins[i] = target[i];
-    }
-  }
+  // Whole runs stop early only at an invalid target; raise_bin then names it.
+  const std::int64_t first = align_runs<void>(planes, target, std::int64_t{0}, count);
   for (std::int64_t i = first; i < count; ++i)
     raise_bin(planes, i, target[i], "align_bins");
 }
@@ -647,6 +693,67 @@ void merge_binned_sums(BinnedSums& sums, BinnedSums& other) {
     mine.d1[i] += theirs.d1[i];
     mine.d2[i] += theirs.d2[i];
   }
+}
+
+BinnedPart part_of(const BinnedSums& sums, std::int64_t offset) {
+  check_range(sums, offset, 0, "part_of");
+  const std::int64_t count = sums.count();
+  const double* digits = sums.digits.values<double>().data();
+  return {sums.bins.values<std::int32_t>().data() + offset, digits + offset,
+          digits + count + offset, digits + 2 * count + offset};
+}
+
+namespace {
+
+/// Adds (`add`) or writes one part's digits (d0, d1, d2 at bins `from`), each element moved up to
+/// bins[i] (at least its own), into o0, o1, o2. Every digit is loaded and the shift picks with
+/// selects; the pointers are restrict parameters: both let the loop vectorise.
+template <bool add>
+[[gnu::always_inline]] inline void add_aligned(
+    const std::int32_t* __restrict bins, const std::int32_t* __restrict from,
+    const double* __restrict d0, const double* __restrict d1, const double* __restrict d2,
+    double* __restrict o0, double* __restrict o1, double* __restrict o2, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::int32_t shift = bins[i] - from[i];
+    const double low = d0[i];
+    const double middle = d1[i];
+    const double high = d2[i];
+    const double new_low = shift == 0 ? low : shift == 1 ? middle : shift == 2 ? high : 0.0;
+    const double new_middle = shift == 0 ? middle : shift == 1 ? high : 0.0;
+    const double new_high = shift == 0 ? high : 0.0;
+    o0[i] = add ? o0[i] + new_low : new_low;
+    o1[i] = add ? o1[i] + new_middle : new_middle;
+    o2[i] = add ? o2[i] + new_high : new_high;
+  }
+}
+
+/// merge_binned_parts: the largest bin of each element, then each part's digits moved to it and
+/// summed, part after part (parts outermost, so that every loop runs along the elements).
+template <class T>
+[[gnu::always_inline]] inline void merge_parts_body(Planes out, const BinnedPart* parts,
+                                                    std::size_t part_count, std::int64_t count) {
+  std::memcpy(out.bins, parts[0].bins, static_cast<std::size_t>(count) * sizeof(std::int32_t));
+  for (std::size_t p = 1; p < part_count; ++p) {
+    std::int32_t* __restrict bins = out.bins;
+    const std::int32_t* __restrict from = parts[p].bins;
+    for (std::int64_t i = 0; i < count; ++i)
+      bins[i] = std::max(bins[i], from[i]);
+  }
+  // The first part overwrites what out held.
+  add_aligned<false>(out.bins, parts[0].bins, parts[0].d0, parts[0].d1, parts[0].d2, out.d0, out.d1,
+                     out.d2, count);
+  for (std::size_t p = 1; p < part_count; ++p) {
+    add_aligned<true>(out.bins, parts[p].bins, parts[p].d0, parts[p].d1, parts[p].d2, out.d0,
+                      out.d1, out.d2, count);
+  }
+}
+MESHTENSOR_SIMD_KERNEL(merge_parts, merge_parts_body)
+
+}  // namespace
+
+void merge_binned_parts(BinnedSums& sums, std::span<const BinnedPart> parts) {
+  if (parts.empty()) throw InvalidArgument("merge_binned_parts: no parts to merge");
+  merge_parts<void>(planes_of(sums), parts.data(), parts.size(), sums.count());
 }
 
 namespace {
@@ -789,14 +896,20 @@ void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out)
   const auto shift = static_cast<std::int64_t>(std::bit_width(wide_divisor)) - 1;
   constexpr std::int64_t kChunk = 1024;
   std::uint32_t rounded[kChunk];
-  std::uint8_t needs_exact[kChunk];
+  std::uint8_t needs_exact[kChunk] = {};  // whole words are read past a short last chunk
   for (std::int64_t begin = 0; begin < count; begin += kChunk) {
     const std::int64_t n = std::min(kChunk, count - begin);
     round_to_f32_fast<double>(bins + begin, planes + begin, planes + count + begin,
                               planes + 2 * count + begin, shift, rounded, needs_exact, n);
     std::memcpy(out_bytes + begin * 4, rounded, static_cast<std::size_t>(n) * 4);
-    for (std::int64_t i = 0; i < n; ++i)
-      if (needs_exact[i] != 0) round_exactly(begin + i);
+    // Eight flags at a time: the exact path is rare.
+    for (std::int64_t i0 = 0; i0 < n; i0 += 8) {
+      std::uint64_t flags = 0;
+      std::memcpy(&flags, needs_exact + i0, sizeof flags);  // kChunk holds whole words
+      if (flags == 0) continue;
+      for (std::int64_t i = i0; i < std::min(n, i0 + 8); ++i)
+        if (needs_exact[i] != 0) round_exactly(begin + i);
+    }
   }
 }
 

@@ -11,10 +11,13 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/optim.hpp>
+
+#include "support/spread_values.hpp"
 
 namespace meshtensor::fsdp {
 namespace {
@@ -399,6 +402,43 @@ TEST(Exact, ShardDimAndUnevenShardsDoNotChangeTheBits) {
   dim1.shard_dim = 1;
   EXPECT_EQ(train(4, dim1), reference);
   EXPECT_EQ(train(3, dim1), reference);
+}
+
+TEST(Exact, ReducedBinnedSumsRoundAsTheSumsMergedInOnePlace) {
+  // Every rank adds rows of its own (magnitudes far apart, so bins differ between ranks); the
+  // reduction must round to what one accumulator holding every rank's rows rounds to, on every
+  // rank, for uneven slices and for fewer elements than ranks, with a divisor.
+  for (const int ranks : {1, 2, 3, 5}) {
+    for (const std::int64_t count : {std::int64_t{3}, std::int64_t{1000}}) {
+      const auto rows_of = [&](int rank) {
+        return testing::spread_values(DType::f32, 4 * count, -60 + 20 * rank, 40, 30,
+                                      17 + static_cast<std::uint64_t>(rank), rank)
+            .reshape(Shape{4, count});
+      };
+      kernels::BinnedSums everything(count);
+      for (int rank = 0; rank < ranks; ++rank)
+        kernels::add_column_sums(everything, 0, rows_of(rank));
+      Tensor expected(Shape{count}, DType::f32);
+      kernels::round_binned_sums(everything, 3, expected);
+      std::mutex mutex;
+      std::vector<Tensor> results(static_cast<std::size_t>(ranks));
+      comm::run_threads(ranks, [&](comm::Communicator& world) {
+        kernels::BinnedSums mine(count);
+        kernels::add_column_sums(mine, 0, rows_of(world.rank()));
+        Tensor rounded(Shape{count}, DType::f32);
+        kernels::BinnedSums received;
+        for (int repeat = 0; repeat < 2; ++repeat)  // the buffer reused
+          reduce_binned_sums(world, mine, 3, rounded, "test", received);
+        const std::lock_guard lock(mutex);
+        results[static_cast<std::size_t>(world.rank())] = rounded;
+      });
+      for (const Tensor& result : results) {
+        EXPECT_TRUE(
+            std::equal(result.bytes().begin(), result.bytes().end(), expected.bytes().begin()))
+            << ranks << " ranks, " << count << " elements";
+      }
+    }
+  }
 }
 
 }  // namespace

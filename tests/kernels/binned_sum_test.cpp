@@ -40,6 +40,11 @@ std::vector<std::uint32_t> bits_of(const Tensor& t) {
   return out;
 }
 
+std::vector<std::byte> raw_bytes(const Tensor& t) {
+  const auto bytes = t.bytes();
+  return {bytes.begin(), bytes.end()};
+}
+
 Tensor rounded(const BinnedSums& sums, std::int64_t divisor = 1) {
   Tensor out(Shape{sums.count()}, DType::f32);
   round_binned_sums(sums, divisor, out);
@@ -102,6 +107,40 @@ TEST(BinnedSums, AnySplitAndOrderOfTheRowsGivesTheSameBits) {
       merge_binned_sums(merged, parts[static_cast<std::size_t>(p)]);
     ASSERT_EQ(bits_of(rounded(merged, 97)), expected) << "trial " << trial;
   }
+}
+
+TEST(BinnedSums, MergingPartsReachesThePairwiseMergedState) {
+  // Pieces of rows with very different magnitudes, so that the parts' bins differ by 0 to 3 or
+  // more and every shift of merge_binned_parts is taken.
+  const std::int64_t count = 13 * 11;
+  std::vector<BinnedSums> parts;
+  for (std::uint64_t piece = 0; piece < 5; ++piece) {
+    BinnedSums part(count);
+    const Tensor x = spread(6, 13, 10 + piece, 90);
+    const Tensor dy = spread(6, 11, 20 + piece, 90);
+    add_outer_products(part, 0, x, dy);
+    parts.push_back(part);
+  }
+  BinnedSums pairwise(count);
+  for (BinnedSums part : parts)  // copies: merge_binned_sums aligns its second argument
+    merge_binned_sums(pairwise, part);
+  std::vector<BinnedPart> views;
+  for (const BinnedSums& part : parts)
+    views.push_back(part_of(part, 0));
+  BinnedSums merged = BinnedSums::uninitialized(count);
+  merge_binned_parts(merged, views);
+  EXPECT_EQ(raw_bytes(merged.bins), raw_bytes(pairwise.bins));
+  EXPECT_EQ(raw_bytes(merged.digits), raw_bytes(pairwise.digits));
+  // A range of elements: the parts viewed from an offset.
+  std::vector<BinnedPart> tail;
+  for (const BinnedSums& part : parts)
+    tail.push_back(part_of(part, 100));
+  BinnedSums merged_tail = BinnedSums::uninitialized(count - 100);
+  merge_binned_parts(merged_tail, tail);
+  const std::vector<std::uint32_t> whole = bits_of(rounded(pairwise));
+  EXPECT_EQ(bits_of(rounded(merged_tail)),
+            std::vector<std::uint32_t>(whole.begin() + 100, whole.end()));
+  EXPECT_THROW(merge_binned_parts(merged, {}), InvalidArgument);
 }
 
 TEST(BinnedSums, ALateLargeAddendDropsTheSameBitsAsIfItCameFirst) {

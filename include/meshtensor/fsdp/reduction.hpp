@@ -42,17 +42,17 @@ void reduce_scatter_digits(comm::Communicator& group, const ShardLayout& layout,
 
 /// Merges the binned sums of every rank of `group` and rounds (exact sum) / divisor into `rounded`
 /// (f32 or f64 [count], contiguous) on every rank: the same bits as rounding the merged sums in
-/// one place, for any number of ranks. The ranks agree on each element's bin (all-reduce max),
-/// then each rank takes one slice of the elements: the digit sums of its slice are
-/// reduce-scattered to it (integers far below 2^53, so the sum is exact in any order), it rounds
-/// them, and the rounded slices are all-gathered. Collective over `group`; `label` names the
-/// calls.
+/// one place, for any number of ranks. Each rank takes one slice of the elements and receives
+/// every other rank's state of it as it stands (bins and digit sums, all_to_all: no agreement on
+/// bins first); it merges them (each element at the largest bin, digits aligned and summed:
+/// integers far below 2^53, exact in any order) and rounds a chunk at a time, and the rounded
+/// slices are all-gathered. Collective over `group`; `label` names the calls.
 void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
                         const Tensor& rounded, const std::string& label = {});
-/// The same, with `slice` as the buffer of this rank's slice (resized when its size differs),
-/// so that a reduction repeated every step reuses one allocation.
+/// The same, with `received` as the buffer the other ranks' states arrive in (resized when its
+/// size differs), so that a reduction repeated every step reuses one allocation.
 void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
                         const Tensor& rounded, const std::string& label,
-                        kernels::BinnedSums& slice);
+                        kernels::BinnedSums& received);
 
 }  // namespace meshtensor::fsdp

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <meshtensor/core/tensor.hpp>
 
@@ -91,6 +92,25 @@ void align_bins(BinnedSums& sums, const Tensor& bins);
 /// Adds `other`'s digits into `sums` after aligning both to the larger bins (`other` is left
 /// aligned, holding the same sum it held).
 void merge_binned_sums(BinnedSums& sums, BinnedSums& other);
+
+/// Read-only state of consecutive binned-sum elements held anywhere (part of a BinnedSums, a
+/// buffer received from another rank): one bin and three digit sums per element, as BinnedSums
+/// lays them out.
+struct BinnedPart {
+  const std::int32_t* bins;
+  const double* d0;
+  const double* d1;
+  const double* d2;
+};
+
+/// The elements of `sums` from `offset` on, as a part.
+BinnedPart part_of(const BinnedSums& sums, std::int64_t offset);
+
+/// sums = the merge of `parts` over their first sums.count() elements: each element at the
+/// largest of the parts' bins, its digit sums the sums of the parts' digits aligned to it (what
+/// merge_binned_sums reaches, one pass for any number of parts, the parts untouched).
+/// InvalidArgument for no parts.
+void merge_binned_parts(BinnedSums& sums, std::span<const BinnedPart> parts);
 
 /// out[i] = the correctly rounded value of (exact sum held in sums, element i) / divisor (f32 or
 /// f64 `out`, contiguous, count elements): one rounding, ties to even; NaN for non-finite elements.
