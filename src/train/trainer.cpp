@@ -135,7 +135,7 @@ std::string architecture_text(const nn::MlpConfig& model) {
                      model.layernorm ? "yes" : "no");
 }
 
-void validate(const TrainConfig& config, const Dataset& data) {
+void validate_fields(const TrainConfig& config, const Dataset& data) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
@@ -251,7 +251,7 @@ double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std
 
 TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
                   const TrainCallbacks& callbacks) {
-  validate(config, data);
+  validate_config(config, data);
   const auto run_start = Clock::now();
   const bool exact = config.mode == comm::ReductionMode::exact;
   const bool leader = world.rank() == 0;
@@ -552,6 +552,10 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   if (config.trace) result.trace = fsdp::gather_chrome_trace(world, tracer.events());
   result.seconds = seconds_since(run_start);
   return result;
+}
+
+void validate_config(const TrainConfig& config, const Dataset& data) {
+  validate_fields(config, data);
 }
 
 }  // namespace meshtensor::train

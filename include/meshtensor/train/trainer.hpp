@@ -137,6 +137,10 @@ inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch",
 /// one process: multiply by their number).
 double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std::int64_t ranks);
 
+/// Throws InvalidArgument naming the first value of `config` that train() would refuse for
+/// `data` (before any rank starts): what a caller running several configurations checks first.
+void validate_config(const TrainConfig& config, const Dataset& data);
+
 /// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
 /// each parameterised layer is one fsdp::ShardedModule group; every rank takes its Shard(0)-style
 /// slice of every global batch and splits it into micro-batches; gradients reduce in config.mode
