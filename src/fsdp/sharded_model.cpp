@@ -107,7 +107,7 @@ struct ShardedModule::StepAccumulator {
   CarriedSums shard;                  // exact: reduced over the shard group only
   CarriedSums full;                   // exact: reduced over shard and replicate groups
   kernels::BinnedSums slice;          // exact: this rank's slice of a reduce-scatter (scratch)
-  kernels::BinnedSums replica_slice;  // exact: its slice of the replicas' reduction (scratch)
+  kernels::BinnedSums replica_slice;  // exact: the other replicas' states of its slice (scratch)
 
   /// A sink the reductions are done with (zeroed), or null.
   template <class Sink>

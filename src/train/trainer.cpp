@@ -238,6 +238,11 @@ double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std
   const double state_copies = config.optimizer == OptimizerKind::adamw ? 4.0 : 3.0;
   const bool exact = config.mode == comm::ReductionMode::exact;
   const double sink = exact ? 28.0 : 4.0;
+  // Exact: the other replicas' states of this rank's slice, received for the merge.
+  const double replica_group =
+      config.strategy == Strategy::ddp ? static_cast<double>(ranks) : replicas;
+  const double received =
+      exact ? 28.0 * parameters / shards * (replica_group - 1) / replica_group : 0.0;
   const double rows = std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks));
   // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
   // state hold about 1.2 MiB whatever the model.
@@ -245,8 +250,9 @@ double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std
   return kRankRuntimeBytes + 4.0 * parameters          // the whole model, before sharding
          + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
          + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
-         + (4.0 * (1 + config.prefetch) + 2 * sink) * largest_layer  // gathered, sinks in flight
-         + 4.0 * 4.0 * rows * (activations + widths.front());        // activations and gradients
+         + received +
+         (4.0 * (1 + config.prefetch) + 2 * sink) * largest_layer  // gathered, sinks in flight
+         + 4.0 * 4.0 * rows * (activations + widths.front());      // activations and gradients
 }
 
 TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
