@@ -135,7 +135,9 @@ std::string architecture_text(const nn::MlpConfig& model) {
                      model.layernorm ? "yes" : "no");
 }
 
-void validate_fields(const TrainConfig& config, const Dataset& data) {
+}  // namespace
+
+void validate_config(const TrainConfig& config, const Dataset& data) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
@@ -183,6 +185,8 @@ void validate_fields(const TrainConfig& config, const Dataset& data) {
         config.micro_batches, config.batch, config.batch));
   }
 }
+
+namespace {
 
 /// The samples of the first `steps` steps of the run.
 std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, std::int64_t samples,
@@ -558,10 +562,6 @@ TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig co
   if (config.trace) result.trace = fsdp::gather_chrome_trace(world, tracer.events());
   result.seconds = seconds_since(run_start);
   return result;
-}
-
-void validate_config(const TrainConfig& config, const Dataset& data) {
-  validate_fields(config, data);
 }
 
 }  // namespace meshtensor::train
