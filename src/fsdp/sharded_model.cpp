@@ -727,6 +727,11 @@ void ShardedModel::add_column_products(const nn::Parameter& p, const Tensor& a, 
   sink_of(p).add_column_products(p, a, b);
 }
 
+void ShardedModel::add_indexed_rows(const nn::Parameter& p, std::span<const std::int64_t> indices,
+                                    const Tensor& rows) {
+  sink_of(p).add_indexed_rows(p, indices, rows);
+}
+
 Tensor ShardedModel::forward(const Tensor& input) {
   return nn::run_forward(root_, input);
 }

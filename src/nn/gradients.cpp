@@ -52,6 +52,22 @@ void check_outer(const Parameter& p, const Tensor& x, const Tensor& dy) {
   }
 }
 
+void check_indexed(const Parameter& p, std::span<const std::int64_t> indices, const Tensor& rows) {
+  const Shape& shape = p.value.shape();
+  if (shape.rank() != 2) throw InvalidArgument(fmt::format("'{}' is not a table", p.name));
+  check_rows(rows, shape[1], p, "rows");
+  if (static_cast<std::int64_t>(indices.size()) != rows.shape()[0]) {
+    throw InvalidArgument(fmt::format("gradient of '{}': {} indices for {} rows", p.name,
+                                      indices.size(), rows.shape()[0]));
+  }
+  for (const std::int64_t index : indices) {
+    if (index < 0 || index >= shape[0]) {
+      throw InvalidArgument(
+          fmt::format("gradient of '{}': index {} is outside [0, {})", p.name, index, shape[0]));
+    }
+  }
+}
+
 }  // namespace
 
 DenseGradients::DenseGradients(std::vector<Parameter*> parameters)
@@ -92,6 +108,21 @@ void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, co
       const auto i = static_cast<std::size_t>(r * n + j);
       sum[j] += av[i] * bv[i];
     }
+}
+
+void DenseGradients::add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,
+                                      const Tensor& rows) {
+  check_indexed(p, indices, rows);
+  const Tensor dense = rows.contiguous();
+  const std::int64_t n = p.value.shape()[1];
+  float* sum = view_of(p).values<float>().data();
+  const auto values = dense.values<float>();
+  for (std::size_t r = 0; r < indices.size(); ++r) {
+    float* target = sum + indices[r] * n;
+    const float* row = values.data() + static_cast<std::int64_t>(r) * n;
+    for (std::int64_t j = 0; j < n; ++j)
+      target[j] += row[j];
+  }
 }
 
 void DenseGradients::clear() {
@@ -155,6 +186,38 @@ void BinnedGradients::add_column_products(const Parameter& p, const Tensor& a, c
   check_rows(b, p.value.numel(), p, "b");
   add_to(p, [&](kernels::Start start) {
     kernels::add_column_products(sums_, layout_.offset_of(p), a, b, start);
+  });
+}
+
+void BinnedGradients::add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,
+                                       const Tensor& rows) {
+  check_indexed(p, indices, rows);
+  const Tensor dense = rows.contiguous();
+  const std::int64_t count = p.value.shape()[0];
+  const std::int64_t n = p.value.shape()[1];
+  // The rows of each index, gathered index by index (a counting sort).
+  std::vector<std::int64_t> first(static_cast<std::size_t>(count + 1), 0);
+  for (const std::int64_t index : indices)
+    ++first[static_cast<std::size_t>(index + 1)];
+  for (std::int64_t i = 0; i < count; ++i)
+    first[static_cast<std::size_t>(i + 1)] += first[static_cast<std::size_t>(i)];
+  Tensor gathered(dense.shape(), DType::f32);
+  std::vector<std::int64_t> next(first.begin(), first.end() - 1);
+  const auto in = dense.values<float>();
+  auto out = gathered.values<float>();
+  for (std::size_t r = 0; r < indices.size(); ++r) {
+    const std::int64_t slot = next[static_cast<std::size_t>(indices[r])]++;
+    std::copy_n(in.data() + static_cast<std::int64_t>(r) * n, n, out.data() + slot * n);
+  }
+  const std::int64_t offset = layout_.offset_of(p);
+  add_to(p, [&](kernels::Start start) {
+    if (start == kernels::Start::empty) sums_.clear(offset, p.value.numel());
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t begin = first[static_cast<std::size_t>(i)];
+      const std::int64_t rows_of_index = first[static_cast<std::size_t>(i + 1)] - begin;
+      if (rows_of_index == 0) continue;
+      kernels::add_column_sums(sums_, offset + i * n, gathered.narrow(0, begin, rows_of_index));
+    }
   });
 }
 

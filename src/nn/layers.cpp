@@ -4,6 +4,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -12,12 +13,20 @@ namespace meshtensor::nn {
 namespace {
 
 void check_input(const Tensor& input, std::int64_t features, const std::string& module) {
-  if (!input.defined() || input.rank() != 2 || input.dtype() != DType::f32 ||
-      input.shape()[1] != features) {
-    throw InvalidArgument(fmt::format("{} needs f32 [rows, {}] input, got {} {}", module, features,
+  if (!input.defined() || input.rank() < 2 || input.dtype() != DType::f32 ||
+      input.shape()[input.rank() - 1] != features) {
+    throw InvalidArgument(fmt::format("{} needs f32 [..., rows, {}] input, got {} {}", module,
+                                      features,
                                       input.defined() ? dtype_name(input.dtype()) : "undefined",
                                       input.defined() ? input.shape().to_string() : ""));
   }
+}
+
+/// `shape` with its last dim replaced by `features`.
+Shape with_features(const Shape& shape, std::int64_t features) {
+  std::vector<std::int64_t> dims = shape.dims();
+  dims.back() = features;
+  return Shape(std::move(dims));
 }
 
 void check_grad(const Tensor& grad, const Tensor& kept, const std::string& module) {
@@ -29,33 +38,20 @@ void check_grad(const Tensor& grad, const Tensor& kept, const std::string& modul
   }
 }
 
-/// dx[i] = dy[i] * derivative(x[i]) for an element-wise activation whose input was `input`;
-/// undefined when the caller needs no input gradient. Checks the gradient's shape.
-template <class Derivative>
-Tensor elementwise_backward(const Tensor& input, const Tensor& grad_output, bool need_input_grad,
-                            const std::string& module, Derivative&& derivative) {
-  check_grad(grad_output, input, module);
-  if (!need_input_grad) return {};
-  const Tensor dy = grad_output.contiguous();
-  Tensor grad_input(dy.shape(), DType::f32);
-  const auto x = input.values<float>();
-  const auto g = dy.values<float>();
-  auto out = grad_input.values<float>();
-  for (std::size_t i = 0; i < x.size(); ++i)
-    out[i] = derivative(x[i], g[i]);
-  return grad_input;
-}
-
 }  // namespace
 
-Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed) {
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed,
+               double init_std) {
   if (in_features <= 0 || out_features <= 0) {
     throw InvalidArgument(
         fmt::format("Linear needs positive sizes, got {} -> {}", in_features, out_features));
   }
   weight_.name = "weight";
   weight_.value = Tensor(Shape{in_features, out_features}, DType::f32);
-  const double scale = std::sqrt(2.0 / static_cast<double>(in_features));
+  if (!(init_std >= 0.0 && init_std <= 1e3))
+    throw InvalidArgument(fmt::format("Linear init_std {} is not within [0, 1000]", init_std));
+  const double scale =
+      init_std > 0.0 ? init_std : std::sqrt(2.0 / static_cast<double>(in_features));
   auto w = weight_.value.values<float>();
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = static_cast<float>(normal_sample(seed, i) * scale);
@@ -69,8 +65,9 @@ Tensor Linear::forward(const Tensor& input) {
   const std::int64_t in = weight_.value.shape()[0];
   const std::int64_t out = weight_.value.shape()[1];
   check_input(input, in, describe());
-  input_ = input.contiguous();
-  const std::int64_t rows = input.shape()[0];
+  input_shape_ = input.shape();
+  const std::int64_t rows = input.numel() / in;
+  input_ = input.contiguous().reshape(Shape{rows, in});
   Tensor output(Shape{rows, out}, DType::f32);
   auto y = output.values<float>();
   const auto b = bias_.value.values<float>();
@@ -78,24 +75,26 @@ Tensor Linear::forward(const Tensor& input) {
     std::copy(b.begin(), b.end(), y.begin() + r * out);
   kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
                   /*accumulate=*/true);
-  return output;
+  return output.reshape(with_features(input_shape_, out));
 }
 
 Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
   if (!input_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
-  const Shape expected{input_.shape()[0], weight_.value.shape()[1]};
+  const Shape expected = with_features(input_shape_, weight_.value.shape()[1]);
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != expected) {
     throw InvalidArgument(
         fmt::format("{}: the gradient must be f32 {}", describe(), expected.to_string()));
   }
-  const Tensor dy = grad_output.contiguous();
+  const Tensor dy =
+      grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_.value.shape()[1]});
   sink.add_outer_products(weight_, input_, dy);
   sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {
     grad_input = Tensor(input_.shape(), DType::f32);
     kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, grad_input);
+    grad_input = grad_input.reshape(input_shape_);
   }
   input_ = Tensor();
   return grad_input;
@@ -131,33 +130,23 @@ Tensor ReLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
   return grad_input;
 }
 
-namespace {
-constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2 / pi)
-constexpr double kGeluCubic = 0.044715;
-}  // namespace
-
 Tensor GELU::forward(const Tensor& input) {
   input_ = input.contiguous();
   Tensor output(input.shape(), DType::f32);
-  const auto x = input_.values<float>();
-  auto y = output.values<float>();
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const double v = x[i];
-    y[i] =
-        static_cast<float>(0.5 * v * (1.0 + std::tanh(kGeluScale * (v + kGeluCubic * v * v * v))));
-  }
+  kernels::gelu_forward(input_.values<float>().data(), output.values<float>().data(),
+                        input_.numel());
   return output;
 }
 
 Tensor GELU::backward(const Tensor& grad_output, GradientSink&, bool need_input_grad) {
-  Tensor grad_input =
-      elementwise_backward(input_, grad_output, need_input_grad, "GELU", [](float x, float g) {
-        const double v = x;
-        const double t = std::tanh(kGeluScale * (v + kGeluCubic * v * v * v));
-        const double inner = kGeluScale * (1.0 + 3.0 * kGeluCubic * v * v);
-        const double derivative = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * inner;
-        return static_cast<float>(g * derivative);
-      });
+  check_grad(grad_output, input_, "GELU");
+  Tensor grad_input;
+  if (need_input_grad) {
+    const Tensor dy = grad_output.contiguous();
+    grad_input = Tensor(dy.shape(), DType::f32);
+    kernels::gelu_backward(input_.values<float>().data(), dy.values<float>().data(),
+                           grad_input.values<float>().data(), dy.numel());
+  }
   input_ = Tensor();
   return grad_input;
 }
@@ -175,8 +164,8 @@ LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) 
 Tensor LayerNorm::forward(const Tensor& input) {
   const std::int64_t n = weight_.value.numel();
   check_input(input, n, describe());
-  const Tensor x = input.contiguous();
-  const std::int64_t rows = x.shape()[0];
+  const std::int64_t rows = input.numel() / n;
+  const Tensor x = input.contiguous().reshape(Shape{rows, n});
   normalized_ = Tensor(x.shape(), DType::f32);
   inverse_std_.assign(static_cast<std::size_t>(rows), 0.0);
   Tensor output(x.shape(), DType::f32);
@@ -203,12 +192,18 @@ Tensor LayerNorm::forward(const Tensor& input) {
       y[r * n + j] = normalized * gamma[j] + beta[j];
     }
   }
-  return output;
+  return output.reshape(input.shape());
 }
 
 Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
-  check_grad(grad_output, normalized_, "LayerNorm");
-  const Tensor dy = grad_output.contiguous();
+  if (!normalized_.defined()) throw InvalidArgument("LayerNorm: backward without a forward");
+  if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
+      grad_output.numel() != normalized_.numel() ||
+      grad_output.shape()[grad_output.rank() - 1] != weight_.value.numel()) {
+    throw InvalidArgument(fmt::format("LayerNorm: the gradient must be f32 [..., {}] with {} rows",
+                                      weight_.value.numel(), normalized_.shape()[0]));
+  }
+  const Tensor dy = grad_output.contiguous().reshape(normalized_.shape());
   sink.add_column_products(weight_, dy, normalized_);
   sink.add_column_sums(bias_, dy);
   Tensor grad_input;
@@ -237,6 +232,7 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
         out[r * n + j] = static_cast<float>((dxhat - mean_g - xhat[r * n + j] * mean_gx) * inverse);
       }
     }
+    grad_input = grad_input.reshape(grad_output.shape());
   }
   normalized_ = Tensor();
   return grad_input;

@@ -25,11 +25,14 @@ Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sin
   return grad_input;
 }
 
+void prefix_parameter_names(Module& module, const std::string& prefix) {
+  for (Parameter* p : module.parameters())
+    p->name = fmt::format("{}.{}", prefix, p->name);
+}
+
 void Sequential::add(std::unique_ptr<Module> module) {
   if (!module) throw InvalidArgument("Sequential::add: the module is null");
-  const std::size_t index = modules_.size();
-  for (Parameter* p : module->parameters())
-    p->name = fmt::format("{}.{}", index, p->name);
+  prefix_parameter_names(*module, std::to_string(modules_.size()));
   modules_.push_back(std::move(module));
 }
 

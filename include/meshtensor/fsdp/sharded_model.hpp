@@ -246,6 +246,8 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   void add_outer_products(const nn::Parameter& p, const Tensor& x, const Tensor& dy) override;
   void add_column_sums(const nn::Parameter& p, const Tensor& a) override;
   void add_column_products(const nn::Parameter& p, const Tensor& a, const Tensor& b) override;
+  void add_indexed_rows(const nn::Parameter& p, std::span<const std::int64_t> indices,
+                        const Tensor& rows) override;
 
   ShardedModule& group_of(const nn::Module& module);
   nn::GradientSink& sink_of(const nn::Parameter& p);

@@ -44,6 +44,8 @@ class DenseGradients : public GradientSink {
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
   void add_column_sums(const Parameter& p, const Tensor& a) override;
   void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
+  void add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,
+                        const Tensor& rows) override;
   /// Zeroes the sums (start of a step).
   void clear();
   /// The flat f32 buffer of every sum (reduce it across ranks before finish()).
@@ -66,6 +68,10 @@ class BinnedGradients : public GradientSink {
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
   void add_column_sums(const Parameter& p, const Tensor& a) override;
   void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
+  /// Each index's rows are summed exactly (kernels::add_column_sums over the rows gathered per
+  /// index), so the order and split of the rows change nothing.
+  void add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,
+                        const Tensor& rows) override;
   /// Back to empty (start of a step). Costs no pass over the sums: each parameter's first
   /// addition afterwards overwrites its elements, and sums() empties those that got none.
   void clear();

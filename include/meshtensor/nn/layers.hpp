@@ -6,12 +6,14 @@
 
 namespace meshtensor::nn {
 
-/// y = x·W + b with W [in, out] and b [out]. W starts as normal samples scaled by sqrt(2 / in)
-/// (He initialisation, seeded and platform-independent), b as zeros.
+/// y = x·W + b with W [in, out] and b [out], over the last dim of x ([..., in] -> [..., out]).
+/// W starts as normal samples scaled by `init_std`, or by sqrt(2 / in) when it is 0 (He
+/// initialisation); seeded and platform-independent. b starts as zeros.
 class Linear : public Module {
  public:
   /// `seed` makes the initial weights; the same seed gives the same bits everywhere.
-  Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed);
+  Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed,
+         double init_std = 0.0);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
@@ -24,7 +26,8 @@ class Linear : public Module {
  private:
   Parameter weight_;
   Parameter bias_;
-  Tensor input_;
+  Tensor input_;  // [rows, in]
+  Shape input_shape_;
 };
 
 /// max(x, 0); NaN stays NaN.
@@ -38,7 +41,7 @@ class ReLU : public Module {
   Tensor input_;
 };
 
-/// GELU, tanh form: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), computed in f64 per element.
+/// GELU, tanh form: 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))), in f32 (kernels::gelu_forward).
 class GELU : public Module {
  public:
   Tensor forward(const Tensor& input) override;
@@ -49,8 +52,8 @@ class GELU : public Module {
   Tensor input_;
 };
 
-/// Per-row normalisation over the features, then a learned scale (weight, ones) and shift (bias,
-/// zeros). Row statistics are computed in f64 in a fixed order.
+/// Per-row normalisation over the features (the last dim), then a learned scale (weight, ones) and
+/// shift (bias, zeros). Row statistics are computed in f64 in a fixed order.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::int64_t features, double epsilon = 1e-5);

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ class GradientSink {
   virtual void add_column_sums(const Parameter& p, const Tensor& a) = 0;
   /// grad(p)[j] += sum over rows of a[r][j] * b[r][j] (f32).
   virtual void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) = 0;
+  /// grad(p)[indices[r]][j] += rows[r][j] for every row r, p of shape [count, rows' columns]
+  /// (f32 rows, each index below count): the gradient of an embedding table, where one index
+  /// may appear in many rows.
+  virtual void add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,
+                                const Tensor& rows) = 0;
 };
 
 class Module;
@@ -50,9 +56,10 @@ class ModuleHooks {
 };
 
 /// A layer with explicit forward and backward. forward keeps what backward needs (its input,
-/// normalised values, ...); backward consumes it. Inputs and outputs are f32 [rows, features];
-/// every kernel is row-wise or a batch-invariant matmul, so a row's output bits never depend on
-/// the other rows of the batch.
+/// normalised values, ...); backward consumes it. Activations are f32 [..., features] (2-D
+/// [rows, features] for an MLP, [batch, sequence, features] for a transformer; token ids are
+/// i64); every kernel works row by row, sequence by sequence or is a batch-invariant matmul, so a
+/// row's output bits never depend on the other rows or sequences of the batch.
 class Module {
  public:
   virtual ~Module() = default;
@@ -101,6 +108,9 @@ class Sequential : public Module {
  private:
   std::vector<std::unique_ptr<Module>> modules_;
 };
+
+/// Prepends "<prefix>." to the names of `module`'s parameters (a container naming its children).
+void prefix_parameter_names(Module& module, const std::string& prefix);
 
 /// Digest of the names, shapes and value bits of `parameters` in order: equal digests mean
 /// bitwise-equal weights.

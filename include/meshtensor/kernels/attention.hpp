@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+
+namespace meshtensor::kernels {
+
+/// Where one attention head's keys and values lie for attention_row: key j is column j of
+/// `keys_t` ([head_dim, stride], transposed so the scores of one query vectorise over the keys)
+/// and value j is row j of `values` ([stride, head_dim]).
+struct HeadCache {
+  const float* keys_t = nullptr;
+  const float* values = nullptr;
+  std::int64_t stride = 0;  ///< keys a row of keys_t holds (at least every `count` below)
+  std::int64_t head_dim = 0;
+};
+
+/// One query row of causal attention over keys 0 .. count-1: scores s_j = (q·k_j)·scale, each
+/// dot product one chain over the head dims in ascending order; probabilities p_j =
+/// exp(s_j - max s) / Σ exp (the sum in ascending j); output o = Σ_j p_j v_j in ascending j. No
+/// value depends on anything but the query, the `count` keys and values and `scale`, so a row
+/// computed in a batch, alone, or from a cache of keys and values (a generator) has the same bits;
+/// every SIMD level gives them. Writes `count` probabilities and `head_dim` outputs.
+void attention_row(const float* query, const HeadCache& cache, std::int64_t count, float scale,
+                   float* probabilities, float* output);
+
+/// The operands of attention_backward for one head of one sequence of `length` rows, all
+/// contiguous: queries and keys [length, head_dim], values transposed [head_dim, length],
+/// probabilities [length, length] (row i: the i + 1 that attention_row wrote for query i) and
+/// the output gradient [length, head_dim].
+struct HeadGradientInputs {
+  const float* queries = nullptr;
+  const float* keys = nullptr;
+  const float* values_t = nullptr;
+  const float* probabilities = nullptr;
+  const float* grad_output = nullptr;
+  std::int64_t length = 0;
+  std::int64_t head_dim = 0;
+  float scale = 1.0f;
+};
+
+/// Gradients of the queries, keys and values ([length, head_dim] each, overwritten) of the
+/// causal attention attention_row computes, row by row in ascending order: dP_ij = dO_i·v_j,
+/// dS_ij = p_ij (dP_ij - Σ_j p_ij dP_ij)·scale, dQ_i = Σ_j dS_ij k_j, dK_j = Σ_i dS_ij q_i,
+/// dV_j = Σ_i p_ij dO_i. A fixed order that depends on the sequence alone.
+void attention_backward(const HeadGradientInputs& in, float* grad_queries, float* grad_keys,
+                        float* grad_values);
+
+}  // namespace meshtensor::kernels

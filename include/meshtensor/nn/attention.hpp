@@ -1,0 +1,39 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <meshtensor/nn/layers.hpp>
+
+namespace meshtensor::nn {
+
+/// Multi-head causal self-attention over f32 [batch, sequence, dim]: qkv = x·W_qkv + b (one
+/// Linear to 3·dim: queries, keys, values, each split into `heads` heads of dim / heads), each
+/// head's rows attend to the rows at or before them (kernels::attention_row, scale
+/// 1/sqrt(head dim)), and the heads' outputs, side by side, go through the output projection.
+/// Every sequence and head is computed on its own in a fixed order, so a sequence's output never
+/// depends on the batch it is in, its place there or the thread count.
+class CausalSelfAttention : public Module {
+ public:
+  /// Weights start as normal samples times `init_std`, the output projection's times
+  /// `projection_std`.
+  CausalSelfAttention(std::int64_t dim, std::int64_t heads, std::uint64_t seed, double init_std,
+                      double projection_std);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+  /// Number of heads.
+  std::int64_t heads() const { return heads_; }
+
+ private:
+  std::int64_t dim_;
+  std::int64_t heads_;
+  Linear qkv_;
+  Linear projection_;
+  Tensor qkv_values_;     // f32 [batch, sequence, 3 dim] of the last forward
+  Tensor probabilities_;  // f32 [batch, heads, sequence, sequence], row i holds i + 1 values
+};
+
+}  // namespace meshtensor::nn

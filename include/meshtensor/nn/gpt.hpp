@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <meshtensor/nn/attention.hpp>
+#include <meshtensor/nn/embedding.hpp>
+#include <meshtensor/nn/layers.hpp>
+
+namespace meshtensor::nn {
+
+/// A GPT-style decoder: token and learned position embeddings, `layers` pre-norm blocks of causal
+/// self-attention and a GELU MLP (4·dim hidden), each added to the residual stream, a final
+/// LayerNorm and a linear language-model head over the vocabulary.
+struct GptConfig {
+  std::int64_t layers = 4;
+  std::int64_t heads = 4;
+  std::int64_t dim = 128;
+  std::int64_t context = 128;     ///< longest sequence (positions embedded)
+  std::int64_t vocabulary = 256;  ///< byte-level tokens
+  std::uint64_t seed = 0;
+  /// Standard deviation of the initial weights (embeddings and linear layers); the projections
+  /// into the residual stream get init_std / sqrt(2 · layers).
+  double init_std = 0.02;
+};
+
+/// Parses "gpt" or "gpt:layers=L,heads=H,dim=D,context=T" (any subset of the keys, in any order;
+/// the others keep their defaults). ParseError naming the bad part: an unknown key, a repeated
+/// key, a value that is not a positive number or too large, dim not a multiple of heads.
+GptConfig parse_gpt_config(const std::string& text);
+
+/// "gpt:layers=4,heads=4,dim=128,context=128" for a config (what parse_gpt_config reads back).
+std::string gpt_config_text(const GptConfig& config);
+
+/// Number of parameters of the model a config builds.
+std::int64_t gpt_parameter_count(const GptConfig& config);
+
+/// x + attention(norm1(x)), then x + mlp(norm2(x)) (mlp: Linear(dim, 4 dim), GELU,
+/// Linear(4 dim, dim)), over f32 [batch, sequence, dim].
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const GptConfig& config, std::uint64_t seed);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+
+ private:
+  LayerNorm norm1_;
+  CausalSelfAttention attention_;
+  LayerNorm norm2_;
+  Linear fc_;
+  GELU gelu_;
+  Linear projection_;
+};
+
+/// Final LayerNorm and the language-model head: f32 [batch, sequence, dim] -> logits [batch,
+/// sequence, vocabulary].
+class LanguageModelHead : public Module {
+ public:
+  LanguageModelHead(const GptConfig& config, std::uint64_t seed);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+
+ private:
+  LayerNorm norm_;
+  Linear output_;
+};
+
+/// The whole decoder: i64 tokens [batch, sequence] (sequence at most context) -> f32 logits
+/// [batch, sequence, vocabulary]; the logits of position t depend on tokens 0..t of their own
+/// sequence only. Its children (units()) are called through run_forward / run_backward, so a
+/// sharded runtime can make each one a parameter group.
+class Gpt : public Module {
+ public:
+  /// The same config gives the same initial bits everywhere.
+  explicit Gpt(const GptConfig& config);
+  Tensor forward(const Tensor& tokens) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+  /// The embedding, every block and the head, in forward order: the natural parameter groups.
+  std::vector<Module*> units();
+  /// The config the model was built from.
+  const GptConfig& config() const { return config_; }
+
+ private:
+  GptConfig config_;
+  TokenPositionEmbedding embedding_;
+  std::vector<std::unique_ptr<TransformerBlock>> blocks_;
+  LanguageModelHead head_;
+};
+
+}  // namespace meshtensor::nn

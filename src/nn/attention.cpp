@@ -1,0 +1,143 @@
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/kernels/attention.hpp>
+#include <meshtensor/nn/attention.hpp>
+
+namespace meshtensor::nn {
+
+namespace {
+
+/// Columns [column, column + width) of rows [0, length) of a row-major matrix with `stride`
+/// columns, copied into `out` as [length, width] (transposed: [width, length]).
+void copy_block(const float* matrix, std::int64_t stride, std::int64_t column, std::int64_t length,
+                std::int64_t width, bool transpose, float* out) {
+  for (std::int64_t i = 0; i < length; ++i) {
+    const float* row = matrix + i * stride + column;
+    for (std::int64_t d = 0; d < width; ++d) {
+      if (transpose) {
+        out[d * length + i] = row[d];
+      } else {
+        out[i * width + d] = row[d];
+      }
+    }
+  }
+}
+
+/// Adds [length, width] `block` into columns [column, column + width) of a row-major matrix.
+void store_block(const float* block, std::int64_t length, std::int64_t width, float* matrix,
+                 std::int64_t stride, std::int64_t column) {
+  for (std::int64_t i = 0; i < length; ++i)
+    std::copy_n(block + i * width, width, matrix + i * stride + column);
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(std::int64_t dim, std::int64_t heads, std::uint64_t seed,
+                                         double init_std, double projection_std)
+    : dim_(dim),
+      heads_(heads),
+      qkv_(dim, 3 * dim, mix64(seed ^ 0x716b76ULL), init_std),
+      projection_(dim, dim, mix64(seed ^ 0x70726f6aULL), projection_std) {
+  if (heads <= 0 || dim % heads != 0) {
+    throw InvalidArgument(
+        fmt::format("attention: dim {} does not split into {} heads", dim, heads));
+  }
+  prefix_parameter_names(qkv_, "qkv");
+  prefix_parameter_names(projection_, "proj");
+}
+
+std::vector<Parameter*> CausalSelfAttention::parameters() {
+  return {&qkv_.weight(), &qkv_.bias(), &projection_.weight(), &projection_.bias()};
+}
+
+std::string CausalSelfAttention::describe() const {
+  return fmt::format("CausalSelfAttention({}, heads={})", dim_, heads_);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& input) {
+  if (!input.defined() || input.rank() != 3 || input.dtype() != DType::f32 ||
+      input.shape()[2] != dim_) {
+    throw InvalidArgument(fmt::format("{} needs f32 [batch, sequence, {}], got {}", describe(),
+                                      dim_, input.defined() ? input.shape().to_string() : "none"));
+  }
+  const std::int64_t batch = input.shape()[0];
+  const std::int64_t length = input.shape()[1];
+  const std::int64_t head_dim = dim_ / heads_;
+  qkv_values_ = qkv_.forward(input);
+  probabilities_ = Tensor::uninitialized(Shape{batch, heads_, length, length}, DType::f32);
+  Tensor attended(Shape{batch, length, dim_}, DType::f32);
+  std::vector<float> keys_t(static_cast<std::size_t>(head_dim * length));
+  std::vector<float> values(static_cast<std::size_t>(length * head_dim));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float* qkv = qkv_values_.values<float>().data();
+  float* probabilities = probabilities_.values<float>().data();
+  float* out = attended.values<float>().data();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const float* sequence = qkv + b * length * 3 * dim_;
+    for (std::int64_t h = 0; h < heads_; ++h) {
+      copy_block(sequence, 3 * dim_, dim_ + h * head_dim, length, head_dim, true, keys_t.data());
+      copy_block(sequence, 3 * dim_, 2 * dim_ + h * head_dim, length, head_dim, false,
+                 values.data());
+      const kernels::HeadCache cache{keys_t.data(), values.data(), length, head_dim};
+      float* head_probabilities = probabilities + (b * heads_ + h) * length * length;
+      for (std::int64_t i = 0; i < length; ++i) {
+        kernels::attention_row(sequence + i * 3 * dim_ + h * head_dim, cache, i + 1, scale,
+                               head_probabilities + i * length,
+                               out + (b * length + i) * dim_ + h * head_dim);
+      }
+    }
+  }
+  return projection_.forward(attended);
+}
+
+Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& sink,
+                                     bool need_input_grad) {
+  if (!qkv_values_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
+  const Tensor grad_attended = projection_.backward(grad_output, sink, true);
+  const std::int64_t batch = qkv_values_.shape()[0];
+  const std::int64_t length = qkv_values_.shape()[1];
+  const std::int64_t head_dim = dim_ / heads_;
+  const std::size_t block = static_cast<std::size_t>(length * head_dim);
+  std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
+  std::vector<float> grad_q(block), grad_k(block), grad_v(block);
+  Tensor grad_qkv(qkv_values_.shape(), DType::f32);
+  const float* qkv = qkv_values_.values<float>().data();
+  const float* d_attended = grad_attended.values<float>().data();
+  float* d_qkv = grad_qkv.values<float>().data();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const float* sequence = qkv + b * length * 3 * dim_;
+    float* d_sequence = d_qkv + b * length * 3 * dim_;
+    for (std::int64_t h = 0; h < heads_; ++h) {
+      const std::int64_t column = h * head_dim;
+      copy_block(sequence, 3 * dim_, column, length, head_dim, false, queries.data());
+      copy_block(sequence, 3 * dim_, dim_ + column, length, head_dim, false, keys.data());
+      copy_block(sequence, 3 * dim_, 2 * dim_ + column, length, head_dim, true, values_t.data());
+      copy_block(d_attended + b * length * dim_, dim_, column, length, head_dim, false,
+                 grad_out.data());
+      kernels::HeadGradientInputs in;
+      in.queries = queries.data();
+      in.keys = keys.data();
+      in.values_t = values_t.data();
+      in.probabilities = probabilities_.values<float>().data() + (b * heads_ + h) * length * length;
+      in.grad_output = grad_out.data();
+      in.length = length;
+      in.head_dim = head_dim;
+      in.scale = scale;
+      kernels::attention_backward(in, grad_q.data(), grad_k.data(), grad_v.data());
+      store_block(grad_q.data(), length, head_dim, d_sequence, 3 * dim_, column);
+      store_block(grad_k.data(), length, head_dim, d_sequence, 3 * dim_, dim_ + column);
+      store_block(grad_v.data(), length, head_dim, d_sequence, 3 * dim_, 2 * dim_ + column);
+    }
+  }
+  qkv_values_ = Tensor();
+  probabilities_ = Tensor();
+  return qkv_.backward(grad_qkv, sink, need_input_grad);
+}
+
+}  // namespace meshtensor::nn

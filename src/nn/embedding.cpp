@@ -1,0 +1,121 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/nn/embedding.hpp>
+
+namespace meshtensor::nn {
+
+Embedding::Embedding(std::int64_t count, std::int64_t dim, std::uint64_t seed, double init_std) {
+  if (count <= 0 || dim <= 0)
+    throw InvalidArgument(fmt::format("Embedding needs positive sizes, got {} x {}", count, dim));
+  if (!(init_std > 0.0 && init_std <= 1e3))
+    throw InvalidArgument(fmt::format("Embedding init_std {} is not within (0, 1000]", init_std));
+  weight_.name = "weight";
+  weight_.value = Tensor(Shape{count, dim}, DType::f32);
+  auto w = weight_.value.values<float>();
+  for (std::size_t i = 0; i < w.size(); ++i)
+    w[i] = static_cast<float>(normal_sample(seed, i) * init_std);
+  weight_.grad = Tensor(weight_.value.shape(), DType::f32);
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  const std::int64_t count = weight_.value.shape()[0];
+  const std::int64_t dim = weight_.value.shape()[1];
+  if (!indices.defined() || indices.dtype() != DType::i64 || indices.rank() < 1) {
+    throw InvalidArgument(fmt::format("{} needs i64 indices, got {}", describe(),
+                                      indices.defined() ? dtype_name(indices.dtype()) : "none"));
+  }
+  const Tensor dense = indices.contiguous();
+  const auto in = dense.values<std::int64_t>();
+  indices_.assign(in.begin(), in.end());
+  std::vector<std::int64_t> dims = dense.shape().dims();
+  dims.push_back(dim);
+  output_shape_ = Shape(std::move(dims));
+  Tensor output(output_shape_, DType::f32);
+  auto out = output.values<float>();
+  const auto table = weight_.value.values<float>();
+  for (std::size_t r = 0; r < indices_.size(); ++r) {
+    const std::int64_t index = indices_[r];
+    if (index < 0 || index >= count) {
+      throw InvalidArgument(
+          fmt::format("{}: index {} is outside [0, {})", describe(), index, count));
+    }
+    std::copy_n(table.data() + index * dim, dim, out.data() + static_cast<std::int64_t>(r) * dim);
+  }
+  return output;
+}
+
+Tensor Embedding::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+  if (output_shape_.rank() == 0) throw InvalidArgument(describe() + ": backward without a forward");
+  if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
+      grad_output.shape() != output_shape_) {
+    throw InvalidArgument(fmt::format("{}: the gradient must be f32 {}", describe(),
+                                      output_shape_.to_string()));
+  }
+  const std::int64_t dim = weight_.value.shape()[1];
+  const auto rows = static_cast<std::int64_t>(indices_.size());
+  sink.add_indexed_rows(weight_, indices_, grad_output.contiguous().reshape(Shape{rows, dim}));
+  indices_.clear();
+  output_shape_ = Shape();
+  return {};
+}
+
+std::string Embedding::describe() const {
+  return fmt::format("Embedding({}, {})", weight_.value.shape()[0], weight_.value.shape()[1]);
+}
+
+TokenPositionEmbedding::TokenPositionEmbedding(std::int64_t vocabulary, std::int64_t context,
+                                               std::int64_t dim, std::uint64_t seed,
+                                               double init_std)
+    : token_(vocabulary, dim, mix64(seed ^ 0x746f6b656eULL), init_std),
+      position_(context, dim, mix64(seed ^ 0x706f73ULL), init_std) {
+  token_.weight().name = "token.weight";
+  position_.weight().name = "position.weight";
+}
+
+Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
+  if (!tokens.defined() || tokens.dtype() != DType::i64 || tokens.rank() != 2) {
+    throw InvalidArgument(fmt::format(
+        "{} needs i64 tokens [batch, sequence], got {}", describe(),
+        tokens.defined() ? fmt::format("{} {}", dtype_name(tokens.dtype()), tokens.shape().to_string())
+                         : std::string("none")));
+  }
+  const std::int64_t batch = tokens.shape()[0];
+  const std::int64_t length = tokens.shape()[1];
+  const std::int64_t context = position_.weight().value.shape()[0];
+  if (length > context) {
+    throw InvalidArgument(fmt::format("{}: a sequence of {} tokens is longer than the context {}",
+                                      describe(), length, context));
+  }
+  Tensor positions(Shape{batch, length}, DType::i64);
+  auto p = positions.values<std::int64_t>();
+  for (std::int64_t i = 0; i < batch * length; ++i)
+    p[static_cast<std::size_t>(i)] = i % length;
+  Tensor x = token_.forward(tokens);
+  const Tensor position_rows = position_.forward(positions);
+  auto out = x.values<float>();
+  const auto add = position_rows.values<float>();
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] += add[i];
+  return x;
+}
+
+Tensor TokenPositionEmbedding::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+  token_.backward(grad_output, sink, false);
+  position_.backward(grad_output, sink, false);
+  return {};
+}
+
+std::vector<Parameter*> TokenPositionEmbedding::parameters() {
+  return {&token_.weight(), &position_.weight()};
+}
+
+std::string TokenPositionEmbedding::describe() const {
+  return fmt::format("TokenPositionEmbedding({}, {}, {})", token_.weight().value.shape()[0],
+                     position_.weight().value.shape()[0], token_.weight().value.shape()[1]);
+}
+
+}  // namespace meshtensor::nn

@@ -1,0 +1,206 @@
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/core/shape.hpp>
+#include <meshtensor/nn/gpt.hpp>
+
+namespace meshtensor::nn {
+
+namespace {
+
+constexpr std::string_view kGptUsage = "gpt or gpt:layers=L,heads=H,dim=D,context=T";
+
+double residual_std(const GptConfig& config) {
+  return config.init_std / std::sqrt(2.0 * static_cast<double>(config.layers));
+}
+
+/// Adds b into a (same shape, f32).
+void add_into(Tensor& a, const Tensor& b) {
+  auto x = a.values<float>();
+  const auto y = b.values<float>();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] += y[i];
+}
+
+}  // namespace
+
+GptConfig parse_gpt_config(const std::string& text) {
+  GptConfig config;
+  if (text == "gpt") return config;
+  constexpr std::string_view kPrefix = "gpt:";
+  if (text.rfind(kPrefix, 0) != 0)
+    throw ParseError(fmt::format("unknown model '{}' (expected {})", text, kGptUsage));
+  const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> keys{
+      {"layers", {&config.layers, 256}},
+      {"heads", {&config.heads, 256}},
+      {"dim", {&config.dim, 8192}},
+      {"context", {&config.context, 8192}}};
+  std::map<std::string_view, bool> seen;
+  for (std::string_view part : split(std::string_view(text).substr(kPrefix.size()), ',')) {
+    const auto equals = part.find('=');
+    const std::string_view key = part.substr(0, equals);
+    const auto entry = keys.find(key);
+    if (equals == std::string_view::npos || entry == keys.end()) {
+      throw ParseError(fmt::format("'{}' in model '{}' is not one of layers=, heads=, dim=, "
+                                   "context= (expected {})",
+                                   part, text, kGptUsage));
+    }
+    if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
+    seen[key] = true;
+    const auto [target, largest] = entry->second;
+    const std::int64_t value =
+        parse_count(part.substr(equals + 1), largest, fmt::format("model '{}'", text));
+    if (value == 0)
+      throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
+    *target = value;
+  }
+  if (config.dim % config.heads != 0) {
+    throw ParseError(fmt::format("model '{}': dim {} does not split into {} heads", text,
+                                 config.dim, config.heads));
+  }
+  return config;
+}
+
+std::string gpt_config_text(const GptConfig& config) {
+  return fmt::format("gpt:layers={},heads={},dim={},context={}", config.layers, config.heads,
+                     config.dim, config.context);
+}
+
+std::int64_t gpt_parameter_count(const GptConfig& c) {
+  const std::int64_t d = c.dim;
+  const std::int64_t block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) +
+                             (4 * d * d + d);
+  return c.vocabulary * d + c.context * d + c.layers * block + 2 * d + d * c.vocabulary +
+         c.vocabulary;
+}
+
+TransformerBlock::TransformerBlock(const GptConfig& config, std::uint64_t seed)
+    : norm1_(config.dim),
+      attention_(config.dim, config.heads, mix64(seed ^ 1), config.init_std,
+                 residual_std(config)),
+      norm2_(config.dim),
+      fc_(config.dim, 4 * config.dim, mix64(seed ^ 2), config.init_std),
+      projection_(4 * config.dim, config.dim, mix64(seed ^ 3), residual_std(config)) {
+  prefix_parameter_names(norm1_, "norm1");
+  prefix_parameter_names(attention_, "attn");
+  prefix_parameter_names(norm2_, "norm2");
+  prefix_parameter_names(fc_, "mlp.fc");
+  prefix_parameter_names(projection_, "mlp.proj");
+}
+
+Tensor TransformerBlock::forward(const Tensor& input) {
+  Tensor x = attention_.forward(norm1_.forward(input));
+  add_into(x, input);
+  Tensor y = projection_.forward(gelu_.forward(fc_.forward(norm2_.forward(x))));
+  add_into(y, x);
+  return y;
+}
+
+Tensor TransformerBlock::backward(const Tensor& grad_output, GradientSink& sink,
+                                  bool need_input_grad) {
+  const Tensor dy = grad_output.contiguous();
+  Tensor dx = norm2_.backward(
+      fc_.backward(gelu_.backward(projection_.backward(dy, sink, true), sink, true), sink, true),
+      sink, true);
+  add_into(dx, dy);
+  Tensor d_input = norm1_.backward(attention_.backward(dx, sink, true), sink, need_input_grad);
+  if (!need_input_grad) return {};
+  add_into(d_input, dx);
+  return d_input;
+}
+
+std::vector<Parameter*> TransformerBlock::parameters() {
+  std::vector<Parameter*> all;
+  for (Module* m : std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &fc_,
+                                                  &projection_})
+    for (Parameter* p : m->parameters())
+      all.push_back(p);
+  return all;
+}
+
+std::string TransformerBlock::describe() const {
+  return fmt::format("TransformerBlock({})", attention_.describe());
+}
+
+LanguageModelHead::LanguageModelHead(const GptConfig& config, std::uint64_t seed)
+    : norm_(config.dim), output_(config.dim, config.vocabulary, seed, config.init_std) {
+  prefix_parameter_names(norm_, "norm");
+  prefix_parameter_names(output_, "output");
+}
+
+Tensor LanguageModelHead::forward(const Tensor& input) {
+  return output_.forward(norm_.forward(input));
+}
+
+Tensor LanguageModelHead::backward(const Tensor& grad_output, GradientSink& sink,
+                                   bool need_input_grad) {
+  return norm_.backward(output_.backward(grad_output, sink, true), sink, need_input_grad);
+}
+
+std::vector<Parameter*> LanguageModelHead::parameters() {
+  return {norm_.parameters()[0], norm_.parameters()[1], &output_.weight(), &output_.bias()};
+}
+
+std::string LanguageModelHead::describe() const {
+  return fmt::format("LanguageModelHead({})", output_.describe());
+}
+
+Gpt::Gpt(const GptConfig& config)
+    : config_(config),
+      embedding_(config.vocabulary, config.context, config.dim, mix64(config.seed ^ 0x656d62ULL),
+                 config.init_std),
+      head_(config, mix64(config.seed ^ 0x68656164ULL)) {
+  if (config.layers <= 0 || config.heads <= 0 || config.dim <= 0 || config.context <= 0 ||
+      config.vocabulary <= 0 || config.dim % config.heads != 0) {
+    throw InvalidArgument(fmt::format("invalid GPT config {}", gpt_config_text(config)));
+  }
+  prefix_parameter_names(embedding_, "embed");
+  for (std::int64_t i = 0; i < config.layers; ++i) {
+    auto block = std::make_unique<TransformerBlock>(
+        config, mix64(config.seed ^ mix64(static_cast<std::uint64_t>(i) + 1)));
+    prefix_parameter_names(*block, fmt::format("blocks.{}", i));
+    blocks_.push_back(std::move(block));
+  }
+  prefix_parameter_names(head_, "head");
+}
+
+Tensor Gpt::forward(const Tensor& tokens) {
+  Tensor x = run_forward(embedding_, tokens);
+  for (auto& block : blocks_)
+    x = run_forward(*block, x);
+  return run_forward(head_, x);
+}
+
+Tensor Gpt::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+  Tensor grad = run_backward(head_, grad_output, sink, true);
+  for (std::size_t i = blocks_.size(); i-- > 0;)
+    grad = run_backward(*blocks_[i], grad, sink, true);
+  run_backward(embedding_, grad, sink, false);
+  return {};
+}
+
+std::vector<Module*> Gpt::units() {
+  std::vector<Module*> all{&embedding_};
+  for (auto& block : blocks_)
+    all.push_back(block.get());
+  all.push_back(&head_);
+  return all;
+}
+
+std::vector<Parameter*> Gpt::parameters() {
+  std::vector<Parameter*> all;
+  for (Module* unit : units())
+    for (Parameter* p : unit->parameters())
+      all.push_back(p);
+  return all;
+}
+
+std::string Gpt::describe() const {
+  return fmt::format("Gpt({}, vocabulary={})", gpt_config_text(config_), config_.vocabulary);
+}
+
+}  // namespace meshtensor::nn
