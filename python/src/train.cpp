@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
@@ -5,6 +7,8 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
+#include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/optim.hpp>
@@ -23,10 +27,12 @@ struct PyDataset {
   std::shared_ptr<train::Dataset> data;
 };
 
-/// An MLP and, once fully_shard / replicate ran, its runtime on a mesh.
+/// A model (an MLP or a GPT) and, once fully_shard / replicate ran, its runtime on a mesh.
 struct PyModel {
-  nn::MlpConfig config;
-  std::unique_ptr<nn::Sequential> module;
+  std::unique_ptr<nn::Module> module;
+  std::vector<nn::Module*> units;  // the parameter groups fully_shard makes
+  bool takes_tokens = false;       // inputs are token ids (GPT), not f32 features (MLP)
+  std::string kind = "MLP";
   std::shared_ptr<Mesh> mesh;
   std::unique_ptr<fsdp::ShardedModel> sharded;  // after module and mesh: destroyed first
 
@@ -50,6 +56,15 @@ struct PyModel {
     }
     return *sharded;
   }
+};
+
+/// The Python classes MLP and GPT: a PyModel built by their constructors.
+struct PyMlp : PyModel {};
+struct PyGpt : PyModel {};
+
+/// A loaded text corpus.
+struct PyText {
+  std::shared_ptr<const train::TextCorpus> corpus;
 };
 
 /// An optimizer over a sharded model's local shards.
@@ -87,8 +102,10 @@ py::dict result_dict(const train::TrainResult& result) {
     epoch["samples"] = report.samples;
     epoch["train_loss"] = report.train_loss;
     epoch["train_accuracy"] = report.train_accuracy;
+    epoch["test_loss"] = report.test_loss;
     epoch["test_accuracy"] = report.test_accuracy;
     epoch["samples_per_second"] = report.samples_per_second;
+    epoch["targets_per_second"] = report.targets_per_second;
     epoch["seconds"] = report.seconds;
     epochs.append(epoch);
   }
@@ -96,6 +113,8 @@ py::dict result_dict(const train::TrainResult& result) {
   out["digest"] = digest_hex(result.digest);
   out["replicas_identical"] = result.replicas_identical;
   out["test_accuracy"] = result.test_accuracy;
+  out["test_loss"] = result.test_loss;
+  out["sample"] = train::printable_text(result.sample);
   out["steps"] = result.steps;
   out["parameters"] = result.parameters;
   out["seconds"] = result.seconds;
@@ -107,26 +126,76 @@ py::dict result_dict(const train::TrainResult& result) {
   return out;
 }
 
-py::dict run_training(const PyDataset& dataset, const py::object& world_object,
+/// The task train() runs: the model keyword (an MLP for images, "gpt..." for text; default by
+/// the data) and the data.
+std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& kwargs) {
+  const bool text = py::isinstance<PyText>(data);
+  if (!text && !py::isinstance<PyDataset>(data)) {
+    throw ArgumentTypeError(fmt::format(
+        "train(): argument 'data' must be Dataset (load_dataset) or Text (load_text), got {}",
+        describe_value(data)));
+  }
+  std::string model = text ? "gpt" : "mlp:1024,1024";
+  nn::MlpConfig mlp;
+  bool mlp_keys = false;
+  for (const auto& [key, value] : kwargs) {
+    const auto name = key.cast<std::string>();
+    const std::string argument = fmt::format("train() argument '{}'", name);
+    if (name == "model") {
+      model = py::str(value).cast<std::string>();
+    } else if (name == "hidden") {
+      mlp.hidden = cast_argument<std::vector<std::int64_t>>(value, argument);
+      mlp_keys = true;
+    } else if (name == "activation") {
+      mlp.activation = nn::parse_activation(py::str(value).cast<std::string>());
+      mlp_keys = true;
+    } else if (name == "layernorm") {
+      mlp.layernorm = cast_argument<bool>(value, argument);
+      mlp_keys = true;
+    }
+  }
+  const bool gpt = model == "gpt" || model.rfind("gpt:", 0) == 0;
+  if (gpt != text) {
+    throw InvalidArgument(fmt::format("train: model '{}' trains on {}; give {}", model,
+                                      gpt ? "text" : "images",
+                                      gpt ? "load_text(...)" : "load_dataset(...)"));
+  }
+  if (gpt) {
+    if (mlp_keys) throw InvalidArgument("train: hidden, activation and layernorm shape an MLP");
+    return std::make_unique<train::LanguageModelling>(data.cast<const PyText&>().corpus,
+                                                      nn::parse_gpt_config(model));
+  }
+  if (kwargs.contains("model")) mlp.hidden = nn::parse_mlp_hidden(model);
+  return std::make_unique<train::ImageClassification>(*data.cast<const PyDataset&>().data, mlp);
+}
+
+py::dict run_training(const py::object& data, const py::object& world_object,
                       const py::kwargs& kwargs) {
+  const std::unique_ptr<train::Task> task = task_for(data, kwargs);
+  const bool language = py::isinstance<PyText>(data);
   train::TrainConfig config;
   config.epochs = 8;
   config.schedule.kind = nn::LrSchedule::Kind::cosine;
+  if (language) {
+    config.batch = train::LanguageDefaults::batch;
+    config.steps = train::LanguageDefaults::steps;
+    config.schedule.warmup_steps = train::LanguageDefaults::warmup;
+    config.eval_every = train::LanguageDefaults::eval_every;
+  }
   py::object on_epoch = py::none();
   std::int64_t stop_after = 0;
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();  // keyword names are str
     const std::string argument = fmt::format("train() argument '{}'", name);
     const auto text = [&] { return py::str(value).cast<std::string>(); };
-    if (name == "model") {
-      config.model.hidden = nn::parse_mlp_hidden(text());
-    } else if (name == "hidden") {
-      config.model.hidden = cast_argument<std::vector<std::int64_t>>(value, argument);
-    } else if (name == "activation") {
-      config.model.activation = nn::parse_activation(text());
-    } else if (name == "layernorm") {
-      config.model.layernorm = cast_argument<bool>(value, argument);
+    if (name == "model" || name == "hidden" || name == "activation" || name == "layernorm") {
+      continue;  // task_for read them
+    } else if (name == "eval_every") {
+      config.eval_every = cast_argument<std::int64_t>(value, argument);
+    } else if (name == "sample") {
+      config.sample = cast_argument<bool>(value, argument);
     } else if (name == "epochs") {
+      if (language) config.steps = 0;
       config.epochs = cast_argument<std::int64_t>(value, argument);
     } else if (name == "steps") {
       config.steps = cast_argument<std::int64_t>(value, argument);
@@ -192,6 +261,7 @@ py::dict run_training(const PyDataset& dataset, const py::object& world_object,
       epoch["steps"] = report.steps;
       epoch["train_loss"] = report.train_loss;
       epoch["train_accuracy"] = report.train_accuracy;
+      epoch["test_loss"] = report.test_loss;
       epoch["test_accuracy"] = report.test_accuracy;
       on_epoch(epoch);
     };
@@ -200,21 +270,22 @@ py::dict run_training(const PyDataset& dataset, const py::object& world_object,
   train::TrainResult result;
   {
     const py::gil_scoped_release release;
-    result = train::train(*world, *dataset.data, config, callbacks);
+    result = train::train(*world, *task, config, callbacks);
   }
   return result_dict(result);
 }
 
-std::shared_ptr<PyModel> make_model(std::int64_t inputs, const std::vector<std::int64_t>& hidden,
-                                    std::int64_t outputs, const std::string& activation,
-                                    bool layernorm, std::uint64_t seed) {
-  auto model = std::make_shared<PyModel>();
-  model->config.inputs = inputs;
-  model->config.hidden = hidden;
-  model->config.outputs = outputs;
-  model->config.activation = nn::parse_activation(activation);
-  model->config.layernorm = layernorm;
-  model->config.seed = seed;
+std::shared_ptr<PyMlp> make_model(std::int64_t inputs, const std::vector<std::int64_t>& hidden,
+                                  std::int64_t outputs, const std::string& activation,
+                                  bool layernorm, std::uint64_t seed) {
+  auto model = std::make_shared<PyMlp>();
+  nn::MlpConfig config;
+  config.inputs = inputs;
+  config.hidden = hidden;
+  config.outputs = outputs;
+  config.activation = nn::parse_activation(activation);
+  config.layernorm = layernorm;
+  config.seed = seed;
   for (const std::int64_t size : {inputs, outputs}) {
     if (size < 1) throw InvalidArgument(fmt::format("MLP sizes must be at least 1, got {}", size));
   }
@@ -222,7 +293,30 @@ std::shared_ptr<PyModel> make_model(std::int64_t inputs, const std::vector<std::
     if (size < 1)
       throw InvalidArgument(fmt::format("MLP hidden sizes must be at least 1, got {}", size));
   }
-  model->module = nn::make_mlp(model->config);
+  auto mlp = nn::make_mlp(config);
+  for (std::size_t i = 0; i < mlp->size(); ++i)
+    if (!mlp->at(i).parameters().empty()) model->units.push_back(&mlp->at(i));
+  model->module = std::move(mlp);
+  return model;
+}
+
+std::shared_ptr<PyGpt> make_gpt(std::int64_t layers, std::int64_t heads, std::int64_t dim,
+                                std::int64_t context, std::uint64_t seed) {
+  nn::GptConfig config;
+  config.layers = layers;
+  config.heads = heads;
+  config.dim = dim;
+  config.context = context;
+  config.seed = seed;
+  // The command line's ranges and checks, through its parser.
+  config = nn::parse_gpt_config(nn::gpt_config_text(config));
+  config.seed = seed;
+  auto model = std::make_shared<PyGpt>();
+  auto gpt = std::make_unique<nn::Gpt>(config);
+  model->units = gpt->units();
+  model->module = std::move(gpt);
+  model->takes_tokens = true;
+  model->kind = "GPT";
   return model;
 }
 
@@ -260,27 +354,25 @@ std::shared_ptr<PyModel> shard_model(const std::shared_ptr<PyModel>& model,
   {
     const py::gil_scoped_release release;  // making the groups is collective
     sharded = std::make_unique<fsdp::ShardedModel>(*model->module, *groups, options);
-    for (std::size_t i = 0; i < model->module->size(); ++i) {
-      nn::Module& layer = model->module->at(i);
-      if (!layer.parameters().empty()) sharded->fully_shard(layer, config);
-    }
+    for (nn::Module* unit : model->units)
+      sharded->fully_shard(*unit, config);
   }
   model->mesh = mesh;
   model->sharded = std::move(sharded);
   return model;
 }
 
-std::vector<std::uint8_t> labels_from(const py::handle& labels) {
+std::vector<std::int32_t> labels_from(const py::handle& labels) {
   const Tensor tensor = tensor_from_array(labels);
-  std::vector<std::uint8_t> result(static_cast<std::size_t>(tensor.numel()));
+  std::vector<std::int32_t> result(static_cast<std::size_t>(tensor.numel()));
   visit_dtype(tensor.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const auto values = tensor.values<T>();
     for (std::size_t i = 0; i < values.size(); ++i) {
       const double value = element_to_double(values[i]);
-      if (!(value >= 0 && value < 256))
+      if (!(value >= 0 && value < 2147483648.0 && value == std::floor(value)))
         throw InvalidArgument(fmt::format("label {} is not a class index", value));
-      result[i] = static_cast<std::uint8_t>(value);
+      result[i] = static_cast<std::int32_t>(value);
     }
   });
   return result;
@@ -295,8 +387,23 @@ Tensor f32_input(const py::handle& object, const char* what) {
   return tensor;
 }
 
+/// The input of a model: token ids (any integer array [batch, length], as i64) for a GPT,
+/// float32 [rows, features] for an MLP.
+Tensor model_input(const PyModel& m, const py::object& x) {
+  if (!m.takes_tokens) return f32_input(x, "input");
+  const Tensor tensor = tensor_from_array(x);
+  const DType dtype = tensor.dtype();
+  if (tensor.rank() != 2 || !(dtype == DType::i64 || dtype == DType::i32 || dtype == DType::u8)) {
+    throw InvalidArgument(
+        fmt::format("GPT input must be a 2-d integer array of token ids "
+                    "[batch, length], got {} of shape {}",
+                    dtype_name(dtype), tensor.shape().to_string()));
+  }
+  return kernels::convert(tensor, DType::i64);
+}
+
 py::array model_forward(PyModel& m, const py::object& x) {
-  const Tensor input = f32_input(x, "input");
+  const Tensor input = model_input(m, x);
   fsdp::ShardedModel& sharded = m.runtime("forward");
   Tensor logits;
   {
@@ -308,21 +415,21 @@ py::array model_forward(PyModel& m, const py::object& x) {
 
 void bind_models(py::module_& module) {
   py::class_<PyModel, std::shared_ptr<PyModel>>(
-      module, "MLP",
-      "inputs -> hidden... -> outputs, each hidden layer Linear (+ LayerNorm) + activation, with "
-      "batch-invariant kernels. fully_shard / replicate put it on a mesh; then forward, backward "
-      "and an optimizer train it.")
-      .def(py::init(&make_model), py::arg("inputs") = 784,
-           py::arg("hidden") = std::vector<std::int64_t>{1024, 1024}, py::arg("outputs") = 10,
-           py::kw_only(), py::arg("activation") = "relu", py::arg("layernorm") = false,
-           py::arg("seed") = 0)
+      module, "Model",
+      "A model with batch-invariant kernels (MLP or GPT). fully_shard / replicate put it on a "
+      "mesh; then forward, backward and an optimizer train it.")
       .def("forward", &model_forward, py::arg("x"),
-           "Logits (float32 [rows, outputs]) of inputs x (float32 [rows, inputs]).")
+           "Logits of x: float32 [rows, outputs] of float32 [rows, inputs] (MLP), float32 "
+           "[batch, length, vocabulary] of token ids [batch, length] (GPT).")
       .def("__call__", &model_forward, py::arg("x"))
       .def(
           "backward",
           [](PyModel& m, const py::object& grad) {
-            const Tensor grad_logits = f32_input(grad, "grad_logits");
+            const Tensor grad_logits = tensor_from_array(grad);
+            if (grad_logits.dtype() != DType::f32) {
+              throw InvalidArgument(fmt::format("grad_logits must be float32, got {}",
+                                                dtype_name(grad_logits.dtype())));
+            }
             fsdp::ShardedModel& sharded = m.runtime("backward");
             const py::gil_scoped_release release;
             sharded.backward(grad_logits);
@@ -428,9 +535,26 @@ void bind_models(py::module_& module) {
           "directory or a root with LATEST; collective. Nothing changes unless all of it loaded.")
       .def_property_readonly("is_sharded", [](const PyModel& m) { return m.sharded != nullptr; })
       .def("__repr__", [](const PyModel& m) {
-        return fmt::format("MLP({}{})", m.module->describe(),
+        return fmt::format("{}({}{})", m.kind, m.module->describe(),
                            m.sharded ? ", on mesh " + m.mesh->mesh.to_string() : std::string());
       });
+  py::class_<PyMlp, PyModel, std::shared_ptr<PyMlp>>(
+      module, "MLP",
+      "inputs -> hidden... -> outputs, each hidden layer Linear (+ LayerNorm) + activation.")
+      .def(py::init(&make_model), py::arg("inputs") = 784,
+           py::arg("hidden") = std::vector<std::int64_t>{1024, 1024}, py::arg("outputs") = 10,
+           py::kw_only(), py::arg("activation") = "relu", py::arg("layernorm") = false,
+           py::arg("seed") = 0);
+  const nn::GptConfig gpt_defaults;
+  py::class_<PyGpt, PyModel, std::shared_ptr<PyGpt>>(
+      module, "GPT",
+      "A GPT-style decoder over byte tokens (vocabulary 256): token and learned position "
+      "embeddings, `layers` pre-norm blocks of causal self-attention and a GELU MLP, a final "
+      "LayerNorm and the language-model head, as `meshtensor train --model gpt:...` builds it. "
+      "fully_shard makes the embedding, each block and the head one group each.")
+      .def(py::init(&make_gpt), py::kw_only(), py::arg("layers") = gpt_defaults.layers,
+           py::arg("heads") = gpt_defaults.heads, py::arg("dim") = gpt_defaults.dim,
+           py::arg("context") = gpt_defaults.context, py::arg("seed") = 0);
 
   module.def(
       "fully_shard",
@@ -498,7 +622,7 @@ void bind_models(py::module_& module) {
       "cross_entropy",
       [](const py::object& logits, const py::object& labels) {
         const Tensor input = f32_input(logits, "logits");
-        const std::vector<std::uint8_t> classes = labels_from(labels);
+        const std::vector<std::int32_t> classes = labels_from(labels);
         const nn::CrossEntropyResult result = nn::softmax_cross_entropy(input, classes);
         return py::make_tuple(array_from_tensor(result.losses),
                               array_from_tensor(result.grad_logits), result.correct);
@@ -585,10 +709,38 @@ void bind_data(py::module_& module) {
       py::arg("step"), py::arg("base"), py::arg("total_steps"), py::arg("warmup") = 0,
       py::arg("schedule") = "cosine", "The learning rate train() uses at `step` (0-based).");
   module.def("train", &run_training, py::arg("data"), py::kw_only(), py::arg("world") = py::none(),
-             "Trains an MLP data-parallel on this rank's world, as `meshtensor train` does (the "
-             "keywords are its flags: model='mlp:256', strategy='fsdp', mode='exact', steps=, "
-             "epochs=, batch=, micro_batches=, lr=, schedule=, save=, resume=, stop_after=, ...). "
-             "Collective; returns the run's figures and its weights digest.");
+             "Trains data-parallel on this rank's world, as `meshtensor train` does: an MLP on a "
+             "Dataset, a GPT on Text (the keywords are its flags: model='mlp:256' or "
+             "model='gpt:layers=2,dim=64', strategy='fsdp', mode='exact', steps=, epochs=, "
+             "batch=, micro_batches=, lr=, schedule=, eval_every=, save=, resume=, stop_after=, "
+             "...; a GPT run has the command line's GPT defaults). Collective; returns the run's "
+             "figures (test_loss: on the validation text for a GPT), a generated sample for a "
+             "GPT and its weights digest.");
+  py::class_<PyText>(module, "Text",
+                     "Text split into training and validation records, byte-level tokens.")
+      .def_property_readonly("train", [](const PyText& t) { return py::bytes(t.corpus->train); })
+      .def_property_readonly("validation",
+                             [](const PyText& t) { return py::bytes(t.corpus->validation); })
+      .def_property_readonly("files", [](const PyText& t) { return t.corpus->files; })
+      .def_property_readonly("records", [](const PyText& t) { return t.corpus->records; })
+      .def("__repr__", [](const PyText& t) {
+        return fmt::format("Text(train={} bytes, validation={} bytes, files={}, records={})",
+                           t.corpus->train.size(), t.corpus->validation.size(), t.corpus->files,
+                           t.corpus->records);
+      });
+  module.def(
+      "load_text",
+      [](const std::string& path) {
+        std::shared_ptr<const train::TextCorpus> corpus;
+        {
+          const py::gil_scoped_release release;
+          corpus = std::make_shared<const train::TextCorpus>(train::load_text(path));
+        }
+        return PyText{std::move(corpus)};
+      },
+      py::arg("path") = std::string(train::kDefaultTextDir),
+      "Loads a UTF-8 text file or a directory of them (default: Debian's fortunes), split by "
+      "the rule `meshtensor train --model gpt` uses: every 20th record is validation text.");
 }
 
 }  // namespace

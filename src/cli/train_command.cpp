@@ -30,21 +30,23 @@ namespace meshtensor::cli {
 namespace {
 
 struct TrainOptions {
-  std::string data = train::kDefaultDataDir;
+  std::string data;  // empty: the model's default data
   std::string model = "mlp:1024,1024";
   std::string activation = "relu";
+  CLI::Option* activation_option = nullptr;
   bool layernorm = false;
   std::string epochs = "8";
   CLI::Option* epochs_option = nullptr;
   std::string steps = "0";
   CLI::Option* steps_option = nullptr;
-  std::string batch = "256";
+  std::string batch;       // empty: the model's default
+  std::string warmup;      // empty: the model's default
+  std::string eval_every;  // empty: the model's default
   std::string micro_batches = "1";
   std::string optimizer = "adamw";
   std::string lr = "1e-3";
   std::string weight_decay = "0";
   std::string momentum = "0.9";
-  std::string warmup = "0";
   std::string schedule = "cosine";
   std::string ranks = "2";
   CLI::Option* ranks_option = nullptr;
@@ -74,23 +76,38 @@ struct TrainOptions {
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 40;
 
+const std::string kGptBatch = std::to_string(train::LanguageDefaults::batch);
+constexpr std::int64_t kGptSteps = train::LanguageDefaults::steps;
+const std::string kGptWarmup = std::to_string(train::LanguageDefaults::warmup);
+const std::string kGptEvalEvery = std::to_string(train::LanguageDefaults::eval_every);
+
+bool is_gpt_model(const std::string& model) {
+  return model == "gpt" || model.rfind("gpt:", 0) == 0;
+}
+
 train::TrainConfig parse_config(const TrainOptions& options) {
   train::TrainConfig config;
-  config.model.hidden = nn::parse_mlp_hidden(options.model);
-  config.model.activation = nn::parse_activation(options.activation);
-  config.model.layernorm = options.layernorm;
+  const bool gpt = is_gpt_model(options.model);
   if (options.steps_option->count() > 0 && options.epochs_option->count() > 0)
     throw ParseError("--epochs and --steps exclude each other: give one");
   config.steps = integer_option("--steps", options.steps, 0, kMaxCount);
   config.epochs = integer_option("--epochs", options.epochs, 1, 1 << 20);
   if (options.steps_option->count() > 0 && config.steps == 0)
     throw ParseError("--steps 0: give at least one step");
-  config.batch = integer_option("--batch", options.batch, 1, 1 << 21);
+  if (gpt && options.steps_option->count() == 0 && options.epochs_option->count() == 0 &&
+      config.steps == 0)
+    config.steps = kGptSteps;
+  config.batch = integer_option(
+      "--batch", options.batch.empty() ? (gpt ? kGptBatch : "256") : options.batch, 1, 1 << 21);
+  config.eval_every = integer_option(
+      "--eval-every", options.eval_every.empty() ? (gpt ? kGptEvalEvery : "0") : options.eval_every,
+      0, kMaxCount);
   config.micro_batches = integer_option("--micro-batches", options.micro_batches, 1, 1 << 21);
   config.optimizer = train::parse_optimizer(options.optimizer);
   config.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
   config.schedule.kind = nn::parse_schedule_kind(options.schedule);
-  config.schedule.warmup_steps = integer_option("--warmup", options.warmup, 0, kMaxCount);
+  config.schedule.warmup_steps = integer_option(
+      "--warmup", options.warmup.empty() ? (gpt ? kGptWarmup : "0") : options.warmup, 0, kMaxCount);
   config.weight_decay = real_option("--weight-decay", options.weight_decay, 0.0, 1e6);
   config.momentum = real_option("--momentum", options.momentum, 0.0, 1.0);
   config.mode = comm::parse_reduction_mode(options.mode);
@@ -152,19 +169,90 @@ std::int64_t mesh_ranks(const std::string& mesh) {
          integer_option("--mesh", mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
 }
 
+/// The task a command trains, with the data it holds.
+struct LoadedTask {
+  std::unique_ptr<train::Dataset> images;
+  std::unique_ptr<train::Task> task;
+  std::string data;  // the path read
+  bool language = false;
+};
+
+/// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or
+/// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
+LoadedTask load_task(const TrainOptions& options) {
+  LoadedTask loaded;
+  if (is_gpt_model(options.model)) {
+    const nn::GptConfig gpt = nn::parse_gpt_config(options.model);
+    if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
+        options.layernorm) {
+      throw ParseError(fmt::format(
+          "--activation and --layernorm shape an mlp; model {} has its own (GELU, pre-norm)",
+          options.model));
+    }
+    loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
+    auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
+    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), gpt);
+    loaded.language = true;
+    return loaded;
+  }
+  nn::MlpConfig mlp;
+  mlp.hidden = nn::parse_mlp_hidden(options.model);
+  mlp.activation = nn::parse_activation(options.activation);
+  mlp.layernorm = options.layernorm;
+  loaded.data = options.data.empty() ? train::kDefaultDataDir : options.data;
+  loaded.images = std::make_unique<train::Dataset>(train::load_dataset(loaded.data));
+  loaded.task = std::make_unique<train::ImageClassification>(*loaded.images, mlp);
+  return loaded;
+}
+
+/// "784 inputs, relu" / "2.4 MB of text, ...": what the first line of a run names.
+std::string describe_task(const LoadedTask& loaded) {
+  if (loaded.language) {
+    const auto& task = dynamic_cast<const train::LanguageModelling&>(*loaded.task);
+    const train::TextCorpus& corpus = task.corpus();
+    return fmt::format(
+        "{} parameters; {} training and {} validation bytes from {} file(s), {} records",
+        nn::gpt_parameter_count(task.model()), corpus.train.size(), corpus.validation.size(),
+        corpus.files, corpus.records);
+  }
+  const auto& task = dynamic_cast<const train::ImageClassification&>(*loaded.task);
+  return fmt::format("{}{}", task.model().activation == nn::Activation::gelu ? "gelu" : "relu",
+                     task.model().layernorm ? ", layernorm" : "");
+}
+
+/// One line per report.
+std::string report_line(const train::EpochReport& e, const LoadedTask& loaded) {
+  if (loaded.language) {
+    return fmt::format(
+        "step {:>5}  train loss {:.4f}  validation loss {:.4f}  validation acc {:.4f}  {:.0f} "
+        "tokens/s  ({:.1f} s)",
+        e.steps, e.train_loss, e.test_loss, e.test_accuracy, e.targets_per_second, e.seconds);
+  }
+  return fmt::format(
+      "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} samples/s  "
+      "({:.1f} s)",
+      e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy, e.samples_per_second, e.seconds);
+}
+
 std::string format_duration(double seconds) {
   const auto total = static_cast<std::int64_t>(seconds + 0.5);
   return fmt::format("{}:{:02}", total / 60, total % 60);
 }
 
-nlohmann::json epoch_json(const train::EpochReport& e) {
-  return {{"epoch", e.epoch},
-          {"steps", e.steps},
-          {"train_loss", e.train_loss},
-          {"train_accuracy", e.train_accuracy},
-          {"test_accuracy", e.test_accuracy},
-          {"samples_per_second", e.samples_per_second},
-          {"seconds", e.seconds}};
+/// The figures of a report as JSON: the evaluation's keys are named after the task's set
+/// ("test_loss" for images, "validation_loss" for text).
+nlohmann::json epoch_json(const train::EpochReport& e, const train::Task& task) {
+  const std::string eval = task.eval_name();
+  nlohmann::json out = {{"epoch", e.epoch},
+                        {"steps", e.steps},
+                        {"train_loss", e.train_loss},
+                        {"train_accuracy", e.train_accuracy},
+                        {eval + "_loss", e.test_loss},
+                        {eval + "_accuracy", e.test_accuracy},
+                        {"samples_per_second", e.samples_per_second},
+                        {"seconds", e.seconds}};
+  if (task.target_name() == "token") out["tokens_per_second"] = e.targets_per_second;
+  return out;
 }
 
 /// `text` with every character but letters, digits and " ,:._=-" removed: what may appear in
@@ -181,7 +269,8 @@ std::string plot_safe(const std::string& text) {
 /// run, so a bad path fails before training). gnuplot reads and writes only temporary files this
 /// function names; the image is copied to the user's file here, so no path is ever parsed.
 void draw_plot(const std::string& path, std::ofstream& png,
-               const std::vector<train::EpochReport>& epochs, const std::string& title) {
+               const std::vector<train::EpochReport>& epochs, const std::string& title,
+               const std::string& eval_name, bool by_steps) {
   char data_path[] = "/tmp/meshtensor-plot-XXXXXX";
   const int fd = mkstemp(data_path);
   if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
@@ -190,24 +279,26 @@ void draw_plot(const std::string& path, std::ofstream& png,
   {
     std::ofstream data(data_path);
     for (const auto& e : epochs)
-      data << fmt::format("{} {} {} {}\n", e.epoch, e.train_loss, e.train_accuracy,
-                          e.test_accuracy);
+      data << fmt::format("{} {} {} {} {}\n", by_steps ? e.steps : e.epoch, e.train_loss,
+                          e.train_accuracy, e.test_accuracy, e.test_loss);
   }
   const std::string script = fmt::format(
       "set terminal png size 900,500\n"
       "set output '{}'\n"
       "set title '{}'\n"
-      "set xlabel 'epoch'\n"
-      "set ylabel 'loss'\n"
+      "set xlabel '{}'\n"
+      "set ylabel 'loss (nats)'\n"
       "set y2label 'accuracy'\n"
       "set ytics nomirror\n"
       "set y2tics\n"
       "set grid\n"
       "set key center right\n"
       "plot '{}' using 1:2 with linespoints title 'train loss' axes x1y1, "
+      "'' using 1:5 with linespoints title '{} loss' axes x1y1, "
       "'' using 1:3 with linespoints title 'train accuracy' axes x1y2, "
-      "'' using 1:4 with linespoints title 'test accuracy' axes x1y2\n",
-      image_path, plot_safe(title), data_path);
+      "'' using 1:4 with linespoints title '{} accuracy' axes x1y2\n",
+      image_path, plot_safe(title), by_steps ? "step" : "epoch", data_path, plot_safe(eval_name),
+      plot_safe(eval_name));
   FILE* gnuplot = popen("gnuplot 2>&1", "w");
   if (gnuplot == nullptr) {
     std::remove(data_path);
@@ -241,13 +332,12 @@ std::ofstream open_output(const char* option, const std::string& path, bool bina
 
 /// Refuses a run whose `processes_ranks` ranks in this process would need more memory than it
 /// has (ResourceError with both figures).
-void require_training_memory(const train::TrainConfig& config, const train::Dataset& data,
+void require_training_memory(const train::TrainConfig& config, const train::Task& task,
                              std::int64_t process_ranks, std::int64_t ranks) {
-  const double per_rank = train::estimate_rank_bytes(config, data.train.features(), ranks);
-  require_memory(
-      per_rank * static_cast<double>(process_ranks),
-      fmt::format("training model mlp:{} on {} rank(s) in this process ({} a rank)",
-                  fmt::join(config.model.hidden, ","), process_ranks, format_bytes(per_rank)));
+  const double per_rank = train::estimate_rank_bytes(config, task, ranks);
+  require_memory(per_rank * static_cast<double>(process_ranks),
+                 fmt::format("training model {} on {} rank(s) in this process ({} a rank)",
+                             task.architecture(), process_ranks, format_bytes(per_rank)));
 }
 
 void run_train(const TrainOptions& options) {
@@ -276,23 +366,31 @@ void run_train(const TrainOptions& options) {
   if (!options.log.empty()) log = open_output("--log", options.log);
   std::optional<std::ofstream> plot;
   if (!options.plot.empty()) plot = open_output("--plot", options.plot, /*binary=*/true);
-  const train::Dataset data = train::load_dataset(options.data);
-  require_training_memory(config, data, backend == Backend::threads ? ranks : 1, ranks);
+  const LoadedTask loaded = load_task(options);
+  const train::Task& task = *loaded.task;
+  train::validate_config(config, task);
+  require_training_memory(config, task, backend == Backend::threads ? ranks : 1, ranks);
   const std::string command = fmt::format(
       "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
       "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
       "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
-      "save_every={} keep={} resume={} stop_after={},{}",
-      options.data, options.model, options.activation, options.layernorm, config.epochs,
+      "save_every={} keep={} resume={} stop_after={},{} eval_every={}",
+      loaded.data, options.model, options.activation, options.layernorm, config.epochs,
       config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
-      options.weight_decay, options.momentum, options.warmup, options.schedule, options.mode,
-      config.seed, static_cast<int>(config.strategy), config.replicas, config.reshard_after_forward,
-      config.prefetch, options.param_dtype, options.reduce_dtype, options.micro_batch_mode,
-      config.trace, config.save_dir, config.save_every, config.keep_checkpoints, config.resume_dir,
-      config.stop_after, config.stop_after_epochs);
+      options.weight_decay, options.momentum, config.schedule.warmup_steps, options.schedule,
+      options.mode, config.seed, static_cast<int>(config.strategy), config.replicas,
+      config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
+      options.micro_batch_mode, config.trace, config.save_dir, config.save_every,
+      config.keep_checkpoints, config.resume_dir, config.stop_after, config.stop_after_epochs,
+      config.eval_every);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
-  if (log)
-    *log << "epoch,steps,train_loss,train_accuracy,test_accuracy,samples_per_second,seconds\n";
+  const std::string eval = task.eval_name();
+  if (log) {
+    *log << fmt::format(
+        "epoch,steps,train_loss,train_accuracy,{0}_loss,{0}_accuracy,samples_per_second,{1}"
+        "seconds\n",
+        eval, loaded.language ? "tokens_per_second," : "");
+  }
 
   run_ranks(
       backend, ranks, command,
@@ -304,13 +402,12 @@ void run_train(const TrainOptions& options) {
         }
         if (leader && !options.json) {
           std::cout << fmt::format(
-              "training {} ({}{}) on {} {} rank(s), {}, mode {}, global batch {}, {} "
-              "micro-batch(es) "
-              "per rank, {}\n",
-              options.model, options.activation, options.layernorm ? ", layernorm" : "",
-              world.size(), backend == Backend::threads ? "threads" : "mpi",
+              "training {} ({}) on {} {} rank(s), {}, mode {}, global batch {}, {} "
+              "micro-batch(es) per rank, {}\n",
+              options.model, describe_task(loaded), world.size(),
+              backend == Backend::threads ? "threads" : "mpi",
               options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy,
-              options.mode, config.batch, config.micro_batches, options.data);
+              options.mode, config.batch, config.micro_batches, loaded.data);
           std::cout.flush();
         }
         train::TrainCallbacks callbacks;
@@ -319,33 +416,32 @@ void run_train(const TrainOptions& options) {
           constexpr int kWidth = 30;
           const auto filled = static_cast<int>(kWidth * p.samples_done /
                                                std::max<std::int64_t>(1, p.samples_total));
+          const auto per_sample = static_cast<double>(task.targets_per_sample());
           std::cout << fmt::format(
-              "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} samples/s loss {:.4f} ETA {}  ", p.epoch,
+              "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} {}s/s loss {:.4f} ETA {}  ", p.epoch,
               std::string(static_cast<std::size_t>(filled), '#'),
               std::string(static_cast<std::size_t>(kWidth - filled), ' '), p.samples_done,
-              p.samples_total, p.samples_per_second, p.loss, format_duration(p.eta_seconds));
+              p.samples_total, p.samples_per_second * per_sample, task.target_name(), p.loss,
+              format_duration(p.eta_seconds));
           std::cout.flush();
         };
         callbacks.on_epoch = [&](const train::EpochReport& e) {
           if (options.json) {
-            std::cout << epoch_json(e).dump() << '\n';
+            std::cout << epoch_json(e, task).dump() << '\n';
           } else {
             if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
-            std::cout << fmt::format(
-                "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} "
-                "samples/s  "
-                "({:.1f} s)\n",
-                e.epoch, e.train_loss, e.train_accuracy, e.test_accuracy, e.samples_per_second,
-                e.seconds);
+            std::cout << report_line(e, loaded) << '\n';
           }
           std::cout.flush();
           if (log) {
-            *log << fmt::format("{},{},{},{},{},{},{}\n", e.epoch, e.steps, e.train_loss,
-                                e.train_accuracy, e.test_accuracy, e.samples_per_second, e.seconds);
+            *log << fmt::format(
+                "{},{},{},{},{},{},{},{}{}\n", e.epoch, e.steps, e.train_loss, e.train_accuracy,
+                e.test_loss, e.test_accuracy, e.samples_per_second,
+                loaded.language ? fmt::format("{},", e.targets_per_second) : "", e.seconds);
             log->flush();
           }
         };
-        const train::TrainResult result = train::train(world, data, config, callbacks);
+        const train::TrainResult result = train::train(world, task, config, callbacks);
         if (!leader) return;
         for (const std::string& warning : result.warnings)
           std::cerr << "meshtensor: warning: " << warning << '\n';
@@ -363,7 +459,8 @@ void run_train(const TrainOptions& options) {
         memory["total"] = result.memory_peak.total();
         if (options.json) {
           nlohmann::json final_json = {{"final", true},
-                                       {"test_accuracy", result.test_accuracy},
+                                       {eval + "_loss", result.test_loss},
+                                       {eval + "_accuracy", result.test_accuracy},
                                        {"digest", digest_hex(result.digest)},
                                        {"replicas_identical", result.replicas_identical},
                                        {"ranks", world.size()},
@@ -376,6 +473,7 @@ void run_train(const TrainOptions& options) {
                                        {"checkpoints", result.checkpoints},
                                        {"warnings", result.warnings},
                                        {"seconds", result.seconds}};
+          if (loaded.language) final_json["sample"] = train::printable_text(result.sample);
           std::cout << final_json.dump() << '\n';
         } else {
           if (!config.resume_dir.empty()) {
@@ -389,8 +487,13 @@ void run_train(const TrainOptions& options) {
             std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
                                      result.checkpoints.size(), result.checkpoints.back());
           }
-          std::cout << fmt::format("test accuracy {:.4f} after {} steps ({:.1f} s)\n",
-                                   result.test_accuracy, result.steps, result.seconds);
+          std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n",
+                                   eval, result.test_loss, result.test_accuracy, result.steps,
+                                   result.seconds);
+          if (loaded.language) {
+            std::cout << "sample (greedy):\n"
+                      << train::printable_text(result.sample) << "\n-- end of sample\n";
+          }
           const auto kind = [&](fsdp::MemoryKind k) {
             return format_bytes(static_cast<double>(result.memory_peak.of(k)));
           };
@@ -411,7 +514,8 @@ void run_train(const TrainOptions& options) {
         if (plot) {
           draw_plot(options.plot, *plot, result.epochs,
                     fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
-                                world.size(), options.mode));
+                                world.size(), options.mode),
+                    eval, loaded.language || config.eval_every > 0);
         }
         if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
           set_exit_status(1);
@@ -467,11 +571,12 @@ struct TrainBenchRun {
   double samples_per_second = 0.0;
   double step_seconds = 0.0;  // median over the steps after the first two
   double test_accuracy = 0.0;
+  double test_loss = 0.0;
   std::uint64_t digest = 0;
   bool replicas_identical = false;
 };
 
-TrainBenchRun time_training(const train::Dataset& data, train::TrainConfig config, Layout layout) {
+TrainBenchRun time_training(const train::Task& task, train::TrainConfig config, Layout layout) {
   config.micro_batches = layout.micro_batches;
   TrainBenchRun run;
   run.mode = std::string(comm::reduction_mode_name(config.mode));
@@ -479,7 +584,7 @@ TrainBenchRun time_training(const train::Dataset& data, train::TrainConfig confi
   const std::string command =
       fmt::format("bench train {} ranks={} micro={}", run.mode, layout.ranks, layout.micro_batches);
   run_ranks(Backend::threads, layout.ranks, command, [&](comm::Communicator& world) {
-    const train::TrainResult result = train::train(world, data, config, {});
+    const train::TrainResult result = train::train(world, task, config, {});
     if (world.rank() != 0) return;
     double seconds = 0.0;
     std::int64_t samples = 0;
@@ -490,6 +595,7 @@ TrainBenchRun time_training(const train::Dataset& data, train::TrainConfig confi
     run.samples_per_second = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
     run.step_seconds = steady_step_seconds(result.step_seconds);  // one slow step moves it not
     run.test_accuracy = result.test_accuracy;
+    run.test_loss = result.test_loss;
     run.digest = result.digest;
     run.replicas_identical = result.replicas_identical;
   });
@@ -525,15 +631,17 @@ void run_train_bench(const TrainBenchOptions& options) {
   if (!options.layouts.empty()) layouts = parse_layouts(options.layouts);
   const std::int64_t rounds = integer_option("--rounds", options.rounds, 1, 100);
   train_options.timeout.apply();
-  const train::Dataset data = train::load_dataset(train_options.data);
+  config.sample = false;
+  const LoadedTask loaded = load_task(train_options);
+  const train::Task& task = *loaded.task;
   train::TrainConfig largest = config;
   largest.mode = comm::ReductionMode::exact;
   for (const Layout& layout : layouts) {
     largest.micro_batches = layout.micro_batches;
-    train::validate_config(largest, data);  // every layout refused before any run is timed
-    require_training_memory(largest, data, layout.ranks, layout.ranks);
+    train::validate_config(largest, task);  // every layout refused before any run is timed
+    require_training_memory(largest, task, layout.ranks, layout.ranks);
   }
-  require_training_memory(largest, data, ranks, ranks);
+  require_training_memory(largest, task, ranks, ranks);
 
   // Ordered and exact runs on --ranks alternate, so that the host's load lands on both modes:
   // the ratio is the median of the rounds' ratios.
@@ -543,9 +651,9 @@ void run_train_bench(const TrainBenchOptions& options) {
   std::vector<double> ratios;
   for (std::int64_t round = 0; round < rounds; ++round) {
     config.mode = comm::ReductionMode::ordered;
-    ordered_rounds.push_back(time_training(data, config, compared));
+    ordered_rounds.push_back(time_training(task, config, compared));
     config.mode = comm::ReductionMode::exact;
-    exact_rounds.push_back(time_training(data, config, compared));
+    exact_rounds.push_back(time_training(task, config, compared));
     ratios.push_back(exact_rounds.back().step_seconds / ordered_rounds.back().step_seconds);
   }
   const double ratio = median(ratios);
@@ -555,7 +663,7 @@ void run_train_bench(const TrainBenchOptions& options) {
     if (layout.ranks == compared.ranks && layout.micro_batches == compared.micro_batches) {
       runs.push_back(combine_rounds(exact_rounds, reruns_agree));
     } else {
-      runs.push_back(time_training(data, config, layout));
+      runs.push_back(time_training(task, config, layout));
     }
   }
   bool digests_agree = true;
@@ -566,15 +674,22 @@ void run_train_bench(const TrainBenchOptions& options) {
   }
   if (train_options.json) {
     nlohmann::json rows = nlohmann::json::array();
+    const std::string eval = task.eval_name();
     for (const TrainBenchRun& r : runs) {
-      rows.push_back({{"mode", r.mode},
-                      {"ranks", r.layout.ranks},
-                      {"micro_batches", r.layout.micro_batches},
-                      {"samples_per_second", r.samples_per_second},
-                      {"step_seconds", r.step_seconds},
-                      {"test_accuracy", r.test_accuracy},
-                      {"digest", digest_hex(r.digest)},
-                      {"replicas_identical", r.replicas_identical}});
+      nlohmann::json row = {{"mode", r.mode},
+                            {"ranks", r.layout.ranks},
+                            {"micro_batches", r.layout.micro_batches},
+                            {"samples_per_second", r.samples_per_second},
+                            {"step_seconds", r.step_seconds},
+                            {eval + "_loss", r.test_loss},
+                            {eval + "_accuracy", r.test_accuracy},
+                            {"digest", digest_hex(r.digest)},
+                            {"replicas_identical", r.replicas_identical}};
+      if (loaded.language) {
+        row["tokens_per_second"] =
+            r.samples_per_second * static_cast<double>(task.targets_per_sample());
+      }
+      rows.push_back(row);
     }
     nlohmann::json out = {{"model", train_options.model},
                           {"batch", config.batch},
@@ -589,12 +704,15 @@ void run_train_bench(const TrainBenchOptions& options) {
                              config.batch,
                              config.steps > 0 ? fmt::format("{} steps", config.steps)
                                               : fmt::format("{} epochs", config.epochs));
-    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9}  {}\n", "mode", "ranks", "micro",
-                             "samples/s", "step ms", "test acc", "digest");
+    const auto per_sample = static_cast<double>(task.targets_per_sample());
+    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9} {:>9}  {}\n", "mode", "ranks",
+                             "micro", fmt::format("{}s/s", task.target_name()), "step ms",
+                             task.eval_name().substr(0, 4) + " loss", "acc", "digest");
     for (const TrainBenchRun& r : runs) {
-      std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f}  {}{}\n", r.mode,
-                               r.layout.ranks, r.layout.micro_batches, r.samples_per_second,
-                               r.step_seconds * 1e3, r.test_accuracy, digest_hex(r.digest),
+      std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f} {:>9.4f}  {}{}\n",
+                               r.mode, r.layout.ranks, r.layout.micro_batches,
+                               r.samples_per_second * per_sample, r.step_seconds * 1e3, r.test_loss,
+                               r.test_accuracy, digest_hex(r.digest),
                                r.replicas_identical ? "" : "  (replicas DIFFER)");
     }
     std::cout << fmt::format(
@@ -628,17 +746,20 @@ struct FsdpBenchRun {
 };
 
 void run_fsdp_bench(const FsdpBenchOptions& options) {
-  const train::TrainConfig base = parse_config(options.train);
+  train::TrainConfig base = parse_config(options.train);
+  base.sample = false;
   const std::int64_t ranks =
       integer_option("--ranks", options.train.ranks, 1, comm::kMaxThreadsRanks);
   const std::int64_t exact_steps = integer_option("--exact-steps", options.exact_steps, 0, 1 << 20);
   const comm::LinkDelay link = comm::parse_link(options.link);
   options.train.timeout.apply();
-  const train::Dataset data = train::load_dataset(options.train.data);
+  const LoadedTask loaded = load_task(options.train);
+  const train::Task& task = *loaded.task;
   train::TrainConfig largest = base;
   largest.mode = comm::ReductionMode::exact;
   largest.strategy = train::Strategy::ddp;  // the most memory of the layouts it runs
-  require_training_memory(largest, data, ranks, ranks);
+  train::validate_config(largest, task);
+  require_training_memory(largest, task, ranks, ranks);
 
   // Charged link time, summed over every call of every rank (divided by ranks and steps below).
   std::atomic<std::int64_t> charged_ns{0};
@@ -656,7 +777,7 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
     run_ranks(
         Backend::threads, world_size, "bench fsdp",
         [&](comm::Communicator& world) {
-          const train::TrainResult result = train::train(world, data, config, {});
+          const train::TrainResult result = train::train(world, task, config, {});
           if (world.rank() != 0) return;
           const auto skip = std::min<std::size_t>(2, result.step_seconds.size() - 1);
           run.step_seconds = steady_step_seconds(result.step_seconds);
@@ -807,10 +928,16 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
 /// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
 /// meaning and defaults.
 void add_shared_train_options(CLI::App& command, TrainOptions& options) {
-  command.add_option("--data", options.data, "directory of the four IDX files (gzip or plain)");
+  command.add_option("--data", options.data,
+                     "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
+                     "text file or directory of them (default Debian's fortunes)");
   command.add_option("--model", options.model,
-                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024)");
-  command.add_option("--batch", options.batch, "global batch (default 256)");
+                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
+                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
+                         nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
+  command.add_option(
+      "--batch", options.batch,
+      fmt::format("global batch: images, or text windows (default 256; gpt {})", kGptBatch));
   command.add_option("--optimizer", options.optimizer, "adamw or sgd (default adamw)");
   command.add_option("--lr", options.lr, "learning rate (default 1e-3)");
   command.add_option("--seed", options.seed, "seed of the initial weights and the data order");
@@ -868,16 +995,23 @@ void add_train_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "train", "Train an MLP on Fashion-MNIST (or any MNIST-format directory), data-parallel");
   add_shared_train_options(*command, *options);
-  command->add_option("--activation", options->activation, "relu or gelu (default relu)");
+  options->activation_option =
+      command->add_option("--activation", options->activation, "mlp: relu or gelu (default relu)");
   add_flag(*command, "--layernorm", options->layernorm, "LayerNorm after each hidden Linear");
-  options->epochs_option = command->add_option("--epochs", options->epochs, "epochs (default 8)");
+  options->epochs_option = command->add_option(
+      "--epochs", options->epochs, fmt::format("epochs (default 8; gpt: {} steps)", kGptSteps));
   options->steps_option =
       command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
   command->add_option("--micro-batches", options->micro_batches,
                       "pieces each rank's slice is split into, summed before one reduction");
   command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
   command->add_option("--momentum", options->momentum, "SGD momentum (default 0.9)");
-  command->add_option("--warmup", options->warmup, "steps of linear warmup (default 0)");
+  command->add_option("--warmup", options->warmup,
+                      fmt::format("steps of linear warmup (default 0; gpt {})", kGptWarmup));
+  command->add_option("--eval-every", options->eval_every,
+                      fmt::format("also evaluate and report every N steps (default: each epoch "
+                                  "end; gpt {})",
+                                  kGptEvalEvery));
   command->add_option("--schedule", options->schedule, "cosine or constant (default cosine)");
   options->ranks_option =
       command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");

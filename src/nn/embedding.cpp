@@ -52,8 +52,8 @@ Tensor Embedding::backward(const Tensor& grad_output, GradientSink& sink, bool) 
   if (output_shape_.rank() == 0) throw InvalidArgument(describe() + ": backward without a forward");
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != output_shape_) {
-    throw InvalidArgument(fmt::format("{}: the gradient must be f32 {}", describe(),
-                                      output_shape_.to_string()));
+    throw InvalidArgument(
+        fmt::format("{}: the gradient must be f32 {}", describe(), output_shape_.to_string()));
   }
   const std::int64_t dim = weight_.value.shape()[1];
   const auto rows = static_cast<std::int64_t>(indices_.size());
@@ -80,8 +80,9 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
   if (!tokens.defined() || tokens.dtype() != DType::i64 || tokens.rank() != 2) {
     throw InvalidArgument(fmt::format(
         "{} needs i64 tokens [batch, sequence], got {}", describe(),
-        tokens.defined() ? fmt::format("{} {}", dtype_name(tokens.dtype()), tokens.shape().to_string())
-                         : std::string("none")));
+        tokens.defined()
+            ? fmt::format("{} {}", dtype_name(tokens.dtype()), tokens.shape().to_string())
+            : std::string("none")));
   }
   const std::int64_t batch = tokens.shape()[0];
   const std::int64_t length = tokens.shape()[1];

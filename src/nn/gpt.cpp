@@ -45,17 +45,17 @@ GptConfig parse_gpt_config(const std::string& text) {
     const std::string_view key = part.substr(0, equals);
     const auto entry = keys.find(key);
     if (equals == std::string_view::npos || entry == keys.end()) {
-      throw ParseError(fmt::format("'{}' in model '{}' is not one of layers=, heads=, dim=, "
-                                   "context= (expected {})",
-                                   part, text, kGptUsage));
+      throw ParseError(
+          fmt::format("'{}' in model '{}' is not one of layers=, heads=, dim=, "
+                      "context= (expected {})",
+                      part, text, kGptUsage));
     }
     if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
     seen[key] = true;
     const auto [target, largest] = entry->second;
     const std::int64_t value =
         parse_count(part.substr(equals + 1), largest, fmt::format("model '{}'", text));
-    if (value == 0)
-      throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
+    if (value == 0) throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
     *target = value;
   }
   if (config.dim % config.heads != 0) {
@@ -72,16 +72,15 @@ std::string gpt_config_text(const GptConfig& config) {
 
 std::int64_t gpt_parameter_count(const GptConfig& c) {
   const std::int64_t d = c.dim;
-  const std::int64_t block = 2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) +
-                             (4 * d * d + d);
+  const std::int64_t block =
+      2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
   return c.vocabulary * d + c.context * d + c.layers * block + 2 * d + d * c.vocabulary +
          c.vocabulary;
 }
 
 TransformerBlock::TransformerBlock(const GptConfig& config, std::uint64_t seed)
     : norm1_(config.dim),
-      attention_(config.dim, config.heads, mix64(seed ^ 1), config.init_std,
-                 residual_std(config)),
+      attention_(config.dim, config.heads, mix64(seed ^ 1), config.init_std, residual_std(config)),
       norm2_(config.dim),
       fc_(config.dim, 4 * config.dim, mix64(seed ^ 2), config.init_std),
       projection_(4 * config.dim, config.dim, mix64(seed ^ 3), residual_std(config)) {
@@ -115,8 +114,8 @@ Tensor TransformerBlock::backward(const Tensor& grad_output, GradientSink& sink,
 
 std::vector<Parameter*> TransformerBlock::parameters() {
   std::vector<Parameter*> all;
-  for (Module* m : std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &fc_,
-                                                  &projection_})
+  for (Module* m :
+       std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &fc_, &projection_})
     for (Parameter* p : m->parameters())
       all.push_back(p);
   return all;

@@ -8,7 +8,7 @@
 namespace meshtensor::nn {
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
-                                         const std::vector<std::uint8_t>& labels) {
+                                         std::span<const std::int32_t> labels) {
   if (!logits.defined() || logits.rank() != 2 || logits.dtype() != DType::f32) {
     throw InvalidArgument("softmax_cross_entropy needs f32 [rows, classes] logits");
   }
@@ -24,10 +24,10 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
   auto losses = result.losses.values<double>();
   auto grad = result.grad_logits.values<float>();
   const std::vector<std::int64_t> predicted = predict(z);
-  std::vector<double> exponentials;
+  std::vector<double> exponentials(static_cast<std::size_t>(classes));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t label = labels[static_cast<std::size_t>(r)];
-    if (label >= classes) {
+    if (label < 0 || label >= classes) {
       throw InvalidArgument(
           fmt::format("label {} of row {} is not below the {} classes", label, r, classes));
     }
@@ -36,12 +36,14 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
     for (std::int64_t c = 1; c < classes; ++c)
       largest = std::max(largest, static_cast<double>(row[c]));
     double total = 0.0;
-    for (std::int64_t c = 0; c < classes; ++c)
-      total += std::exp(row[c] - largest);
+    for (std::int64_t c = 0; c < classes; ++c) {
+      exponentials[static_cast<std::size_t>(c)] = std::exp(row[c] - largest);
+      total += exponentials[static_cast<std::size_t>(c)];
+    }
     const double log_total = std::log(total);
     losses[static_cast<std::size_t>(r)] = log_total - (row[label] - largest);
     for (std::int64_t c = 0; c < classes; ++c) {
-      const double probability = std::exp(row[c] - largest) / total;
+      const double probability = exponentials[static_cast<std::size_t>(c)] / total;
       grad[static_cast<std::size_t>(r * classes + c)] =
           static_cast<float>(probability - (c == label ? 1.0 : 0.0));
     }

@@ -50,41 +50,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-/// Rows `order[first .. first + count)` of `set` as f32 inputs in [0, 1] and their labels.
-Tensor gather_inputs(const ImageSet& set, const std::vector<std::int64_t>* order,
-                     std::int64_t first, std::int64_t count, std::vector<std::uint8_t>& labels) {
-  const std::int64_t features = set.features();
-  Tensor x(Shape{count, features}, DType::f32);
-  auto values = x.values<float>();
-  labels.resize(static_cast<std::size_t>(count));
-  for (std::int64_t r = 0; r < count; ++r) {
-    const std::int64_t sample =
-        order != nullptr ? (*order)[static_cast<std::size_t>(first + r)] : first + r;
-    const std::uint8_t* pixels = set.pixels.data() + sample * features;
-    for (std::int64_t f = 0; f < features; ++f)
-      values[static_cast<std::size_t>(r * features + f)] = static_cast<float>(pixels[f]) / 255.0f;
-    labels[static_cast<std::size_t>(r)] = set.labels[static_cast<std::size_t>(sample)];
-  }
-  return x;
-}
-
-/// epoch_order(), computed once for all the ranks of this process that ask for it while one
-/// holds it: thread ranks would otherwise each keep a copy of the whole permutation.
-std::shared_ptr<const std::vector<std::int64_t>> shared_epoch_order(std::int64_t count,
-                                                                    std::uint64_t seed,
-                                                                    std::int64_t epoch) {
-  using Key = std::tuple<std::int64_t, std::uint64_t, std::int64_t>;
-  static std::mutex mutex;
-  static std::map<Key, std::weak_ptr<const std::vector<std::int64_t>>> orders;
-  const std::lock_guard lock(mutex);
-  std::erase_if(orders, [](const auto& entry) { return entry.second.expired(); });
-  auto& slot = orders[Key{count, seed, epoch}];
-  if (auto held = slot.lock()) return held;
-  auto made = std::make_shared<const std::vector<std::int64_t>>(epoch_order(count, seed, epoch));
-  slot = made;
-  return made;
-}
-
 comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
   comm::CollectiveOptions options;
   options.op = op;
@@ -127,27 +92,446 @@ Placement placement_for(const TrainConfig& config, std::int64_t ranks) {
   throw InvalidArgument("unknown strategy");
 }
 
-/// The model's architecture as checkpoint metadata: a resume refuses a checkpoint of another one
-/// (the tensor shapes alone do not tell activations apart).
-std::string architecture_text(const nn::MlpConfig& model) {
-  return fmt::format("mlp hidden={} activation={} layernorm={}", fmt::join(model.hidden, ","),
-                     model.activation == nn::Activation::gelu ? "gelu" : "relu",
-                     model.layernorm ? "yes" : "no");
+const char* strategy_text(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::ddp:
+      return "ddp";
+    case Strategy::fsdp:
+      return "fsdp";
+    case Strategy::hsdp:
+      return "hsdp";
+  }
+  return "?";
+}
+
+/// The samples of the first `steps` steps of the run.
+std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, std::int64_t samples,
+                             std::int64_t batch) {
+  return (steps / steps_per_epoch) * samples + std::min(samples, (steps % steps_per_epoch) * batch);
+}
+
+/// The learning-rate schedule as checkpoint metadata: a resume compares it with its own.
+std::string schedule_text(const nn::LrSchedule& schedule) {
+  return fmt::format("{} base={} warmup={} total_steps={}",
+                     schedule.kind == nn::LrSchedule::Kind::cosine ? "cosine" : "constant",
+                     schedule.base, schedule.warmup_steps, schedule.total_steps);
+}
+
+std::string mode_text(comm::ReductionMode mode) {
+  return mode == comm::ReductionMode::exact ? "exact" : "ordered";
+}
+
+/// Loss sum and correct count over some targets, summed over every rank: the loss exactly (the
+/// same figure on every layout), the count in integers.
+struct Totals {
+  double loss = 0.0;
+  std::int64_t correct = 0;
+};
+
+/// Sums, over the ranks of `world`, the losses collected in `losses` (exactly) and `correct`.
+Totals reduce_totals(comm::Communicator& world, kernels::BinnedSums& losses, std::int64_t correct) {
+  Tensor loss_sum(Shape{1}, DType::f64);
+  fsdp::reduce_binned_sums(world, losses, 1, loss_sum);
+  Tensor count = Tensor::full(Shape{1}, DType::f64, static_cast<double>(correct));
+  world.all_reduce(count, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+  return {loss_sum.values<double>()[0], static_cast<std::int64_t>(count.values<double>()[0])};
+}
+
+/// The cross-entropy of `logits` (f32 [..., classes]) against one target per row, with the
+/// losses added to `losses` (exactly).
+nn::CrossEntropyResult row_losses(const Tensor& logits, const std::vector<std::int32_t>& targets,
+                                  kernels::BinnedSums& losses) {
+  const std::int64_t classes = logits.shape()[logits.rank() - 1];
+  const auto rows = static_cast<std::int64_t>(targets.size());
+  nn::CrossEntropyResult loss =
+      nn::softmax_cross_entropy(logits.reshape(Shape{rows, classes}), targets);
+  if (rows > 0) kernels::add_column_sums(losses, 0, loss.losses.reshape(Shape{rows, 1}));
+  loss.grad_logits = loss.grad_logits.reshape(logits.shape());
+  return loss;
+}
+
+/// One train() call on one rank: the model, its runtime and optimizer, and the position in the
+/// run. Each part of a run is one method.
+class TrainingRun {
+ public:
+  TrainingRun(comm::Communicator& world, const Task& task, TrainConfig config,
+              const TrainCallbacks& callbacks);
+  TrainResult run();
+
+ private:
+  void build_model();
+  void resume();
+  void save_checkpoint();
+  std::vector<checkpoint::SaveItem> training_state();
+  std::int64_t& scalar(std::size_t i) { return scalars_[i].values<std::int64_t>()[0]; }
+  /// One optimizer step on global batch `s` of `epoch`.
+  Totals train_step(std::int64_t epoch, std::int64_t s);
+  void run_micro_batch(const Batch& batch, std::int64_t k, kernels::BinnedSums& losses,
+                       std::int64_t& correct);
+  Totals evaluate();
+  void report(std::int64_t epoch, const Totals& totals, std::int64_t samples, double seconds);
+  void progress(std::int64_t epoch, std::int64_t done, std::int64_t epoch_samples,
+                double batch_loss, Clock::time_point epoch_start);
+  void finish();
+
+  comm::Communicator& world_;
+  const Task& task_;
+  TrainConfig config_;
+  const TrainCallbacks& callbacks_;
+  const Clock::time_point run_start_ = Clock::now();
+  const bool exact_;
+  const bool leader_;
+  const std::int64_t ranks_;
+  const std::int64_t rank_;
+  Placement placement_;
+  std::unique_ptr<nn::Module> model_;
+  std::unique_ptr<comm::MeshGroups> groups_;
+  std::unique_ptr<fsdp::ShardedModel> sharded_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::int64_t optimizer_bytes_ = 0;
+  std::int64_t samples_ = 0;  // per epoch
+  std::int64_t steps_per_epoch_ = 0;
+  std::int64_t total_steps_ = 0;
+  std::int64_t last_step_ = 0;
+  std::int64_t step_ = 0;
+  std::vector<Tensor> scalars_;  // a checkpoint's scalars, in the order of kTrainStateTensors
+  double seconds_done_ = 0.0;    // seconds of the steps taken (for the time left)
+  std::int64_t samples_done_ = 0;
+  std::int64_t samples_to_do_ = 0;
+  TrainResult result_;
+};
+
+TrainingRun::TrainingRun(comm::Communicator& world, const Task& task, TrainConfig config,
+                         const TrainCallbacks& callbacks)
+    : world_(world),
+      task_(task),
+      config_(std::move(config)),
+      callbacks_(callbacks),
+      exact_(config_.mode == comm::ReductionMode::exact),
+      leader_(world.rank() == 0),
+      ranks_(world.size()),
+      rank_(world.rank()),
+      placement_(placement_for(config_, ranks_)) {
+  samples_ = task_.samples();
+  steps_per_epoch_ = (samples_ + config_.batch - 1) / config_.batch;
+  total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * steps_per_epoch_;
+  config_.schedule.total_steps = total_steps_;
+  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
+    scalars_.push_back(Tensor::zeros(Shape{}, DType::i64));
+}
+
+void TrainingRun::build_model() {
+  model_ = task_.make_model(config_.seed);
+  result_.parameters = nn::parameter_count(model_->parameters());
+  result_.mesh = placement_.description;
+  // MeshGroups shares the world communicator; the caller owns it.
+  groups_ = std::make_unique<comm::MeshGroups>(
+      placement_.mesh, std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
+  fsdp::RuntimeOptions runtime;
+  runtime.mode = config_.mode;
+  runtime.prefetch = config_.prefetch;
+  sharded_ = std::make_unique<fsdp::ShardedModel>(*model_, *groups_, runtime);
+  if (config_.trace) {
+    // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
+    // monotonic clock, so processes of one machine share it).
+    Tensor origin = Tensor::full(Shape{1}, DType::i64, 0.0);
+    origin.values<std::int64_t>()[0] = run_start_.time_since_epoch().count();
+    world_.broadcast(origin, 0);
+    sharded_->tracer().enable(Clock::time_point(Clock::duration(origin.values<std::int64_t>()[0])));
+  }
+  for (nn::Module* unit : task_.units(*model_))
+    sharded_->fully_shard(*unit, placement_.config);
+  if (config_.optimizer == OptimizerKind::adamw) {
+    optimizer_ = std::make_unique<nn::AdamW>(sharded_->optimizer_slots(), config_.weight_decay);
+  } else {
+    optimizer_ = std::make_unique<nn::SGD>(sharded_->optimizer_slots(), config_.momentum,
+                                           config_.weight_decay);
+  }
+  optimizer_bytes_ = optimizer_->state_bytes();
+  sharded_->memory().add(fsdp::MemoryKind::optimizer_state, optimizer_bytes_);
+}
+
+/// Everything a resume needs, as checkpoint blocks of this rank: the model and optimizer state
+/// (model_state) and the scalars of kTrainStateTensors (written by world rank 0).
+std::vector<checkpoint::SaveItem> TrainingRun::training_state() {
+  std::vector<checkpoint::SaveItem> items = model_state(*sharded_, optimizer_.get(), leader_);
+  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
+    items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars_[i], leader_});
+  return items;
+}
+
+void TrainingRun::resume() {
+  std::vector<checkpoint::SaveItem> state = training_state();
+  const std::vector<Tensor> loaded =
+      checkpoint::load(world_, config_.resume_dir, load_requests(state));
+  // Check the run's position fits this data before anything is overwritten.
+  const auto loaded_scalar = [&](const char* name) {
+    for (std::size_t i = 0; i < state.size(); ++i)
+      if (state[i].name == name) return loaded[i].values<std::int64_t>()[0];
+    throw InvalidArgument(fmt::format("no checkpoint tensor '{}'", name));
+  };
+  if (loaded_scalar("data.batch") != config_.batch || loaded_scalar("data.samples") != samples_) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint {} was saved by a run with batch {} over {} samples; this run has batch {} "
+        "over {} samples (the data position would not carry over)",
+        config_.resume_dir, loaded_scalar("data.batch"), loaded_scalar("data.samples"),
+        config_.batch, samples_));
+  }
+  if (loaded_scalar("train.step") > total_steps_) {
+    throw InvalidArgument(fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
+                                      config_.resume_dir, loaded_scalar("train.step"),
+                                      total_steps_));
+  }
+  // Only world rank 0 reads the index's metadata; every rank checks the architecture.
+  const checkpoint::Index index =
+      leader_ ? checkpoint::read_index(config_.resume_dir) : checkpoint::Index{};
+  const auto saved_architecture = index.metadata.find("architecture");
+  const std::string architecture = comm::broadcast_text(
+      world_, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
+  if (!architecture.empty() && architecture != task_.architecture()) {
+    throw InvalidArgument(
+        fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (--model, "
+                    "--activation and --layernorm must match the saving run's)",
+                    config_.resume_dir, architecture, task_.architecture()));
+  }
+  restore_model_state(state, loaded, optimizer_.get());
+  if (const auto saved = index.metadata.find("schedule");
+      saved != index.metadata.end() && saved->second != schedule_text(config_.schedule)) {
+    result_.warnings.push_back(fmt::format(
+        "the checkpoint's run had the learning-rate schedule '{}', this run has '{}': the "
+        "weights will differ from one uninterrupted run (give both runs the whole run's "
+        "--epochs or --steps, and stop the first with --stop-after)",
+        saved->second, schedule_text(config_.schedule)));
+  }
+  step_ = scalar(0);
+  config_.seed = static_cast<std::uint64_t>(scalar(5));
+  result_.resumed_step = step_;
+}
+
+void TrainingRun::save_checkpoint() {
+  scalar(0) = step_;
+  scalar(1) = step_ / steps_per_epoch_;
+  scalar(2) = step_ % steps_per_epoch_;
+  scalar(3) = config_.batch;
+  scalar(4) = samples_;
+  scalar(5) = static_cast<std::int64_t>(config_.seed);
+  const fsdp::Tracer::Span span(sharded_->tracer(), "save checkpoint", "checkpoint", "compute");
+  const std::vector<checkpoint::SaveItem> state = training_state();
+  checkpoint::SaveOptions options;
+  options.keep = config_.keep_checkpoints;
+  options.metadata = {{"strategy", strategy_text(config_.strategy)},
+                      {"mesh", placement_.description},
+                      {"mode", mode_text(config_.mode)},
+                      {"architecture", task_.architecture()},
+                      {"optimizer", config_.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
+                      {"schedule", schedule_text(config_.schedule)}};
+  result_.checkpoints.push_back(checkpoint::save(world_, config_.save_dir, step_, state, options));
+}
+
+void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::BinnedSums& losses,
+                                  std::int64_t& correct) {
+  const bool last = k + 1 == config_.micro_batches;
+  sharded_->set_is_last_backward(last);
+  if (config_.micro_batch_mode == MicroBatchMode::no_sync) {
+    sharded_->set_requires_gradient_sync(last);
+    sharded_->set_requires_all_reduce(true);
+  } else {
+    sharded_->set_requires_gradient_sync(true);
+    sharded_->set_requires_all_reduce(last);
+  }
+  const Tensor logits = sharded_->forward(batch.input);
+  const nn::CrossEntropyResult loss = row_losses(logits, batch.targets, losses);
+  correct += loss.correct;
+  sharded_->backward(loss.grad_logits);
+}
+
+Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
+  const std::int64_t start = s * config_.batch;
+  const std::int64_t global_batch = std::min(config_.batch, samples_ - start);
+  const Chunk slice = chunk_extent(global_batch, ranks_, rank_);
+  sharded_->zero_grad();
+  sharded_->set_gradient_divide_factor(
+      static_cast<double>(global_batch * task_.targets_per_sample()));
+  kernels::BinnedSums losses(1);
+  std::int64_t correct = 0;
+  // Every rank runs every micro-batch, empty or not: the collectives are the same on all.
+  for (std::int64_t k = 0; k < config_.micro_batches; ++k) {
+    const Chunk micro = chunk_extent(slice.size, config_.micro_batches, k);
+    const Batch batch =
+        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size);
+    run_micro_batch(batch, k, losses, correct);
+  }
+  const Totals totals = reduce_totals(world_, losses, correct);
+  {
+    const fsdp::Tracer::Span span(sharded_->tracer(), "optimizer step", "optimizer", "compute");
+    optimizer_->step(config_.schedule.at(step_));
+  }
+  if (optimizer_->state_bytes() != optimizer_bytes_) {  // SGD makes its buffers lazily
+    sharded_->memory().add(fsdp::MemoryKind::optimizer_state,
+                           optimizer_->state_bytes() - optimizer_bytes_);
+    optimizer_bytes_ = optimizer_->state_bytes();
+  }
+  return totals;
+}
+
+/// Loss and correct count over the task's evaluation set: each rank takes its slice, in as many
+/// forwards as the largest slice needs (the gathers are collective).
+Totals TrainingRun::evaluate() {
+  const std::int64_t count = task_.eval_samples();
+  const Chunk slice = chunk_extent(count, ranks_, rank_);
+  const std::int64_t rows_per_forward =
+      std::max<std::int64_t>(1, 1000 / task_.targets_per_sample());
+  const std::int64_t largest = chunk_extent(count, ranks_, 0).size;
+  kernels::BinnedSums losses(1);
+  std::int64_t correct = 0;
+  for (std::int64_t first = 0; first < largest; first += rows_per_forward) {
+    const std::int64_t rows = std::clamp<std::int64_t>(slice.size - first, 0, rows_per_forward);
+    const Batch batch = task_.eval_batch(slice.offset + std::min(first, slice.size), rows);
+    correct += row_losses(sharded_->forward(batch.input), batch.targets, losses).correct;
+  }
+  sharded_->reshard();
+  return reduce_totals(world_, losses, correct);
+}
+
+void TrainingRun::report(std::int64_t epoch, const Totals& totals, std::int64_t samples,
+                         double seconds) {
+  const Totals eval = evaluate();
+  const auto per_sample = static_cast<double>(task_.targets_per_sample());
+  const double targets = static_cast<double>(samples) * per_sample;
+  const double eval_targets = static_cast<double>(task_.eval_samples()) * per_sample;
+  EpochReport report;
+  report.epoch = epoch;
+  report.steps = step_;
+  report.samples = samples;
+  report.train_loss = totals.loss / targets;
+  report.train_accuracy = static_cast<double>(totals.correct) / targets;
+  report.test_loss = eval_targets > 0 ? eval.loss / eval_targets : std::nan("");
+  report.test_accuracy = eval_targets > 0 ? static_cast<double>(eval.correct) / eval_targets : 0.0;
+  report.seconds = seconds;
+  report.samples_per_second = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
+  report.targets_per_second = report.samples_per_second * per_sample;
+  result_.epochs.push_back(report);
+  if (leader_ && callbacks_.on_epoch) callbacks_.on_epoch(report);
+}
+
+void TrainingRun::progress(std::int64_t epoch, std::int64_t done, std::int64_t epoch_samples,
+                           double batch_loss, Clock::time_point epoch_start) {
+  if (!leader_ || !callbacks_.on_step) return;
+  const double elapsed = seconds_since(epoch_start);
+  StepProgress progress;
+  progress.epoch = epoch;
+  progress.samples_done = done;
+  progress.samples_total = epoch_samples;
+  progress.loss = batch_loss;
+  progress.samples_per_second = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
+  const double rate = static_cast<double>(samples_done_) / seconds_done_;
+  progress.eta_seconds =
+      seconds_done_ > 0 ? static_cast<double>(samples_to_do_ - samples_done_) / rate : 0.0;
+  callbacks_.on_step(progress);
+}
+
+void TrainingRun::finish() {
+  result_.steps = step_;
+  if (!result_.epochs.empty()) {
+    result_.test_accuracy = result_.epochs.back().test_accuracy;
+    result_.test_loss = result_.epochs.back().test_loss;
+  }
+  if (config_.sample) {
+    result_.sample =
+        task_.sample([this](const Tensor& tokens) { return sharded_->forward(tokens); });
+    sharded_->reshard();
+  }
+  result_.memory_peak = sharded_->memory().peak();
+  result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
+  result_.digest = sharded_->full_parameters_digest();
+  // Replicas agree when the largest and the smallest digest over the ranks are equal; the
+  // maximum of ~d is ~(minimum of d).
+  Tensor digests(Shape{2}, DType::i64);
+  const auto mine = static_cast<std::int64_t>(result_.digest);
+  digests.values<std::int64_t>()[0] = mine;
+  digests.values<std::int64_t>()[1] = ~mine;
+  world_.all_reduce(digests, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
+  result_.replicas_identical =
+      digests.values<std::int64_t>()[0] == ~digests.values<std::int64_t>()[1];
+  if (config_.trace) result_.trace = fsdp::gather_chrome_trace(world_, sharded_->tracer().events());
+  if (!leader_) result_.sample.clear();
+  result_.seconds = seconds_since(run_start_);
+}
+
+TrainResult TrainingRun::run() {
+  build_model();
+  if (!config_.resume_dir.empty()) resume();
+  last_step_ = total_steps_;
+  if (config_.stop_after > 0) last_step_ = std::min(last_step_, config_.stop_after);
+  if (config_.stop_after_epochs > 0)
+    last_step_ = std::min(last_step_, config_.stop_after_epochs * steps_per_epoch_);
+  samples_to_do_ = samples_through(last_step_, steps_per_epoch_, samples_, config_.batch) -
+                   samples_through(step_, steps_per_epoch_, samples_, config_.batch);
+  fsdp::Tracer& tracer = sharded_->tracer();
+  std::int64_t epoch = step_ / steps_per_epoch_;
+  std::int64_t first_step = step_ % steps_per_epoch_;
+  while (step_ < last_step_) {
+    ++epoch;
+    const std::int64_t end_step = std::min(steps_per_epoch_, first_step + last_step_ - step_);
+    const std::int64_t epoch_samples =
+        std::min(samples_, end_step * config_.batch) - first_step * config_.batch;
+    std::int64_t epoch_done = 0;
+    const auto epoch_start = Clock::now();
+    Totals period;
+    std::int64_t period_samples = 0;
+    auto period_start = epoch_start;
+    for (std::int64_t s = first_step; s < end_step; ++s) {
+      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step_ + 1), "step", "step");
+      const auto step_start = Clock::now();
+      const double waited_before = sharded_->wait_seconds();
+      const Totals totals = train_step(epoch - 1, s);
+      const std::int64_t global_batch = std::min(config_.batch, samples_ - s * config_.batch);
+      ++step_;
+      period.loss += totals.loss;
+      period.correct += totals.correct;
+      period_samples += global_batch;
+      epoch_done += global_batch;
+      samples_done_ += global_batch;
+      seconds_done_ += seconds_since(step_start);
+      result_.step_seconds.push_back(seconds_since(step_start));
+      result_.step_wait_seconds.push_back(sharded_->wait_seconds() - waited_before);
+      if (!config_.save_dir.empty() &&
+          ((config_.save_every > 0 && step_ % config_.save_every == 0) || step_ == last_step_)) {
+        save_checkpoint();
+      }
+      progress(epoch, epoch_done, epoch_samples,
+               totals.loss / static_cast<double>(global_batch * task_.targets_per_sample()),
+               epoch_start);
+      const bool period_ends =
+          s + 1 == end_step || (config_.eval_every > 0 && step_ % config_.eval_every == 0);
+      if (period_ends) {
+        report(epoch, period, period_samples, seconds_since(period_start));
+        period = {};
+        period_samples = 0;
+        period_start = Clock::now();
+      }
+    }
+    first_step = 0;
+  }
+  finish();
+  return std::move(result_);
 }
 
 }  // namespace
 
-void validate_config(const TrainConfig& config, const Dataset& data) {
+void validate_config(const TrainConfig& config, const Task& task) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
   positive(config.batch, "the batch");
   positive(config.micro_batches, "the number of micro-batches");
   if (config.save_every < 0 || config.stop_after < 0 || config.stop_after_epochs < 0 ||
-      config.keep_checkpoints < 0) {
+      config.keep_checkpoints < 0 || config.eval_every < 0) {
     throw InvalidArgument(fmt::format(
-        "save_every {}, stop_after {}, stop_after_epochs {} and keep_checkpoints {} must be >= 0",
-        config.save_every, config.stop_after, config.stop_after_epochs, config.keep_checkpoints));
+        "save_every {}, stop_after {}, stop_after_epochs {}, keep_checkpoints {} and eval_every "
+        "{} must be >= 0",
+        config.save_every, config.stop_after, config.stop_after_epochs, config.keep_checkpoints,
+        config.eval_every));
   }
   if (config.steps < 0) throw InvalidArgument(fmt::format("steps {} is negative", config.steps));
   positive(config.epochs, "the number of epochs");  // also when steps decide the length
@@ -171,11 +555,15 @@ void validate_config(const TrainConfig& config, const Dataset& data) {
   }
   if (config.prefetch < 0 || config.prefetch > 64)
     throw InvalidArgument(fmt::format("prefetch must be within [0, 64], got {}", config.prefetch));
-  if (config.mode == comm::ReductionMode::exact && config.batch > kernels::kMaxBinnedAddends) {
-    throw InvalidArgument(fmt::format("a batch of {} is above the {} samples exact mode sums",
-                                      config.batch, kernels::kMaxBinnedAddends));
+  // Every gradient element and the loss sum get one addend per target of the global batch.
+  const double targets =
+      static_cast<double>(config.batch) * static_cast<double>(task.targets_per_sample());
+  if (targets > static_cast<double>(kernels::kMaxBinnedAddends)) {
+    throw InvalidArgument(fmt::format(
+        "a batch of {} sample(s) of {} target(s) each is above the {} targets an exact sum takes",
+        config.batch, task.targets_per_sample(), kernels::kMaxBinnedAddends));
   }
-  if (data.train.count == 0) throw InvalidArgument("the training set is empty");
+  if (task.samples() == 0) throw InvalidArgument("the training set is empty");
   // Micro-batches split each rank's slice of the global batch (some may be empty); more of them
   // than the global batch has samples are empty everywhere, and a count in the millions would
   // run for hours.
@@ -186,53 +574,9 @@ void validate_config(const TrainConfig& config, const Dataset& data) {
   }
 }
 
-namespace {
-
-/// The samples of the first `steps` steps of the run.
-std::int64_t samples_through(std::int64_t steps, std::int64_t steps_per_epoch, std::int64_t samples,
-                             std::int64_t batch) {
-  return (steps / steps_per_epoch) * samples + std::min(samples, (steps % steps_per_epoch) * batch);
-}
-
-/// Everything a resume needs, as checkpoint blocks of this rank: the model and optimizer state
-/// (model_state) and the scalars of kTrainStateTensors (written by world rank 0).
-std::vector<checkpoint::SaveItem> training_state(fsdp::ShardedModel& sharded,
-                                                 nn::Optimizer& optimizer,
-                                                 std::vector<Tensor>& scalars, bool leader) {
-  std::vector<checkpoint::SaveItem> items = model_state(sharded, &optimizer, leader);
-  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
-    items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars[i], leader});
-  return items;
-}
-
-/// The learning-rate schedule as checkpoint metadata: a resume compares it with its own.
-std::string schedule_text(const nn::LrSchedule& schedule) {
-  return fmt::format("{} base={} warmup={} total_steps={}",
-                     schedule.kind == nn::LrSchedule::Kind::cosine ? "cosine" : "constant",
-                     schedule.base, schedule.warmup_steps, schedule.total_steps);
-}
-
-std::string mode_text(comm::ReductionMode mode) {
-  return mode == comm::ReductionMode::exact ? "exact" : "ordered";
-}
-
-}  // namespace
-
-double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std::int64_t ranks) {
-  std::vector<double> widths{static_cast<double>(features)};
-  for (const std::int64_t h : config.model.hidden)
-    widths.push_back(static_cast<double>(h));
-  widths.push_back(kClasses);
-  double parameters = 0;
-  double largest_layer = 0;
-  double activations = 0;
-  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    const double layer =
-        widths[i] * widths[i + 1] + widths[i + 1] * (config.model.layernorm ? 3 : 1);
-    parameters += layer;
-    largest_layer = std::max(largest_layer, layer);
-    activations += widths[i + 1];
-  }
+double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks) {
+  const ModelFootprint model = task.footprint();
+  const double parameters = model.parameters;
   const auto replicas = static_cast<double>(
       config.strategy == Strategy::hsdp
           ? (config.replicas > 0 ? config.replicas : std::min<std::int64_t>(2, ranks))
@@ -255,313 +599,15 @@ double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std
          + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
          + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
          + received +
-         (4.0 * (1 + config.prefetch) + 2 * sink) * largest_layer  // gathered, sinks in flight
-         + 4.0 * 4.0 * rows * (activations + widths.front());      // activations and gradients
+         (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit   // gathered, sinks
+         + 4.0 * rows * (model.activation_floats + model.input_floats);  // activations
 }
 
-TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
+TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
                   const TrainCallbacks& callbacks) {
-  validate_config(config, data);
-  const auto run_start = Clock::now();
-  const bool exact = config.mode == comm::ReductionMode::exact;
-  const bool leader = world.rank() == 0;
-  config.model.inputs = data.train.features();
-  config.model.outputs = kClasses;
-  const std::int64_t ranks = world.size();
-  const std::int64_t rank = world.rank();
-  Placement placement = placement_for(config, ranks);
-
-  config.model.seed = config.seed;
-  auto model = nn::make_mlp(config.model);
-  const std::vector<nn::Parameter*> parameters = model->parameters();
-  const std::int64_t parameter_count = nn::parameter_count(parameters);
-  // MeshGroups shares the world communicator; the caller owns it.
-  comm::MeshGroups groups(placement.mesh,
-                          std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
-  fsdp::RuntimeOptions runtime;
-  runtime.mode = config.mode;
-  runtime.prefetch = config.prefetch;
-  fsdp::ShardedModel sharded(*model, groups, runtime);
-  if (config.trace) {
-    // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
-    // monotonic clock, so processes of one machine share it).
-    Tensor origin = Tensor::full(Shape{1}, DType::i64, 0.0);
-    origin.values<std::int64_t>()[0] = run_start.time_since_epoch().count();
-    world.broadcast(origin, 0);
-    sharded.tracer().enable(Clock::time_point(Clock::duration(origin.values<std::int64_t>()[0])));
-  }
-  for (std::size_t i = 0; i < model->size(); ++i) {
-    nn::Module& layer = model->at(i);
-    if (!layer.parameters().empty()) sharded.fully_shard(layer, placement.config);
-  }
-
-  std::unique_ptr<nn::Optimizer> optimizer;
-  if (config.optimizer == OptimizerKind::adamw) {
-    optimizer = std::make_unique<nn::AdamW>(sharded.optimizer_slots(), config.weight_decay);
-  } else {
-    optimizer =
-        std::make_unique<nn::SGD>(sharded.optimizer_slots(), config.momentum, config.weight_decay);
-  }
-  sharded.memory().add(fsdp::MemoryKind::optimizer_state, optimizer->state_bytes());
-  std::int64_t optimizer_bytes = optimizer->state_bytes();
-
-  const std::int64_t samples = data.train.count;
-  const std::int64_t steps_per_epoch = (samples + config.batch - 1) / config.batch;
-  const std::int64_t total_steps =
-      config.steps > 0 ? config.steps : config.epochs * steps_per_epoch;
-  config.schedule.total_steps = total_steps;
-
-  TrainResult result;
-  result.parameters = parameter_count;
-  result.mesh = placement.description;
-  std::int64_t step = 0;
-
-  // The scalars of a checkpoint, in the order of kTrainStateTensors.
-  std::vector<Tensor> scalars;
-  for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
-    scalars.push_back(Tensor::zeros(Shape{}, DType::i64));
-  const auto scalar = [&scalars](std::size_t i) -> std::int64_t& {
-    return scalars[i].values<std::int64_t>()[0];
-  };
-  if (!config.resume_dir.empty()) {
-    std::vector<checkpoint::SaveItem> state = training_state(sharded, *optimizer, scalars, leader);
-    const std::vector<Tensor> loaded =
-        checkpoint::load(world, config.resume_dir, load_requests(state));
-    // Check the run's position fits this data before anything is overwritten.
-    const auto loaded_scalar = [&](const char* name) {
-      for (std::size_t i = 0; i < state.size(); ++i)
-        if (state[i].name == name) return loaded[i].values<std::int64_t>()[0];
-      throw InvalidArgument(fmt::format("no checkpoint tensor '{}'", name));
-    };
-    if (loaded_scalar("data.batch") != config.batch || loaded_scalar("data.samples") != samples) {
-      throw InvalidArgument(fmt::format(
-          "checkpoint {} was saved by a run with batch {} over {} samples; this run has batch {} "
-          "over {} samples (the data position would not carry over)",
-          config.resume_dir, loaded_scalar("data.batch"), loaded_scalar("data.samples"),
-          config.batch, samples));
-    }
-    if (loaded_scalar("train.step") > total_steps) {
-      throw InvalidArgument(
-          fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
-                      config.resume_dir, loaded_scalar("train.step"), total_steps));
-    }
-    // Only world rank 0 reads the index's metadata; every rank checks the architecture.
-    const checkpoint::Index index =
-        leader ? checkpoint::read_index(config.resume_dir) : checkpoint::Index{};
-    const auto saved_architecture = index.metadata.find("architecture");
-    const std::string architecture = comm::broadcast_text(
-        world, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
-    if (!architecture.empty() && architecture != architecture_text(config.model)) {
-      throw InvalidArgument(
-          fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (--model, "
-                      "--activation and --layernorm must match the saving run's)",
-                      config.resume_dir, architecture, architecture_text(config.model)));
-    }
-    restore_model_state(state, loaded, optimizer.get());
-    if (const auto saved = index.metadata.find("schedule");
-        saved != index.metadata.end() && saved->second != schedule_text(config.schedule)) {
-      result.warnings.push_back(fmt::format(
-          "the checkpoint's run had the learning-rate schedule '{}', this run has '{}': the "
-          "weights will differ from one uninterrupted run (give both runs the whole run's "
-          "--epochs or --steps, and stop the first with --stop-after)",
-          saved->second, schedule_text(config.schedule)));
-    }
-    step = scalar(0);
-    config.seed = static_cast<std::uint64_t>(scalar(5));
-    result.resumed_step = step;
-  }
-  std::int64_t last_step = total_steps;
-  if (config.stop_after > 0) last_step = std::min(last_step, config.stop_after);
-  if (config.stop_after_epochs > 0)
-    last_step = std::min(last_step, config.stop_after_epochs * steps_per_epoch);
-  const auto save_checkpoint = [&] {
-    scalar(0) = step;
-    scalar(1) = step / steps_per_epoch;
-    scalar(2) = step % steps_per_epoch;
-    scalar(3) = config.batch;
-    scalar(4) = samples;
-    scalar(5) = static_cast<std::int64_t>(config.seed);
-    const fsdp::Tracer::Span span(sharded.tracer(), "save checkpoint", "checkpoint", "compute");
-    const std::vector<checkpoint::SaveItem> state =
-        training_state(sharded, *optimizer, scalars, leader);
-    checkpoint::SaveOptions options;
-    options.keep = config.keep_checkpoints;
-    options.metadata = {{"strategy", std::string(config.strategy == Strategy::ddp    ? "ddp"
-                                                 : config.strategy == Strategy::fsdp ? "fsdp"
-                                                                                     : "hsdp")},
-                        {"mesh", placement.description},
-                        {"mode", mode_text(config.mode)},
-                        {"hidden", fmt::format("{}", fmt::join(config.model.hidden, ","))},
-                        {"architecture", architecture_text(config.model)},
-                        {"optimizer", config.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
-                        {"schedule", schedule_text(config.schedule)}};
-    result.checkpoints.push_back(checkpoint::save(world, config.save_dir, step, state, options));
-  };
-
-  std::int64_t epoch = step / steps_per_epoch;
-  std::int64_t first_step = step % steps_per_epoch;
-  std::vector<std::uint8_t> labels;
-  double total_train_seconds = 0.0;
-  std::int64_t total_samples_done = 0;
-  const std::int64_t total_samples =
-      samples_through(last_step, steps_per_epoch, samples, config.batch) -
-      samples_through(step, steps_per_epoch, samples, config.batch);
-  fsdp::Tracer& tracer = sharded.tracer();
-
-  while (step < last_step) {
-    ++epoch;
-    const std::shared_ptr<const std::vector<std::int64_t>> shared_order =
-        shared_epoch_order(samples, config.seed, epoch - 1);
-    const std::vector<std::int64_t>& order = *shared_order;
-    const std::int64_t end_step = std::min(steps_per_epoch, first_step + last_step - step);
-    const std::int64_t epoch_samples =
-        std::min(samples, end_step * config.batch) - first_step * config.batch;
-    double loss_total = 0.0;
-    std::int64_t correct_total = 0;
-    const auto epoch_start = Clock::now();
-    for (std::int64_t s = first_step; s < end_step; ++s) {
-      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step + 1), "step", "step");
-      const auto step_start = Clock::now();
-      const double waited_before = sharded.wait_seconds();
-      const std::int64_t start = s * config.batch;
-      const std::int64_t global_batch = std::min(config.batch, samples - start);
-      const Chunk slice = chunk_extent(global_batch, ranks, rank);
-      sharded.zero_grad();
-      sharded.set_gradient_divide_factor(static_cast<double>(global_batch));
-      kernels::BinnedSums loss_sums(1);
-      double loss_local = 0.0;
-      std::int64_t correct_local = 0;
-      // Every rank runs every micro-batch, empty or not: the collectives are the same on all.
-      for (std::int64_t k = 0; k < config.micro_batches; ++k) {
-        const bool last = k + 1 == config.micro_batches;
-        sharded.set_is_last_backward(last);
-        if (config.micro_batch_mode == MicroBatchMode::no_sync) {
-          sharded.set_requires_gradient_sync(last);
-          sharded.set_requires_all_reduce(true);
-        } else {
-          sharded.set_requires_gradient_sync(true);
-          sharded.set_requires_all_reduce(last);
-        }
-        const Chunk micro = chunk_extent(slice.size, config.micro_batches, k);
-        const Tensor x = gather_inputs(data.train, &order, start + slice.offset + micro.offset,
-                                       micro.size, labels);
-        const Tensor logits = sharded.forward(x);
-        const nn::CrossEntropyResult loss = nn::softmax_cross_entropy(logits, labels);
-        if (exact) {
-          if (micro.size > 0)
-            kernels::add_column_sums(loss_sums, 0, loss.losses.reshape(Shape{micro.size, 1}));
-        } else {
-          for (const double value : loss.losses.values<double>())
-            loss_local += value;
-        }
-        correct_local += loss.correct;
-        sharded.backward(loss.grad_logits);
-      }
-
-      Tensor metrics(Shape{2}, DType::f64);
-      double batch_loss_sum = 0.0;
-      if (exact) {
-        Tensor loss_sum(Shape{1}, DType::f64);
-        fsdp::reduce_binned_sums(world, loss_sums, 1, loss_sum);
-        batch_loss_sum = loss_sum.values<double>()[0];
-      } else {
-        metrics.values<double>()[1] = loss_local;
-      }
-      metrics.values<double>()[0] = static_cast<double>(correct_local);
-      world.all_reduce(metrics, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
-      if (!exact) batch_loss_sum = metrics.values<double>()[1];
-      correct_total += static_cast<std::int64_t>(metrics.values<double>()[0]);
-      loss_total += batch_loss_sum;
-
-      {
-        const fsdp::Tracer::Span span(tracer, "optimizer step", "optimizer", "compute");
-        optimizer->step(config.schedule.at(step));
-      }
-      if (optimizer->state_bytes() != optimizer_bytes) {  // SGD makes its buffers lazily
-        sharded.memory().add(fsdp::MemoryKind::optimizer_state,
-                             optimizer->state_bytes() - optimizer_bytes);
-        optimizer_bytes = optimizer->state_bytes();
-      }
-      ++step;
-      result.step_seconds.push_back(seconds_since(step_start));
-      result.step_wait_seconds.push_back(sharded.wait_seconds() - waited_before);
-      if (!config.save_dir.empty() &&
-          ((config.save_every > 0 && step % config.save_every == 0) || step == last_step)) {
-        save_checkpoint();
-      }
-      if (leader && callbacks.on_step) {
-        const double elapsed = seconds_since(epoch_start);
-        const std::int64_t done = start + global_batch - first_step * config.batch;
-        StepProgress progress;
-        progress.epoch = epoch;
-        progress.samples_done = done;
-        progress.samples_total = epoch_samples;
-        progress.loss = batch_loss_sum / static_cast<double>(global_batch);
-        progress.samples_per_second = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
-        const double rate =
-            (static_cast<double>(total_samples_done + done)) / (total_train_seconds + elapsed);
-        progress.eta_seconds =
-            rate > 0 ? static_cast<double>(total_samples - total_samples_done - done) / rate : 0.0;
-        callbacks.on_step(progress);
-      }
-    }
-    first_step = 0;
-    const double train_seconds = seconds_since(epoch_start);
-    total_train_seconds += train_seconds;
-    total_samples_done += epoch_samples;
-
-    // Test accuracy: each rank predicts its slice of the test set, in as many forwards as the
-    // largest slice needs (the gathers are collective).
-    std::int64_t test_correct = 0;
-    const Chunk test_slice = chunk_extent(data.test.count, ranks, rank);
-    constexpr std::int64_t kEvalRows = 1000;
-    const std::int64_t largest = chunk_extent(data.test.count, ranks, 0).size;
-    for (std::int64_t first = 0; first < largest; first += kEvalRows) {
-      const std::int64_t rows = std::clamp<std::int64_t>(test_slice.size - first, 0, kEvalRows);
-      const Tensor x = gather_inputs(
-          data.test, nullptr, test_slice.offset + std::min(first, test_slice.size), rows, labels);
-      const std::vector<std::int64_t> predicted = nn::predict(sharded.forward(x));
-      for (std::int64_t r = 0; r < rows; ++r)
-        if (predicted[static_cast<std::size_t>(r)] == labels[static_cast<std::size_t>(r)])
-          ++test_correct;
-    }
-    sharded.reshard();
-    Tensor test_metric = Tensor::full(Shape{1}, DType::f64, static_cast<double>(test_correct));
-    world.all_reduce(test_metric, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
-
-    EpochReport report;
-    report.epoch = epoch;
-    report.steps = step;
-    report.samples = epoch_samples;
-    report.train_loss = loss_total / static_cast<double>(epoch_samples);
-    report.train_accuracy = static_cast<double>(correct_total) / static_cast<double>(epoch_samples);
-    report.test_accuracy =
-        data.test.count > 0 ? test_metric.values<double>()[0] / static_cast<double>(data.test.count)
-                            : 0.0;
-    report.seconds = train_seconds;
-    report.samples_per_second =
-        train_seconds > 0 ? static_cast<double>(epoch_samples) / train_seconds : 0.0;
-    result.epochs.push_back(report);
-    if (leader && callbacks.on_epoch) callbacks.on_epoch(report);
-  }
-
-  result.steps = step;
-  result.test_accuracy = result.epochs.empty() ? 0.0 : result.epochs.back().test_accuracy;
-  result.memory_peak = sharded.memory().peak();
-  result.memory_peak_by_kind = sharded.memory().peak_by_kind();
-  result.digest = sharded.full_parameters_digest();
-  // Replicas agree when the largest and the smallest digest over the ranks are equal; the
-  // maximum of ~d is ~(minimum of d).
-  Tensor digests(Shape{2}, DType::i64);
-  const auto mine = static_cast<std::int64_t>(result.digest);
-  digests.values<std::int64_t>()[0] = mine;
-  digests.values<std::int64_t>()[1] = ~mine;
-  world.all_reduce(digests, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
-  result.replicas_identical =
-      digests.values<std::int64_t>()[0] == ~digests.values<std::int64_t>()[1];
-  if (config.trace) result.trace = fsdp::gather_chrome_trace(world, tracer.events());
-  result.seconds = seconds_since(run_start);
-  return result;
+  validate_config(config, task);
+  TrainingRun run(world, task, std::move(config), callbacks);
+  return run.run();
 }
 
 }  // namespace meshtensor::train

@@ -144,12 +144,11 @@ TEST(Gpt, ASequencesLogitsNeverDependOnTheBatch) {
           << "batch " << batch << " position " << position;
     }
   }
-  for (const auto level : {kernels::SimdLevel::baseline, kernels::SimdLevel::avx2,
-                           kernels::SimdLevel::avx512}) {
+  for (const auto level :
+       {kernels::SimdLevel::baseline, kernels::SimdLevel::avx2, kernels::SimdLevel::avx512}) {
     if (static_cast<int>(level) > static_cast<int>(kernels::best_simd_level())) continue;
     kernels::set_simd_level(level);
-    EXPECT_TRUE(model.forward(sequence).bitwise_equal(alone))
-        << kernels::simd_level_name(level);
+    EXPECT_TRUE(model.forward(sequence).bitwise_equal(alone)) << kernels::simd_level_name(level);
   }
   kernels::set_simd_level(kernels::best_simd_level());
   std::vector<Tensor> results(4);
@@ -209,7 +208,9 @@ void add_reference(const RecordingSink::Call& call, std::vector<testing::ExactSu
                 value * call.b.values<float>()[static_cast<std::size_t>(r * m + k)]);
           break;
         }
-        case 1: ref[static_cast<std::size_t>(j)].add(value); break;
+        case 1:
+          ref[static_cast<std::size_t>(j)].add(value);
+          break;
         case 2:
           ref[static_cast<std::size_t>(j)].add(
               value * call.b.values<float>()[static_cast<std::size_t>(r * n + j)]);

@@ -89,7 +89,7 @@ TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
   config.layernorm = true;
   auto model = make_mlp(config);
   const Tensor x = Tensor::random_normal(Shape{20, 12}, DType::f32, 8);
-  const std::vector<std::uint8_t> labels = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1,
+  const std::vector<std::int32_t> labels = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1,
                                             2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
   DenseGradients dense(model->parameters());
   BinnedGradients exact(model->parameters());
@@ -118,7 +118,7 @@ TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
 TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {
   const Tensor logits =
       Tensor::from_values(Shape{2, 3}, DType::f32, std::vector<double>{1, 2, 3, 0, 0, 5});
-  const CrossEntropyResult result = softmax_cross_entropy(logits, {2, 0});
+  const CrossEntropyResult result = softmax_cross_entropy(logits, std::vector<std::int32_t>{2, 0});
   EXPECT_NEAR(result.losses.values<double>()[0],
               std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3, 1e-12);
   EXPECT_NEAR(result.losses.values<double>()[1], std::log(2 + std::exp(5)), 1e-12);
@@ -129,7 +129,7 @@ TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {
       row += result.grad_logits.values<float>()[static_cast<std::size_t>(r * 3 + c)];
     EXPECT_NEAR(row, 0.0, 1e-6);
   }
-  EXPECT_THROW(softmax_cross_entropy(logits, {3, 0}), InvalidArgument);
+  EXPECT_THROW(softmax_cross_entropy(logits, std::vector<std::int32_t>{3, 0}), InvalidArgument);
 }
 
 TEST(Optimizers, AdamWFollowsTheReferenceUpdate) {

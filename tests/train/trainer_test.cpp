@@ -31,11 +31,22 @@ Dataset synthetic(std::int64_t train_count, std::int64_t test_count) {
   return {make(train_count, 1), make(test_count, 2)};
 }
 
-TrainResult run(const Dataset& data, const TrainConfig& config, int ranks) {
+/// The MLP the tests train: small, with every layer kind.
+nn::MlpConfig small_mlp() {
+  nn::MlpConfig model;
+  model.hidden = {24, 16};
+  model.layernorm = true;
+  model.activation = nn::Activation::gelu;
+  return model;
+}
+
+TrainResult run(const Dataset& data, const TrainConfig& config, int ranks,
+                const nn::MlpConfig& model = small_mlp()) {
+  const ImageClassification task(data, model);
   std::mutex mutex;
   std::vector<TrainResult> results(static_cast<std::size_t>(ranks));
   comm::run_threads(ranks, [&](comm::Communicator& world) {
-    TrainResult result = train(world, data, config);
+    TrainResult result = train(world, task, config);
     const std::lock_guard lock(mutex);
     results[static_cast<std::size_t>(world.rank())] = result;
   });
@@ -46,9 +57,6 @@ TrainResult run(const Dataset& data, const TrainConfig& config, int ranks) {
 
 TrainConfig small_config(comm::ReductionMode mode) {
   TrainConfig config;
-  config.model.hidden = {24, 16};
-  config.model.layernorm = true;
-  config.model.activation = nn::Activation::gelu;
   config.steps = 9;
   config.batch = 37;  // uneven over every rank count below
   config.mode = mode;
@@ -152,7 +160,7 @@ TEST(Train, TheSeedSetsTheInitialWeights) {
     config.seed = seed;
     return run(data, config, 1).digest;
   };
-  nn::MlpConfig model = config.model;
+  nn::MlpConfig model = small_mlp();
   model.inputs = 20;
   model.outputs = kClasses;
   model.seed = 5;

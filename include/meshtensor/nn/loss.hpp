@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
@@ -15,10 +16,10 @@ struct CrossEntropyResult {
 };
 
 /// Loss, gradient and correct count for `logits` (f32 [rows, classes]) and `labels` (one per row,
-/// each below classes). The gradient is that of the *sum* of the losses: a mean over a global
+/// each in [0, classes)). The gradient is that of the *sum* of the losses: a mean over a global
 /// batch divides once, at the end, so no row's values depend on how the batch is split.
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
-                                         const std::vector<std::uint8_t>& labels);
+                                         std::span<const std::int32_t> labels);
 
 /// Index of the largest logit of each row (the first on ties; NaN rows give class 0).
 std::vector<std::int64_t> predict(const Tensor& logits);

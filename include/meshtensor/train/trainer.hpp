@@ -7,9 +7,8 @@
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/fsdp/memory.hpp>
-#include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/optim.hpp>
-#include <meshtensor/train/dataset.hpp>
+#include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
 
@@ -38,10 +37,9 @@ enum class MicroBatchMode : std::uint8_t {
 /// "no-sync" or "reduce-scatter"; ParseError naming the text otherwise.
 MicroBatchMode parse_micro_batch_mode(const std::string& text);
 
-/// Everything a data-parallel training run depends on. The same config on any number of ranks
-/// sees the same global batches in the same order.
+/// Everything a data-parallel training run depends on besides its task (model and data). The
+/// same config on any number of ranks sees the same global batches in the same order.
 struct TrainConfig {
-  nn::MlpConfig model;
   std::int64_t epochs = 10;        ///< used when steps == 0
   std::int64_t steps = 0;          ///< total optimizer steps; 0: run `epochs` whole epochs
   std::int64_t batch = 256;        ///< global batch (the last batch of an epoch may be smaller)
@@ -71,6 +69,20 @@ struct TrainConfig {
   /// the schedule still spans the whole run, so a resume continues it unchanged.
   std::int64_t stop_after = 0;
   std::int64_t stop_after_epochs = 0;  ///< the same, in whole epochs (0: run to the end)
+  /// Also evaluate and report after every this many steps (0: at the end of each epoch only).
+  std::int64_t eval_every = 0;
+  /// Generate a sample of text at the end (language tasks).
+  bool sample = true;
+};
+
+/// Defaults of a language-modelling run where the image defaults do not fit, for the command
+/// line and Python alike: windows per global batch, steps, warmup steps, steps between
+/// evaluations (chosen from the peer measurement in the README).
+struct LanguageDefaults {
+  static constexpr std::int64_t batch = 16;
+  static constexpr std::int64_t steps = 600;
+  static constexpr std::int64_t warmup = 30;
+  static constexpr std::int64_t eval_every = 50;
 };
 
 /// Progress inside an epoch (for a progress bar).
@@ -83,15 +95,18 @@ struct StepProgress {
   double eta_seconds = 0.0;  ///< until the end of the run
 };
 
-/// One finished epoch (or the partial epoch a --steps run ends in).
+/// One finished period of training: an epoch, the partial epoch a --steps run ends in, or the
+/// steps since the last report (TrainConfig::eval_every), with an evaluation after it.
 struct EpochReport {
   std::int64_t epoch = 0;
-  std::int64_t steps = 0;    ///< optimizer steps taken so far in the run
-  std::int64_t samples = 0;  ///< samples of this epoch
-  double train_loss = 0.0;   ///< mean over the epoch's samples
-  double train_accuracy = 0.0;
-  double test_accuracy = 0.0;
+  std::int64_t steps = 0;       ///< optimizer steps taken so far in the run
+  std::int64_t samples = 0;     ///< samples of this period
+  double train_loss = 0.0;      ///< mean over the period's targets (nats)
+  double train_accuracy = 0.0;  ///< targets whose largest logit is the target
+  double test_loss = 0.0;       ///< mean over the evaluation set's targets (NaN: no such set)
+  double test_accuracy = 0.0;   ///< on the evaluation set (test images, validation text)
   double samples_per_second = 0.0;
+  double targets_per_second = 0.0;  ///< tokens per second for a language task
   double seconds = 0.0;
 };
 
@@ -99,6 +114,8 @@ struct EpochReport {
 struct TrainResult {
   std::vector<EpochReport> epochs;
   double test_accuracy = 0.0;
+  double test_loss = 0.0;           ///< of the last evaluation
+  std::string sample;               ///< text the trained model wrote (language tasks, world rank 0)
   std::uint64_t digest = 0;         ///< of the trained weights (nn::parameters_digest)
   bool replicas_identical = false;  ///< every rank ended with the digest of rank 0
   std::int64_t steps = 0;
@@ -129,25 +146,26 @@ struct TrainCallbacks {
 inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch",   "data.position",
                                                      "data.batch", "data.samples", "rng.seed"};
 
-/// An upper estimate of the memory one rank of train() needs at its peak, for `ranks` ranks and
-/// inputs of `features` values: the full model it builds before sharding, its shards of the
-/// parameters, gradients and optimizer state, the gathered parameters and gradient sums of the
-/// layers in flight (exact mode's carry 28 bytes a value) and the activations of its slice of the
-/// batch. Commands check it against the memory available before they start (threads ranks share
-/// one process: multiply by their number).
-double estimate_rank_bytes(const TrainConfig& config, std::int64_t features, std::int64_t ranks);
+/// An upper estimate of the memory one rank of train() needs at its peak, for `ranks` ranks:
+/// the full model it builds before sharding, its shards of the parameters, gradients and
+/// optimizer state, the gathered parameters and gradient sums of the groups in flight (exact
+/// mode's carry 28 bytes a value) and the activations of its slice of the batch. Commands check
+/// it against the memory available before they start (threads ranks share one process: multiply
+/// by their number).
+double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks);
 
 /// Throws InvalidArgument naming the first value of `config` that train() would refuse for
-/// `data` (before any rank starts): what a caller running several configurations checks first.
-void validate_config(const TrainConfig& config, const Dataset& data);
+/// `task` (before any rank starts): what a caller running several configurations checks first.
+void validate_config(const TrainConfig& config, const Task& task);
 
-/// Trains data-parallel on every rank of `world` (call it on all of them) with config.strategy:
-/// each parameterised layer is one fsdp::ShardedModule group; every rank takes its Shard(0)-style
-/// slice of every global batch and splits it into micro-batches; gradients reduce in config.mode
-/// to the gradient of the mean loss over the global batch (divide factor: the global batch), and
-/// every rank steps on its shards. In exact mode the weights are the same bits for any strategy,
-/// mesh, rank count, micro-batch split and mode, and backend; in ordered mode the replicas are
-/// the same bits on every rank and a rerun with the same layout repeats them.
+/// Trains `task` data-parallel on every rank of `world` (call it on all of them) with
+/// config.strategy: each of the task's units is one fsdp::ShardedModule group; every rank takes
+/// its Shard(0)-style slice of every global batch and splits it into micro-batches; gradients
+/// reduce in config.mode to the gradient of the mean loss over the global batch's targets
+/// (divide factor: samples times targets per sample), and every rank steps on its shards. Loss
+/// figures are exact sums (the same on every layout). In exact mode the weights are the same bits
+/// for any strategy, mesh, rank count, micro-batch split and mode, and backend; in ordered mode the
+/// replicas are the same bits on every rank and a rerun with the same layout repeats them.
 ///
 /// Checkpoints (config.save_dir, config.resume_dir) hold the parameters, the optimizer state,
 /// the step, the position in the data order and the seed, sharded as the run holds them; a
@@ -155,7 +173,7 @@ void validate_config(const TrainConfig& config, const Dataset& data);
 /// same bits as the run that was never stopped (exact mode: on any layout; ordered mode: on the
 /// same layout). The learning-rate schedule is this run's: give the resumed run the same
 /// --epochs / --steps as the whole run for a cosine schedule to continue unchanged.
-TrainResult train(comm::Communicator& world, const Dataset& data, TrainConfig config,
+TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
                   const TrainCallbacks& callbacks = {});
 
 }  // namespace meshtensor::train

@@ -1,0 +1,141 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/mlp.hpp>
+#include <meshtensor/nn/module.hpp>
+#include <meshtensor/train/dataset.hpp>
+#include <meshtensor/train/text_data.hpp>
+
+namespace meshtensor::train {
+
+/// Samples of a task as the model takes them, with one target class per output row: an image
+/// and its label, or a window of text and the token after each of its positions.
+struct Batch {
+  Tensor input;                       ///< f32 [samples, features] or i64 tokens [samples, length]
+  std::vector<std::int32_t> targets;  ///< samples * targets_per_sample() classes, in row order
+};
+
+/// The sizes train() needs to estimate a rank's memory.
+struct ModelFootprint {
+  double parameters = 0;         ///< values in the whole model
+  double largest_unit = 0;       ///< values in the largest parameter group
+  double activation_floats = 0;  ///< f32 values one sample keeps through forward and backward
+  double input_floats = 0;       ///< f32 (or i64 / 2) values of one sample's input
+};
+
+/// What the trainer trains on: the model it builds, how the model splits into parameter groups,
+/// and the data. The trainer treats every output row as a classification against its target
+/// (softmax cross-entropy), so image classification and language modelling share one loop.
+/// Implementations are immutable and shared by every rank of a process.
+class Task {
+ public:
+  virtual ~Task() = default;
+  /// The model and its settings, as checkpoint metadata: a resume refuses another one.
+  virtual std::string architecture() const = 0;
+  /// A fresh model; the same seed gives the same bits everywhere.
+  virtual std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const = 0;
+  /// The modules of `model` (made by make_model) that become parameter groups, in forward order.
+  virtual std::vector<nn::Module*> units(nn::Module& model) const = 0;
+  /// Training samples in one epoch.
+  virtual std::int64_t samples() const = 0;
+  /// Output rows (targets) of one sample: 1 for an image, the context for a text window.
+  virtual std::int64_t targets_per_sample() const = 0;
+  /// Samples first .. first + count - 1 of `epoch` (0-based): a function of (seed, epoch, the
+  /// sample's position) alone, so every layout sees the same global batches.
+  virtual Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                            std::int64_t count) const = 0;
+  /// Samples of the evaluation set (test images, validation windows); 0 when there are none.
+  virtual std::int64_t eval_samples() const = 0;
+  /// Evaluation samples first .. first + count - 1.
+  virtual Batch eval_batch(std::int64_t first, std::int64_t count) const = 0;
+  /// Sizes for the memory estimate.
+  virtual ModelFootprint footprint() const = 0;
+  /// Text the trained model writes (language tasks; "" otherwise): `forward` runs the model on
+  /// i64 tokens [1, length] and returns its logits; every rank makes the same calls.
+  virtual std::string sample(const std::function<Tensor(const Tensor&)>& forward) const;
+  /// What the evaluation set is called in reports: "test" or "validation".
+  virtual std::string eval_name() const = 0;
+  /// What one target is called in reports: "sample" or "token".
+  virtual std::string target_name() const = 0;
+};
+
+/// Classifying Fashion-MNIST (or MNIST) images with an MLP: a sample is an image (pixels / 255),
+/// its target its label; epochs visit the images in epoch_order(seed, epoch); evaluation is the
+/// test set.
+class ImageClassification : public Task {
+ public:
+  /// `data` outlives the task. The model's inputs and outputs follow the data.
+  ImageClassification(const Dataset& data, nn::MlpConfig model);
+  std::string architecture() const override;
+  std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
+  std::vector<nn::Module*> units(nn::Module& model) const override;
+  std::int64_t samples() const override { return data_.train.count; }
+  std::int64_t targets_per_sample() const override { return 1; }
+  Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                    std::int64_t count) const override;
+  std::int64_t eval_samples() const override { return data_.test.count; }
+  Batch eval_batch(std::int64_t first, std::int64_t count) const override;
+  ModelFootprint footprint() const override;
+  std::string eval_name() const override { return "test"; }
+  std::string target_name() const override { return "sample"; }
+  /// The MLP's config (inputs and outputs set from the data).
+  const nn::MlpConfig& model() const { return model_; }
+
+ private:
+  const Dataset& data_;
+  nn::MlpConfig model_;
+};
+
+/// Next-token prediction on text with a GPT (byte-level tokens): a sample is a window of
+/// context + 1 tokens of the training text starting at a position drawn from (seed, epoch,
+/// sample) alone, its input the first context tokens and its targets the last context. An epoch
+/// has as many windows as the training text has whole contexts. Evaluation runs over the
+/// validation text cut into consecutive windows (at most kMaxEvalWindows).
+class LanguageModelling : public Task {
+ public:
+  /// Most validation windows one evaluation runs.
+  static constexpr std::int64_t kMaxEvalWindows = 64;
+  /// InvalidArgument naming the context and the text's length when the training text is shorter
+  /// than one window (context + 1 tokens), or the model's vocabulary is not the tokenizer's.
+  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::GptConfig model);
+  std::string architecture() const override;
+  std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
+  std::vector<nn::Module*> units(nn::Module& model) const override;
+  std::int64_t samples() const override;
+  std::int64_t targets_per_sample() const override { return model_.context; }
+  Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                    std::int64_t count) const override;
+  std::int64_t eval_samples() const override;
+  Batch eval_batch(std::int64_t first, std::int64_t count) const override;
+  ModelFootprint footprint() const override;
+  std::string sample(const std::function<Tensor(const Tensor&)>& forward) const override;
+  std::string eval_name() const override { return "validation"; }
+  std::string target_name() const override { return "token"; }
+  /// The GPT's config.
+  const nn::GptConfig& model() const { return model_; }
+  /// The corpus.
+  const TextCorpus& corpus() const { return *corpus_; }
+
+ private:
+  std::shared_ptr<const TextCorpus> corpus_;
+  nn::GptConfig model_;
+};
+
+/// Bytes the sample at the end of a language run generates after its prompt.
+inline constexpr std::int64_t kSampleTokens = 160;
+
+/// Greedy continuation of `prompt` (bytes) by `forward` (logits of i64 tokens [1, length]) for
+/// `tokens` bytes, each step feeding the last `context` bytes: the largest logit wins (the first
+/// on ties).
+std::string greedy_continuation(const std::function<Tensor(const Tensor&)>& forward,
+                                const std::string& prompt, std::int64_t tokens,
+                                std::int64_t context);
+
+}  // namespace meshtensor::train

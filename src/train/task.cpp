@@ -1,0 +1,237 @@
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/nn/loss.hpp>
+#include <meshtensor/train/task.hpp>
+
+namespace meshtensor::train {
+
+std::string Task::sample(const std::function<Tensor(const Tensor&)>&) const {
+  return {};
+}
+
+namespace {
+
+/// epoch_order(), computed once for all the ranks of this process that ask for it while one
+/// holds it: thread ranks would otherwise each keep a copy of the whole permutation.
+std::shared_ptr<const std::vector<std::int64_t>> shared_epoch_order(std::int64_t count,
+                                                                    std::uint64_t seed,
+                                                                    std::int64_t epoch) {
+  using Key = std::tuple<std::int64_t, std::uint64_t, std::int64_t>;
+  static std::mutex mutex;
+  static std::map<Key, std::weak_ptr<const std::vector<std::int64_t>>> orders;
+  const std::lock_guard lock(mutex);
+  std::erase_if(orders, [](const auto& entry) { return entry.second.expired(); });
+  auto& slot = orders[Key{count, seed, epoch}];
+  if (auto held = slot.lock()) return held;
+  auto made = std::make_shared<const std::vector<std::int64_t>>(epoch_order(count, seed, epoch));
+  slot = made;
+  return made;
+}
+
+/// Images `order[first .. first + count)` of `set` (or first .. first + count - 1 without an
+/// order) as f32 inputs in [0, 1] with their labels.
+Batch gather_images(const ImageSet& set, const std::vector<std::int64_t>* order,
+                    std::int64_t first, std::int64_t count) {
+  const std::int64_t features = set.features();
+  Batch batch{Tensor(Shape{count, features}, DType::f32), {}};
+  auto values = batch.input.values<float>();
+  batch.targets.resize(static_cast<std::size_t>(count));
+  for (std::int64_t r = 0; r < count; ++r) {
+    const std::int64_t sample =
+        order != nullptr ? (*order)[static_cast<std::size_t>(first + r)] : first + r;
+    const std::uint8_t* pixels = set.pixels.data() + sample * features;
+    for (std::int64_t f = 0; f < features; ++f)
+      values[static_cast<std::size_t>(r * features + f)] = static_cast<float>(pixels[f]) / 255.0f;
+    batch.targets[static_cast<std::size_t>(r)] = set.labels[static_cast<std::size_t>(sample)];
+  }
+  return batch;
+}
+
+/// Windows of `text` starting at `starts`: inputs are `length` tokens, targets the next ones.
+Batch gather_windows(const std::string& text, const std::vector<std::int64_t>& starts,
+                     std::int64_t length) {
+  const auto count = static_cast<std::int64_t>(starts.size());
+  Batch batch{Tensor(Shape{count, length}, DType::i64), {}};
+  auto tokens = batch.input.values<std::int64_t>();
+  batch.targets.resize(static_cast<std::size_t>(count * length));
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto* window =
+        reinterpret_cast<const unsigned char*>(text.data()) + starts[static_cast<std::size_t>(r)];
+    for (std::int64_t t = 0; t < length; ++t) {
+      const auto at = static_cast<std::size_t>(r * length + t);
+      tokens[at] = window[t];
+      batch.targets[at] = window[t + 1];
+    }
+  }
+  return batch;
+}
+
+}  // namespace
+
+ImageClassification::ImageClassification(const Dataset& data, nn::MlpConfig model)
+    : data_(data), model_(std::move(model)) {
+  model_.inputs = data.train.features();
+  model_.outputs = kClasses;
+}
+
+std::string ImageClassification::architecture() const {
+  return fmt::format("mlp hidden={} activation={} layernorm={}", fmt::join(model_.hidden, ","),
+                     model_.activation == nn::Activation::gelu ? "gelu" : "relu",
+                     model_.layernorm ? "yes" : "no");
+}
+
+std::unique_ptr<nn::Module> ImageClassification::make_model(std::uint64_t seed) const {
+  nn::MlpConfig config = model_;
+  config.seed = seed;
+  return nn::make_mlp(config);
+}
+
+std::vector<nn::Module*> ImageClassification::units(nn::Module& model) const {
+  auto& sequential = dynamic_cast<nn::Sequential&>(model);
+  std::vector<nn::Module*> units;
+  for (std::size_t i = 0; i < sequential.size(); ++i)
+    if (!sequential.at(i).parameters().empty()) units.push_back(&sequential.at(i));
+  return units;
+}
+
+Batch ImageClassification::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                                       std::int64_t count) const {
+  const auto order = shared_epoch_order(data_.train.count, seed, epoch);
+  return gather_images(data_.train, order.get(), first, count);
+}
+
+Batch ImageClassification::eval_batch(std::int64_t first, std::int64_t count) const {
+  return gather_images(data_.test, nullptr, first, count);
+}
+
+ModelFootprint ImageClassification::footprint() const {
+  std::vector<double> widths{static_cast<double>(model_.inputs)};
+  for (const std::int64_t h : model_.hidden)
+    widths.push_back(static_cast<double>(h));
+  widths.push_back(static_cast<double>(model_.outputs));
+  ModelFootprint footprint;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    const double layer = widths[i] * widths[i + 1] + widths[i + 1] * (model_.layernorm ? 3 : 1);
+    footprint.parameters += layer;
+    footprint.largest_unit = std::max(footprint.largest_unit, layer);
+    footprint.activation_floats += 4.0 * widths[i + 1];
+  }
+  footprint.input_floats = widths.front();
+  footprint.activation_floats += 4.0 * widths.front();
+  return footprint;
+}
+
+LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
+                                     nn::GptConfig model)
+    : corpus_(std::move(corpus)), model_(model) {
+  if (model_.vocabulary != kByteVocabulary) {
+    throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
+                                      kByteVocabulary, model_.vocabulary));
+  }
+  const auto length = static_cast<std::int64_t>(corpus_->train.size());
+  if (length < model_.context + 1) {
+    throw InvalidArgument(fmt::format(
+        "context={} needs windows of {} tokens, but the training text has only {} (give a "
+        "smaller context or more text)",
+        model_.context, model_.context + 1, length));
+  }
+}
+
+std::string LanguageModelling::architecture() const {
+  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer={}",
+                     model_.layers, model_.heads, model_.dim, model_.context, model_.vocabulary,
+                     kByteTokenizer);
+}
+
+std::unique_ptr<nn::Module> LanguageModelling::make_model(std::uint64_t seed) const {
+  nn::GptConfig config = model_;
+  config.seed = seed;
+  return std::make_unique<nn::Gpt>(config);
+}
+
+std::vector<nn::Module*> LanguageModelling::units(nn::Module& model) const {
+  return dynamic_cast<nn::Gpt&>(model).units();
+}
+
+std::int64_t LanguageModelling::samples() const {
+  return std::max<std::int64_t>(
+      1, (static_cast<std::int64_t>(corpus_->train.size()) - 1) / model_.context);
+}
+
+Batch LanguageModelling::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                                     std::int64_t count) const {
+  const std::int64_t last_start =
+      static_cast<std::int64_t>(corpus_->train.size()) - model_.context - 1;
+  const std::uint64_t stream = mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
+  for (std::int64_t r = 0; r < count; ++r)
+    starts[static_cast<std::size_t>(r)] =
+        uniform_int_sample(stream, static_cast<std::uint64_t>(first + r), 0, last_start);
+  return gather_windows(corpus_->train, starts, model_.context);
+}
+
+std::int64_t LanguageModelling::eval_samples() const {
+  const auto length = static_cast<std::int64_t>(corpus_->validation.size());
+  return std::min(kMaxEvalWindows, std::max<std::int64_t>(0, (length - 1) / model_.context));
+}
+
+Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) const {
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
+  for (std::int64_t r = 0; r < count; ++r)
+    starts[static_cast<std::size_t>(r)] = (first + r) * model_.context;
+  return gather_windows(corpus_->validation, starts, model_.context);
+}
+
+ModelFootprint LanguageModelling::footprint() const {
+  const auto d = static_cast<double>(model_.dim);
+  const auto t = static_cast<double>(model_.context);
+  const auto v = static_cast<double>(model_.vocabulary);
+  ModelFootprint footprint;
+  footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model_));
+  footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
+  // Per token and layer: the normalised inputs, qkv, one row of probabilities per head, the
+  // attention output, the MLP's inputs and GELU input (4 dim), the residual streams; then the
+  // logits with their gradient and probabilities.
+  footprint.activation_floats =
+      t * (static_cast<double>(model_.layers) *
+               (20.0 * d + static_cast<double>(model_.heads) * t) +
+           3.0 * v + 4.0 * d);
+  footprint.input_floats = 2.0 * t;
+  return footprint;
+}
+
+std::string greedy_continuation(const std::function<Tensor(const Tensor&)>& forward,
+                                const std::string& prompt, std::int64_t tokens,
+                                std::int64_t context) {
+  std::string text = prompt;
+  for (std::int64_t k = 0; k < tokens; ++k) {
+    const auto length = std::min<std::int64_t>(context, static_cast<std::int64_t>(text.size()));
+    Tensor input(Shape{1, length}, DType::i64);
+    auto ids = input.values<std::int64_t>();
+    const std::size_t offset = text.size() - static_cast<std::size_t>(length);
+    for (std::int64_t t = 0; t < length; ++t)
+      ids[static_cast<std::size_t>(t)] = static_cast<unsigned char>(text[offset + static_cast<std::size_t>(t)]);
+    const Tensor logits = forward(input);
+    const std::int64_t vocabulary = logits.shape()[2];
+    const Tensor last = logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1);
+    text += static_cast<char>(nn::predict(last).front());
+  }
+  return text.substr(prompt.size());
+}
+
+std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>& forward) const {
+  // The prompt: the start of the first validation record (of the training text when there is
+  // no validation text), up to its first line.
+  const std::string& source = corpus_->validation.empty() ? corpus_->train : corpus_->validation;
+  std::string prompt = source.substr(0, std::min<std::size_t>(source.find('\n') + 1, 40));
+  if (prompt.empty()) prompt = "\n";
+  return prompt + greedy_continuation(forward, prompt, kSampleTokens, model_.context);
+}
+
+}  // namespace meshtensor::train

@@ -1,0 +1,192 @@
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/train/text_data.hpp>
+
+namespace meshtensor::train {
+
+namespace {
+
+constexpr std::int64_t kValidationEvery = 20;
+
+/// The length of the valid UTF-8 sequence starting at bytes[i] (1 to 4), or 0 if none starts
+/// there (overlong forms, surrogates and code points above U+10FFFF are invalid).
+int sequence_length(std::string_view bytes, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(bytes[k]); };
+  const unsigned char lead = byte(i);
+  if (lead < 0x80) return lead == 0 ? 0 : 1;
+  int length = 0;
+  unsigned low = 0x80, high = 0xBF;  // the range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + static_cast<std::size_t>(length) > bytes.size()) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (int k = 2; k < length; ++k)
+    if ((byte(i + static_cast<std::size_t>(k)) & 0xC0) != 0x80) return 0;
+  return length;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  if (error)
+    throw DataError(fmt::format("{}: cannot read the file: {}", path.string(), error.message()));
+  if (size > static_cast<std::uintmax_t>(kMaxTextBytes)) {
+    throw DataError(fmt::format("{}: {} bytes is more text than the {} a corpus reads",
+                                path.string(), size, kMaxTextBytes));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open the file", path.string()));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size))
+    throw DataError(fmt::format("{}: reading the file failed", path.string()));
+  return text;
+}
+
+/// True when `line` (without its newline) is fortune's record separator.
+bool is_separator(std::string_view line) {
+  return line == "%" || line == "%\r";
+}
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+}  // namespace
+
+std::int64_t first_non_text_byte(std::string_view bytes) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    const int length = sequence_length(bytes, i);
+    if (length == 0) return static_cast<std::int64_t>(i);
+    i += static_cast<std::size_t>(length);
+  }
+  return -1;
+}
+
+std::string printable_text(std::string_view bytes) {
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size();) {
+    const int length = sequence_length(bytes, i);
+    if (length == 0) {
+      out += bytes[i] == '\0' ? std::string(" ") : std::string("\xEF\xBF\xBD");
+      ++i;
+    } else {
+      out.append(bytes.substr(i, static_cast<std::size_t>(length)));
+      i += static_cast<std::size_t>(length);
+    }
+  }
+  return out;
+}
+
+void add_text_records(std::string_view text, TextCorpus& corpus) {
+  bool fortune_format = false;
+  for (std::size_t start = 0; start < text.size();) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    if (is_separator(text.substr(start, end - start))) {
+      fortune_format = true;
+      break;
+    }
+    start = end + 1;
+  }
+  std::string record;
+  const auto finish = [&] {
+    if (record.find_first_not_of(" \t\r\n") == std::string::npos) {
+      record.clear();
+      return;
+    }
+    std::string& target =
+        corpus.records % kValidationEvery == kValidationEvery - 1 ? corpus.validation : corpus.train;
+    target += record;
+    target += "%\n";
+    ++corpus.records;
+    record.clear();
+  };
+  for (std::size_t start = 0; start < text.size();) {
+    const std::size_t newline = text.find('\n', start);
+    const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
+    const std::string_view line = text.substr(start, end - start);
+    const bool boundary = fortune_format ? is_separator(line) : is_blank(line);
+    if (boundary) {
+      finish();
+    } else {
+      record.append(line);
+      record += '\n';
+    }
+    start = end + 1;
+  }
+  finish();
+}
+
+TextCorpus load_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (error || !fs::exists(status)) {
+    throw DataError(fmt::format("{}: no such file or directory{}", path,
+                                error ? " (" + error.message() + ")" : std::string()));
+  }
+  TextCorpus corpus;
+  std::int64_t total = 0;
+  const auto add_file = [&](const fs::path& file, bool skip_binary) {
+    std::string text = read_file(file);
+    total += static_cast<std::int64_t>(text.size());
+    if (total > kMaxTextBytes) {
+      throw DataError(
+          fmt::format("{}: more than the {} bytes of text a corpus reads", path, kMaxTextBytes));
+    }
+    const std::int64_t bad = first_non_text_byte(text);
+    if (bad >= 0) {
+      if (skip_binary) {
+        ++corpus.skipped;
+        return;
+      }
+      throw DataError(fmt::format("{}: not UTF-8 text (byte {} at offset {} is not)",
+                                  file.string(),
+                                  static_cast<int>(static_cast<unsigned char>(text[static_cast<std::size_t>(bad)])),
+                                  bad));
+    }
+    ++corpus.files;
+    add_text_records(text, corpus);
+  };
+  if (fs::is_directory(status)) {
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name[0] == '.' || entry.is_symlink() || !entry.is_regular_file())
+        continue;
+      files.push_back(entry.path());
+    }
+    if (error) throw DataError(fmt::format("{}: cannot list the directory: {}", path, error.message()));
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files)
+      add_file(file, /*skip_binary=*/true);
+    if (corpus.files == 0) {
+      throw DataError(fmt::format("{}: the directory holds no UTF-8 text file ({} other file(s))",
+                                  path, corpus.skipped));
+    }
+  } else {
+    add_file(path, /*skip_binary=*/false);
+  }
+  if (corpus.records == 0)
+    throw DataError(fmt::format("{}: the text is empty (no record with a visible character)", path));
+  return corpus;
+}
+
+}  // namespace meshtensor::train
