@@ -721,6 +721,37 @@ void bind_data(py::module_& module) {
       .def_property_readonly("train", [](const PyText& t) { return py::bytes(t.corpus->train); })
       .def_property_readonly("validation",
                              [](const PyText& t) { return py::bytes(t.corpus->validation); })
+      .def(
+          "samples",
+          [](const PyText& t, std::int64_t context) {
+            nn::GptConfig model;
+            model.context = context;
+            return train::LanguageModelling(t.corpus, model).samples();
+          },
+          py::arg("context"), "Training windows of `context` tokens in one epoch.")
+      .def(
+          "windows",
+          [](const PyText& t, std::int64_t context, std::uint64_t seed, std::int64_t epoch,
+             std::int64_t first, std::int64_t count) {
+            if (context < 1 || epoch < 0 || first < 0 || count < 0) {
+              throw InvalidArgument(fmt::format(
+                  "windows: context {}, epoch {}, first {} and count {} must not be negative "
+                  "(context at least 1)",
+                  context, epoch, first, count));
+            }
+            nn::GptConfig model;
+            model.context = context;
+            const train::Batch batch =
+                train::LanguageModelling(t.corpus, model).train_batch(seed, epoch, first, count);
+            Tensor targets(batch.input.shape(), DType::i64);
+            std::copy(batch.targets.begin(), batch.targets.end(),
+                      targets.values<std::int64_t>().begin());
+            return py::make_tuple(array_from_tensor(batch.input), array_from_tensor(targets));
+          },
+          py::arg("context"), py::arg("seed"), py::arg("epoch"), py::arg("first"), py::arg("count"),
+          "(tokens, targets), int64 [count, context] each: training windows first .. first + "
+          "count - 1 of `epoch` (0-based) that train() uses for `seed`; targets are the tokens "
+          "shifted by one.")
       .def_property_readonly("files", [](const PyText& t) { return t.corpus->files; })
       .def_property_readonly("records", [](const PyText& t) { return t.corpus->records; })
       .def("__repr__", [](const PyText& t) {

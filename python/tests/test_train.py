@@ -164,3 +164,58 @@ def test_training_errors_name_the_value(data_dir):
             mt.run_threads(1, lambda w: mt.train(data, steps=1, **options))
     with pytest.raises(mt.InvalidArgument, match="fully_shard"):
         mt.MLP(4, [3], 2).forward(np.zeros((1, 4), np.float32))
+
+
+GPT_RUN = dict(model="gpt:layers=1,heads=2,dim=16,context=16", steps=3, batch=6, seed=2, lr=3e-3,
+               warmup=1)
+
+
+@pytest.fixture
+def text(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("".join(f"fortune {i}: {'ab' * (i % 5)} the end\n%\n" for i in range(80)))
+    return str(path)
+
+
+def test_a_python_gpt_loop_reproduces_the_cli(cli, text):
+    corpus = mt.load_text(text)
+    context, batch, steps, seed, lr = 16, GPT_RUN["batch"], GPT_RUN["steps"], GPT_RUN["seed"], GPT_RUN["lr"]
+    assert corpus.records == 80 and len(corpus.validation) > 0
+
+    def body(world):
+        mesh = mt.init_device_mesh("cpu", (world.size,))
+        model = mt.GPT(layers=1, heads=2, dim=16, context=context, seed=seed)
+        mt.fully_shard(model, mesh, mode="exact")
+        optimizer = mt.AdamW(model, lr=lr)
+        for step in range(steps):
+            offset, size = chunk(batch, world.size, world.rank)
+            tokens, targets = corpus.windows(context, seed, 0, step * batch + offset, size)
+            model.zero_grad()
+            model.set_gradient_divide_factor(batch * context)
+            logits = model(tokens)
+            assert logits.shape == (size, context, 256)
+            _, grad, _ = mt.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
+            model.backward(grad.reshape(logits.shape))
+            optimizer.step(mt.lr_at(step, lr, steps, warmup=GPT_RUN["warmup"]))
+        return model.digest()
+
+    loop = set(mt.run_threads(2, body)) | set(mt.run_threads(3, body))
+    trained = mt.run_threads(2, lambda world: mt.train(corpus, **GPT_RUN, mode="exact",
+                                                       strategy="fsdp", eval_every=0))
+    assert trained[0]["sample"] and trained[0]["test_loss"] > 0
+    cli_run = cli("train", "--data", text, "--ranks", 4, "--strategy", "ddp", "--mode", "exact",
+                  *[a for k, v in GPT_RUN.items() for a in (f"--{k}", v)])
+    assert loop == {trained[0]["digest"]} == {re.search(r"weights digest ([0-9a-f]{16})",
+                                                        cli_run).group(1)}
+
+
+def test_gpt_training_errors_name_the_value(text, data_dir):
+    corpus = mt.load_text(text)
+    with pytest.raises(mt.InvalidArgument, match="context=4096"):
+        mt.train(corpus, model="gpt:context=4096", steps=1)
+    with pytest.raises(mt.InvalidArgument, match="trains on images"):
+        mt.train(corpus, model="mlp:8")
+    with pytest.raises(mt.InvalidArgument, match="trains on text"):
+        mt.train(mt.load_dataset(data_dir), model="gpt")
+    with pytest.raises(mt.DataError, match="not UTF-8"):
+        mt.load_text("/bin/sh")

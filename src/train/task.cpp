@@ -36,8 +36,8 @@ std::shared_ptr<const std::vector<std::int64_t>> shared_epoch_order(std::int64_t
 
 /// Images `order[first .. first + count)` of `set` (or first .. first + count - 1 without an
 /// order) as f32 inputs in [0, 1] with their labels.
-Batch gather_images(const ImageSet& set, const std::vector<std::int64_t>* order,
-                    std::int64_t first, std::int64_t count) {
+Batch gather_images(const ImageSet& set, const std::vector<std::int64_t>* order, std::int64_t first,
+                    std::int64_t count) {
   const std::int64_t features = set.features();
   Batch batch{Tensor(Shape{count, features}, DType::f32), {}};
   auto values = batch.input.values<float>();
@@ -127,8 +127,7 @@ ModelFootprint ImageClassification::footprint() const {
   return footprint;
 }
 
-LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
-                                     nn::GptConfig model)
+LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::GptConfig model)
     : corpus_(std::move(corpus)), model_(model) {
   if (model_.vocabulary != kByteVocabulary) {
     throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
@@ -168,7 +167,8 @@ Batch LanguageModelling::train_batch(std::uint64_t seed, std::int64_t epoch, std
                                      std::int64_t count) const {
   const std::int64_t last_start =
       static_cast<std::int64_t>(corpus_->train.size()) - model_.context - 1;
-  const std::uint64_t stream = mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
+  const std::uint64_t stream =
+      mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
   std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
   for (std::int64_t r = 0; r < count; ++r)
     starts[static_cast<std::size_t>(r)] =
@@ -199,8 +199,7 @@ ModelFootprint LanguageModelling::footprint() const {
   // attention output, the MLP's inputs and GELU input (4 dim), the residual streams; then the
   // logits with their gradient and probabilities.
   footprint.activation_floats =
-      t * (static_cast<double>(model_.layers) *
-               (20.0 * d + static_cast<double>(model_.heads) * t) +
+      t * (static_cast<double>(model_.layers) * (20.0 * d + static_cast<double>(model_.heads) * t) +
            3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
   return footprint;
@@ -216,7 +215,8 @@ std::string greedy_continuation(const std::function<Tensor(const Tensor&)>& forw
     auto ids = input.values<std::int64_t>();
     const std::size_t offset = text.size() - static_cast<std::size_t>(length);
     for (std::int64_t t = 0; t < length; ++t)
-      ids[static_cast<std::size_t>(t)] = static_cast<unsigned char>(text[offset + static_cast<std::size_t>(t)]);
+      ids[static_cast<std::size_t>(t)] =
+          static_cast<unsigned char>(text[offset + static_cast<std::size_t>(t)]);
     const Tensor logits = forward(input);
     const std::int64_t vocabulary = logits.shape()[2];
     const Tensor last = logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1);

@@ -111,8 +111,9 @@ void add_text_records(std::string_view text, TextCorpus& corpus) {
       record.clear();
       return;
     }
-    std::string& target =
-        corpus.records % kValidationEvery == kValidationEvery - 1 ? corpus.validation : corpus.train;
+    std::string& target = corpus.records % kValidationEvery == kValidationEvery - 1
+                              ? corpus.validation
+                              : corpus.train;
     target += record;
     target += "%\n";
     ++corpus.records;
@@ -157,10 +158,9 @@ TextCorpus load_text(const std::string& path) {
         ++corpus.skipped;
         return;
       }
-      throw DataError(fmt::format("{}: not UTF-8 text (byte {} at offset {} is not)",
-                                  file.string(),
-                                  static_cast<int>(static_cast<unsigned char>(text[static_cast<std::size_t>(bad)])),
-                                  bad));
+      throw DataError(fmt::format(
+          "{}: not UTF-8 text (byte {} at offset {} is not)", file.string(),
+          static_cast<int>(static_cast<unsigned char>(text[static_cast<std::size_t>(bad)])), bad));
     }
     ++corpus.files;
     add_text_records(text, corpus);
@@ -173,7 +173,8 @@ TextCorpus load_text(const std::string& path) {
         continue;
       files.push_back(entry.path());
     }
-    if (error) throw DataError(fmt::format("{}: cannot list the directory: {}", path, error.message()));
+    if (error)
+      throw DataError(fmt::format("{}: cannot list the directory: {}", path, error.message()));
     std::sort(files.begin(), files.end());
     for (const fs::path& file : files)
       add_file(file, /*skip_binary=*/true);
@@ -185,7 +186,8 @@ TextCorpus load_text(const std::string& path) {
     add_file(path, /*skip_binary=*/false);
   }
   if (corpus.records == 0)
-    throw DataError(fmt::format("{}: the text is empty (no record with a visible character)", path));
+    throw DataError(
+        fmt::format("{}: the text is empty (no record with a visible character)", path));
   return corpus;
 }
 

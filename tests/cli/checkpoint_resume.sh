@@ -4,6 +4,8 @@
 # Usage: checkpoint_resume.sh <meshtensor binary> <case> [mpirun command...]
 #   exact_layouts  exact mode: FSDP 8 ranks for 2 of 4 epochs, resumed on HSDP 2x2 (4 ranks),
 #                  equals 4 uninterrupted epochs on DDP 3 ranks
+#   gpt_layouts    exact mode, a GPT on fortunes: FSDP 4 for 3 of 6 steps, resumed on HSDP 2x2,
+#                  equals 6 uninterrupted steps on 1 rank; a resume with another model is refused
 #   exact_chain    exact mode, 40 steps in four legs, each resumed on another layout and saved:
 #                  FSDP 8 -> HSDP 2x2 -> DDP 3 (uneven shards) -> 1 rank, against HSDP 4x2 in one go
 #   ordered_same   ordered mode, HSDP 2x2, saved every 7 steps mid-epoch: resuming any of the
@@ -36,6 +38,23 @@ exact_layouts)
   grep -q "resumed from $dir at step 120" "$dir/second.txt"
   whole=$("$bin" "${run[@]}" --strategy ddp --ranks 3 | digest)
   same "$whole" "$resumed" "fsdp 8 (2 epochs) -> hsdp 2x2 (2 epochs) vs ddp 3 (4 epochs)"
+  ;;
+gpt_layouts)
+  run=(train --mode exact --model gpt:layers=1,heads=2,dim=32,context=32 --batch 6 --steps 6
+       --seed 5)
+  "$bin" "${run[@]}" --strategy fsdp --ranks 4 --stop-after 3 --save "$dir" >"$dir/first.txt"
+  grep -q "saved 1 checkpoint(s), the last $dir/step-00000003" "$dir/first.txt"
+  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | digest)
+  grep -q "resumed from $dir at step 3" "$dir/second.txt"
+  whole=$("$bin" "${run[@]}" --ranks 1 | digest)
+  same "$whole" "$resumed" "gpt: fsdp 4 (3 steps) -> hsdp 2x2 (3 steps) vs 1 rank (6 steps)"
+  set +e
+  other=$("$bin" train --mode exact --model gpt:layers=1,heads=4,dim=32,context=32 --batch 6 \
+    --steps 6 --seed 5 --resume "$dir" 2>&1)
+  status=$?
+  set -e
+  [ "$status" = 2 ] && grep -q "holds a model 'gpt layers=1 heads=2" <<<"$other" ||
+    { echo "FAILED: a resume with other heads: exit $status: $other"; exit 1; }
   ;;
 exact_chain)
   run=(train --mode exact --model mlp:30,20 --batch 600 --steps 40 --seed 7 --optimizer adamw)

@@ -62,9 +62,9 @@ TEST(TextData, PlainTextSplitsIntoParagraphs) {
 TEST(TextData, FindsTheFirstByteThatIsNotText) {
   EXPECT_EQ(first_non_text_byte("plain \xC3\xA9t\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), -1);
   EXPECT_EQ(first_non_text_byte(std::string("ab\0c", 4)), 2);
-  EXPECT_EQ(first_non_text_byte("ab\xC3"), 2);          // cut sequence
-  EXPECT_EQ(first_non_text_byte("a\xC0\x80"), 1);        // overlong
-  EXPECT_EQ(first_non_text_byte("a\xED\xA0\x80"), 1);    // surrogate
+  EXPECT_EQ(first_non_text_byte("ab\xC3"), 2);            // cut sequence
+  EXPECT_EQ(first_non_text_byte("a\xC0\x80"), 1);         // overlong
+  EXPECT_EQ(first_non_text_byte("a\xED\xA0\x80"), 1);     // surrogate
   EXPECT_EQ(first_non_text_byte("\xF4\x90\x80\x80"), 0);  // above U+10FFFF
   EXPECT_EQ(printable_text("a\xC3"), "a\xEF\xBF\xBD");
 }
