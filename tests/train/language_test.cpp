@@ -7,9 +7,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/nn/loss.hpp>
 #include <meshtensor/train/text_data.hpp>
 #include <meshtensor/train/trainer.hpp>
 
@@ -226,6 +229,45 @@ TEST(LanguageTraining, LossFallsAndTheSampleIsGenerated) {
   EXPECT_LT(result.epochs.back().test_loss, result.epochs.front().test_loss + 0.5);
   EXPECT_EQ(static_cast<std::int64_t>(result.sample.size()),
             kSampleTokens + static_cast<std::int64_t>(result.sample.find('\n') + 1));
+}
+
+/// Through the sharded runtime, after a training step in either mode: a sequence's logits are the
+/// same bits alone and at every position of batches of 1, 3 and 16, on every rank.
+TEST(LanguageTraining, ShardedLogitsNeverDependOnTheBatchInEitherMode) {
+  for (const auto mode : {comm::ReductionMode::ordered, comm::ReductionMode::exact}) {
+    comm::run_threads(2, [&](comm::Communicator& world) {
+      nn::Gpt model(tiny_gpt());
+      comm::MeshGroups groups(
+          DeviceMesh({2}), std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
+      fsdp::RuntimeOptions options;
+      options.mode = mode;
+      fsdp::ShardedModel sharded(model, groups, options);
+      fsdp::FsdpConfig config;
+      config.shard_mesh_dims = {0};
+      for (nn::Module* unit : model.units())
+        sharded.fully_shard(*unit, config);
+      nn::AdamW optimizer(sharded.optimizer_slots(), 0.0);
+      const LanguageModelling task(synthetic_text(), tiny_gpt());
+      const Batch step = task.train_batch(1, 0, 4 * world.rank(), 4);
+      const Tensor logits = sharded.forward(step.input);
+      sharded.backward(nn::softmax_cross_entropy(logits.reshape(Shape{32, 256}), step.targets)
+                           .grad_logits.reshape(logits.shape()));
+      optimizer.step(1e-2);
+      const Tensor sequence = task.train_batch(9, 0, 0, 1).input;
+      const Tensor alone = sharded.forward(sequence);
+      for (const std::int64_t batch : {1, 3, 16}) {
+        for (std::int64_t position = 0; position < batch; ++position) {
+          Tensor tokens =
+              task.train_batch(10 + static_cast<std::uint64_t>(batch), 0, 0, batch).input;
+          tokens.narrow(0, position, 1).copy_from(sequence);
+          const Tensor out = sharded.forward(tokens);
+          EXPECT_TRUE(out.narrow(0, position, 1).contiguous().bitwise_equal(alone))
+              << "mode " << static_cast<int>(mode) << ", batch " << batch << ", position "
+              << position;
+        }
+      }
+    });
+  }
 }
 
 TEST(LanguageTraining, ACheckpointOfFsdpResumesOnHsdpWithTheUninterruptedBits) {
