@@ -491,7 +491,7 @@ void run_train(const TrainOptions& options) {
                                    eval, result.test_loss, result.test_accuracy, result.steps,
                                    result.seconds);
           if (loaded.language) {
-            std::cout << "sample (greedy):\n"
+            std::cout << fmt::format("sample (temperature {}):\n", train::kSampleTemperature)
                       << train::printable_text(result.sample) << "\n-- end of sample\n";
           }
           const auto kind = [&](fsdp::MemoryKind k) {

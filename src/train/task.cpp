@@ -1,17 +1,19 @@
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
+#include <span>
 #include <tuple>
 
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
-#include <meshtensor/nn/loss.hpp>
 #include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
 
-std::string Task::sample(const std::function<Tensor(const Tensor&)>&) const {
+std::string Task::sample(const std::function<Tensor(const Tensor&)>&, std::uint64_t) const {
   return {};
 }
 
@@ -205,33 +207,68 @@ ModelFootprint LanguageModelling::footprint() const {
   return footprint;
 }
 
-std::string greedy_continuation(const std::function<Tensor(const Tensor&)>& forward,
-                                const std::string& prompt, std::int64_t tokens,
-                                std::int64_t context) {
+namespace {
+
+/// The next token after `logits` (f32 [vocabulary]) for continuation().
+std::int64_t next_token(std::span<const float> logits, double temperature, std::uint64_t seed,
+                        std::int64_t step) {
+  if (temperature <= 0.0) {
+    std::int64_t best = 0;
+    for (std::size_t c = 1; c < logits.size(); ++c)
+      if (logits[c] > logits[static_cast<std::size_t>(best)]) best = static_cast<std::int64_t>(c);
+    return best;
+  }
+  const float largest = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(logits.size());
+  double total = 0.0;
+  for (std::size_t c = 0; c < logits.size(); ++c) {
+    weights[c] = std::exp((static_cast<double>(logits[c]) - largest) / temperature);
+    total += weights[c];
+  }
+  // A uniform draw in [0, total) from 53 random bits of (seed, step).
+  const std::uint64_t bits = mix64(seed ^ mix64(static_cast<std::uint64_t>(step) + 1)) >> 11;
+  const double target = static_cast<double>(bits) * 0x1p-53 * total;
+  double running = 0.0;
+  for (std::size_t c = 0; c < weights.size(); ++c) {
+    running += weights[c];
+    if (target < running) return static_cast<std::int64_t>(c);
+  }
+  return static_cast<std::int64_t>(weights.size()) - 1;
+}
+
+}  // namespace
+
+std::string continuation(const std::function<Tensor(const Tensor&)>& forward,
+                         const std::string& prompt, std::int64_t tokens, std::int64_t context,
+                         double temperature, std::uint64_t seed) {
   std::string text = prompt;
   for (std::int64_t k = 0; k < tokens; ++k) {
     const auto length = std::min<std::int64_t>(context, static_cast<std::int64_t>(text.size()));
     Tensor input(Shape{1, length}, DType::i64);
     auto ids = input.values<std::int64_t>();
     const std::size_t offset = text.size() - static_cast<std::size_t>(length);
-    for (std::int64_t t = 0; t < length; ++t)
+    for (std::int64_t t = 0; t < length; ++t) {
       ids[static_cast<std::size_t>(t)] =
           static_cast<unsigned char>(text[offset + static_cast<std::size_t>(t)]);
+    }
     const Tensor logits = forward(input);
     const std::int64_t vocabulary = logits.shape()[2];
-    const Tensor last = logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1);
-    text += static_cast<char>(nn::predict(last).front());
+    const Tensor last =
+        logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1).contiguous();
+    text += static_cast<char>(next_token(last.values<float>(), temperature, seed, k));
   }
   return text.substr(prompt.size());
 }
 
-std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>& forward) const {
+std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>& forward,
+                                      std::uint64_t seed) const {
   // The prompt: the start of the first validation record (of the training text when there is
   // no validation text), up to its first line.
   const std::string& source = corpus_->validation.empty() ? corpus_->train : corpus_->validation;
   std::string prompt = source.substr(0, std::min<std::size_t>(source.find('\n') + 1, 40));
   if (prompt.empty()) prompt = "\n";
-  return prompt + greedy_continuation(forward, prompt, kSampleTokens, model_.context);
+  return prompt +
+         continuation(forward, prompt, kSampleTokens, model_.context, kSampleTemperature, seed);
 }
 
 }  // namespace meshtensor::train

@@ -437,8 +437,8 @@ void TrainingRun::finish() {
     result_.test_loss = result_.epochs.back().test_loss;
   }
   if (config_.sample) {
-    result_.sample =
-        task_.sample([this](const Tensor& tokens) { return sharded_->forward(tokens); });
+    result_.sample = task_.sample(
+        [this](const Tensor& tokens) { return sharded_->forward(tokens); }, config_.seed);
     sharded_->reshard();
   }
   result_.memory_peak = sharded_->memory().peak();

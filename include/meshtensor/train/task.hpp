@@ -57,9 +57,11 @@ class Task {
   virtual Batch eval_batch(std::int64_t first, std::int64_t count) const = 0;
   /// Sizes for the memory estimate.
   virtual ModelFootprint footprint() const = 0;
-  /// Text the trained model writes (language tasks; "" otherwise): `forward` runs the model on
-  /// i64 tokens [1, length] and returns its logits; every rank makes the same calls.
-  virtual std::string sample(const std::function<Tensor(const Tensor&)>& forward) const;
+  /// Text the trained model writes (language tasks; "" otherwise), drawn with `seed`: `forward`
+  /// runs the model on i64 tokens [1, length] and returns its logits; every rank makes the same
+  /// calls.
+  virtual std::string sample(const std::function<Tensor(const Tensor&)>& forward,
+                             std::uint64_t seed) const;
   /// What the evaluation set is called in reports: "test" or "validation".
   virtual std::string eval_name() const = 0;
   /// What one target is called in reports: "sample" or "token".
@@ -115,7 +117,8 @@ class LanguageModelling : public Task {
   std::int64_t eval_samples() const override;
   Batch eval_batch(std::int64_t first, std::int64_t count) const override;
   ModelFootprint footprint() const override;
-  std::string sample(const std::function<Tensor(const Tensor&)>& forward) const override;
+  std::string sample(const std::function<Tensor(const Tensor&)>& forward,
+                     std::uint64_t seed) const override;
   std::string eval_name() const override { return "validation"; }
   std::string target_name() const override { return "token"; }
   /// The GPT's config.
@@ -131,11 +134,16 @@ class LanguageModelling : public Task {
 /// Bytes the sample at the end of a language run generates after its prompt.
 inline constexpr std::int64_t kSampleTokens = 160;
 
-/// Greedy continuation of `prompt` (bytes) by `forward` (logits of i64 tokens [1, length]) for
-/// `tokens` bytes, each step feeding the last `context` bytes: the largest logit wins (the first
-/// on ties).
-std::string greedy_continuation(const std::function<Tensor(const Tensor&)>& forward,
-                                const std::string& prompt, std::int64_t tokens,
-                                std::int64_t context);
+/// Temperature of that sample.
+inline constexpr double kSampleTemperature = 0.8;
+
+/// Continuation of `prompt` (bytes) by `forward` (logits of i64 tokens [1, length]) for `tokens`
+/// bytes, each step feeding the last `context` bytes. Temperature 0: the largest logit wins (the
+/// first on ties); otherwise token c is drawn with probability ∝ exp(logit_c / temperature)
+/// (in f64) by the uniform sample (seed, step): a function of the logits' bits and the seed, so
+/// every rank draws the same text.
+std::string continuation(const std::function<Tensor(const Tensor&)>& forward,
+                         const std::string& prompt, std::int64_t tokens, std::int64_t context,
+                         double temperature, std::uint64_t seed);
 
 }  // namespace meshtensor::train
