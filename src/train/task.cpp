@@ -126,6 +126,10 @@ ModelFootprint ImageClassification::footprint() const {
   }
   footprint.input_floats = widths.front();
   footprint.activation_floats += 4.0 * widths.front();
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    footprint.exact_scratch_bytes =
+        std::max(footprint.exact_scratch_bytes, 16.0 * widths[i] + 8.0 * widths[i + 1]);
+  }
   return footprint;
 }
 
@@ -197,13 +201,18 @@ ModelFootprint LanguageModelling::footprint() const {
   ModelFootprint footprint;
   footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model_));
   footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
-  // Per token and layer: the normalised inputs, qkv, one row of probabilities per head, the
-  // attention output, the MLP's inputs and GELU input (4 dim), the residual streams; then the
-  // logits with their gradient and probabilities.
+  // Per token and layer, kept for backward: the normalised inputs, qkv, one row of
+  // probabilities per head, the attention output, the MLP's input, GELU input and output (4 dim
+  // each), the residual streams (18 dim and the probabilities); plus backward's temporaries of
+  // the layer in flight. Measured peaks (long contexts, where the probabilities dominate) stay
+  // below 24 dim and twice the probabilities. Then the logits with their gradient and
+  // probabilities.
+  const double per_layer = 24.0 * d + 2.0 * static_cast<double>(model_.heads) * t;
   footprint.activation_floats =
-      t * (static_cast<double>(model_.layers) * (20.0 * d + static_cast<double>(model_.heads) * t) +
-           3.0 * v + 4.0 * d);
+      t * (static_cast<double>(model_.layers) * per_layer + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
+  footprint.exact_scratch_bytes =
+      t * std::max({16.0 * 4 * d + 8.0 * d, 16.0 * d + 8.0 * 4 * d, 16.0 * d + 8.0 * v});
   return footprint;
 }
 

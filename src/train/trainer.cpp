@@ -595,12 +595,16 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
   // state hold about 1.2 MiB whatever the model.
   constexpr double kRankRuntimeBytes = 1.5 * 1024 * 1024;
+  // Backward's temporaries, per-thread buffers and the allocator's free blocks: measured peaks
+  // (the default GPT, long-context GPTs) stay below 1.5x the activations counted.
+  constexpr double kActivationMargin = 1.5;
   return kRankRuntimeBytes + 4.0 * parameters          // the whole model, before sharding
          + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
          + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
          + received +
-         (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit   // gathered, sinks
-         + 4.0 * rows * (model.activation_floats + model.input_floats);  // activations
+         (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit  // gathered, sinks
+         + kActivationMargin * 4.0 * rows * (model.activation_floats + model.input_floats) +
+         (exact ? rows * model.exact_scratch_bytes : 0.0);  // exact kernels' packed operands
 }
 
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,

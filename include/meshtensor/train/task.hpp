@@ -28,6 +28,10 @@ struct ModelFootprint {
   double largest_unit = 0;       ///< values in the largest parameter group
   double activation_floats = 0;  ///< f32 values one sample keeps through forward and backward
   double input_floats = 0;       ///< f32 (or i64 / 2) values of one sample's input
+  /// Bytes an exact weight gradient packs per sample for the largest layer (its x as term
+  /// lists, 16 bytes a value, and dy as f64, 8 bytes a value): per-thread buffers kept between
+  /// steps.
+  double exact_scratch_bytes = 0;
 };
 
 /// What the trainer trains on: the model it builds, how the model splits into parameter groups,
