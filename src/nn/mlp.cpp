@@ -18,7 +18,9 @@ std::vector<std::int64_t> parse_mlp_hidden(const std::string& text) {
   constexpr std::string_view kPrefix = "mlp:";
   if (text.rfind(kPrefix, 0) != 0) {
     throw ParseError(
-        fmt::format("unknown model '{}' (expected mlp:H1,H2,... e.g. mlp:1024,1024)", text));
+        fmt::format("unknown model '{}' (expected mlp:H1,H2,... e.g. mlp:1024,1024, or gpt or "
+                    "gpt:layers=L,heads=H,dim=D,context=T)",
+                    text));
   }
   const std::string sizes = text.substr(kPrefix.size());
   std::vector<std::int64_t> hidden;
