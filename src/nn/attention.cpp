@@ -70,7 +70,7 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   const std::int64_t head_dim = dim_ / heads_;
   qkv_values_ = qkv_.forward(input);
   probabilities_ = Tensor::uninitialized(Shape{batch, heads_, length, length}, DType::f32);
-  Tensor attended(Shape{batch, length, dim_}, DType::f32);
+  Tensor attended = Tensor::uninitialized(Shape{batch, length, dim_}, DType::f32);
   std::vector<float> keys_t(static_cast<std::size_t>(head_dim * length));
   std::vector<float> values(static_cast<std::size_t>(length * head_dim));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
@@ -105,7 +105,7 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
   const std::size_t block = static_cast<std::size_t>(length * head_dim);
   std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
   std::vector<float> grad_q(block), grad_k(block), grad_v(block);
-  Tensor grad_qkv(qkv_values_.shape(), DType::f32);
+  Tensor grad_qkv = Tensor::uninitialized(qkv_values_.shape(), DType::f32);
   const float* qkv = qkv_values_.values<float>().data();
   const float* d_attended = grad_attended.values<float>().data();
   float* d_qkv = grad_qkv.values<float>().data();

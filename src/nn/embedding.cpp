@@ -34,7 +34,7 @@ Tensor Embedding::forward(const Tensor& indices) {
   std::vector<std::int64_t> dims = dense.shape().dims();
   dims.push_back(dim);
   output_shape_ = Shape(std::move(dims));
-  Tensor output(output_shape_, DType::f32);
+  Tensor output = Tensor::uninitialized(output_shape_, DType::f32);
   auto out = output.values<float>();
   const auto table = weight_.value.values<float>();
   for (std::size_t r = 0; r < indices_.size(); ++r) {

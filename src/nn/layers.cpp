@@ -68,7 +68,7 @@ Tensor Linear::forward(const Tensor& input) {
   input_shape_ = input.shape();
   const std::int64_t rows = input.numel() / in;
   input_ = input.contiguous().reshape(Shape{rows, in});
-  Tensor output(Shape{rows, out}, DType::f32);
+  Tensor output = Tensor::uninitialized(Shape{rows, out}, DType::f32);
   auto y = output.values<float>();
   const auto b = bias_.value.values<float>();
   for (std::int64_t r = 0; r < rows; ++r)
@@ -92,7 +92,7 @@ Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need
   sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {
-    grad_input = Tensor(input_.shape(), DType::f32);
+    grad_input = Tensor::uninitialized(input_.shape(), DType::f32);
     kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, grad_input);
     grad_input = grad_input.reshape(input_shape_);
   }
@@ -106,7 +106,7 @@ std::string Linear::describe() const {
 
 Tensor ReLU::forward(const Tensor& input) {
   input_ = input.contiguous();
-  Tensor output(input.shape(), DType::f32);
+  Tensor output = Tensor::uninitialized(input.shape(), DType::f32);
   const auto x = input_.values<float>();
   auto y = output.values<float>();
   for (std::size_t i = 0; i < x.size(); ++i)
@@ -119,7 +119,7 @@ Tensor ReLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
   Tensor grad_input;
   if (need_input_grad) {
     const Tensor dy = grad_output.contiguous();
-    grad_input = Tensor(dy.shape(), DType::f32);
+    grad_input = Tensor::uninitialized(dy.shape(), DType::f32);
     const auto x = input_.values<float>();
     const auto g = dy.values<float>();
     auto out = grad_input.values<float>();
@@ -132,7 +132,7 @@ Tensor ReLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
 
 Tensor GELU::forward(const Tensor& input) {
   input_ = input.contiguous();
-  Tensor output(input.shape(), DType::f32);
+  Tensor output = Tensor::uninitialized(input.shape(), DType::f32);
   kernels::gelu_forward(input_.values<float>().data(), output.values<float>().data(),
                         input_.numel());
   return output;
@@ -143,7 +143,7 @@ Tensor GELU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
   Tensor grad_input;
   if (need_input_grad) {
     const Tensor dy = grad_output.contiguous();
-    grad_input = Tensor(dy.shape(), DType::f32);
+    grad_input = Tensor::uninitialized(dy.shape(), DType::f32);
     kernels::gelu_backward(input_.values<float>().data(), dy.values<float>().data(),
                            grad_input.values<float>().data(), dy.numel());
   }
@@ -166,9 +166,9 @@ Tensor LayerNorm::forward(const Tensor& input) {
   check_input(input, n, describe());
   const std::int64_t rows = input.numel() / n;
   const Tensor x = input.contiguous().reshape(Shape{rows, n});
-  normalized_ = Tensor(x.shape(), DType::f32);
+  normalized_ = Tensor::uninitialized(x.shape(), DType::f32);
   inverse_std_.assign(static_cast<std::size_t>(rows), 0.0);
-  Tensor output(x.shape(), DType::f32);
+  Tensor output = Tensor::uninitialized(x.shape(), DType::f32);
   const auto in = x.values<float>();
   auto xhat = normalized_.values<float>();
   auto y = output.values<float>();
@@ -210,7 +210,7 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
   if (need_input_grad) {
     const std::int64_t n = weight_.value.numel();
     const std::int64_t rows = dy.shape()[0];
-    grad_input = Tensor(dy.shape(), DType::f32);
+    grad_input = Tensor::uninitialized(dy.shape(), DType::f32);
     const auto g = dy.values<float>();
     const auto xhat = normalized_.values<float>();
     const auto gamma = weight_.value.values<float>();
