@@ -993,11 +993,13 @@ void add_fsdp_bench(CLI::App& bench) {
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<TrainOptions>();
   CLI::App* command = app.add_subcommand(
-      "train", "Train an MLP on Fashion-MNIST (or any MNIST-format directory), data-parallel");
+      "train",
+      "Train data-parallel: an MLP on Fashion-MNIST (or any MNIST-format directory), or a GPT on "
+      "text (--model gpt; Debian's fortunes or any UTF-8 text)");
   add_shared_train_options(*command, *options);
   options->activation_option =
       command->add_option("--activation", options->activation, "mlp: relu or gelu (default relu)");
-  add_flag(*command, "--layernorm", options->layernorm, "LayerNorm after each hidden Linear");
+  add_flag(*command, "--layernorm", options->layernorm, "mlp: LayerNorm after each hidden Linear");
   options->epochs_option = command->add_option(
       "--epochs", options->epochs, fmt::format("epochs (default 8; gpt: {} steps)", kGptSteps));
   options->steps_option =
