@@ -455,6 +455,26 @@ struct TermLists {
     index[slot] = static_cast<std::int32_t>(row);
     count += keep ? 1 : 0;
   }
+  /// Every list i holds every row in order with its value x[r][i] (`x` f32 [rows, lists]): the
+  /// lists when no term is skipped, copied a tile of rows at a time and coded in one SIMD pass.
+  void fill_all(const float* x, std::int64_t rows, std::int64_t lists) {
+    constexpr std::int64_t kTile = 64;
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+      const std::int64_t height = std::min(kTile, rows - r0);
+      for (std::int64_t i = 0; i < lists; ++i) {
+        double* values = a + i * capacity + r0;
+        std::int32_t* rows_of = index + i * capacity + r0;
+        for (std::int64_t r = 0; r < height; ++r) {
+          values[r] = x[(r0 + r) * lists + i];  // f32 to f64: exact
+          rows_of[r] = static_cast<std::int32_t>(r0 + r);
+        }
+      }
+    }
+    for (std::int64_t i = 0; i < lists; ++i) {
+      counts[static_cast<std::size_t>(i)] = rows;
+      bound_codes<void>(static_cast<const double*>(a + i * capacity), codes + i * capacity, rows);
+    }
+  }
   Terms terms(std::int64_t list) const {
     const auto at = static_cast<std::size_t>(list * capacity);
     return {a + at, codes + at, index + at, counts[static_cast<std::size_t>(list)]};
@@ -568,9 +588,18 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
   // 0 * inf is NaN here as in every other sum: rows where x is zero are skipped (ReLU, blank
   // pixels: they add nothing) only when dy holds no infinity or NaN.
   const auto dys = dy_dense.values<float>();
-  const bool dy_finite =
-      std::all_of(dys.begin(), dys.end(), [](float v) { return std::isfinite(v); });
+  bool dy_finite = true;
+  for (const float v : dys)
+    dy_finite = dy_finite && v - v == 0.0f;  // false for infinities and NaN
+  bool x_has_zero = false;
+  for (const float v : xs)
+    x_has_zero = x_has_zero || v == 0.0f;
   TermLists lists(m, rows);
+  if (!x_has_zero || !dy_finite) {  // every term is kept
+    lists.fill_all(xs.data(), rows, m);
+    add_term_lists(planes_of(sums), offset, lists, n, packed, start);
+    return;
+  }
   // A few lists at a time, row after row: x is read along its rows and each list's slots are
   // written in order.
   constexpr std::int64_t kListTile = 16;
