@@ -154,7 +154,7 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
       mlp_keys = true;
     }
   }
-  const bool gpt = model == "gpt" || model.rfind("gpt:", 0) == 0;
+  const bool gpt = nn::is_gpt_model(model);
   if (gpt != text) {
     throw InvalidArgument(fmt::format("train: model '{}' trains on {}; give {}", model,
                                       gpt ? "text" : "images",

@@ -81,13 +81,9 @@ constexpr std::int64_t kGptSteps = train::LanguageDefaults::steps;
 const std::string kGptWarmup = std::to_string(train::LanguageDefaults::warmup);
 const std::string kGptEvalEvery = std::to_string(train::LanguageDefaults::eval_every);
 
-bool is_gpt_model(const std::string& model) {
-  return model == "gpt" || model.rfind("gpt:", 0) == 0;
-}
-
 train::TrainConfig parse_config(const TrainOptions& options) {
   train::TrainConfig config;
-  const bool gpt = is_gpt_model(options.model);
+  const bool gpt = nn::is_gpt_model(options.model);
   if (options.steps_option->count() > 0 && options.epochs_option->count() > 0)
     throw ParseError("--epochs and --steps exclude each other: give one");
   config.steps = integer_option("--steps", options.steps, 0, kMaxCount);
@@ -181,7 +177,7 @@ struct LoadedTask {
 /// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
 LoadedTask load_task(const TrainOptions& options) {
   LoadedTask loaded;
-  if (is_gpt_model(options.model)) {
+  if (nn::is_gpt_model(options.model)) {
     const nn::GptConfig gpt = nn::parse_gpt_config(options.model);
     if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
         options.layernorm) {

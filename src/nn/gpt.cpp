@@ -28,6 +28,10 @@ void add_into(Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+bool is_gpt_model(const std::string& text) {
+  return text == "gpt" || text.rfind("gpt:", 0) == 0;
+}
+
 GptConfig parse_gpt_config(const std::string& text) {
   GptConfig config;
   if (text == "gpt") return config;

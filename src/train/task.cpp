@@ -9,6 +9,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/nn/loss.hpp>
 #include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
@@ -218,15 +219,11 @@ ModelFootprint LanguageModelling::footprint() const {
 
 namespace {
 
-/// The next token after `logits` (f32 [vocabulary]) for continuation().
-std::int64_t next_token(std::span<const float> logits, double temperature, std::uint64_t seed,
+/// The next token after `last` (f32 logits [1, vocabulary]) for continuation().
+std::int64_t next_token(const Tensor& last, double temperature, std::uint64_t seed,
                         std::int64_t step) {
-  if (temperature <= 0.0) {
-    std::int64_t best = 0;
-    for (std::size_t c = 1; c < logits.size(); ++c)
-      if (logits[c] > logits[static_cast<std::size_t>(best)]) best = static_cast<std::int64_t>(c);
-    return best;
-  }
+  if (temperature <= 0.0) return nn::predict(last).front();
+  const std::span<const float> logits = last.values<float>();
   const float largest = *std::max_element(logits.begin(), logits.end());
   std::vector<double> weights(logits.size());
   double total = 0.0;
@@ -264,7 +261,7 @@ std::string continuation(const std::function<Tensor(const Tensor&)>& forward,
     const std::int64_t vocabulary = logits.shape()[2];
     const Tensor last =
         logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1).contiguous();
-    text += static_cast<char>(next_token(last.values<float>(), temperature, seed, k));
+    text += static_cast<char>(next_token(last, temperature, seed, k));
   }
   return text.substr(prompt.size());
 }

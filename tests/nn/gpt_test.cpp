@@ -56,6 +56,8 @@ TEST(GptConfig, ParsesAnySubsetOfKeysAndRefusesBadText) {
   EXPECT_EQ(c.heads, defaults.heads);
   EXPECT_EQ(c.context, defaults.context);
   EXPECT_EQ(gpt_config_text(parse_gpt_config(gpt_config_text(c))), gpt_config_text(c));
+  EXPECT_TRUE(is_gpt_model("gpt") && is_gpt_model("gpt:dim=8") && is_gpt_model(gpt_config_text(c)));
+  EXPECT_FALSE(is_gpt_model("gptx") || is_gpt_model("mlp:64") || is_gpt_model(""));
   for (const char* bad : {"gpt:", "gpt:depth=2", "gpt:dim=0", "gpt:dim=abc", "gpt:dim=64,dim=32",
                           "gpt:heads=3", "gpt:layers=99999", "gpt;dim=8", "gpx", "gpt:dim"}) {
     EXPECT_THROW(parse_gpt_config(bad), ParseError) << bad;

@@ -1,6 +1,5 @@
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,8 @@
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/train/text_data.hpp>
 #include <meshtensor/train/trainer.hpp>
+
+#include "support/train_on_threads.hpp"
 
 namespace meshtensor::train {
 namespace {
@@ -174,17 +175,7 @@ TrainConfig gpt_config(comm::ReductionMode mode) {
 }
 
 TrainResult run_gpt(const TrainConfig& config, int ranks) {
-  const LanguageModelling task(synthetic_text(), tiny_gpt());
-  std::mutex mutex;
-  std::vector<TrainResult> results(static_cast<std::size_t>(ranks));
-  comm::run_threads(ranks, [&](comm::Communicator& world) {
-    TrainResult result = train(world, task, config);
-    const std::lock_guard lock(mutex);
-    results[static_cast<std::size_t>(world.rank())] = result;
-  });
-  for (const auto& r : results)
-    EXPECT_EQ(r.digest, results.front().digest);
-  return results.front();
+  return testing::train_on_threads(LanguageModelling(synthetic_text(), tiny_gpt()), config, ranks);
 }
 
 TEST(LanguageTraining, ExactWeightsAreTheSameBitsOnEveryLayout) {

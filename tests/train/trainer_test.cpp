@@ -1,4 +1,3 @@
-#include <mutex>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -6,6 +5,8 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/train/trainer.hpp>
+
+#include "support/train_on_threads.hpp"
 
 namespace meshtensor::train {
 namespace {
@@ -42,17 +43,7 @@ nn::MlpConfig small_mlp() {
 
 TrainResult run(const Dataset& data, const TrainConfig& config, int ranks,
                 const nn::MlpConfig& model = small_mlp()) {
-  const ImageClassification task(data, model);
-  std::mutex mutex;
-  std::vector<TrainResult> results(static_cast<std::size_t>(ranks));
-  comm::run_threads(ranks, [&](comm::Communicator& world) {
-    TrainResult result = train(world, task, config);
-    const std::lock_guard lock(mutex);
-    results[static_cast<std::size_t>(world.rank())] = result;
-  });
-  for (const auto& r : results)
-    EXPECT_EQ(r.digest, results.front().digest);
-  return results.front();
+  return testing::train_on_threads(ImageClassification(data, model), config, ranks);
 }
 
 TrainConfig small_config(comm::ReductionMode mode) {

@@ -26,6 +26,10 @@ struct GptConfig {
   double init_std = 0.02;
 };
 
+/// True for the model texts parse_gpt_config reads ("gpt", "gpt:..."), false for any other
+/// model (an MLP's "mlp:...").
+bool is_gpt_model(const std::string& text);
+
 /// Parses "gpt" or "gpt:layers=L,heads=H,dim=D,context=T" (any subset of the keys, in any order;
 /// the others keep their defaults). ParseError naming the bad part: an unknown key, a repeated
 /// key, a value that is not a positive number or too large, dim not a multiple of heads.
