@@ -65,12 +65,14 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
     throw InvalidArgument(fmt::format("{} needs f32 [batch, sequence, {}], got {}", describe(),
                                       dim_, input.defined() ? input.shape().to_string() : "none"));
   }
-  const std::int64_t batch = input.shape()[0];
-  const std::int64_t length = input.shape()[1];
+  qkv_values_ = run_forward(qkv_, input);
+  const std::int64_t batch = qkv_values_.shape()[0];
+  const std::int64_t length = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;
-  qkv_values_ = qkv_.forward(input);
-  probabilities_ = Tensor::uninitialized(Shape{batch, heads_, length, length}, DType::f32);
-  Tensor attended = Tensor::uninitialized(Shape{batch, length, dim_}, DType::f32);
+  const std::int64_t stride = qkv_values_.shape()[2];  // 3 * the local heads' dims
+  const std::int64_t heads = stride / (3 * head_dim);
+  probabilities_ = Tensor::uninitialized(Shape{batch, heads, length, length}, DType::f32);
+  Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * head_dim}, DType::f32);
   std::vector<float> keys_t(static_cast<std::size_t>(head_dim * length));
   std::vector<float> values(static_cast<std::size_t>(length * head_dim));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
@@ -78,30 +80,33 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   float* probabilities = probabilities_.values<float>().data();
   float* out = attended.values<float>().data();
   for (std::int64_t b = 0; b < batch; ++b) {
-    const float* sequence = qkv + b * length * 3 * dim_;
-    for (std::int64_t h = 0; h < heads_; ++h) {
-      copy_block(sequence, 3 * dim_, dim_ + h * head_dim, length, head_dim, true, keys_t.data());
-      copy_block(sequence, 3 * dim_, 2 * dim_ + h * head_dim, length, head_dim, false,
-                 values.data());
+    const float* sequence = qkv + b * length * stride;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t query = h * 3 * head_dim;
+      copy_block(sequence, stride, query + head_dim, length, head_dim, true, keys_t.data());
+      copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, false, values.data());
       const kernels::HeadCache cache{keys_t.data(), values.data(), length, head_dim};
-      float* head_probabilities = probabilities + (b * heads_ + h) * length * length;
+      float* head_probabilities = probabilities + (b * heads + h) * length * length;
       for (std::int64_t i = 0; i < length; ++i) {
-        kernels::attention_row(sequence + i * 3 * dim_ + h * head_dim, cache, i + 1, scale,
+        kernels::attention_row(sequence + i * stride + query, cache, i + 1, scale,
                                head_probabilities + i * length,
-                               out + (b * length + i) * dim_ + h * head_dim);
+                               out + (b * length + i) * heads * head_dim + h * head_dim);
       }
     }
   }
-  return projection_.forward(attended);
+  return run_forward(projection_, attended);
 }
 
 Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& sink,
                                      bool need_input_grad) {
   if (!qkv_values_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
-  const Tensor grad_attended = projection_.backward(grad_output, sink, true);
+  const Tensor grad_attended = run_backward(projection_, grad_output, sink, true);
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t length = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;
+  const std::int64_t stride = qkv_values_.shape()[2];
+  const std::int64_t heads = stride / (3 * head_dim);
+  const std::int64_t attended_width = heads * head_dim;
   const std::size_t block = static_cast<std::size_t>(length * head_dim);
   std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
   std::vector<float> grad_q(block), grad_k(block), grad_v(block);
@@ -111,33 +116,42 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
   float* d_qkv = grad_qkv.values<float>().data();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   for (std::int64_t b = 0; b < batch; ++b) {
-    const float* sequence = qkv + b * length * 3 * dim_;
-    float* d_sequence = d_qkv + b * length * 3 * dim_;
-    for (std::int64_t h = 0; h < heads_; ++h) {
-      const std::int64_t column = h * head_dim;
-      copy_block(sequence, 3 * dim_, column, length, head_dim, false, queries.data());
-      copy_block(sequence, 3 * dim_, dim_ + column, length, head_dim, false, keys.data());
-      copy_block(sequence, 3 * dim_, 2 * dim_ + column, length, head_dim, true, values_t.data());
-      copy_block(d_attended + b * length * dim_, dim_, column, length, head_dim, false,
-                 grad_out.data());
+    const float* sequence = qkv + b * length * stride;
+    float* d_sequence = d_qkv + b * length * stride;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t query = h * 3 * head_dim;
+      copy_block(sequence, stride, query, length, head_dim, false, queries.data());
+      copy_block(sequence, stride, query + head_dim, length, head_dim, false, keys.data());
+      copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, true, values_t.data());
+      copy_block(d_attended + b * length * attended_width, attended_width, h * head_dim, length,
+                 head_dim, false, grad_out.data());
       kernels::HeadGradientInputs in;
       in.queries = queries.data();
       in.keys = keys.data();
       in.values_t = values_t.data();
-      in.probabilities = probabilities_.values<float>().data() + (b * heads_ + h) * length * length;
+      in.probabilities = probabilities_.values<float>().data() + (b * heads + h) * length * length;
       in.grad_output = grad_out.data();
       in.length = length;
       in.head_dim = head_dim;
       in.scale = scale;
       kernels::attention_backward(in, grad_q.data(), grad_k.data(), grad_v.data());
-      store_block(grad_q.data(), length, head_dim, d_sequence, 3 * dim_, column);
-      store_block(grad_k.data(), length, head_dim, d_sequence, 3 * dim_, dim_ + column);
-      store_block(grad_v.data(), length, head_dim, d_sequence, 3 * dim_, 2 * dim_ + column);
+      store_block(grad_q.data(), length, head_dim, d_sequence, stride, query);
+      store_block(grad_k.data(), length, head_dim, d_sequence, stride, query + head_dim);
+      store_block(grad_v.data(), length, head_dim, d_sequence, stride, query + 2 * head_dim);
     }
   }
   qkv_values_ = Tensor();
   probabilities_ = Tensor();
-  return qkv_.backward(grad_qkv, sink, need_input_grad);
+  return run_backward(qkv_, grad_qkv, sink, need_input_grad);
+}
+
+std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {
+  return {{"qkv", &qkv_}, {"proj", &projection_}};
+}
+
+void CausalSelfAttention::set_exact_blocks(bool on) {
+  qkv_.set_exact_blocks(0, on ? heads_ : 0);
+  projection_.set_exact_blocks(on ? heads_ : 0, 0);
 }
 
 }  // namespace meshtensor::nn

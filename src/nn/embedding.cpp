@@ -19,6 +19,17 @@ Embedding::Embedding(std::int64_t count, std::int64_t dim, std::uint64_t seed, d
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = static_cast<float>(normal_sample(seed, i) * init_std);
   weight_.grad = Tensor(weight_.value.shape(), DType::f32);
+  total_rows_ = count;
+}
+
+void Embedding::set_row_range(std::int64_t offset, std::int64_t total) {
+  const std::int64_t count = weight_.value.shape()[0];
+  if (offset < 0 || total < count || offset > total - count) {
+    throw InvalidArgument(fmt::format("{}: rows [{}, {}) do not lie in a table of {} rows",
+                                      describe(), offset, offset + count, total));
+  }
+  row_offset_ = offset;
+  total_rows_ = total;
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
@@ -39,11 +50,17 @@ Tensor Embedding::forward(const Tensor& indices) {
   const auto table = weight_.value.values<float>();
   for (std::size_t r = 0; r < indices_.size(); ++r) {
     const std::int64_t index = indices_[r];
-    if (index < 0 || index >= count) {
+    if (index < 0 || index >= total_rows_) {
       throw InvalidArgument(
-          fmt::format("{}: index {} is outside [0, {})", describe(), index, count));
+          fmt::format("{}: index {} is outside [0, {})", describe(), index, total_rows_));
     }
-    std::copy_n(table.data() + index * dim, dim, out.data() + static_cast<std::int64_t>(r) * dim);
+    float* row = out.data() + static_cast<std::int64_t>(r) * dim;
+    const std::int64_t local = index - row_offset_;
+    if (local >= 0 && local < count) {
+      std::copy_n(table.data() + local * dim, dim, row);
+    } else {
+      std::fill_n(row, dim, 0.0f);
+    }
   }
   return output;
 }
@@ -57,7 +74,27 @@ Tensor Embedding::backward(const Tensor& grad_output, GradientSink& sink, bool) 
   }
   const std::int64_t dim = weight_.value.shape()[1];
   const auto rows = static_cast<std::int64_t>(indices_.size());
-  sink.add_indexed_rows(weight_, indices_, grad_output.contiguous().reshape(Shape{rows, dim}));
+  const Tensor grad = grad_output.contiguous().reshape(Shape{rows, dim});
+  const std::int64_t count = weight_.value.shape()[0];
+  if (row_offset_ == 0 && total_rows_ == count) {
+    sink.add_indexed_rows(weight_, indices_, grad);
+  } else {  // the rows of this rank's part of the table
+    std::vector<std::int64_t> local;
+    std::vector<std::int64_t> picked;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t index = indices_[static_cast<std::size_t>(r)] - row_offset_;
+      if (index < 0 || index >= count) continue;
+      local.push_back(index);
+      picked.push_back(r);
+    }
+    Tensor kept =
+        Tensor::uninitialized(Shape{static_cast<std::int64_t>(picked.size()), dim}, DType::f32);
+    const float* from = grad.values<float>().data();
+    float* to = kept.values<float>().data();
+    for (std::size_t i = 0; i < picked.size(); ++i)
+      std::copy_n(from + picked[i] * dim, dim, to + static_cast<std::int64_t>(i) * dim);
+    sink.add_indexed_rows(weight_, local, kept);
+  }
   indices_.clear();
   output_shape_ = Shape();
   return {};
@@ -97,17 +134,25 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
     p[static_cast<std::size_t>(i)] = i % length;
   Tensor x = token_.forward(tokens);
   const Tensor position_rows = position_.forward(positions);
-  auto out = x.values<float>();
-  const auto add = position_rows.values<float>();
-  for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] += add[i];
-  return x;
+  if (split_ == nullptr || split_->is_first()) {
+    auto out = x.values<float>();
+    const auto add = position_rows.values<float>();
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] += add[i];
+  }
+  // Each element sums at most two non-zero terms, so any reduction mode rounds it the same way.
+  return split_ != nullptr ? split_->complete_output({x, nullptr, x.shape()}) : x;
 }
 
-Tensor TokenPositionEmbedding::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+Tensor TokenPositionEmbedding::backward(const Tensor& given, GradientSink& sink, bool) {
+  const Tensor grad_output = split_ != nullptr ? split_->gather_output_grad(given) : given;
   token_.backward(grad_output, sink, false);
   position_.backward(grad_output, sink, false);
   return {};
+}
+
+std::vector<std::pair<std::string, Module*>> TokenPositionEmbedding::children() {
+  return {{"token", &token_}, {"position", &position_}};
 }
 
 std::vector<Parameter*> TokenPositionEmbedding::parameters() {

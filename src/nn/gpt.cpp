@@ -96,9 +96,9 @@ TransformerBlock::TransformerBlock(const GptConfig& config, std::uint64_t seed)
 }
 
 Tensor TransformerBlock::forward(const Tensor& input) {
-  Tensor x = attention_.forward(norm1_.forward(input));
+  Tensor x = run_forward(attention_, run_forward(norm1_, input));
   add_into(x, input);
-  Tensor y = projection_.forward(gelu_.forward(fc_.forward(norm2_.forward(x))));
+  Tensor y = run_forward(projection_, run_forward(gelu_, run_forward(fc_, run_forward(norm2_, x))));
   add_into(y, x);
   return y;
 }
@@ -106,11 +106,12 @@ Tensor TransformerBlock::forward(const Tensor& input) {
 Tensor TransformerBlock::backward(const Tensor& grad_output, GradientSink& sink,
                                   bool need_input_grad) {
   const Tensor dy = grad_output.contiguous();
-  Tensor dx = norm2_.backward(
-      fc_.backward(gelu_.backward(projection_.backward(dy, sink, true), sink, true), sink, true),
-      sink, true);
+  const Tensor d_hidden =
+      run_backward(gelu_, run_backward(projection_, dy, sink, true), sink, true);
+  Tensor dx = run_backward(norm2_, run_backward(fc_, d_hidden, sink, true), sink, true);
   add_into(dx, dy);
-  Tensor d_input = norm1_.backward(attention_.backward(dx, sink, true), sink, need_input_grad);
+  Tensor d_input =
+      run_backward(norm1_, run_backward(attention_, dx, sink, true), sink, need_input_grad);
   if (!need_input_grad) return {};
   add_into(d_input, dx);
   return d_input;
@@ -125,6 +126,17 @@ std::vector<Parameter*> TransformerBlock::parameters() {
   return all;
 }
 
+std::vector<std::pair<std::string, Module*>> TransformerBlock::children() {
+  return {{"norm1", &norm1_}, {"attn", &attention_}, {"norm2", &norm2_},
+          {"mlp.fc", &fc_},   {"mlp.act", &gelu_},   {"mlp.proj", &projection_}};
+}
+
+void TransformerBlock::set_exact_blocks(bool on) {
+  attention_.set_exact_blocks(on);
+  fc_.set_exact_blocks(0, on ? attention_.heads() : 0);
+  projection_.set_exact_blocks(on ? attention_.heads() : 0, 0);
+}
+
 std::string TransformerBlock::describe() const {
   return fmt::format("TransformerBlock({})", attention_.describe());
 }
@@ -136,12 +148,20 @@ LanguageModelHead::LanguageModelHead(const GptConfig& config, std::uint64_t seed
 }
 
 Tensor LanguageModelHead::forward(const Tensor& input) {
-  return output_.forward(norm_.forward(input));
+  return run_forward(output_, run_forward(norm_, input));
 }
 
 Tensor LanguageModelHead::backward(const Tensor& grad_output, GradientSink& sink,
                                    bool need_input_grad) {
-  return norm_.backward(output_.backward(grad_output, sink, true), sink, need_input_grad);
+  return run_backward(norm_, run_backward(output_, grad_output, sink, true), sink, need_input_grad);
+}
+
+std::vector<std::pair<std::string, Module*>> LanguageModelHead::children() {
+  return {{"norm", &norm_}, {"output", &output_}};
+}
+
+void LanguageModelHead::set_exact_blocks(bool on) {
+  output_.set_exact_blocks(0, on ? Linear::kEveryColumn : 0);
 }
 
 std::vector<Parameter*> LanguageModelHead::parameters() {
@@ -192,6 +212,21 @@ std::vector<Module*> Gpt::units() {
     all.push_back(block.get());
   all.push_back(&head_);
   return all;
+}
+
+std::vector<std::pair<std::string, Module*>> Gpt::children() {
+  std::vector<std::pair<std::string, Module*>> all{{"embed", &embedding_}};
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    all.emplace_back(fmt::format("blocks.{}", i), blocks_[i].get());
+  all.emplace_back("head", &head_);
+  return all;
+}
+
+void Gpt::set_exact_sums(bool on) {
+  for (auto& block : blocks_)
+    block->set_exact_blocks(on);
+  head_.set_exact_blocks(on);
+  exact_sums_ = on;
 }
 
 std::vector<Parameter*> Gpt::parameters() {

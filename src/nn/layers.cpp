@@ -5,6 +5,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/activation.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -61,25 +62,120 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
   bias_.grad = Tensor(bias_.value.shape(), DType::f32);
 }
 
-Tensor Linear::forward(const Tensor& input) {
+void Linear::set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks) {
+  const auto check = [](std::int64_t blocks, std::int64_t size, const char* which) {
+    if (blocks == kEveryColumn || blocks == 0) return;
+    if (blocks < 0 || size % blocks != 0) {
+      throw InvalidArgument(
+          fmt::format("Linear: {} {} features do not split into {} blocks", size, which, blocks));
+    }
+  };
+  check(in_blocks, weight_.value.shape()[0], "input");
+  check(out_blocks, weight_.value.shape()[1], "output");
+  if (in_blocks == kEveryColumn)
+    throw InvalidArgument("Linear: the input blocks must be a positive count");
+  in_blocks_ = in_blocks;
+  out_blocks_ = out_blocks;
+}
+
+namespace {
+
+/// [rows, columns] f32 -> [columns, rows].
+Tensor transposed(const Tensor& matrix) {
+  const Tensor m = matrix.contiguous();
+  const std::int64_t rows = m.shape()[0];
+  const std::int64_t columns = m.shape()[1];
+  Tensor out = Tensor::uninitialized(Shape{columns, rows}, DType::f32);
+  const float* in = m.values<float>().data();
+  float* o = out.values<float>().data();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < columns; ++c)
+      o[c * rows + r] = in[r * columns + c];
+  return out;
+}
+
+/// Adds each element of `values` (f32, any shape) to the matching element of `sums` once.
+void add_elements(kernels::BinnedSums& sums, const Tensor& values, kernels::Start start) {
+  kernels::add_column_sums(sums, 0, values.reshape(Shape{1, values.numel()}), start);
+}
+
+}  // namespace
+
+PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
+  const std::int64_t rows = input_.shape()[0];
+  const std::int64_t in = weight_.value.shape()[0];
+  const std::int64_t out = weight_.value.shape()[1];
+  const std::int64_t width = in / in_blocks_;
+  Tensor product = Tensor::uninitialized(Shape{rows, out}, DType::f32);
+  for (std::int64_t b = 0; b < in_blocks_; ++b) {
+    kernels::matmul(input_.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
+                    weight_.value.narrow(0, b * width, width).contiguous(), kernels::Transpose::no,
+                    product);
+    add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
+  }
+  if (split_ == nullptr || !split_->output_is_partial() || split_->is_first()) {
+    const auto bias = bias_.value.values<float>();
+    auto p = product.values<float>();
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy(bias.begin(), bias.end(), p.begin() + r * out);
+    add_elements(sums, product, kernels::Start::sums);
+  }
+  return {Tensor(), &sums, with_features(input_shape_, out)};
+}
+
+PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const {
+  const std::int64_t rows = input_.shape()[0];
+  const std::int64_t in = weight_.value.shape()[0];
+  const std::int64_t out = weight_.value.shape()[1];
+  if (out_blocks_ == kEveryColumn) {
+    kernels::add_outer_products(sums, 0, transposed(dy), transposed(weight_.value),
+                                kernels::Start::empty);
+  } else {
+    const std::int64_t width = out / out_blocks_;
+    Tensor product = Tensor::uninitialized(Shape{rows, in}, DType::f32);
+    for (std::int64_t b = 0; b < out_blocks_; ++b) {
+      kernels::matmul(dy.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
+                      weight_.value.narrow(1, b * width, width).contiguous(),
+                      kernels::Transpose::yes, product);
+      add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
+    }
+  }
+  return {Tensor(), &sums, input_shape_};
+}
+
+Tensor Linear::forward(const Tensor& given) {
+  const Tensor input = split_ != nullptr ? split_->gather_input(given) : given;
   const std::int64_t in = weight_.value.shape()[0];
   const std::int64_t out = weight_.value.shape()[1];
   check_input(input, in, describe());
   input_shape_ = input.shape();
   const std::int64_t rows = input.numel() / in;
   input_ = input.contiguous().reshape(Shape{rows, in});
-  Tensor output = Tensor::uninitialized(Shape{rows, out}, DType::f32);
-  auto y = output.values<float>();
-  const auto b = bias_.value.values<float>();
-  for (std::int64_t r = 0; r < rows; ++r)
-    std::copy(b.begin(), b.end(), y.begin() + r * out);
-  kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
-                  /*accumulate=*/true);
-  return output.reshape(with_features(input_shape_, out));
+  PartialSums partial;
+  kernels::BinnedSums sums;
+  if (in_blocks_ > 0) {
+    sums = kernels::BinnedSums::uninitialized(rows * out);
+    partial = forward_sums(sums);
+  } else {
+    Tensor output = Tensor::uninitialized(Shape{rows, out}, DType::f32);
+    auto y = output.values<float>();
+    if (split_ == nullptr || !split_->output_is_partial() || split_->is_first()) {
+      const auto b = bias_.value.values<float>();
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::copy(b.begin(), b.end(), y.begin() + r * out);
+    } else {
+      std::fill(y.begin(), y.end(), 0.0f);
+    }
+    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
+                    /*accumulate=*/true);
+    partial.values = output.reshape(with_features(input_shape_, out));
+  }
+  return split_ != nullptr ? split_->complete_output(partial) : round_partial(partial);
 }
 
-Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
+Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input_grad) {
   if (!input_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
+  const Tensor grad_output = split_ != nullptr ? split_->gather_output_grad(given) : given;
   const Shape expected = with_features(input_shape_, weight_.value.shape()[1]);
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != expected) {
@@ -92,9 +188,17 @@ Tensor Linear::backward(const Tensor& grad_output, GradientSink& sink, bool need
   sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {
-    grad_input = Tensor::uninitialized(input_.shape(), DType::f32);
-    kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, grad_input);
-    grad_input = grad_input.reshape(input_shape_);
+    PartialSums partial;
+    kernels::BinnedSums sums;
+    if (out_blocks_ != 0) {
+      sums = kernels::BinnedSums::uninitialized(input_.numel());
+      partial = input_grad_sums(dy, sums);
+    } else {
+      Tensor product = Tensor::uninitialized(input_.shape(), DType::f32);
+      kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, product);
+      partial.values = product.reshape(input_shape_);
+    }
+    grad_input = split_ != nullptr ? split_->complete_input_grad(partial) : round_partial(partial);
   }
   input_ = Tensor();
   return grad_input;
@@ -156,9 +260,11 @@ LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) 
     throw InvalidArgument(fmt::format("LayerNorm needs features > 0, got {}", features));
   if (!(epsilon > 0.0))
     throw InvalidArgument(fmt::format("LayerNorm epsilon {} is not positive", epsilon));
-  weight_ = {"weight", Tensor::full(Shape{features}, DType::f32, 1.0),
-             Tensor(Shape{features}, DType::f32)};
-  bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32)};
+  weight_ = {"weight",
+             Tensor::full(Shape{features}, DType::f32, 1.0),
+             Tensor(Shape{features}, DType::f32),
+             {}};
+  bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32), {}};
 }
 
 Tensor LayerNorm::forward(const Tensor& input) {

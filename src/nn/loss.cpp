@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -9,46 +10,130 @@ namespace meshtensor::nn {
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits,
                                          std::span<const std::int32_t> labels) {
+  return softmax_cross_entropy(logits, labels, CrossEntropyOptions{});
+}
+
+namespace {
+
+/// Each row's largest logit over every rank's classes (f64).
+std::vector<double> row_maxima(const float* in, std::int64_t rows, std::int64_t classes,
+                               ClassSplit* split) {
+  std::vector<double> largest(static_cast<std::size_t>(rows), -HUGE_VAL);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * classes;
+    double m = classes > 0 ? row[0] : -HUGE_VAL;
+    for (std::int64_t c = 1; c < classes; ++c)
+      m = std::max(m, static_cast<double>(row[c]));
+    largest[static_cast<std::size_t>(r)] = m;
+  }
+  if (split != nullptr) split->all_reduce(largest, ReduceOp::max);
+  return largest;
+}
+
+/// Rows whose first largest logit over every rank's classes is the label.
+std::int64_t count_correct(const Tensor& z, std::span<const std::int32_t> labels,
+                           ClassSplit* split) {
+  const std::vector<std::int64_t> local = predict(z);
+  if (split == nullptr) {
+    std::int64_t correct = 0;
+    for (std::size_t r = 0; r < local.size(); ++r)
+      correct += local[r] == labels[r] ? 1 : 0;
+    return correct;
+  }
+  const std::int64_t classes = z.shape()[1];
+  const float* in = z.values<float>().data();
+  std::vector<double> best(local.size()), index(local.size());
+  for (std::size_t r = 0; r < local.size(); ++r) {
+    const float v = classes > 0 ? in[static_cast<std::int64_t>(r) * classes + local[r]] : NAN;
+    best[r] = v == v ? v : -HUGE_VAL;
+  }
+  std::vector<double> top = best;
+  split->all_reduce(top, ReduceOp::max);
+  for (std::size_t r = 0; r < local.size(); ++r) {
+    index[r] = classes > 0 && best[r] == top[r]
+                   ? static_cast<double>(local[r] + split->first_class())
+                   : static_cast<double>(split->classes());
+  }
+  split->all_reduce(index, ReduceOp::min);
+  std::int64_t correct = 0;
+  for (std::size_t r = 0; r < local.size(); ++r) {
+    const auto predicted = index[r] >= static_cast<double>(split->classes())
+                               ? std::int64_t{0}
+                               : static_cast<std::int64_t>(index[r]);
+    correct += predicted == labels[r] ? 1 : 0;
+  }
+  return correct;
+}
+
+}  // namespace
+
+CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const std::int32_t> labels,
+                                         const CrossEntropyOptions& options) {
   if (!logits.defined() || logits.rank() != 2 || logits.dtype() != DType::f32) {
     throw InvalidArgument("softmax_cross_entropy needs f32 [rows, classes] logits");
   }
   const Tensor z = logits.contiguous();
   const std::int64_t rows = z.shape()[0];
   const std::int64_t classes = z.shape()[1];
+  ClassSplit* split = options.split;
+  const std::int64_t first = split != nullptr ? split->first_class() : 0;
+  const std::int64_t all_classes = split != nullptr ? split->classes() : classes;
   if (static_cast<std::int64_t>(labels.size()) != rows) {
     throw InvalidArgument(
         fmt::format("softmax_cross_entropy: {} rows of logits but {} labels", rows, labels.size()));
   }
-  CrossEntropyResult result{Tensor(Shape{rows}, DType::f64), Tensor(z.shape(), DType::f32), 0};
-  const auto in = z.values<float>();
-  auto losses = result.losses.values<double>();
-  auto grad = result.grad_logits.values<float>();
-  const std::vector<std::int64_t> predicted = predict(z);
-  std::vector<double> exponentials(static_cast<std::size_t>(classes));
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t label = labels[static_cast<std::size_t>(r)];
-    if (label < 0 || label >= classes) {
+    if (label < 0 || label >= all_classes) {
       throw InvalidArgument(
-          fmt::format("label {} of row {} is not below the {} classes", label, r, classes));
+          fmt::format("label {} of row {} is not below the {} classes", label, r, all_classes));
     }
-    const float* row = in.data() + r * classes;
-    double largest = row[0];
-    for (std::int64_t c = 1; c < classes; ++c)
-      largest = std::max(largest, static_cast<double>(row[c]));
+  }
+  CrossEntropyResult result{Tensor(Shape{rows}, DType::f64), Tensor(z.shape(), DType::f32), 0};
+  const float* in = z.values<float>().data();
+  const std::vector<double> largest = row_maxima(in, rows, classes, split);
+  // exponentials[c][r]: column r holds row r's terms, so binned column sums give row sums.
+  Tensor exponentials = Tensor::uninitialized(Shape{classes, rows}, DType::f64);
+  double* e = exponentials.values<double>().data();
+  std::vector<double> totals(static_cast<std::size_t>(rows), 0.0);
+  std::vector<double> target(static_cast<std::size_t>(rows), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * classes;
+    const double m = largest[static_cast<std::size_t>(r)];
     double total = 0.0;
     for (std::int64_t c = 0; c < classes; ++c) {
-      exponentials[static_cast<std::size_t>(c)] = std::exp(row[c] - largest);
-      total += exponentials[static_cast<std::size_t>(c)];
+      e[c * rows + r] = std::exp(row[c] - m);
+      total += e[c * rows + r];
     }
-    const double log_total = std::log(total);
-    losses[static_cast<std::size_t>(r)] = log_total - (row[label] - largest);
-    for (std::int64_t c = 0; c < classes; ++c) {
-      const double probability = exponentials[static_cast<std::size_t>(c)] / total;
-      grad[static_cast<std::size_t>(r * classes + c)] =
-          static_cast<float>(probability - (c == label ? 1.0 : 0.0));
-    }
-    if (predicted[static_cast<std::size_t>(r)] == label) ++result.correct;
+    totals[static_cast<std::size_t>(r)] = total;
+    const std::int64_t label = labels[static_cast<std::size_t>(r)] - first;
+    if (label >= 0 && label < classes) target[static_cast<std::size_t>(r)] = row[label] - m;
   }
+  if (options.exact_sums) {
+    kernels::BinnedSums sums(rows);
+    if (rows > 0 && classes > 0) kernels::add_column_sums(sums, 0, exponentials);
+    if (split != nullptr) {
+      split->all_reduce_exact(sums, totals);
+    } else {
+      Tensor rounded = Tensor::uninitialized(Shape{rows}, DType::f64);
+      kernels::round_binned_sums(sums, 1, rounded);
+      std::copy_n(rounded.values<double>().data(), rows, totals.begin());
+    }
+  } else if (split != nullptr) {
+    split->all_reduce(totals, ReduceOp::sum);
+  }
+  if (split != nullptr) split->all_reduce(target, ReduceOp::sum);  // one non-zero term
+  auto losses = result.losses.values<double>();
+  float* grad = result.grad_logits.values<float>().data();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double total = totals[static_cast<std::size_t>(r)];
+    losses[static_cast<std::size_t>(r)] = std::log(total) - target[static_cast<std::size_t>(r)];
+    const std::int64_t label = labels[static_cast<std::size_t>(r)] - first;
+    for (std::int64_t c = 0; c < classes; ++c)
+      grad[r * classes + c] =
+          static_cast<float>(e[c * rows + r] / total - (c == label ? 1.0 : 0.0));
+  }
+  result.correct = count_correct(z, labels, split);
   return result;
 }
 

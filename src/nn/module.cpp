@@ -65,6 +65,28 @@ std::string Sequential::describe() const {
   return text + ")";
 }
 
+Tensor round_partial(const PartialSums& partial) {
+  if (partial.exact == nullptr) return partial.values;
+  Tensor out = Tensor::uninitialized(partial.shape, DType::f32);
+  kernels::round_binned_sums(*partial.exact, 1, out);
+  return out;
+}
+
+namespace {
+void collect_modules(Module& module, const std::string& path,
+                     std::vector<std::pair<std::string, Module*>>& out) {
+  out.emplace_back(path, &module);
+  for (auto& [name, child] : module.children())
+    collect_modules(*child, path.empty() ? name : path + "." + name, out);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Module*>> named_modules(Module& root) {
+  std::vector<std::pair<std::string, Module*>> out;
+  collect_modules(root, "", out);
+  return out;
+}
+
 std::uint64_t parameters_digest(const std::vector<Parameter*>& parameters) {
   Digest64 digest;
   for (const Parameter* p : parameters) {

@@ -9,7 +9,8 @@
 namespace meshtensor::nn {
 
 /// Multi-head causal self-attention over f32 [batch, sequence, dim]: qkv = x·W_qkv + b (one
-/// Linear to 3·dim: queries, keys, values, each split into `heads` heads of dim / heads), each
+/// Linear to 3·dim, head after head: each head's query, key and value columns, dim / heads each,
+/// side by side, so a column-parallel split along whole heads keeps each head on one rank), each
 /// head's rows attend to the rows at or before them (kernels::attention_row, scale
 /// 1/sqrt(head dim)), and the heads' outputs, side by side, go through the output projection.
 /// Every sequence and head is computed on its own in a fixed order, so a sequence's output never
@@ -24,8 +25,12 @@ class CausalSelfAttention : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
-  /// Number of heads.
+  /// Number of heads (of the whole layer; a rank holding part of qkv computes its heads only).
   std::int64_t heads() const { return heads_; }
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// Exact-mode sums over whole heads (Linear::set_exact_blocks): the output projection's sums
+  /// over the heads' outputs and qkv's input-gradient sums over the heads' columns.
+  void set_exact_blocks(bool on);
 
  private:
   std::int64_t dim_;

@@ -23,9 +23,17 @@ class Embedding : public Module {
   Parameter& weight() { return weight_; }
   /// The table ([count, dim]).
   const Parameter& weight() const { return weight_; }
+  /// Makes the table rows [offset, offset + count) of a table of `total` rows (vocabulary
+  /// parallelism): indices below `total` are valid, those of other rows give zeros forward and
+  /// no gradient. InvalidArgument unless the rows lie inside `total`.
+  void set_row_range(std::int64_t offset, std::int64_t total);
+  /// Rows of the whole table.
+  std::int64_t total_rows() const { return total_rows_; }
 
  private:
   Parameter weight_;
+  std::int64_t row_offset_ = 0;
+  std::int64_t total_rows_ = 0;
   std::vector<std::int64_t> indices_;
   Shape output_shape_;
 };
@@ -40,8 +48,16 @@ class TokenPositionEmbedding : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// The token table.
+  Embedding& token() { return token_; }
+  /// Installs the communication of a parallel style (null: none): the output is the sum of the
+  /// token rows this rank holds and the position rows (the first member adds those), completed
+  /// by `split`. It must outlive the module.
+  void set_split(SplitCommunication* split) { split_ = split; }
 
  private:
+  SplitCommunication* split_ = nullptr;
   Embedding token_;
   Embedding position_;
 };

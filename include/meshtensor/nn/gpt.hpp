@@ -50,6 +50,11 @@ class TransformerBlock : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
+  /// "norm1", "attn", "norm2", "mlp.fc", "mlp.act", "mlp.proj".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// Exact sums over whole heads in the attention and over heads-many blocks of the MLP's hidden
+  /// features (see Gpt::set_exact_sums).
+  void set_exact_blocks(bool on);
 
  private:
   LayerNorm norm1_;
@@ -69,6 +74,10 @@ class LanguageModelHead : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
+  /// "norm", "output".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// The input gradient as the exact sum over the vocabulary's products.
+  void set_exact_blocks(bool on);
 
  private:
   LayerNorm norm_;
@@ -91,9 +100,21 @@ class Gpt : public Module {
   std::vector<Module*> units();
   /// The config the model was built from.
   const GptConfig& config() const { return config_; }
+  /// "embed", "blocks.0", ..., "head".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree: every sum that a
+  /// tensor-parallel split divides among ranks is the correctly rounded sum of terms fixed by
+  /// the model alone. Attention output projection: one f32 partial product per head; MLP output
+  /// projection: one per heads-many equal blocks of the hidden features; the input gradients of
+  /// qkv and the MLP's first layer: likewise per head and block; the LM head's input gradient:
+  /// the exact sum of its products over the vocabulary. Off: ordered f32 products throughout.
+  void set_exact_sums(bool on);
+  /// Whether set_exact_sums is on.
+  bool exact_sums() const { return exact_sums_; }
 
  private:
   GptConfig config_;
+  bool exact_sums_ = false;
   TokenPositionEmbedding embedding_;
   std::vector<std::unique_ptr<TransformerBlock>> blocks_;
   LanguageModelHead head_;

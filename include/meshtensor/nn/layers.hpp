@@ -23,11 +23,35 @@ class Linear : public Module {
   /// The bias parameter ([out]).
   Parameter& bias() { return bias_; }
 
+  /// Exact sums over blocks (exact mode's tensor-parallel invariance): with `in_blocks` > 0 the
+  /// output is the correctly rounded sum of the bias and the f32 products of `in_blocks` equal
+  /// column blocks of the input with the matching row blocks of W; with `out_blocks` > 0 the
+  /// input gradient is the correctly rounded sum of the f32 products of `out_blocks` column
+  /// blocks of the output gradient with those of W; kEveryColumn makes each column a block (the
+  /// exact sum of the products). Blocks are fixed by the model, not by how many ranks hold them,
+  /// so a split along whole blocks gives the same bits. 0: one ordered f32 product (the default).
+  void set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks);
+  /// Input blocks, output blocks (see set_exact_blocks).
+  std::pair<std::int64_t, std::int64_t> exact_blocks() const { return {in_blocks_, out_blocks_}; }
+  /// Installs the communication of a parallel style (null: none); it must outlive the layer.
+  void set_split(SplitCommunication* split) { split_ = split; }
+  /// The installed communication, or null.
+  SplitCommunication* split() const { return split_; }
+
+  /// Blocks of one column each (set_exact_blocks).
+  static constexpr std::int64_t kEveryColumn = -1;
+
  private:
+  PartialSums forward_sums(kernels::BinnedSums& sums) const;
+  PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
+
   Parameter weight_;
   Parameter bias_;
   Tensor input_;  // [rows, in]
   Shape input_shape_;
+  std::int64_t in_blocks_ = 0;
+  std::int64_t out_blocks_ = 0;
+  SplitCommunication* split_ = nullptr;
 };
 
 /// max(x, 0); NaN stays NaN.

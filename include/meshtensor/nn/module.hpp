@@ -4,17 +4,37 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
 
 namespace meshtensor::nn {
+
+/// Where a parameter's value lies in the whole tensor once a parallel style split it over ranks
+/// (tensor parallelism); a default split means the value is the whole tensor.
+struct ParameterSplit {
+  Shape global_shape;                ///< the whole tensor's shape (rank 0: not split)
+  std::vector<std::int64_t> offset;  ///< first element of the value in it
+  /// False on the ranks holding a copy that another rank of the split group also holds (a
+  /// replicated parameter): one rank saves each block.
+  bool saves = true;
+  /// True when the ranks of the split group see different rows of the data for this replicated
+  /// parameter (sequence parallelism), so its gradient sums are partial over the group.
+  bool partial_gradients = false;
+};
 
 /// A trainable tensor: its value and the gradient the last step wrote for it (same shape, f32).
 struct Parameter {
   std::string name;  ///< dotted path, e.g. "layers.0.weight"
   Tensor value;
   Tensor grad;
+  ParameterSplit split;  ///< set by a parallel style
+  /// The whole tensor's shape (value's shape unless split).
+  Shape global_shape() const {
+    return split.global_shape.rank() > 0 ? split.global_shape : value.shape();
+  }
 };
 
 /// Receives the sums over samples that make parameter gradients. Modules never add gradients
@@ -38,6 +58,41 @@ class GradientSink {
 };
 
 class Module;
+
+/// A module's partial result: sums over a dimension that is split over ranks (or over blocks of
+/// it), not yet complete. `values` holds f32 partial sums (ordered and native modes); in exact
+/// mode `exact` points at binned sums of `shape`'s elements instead.
+struct PartialSums {
+  Tensor values;
+  kernels::BinnedSums* exact = nullptr;
+  Shape shape;
+};
+
+/// The communication a parallel style installs on a module whose work is split over the ranks of
+/// a group (tensor parallelism): the module computes its local part and calls these where its
+/// input rows or sums are incomplete. Every member of the group makes the same calls.
+class SplitCommunication {
+ public:
+  virtual ~SplitCommunication() = default;
+  /// True when the module's output holds partial sums (the dim it sums over is split): terms
+  /// every member holds (a bias) are added by the first member only.
+  virtual bool output_is_partial() const = 0;
+  /// True on the group's first member.
+  virtual bool is_first() const = 0;
+  /// Forward: the input as the local computation needs it (rows gathered from the members'
+  /// sequence shards, or the input itself).
+  virtual Tensor gather_input(const Tensor& input) = 0;
+  /// Forward: the output from the module's partial or local result (sums completed over the
+  /// group, rows scattered to this member's shard; rounded once in exact mode).
+  virtual Tensor complete_output(const PartialSums& partial) = 0;
+  /// Backward of complete_output: the output gradient as the local computation needs it.
+  virtual Tensor gather_output_grad(const Tensor& grad) = 0;
+  /// Backward of gather_input: the input gradient from the module's partial or local result.
+  virtual Tensor complete_input_grad(const PartialSums& partial) = 0;
+};
+
+/// The whole result of `partial` on one rank: its values, or its binned sums rounded once.
+Tensor round_partial(const PartialSums& partial);
 
 /// Runs around a module's forward and backward when installed on it (Module::set_hooks), for
 /// whatever calls the module through run_forward() / run_backward(): a sharded-parameter runtime
@@ -72,6 +127,8 @@ class Module {
   virtual std::vector<Parameter*> parameters() { return {}; }
   /// Short description, e.g. "Linear(784, 1024)".
   virtual std::string describe() const = 0;
+  /// The modules inside this one with their names ("attn", "blocks.0"), in forward order.
+  virtual std::vector<std::pair<std::string, Module*>> children() { return {}; }
   /// Installs hooks run around this module's forward and backward (null: none). The hooks must
   /// outlive the module or be removed first.
   void set_hooks(ModuleHooks* hooks) { hooks_ = hooks; }
@@ -111,6 +168,10 @@ class Sequential : public Module {
 
 /// Prepends "<prefix>." to the names of `module`'s parameters (a container naming its children).
 void prefix_parameter_names(Module& module, const std::string& prefix);
+
+/// Every module under `root` with its dotted path ("blocks.0.attn.qkv"), `root` first (path
+/// ""), parents before children.
+std::vector<std::pair<std::string, Module*>> named_modules(Module& root);
 
 /// Digest of the names, shapes and value bits of `parameters` in order: equal digests mean
 /// bitwise-equal weights.

@@ -1,0 +1,88 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <meshtensor/mesh/placement.hpp>
+#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/module.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
+
+namespace meshtensor::tp {
+
+/// How a module is split over a tensor-parallel group: which parameters each rank keeps and
+/// where activations change placement at the module's boundary. Activations are [batch,
+/// sequence, features]: Replicate, Shard(1) (a sequence shard) or Shard(2) (a feature shard).
+class ParallelStyle {
+ public:
+  virtual ~ParallelStyle() = default;
+  /// Splits `module` (at `path`) over `tp`; InvalidArgument naming the path when the style does
+  /// not apply to the module.
+  virtual void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const = 0;
+  /// E.g. "ColwiseParallel(input=Shard(1))".
+  virtual std::string describe() const = 0;
+};
+
+/// A Linear split along its output features: W and b by columns. Input Replicate or Shard(1)
+/// (gathered before the product); output Shard(2), kept local. Backward, the input gradient's
+/// sums over the split features are completed to the input placement (all-reduce or
+/// reduce-scatter).
+class ColwiseParallel : public ParallelStyle {
+ public:
+  explicit ColwiseParallel(Placement input = Placement::replicate());
+  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string describe() const override;
+
+ private:
+  Placement input_;
+};
+
+/// A Linear split along its input features (W by rows; b whole, added once), or a token
+/// embedding split along its rows (the vocabulary). Output Partial, completed to `output`:
+/// Replicate (all-reduce) or Shard(1) (reduce-scatter).
+class RowwiseParallel : public ParallelStyle {
+ public:
+  explicit RowwiseParallel(Placement output = Placement::replicate());
+  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string describe() const override;
+
+ private:
+  Placement output_;
+};
+
+/// A module computed on sequence shards (a norm): parameters replicated, their gradient sums
+/// partial over the group (reduced over it with the data-parallel reduction).
+class SequenceParallel : public ParallelStyle {
+ public:
+  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string describe() const override { return "SequenceParallel"; }
+};
+
+/// Module path patterns and their styles; `*` matches one path component or part of it (no dot).
+using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<const ParallelStyle>>>;
+
+/// True when `path` matches `pattern` (`*` matches any run of characters other than '.').
+bool matches_pattern(const std::string& pattern, const std::string& path);
+
+/// Applies `plan` to the modules under `root`; every parameter no style split is marked
+/// replicated over the group (saved by its first member). InvalidArgument for a pattern that
+/// matches no module, or a style that does not apply to a module it matches. Returns the
+/// (path, style) pairs applied, in module order.
+std::vector<std::pair<std::string, std::string>> parallelize_module(nn::Module& root,
+                                                                    TensorParallel& tp,
+                                                                    const ParallelizePlan& plan);
+
+/// Megatron's plan for the GPT: the token embedding split by vocabulary rows, qkv and the first
+/// MLP layer column-parallel (whole heads per rank), the attention and MLP output projections
+/// row-parallel, the LM head column-parallel over the vocabulary (its loss vocabulary-parallel);
+/// with sequence parallelism the norms run on sequence shards and the row-parallel outputs are
+/// reduce-scattered along the sequence.
+ParallelizePlan gpt_plan(bool sequence_parallel);
+
+/// InvalidArgument naming both numbers unless a GPT of `config` splits over `degree` ranks (the
+/// degree must divide the heads; the vocabulary must have a row per rank).
+void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree);
+
+}  // namespace meshtensor::tp

@@ -1,0 +1,143 @@
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/tp/style.hpp>
+
+namespace meshtensor::tp {
+namespace {
+
+nn::GptConfig small_config() {
+  nn::GptConfig config;
+  config.layers = 2;
+  config.heads = 4;
+  config.dim = 32;
+  config.context = 12;
+  config.vocabulary = 61;  // splits unevenly over 2, 3 and 4 ranks
+  config.seed = 7;
+  return config;
+}
+
+Tensor tokens(std::int64_t batch, std::int64_t length, std::int64_t vocabulary) {
+  return Tensor::random_int(Shape{batch, length}, DType::i64, 11, 0, vocabulary);
+}
+
+/// What one rank of one layout computed: the whole logits, the loss of every row and the
+/// gradient of every parameter, placed in the whole parameter's shape.
+struct Outcome {
+  Tensor logits;
+  Tensor losses;
+  std::map<std::string, Tensor> grads;  // parameters whose gradient is whole on this rank
+};
+
+/// Forward, loss and backward of the small GPT on `degree` thread ranks of one tensor-parallel
+/// group; returns rank 0's outcome and checks every rank's logits equal it.
+Outcome run_degree(int degree, bool sequence_parallel, comm::ReductionMode mode) {
+  const nn::GptConfig config = small_config();
+  const bool exact = mode == comm::ReductionMode::exact;
+  const Tensor input = tokens(3, 10, config.vocabulary);
+  std::vector<std::int32_t> labels(30);
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<std::int32_t>((i * 7) % config.vocabulary);
+  std::mutex mutex;
+  std::vector<Outcome> outcomes(static_cast<std::size_t>(degree));
+  comm::run_threads(degree, [&](std::shared_ptr<comm::Communicator> world) {
+    nn::Gpt model(config);
+    model.set_exact_sums(exact);
+    TensorParallel tp(world, mode, sequence_parallel);
+    parallelize_module(model, tp, gpt_plan(sequence_parallel));
+    const Tensor logits = model.forward(input);
+    const nn::CrossEntropyResult loss = parallel_cross_entropy(
+        logits.reshape(Shape{30, logits.shape()[2]}), labels, &tp, config.vocabulary, exact);
+    nn::BinnedGradients sums(model.parameters());
+    sums.clear();
+    model.backward(loss.grad_logits.reshape(logits.shape()), sums, false);
+    sums.finish(1);
+    Outcome outcome;
+    outcome.logits = degree > 1 ? gather_classes(tp, logits, config.vocabulary) : logits;
+    outcome.losses = loss.losses;
+    for (nn::Parameter* p : model.parameters()) {
+      if (p->split.partial_gradients) continue;
+      outcome.grads[p->name] = p->grad.clone();
+    }
+    const std::lock_guard lock(mutex);
+    outcomes[static_cast<std::size_t>(world->rank())] = std::move(outcome);
+  });
+  for (const Outcome& o : outcomes) {
+    EXPECT_EQ(o.logits.digest(), outcomes.front().logits.digest());
+    EXPECT_EQ(o.losses.digest(), outcomes.front().losses.digest());
+  }
+  return outcomes.front();
+}
+
+TEST(TensorParallel, ExactLogitsLossesAndGradientsDoNotDependOnTheDegree) {
+  const Outcome whole = run_degree(1, false, comm::ReductionMode::exact);
+  for (const int degree : {2, 4}) {
+    for (const bool sequence : {false, true}) {
+      SCOPED_TRACE(fmt::format("tp {} sequence parallel {}", degree, sequence));
+      const Outcome split = run_degree(degree, sequence, comm::ReductionMode::exact);
+      EXPECT_EQ(split.logits.digest(), whole.logits.digest());
+      EXPECT_EQ(split.losses.digest(), whole.losses.digest());
+      // Rank 0's blocks of every parameter gradient equal the same block of the whole one.
+      for (const auto& [name, grad] : split.grads) {
+        const Tensor& reference = whole.grads.at(name);
+        Tensor block = reference;
+        for (int d = 0; d < grad.rank(); ++d)
+          block = block.narrow(d, 0, grad.shape()[d]);
+        EXPECT_EQ(block.contiguous().digest(), grad.digest()) << name;
+      }
+    }
+  }
+}
+
+TEST(TensorParallel, OrderedRanksAgreeAndRunsRepeat) {
+  const Outcome whole = run_degree(1, false, comm::ReductionMode::ordered);
+  for (const bool sequence : {false, true}) {
+    const Outcome a = run_degree(2, sequence, comm::ReductionMode::ordered);
+    const Outcome b = run_degree(2, sequence, comm::ReductionMode::ordered);
+    EXPECT_EQ(a.logits.digest(), b.logits.digest());
+    // Ordered sums split over ranks round differently: what exact mode's blocks are for.
+    EXPECT_NE(a.logits.digest(), whole.logits.digest());
+  }
+}
+
+TEST(TensorParallel, PatternsMatchWholeComponents) {
+  EXPECT_TRUE(matches_pattern("blocks.*.attn.qkv", "blocks.0.attn.qkv"));
+  EXPECT_TRUE(matches_pattern("blocks.*.attn.qkv", "blocks.12.attn.qkv"));
+  EXPECT_FALSE(matches_pattern("blocks.*.attn.qkv", "blocks.0.x.attn.qkv"));
+  EXPECT_TRUE(matches_pattern("head.*", "head.norm"));
+  EXPECT_FALSE(matches_pattern("head", "head.norm"));
+  EXPECT_TRUE(matches_pattern("*", "embed"));
+}
+
+TEST(TensorParallel, BadPlansAndDegreesNameTheValues) {
+  comm::run_threads(2, [&](std::shared_ptr<comm::Communicator> world) {
+    nn::Gpt model(small_config());
+    TensorParallel tp(world, comm::ReductionMode::ordered, false);
+    try {
+      parallelize_module(model, tp, {{"blocks.*.nothing", std::make_shared<ColwiseParallel>()}});
+      ADD_FAILURE() << "no error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("blocks.*.nothing"), std::string::npos);
+    }
+    EXPECT_THROW(parallelize_module(model, tp, {{"blocks.0.norm1",
+                                                 std::make_shared<ColwiseParallel>()}}),
+                 InvalidArgument);
+  });
+  try {
+    check_gpt_degree(small_config(), 3);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("degree 3"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("4 heads"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace meshtensor::tp
