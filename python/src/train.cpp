@@ -350,6 +350,9 @@ std::shared_ptr<PyModel> shard_model(const std::shared_ptr<PyModel>& model,
   fsdp::RuntimeOptions options;
   options.mode = mode_from(mode);
   options.prefetch = prefetch;
+  // Exact mode's GPT sums (the trainer's choice): bits independent of any tensor-parallel split.
+  if (auto* gpt = dynamic_cast<nn::Gpt*>(model->module.get()))
+    gpt->set_exact_sums(options.mode == comm::ReductionMode::exact);
   std::unique_ptr<fsdp::ShardedModel> sharded;
   {
     const py::gil_scoped_release release;  // making the groups is collective
@@ -620,16 +623,20 @@ void bind_models(py::module_& module) {
 
   module.def(
       "cross_entropy",
-      [](const py::object& logits, const py::object& labels) {
+      [](const py::object& logits, const py::object& labels, bool exact_sums) {
         const Tensor input = f32_input(logits, "logits");
         const std::vector<std::int32_t> classes = labels_from(labels);
-        const nn::CrossEntropyResult result = nn::softmax_cross_entropy(input, classes);
+        nn::CrossEntropyOptions options;
+        options.exact_sums = exact_sums;
+        const nn::CrossEntropyResult result = nn::softmax_cross_entropy(input, classes, options);
         return py::make_tuple(array_from_tensor(result.losses),
                               array_from_tensor(result.grad_logits), result.correct);
       },
-      py::arg("logits"), py::arg("labels"),
+      py::arg("logits"), py::arg("labels"), py::kw_only(), py::arg("exact_sums") = false,
       "(losses float64 [rows], grad_logits float32 [rows, classes], correct): softmax "
-      "cross-entropy row by row; the gradient is that of the *sum* of the losses.");
+      "cross-entropy row by row; the gradient is that of the *sum* of the losses. exact_sums: "
+      "the softmax denominators as correctly rounded sums (what `meshtensor train` uses for a "
+      "GPT in exact mode).");
 }
 
 void bind_data(py::module_& module) {

@@ -59,6 +59,10 @@ struct TrainOptions {
   TimeoutOption timeout;
   std::string strategy;  // empty: hsdp with --mesh, ddp otherwise
   std::string mesh;
+  std::string names;  // with --mesh: dims dp, fsdp, tp by name
+  bool sequence_parallel = false;
+  std::string clip_grad_norm = "0";
+  bool explain_parallelism = false;
   bool reshard_after_forward = false;
   bool no_reshard_after_forward = false;
   std::string prefetch = "1";
@@ -80,6 +84,28 @@ const std::string kGptBatch = std::to_string(train::LanguageDefaults::batch);
 constexpr std::int64_t kGptSteps = train::LanguageDefaults::steps;
 const std::string kGptWarmup = std::to_string(train::LanguageDefaults::warmup);
 const std::string kGptEvalEvery = std::to_string(train::LanguageDefaults::eval_every);
+
+/// --strategy and --mesh RxS (hsdp) when the mesh is not given by dim names.
+void parse_strategy_mesh(const TrainOptions& options, train::TrainConfig& config) {
+  if (options.sequence_parallel)
+    throw ParseError("--sequence-parallel needs a tp mesh dim: --mesh ... --names ...,tp");
+  config.strategy = train::parse_strategy(
+      options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy);
+  if (!options.mesh.empty()) {
+    if (config.strategy != train::Strategy::hsdp) {
+      throw ParseError(
+          fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
+                      "{} runs on a 1-D mesh of --ranks",
+                      options.mesh, options.strategy));
+    }
+    const auto cross = options.mesh.find('x');
+    if (cross == std::string::npos || options.mesh.find('x', cross + 1) != std::string::npos)
+      throw ParseError(fmt::format("--mesh '{}' is not RxS (e.g. 2x4)", options.mesh));
+    config.replicas =
+        integer_option("--mesh", options.mesh.substr(0, cross), 1, comm::kMaxThreadsRanks);
+    integer_option("--mesh", options.mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
+  }
+}
 
 train::TrainConfig parse_config(const TrainOptions& options) {
   train::TrainConfig config;
@@ -108,21 +134,22 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.momentum = real_option("--momentum", options.momentum, 0.0, 1.0);
   config.mode = comm::parse_reduction_mode(options.mode);
   config.seed = seed_option("--seed", options.seed);
-  config.strategy = train::parse_strategy(
-      options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy);
-  if (!options.mesh.empty()) {
-    if (config.strategy != train::Strategy::hsdp) {
+  config.clip_grad_norm = real_option("--clip-grad-norm", options.clip_grad_norm, 0.0, 1e6);
+  config.sequence_parallel = options.sequence_parallel;
+  if (!options.names.empty()) {
+    if (options.mesh.empty()) throw ParseError("--names names the dims of --mesh; give --mesh too");
+    if (!options.strategy.empty()) {
       throw ParseError(
-          fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
-                      "{} runs on a 1-D mesh of --ranks",
-                      options.mesh, options.strategy));
+          fmt::format("--names {} gives the layout by mesh dim names; --strategy {} does not apply",
+                      options.names, options.strategy));
     }
-    const auto cross = options.mesh.find('x');
-    if (cross == std::string::npos || options.mesh.find('x', cross + 1) != std::string::npos)
-      throw ParseError(fmt::format("--mesh '{}' is not RxS (e.g. 2x4)", options.mesh));
-    config.replicas =
-        integer_option("--mesh", options.mesh.substr(0, cross), 1, comm::kMaxThreadsRanks);
-    integer_option("--mesh", options.mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
+    config.mesh = train::parse_named_mesh(options.mesh, options.names);
+    if (config.mesh.ranks() > comm::kMaxThreadsRanks) {
+      throw ParseError(
+          fmt::format("--mesh {} has more than {} ranks", options.mesh, comm::kMaxThreadsRanks));
+    }
+  } else {
+    parse_strategy_mesh(options, config);
   }
   if (options.reshard_after_forward && options.no_reshard_after_forward)
     throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
@@ -157,12 +184,18 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   return config;
 }
 
-/// The rank count of --mesh RxS (R * S), or 0 without --mesh.
+/// The rank count of --mesh AxBx... (the product of its sizes), or 0 without --mesh.
 std::int64_t mesh_ranks(const std::string& mesh) {
   if (mesh.empty()) return 0;
-  const auto cross = mesh.find('x');
-  return integer_option("--mesh", mesh.substr(0, cross), 1, comm::kMaxThreadsRanks) *
-         integer_option("--mesh", mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
+  std::int64_t ranks = 1;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t cross = mesh.find('x', start);
+    ranks *= integer_option("--mesh", mesh.substr(start, cross - start), 1, comm::kMaxThreadsRanks);
+    if (ranks > comm::kMaxThreadsRanks) return ranks;
+    if (cross == std::string::npos) return ranks;
+    start = cross + 1;
+  }
 }
 
 /// The task a command trains, with the data it holds.
@@ -1018,7 +1051,17 @@ void add_train_command(CLI::App& app) {
   command->add_option("--strategy", options->strategy,
                       "ddp, fsdp or hsdp (default: hsdp with --mesh, ddp otherwise)");
   command->add_option("--mesh", options->mesh,
-                      "hsdp mesh RxS: R replicas of S-way sharding (ranks = R*S; default 2xN/2)");
+                      "hsdp mesh RxS: R replicas of S-way sharding (ranks = R*S; default 2xN/2); "
+                      "with --names, the sizes of the named dims (e.g. 2x2x2)");
+  command->add_option("--names", options->names,
+                      "names of the --mesh dims: dp (replicate), fsdp (shard), tp (tensor "
+                      "parallel), e.g. dp,fsdp,tp");
+  add_flag(*command, "--sequence-parallel", options->sequence_parallel,
+           "with a tp dim: norms and the residual stream on sequence shards");
+  command->add_option("--clip-grad-norm", options->clip_grad_norm,
+                      "clip gradients to this global L2 norm (default 0: off)");
+  add_flag(*command, "--explain-parallelism", options->explain_parallelism,
+           "print the tensor-parallel plan and the collectives of the first step");
   add_flag(*command, "--reshard-after-forward", options->reshard_after_forward,
            "free gathered parameters after forward, gather again for backward (the default)");
   add_flag(*command, "--no-reshard-after-forward", options->no_reshard_after_forward,

@@ -51,14 +51,14 @@ class StyleCommunication : public nn::SplitCommunication {
     const std::string what = "output Partial -> " + placement_text(output_);
     if (partial.exact != nullptr)
       return tp_.complete_exact(*partial.exact, shape, output_, path_, "forward", what);
-    return tp_.redistribute(partial.values, shape, Placement::partial(), output_, path_,
-                            "forward", what);
+    return tp_.redistribute(partial.values, shape, Placement::partial(), output_, path_, "forward",
+                            what);
   }
 
   Tensor gather_output_grad(const Tensor& grad) override {
     if (!partial_output_ || !output_.is_shard()) return grad;
-    return tp_.redistribute(grad, output_shape_, output_, Placement::replicate(), path_,
-                            "backward", "grad output " + placement_text(output_) + " -> Replicate");
+    return tp_.redistribute(grad, output_shape_, output_, Placement::replicate(), path_, "backward",
+                            "grad output " + placement_text(output_) + " -> Replicate");
   }
 
   Tensor complete_input_grad(const nn::PartialSums& partial) override {
@@ -93,8 +93,8 @@ void keep_chunk(nn::Parameter& p, int dim, const Chunk& chunk) {
 /// Marks `p` as held whole by every member (saved by the first).
 void keep_whole(nn::Parameter& p, const TensorParallel& tp, bool partial_gradients) {
   p.split = {p.value.shape(),
-             std::vector<std::int64_t>(static_cast<std::size_t>(p.value.rank()), 0),
-             tp.rank() == 0, partial_gradients};
+             std::vector<std::int64_t>(static_cast<std::size_t>(p.value.rank()), 0), tp.rank() == 0,
+             partial_gradients};
 }
 
 /// The local count of `blocks` exact-sum blocks along a dim of `size` split over `tp`.
@@ -126,22 +126,22 @@ std::string ColwiseParallel::describe() const {
   return fmt::format("ColwiseParallel(input={})", placement_text(input_));
 }
 
-void ColwiseParallel::apply(nn::Module& module, const std::string& path,
-                            TensorParallel& tp) const {
+void ColwiseParallel::apply(nn::Module& module, const std::string& path, TensorParallel& tp) const {
   nn::Linear& linear = as_linear(module, path, "ColwiseParallel");
   const std::int64_t out = linear.weight().value.shape()[1];
   const auto [in_blocks, out_blocks] = linear.exact_blocks();
   const std::int64_t local = local_blocks(out_blocks, out, tp, path);
   const Chunk chunk = chunk_extent(out, tp.size(), tp.rank());
   if (chunk.size == 0) {
-    throw InvalidArgument(fmt::format("{}: {} output features leave tensor-parallel rank {} of {} none",
-                                      path, out, tp.rank(), tp.size()));
+    throw InvalidArgument(
+        fmt::format("{}: {} output features leave tensor-parallel rank {} of {} none", path, out,
+                    tp.rank(), tp.size()));
   }
   keep_chunk(linear.weight(), 1, chunk);
   keep_chunk(linear.bias(), 0, chunk);
   linear.set_exact_blocks(in_blocks, local);
-  linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
-      tp, path, false, input_, Placement::shard(2))));
+  linear.set_split(
+      &tp.keep(std::make_unique<StyleCommunication>(tp, path, false, input_, Placement::shard(2))));
 }
 
 RowwiseParallel::RowwiseParallel(Placement output) : output_(output) {}
@@ -150,8 +150,7 @@ std::string RowwiseParallel::describe() const {
   return fmt::format("RowwiseParallel(output={})", placement_text(output_));
 }
 
-void RowwiseParallel::apply(nn::Module& module, const std::string& path,
-                            TensorParallel& tp) const {
+void RowwiseParallel::apply(nn::Module& module, const std::string& path, TensorParallel& tp) const {
   if (auto* embedding = dynamic_cast<nn::TokenPositionEmbedding*>(&module)) {
     nn::Parameter& table = embedding->token().weight();
     const std::int64_t rows = table.value.shape()[0];
@@ -160,8 +159,8 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& path,
     embedding->token().set_row_range(chunk.offset, rows);
     for (nn::Parameter* p : embedding->parameters())
       if (p != &table) keep_whole(*p, tp, false);
-    embedding->set_split(&tp.keep(std::make_unique<StyleCommunication>(
-        tp, path, true, Placement::replicate(), output_)));
+    embedding->set_split(&tp.keep(
+        std::make_unique<StyleCommunication>(tp, path, true, Placement::replicate(), output_)));
     return;
   }
   nn::Linear& linear = as_linear(module, path, "RowwiseParallel");
@@ -171,8 +170,8 @@ void RowwiseParallel::apply(nn::Module& module, const std::string& path,
   keep_chunk(linear.weight(), 0, chunk_extent(in, tp.size(), tp.rank()));
   keep_whole(linear.bias(), tp, false);
   linear.set_exact_blocks(local, out_blocks);
-  linear.set_split(&tp.keep(
-      std::make_unique<StyleCommunication>(tp, path, true, Placement::shard(2), output_)));
+  linear.set_split(
+      &tp.keep(std::make_unique<StyleCommunication>(tp, path, true, Placement::shard(2), output_)));
 }
 
 void SequenceParallel::apply(nn::Module& module, const std::string& path,
@@ -238,12 +237,9 @@ ParallelizePlan gpt_plan(bool sequence_parallel) {
   const Placement activations = sequence_parallel ? Placement::shard(1) : Placement::replicate();
   const auto colwise = std::make_shared<ColwiseParallel>(activations);
   const auto rowwise = std::make_shared<RowwiseParallel>(activations);
-  ParallelizePlan plan{{"embed", rowwise},
-                       {"blocks.*.attn.qkv", colwise},
-                       {"blocks.*.attn.proj", rowwise},
-                       {"blocks.*.mlp.fc", colwise},
-                       {"blocks.*.mlp.proj", rowwise},
-                       {"head.output", colwise}};
+  ParallelizePlan plan{
+      {"embed", rowwise},           {"blocks.*.attn.qkv", colwise}, {"blocks.*.attn.proj", rowwise},
+      {"blocks.*.mlp.fc", colwise}, {"blocks.*.mlp.proj", rowwise}, {"head.output", colwise}};
   if (sequence_parallel) {
     const auto sequence = std::make_shared<SequenceParallel>();
     for (const char* norm : {"blocks.*.norm1", "blocks.*.norm2", "head.norm"})
@@ -253,7 +249,8 @@ ParallelizePlan gpt_plan(bool sequence_parallel) {
 }
 
 void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree) {
-  if (degree < 1) throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
+  if (degree < 1)
+    throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
   if (config.heads % degree != 0) {
     throw InvalidArgument(fmt::format(
         "tensor-parallel degree {} does not divide the model's {} heads (each rank computes whole "

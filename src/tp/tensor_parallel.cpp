@@ -38,8 +38,8 @@ comm::MeshGroups tp_groups(const std::shared_ptr<comm::Communicator>& group) {
 
 }  // namespace
 
-TensorParallel::TensorParallel(std::shared_ptr<comm::Communicator> group,
-                               comm::ReductionMode mode, bool sequence_parallel)
+TensorParallel::TensorParallel(std::shared_ptr<comm::Communicator> group, comm::ReductionMode mode,
+                               bool sequence_parallel)
     : group_(std::move(group)),
       groups_(tp_groups(group_)),
       mode_(mode),
@@ -81,8 +81,8 @@ Tensor TensorParallel::complete_exact(kernels::BinnedSums& sums, const Shape& sh
 
 void TensorParallel::all_reduce(std::span<double> values, ReduceOp op, const std::string& module,
                                 const std::string& what) {
-  Tensor buffer = Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())},
-                                        DType::f64);
+  Tensor buffer =
+      Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())}, DType::f64);
   std::copy(values.begin(), values.end(), buffer.values<double>().begin());
   comm::CollectiveOptions options;
   options.op = op;
@@ -137,8 +137,8 @@ Tensor gather_classes(TensorParallel& tp, const Tensor& local, std::int64_t clas
   std::vector<std::int64_t> dims = local.shape().dims();
   const int last = static_cast<int>(dims.size()) - 1;
   dims.back() = classes;
-  return tp.redistribute(local, Shape(dims), Placement::shard(last), Placement::replicate(),
-                         "head", "forward", "logits Shard(-1) -> Replicate");
+  return tp.redistribute(local, Shape(dims), Placement::shard(last), Placement::replicate(), "head",
+                         "forward", "logits Shard(-1) -> Replicate");
 }
 
 }  // namespace meshtensor::tp

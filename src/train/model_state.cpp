@@ -18,15 +18,22 @@ std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::O
   std::size_t slot = 0;
   for (const auto& module : sharded.modules()) {
     for (std::size_t p = 0; p < module->parameters().size(); ++p, ++slot) {
-      const std::string& name = module->parameters()[p]->name;
-      const Layout block = module->local_block(p);
-      const Shape& shape = module->layout().shape(p);
-      const bool owner = module->is_first_replica();
-      items.push_back({"model." + name, shape, block.global_offset, module->local_shard(p), owner});
+      const nn::Parameter& parameter = *module->parameters()[p];
+      const std::string& name = parameter.name;
+      // The shard's place in the parameter this rank holds, then that block's in the whole one
+      // (a tensor-parallel split).
+      const Shape shape = parameter.split.global_shape.rank() > 0 ? parameter.split.global_shape
+                                                                  : module->layout().shape(p);
+      std::vector<std::int64_t> offset = module->local_block(p).global_offset;
+      if (offset.empty()) offset.assign(static_cast<std::size_t>(shape.rank()), 0);
+      for (std::size_t d = 0; d < parameter.split.offset.size(); ++d)
+        offset[d] += parameter.split.offset[d];
+      const bool owner = module->is_first_replica() && parameter.split.saves;
+      items.push_back({"model." + name, shape, offset, module->local_shard(p), owner});
       if (optimizer == nullptr) continue;
       for (const auto& [state, tensor] : optimizer->slot_state(slot)) {
-        items.push_back({std::string(kOptimizerPrefix) + name + "." + state, shape,
-                         block.global_offset, tensor, owner});
+        items.push_back(
+            {std::string(kOptimizerPrefix) + name + "." + state, shape, offset, tensor, owner});
       }
     }
   }

@@ -10,9 +10,25 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
+
+void Task::check_tensor_parallel(std::int64_t degree) const {
+  if (degree != 1) {
+    throw InvalidArgument(fmt::format(
+        "the model '{}' has no tensor-parallel plan: a tp mesh dim of {} needs a GPT (--model gpt)",
+        architecture(), degree));
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> Task::prepare_model(nn::Module&,
+                                                                     tp::TensorParallel* tp,
+                                                                     comm::ReductionMode) const {
+  if (tp != nullptr) check_tensor_parallel(tp->size());
+  return {};
+}
 
 std::string Task::sample(const std::function<Tensor(const Tensor&)>&, std::uint64_t) const {
   return {};
@@ -153,6 +169,19 @@ std::string LanguageModelling::architecture() const {
   return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer={}",
                      model_.layers, model_.heads, model_.dim, model_.context, model_.vocabulary,
                      kByteTokenizer);
+}
+
+void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {
+  tp::check_gpt_degree(model_, degree);
+}
+
+std::vector<std::pair<std::string, std::string>> LanguageModelling::prepare_model(
+    nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const {
+  auto& gpt = dynamic_cast<nn::Gpt&>(model);
+  gpt.set_exact_sums(mode == comm::ReductionMode::exact);
+  if (tp == nullptr || tp->size() == 1) return {};
+  check_tensor_parallel(tp->size());
+  return tp::parallelize_module(gpt, *tp, tp::gpt_plan(tp->sequence_parallel()));
 }
 
 std::unique_ptr<nn::Module> LanguageModelling::make_model(std::uint64_t seed) const {

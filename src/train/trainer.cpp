@@ -11,12 +11,14 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/trainer.hpp>
 
@@ -40,6 +42,57 @@ OptimizerKind parse_optimizer(const std::string& text) {
   if (text == "adamw") return OptimizerKind::adamw;
   if (text == "sgd") return OptimizerKind::sgd;
   throw ParseError(fmt::format("unknown optimizer '{}' (expected adamw or sgd)", text));
+}
+
+std::string NamedMesh::describe() const {
+  return fmt::format("{}x{}x{} (dp x fsdp x tp)", dp, fsdp, tp);
+}
+
+NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
+  std::vector<std::string> sizes;
+  std::vector<std::string> dims;
+  const auto split = [](const std::string& text, char separator) {
+    std::vector<std::string> parts;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t end = text.find(separator, start);
+      parts.push_back(text.substr(start, end - start));
+      if (end == std::string::npos) return parts;
+      start = end + 1;
+    }
+  };
+  sizes = split(shape, 'x');
+  dims = split(names, ',');
+  if (sizes.size() != dims.size()) {
+    throw ParseError(fmt::format("--mesh {} has {} dim(s) but --names '{}' names {}", shape,
+                                 sizes.size(), names, dims.size()));
+  }
+  NamedMesh mesh;
+  mesh.given = true;
+  std::vector<std::string> seen;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::string& name = dims[i];
+    if (name != "dp" && name != "fsdp" && name != "tp") {
+      throw ParseError(fmt::format(
+          "--names: unknown mesh dim name '{}' (expected dp, fsdp and tp, each at most once)",
+          name));
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      throw ParseError(fmt::format("--names: mesh dim name '{}' is repeated in '{}'", name, names));
+    seen.push_back(name);
+    const std::string& text = sizes[i];
+    std::int64_t size = 0;
+    const bool digits =
+        !text.empty() && text.size() <= 6 &&
+        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) size = std::stoll(text);
+    if (size < 1) {
+      throw ParseError(fmt::format("--mesh {}: size '{}' of dim '{}' is not a positive integer",
+                                   shape, text, name));
+    }
+    (name == "dp" ? mesh.dp : name == "fsdp" ? mesh.fsdp : mesh.tp) = size;
+  }
+  return mesh;
 }
 
 namespace {
@@ -69,6 +122,16 @@ Placement placement_for(const TrainConfig& config, std::int64_t ranks) {
   shard.reshard_after_forward = config.reshard_after_forward;
   shard.param_dtype = config.param_dtype;
   shard.reduce_dtype = config.reduce_dtype;
+  if (config.mesh.given) {
+    if (config.mesh.ranks() != ranks) {
+      throw InvalidArgument(fmt::format("the mesh {} has {} ranks, but the run has {}",
+                                        config.mesh.describe(), config.mesh.ranks(), ranks));
+    }
+    shard.replicate_mesh_dims = {0};
+    shard.shard_mesh_dims = {1};
+    return {DeviceMesh({config.mesh.dp, config.mesh.fsdp, config.mesh.tp}, {"dp", "fsdp", "tp"}),
+            shard, config.mesh.describe()};
+  }
   switch (config.strategy) {
     case Strategy::ddp:
       shard.replicate_mesh_dims = {0};
@@ -137,15 +200,26 @@ Totals reduce_totals(comm::Communicator& world, kernels::BinnedSums& losses, std
   return {loss_sum.values<double>()[0], static_cast<std::int64_t>(count.values<double>()[0])};
 }
 
+/// How the loss of a run is computed: over the classes split over `tp` (null: whole), exact
+/// denominators or not, and whether this rank counts the losses (one rank of each tp group).
+struct LossSetup {
+  tp::TensorParallel* tp = nullptr;
+  std::int64_t classes = 0;
+  bool exact_sums = false;
+  bool counts = true;
+};
+
 /// The cross-entropy of `logits` (f32 [..., classes]) against one target per row, with the
-/// losses added to `losses` (exactly).
+/// losses added to `losses` (exactly) when this rank counts them.
 nn::CrossEntropyResult row_losses(const Tensor& logits, const std::vector<std::int32_t>& targets,
-                                  kernels::BinnedSums& losses) {
-  const std::int64_t classes = logits.shape()[logits.rank() - 1];
+                                  kernels::BinnedSums& losses, const LossSetup& setup) {
+  const std::int64_t columns = logits.shape()[logits.rank() - 1];
   const auto rows = static_cast<std::int64_t>(targets.size());
-  nn::CrossEntropyResult loss =
-      nn::softmax_cross_entropy(logits.reshape(Shape{rows, classes}), targets);
-  if (rows > 0) kernels::add_column_sums(losses, 0, loss.losses.reshape(Shape{rows, 1}));
+  nn::CrossEntropyResult loss = tp::parallel_cross_entropy(
+      logits.reshape(Shape{rows, columns}), targets, setup.tp, setup.classes, setup.exact_sums);
+  if (rows > 0 && setup.counts)
+    kernels::add_column_sums(losses, 0, loss.losses.reshape(Shape{rows, 1}));
+  if (!setup.counts) loss.correct = 0;
   loss.grad_logits = loss.grad_logits.reshape(logits.shape());
   return loss;
 }
@@ -173,6 +247,9 @@ class TrainingRun {
   void progress(std::int64_t epoch, std::int64_t done, std::int64_t epoch_samples,
                 double batch_loss, Clock::time_point epoch_start);
   void finish();
+  void shard_model();
+  std::uint64_t full_digest();
+  double clip_gradients();
 
   comm::Communicator& world_;
   const Task& task_;
@@ -184,8 +261,12 @@ class TrainingRun {
   const std::int64_t ranks_;
   const std::int64_t rank_;
   Placement placement_;
+  std::int64_t data_ranks_ = 1;  // ranks that see different samples (dp x fsdp)
+  std::int64_t data_rank_ = 0;
   std::unique_ptr<nn::Module> model_;
   std::unique_ptr<comm::MeshGroups> groups_;
+  std::unique_ptr<tp::TensorParallel> tp_;  // with a tp mesh dim
+  LossSetup loss_;
   std::unique_ptr<fsdp::ShardedModel> sharded_;
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::int64_t optimizer_bytes_ = 0;
@@ -212,6 +293,13 @@ TrainingRun::TrainingRun(comm::Communicator& world, const Task& task, TrainConfi
       ranks_(world.size()),
       rank_(world.rank()),
       placement_(placement_for(config_, ranks_)) {
+  data_ranks_ = ranks_;
+  data_rank_ = rank_;
+  if (config_.mesh.given) {
+    const std::vector<std::int64_t> at = placement_.mesh.coordinates(rank_);
+    data_ranks_ = config_.mesh.data_ranks();
+    data_rank_ = at[0] * config_.mesh.fsdp + at[1];
+  }
   samples_ = task_.samples();
   steps_per_epoch_ = (samples_ + config_.batch - 1) / config_.batch;
   total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * steps_per_epoch_;
@@ -227,6 +315,14 @@ void TrainingRun::build_model() {
   // MeshGroups shares the world communicator; the caller owns it.
   groups_ = std::make_unique<comm::MeshGroups>(
       placement_.mesh, std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
+  if (config_.mesh.given) {
+    tp_ = std::make_unique<tp::TensorParallel>(groups_->group(std::vector<int>{2}), config_.mode,
+                                               config_.sequence_parallel);
+  }
+  result_.parallel_plan = task_.prepare_model(*model_, tp_.get(), config_.mode);
+  const bool split = tp_ != nullptr && tp_->size() > 1;
+  loss_ = {split ? tp_.get() : nullptr, task_.classes(), exact_ && task_.exact_loss_sums(),
+           !split || tp_->rank() == 0};
   fsdp::RuntimeOptions runtime;
   runtime.mode = config_.mode;
   runtime.prefetch = config_.prefetch;
@@ -239,8 +335,7 @@ void TrainingRun::build_model() {
     world_.broadcast(origin, 0);
     sharded_->tracer().enable(Clock::time_point(Clock::duration(origin.values<std::int64_t>()[0])));
   }
-  for (nn::Module* unit : task_.units(*model_))
-    sharded_->fully_shard(*unit, placement_.config);
+  shard_model();
   if (config_.optimizer == OptimizerKind::adamw) {
     optimizer_ = std::make_unique<nn::AdamW>(sharded_->optimizer_slots(), config_.weight_decay);
   } else {
@@ -249,6 +344,90 @@ void TrainingRun::build_model() {
   }
   optimizer_bytes_ = optimizer_->state_bytes();
   sharded_->memory().add(fsdp::MemoryKind::optimizer_state, optimizer_bytes_);
+}
+
+/// The parameter groups: one per unit of the task; with sequence parallelism each norm first
+/// gets a group of its own whose gradients reduce over the tp dim as well (each tp rank saw
+/// other positions of the same samples).
+void TrainingRun::shard_model() {
+  if (tp_ != nullptr && tp_->size() > 1) {
+    fsdp::FsdpConfig over_tp = placement_.config;
+    over_tp.replicate_mesh_dims = {0, 2};
+    for (const auto& [path, module] : nn::named_modules(*model_)) {
+      const std::vector<nn::Parameter*> own = module->parameters();
+      const bool partial = !own.empty() && module->children().empty() &&
+                           std::all_of(own.begin(), own.end(), [](const nn::Parameter* p) {
+                             return p->split.partial_gradients;
+                           });
+      if (partial) sharded_->fully_shard(*module, over_tp, path);
+    }
+  }
+  for (nn::Module* unit : task_.units(*model_))
+    sharded_->fully_shard(*unit, placement_.config);
+}
+
+/// Digest of the whole parameters (nn::parameters_digest of the unsplit model): each parameter
+/// gathered over its fsdp shards, then over its tp blocks. Collective.
+std::uint64_t TrainingRun::full_digest() {
+  if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
+  const std::vector<Tensor> values = sharded_->full_parameters();
+  const std::vector<nn::Parameter*> parameters = model_->parameters();
+  Digest64 digest;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const nn::Parameter& p = *parameters[i];
+    const Shape whole = p.global_shape();
+    Tensor value = values[i];
+    for (int d = 0; d < whole.rank(); ++d) {
+      if (whole[d] == value.shape()[d]) continue;
+      value = tp_->redistribute(value, whole, meshtensor::Placement::shard(d),
+                                meshtensor::Placement::replicate(), p.name, "digest", "gather");
+      break;
+    }
+    digest.update(p.name);
+    digest.update_u64(value.digest());
+  }
+  return digest.finish();
+}
+
+/// Scales every gradient shard by clip / norm when the global L2 norm of the gradients exceeds
+/// `clip_grad_norm`; returns the norm. Each element counts once: on the first replica of its
+/// shard and the rank of its tp group that saves it. Exact mode sums the squares exactly (the
+/// same bits for any layout); the others sum in f64 in a fixed order and all-reduce ordered.
+double TrainingRun::clip_gradients() {
+  const fsdp::Tracer::Span span(sharded_->tracer(), "clip gradients", "optimizer", "compute");
+  kernels::BinnedSums squares(1);
+  double local = 0.0;
+  for (const auto& module : sharded_->modules()) {
+    if (!module->is_first_replica()) continue;
+    for (std::size_t p = 0; p < module->parameters().size(); ++p) {
+      if (!module->parameters()[p]->split.saves) continue;
+      const Tensor grad = module->local_grad(p);
+      if (grad.numel() == 0) continue;
+      if (exact_) {
+        const Tensor column = grad.contiguous().reshape(Shape{grad.numel(), 1});
+        kernels::add_column_products(squares, 0, column, column);
+      } else {
+        for (const float g : grad.contiguous().values<float>())
+          local += static_cast<double>(g) * static_cast<double>(g);
+      }
+    }
+  }
+  Tensor total = Tensor::full(Shape{1}, DType::f64, local);
+  if (exact_) {
+    fsdp::reduce_binned_sums(world_, squares, 1, total, "gradient norm");
+  } else {
+    world_.all_reduce(total, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+  }
+  const double norm = std::sqrt(total.values<double>()[0]);
+  if (norm > config_.clip_grad_norm) {
+    const auto scale = static_cast<float>(config_.clip_grad_norm / (norm + 1e-6));
+    for (const auto& module : sharded_->modules()) {
+      for (std::size_t p = 0; p < module->parameters().size(); ++p)
+        for (float& g : module->local_grad(p).values<float>())
+          g *= scale;
+    }
+  }
+  return norm;
 }
 
 /// Everything a resume needs, as checkpoint blocks of this rank: the model and optimizer state
@@ -340,7 +519,7 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
     sharded_->set_requires_all_reduce(last);
   }
   const Tensor logits = sharded_->forward(batch.input);
-  const nn::CrossEntropyResult loss = row_losses(logits, batch.targets, losses);
+  const nn::CrossEntropyResult loss = row_losses(logits, batch.targets, losses, loss_);
   correct += loss.correct;
   sharded_->backward(loss.grad_logits);
 }
@@ -348,7 +527,7 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
 Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   const std::int64_t start = s * config_.batch;
   const std::int64_t global_batch = std::min(config_.batch, samples_ - start);
-  const Chunk slice = chunk_extent(global_batch, ranks_, rank_);
+  const Chunk slice = chunk_extent(global_batch, data_ranks_, data_rank_);
   sharded_->zero_grad();
   sharded_->set_gradient_divide_factor(
       static_cast<double>(global_batch * task_.targets_per_sample()));
@@ -362,6 +541,7 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
     run_micro_batch(batch, k, losses, correct);
   }
   const Totals totals = reduce_totals(world_, losses, correct);
+  if (config_.clip_grad_norm > 0.0) result_.grad_norms.push_back(clip_gradients());
   {
     const fsdp::Tracer::Span span(sharded_->tracer(), "optimizer step", "optimizer", "compute");
     optimizer_->step(config_.schedule.at(step_));
@@ -378,16 +558,16 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
 /// forwards as the largest slice needs (the gathers are collective).
 Totals TrainingRun::evaluate() {
   const std::int64_t count = task_.eval_samples();
-  const Chunk slice = chunk_extent(count, ranks_, rank_);
+  const Chunk slice = chunk_extent(count, data_ranks_, data_rank_);
   const std::int64_t rows_per_forward =
       std::max<std::int64_t>(1, 1000 / task_.targets_per_sample());
-  const std::int64_t largest = chunk_extent(count, ranks_, 0).size;
+  const std::int64_t largest = chunk_extent(count, data_ranks_, 0).size;
   kernels::BinnedSums losses(1);
   std::int64_t correct = 0;
   for (std::int64_t first = 0; first < largest; first += rows_per_forward) {
     const std::int64_t rows = std::clamp<std::int64_t>(slice.size - first, 0, rows_per_forward);
     const Batch batch = task_.eval_batch(slice.offset + std::min(first, slice.size), rows);
-    correct += row_losses(sharded_->forward(batch.input), batch.targets, losses).correct;
+    correct += row_losses(sharded_->forward(batch.input), batch.targets, losses, loss_).correct;
   }
   sharded_->reshard();
   return reduce_totals(world_, losses, correct);
@@ -438,12 +618,17 @@ void TrainingRun::finish() {
   }
   if (config_.sample) {
     result_.sample = task_.sample(
-        [this](const Tensor& tokens) { return sharded_->forward(tokens); }, config_.seed);
+        [this](const Tensor& tokens) {
+          const Tensor logits = sharded_->forward(tokens);
+          return loss_.tp != nullptr ? tp::gather_classes(*loss_.tp, logits, loss_.classes)
+                                     : logits;
+        },
+        config_.seed);
     sharded_->reshard();
   }
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
-  result_.digest = sharded_->full_parameters_digest();
+  result_.digest = full_digest();
   // Replicas agree when the largest and the smallest digest over the ranks are equal; the
   // maximum of ~d is ~(minimum of d).
   Tensor digests(Shape{2}, DType::i64);
@@ -484,7 +669,14 @@ TrainResult TrainingRun::run() {
       const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step_ + 1), "step", "step");
       const auto step_start = Clock::now();
       const double waited_before = sharded_->wait_seconds();
+      const bool log_step = tp_ != nullptr && result_.step_seconds.empty();
+      if (log_step) tp_->log().enable(true);
       const Totals totals = train_step(epoch - 1, s);
+      if (log_step) {
+        tp_->log().enable(false);
+        result_.parallel_log = tp_->log().to_text();
+        tp_->log().clear();
+      }
       const std::int64_t global_batch = std::min(config_.batch, samples_ - s * config_.batch);
       ++step_;
       period.loss += totals.loss;
@@ -564,6 +756,11 @@ void validate_config(const TrainConfig& config, const Task& task) {
         config.batch, task.targets_per_sample(), kernels::kMaxBinnedAddends));
   }
   if (task.samples() == 0) throw InvalidArgument("the training set is empty");
+  if (config.mesh.given) task.check_tensor_parallel(config.mesh.tp);
+  if (!(config.clip_grad_norm >= 0.0 && config.clip_grad_norm <= 1e6)) {
+    throw InvalidArgument(fmt::format("the gradient clip norm must be within [0, 1e6], got {}",
+                                      config.clip_grad_norm));
+  }
   // Micro-batches split each rank's slice of the global batch (some may be empty); more of them
   // than the global batch has samples are empty everywhere, and a count in the millions would
   // run for hours.

@@ -126,9 +126,9 @@ TEST(TensorParallel, BadPlansAndDegreesNameTheValues) {
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("blocks.*.nothing"), std::string::npos);
     }
-    EXPECT_THROW(parallelize_module(model, tp, {{"blocks.0.norm1",
-                                                 std::make_shared<ColwiseParallel>()}}),
-                 InvalidArgument);
+    EXPECT_THROW(
+        parallelize_module(model, tp, {{"blocks.0.norm1", std::make_shared<ColwiseParallel>()}}),
+        InvalidArgument);
   });
   try {
     check_gpt_degree(small_config(), 3);

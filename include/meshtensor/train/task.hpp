@@ -4,12 +4,14 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/module.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/text_data.hpp>
 
@@ -70,6 +72,19 @@ class Task {
   virtual std::string eval_name() const = 0;
   /// What one target is called in reports: "sample" or "token".
   virtual std::string target_name() const = 0;
+  /// Number of classes a target takes (the logits' last dim).
+  virtual std::int64_t classes() const = 0;
+  /// InvalidArgument naming the numbers unless the model splits over `degree` tensor-parallel
+  /// ranks (by default only degree 1: the model has no tensor-parallel plan).
+  virtual void check_tensor_parallel(std::int64_t degree) const;
+  /// Readies a new model for a run in `mode`: switches on the sums that keep its bits
+  /// independent of the tensor-parallel degree in exact mode (when it has any) and, with a
+  /// tensor-parallel group of more than one rank, splits it over the group with its plan
+  /// (sequence parallel as the group says). Returns the (module, style) pairs applied.
+  virtual std::vector<std::pair<std::string, std::string>> prepare_model(
+      nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const;
+  /// Whether the loss sums its softmax denominators exactly in exact mode.
+  virtual bool exact_loss_sums() const { return false; }
 };
 
 /// Classifying Fashion-MNIST (or MNIST) images with an MLP: a sample is an image (pixels / 255),
@@ -91,6 +106,7 @@ class ImageClassification : public Task {
   ModelFootprint footprint() const override;
   std::string eval_name() const override { return "test"; }
   std::string target_name() const override { return "sample"; }
+  std::int64_t classes() const override { return model_.outputs; }
   /// The MLP's config (inputs and outputs set from the data).
   const nn::MlpConfig& model() const { return model_; }
 
@@ -125,6 +141,11 @@ class LanguageModelling : public Task {
                      std::uint64_t seed) const override;
   std::string eval_name() const override { return "validation"; }
   std::string target_name() const override { return "token"; }
+  std::int64_t classes() const override { return model_.vocabulary; }
+  void check_tensor_parallel(std::int64_t degree) const override;
+  std::vector<std::pair<std::string, std::string>> prepare_model(
+      nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const override;
+  bool exact_loss_sums() const override { return true; }
   /// The GPT's config.
   const nn::GptConfig& model() const { return model_; }
   /// The corpus.

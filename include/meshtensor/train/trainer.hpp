@@ -18,6 +18,26 @@ enum class OptimizerKind : std::uint8_t { adamw, sgd };
 /// "adamw" or "sgd"; ParseError naming the text otherwise.
 OptimizerKind parse_optimizer(const std::string& text);
 
+/// A device mesh of named dims: `dp` (replicate), `fsdp` (shard the parameters) and `tp` (tensor
+/// parallelism), in that order whatever order the names came in; dims not named have size 1.
+struct NamedMesh {
+  std::int64_t dp = 1;
+  std::int64_t fsdp = 1;
+  std::int64_t tp = 1;
+  bool given = false;  ///< false: the strategy decides the mesh
+  /// dp * fsdp * tp.
+  std::int64_t ranks() const { return dp * fsdp * tp; }
+  /// Ranks that see different data (dp * fsdp).
+  std::int64_t data_ranks() const { return dp * fsdp; }
+  /// E.g. "2x2x2 (dp x fsdp x tp)".
+  std::string describe() const;
+};
+
+/// Parses `--mesh` ("2x2x2") with `--names` ("dp,fsdp,tp"): one name per dim, each of dp, fsdp
+/// and tp at most once. ParseError naming the bad value: an unknown or repeated name, a count
+/// of names that differs from the mesh's dims, a size that is not a positive integer.
+NamedMesh parse_named_mesh(const std::string& shape, const std::string& names);
+
 /// How the model is spread over the ranks.
 enum class Strategy : std::uint8_t {
   ddp,   ///< every rank holds every parameter; gradients all-reduce over all ranks
@@ -51,6 +71,13 @@ struct TrainConfig {
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   std::uint64_t seed = 0;  ///< initial weights and the data order
   Strategy strategy = Strategy::ddp;
+  /// When given, the mesh by names (dp, fsdp, tp) replaces `strategy` and `replicas`.
+  NamedMesh mesh;
+  /// With a tp dim: norms and the residual stream on sequence shards (see tp::gpt_plan).
+  bool sequence_parallel = false;
+  /// Scales the gradients when their global L2 norm exceeds this (0: no clipping). The norm is
+  /// one value over the whole mesh, the same bits on every rank (exact in exact mode).
+  double clip_grad_norm = 0.0;
   std::int64_t replicas = 0;  ///< hsdp: size of the replicate mesh dim (0: 2, or 1 on one rank)
   bool reshard_after_forward = true;
   int prefetch = 1;  ///< groups gathered ahead; 0: none
@@ -132,6 +159,12 @@ struct TrainResult {
   /// Things the caller should tell the user, on world rank 0 (e.g. a resumed run whose schedule
   /// differs from the saving run's, so that its bits cannot match an uninterrupted run).
   std::vector<std::string> warnings;
+  /// The tensor-parallel plan applied: (module, style) pairs (empty without a tp dim).
+  std::vector<std::pair<std::string, std::string>> parallel_plan;
+  /// The tensor-parallel collectives of the first step on world rank 0, one per line.
+  std::string parallel_log;
+  /// The global gradient norm of every step, before clipping (with clip_grad_norm).
+  std::vector<double> grad_norms;
 };
 
 /// Callbacks run on world rank 0 only.
