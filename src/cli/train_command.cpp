@@ -503,6 +503,12 @@ void run_train(const TrainOptions& options) {
                                        {"warnings", result.warnings},
                                        {"seconds", result.seconds}};
           if (loaded.language) final_json["sample"] = train::printable_text(result.sample);
+          final_json["logits_digest"] = digest_hex(result.logits_digest);
+          if (!result.grad_norms.empty()) final_json["grad_norm"] = result.grad_norms.back();
+          if (options.explain_parallelism) {
+            final_json["parallel_plan"] = result.parallel_plan;
+            final_json["parallel_log"] = result.parallel_log;
+          }
           std::cout << final_json.dump() << '\n';
         } else {
           if (!config.resume_dir.empty()) {
@@ -537,6 +543,15 @@ void run_train(const TrainOptions& options) {
                                    digest_hex(result.digest), result.parameters,
                                    result.replicas_identical ? "identical" : "DIFFER",
                                    world.size());
+          std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
+                                   digest_hex(result.logits_digest));
+          if (options.explain_parallelism) {
+            std::cout << "tensor-parallel plan:\n";
+            for (const auto& [module, style] : result.parallel_plan)
+              std::cout << fmt::format("  {:<22} {}\n", module, style);
+            std::cout << "tensor-parallel collectives of the first step (rank 0):\n"
+                      << result.parallel_log;
+          }
           if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
         }
         std::cout.flush();

@@ -629,6 +629,14 @@ void TrainingRun::finish() {
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.digest = full_digest();
+  if (task_.eval_samples() > 0) {
+    const Batch batch = task_.eval_batch(0, std::min<std::int64_t>(4, task_.eval_samples()));
+    const Tensor logits = sharded_->forward(batch.input);
+    result_.logits_digest =
+        (loss_.tp != nullptr ? tp::gather_classes(*loss_.tp, logits, loss_.classes) : logits)
+            .digest();
+    sharded_->reshard();
+  }
   // Replicas agree when the largest and the smallest digest over the ranks are equal; the
   // maximum of ~d is ~(minimum of d).
   Tensor digests(Shape{2}, DType::i64);

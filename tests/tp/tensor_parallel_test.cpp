@@ -107,6 +107,62 @@ TEST(TensorParallel, OrderedRanksAgreeAndRunsRepeat) {
   }
 }
 
+/// The collectives of one forward and backward of the small GPT on 2 ranks, counted by kind and
+/// phase on rank 0, with the local shapes checked: every split parameter and the logits hold
+/// this rank's chunk only.
+std::map<std::string, std::int64_t> collective_counts(bool sequence_parallel,
+                                                      comm::ReductionMode mode) {
+  const nn::GptConfig config = small_config();
+  const Tensor input = tokens(2, 10, config.vocabulary);
+  const std::vector<std::int32_t> labels(20, 3);
+  std::map<std::string, std::int64_t> counts;
+  comm::run_threads(2, [&](std::shared_ptr<comm::Communicator> world) {
+    nn::Gpt model(config);
+    model.set_exact_sums(mode == comm::ReductionMode::exact);
+    TensorParallel tp(world, mode, sequence_parallel);
+    parallelize_module(model, tp, gpt_plan(sequence_parallel));
+    for (nn::Parameter* p : model.parameters()) {
+      if (p->name == "blocks.0.attn.qkv.weight") {
+        EXPECT_EQ(p->value.shape(), Shape({32, 48}));
+      } else if (p->name == "blocks.0.mlp.proj.weight") {
+        EXPECT_EQ(p->value.shape(), Shape({64, 32}));
+      } else if (p->name == "embed.token.weight") {
+        EXPECT_EQ(p->value.shape()[0], 31 - world->rank());
+      }
+    }
+    tp.log().enable(true);
+    const Tensor logits = model.forward(input);
+    EXPECT_EQ(logits.shape()[2], 31 - world->rank());
+    const nn::CrossEntropyResult loss = parallel_cross_entropy(
+        logits.reshape(Shape{20, logits.shape()[2]}), labels, &tp, config.vocabulary, false);
+    nn::DenseGradients sums(model.parameters());
+    model.backward(loss.grad_logits.reshape(logits.shape()), sums, false);
+    if (world->rank() != 0) return;
+    for (const CommEvent& e : tp.log().events())
+      if (e.module != "loss") ++counts[e.phase + " " + e.collective];
+  });
+  return counts;
+}
+
+TEST(TensorParallel, CollectivesPerBlockAreMegatrons) {
+  const std::int64_t layers = small_config().layers;
+  for (const auto mode : {comm::ReductionMode::ordered, comm::ReductionMode::exact}) {
+    // Without SP: one all-reduce after each row-parallel output (attention, MLP, embedding)
+    // forward, one for each column-parallel input gradient (qkv, fc, LM head) backward.
+    std::map<std::string, std::int64_t> plain = collective_counts(false, mode);
+    EXPECT_EQ(plain,
+              (std::map<std::string, std::int64_t>{{"forward all_reduce", 2 * layers + 1},
+                                                   {"backward all_reduce", 2 * layers + 1}}));
+    // With SP: each all-reduce becomes a reduce-scatter and an all-gather.
+    std::map<std::string, std::int64_t> sequence = collective_counts(true, mode);
+    EXPECT_EQ(sequence,
+              (std::map<std::string, std::int64_t>{{"forward all_gather", 2 * layers + 1},
+                                                   {"forward reduce_scatter", 2 * layers + 1},
+                                                   {"backward all_gather", 2 * layers + 1},
+                                                   {"backward reduce_scatter", 2 * layers + 1}}));
+  }
+}
+
 TEST(TensorParallel, PatternsMatchWholeComponents) {
   EXPECT_TRUE(matches_pattern("blocks.*.attn.qkv", "blocks.0.attn.qkv"));
   EXPECT_TRUE(matches_pattern("blocks.*.attn.qkv", "blocks.12.attn.qkv"));

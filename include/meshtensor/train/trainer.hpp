@@ -163,6 +163,9 @@ struct TrainResult {
   std::vector<std::pair<std::string, std::string>> parallel_plan;
   /// The tensor-parallel collectives of the first step on world rank 0, one per line.
   std::string parallel_log;
+  /// Digest of the whole logits of the first evaluation windows (at most 4) after training: the
+  /// same bits on any layout in exact mode, tensor-parallel degree included.
+  std::uint64_t logits_digest = 0;
   /// The global gradient norm of every step, before clipping (with clip_grad_norm).
   std::vector<double> grad_norms;
 };
