@@ -101,6 +101,18 @@ void add_elements(kernels::BinnedSums& sums, const Tensor& values, kernels::Star
 
 }  // namespace
 
+bool Linear::adds_bias() const {
+  return split_ == nullptr || !split_->output_is_partial() || split_->is_first();
+}
+
+void Linear::fill_bias_rows(Tensor& output) const {
+  const auto bias = bias_.value.values<float>();
+  auto y = output.values<float>();
+  const auto out = static_cast<std::int64_t>(bias.size());
+  for (std::int64_t r = 0; r < output.shape()[0]; ++r)
+    std::copy(bias.begin(), bias.end(), y.begin() + r * out);
+}
+
 PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
   const std::int64_t rows = input_.shape()[0];
   const std::int64_t in = weight_.value.shape()[0];
@@ -113,11 +125,8 @@ PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
                     product);
     add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
   }
-  if (split_ == nullptr || !split_->output_is_partial() || split_->is_first()) {
-    const auto bias = bias_.value.values<float>();
-    auto p = product.values<float>();
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::copy(bias.begin(), bias.end(), p.begin() + r * out);
+  if (adds_bias()) {
+    fill_bias_rows(product);
     add_elements(sums, product, kernels::Start::sums);
   }
   return {Tensor(), &sums, with_features(input_shape_, out)};
@@ -157,15 +166,8 @@ Tensor Linear::forward(const Tensor& given) {
     sums = kernels::BinnedSums::uninitialized(rows * out);
     partial = forward_sums(sums);
   } else {
-    Tensor output = Tensor::uninitialized(Shape{rows, out}, DType::f32);
-    auto y = output.values<float>();
-    if (split_ == nullptr || !split_->output_is_partial() || split_->is_first()) {
-      const auto b = bias_.value.values<float>();
-      for (std::int64_t r = 0; r < rows; ++r)
-        std::copy(b.begin(), b.end(), y.begin() + r * out);
-    } else {
-      std::fill(y.begin(), y.end(), 0.0f);
-    }
+    Tensor output = Tensor::zeros(Shape{rows, out}, DType::f32);
+    if (adds_bias()) fill_bias_rows(output);
     kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
                     /*accumulate=*/true);
     partial.values = output.reshape(with_features(input_shape_, out));

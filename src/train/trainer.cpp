@@ -17,6 +17,7 @@
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
@@ -49,48 +50,17 @@ std::string NamedMesh::describe() const {
 }
 
 NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
-  std::vector<std::string> sizes;
-  std::vector<std::string> dims;
-  const auto split = [](const std::string& text, char separator) {
-    std::vector<std::string> parts;
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t end = text.find(separator, start);
-      parts.push_back(text.substr(start, end - start));
-      if (end == std::string::npos) return parts;
-      start = end + 1;
-    }
-  };
-  sizes = split(shape, 'x');
-  dims = split(names, ',');
-  if (sizes.size() != dims.size()) {
-    throw ParseError(fmt::format("--mesh {} has {} dim(s) but --names '{}' names {}", shape,
-                                 sizes.size(), names, dims.size()));
-  }
+  const DeviceMesh parsed = parse_mesh(shape, names);  // sizes, name count, repeated names
   NamedMesh mesh;
   mesh.given = true;
-  std::vector<std::string> seen;
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    const std::string& name = dims[i];
+  for (int d = 0; d < parsed.ndim(); ++d) {
+    const std::string& name = parsed.names()[static_cast<std::size_t>(d)];
     if (name != "dp" && name != "fsdp" && name != "tp") {
       throw ParseError(fmt::format(
           "--names: unknown mesh dim name '{}' (expected dp, fsdp and tp, each at most once)",
           name));
     }
-    if (std::find(seen.begin(), seen.end(), name) != seen.end())
-      throw ParseError(fmt::format("--names: mesh dim name '{}' is repeated in '{}'", name, names));
-    seen.push_back(name);
-    const std::string& text = sizes[i];
-    std::int64_t size = 0;
-    const bool digits =
-        !text.empty() && text.size() <= 6 &&
-        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (digits) size = std::stoll(text);
-    if (size < 1) {
-      throw ParseError(fmt::format("--mesh {}: size '{}' of dim '{}' is not a positive integer",
-                                   shape, text, name));
-    }
-    (name == "dp" ? mesh.dp : name == "fsdp" ? mesh.fsdp : mesh.tp) = size;
+    (name == "dp" ? mesh.dp : name == "fsdp" ? mesh.fsdp : mesh.tp) = parsed.size(d);
   }
   return mesh;
 }

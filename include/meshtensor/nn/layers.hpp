@@ -42,6 +42,8 @@ class Linear : public Module {
   static constexpr std::int64_t kEveryColumn = -1;
 
  private:
+  bool adds_bias() const;  // false on the other members when the output holds partial sums
+  void fill_bias_rows(Tensor& output) const;  // every row of [rows, out] = the bias
   PartialSums forward_sums(kernels::BinnedSums& sums) const;
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
 
