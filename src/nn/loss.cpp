@@ -133,7 +133,7 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const s
       grad[r * classes + c] =
           static_cast<float>(e[c * rows + r] / total - (c == label ? 1.0 : 0.0));
   }
-  result.correct = count_correct(z, labels, split);
+  if (options.count_correct) result.correct = count_correct(z, labels, split);
   return result;
 }
 

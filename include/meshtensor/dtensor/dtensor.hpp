@@ -29,6 +29,8 @@ class DTensor {
   DType dtype() const { return local_.dtype(); }
   /// The mesh and its groups.
   comm::MeshGroups& groups() const { return *groups_; }
+  /// The mesh and its groups, shared.
+  const std::shared_ptr<comm::MeshGroups>& shared_groups() const { return groups_; }
 
   /// The same tensor under `spec`, moved by a planned sequence of collectives.
   DTensor redistribute(const PlacementSpec& spec, const RedistributeOptions& options = {}) const;

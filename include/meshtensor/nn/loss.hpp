@@ -39,6 +39,8 @@ struct CrossEntropyOptions {
   bool exact_sums = false;
   /// The ranks the classes are split over (null: this rank holds every class).
   ClassSplit* split = nullptr;
+  /// Count the rows whose prediction is the label (two more reductions over a split).
+  bool count_correct = true;
 };
 
 /// Loss, gradient and correct count for `logits` (f32 [rows, classes]) and `labels` (one per row,
