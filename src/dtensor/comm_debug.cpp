@@ -11,11 +11,17 @@ thread_local CommDebugMode* active_mode = nullptr;
 
 }  // namespace
 
-CommDebugMode::CommDebugMode() : outer_(active_mode) { active_mode = this; }
+CommDebugMode::CommDebugMode() : outer_(active_mode) {
+  active_mode = this;
+}
 
-CommDebugMode::~CommDebugMode() { active_mode = outer_; }
+CommDebugMode::~CommDebugMode() {
+  active_mode = outer_;
+}
 
-CommDebugMode* CommDebugMode::active() { return active_mode; }
+CommDebugMode* CommDebugMode::active() {
+  return active_mode;
+}
 
 std::int64_t CommDebugMode::count(std::string_view kind) const {
   std::int64_t n = 0;
@@ -71,14 +77,17 @@ void CommDebugMode::begin_op(OpRecord record) {
   open_ = true;
 }
 
-void CommDebugMode::end_op() { open_ = false; }
+void CommDebugMode::end_op() {
+  open_ = false;
+}
 
 OpRecord& CommDebugMode::current(const std::string& fallback_op) {
   if (!open_) ops_.push_back(OpRecord{fallback_op, {}, {}, {}});
   return ops_.back();
 }
 
-void CommDebugMode::add_plan(const plan::Plan& plan, std::int64_t rank, const std::string& purpose) {
+void CommDebugMode::add_plan(const plan::Plan& plan, std::int64_t rank,
+                             const std::string& purpose) {
   const bool standalone = !open_;
   OpRecord& record = current("redistribute");
   if (standalone) {

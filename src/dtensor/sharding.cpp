@@ -10,9 +10,15 @@ namespace meshtensor::dtensor {
 
 namespace {
 
-Placement R() { return Placement::replicate(); }
-Placement S(int dim) { return Placement::shard(dim); }
-Placement P() { return Placement::partial(ReduceOp::sum); }
+Placement R() {
+  return Placement::replicate();
+}
+Placement S(int dim) {
+  return Placement::shard(dim);
+}
+Placement P() {
+  return Placement::partial(ReduceOp::sum);
+}
 
 std::string join_specs(const std::vector<PlacementSpec>& specs) {
   std::string text;
@@ -128,8 +134,9 @@ OpStrategy select_strategy(const DeviceMesh& mesh, const OpSchema& schema,
     more = next_choice(choice, options_per_dim);
   }
   if (candidates == 0) {
-    throw InvalidArgument(fmt::format("{}: no sharding strategy fits inputs {} of shapes on mesh {}",
-                                      schema.op, join_specs(schema.specs), mesh.to_string()));
+    throw InvalidArgument(
+        fmt::format("{}: no sharding strategy fits inputs {} of shapes on mesh {}", schema.op,
+                    join_specs(schema.specs), mesh.to_string()));
   }
   best.candidates = candidates;
   return best;
@@ -137,9 +144,12 @@ OpStrategy select_strategy(const DeviceMesh& mesh, const OpSchema& schema,
 
 std::string matmul_form_name(MatmulForm form) {
   switch (form) {
-    case MatmulForm::nn: return "nn";
-    case MatmulForm::nt: return "nt";
-    case MatmulForm::tn: return "tn";
+    case MatmulForm::nn:
+      return "nn";
+    case MatmulForm::nt:
+      return "nt";
+    case MatmulForm::tn:
+      return "tn";
   }
   return "?";
 }

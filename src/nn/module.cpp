@@ -7,21 +7,31 @@
 namespace meshtensor::nn {
 
 Tensor run_forward(Module& module, const Tensor& input) {
+  Tensor x = input;
+  for (ModuleBoundary* boundary : module.boundaries())
+    x = boundary->input(x);
   ModuleHooks* hooks = module.hooks();
-  if (hooks == nullptr) return module.forward(input);
-  hooks->pre_forward(module);
-  Tensor output = module.forward(input);
-  hooks->post_forward(module);
+  if (hooks != nullptr) hooks->pre_forward(module);
+  Tensor output = module.forward(x);
+  if (hooks != nullptr) hooks->post_forward(module);
+  for (ModuleBoundary* boundary : module.boundaries())
+    output = boundary->output(output);
   return output;
 }
 
 Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,
                     bool need_input_grad) {
+  const auto& boundaries = module.boundaries();
+  Tensor dy = grad_output;
+  for (auto b = boundaries.rbegin(); b != boundaries.rend(); ++b)
+    dy = (*b)->output_grad(dy);
   ModuleHooks* hooks = module.hooks();
-  if (hooks == nullptr) return module.backward(grad_output, sink, need_input_grad);
-  hooks->pre_backward(module);
-  Tensor grad_input = module.backward(grad_output, sink, need_input_grad);
-  hooks->post_backward(module);
+  if (hooks != nullptr) hooks->pre_backward(module);
+  Tensor grad_input = module.backward(dy, sink, need_input_grad);
+  if (hooks != nullptr) hooks->post_backward(module);
+  if (!grad_input.defined()) return grad_input;
+  for (auto b = boundaries.rbegin(); b != boundaries.rend(); ++b)
+    grad_input = (*b)->input_grad(grad_input);
   return grad_input;
 }
 
@@ -48,6 +58,13 @@ Tensor Sequential::backward(const Tensor& grad_output, GradientSink& sink, bool 
   for (std::size_t i = modules_.size(); i-- > 0;)
     grad = run_backward(*modules_[i], grad, sink, i > 0 || need_input_grad);
   return grad;
+}
+
+std::vector<std::pair<std::string, Module*>> Sequential::children() {
+  std::vector<std::pair<std::string, Module*>> named;
+  for (std::size_t i = 0; i < modules_.size(); ++i)
+    named.emplace_back(std::to_string(i), modules_[i].get());
+  return named;
 }
 
 std::vector<Parameter*> Sequential::parameters() {

@@ -7,12 +7,12 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/comm_debug.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
-#include <meshtensor/tp/ops.hpp>
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/tp/ops.hpp>
 
 namespace meshtensor::tp {
 
@@ -146,7 +146,8 @@ Tensor local_layer_norm(const Placed& p, double epsilon) {
     const double inverse_std = 1.0 / std::sqrt(variance / static_cast<double>(cols) + epsilon);
     for (std::int64_t c = 0; c < cols; ++c) {
       const auto normalized = static_cast<float>((row[c] - mean) * inverse_std);
-      yv[r * cols + c] = normalized * w[static_cast<std::size_t>(c)] + b[static_cast<std::size_t>(c)];
+      yv[r * cols + c] =
+          normalized * w[static_cast<std::size_t>(c)] + b[static_cast<std::size_t>(c)];
     }
   }
   return y.reshape(p.local(0).shape());
@@ -239,7 +240,8 @@ class MeshClassSplit : public nn::ClassSplit {
   std::int64_t first_class() const override { return first_; }
   std::int64_t classes() const override { return classes_; }
   void all_reduce(std::span<double> values, ReduceOp op) override {
-    Tensor buffer = Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())}, DType::f64);
+    Tensor buffer =
+        Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())}, DType::f64);
     std::copy(values.begin(), values.end(), buffer.values<double>().begin());
     comm::CollectiveOptions collective;
     collective.op = op;
@@ -265,8 +267,8 @@ class MeshClassSplit : public nn::ClassSplit {
     std::vector<std::string> names;
     for (const int d : dims_)
       names.push_back(mesh_.dim_name(d));
-    mode->add_collective({"all_reduce", names, group_->size(), static_cast<std::int64_t>(bytes),
-                          purpose});
+    mode->add_collective(
+        {"all_reduce", names, group_->size(), static_cast<std::int64_t>(bytes), purpose});
   }
 
   std::int64_t first_;
@@ -305,8 +307,8 @@ DTensor matmul(const DTensor& a, const DTensor& b, MatmulForm form,
                const RedistributeOptions& options) {
   check_dtype("matmul", a, {DType::f32, DType::f64});
   if (a.dtype() != b.dtype()) {
-    throw InvalidArgument(fmt::format("matmul: a is {}, b is {}", dtype_name(a.dtype()),
-                                      dtype_name(b.dtype())));
+    throw InvalidArgument(
+        fmt::format("matmul: a is {}, b is {}", dtype_name(a.dtype()), dtype_name(b.dtype())));
   }
   const Shape out = matmul_shape(a.global_shape(), b.global_shape(), form);
   return run_op("matmul " + matmul_form_name(form), {&a, &b},

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/dtensor/sharding.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/embedding.hpp>
 #include <meshtensor/nn/layers.hpp>
@@ -80,6 +81,68 @@ class StyleCommunication : public nn::SplitCommunication {
   Shape output_shape_;
 };
 
+/// A module's input (or output) moved between two layouts at its boundary, and its gradient back.
+class LayoutBoundary : public nn::ModuleBoundary {
+ public:
+  LayoutBoundary(TensorParallel& tp, std::string path, bool at_input, Placement from, Placement to)
+      : tp_(tp), path_(std::move(path)), at_input_(at_input), from_(from), to_(to) {}
+
+  Tensor input(const Tensor& x) override { return at_input_ ? forward(x, "input") : x; }
+  Tensor output(const Tensor& y) override { return at_input_ ? y : forward(y, "output"); }
+  Tensor output_grad(const Tensor& dy) override {
+    return at_input_ ? dy : backward(dy, "grad output");
+  }
+  Tensor input_grad(const Tensor& dx) override {
+    return at_input_ ? backward(dx, "grad input") : dx;
+  }
+
+ private:
+  Tensor forward(const Tensor& local, const std::string& what) {
+    global_ = global_shape(local);
+    if (to_.is_shard() && to_.shard_dim() == 1) tp_.set_sequence_length(global_[1]);
+    if (from_ == to_) return local;
+    return tp_.redistribute(local, global_, from_, to_, path_, "forward",
+                            what + " " + placement_text(from_) + " -> " + placement_text(to_));
+  }
+  Tensor backward(const Tensor& local, const std::string& what) {
+    if (from_ == to_) return local;
+    return tp_.redistribute(local, global_, to_, from_, path_, "backward",
+                            what + " " + placement_text(to_) + " -> " + placement_text(from_));
+  }
+  /// The whole shape of blocks placed by from_: a sharded dim's extents summed over the group.
+  Shape global_shape(const Tensor& local) {
+    if (!from_.is_shard()) return local.shape();
+    const int dim = from_.shard_dim();
+    if (dim >= local.rank()) {
+      throw InvalidArgument(
+          fmt::format("{}: {} of a {}-d activation", path_, placement_text(from_), local.rank()));
+    }
+    Tensor extent = Tensor::full(Shape{1}, DType::f64, static_cast<double>(local.shape()[dim]));
+    comm::CollectiveOptions options;
+    options.label = path_ + " sharded extent";
+    tp_.group().all_reduce(extent, options);
+    std::vector<std::int64_t> dims = local.shape().dims();
+    dims[static_cast<std::size_t>(dim)] = static_cast<std::int64_t>(extent.values<double>()[0]);
+    return Shape(dims);
+  }
+
+  TensorParallel& tp_;
+  std::string path_;
+  bool at_input_;
+  Placement from_;
+  Placement to_;
+  Shape global_;
+};
+
+void check_layout(const Placement& p, const std::string& style) {
+  if (p.is_partial()) {
+    throw InvalidArgument(fmt::format(
+        "{}: layouts are Replicate or Shard(d), not {} (a partial activation's gradient is not "
+        "partial)",
+        style, placement_text(p)));
+  }
+}
+
 /// Keeps columns (dim 1) or rows (dim 0) `chunk` of `p` and records where they lie.
 void keep_chunk(nn::Parameter& p, int dim, const Chunk& chunk) {
   const Shape global = p.value.shape();
@@ -109,6 +172,31 @@ std::int64_t local_blocks(std::int64_t blocks, std::int64_t size, const TensorPa
   return blocks / tp.size();
 }
 
+/// Sharding propagation of an op on the group's mesh, for inputs of `shapes` under `given`.
+dtensor::OpStrategy propagate(const TensorParallel& tp, const std::string& op,
+                              const std::vector<Shape>& shapes, const std::vector<Placement>& given,
+                              std::vector<dtensor::DimStrategy> strategies) {
+  dtensor::OpSchema schema{op, shapes, {}, {}, std::move(strategies)};
+  for (const Placement& p : given) {
+    schema.specs.emplace_back(std::vector<Placement>{p});
+    schema.dtypes.push_back(DType::f32);
+  }
+  return dtensor::select_strategy(tp.mesh(), schema);
+}
+
+/// The strategy of a Linear's product x [batch, sequence, in] · W [in, out], x and W placed so.
+dtensor::OpStrategy linear_strategy(const TensorParallel& tp, nn::Linear& linear,
+                                    const Placement& input, const Placement& weight) {
+  const Shape& w = linear.weight().value.shape();
+  const Shape x{1, 1, w[0]};
+  return propagate(tp, "matmul", {x, w}, {input, weight},
+                   dtensor::matmul_strategies(x, w, dtensor::MatmulForm::nn));
+}
+
+std::string strategy_text(const std::string& op, const dtensor::OpStrategy& strategy) {
+  return op + " " + strategy.to_string();
+}
+
 nn::Linear& as_linear(nn::Module& module, const std::string& path, const std::string& style) {
   auto* linear = dynamic_cast<nn::Linear*>(&module);
   if (linear == nullptr) {
@@ -126,8 +214,12 @@ std::string ColwiseParallel::describe() const {
   return fmt::format("ColwiseParallel(input={})", placement_text(input_));
 }
 
-void ColwiseParallel::apply(nn::Module& module, const std::string& path, TensorParallel& tp) const {
+std::string ColwiseParallel::apply(nn::Module& module, const std::string& path,
+                                   TensorParallel& tp) const {
   nn::Linear& linear = as_linear(module, path, "ColwiseParallel");
+  // The input arrives gathered (Replicate); the weight is split by columns.
+  const dtensor::OpStrategy strategy =
+      linear_strategy(tp, linear, Placement::replicate(), Placement::shard(1));
   const std::int64_t out = linear.weight().value.shape()[1];
   const auto [in_blocks, out_blocks] = linear.exact_blocks();
   const std::int64_t local = local_blocks(out_blocks, out, tp, path);
@@ -140,8 +232,9 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& path, TensorP
   keep_chunk(linear.weight(), 1, chunk);
   keep_chunk(linear.bias(), 0, chunk);
   linear.set_exact_blocks(in_blocks, local);
-  linear.set_split(
-      &tp.keep(std::make_unique<StyleCommunication>(tp, path, false, input_, Placement::shard(2))));
+  linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
+      tp, path, strategy.output.at(0).is_partial(), input_, strategy.output.at(0))));
+  return strategy_text("matmul nn", strategy);
 }
 
 RowwiseParallel::RowwiseParallel(Placement output) : output_(output) {}
@@ -150,38 +243,84 @@ std::string RowwiseParallel::describe() const {
   return fmt::format("RowwiseParallel(output={})", placement_text(output_));
 }
 
-void RowwiseParallel::apply(nn::Module& module, const std::string& path, TensorParallel& tp) const {
+std::string RowwiseParallel::apply(nn::Module& module, const std::string& path,
+                                   TensorParallel& tp) const {
   if (auto* embedding = dynamic_cast<nn::TokenPositionEmbedding*>(&module)) {
     nn::Parameter& table = embedding->token().weight();
     const std::int64_t rows = table.value.shape()[0];
+    const Shape ids{1, 1};
+    const dtensor::OpStrategy strategy = propagate(
+        tp, "embedding", {table.value.shape(), ids}, {Placement::shard(0), Placement::replicate()},
+        dtensor::embedding_strategies(table.value.shape(), ids));
     const Chunk chunk = chunk_extent(rows, tp.size(), tp.rank());
     keep_chunk(table, 0, chunk);
     embedding->token().set_row_range(chunk.offset, rows);
     for (nn::Parameter* p : embedding->parameters())
       if (p != &table) keep_whole(*p, tp, false);
-    embedding->set_split(&tp.keep(
-        std::make_unique<StyleCommunication>(tp, path, true, Placement::replicate(), output_)));
-    return;
+    embedding->set_split(&tp.keep(std::make_unique<StyleCommunication>(
+        tp, path, strategy.output.at(0).is_partial(), Placement::replicate(), output_)));
+    return strategy_text("embedding", strategy);
   }
   nn::Linear& linear = as_linear(module, path, "RowwiseParallel");
+  // The input arrives split by features (a column-parallel layer's output); W by rows.
+  const dtensor::OpStrategy strategy =
+      linear_strategy(tp, linear, Placement::shard(2), Placement::shard(0));
   const std::int64_t in = linear.weight().value.shape()[0];
   const auto [in_blocks, out_blocks] = linear.exact_blocks();
   const std::int64_t local = local_blocks(in_blocks, in, tp, path);
   keep_chunk(linear.weight(), 0, chunk_extent(in, tp.size(), tp.rank()));
   keep_whole(linear.bias(), tp, false);
   linear.set_exact_blocks(local, out_blocks);
-  linear.set_split(
-      &tp.keep(std::make_unique<StyleCommunication>(tp, path, true, Placement::shard(2), output_)));
+  linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
+      tp, path, strategy.output.at(0).is_partial(), Placement::shard(2), output_)));
+  return strategy_text("matmul nn", strategy);
 }
 
-void SequenceParallel::apply(nn::Module& module, const std::string& path,
-                             TensorParallel& tp) const {
+std::string SequenceParallel::apply(nn::Module& module, const std::string& path,
+                                    TensorParallel& tp) const {
   if (dynamic_cast<nn::LayerNorm*>(&module) == nullptr) {
     throw InvalidArgument(fmt::format("SequenceParallel applies to a LayerNorm; '{}' is {}", path,
                                       module.describe()));
   }
   for (nn::Parameter* p : module.parameters())
     keep_whole(*p, tp, true);
+  return "layer_norm " +
+         propagate(tp, "layer_norm", {Shape{1, 1, 1}, Shape{1}, Shape{1}},
+                   {Placement::shard(1), Placement::replicate(), Placement::replicate()},
+                   dtensor::row_strategies(Shape{1, 1, 1}, 2))
+             .to_string();
+}
+
+PrepareModuleInput::PrepareModuleInput(Placement input_layout, Placement desired_input_layout)
+    : from_(input_layout), to_(desired_input_layout) {
+  check_layout(from_, "PrepareModuleInput");
+  check_layout(to_, "PrepareModuleInput");
+}
+
+std::string PrepareModuleInput::describe() const {
+  return fmt::format("PrepareModuleInput({} -> {})", placement_text(from_), placement_text(to_));
+}
+
+std::string PrepareModuleInput::apply(nn::Module& module, const std::string& path,
+                                      TensorParallel& tp) const {
+  module.add_boundary(&tp.keep(std::make_unique<LayoutBoundary>(tp, path, true, from_, to_)));
+  return "";
+}
+
+PrepareModuleOutput::PrepareModuleOutput(Placement output_layout, Placement desired_output_layout)
+    : from_(output_layout), to_(desired_output_layout) {
+  check_layout(from_, "PrepareModuleOutput");
+  check_layout(to_, "PrepareModuleOutput");
+}
+
+std::string PrepareModuleOutput::describe() const {
+  return fmt::format("PrepareModuleOutput({} -> {})", placement_text(from_), placement_text(to_));
+}
+
+std::string PrepareModuleOutput::apply(nn::Module& module, const std::string& path,
+                                       TensorParallel& tp) const {
+  module.add_boundary(&tp.keep(std::make_unique<LayoutBoundary>(tp, path, false, from_, to_)));
+  return "";
 }
 
 bool matches_pattern(const std::string& pattern, const std::string& path) {
@@ -218,8 +357,9 @@ std::vector<std::pair<std::string, std::string>> parallelize_module(nn::Module& 
     for (const auto& [path, module] : modules) {
       if (path.empty() || !matches_pattern(pattern, path)) continue;
       matched = true;
-      if (tp.size() > 1) style->apply(*module, path, tp);
-      applied.emplace_back(path, style->describe());
+      const std::string strategy = tp.size() > 1 ? style->apply(*module, path, tp) : "";
+      applied.emplace_back(
+          path, strategy.empty() ? style->describe() : style->describe() + ": " + strategy);
     }
     if (!matched) {
       throw InvalidArgument(

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/dtensor/comm_debug.hpp>
 #include <meshtensor/dtensor/redistribute.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/mesh/layout.hpp>
@@ -62,6 +63,8 @@ Tensor TensorParallel::redistribute(const Tensor& local, const Shape& global_sha
                 step.traffic.send_bytes.at(static_cast<std::size_t>(rank()))});
     }
   }
+  if (dtensor::CommDebugMode* mode = dtensor::CommDebugMode::active())
+    mode->add_plan(*plan, rank(), module + " " + what);
   return dtensor::execute_plan(*plan, groups_, local.contiguous(), options);
 }
 

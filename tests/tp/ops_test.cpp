@@ -8,12 +8,18 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/comm_debug.hpp>
 #include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/tp/ops.hpp>
+#include <meshtensor/tp/style.hpp>
 
 namespace meshtensor {
 
 /// Specs print as text in failures.
-void PrintTo(const PlacementSpec& spec, std::ostream* os) { *os << spec.to_string(); }
+void PrintTo(const PlacementSpec& spec, std::ostream* os) {
+  *os << spec.to_string();
+}
 
 namespace tp {
 namespace {
@@ -24,14 +30,18 @@ using dtensor::OpStrategy;
 
 const Placement R = Placement::replicate();
 const Placement P = Placement::partial(ReduceOp::sum);
-Placement S(int d) { return Placement::shard(d); }
-PlacementSpec spec(std::vector<Placement> p) { return PlacementSpec(std::move(p)); }
+Placement S(int d) {
+  return Placement::shard(d);
+}
+PlacementSpec spec(std::vector<Placement> p) {
+  return PlacementSpec(std::move(p));
+}
 
 OpStrategy propagate_matmul(const DeviceMesh& mesh, const Shape& a, const PlacementSpec& sa,
                             const Shape& b, const PlacementSpec& sb,
                             MatmulForm form = MatmulForm::nn) {
-  const OpSchema schema{"matmul", {a, b}, {sa, sb}, {DType::f32, DType::f32},
-                        dtensor::matmul_strategies(a, b, form)};
+  const OpSchema schema{
+      "matmul", {a, b}, {sa, sb}, {DType::f32, DType::f32}, dtensor::matmul_strategies(a, b, form)};
   return dtensor::select_strategy(mesh, schema);
 }
 
@@ -89,13 +99,13 @@ TEST(ShardingPropagation, WeightGradientFormSumsOverTheSequenceShards) {
 TEST(ShardingPropagation, NonlinearOpsNeverRunOnPartialSums) {
   const DeviceMesh mesh({4}, {"tp"});
   const Shape x{8, 16};
-  const OpSchema schema{"gelu", {x}, {spec({P})}, {DType::f32},
-                        dtensor::pointwise_strategies(x, false)};
+  const OpSchema schema{
+      "gelu", {x}, {spec({P})}, {DType::f32}, dtensor::pointwise_strategies(x, false)};
   const OpStrategy s = dtensor::select_strategy(mesh, schema);
   EXPECT_FALSE(s.inputs[0].at(0).is_partial());
   EXPECT_EQ(s.redistribute_collectives, 1);
-  const OpSchema linear{"scale", {x}, {spec({P})}, {DType::f32},
-                        dtensor::pointwise_strategies(x, true)};
+  const OpSchema linear{
+      "scale", {x}, {spec({P})}, {DType::f32}, dtensor::pointwise_strategies(x, true)};
   EXPECT_EQ(dtensor::select_strategy(mesh, linear).output, spec({P}));
 }
 
@@ -130,13 +140,16 @@ TEST(DTensorOps, MatmulOnAnyPlacementsMatchesTheWholeProduct) {
   const Tensor b = Tensor::random_normal(Shape{13, 9}, DType::f32, 2);
   const Tensor want = whole_matmul(a, b);
   const std::vector<std::pair<PlacementSpec, PlacementSpec>> cases{
-      {spec({R, R}), spec({R, R})},       {spec({S(0), R}), spec({R, S(1)})},
-      {spec({S(1), S(1)}), spec({R, R})}, {spec({R, S(1)}), spec({R, S(0)})},
+      {spec({R, R}), spec({R, R})},
+      {spec({S(0), R}), spec({R, S(1)})},
+      {spec({S(1), S(1)}), spec({R, R})},
+      {spec({R, S(1)}), spec({R, S(0)})},
       {spec({S(0), S(1)}), spec({S(1), S(0)})}};
   for (const auto& [sa, sb] : cases) {
     SCOPED_TRACE(sa.to_string() + " x " + sb.to_string());
     on_mesh(DeviceMesh({2, 2}, {"dp", "tp"}), [&](auto groups) {
-      const DTensor y = matmul(dtensor::distribute(a, groups, sa), dtensor::distribute(b, groups, sb));
+      const DTensor y =
+          matmul(dtensor::distribute(a, groups, sa), dtensor::distribute(b, groups, sb));
       const Tensor full = y.full_tensor();
       const bool contraction_split = !y.spec().partial_mesh_dims().empty();
       if (contraction_split) {
@@ -254,9 +267,54 @@ TEST(DTensorOps, VocabularyParallelEmbeddingAndLossEqualTheReplicatedBits) {
     const Tensor labels63 = small_labels.narrow(0, 0, 63).contiguous();
     const DTensor by_rows = cross_entropy(put(rows63, S(0)), put(labels63, S(0)));
     EXPECT_EQ(by_rows.spec(), spec({P}));
-    const double mean = cross_entropy(put(rows63, R), put(labels63, R)).local().template values<double>()[0];
+    const double mean =
+        cross_entropy(put(rows63, R), put(labels63, R)).local().template values<double>()[0];
     EXPECT_NEAR(by_rows.full_tensor().template values<double>()[0], mean, 1e-12);
   });
+}
+
+/// LayerNorm, Linear(16, 32), GELU, Linear(32, 16): a block whose norm runs on sequence shards.
+std::unique_ptr<nn::Sequential> block() {
+  auto model = std::make_unique<nn::Sequential>();
+  model->add(std::make_unique<nn::LayerNorm>(16));
+  model->add(std::make_unique<nn::Linear>(16, 32, 21, 0.2));
+  model->add(std::make_unique<nn::GELU>());
+  model->add(std::make_unique<nn::Linear>(32, 16, 22, 0.2));
+  return model;
+}
+
+TEST(ParallelStyles, PrepareModuleInputAndOutputMoveActivationsAtTheBoundary) {
+  const Tensor x = Tensor::random_normal(Shape{2, 7, 16}, DType::f32, 23);  // 7: uneven over 2
+  const Tensor dy = Tensor::random_normal(Shape{2, 7, 16}, DType::f32, 24);
+  auto whole = block();
+  nn::DenseGradients unused(whole->parameters());
+  const Tensor want_y = whole->forward(x);
+  const Tensor want_dx = whole->backward(dy, unused, true);
+  comm::run_threads(2, [&](std::shared_ptr<comm::Communicator> world) {
+    auto model = block();
+    TensorParallel tp(world, comm::ReductionMode::ordered, true);
+    const ParallelizePlan plan{{"0", std::make_shared<SequenceParallel>()},
+                               {"1", std::make_shared<PrepareModuleInput>(S(1), R)},
+                               {"1", std::make_shared<ColwiseParallel>(R)},
+                               {"3", std::make_shared<RowwiseParallel>(R)},
+                               {"3", std::make_shared<PrepareModuleOutput>(R, S(1))}};
+    const auto applied = parallelize_module(*model, tp, plan);
+    EXPECT_EQ(applied[1].second, "PrepareModuleInput(Shard(1) -> Replicate)");
+    const Chunk mine = chunk_extent(7, 2, tp.rank());
+    const Tensor local_x = x.narrow(1, mine.offset, mine.size).contiguous();
+    tp.log().enable(true);
+    const Tensor y = model->forward(local_x);
+    expect_near(y, want_y.narrow(1, mine.offset, mine.size), 1e-5);
+    EXPECT_EQ(tp.log().count("all_gather", "forward"), 1);  // the block's input, once
+    EXPECT_EQ(tp.log().count("all_reduce", "forward"), 1);  // the row-parallel output
+    nn::DenseGradients grads(model->parameters());
+    const Tensor dx =
+        model->backward(dy.narrow(1, mine.offset, mine.size).contiguous(), grads, true);
+    expect_near(dx, want_dx.narrow(1, mine.offset, mine.size), 1e-5);
+    EXPECT_EQ(tp.log().count("all_gather", "backward"), 1);  // the output gradient
+    EXPECT_EQ(tp.log().count("all_reduce", "backward"), 1);  // the column-parallel input grad
+  });
+  EXPECT_THROW(PrepareModuleInput(P, R), InvalidArgument);
 }
 
 TEST(DTensorOps, BadInputsNameTheValues) {

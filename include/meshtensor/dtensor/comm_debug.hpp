@@ -24,9 +24,9 @@ struct CollectiveRecord {
 
 /// One DTensor op (or a redistribute outside any op), as this rank ran it.
 struct OpRecord {
-  std::string op;                  ///< "matmul", "add", ..., or "redistribute"
-  std::vector<std::string> given;  ///< the inputs' placements when the op was called
-  OpStrategy strategy;             ///< the strategy sharding propagation chose
+  std::string op;                             ///< "matmul", "add", ..., or "redistribute"
+  std::vector<std::string> given;             ///< the inputs' placements when the op was called
+  OpStrategy strategy;                        ///< the strategy sharding propagation chose
   std::vector<CollectiveRecord> collectives;  ///< in the order they ran
 };
 
@@ -77,8 +77,7 @@ class CommDebugMode {
 /// Keeps an op's record open on the active mode (if any) for the scope's life.
 class OpScope {
  public:
-  OpScope(const std::string& op, const std::vector<std::string>& given,
-          const OpStrategy& strategy);
+  OpScope(const std::string& op, const std::vector<std::string>& given, const OpStrategy& strategy);
   ~OpScope();
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;

@@ -29,10 +29,10 @@ struct DimStrategy {
 /// An op call as sharding propagation sees it: the inputs' global shapes, their placements and
 /// dtypes, and the op's per-dim strategies.
 struct OpSchema {
-  std::string op;                     ///< "matmul", "add", ...
-  std::vector<Shape> shapes;          ///< inputs' global shapes
-  std::vector<PlacementSpec> specs;   ///< inputs' placements now
-  std::vector<DType> dtypes;          ///< inputs' dtypes
+  std::string op;                       ///< "matmul", "add", ...
+  std::vector<Shape> shapes;            ///< inputs' global shapes
+  std::vector<PlacementSpec> specs;     ///< inputs' placements now
+  std::vector<DType> dtypes;            ///< inputs' dtypes
   std::vector<DimStrategy> strategies;  ///< what the op can run on, along one mesh dim
 };
 
@@ -40,8 +40,8 @@ struct OpSchema {
 struct OpStrategy {
   std::vector<PlacementSpec> inputs;  ///< the placement each input is moved to first
   PlacementSpec output = PlacementSpec(std::vector<Placement>{});  ///< the output's placement
-  double redistribute_cost_s = 0;  ///< cost-model price of moving the inputs there
-  double internal_cost_s = 0;      ///< price of the op's own collectives
+  double redistribute_cost_s = 0;    ///< cost-model price of moving the inputs there
+  double internal_cost_s = 0;        ///< price of the op's own collectives
   int redistribute_collectives = 0;  ///< collectives the input moves run
   int internal_collectives = 0;      ///< collectives the op runs itself
   std::int64_t candidates = 0;       ///< strategies considered (valid on the mesh and shapes)

@@ -110,6 +110,22 @@ class ModuleHooks {
   virtual void post_backward(Module& module) = 0;
 };
 
+/// Moves activations at a module's boundary when installed on it (Module::add_boundary), for
+/// whatever calls the module through run_forward() / run_backward(): a parallel style that
+/// changes where the module's input or output lives (PrepareModuleInput/Output).
+class ModuleBoundary {
+ public:
+  virtual ~ModuleBoundary() = default;
+  /// The input the module sees, from the input it is given.
+  virtual Tensor input(const Tensor& x) = 0;
+  /// The output the caller sees, from the module's output.
+  virtual Tensor output(const Tensor& y) = 0;
+  /// The output gradient the module sees, from the caller's.
+  virtual Tensor output_grad(const Tensor& dy) = 0;
+  /// The input gradient the caller sees, from the module's.
+  virtual Tensor input_grad(const Tensor& dx) = 0;
+};
+
 /// A layer with explicit forward and backward. forward keeps what backward needs (its input,
 /// normalised values, ...); backward consumes it. Activations are f32 [..., features] (2-D
 /// [rows, features] for an MLP, [batch, sequence, features] for a transformer; token ids are
@@ -134,16 +150,22 @@ class Module {
   void set_hooks(ModuleHooks* hooks) { hooks_ = hooks; }
   /// The installed hooks, or null.
   ModuleHooks* hooks() const { return hooks_; }
+  /// Adds a boundary (it must outlive the module); forward applies boundaries in the order added,
+  /// backward in the reverse order.
+  void add_boundary(ModuleBoundary* boundary) { boundaries_.push_back(boundary); }
+  /// The installed boundaries.
+  const std::vector<ModuleBoundary*>& boundaries() const { return boundaries_; }
 
  private:
   ModuleHooks* hooks_ = nullptr;
+  std::vector<ModuleBoundary*> boundaries_;
 };
 
-/// module.forward(input) between the module's hooks, if any. Containers call their children
-/// through it.
+/// module.forward(input) between the module's hooks and inside its boundaries, if any.
+/// Containers call their children through it.
 Tensor run_forward(Module& module, const Tensor& input);
 
-/// module.backward(...) between the module's hooks, if any.
+/// module.backward(...) between the module's hooks and inside its boundaries, if any.
 Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,
                     bool need_input_grad);
 
@@ -161,6 +183,8 @@ class Sequential : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
+  /// The modules named by their index ("0", "1", ...).
+  std::vector<std::pair<std::string, Module*>> children() override;
 
  private:
   std::vector<std::unique_ptr<Module>> modules_;

@@ -19,8 +19,10 @@ class ParallelStyle {
  public:
   virtual ~ParallelStyle() = default;
   /// Splits `module` (at `path`) over `tp`; InvalidArgument naming the path when the style does
-  /// not apply to the module.
-  virtual void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const = 0;
+  /// not apply to the module. Returns the strategy its product runs with (sharding propagation
+  /// of the matmul on the style's placements, e.g. "matmul nn R x S1 -> S2"), or "".
+  virtual std::string apply(nn::Module& module, const std::string& path,
+                            TensorParallel& tp) const = 0;
   /// E.g. "ColwiseParallel(input=Shard(1))".
   virtual std::string describe() const = 0;
 };
@@ -32,7 +34,7 @@ class ParallelStyle {
 class ColwiseParallel : public ParallelStyle {
  public:
   explicit ColwiseParallel(Placement input = Placement::replicate());
-  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
   std::string describe() const override;
 
  private:
@@ -45,7 +47,7 @@ class ColwiseParallel : public ParallelStyle {
 class RowwiseParallel : public ParallelStyle {
  public:
   explicit RowwiseParallel(Placement output = Placement::replicate());
-  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
   std::string describe() const override;
 
  private:
@@ -56,8 +58,36 @@ class RowwiseParallel : public ParallelStyle {
 /// partial over the group (reduced over it with the data-parallel reduction).
 class SequenceParallel : public ParallelStyle {
  public:
-  void apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
   std::string describe() const override { return "SequenceParallel"; }
+};
+
+/// Moves a module's input from `input_layout` to `desired_input_layout` before its forward, and
+/// its input gradient back after its backward (e.g. Shard(1) -> Replicate: one all-gather of the
+/// sequence shards for a whole block instead of one per layer). Replicate or Shard only: a
+/// Partial layout is an InvalidArgument naming it.
+class PrepareModuleInput : public ParallelStyle {
+ public:
+  PrepareModuleInput(Placement input_layout, Placement desired_input_layout);
+  std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string describe() const override;
+
+ private:
+  Placement from_;
+  Placement to_;
+};
+
+/// Moves a module's output from `output_layout` to `desired_output_layout` after its forward, and
+/// the output gradient back before its backward. Replicate or Shard only.
+class PrepareModuleOutput : public ParallelStyle {
+ public:
+  PrepareModuleOutput(Placement output_layout, Placement desired_output_layout);
+  std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
+  std::string describe() const override;
+
+ private:
+  Placement from_;
+  Placement to_;
 };
 
 /// Module path patterns and their styles; `*` matches one path component or part of it (no dot).
@@ -69,7 +99,7 @@ bool matches_pattern(const std::string& pattern, const std::string& path);
 /// Applies `plan` to the modules under `root`; every parameter no style split is marked
 /// replicated over the group (saved by its first member). InvalidArgument for a pattern that
 /// matches no module, or a style that does not apply to a module it matches. Returns the
-/// (path, style) pairs applied, in module order.
+/// (path, "style: strategy") pairs applied, in plan order.
 std::vector<std::pair<std::string, std::string>> parallelize_module(nn::Module& root,
                                                                     TensorParallel& tp,
                                                                     const ParallelizePlan& plan);

@@ -68,6 +68,8 @@ class TensorParallel {
   bool sequence_parallel() const { return sequence_parallel_; }
   /// The group's communicator.
   comm::Communicator& group() { return *group_; }
+  /// The group as a 1-D mesh named "tp".
+  const DeviceMesh& mesh() const { return groups_.mesh(); }
   /// The collectives run, when enabled.
   CommLog& log() { return log_; }
 
