@@ -40,6 +40,7 @@ _load_mpi_globally()
 
 from ._meshtensor import (  # noqa: E402
     AdamW,
+    CommDebugMode,
     ArgumentTypeError,
     CommError,
     Communicator,
@@ -72,6 +73,7 @@ from ._meshtensor import (  # noqa: E402
     load_dataset,
     load_text,
     local_layout,
+    ops,
     lr_at,
     parse_placements,
     replicate,
@@ -116,11 +118,11 @@ def get_world_size():
 
 
 __all__ = [
-    "AdamW", "ArgumentTypeError", "CommError", "Communicator", "DataError", "Dataset", "DesyncError", "DeviceMesh",
+    "AdamW", "ArgumentTypeError", "CommDebugMode", "CommError", "Communicator", "DataError", "Dataset", "DesyncError", "DeviceMesh",
     "DTensor", "Error", "GPT", "InvalidArgument", "MLP", "Model", "Optimizer", "ParseError", "Partial", "Placement",
     "Plan", "Replicate", "ResourceError", "SGD", "Shard", "Text", "TimeoutError", "check", "contribution",
     "cross_entropy", "digest", "distribute_tensor", "epoch_order", "fully_shard", "get_rank",
     "get_world", "get_world_size", "init_device_mesh", "load_checkpoint", "load_dataset", "load_text",
-    "local_layout", "lr_at", "parse_placements", "plan", "replicate", "run", "run_mpi",
+    "local_layout", "lr_at", "ops", "parse_placements", "plan", "replicate", "run", "run_mpi",
     "run_threads", "save_checkpoint", "train", "under_mpirun",
 ]

@@ -15,6 +15,7 @@
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/tensor.hpp>
+#include <meshtensor/dtensor/dtensor.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/spec.hpp>
 
@@ -115,10 +116,17 @@ PlacementSpec spec_from(const py::handle& placements, const DeviceMesh& mesh, in
 /// The Python placement objects (meshtensor.Shard, ...) of `spec`, as a tuple.
 py::tuple placements_of(const PlacementSpec& spec);
 
+/// A DTensor with the Python mesh it lives on.
+struct PyDTensor {
+  std::shared_ptr<Mesh> mesh;
+  dtensor::DTensor tensor;
+};
+
 void bind_arrays(py::module_& module);
 void bind_runtime(py::module_& module);
 void bind_mesh(py::module_& module);
 void bind_dtensor(py::module_& module);
+void bind_ops(py::module_& module);
 void bind_train(py::module_& module);
 
 }  // namespace meshtensor::python

@@ -17,12 +17,6 @@ namespace meshtensor::python {
 
 namespace {
 
-/// A DTensor with the Python mesh it lives on.
-struct PyDTensor {
-  std::shared_ptr<Mesh> mesh;
-  dtensor::DTensor tensor;
-};
-
 /// SPMD check: every rank of the mesh's world passes the same `text` (what it was asked to do),
 /// else every rank raises the same InvalidArgument naming `what` and the first rank that differs.
 void check_agreement(const Mesh& mesh, std::string_view what, const std::string& text) {

@@ -105,5 +105,6 @@ PYBIND11_MODULE(_meshtensor, module) {
   bind_runtime(module);
   bind_mesh(module);
   bind_dtensor(module);
+  bind_ops(module);
   bind_train(module);
 }

@@ -123,6 +123,13 @@ py::dict result_dict(const train::TrainResult& result) {
   out["resumed_step"] = result.resumed_step;
   out["checkpoints"] = result.checkpoints;
   out["warnings"] = result.warnings;
+  out["logits_digest"] = digest_hex(result.logits_digest);
+  out["grad_norms"] = result.grad_norms;
+  py::list plan;
+  for (const auto& [path, style] : result.parallel_plan)
+    plan.append(py::make_tuple(path, style));
+  out["parallel_plan"] = plan;
+  out["parallel_log"] = result.parallel_log;
   return out;
 }
 
@@ -169,6 +176,22 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
   return std::make_unique<train::ImageClassification>(*data.cast<const PyDataset&>().data, mlp);
 }
 
+/// "2x2x2" from a sequence of sizes.
+std::string join_sizes(const py::handle& value, const std::string& argument) {
+  std::string text;
+  for (const auto& size : value.cast<py::sequence>())
+    text += (text.empty() ? "" : "x") + std::to_string(cast_argument<std::int64_t>(size, argument));
+  return text;
+}
+
+/// "dp,fsdp,tp" from a sequence of names.
+std::string join_names(const py::handle& value, const std::string& argument) {
+  std::string text;
+  for (const auto& name : value.cast<py::sequence>())
+    text += (text.empty() ? "" : ",") + cast_argument<std::string>(name, argument);
+  return text;
+}
+
 py::dict run_training(const py::object& data, const py::object& world_object,
                       const py::kwargs& kwargs) {
   const std::unique_ptr<train::Task> task = task_for(data, kwargs);
@@ -184,6 +207,8 @@ py::dict run_training(const py::object& data, const py::object& world_object,
   }
   py::object on_epoch = py::none();
   std::int64_t stop_after = 0;
+  std::string mesh_shape;
+  std::string mesh_names;
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();  // keyword names are str
     const std::string argument = fmt::format("train() argument '{}'", name);
@@ -243,6 +268,14 @@ py::dict run_training(const py::object& data, const py::object& world_object,
       config.resume_dir = value.is_none() ? "" : text();
     } else if (name == "stop_after") {
       stop_after = cast_argument<std::int64_t>(value, argument);
+    } else if (name == "mesh") {
+      mesh_shape = py::isinstance<py::str>(value) ? text() : join_sizes(value, argument);
+    } else if (name == "names") {
+      mesh_names = py::isinstance<py::str>(value) ? text() : join_names(value, argument);
+    } else if (name == "sequence_parallel") {
+      config.sequence_parallel = cast_argument<bool>(value, argument);
+    } else if (name == "clip_grad_norm") {
+      config.clip_grad_norm = cast_argument<double>(value, argument);
     } else if (name == "on_epoch") {
       on_epoch = py::reinterpret_borrow<py::object>(value);
     } else {
@@ -251,6 +284,14 @@ py::dict run_training(const py::object& data, const py::object& world_object,
   }
   if (stop_after < 0)
     throw InvalidArgument(fmt::format("stop_after must be at least 0, got {}", stop_after));
+  if (!mesh_names.empty()) {
+    if (mesh_shape.empty())
+      throw InvalidArgument("train: names= names the dims of mesh=; give mesh=");
+    config.mesh = train::parse_named_mesh(mesh_shape, mesh_names);
+  } else if (!mesh_shape.empty()) {
+    throw InvalidArgument(
+        fmt::format("train: mesh={} needs names= (dims named dp, fsdp and tp)", mesh_shape));
+  }
   (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
   train::TrainCallbacks callbacks;
   if (!on_epoch.is_none()) {
@@ -720,7 +761,9 @@ void bind_data(py::module_& module) {
              "Dataset, a GPT on Text (the keywords are its flags: model='mlp:256' or "
              "model='gpt:layers=2,dim=64', strategy='fsdp', mode='exact', steps=, epochs=, "
              "batch=, micro_batches=, lr=, schedule=, eval_every=, save=, resume=, stop_after=, "
-             "...; a GPT run has the command line's GPT defaults). Collective; returns the run's "
+             "mesh=(2, 2, 2) with names=('dp', 'fsdp', 'tp'), sequence_parallel=, "
+             "clip_grad_norm=, ...; a GPT run has the command line's GPT defaults). Collective; "
+             "returns the run's "
              "figures (test_loss: on the validation text for a GPT), a generated sample for a "
              "GPT and its weights digest.");
   py::class_<PyText>(module, "Text",

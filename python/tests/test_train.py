@@ -210,6 +210,27 @@ def test_a_python_gpt_loop_reproduces_the_cli(cli, text):
                                                         cli_run).group(1)}
 
 
+def test_tensor_parallel_training_ends_on_the_fsdp_digest_in_exact_mode(text):
+    corpus = mt.load_text(text)
+    run = dict(GPT_RUN, model="gpt:layers=1,heads=4,dim=16,context=16", mode="exact",
+               eval_every=0)
+    fsdp = mt.run_threads(4, lambda world: mt.train(corpus, **run, mesh=(4,), names=("fsdp",)))
+    tp = mt.run_threads(4, lambda world: mt.train(corpus, **run, mesh=(2, 2), names=("fsdp", "tp"),
+                                                  sequence_parallel=True, clip_grad_norm=0.5))
+    clipped = mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh="2", names="tp",
+                                                       clip_grad_norm=0.5))
+    assert fsdp[0]["digest"] != tp[0]["digest"]  # clipping changes the weights
+    assert {r["digest"] for r in tp} == {clipped[0]["digest"]}
+    assert {r["logits_digest"] for r in tp} == {clipped[0]["logits_digest"]}
+    plan = dict(tp[0]["parallel_plan"])
+    assert plan["blocks.0.attn.proj"].endswith("matmul nn S2 x S0 -> P(sum)")
+    assert "reduce_scatter" in tp[0]["parallel_log"]
+    with pytest.raises(mt.InvalidArgument, match="does not divide the model's 4 heads"):
+        mt.run_threads(3, lambda world: mt.train(corpus, **run, mesh=(3,), names=("tp",)))
+    with pytest.raises(mt.InvalidArgument, match="needs names="):
+        mt.train(corpus, **run, mesh=(1,))
+
+
 def test_gpt_training_errors_name_the_value(text, data_dir):
     corpus = mt.load_text(text)
     with pytest.raises(mt.InvalidArgument, match="context=4096"):
