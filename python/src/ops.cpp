@@ -14,7 +14,8 @@ namespace meshtensor::python {
 namespace {
 
 dtensor::MatmulForm form_from(const std::string& text) {
-  for (const auto form : {dtensor::MatmulForm::nn, dtensor::MatmulForm::nt, dtensor::MatmulForm::tn})
+  for (const auto form :
+       {dtensor::MatmulForm::nn, dtensor::MatmulForm::nt, dtensor::MatmulForm::tn})
     if (dtensor::matmul_form_name(form) == text) return form;
   throw InvalidArgument(fmt::format("matmul form '{}' is not nn, nt or tn", text));
 }
@@ -106,12 +107,10 @@ void bind_ops(py::module_& module) {
       "blocks (see CommDebugMode). Collective: every rank calls them alike.");
   ops.def(
       "matmul",
-      [](const PyDTensor& a, const PyDTensor& b, const std::string& form,
-         const std::string& mode) {
+      [](const PyDTensor& a, const PyDTensor& b, const std::string& form, const std::string& mode) {
         const dtensor::MatmulForm f = form_from(form);
-        return run_op("matmul", {&a, &b}, mode, form, [&](const auto& o) {
-          return tp::matmul(a.tensor, b.tensor, f, o);
-        });
+        return run_op("matmul", {&a, &b}, mode, form,
+                      [&](const auto& o) { return tp::matmul(a.tensor, b.tensor, f, o); });
       },
       py::arg("a"), py::arg("b"), py::kw_only(), py::arg("form") = "nn",
       py::arg("mode") = "ordered",
@@ -134,8 +133,7 @@ void bind_ops(py::module_& module) {
   ops.def(
       "gelu",
       [](const PyDTensor& x, const std::string& mode) {
-        return run_op("gelu", {&x}, mode, "",
-                      [&](const auto& o) { return tp::gelu(x.tensor, o); });
+        return run_op("gelu", {&x}, mode, "", [&](const auto& o) { return tp::gelu(x.tensor, o); });
       },
       py::arg("x"), py::kw_only(), py::arg("mode") = "ordered", "GELU (tanh form).");
   ops.def(

@@ -489,6 +489,7 @@ void add_bench_command(CLI::App& app) {
   plan->callback([plan_json] { run_plan_bench(*plan_json); });
   add_train_bench(*bench);
   add_fsdp_bench(*bench);
+  add_tp_bench(*bench);
   add_checkpoint_bench(*bench);
 }
 

@@ -787,7 +787,49 @@ struct FsdpBenchRun {
   std::int64_t sharded_bytes = 0;  // parameters + gradients + optimizer state
   std::uint64_t digest = 0;
   bool replicas_identical = false;
+  std::map<std::string, std::int64_t> collectives;  // tensor-parallel, first step, by phase+kind
 };
+
+/// One training run on `world_size` thread ranks, as world rank 0 saw it. With `link`, the
+/// simulated link charges each collective; link_seconds is the charge per rank and step over the
+/// steps alone (the evaluation and digests after the last step are not counted).
+FsdpBenchRun measure_training(const train::Task& task, const std::string& name,
+                              const train::TrainConfig& config, std::int64_t world_size,
+                              const comm::LinkDelay& link) {
+  FsdpBenchRun run;
+  run.name = name;
+  std::atomic<std::int64_t> charged_ns{0};
+  std::atomic<std::int64_t> charged_by_steps{0};
+  const comm::LinkDelay counted = [&](const comm::CollectiveCall& call,
+                                      const std::vector<std::int64_t>& group) {
+    const std::chrono::nanoseconds delay = link(call, group);
+    charged_ns += delay.count();
+    return delay;
+  };
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [&](const train::StepProgress&) { charged_by_steps = charged_ns.load(); };
+  run_ranks(
+      Backend::threads, world_size, "bench",
+      [&](comm::Communicator& world) {
+        const train::TrainResult result = train::train(world, task, config, callbacks);
+        if (world.rank() != 0) return;
+        const auto skip = std::min<std::size_t>(2, result.step_seconds.size() - 1);
+        run.step_seconds = steady_step_seconds(result.step_seconds);
+        run.wait_seconds = median(std::vector<double>(result.step_wait_seconds.begin() + skip,
+                                                      result.step_wait_seconds.end()));
+        run.peak_bytes = result.memory_peak.total();
+        run.sharded_bytes = result.memory_peak_by_kind.of(fsdp::MemoryKind::parameters) +
+                            result.memory_peak_by_kind.of(fsdp::MemoryKind::gradients) +
+                            result.memory_peak_by_kind.of(fsdp::MemoryKind::optimizer_state);
+        run.digest = result.digest;
+        run.replicas_identical = result.replicas_identical;
+        run.collectives = result.parallel_collectives;
+      },
+      link ? counted : comm::LinkDelay());
+  run.link_seconds = static_cast<double>(charged_by_steps.load()) * 1e-9 /
+                     static_cast<double>(world_size) / static_cast<double>(config.steps);
+  return run;
+}
 
 void run_fsdp_bench(const FsdpBenchOptions& options) {
   train::TrainConfig base = parse_config(options.train);
@@ -805,40 +847,9 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   train::validate_config(largest, task);
   require_training_memory(largest, task, ranks, ranks);
 
-  // Charged link time, summed over every call of every rank (divided by ranks and steps below).
-  std::atomic<std::int64_t> charged_ns{0};
-  const comm::LinkDelay counted = [&](const comm::CollectiveCall& call,
-                                      const std::vector<std::int64_t>& group) {
-    const std::chrono::nanoseconds delay = link(call, group);
-    charged_ns += delay.count();
-    return delay;
-  };
-  const auto measure = [&](const std::string& name, train::TrainConfig config,
+  const auto measure = [&](const std::string& name, const train::TrainConfig& config,
                            std::int64_t world_size, bool with_link) {
-    FsdpBenchRun run;
-    run.name = name;
-    charged_ns = 0;
-    run_ranks(
-        Backend::threads, world_size, "bench fsdp",
-        [&](comm::Communicator& world) {
-          const train::TrainResult result = train::train(world, task, config, {});
-          if (world.rank() != 0) return;
-          const auto skip = std::min<std::size_t>(2, result.step_seconds.size() - 1);
-          run.step_seconds = steady_step_seconds(result.step_seconds);
-          run.wait_seconds = median(std::vector<double>(result.step_wait_seconds.begin() + skip,
-                                                        result.step_wait_seconds.end()));
-          run.peak_bytes = result.memory_peak.total();
-          run.sharded_bytes = result.memory_peak_by_kind.of(fsdp::MemoryKind::parameters) +
-                              result.memory_peak_by_kind.of(fsdp::MemoryKind::gradients) +
-                              result.memory_peak_by_kind.of(fsdp::MemoryKind::optimizer_state);
-          run.digest = result.digest;
-          run.replicas_identical = result.replicas_identical;
-        },
-        with_link ? counted : comm::LinkDelay());
-    // Steps plus the evaluation's gathers and the final digest's: an upper bound per step.
-    run.link_seconds = static_cast<double>(charged_ns.load()) * 1e-9 /
-                       static_cast<double>(world_size) / static_cast<double>(config.steps);
-    return run;
+    return measure_training(task, name, config, world_size, with_link ? link : comm::LinkDelay());
   };
 
   train::TrainConfig timed = base;
@@ -969,6 +980,117 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   if (!digests_agree || !replicas_agree) set_exit_status(1);
 }
 
+/// `meshtensor bench tp`: the shared train options, the simulated link, the exact rounds.
+struct TpBenchOptions {
+  TrainOptions train;
+  std::string link = "20us,10";
+  std::string rounds = "2";
+};
+
+/// A compute-only run and a run on the link of one layout.
+struct LinkedPair {
+  FsdpBenchRun compute;
+  FsdpBenchRun linked;
+  /// The step time the link adds, over the link time of the step's collectives.
+  double exposed() const {
+    return linked.link_seconds > 0
+               ? std::max(0.0, linked.step_seconds - compute.step_seconds) / linked.link_seconds
+               : 0.0;
+  }
+};
+
+nlohmann::json pair_json(const LinkedPair& pair) {
+  return {{"step_ms", pair.linked.step_seconds * 1e3},
+          {"compute_step_ms", pair.compute.step_seconds * 1e3},
+          {"link_ms_per_step", pair.linked.link_seconds * 1e3},
+          {"exposed_communication", pair.exposed()},
+          {"peak_bytes", pair.linked.peak_bytes},
+          {"replicas_identical", pair.linked.replicas_identical},
+          {"tp_collectives_first_step", pair.linked.collectives}};
+}
+
+void print_tp_bench(const TpBenchOptions& options, const std::vector<LinkedPair>& layouts,
+                    double exact_ms, double ordered_ms) {
+  const double tp_over_fsdp = layouts[1].linked.step_seconds / layouts[0].linked.step_seconds;
+  const double exact_ratio = exact_ms / ordered_ms;
+  if (options.train.json) {
+    nlohmann::json out = {{"link", options.link},
+                          {"fsdp_x_tp_over_fsdp_step_time", tp_over_fsdp},
+                          {"exact_tp_step_ms", exact_ms},
+                          {"ordered_tp_step_ms", ordered_ms},
+                          {"exact_over_ordered_tp_step_time", exact_ratio}};
+    for (const LinkedPair& pair : layouts)
+      out["layouts"][pair.linked.name] = pair_json(pair);
+    std::cout << out.dump() << '\n';
+    return;
+  }
+  std::cout << fmt::format("{:<28} {:>9} {:>13} {:>12} {:>9} {:>12}\n", "layout (8 thread ranks)",
+                           "step ms", "no-link ms", "link ms/step", "exposed", "peak memory");
+  for (const LinkedPair& pair : layouts) {
+    std::cout << fmt::format("{:<28} {:>9.2f} {:>13.2f} {:>12.2f} {:>9.3f} {:>12}\n",
+                             pair.linked.name, pair.linked.step_seconds * 1e3,
+                             pair.compute.step_seconds * 1e3, pair.linked.link_seconds * 1e3,
+                             pair.exposed(),
+                             format_bytes(static_cast<double>(pair.linked.peak_bytes)));
+  }
+  for (const LinkedPair& pair : layouts) {
+    if (pair.linked.collectives.empty()) continue;
+    std::string counts;
+    for (const auto& [kind, n] : pair.linked.collectives)
+      counts += fmt::format("{}{} {}", counts.empty() ? "" : ", ", n, kind);
+    std::cout << fmt::format("tensor-parallel collectives of one step, {}: {}\n", pair.linked.name,
+                             counts);
+  }
+  std::cout << fmt::format("fsdp x tp / fsdp step time on the link: {:.3f}\n", tp_over_fsdp);
+  std::cout << fmt::format(
+      "exact / ordered step time, tp 2 on 2 ranks, no link: {:.3f} ({:.1f} ms against {:.1f} ms; "
+      "goal <= 3)\n",
+      exact_ratio, exact_ms, ordered_ms);
+}
+
+void run_tp_bench(const TpBenchOptions& options) {
+  train::TrainConfig base = parse_config(options.train);
+  base.sample = false;
+  base.eval_every = 0;
+  if (base.steps == 0) base.steps = 6;
+  const std::int64_t rounds = integer_option("--rounds", options.rounds, 1, 100);
+  const comm::LinkDelay link = comm::parse_link(options.link);
+  options.train.timeout.apply();
+  const LoadedTask loaded = load_task(options.train);
+  const train::Task& task = *loaded.task;
+  const auto layout = [&](const std::string& mesh, const std::string& names,
+                          bool sequence_parallel) {
+    train::TrainConfig config = base;
+    config.mesh = train::parse_named_mesh(mesh, names);
+    config.sequence_parallel = sequence_parallel;
+    train::validate_config(config, task);
+    task.check_tensor_parallel(config.mesh.tp);
+    require_training_memory(config, task, config.mesh.ranks(), config.mesh.ranks());
+    return config;
+  };
+  std::vector<LinkedPair> layouts;
+  for (const auto& [name, mesh, names, sp] :
+       {std::tuple{"fsdp 8", "8", "fsdp", false},
+        std::tuple{"fsdp x tp 4x2", "4x2", "fsdp,tp", false},
+        std::tuple{"dp x fsdp x tp 2x2x2 + SP", "2x2x2", "dp,fsdp,tp", true}}) {
+    const train::TrainConfig config = layout(mesh, names, sp);
+    layouts.push_back({measure_training(task, name, config, 8, {}),
+                       measure_training(task, name, config, 8, link)});
+  }
+  train::TrainConfig ordered = layout("2", "tp", false);
+  train::TrainConfig exact = ordered;
+  exact.mode = comm::ReductionMode::exact;
+  std::vector<double> exact_ms;
+  std::vector<double> ordered_ms;
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    ordered_ms.push_back(measure_training(task, "ordered tp 2", ordered, 2, {}).step_seconds * 1e3);
+    exact_ms.push_back(measure_training(task, "exact tp 2", exact, 2, {}).step_seconds * 1e3);
+  }
+  print_tp_bench(options, layouts, median(exact_ms), median(ordered_ms));
+  for (const LinkedPair& pair : layouts)
+    if (!pair.linked.replicas_identical) set_exit_status(1);
+}
+
 /// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
 /// meaning and defaults.
 void add_shared_train_options(CLI::App& command, TrainOptions& options) {
@@ -1032,6 +1154,27 @@ void add_fsdp_bench(CLI::App& bench) {
                       "steps of each exact layout run (default 3; 0 skips them)");
   add_flag(*command, "--json", train.json, "print one JSON object");
   command->callback([options] { run_fsdp_bench(*options); });
+}
+
+void add_tp_bench(CLI::App& bench) {
+  auto options = std::make_shared<TpBenchOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "tp",
+      "Tensor parallelism on a simulated link: step time of FSDP x TP (and dp x fsdp x tp with "
+      "sequence parallelism) against FSDP alone on 8 thread ranks, the link time each step's "
+      "collectives take and how much of it the step exposes, the tensor-parallel collectives "
+      "per step, and exact against ordered TP step time");
+  TrainOptions& train = options->train;
+  train.model = "gpt";
+  train.steps = "6";
+  add_shared_train_options(*command, train);
+  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 6)");
+  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  command->add_option("--rounds", options->rounds,
+                      "ordered and exact tp 2 runs, alternated, for the ratio (default 2)");
+  add_flag(*command, "--json", train.json, "print one JSON object");
+  command->callback([options] { run_tp_bench(*options); });
 }
 
 void add_train_command(CLI::App& app) {

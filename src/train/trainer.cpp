@@ -653,6 +653,8 @@ TrainResult TrainingRun::run() {
       if (log_step) {
         tp_->log().enable(false);
         result_.parallel_log = tp_->log().to_text();
+        for (const tp::CommEvent& event : tp_->log().events())
+          ++result_.parallel_collectives[event.phase + " " + event.collective];
         tp_->log().clear();
       }
       const std::int64_t global_batch = std::min(config_.batch, samples_ - s * config_.batch);

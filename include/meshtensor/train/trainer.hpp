@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,8 @@ struct TrainResult {
   std::vector<std::pair<std::string, std::string>> parallel_plan;
   /// The tensor-parallel collectives of the first step on world rank 0, one per line.
   std::string parallel_log;
+  /// The same collectives counted by "phase kind" ("forward all_gather", ...).
+  std::map<std::string, std::int64_t> parallel_collectives;
   /// Digest of the whole logits of the first evaluation windows (at most 4) after training: the
   /// same bits on any layout in exact mode, tensor-parallel degree included.
   std::uint64_t logits_digest = 0;
