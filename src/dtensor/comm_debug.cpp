@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -67,7 +69,8 @@ nlohmann::json CommDebugMode::to_json() const {
     ops.push_back({{"op", op.op},
                    {"given", op.given},
                    {"strategy", dtensor::to_json(op.strategy)},
-                   {"collectives", collectives}});
+                   {"collectives", collectives},
+                   {"materializes_full_tensor", op.materializes_full_tensor}});
   }
   return {{"ops", ops}, {"counts", counts()}};
 }
@@ -98,6 +101,8 @@ void CommDebugMode::add_plan(const plan::Plan& plan, std::int64_t rank,
     record.strategy.redistribute_collectives = plan.collectives();
     record.strategy.candidates = 1;
   }
+  record.materializes_full_tensor =
+      record.materializes_full_tensor || plan.materializes_full_tensor;
   for (const plan::Step& step : plan.steps) {
     if (!plan::is_collective(step.kind)) continue;
     CollectiveRecord c;
@@ -109,6 +114,11 @@ void CommDebugMode::add_plan(const plan::Plan& plan, std::int64_t rank,
     c.purpose = purpose;
     record.collectives.push_back(std::move(c));
   }
+}
+
+bool CommDebugMode::materialized_full_tensor() const {
+  return std::any_of(ops_.begin(), ops_.end(),
+                     [](const OpRecord& op) { return op.materializes_full_tensor; });
 }
 
 void CommDebugMode::add_collective(CollectiveRecord record) {

@@ -145,28 +145,24 @@ void exchange_segments(comm::Communicator& group, const kernels::BinnedSums& sum
 
 }  // namespace
 
-void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
-                        const Tensor& rounded, const std::string& label,
-                        kernels::BinnedSums& received) {
-  const std::int64_t count = sums.count();
+void reduce_scatter_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
+                                const std::vector<std::int64_t>& counts, std::int64_t divisor,
+                                const Tensor& rounded_segment, const std::string& label,
+                                kernels::BinnedSums& received) {
   const int ranks = group.size();
+  const int me = group.rank();
+  const std::int64_t mine = counts.at(static_cast<std::size_t>(me));
+  const std::int64_t own_start = comm::displacements(counts)[static_cast<std::size_t>(me)];
   if (ranks == 1) {
-    kernels::round_binned_sums(sums, divisor, rounded);
+    kernels::round_binned_sums(sums, divisor, rounded_segment);
     return;
   }
-  // The elements as one parameter split over the ranks.
-  const ShardLayout layout({Shape{count}}, {0}, ranks);
-  const std::vector<std::int64_t>& counts = layout.counts();
-  const int me = group.rank();
-  const std::int64_t mine = counts[static_cast<std::size_t>(me)];
-  const std::int64_t own_start = comm::displacements(counts)[static_cast<std::size_t>(me)];
   // Every other rank's state of this rank's segment, unaligned: bins need no agreement first.
   const std::int64_t received_count = (ranks - 1) * mine;
   if (received.count() != received_count)
     received = kernels::BinnedSums::uninitialized(received_count);
   exchange_segments(group, sums, counts, received, label);
   // Merge and round a chunk at a time: the merged state stays in cache.
-  Tensor rounded_slice = Tensor::uninitialized(Shape{mine}, rounded.dtype());
   constexpr std::int64_t kChunk = 2048;
   kernels::BinnedSums merged = kernels::BinnedSums::uninitialized(std::min(kChunk, mine));
   std::vector<kernels::BinnedPart> parts(static_cast<std::size_t>(ranks));
@@ -177,11 +173,26 @@ void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, st
     for (int r = 1; r < ranks; ++r)
       parts[static_cast<std::size_t>(r)] = kernels::part_of(received, (r - 1) * mine + begin);
     kernels::merge_binned_parts(merged, parts);
-    kernels::round_binned_sums(merged, divisor, rounded_slice.narrow(0, begin, n));
+    kernels::round_binned_sums(merged, divisor, rounded_segment.narrow(0, begin, n));
   }
+}
+
+void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, std::int64_t divisor,
+                        const Tensor& rounded, const std::string& label,
+                        kernels::BinnedSums& received) {
+  if (group.size() == 1) {
+    kernels::round_binned_sums(sums, divisor, rounded);
+    return;
+  }
+  // The elements as one parameter split over the ranks.
+  const ShardLayout layout({Shape{sums.count()}}, {0}, group.size());
+  const std::vector<std::int64_t>& counts = layout.counts();
+  Tensor rounded_slice =
+      Tensor::uninitialized(Shape{counts[static_cast<std::size_t>(group.rank())]}, rounded.dtype());
+  reduce_scatter_binned_sums(group, sums, counts, divisor, rounded_slice, label, received);
   comm::CollectiveOptions gather;
   gather.label = label.empty() ? std::string() : fmt::format("{} (rounded)", label);
-  group.all_gather(rounded_slice, rounded, layout.counts(), gather);
+  group.all_gather(rounded_slice, rounded, counts, gather);
 }
 
 }  // namespace meshtensor::fsdp

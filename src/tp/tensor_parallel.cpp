@@ -46,6 +46,13 @@ TensorParallel::TensorParallel(std::shared_ptr<comm::Communicator> group, comm::
       mode_(mode),
       sequence_parallel_(sequence_parallel) {}
 
+void TensorParallel::note(CommEvent event) {
+  if (dtensor::CommDebugMode* mode = dtensor::CommDebugMode::active())
+    mode->add_collective(
+        {event.collective, {"tp"}, size(), event.bytes, event.module + " " + event.what});
+  log_.add(std::move(event));
+}
+
 Tensor TensorParallel::redistribute(const Tensor& local, const Shape& global_shape,
                                     const Placement& from, const Placement& to,
                                     const std::string& module, const std::string& phase,
@@ -56,30 +63,85 @@ Tensor TensorParallel::redistribute(const Tensor& local, const Shape& global_sha
   const PlacementSpec target({to});
   const auto plan =
       dtensor::plan_for(groups_.mesh(), source, target, global_shape, local.dtype(), options);
-  if (log_.enabled()) {
-    for (const plan::Step& step : plan->steps) {
-      if (!plan::is_collective(step.kind)) continue;
-      log_.add({module, phase, what, std::string(plan::step_kind_name(step.kind)),
-                step.traffic.send_bytes.at(static_cast<std::size_t>(rank()))});
-    }
+  for (const plan::Step& step : plan->steps) {
+    if (!plan::is_collective(step.kind)) continue;
+    log_.add({module, phase, what, std::string(plan::step_kind_name(step.kind)),
+              step.traffic.send_bytes.at(static_cast<std::size_t>(rank()))});
   }
   if (dtensor::CommDebugMode* mode = dtensor::CommDebugMode::active())
     mode->add_plan(*plan, rank(), module + " " + what);
   return dtensor::execute_plan(*plan, groups_, local.contiguous(), options);
 }
 
+namespace {
+
+/// Bytes of one element's binned state (its bin and three digit sums).
+constexpr std::int64_t kBinnedElementBytes = sizeof(std::int32_t) + 3 * sizeof(double);
+
+/// `sums` of a tensor [outer, length, inner] reordered to [length, outer, inner], so that a chunk
+/// of the length dim is one contiguous segment.
+kernels::BinnedSums length_major(const kernels::BinnedSums& sums, std::int64_t outer,
+                                 std::int64_t length, std::int64_t inner) {
+  const std::int64_t count = sums.count();
+  kernels::BinnedSums out = kernels::BinnedSums::uninitialized(count);
+  const std::int32_t* bins = sums.bins.values<std::int32_t>().data();
+  const double* digits = sums.digits.values<double>().data();
+  std::int32_t* out_bins = out.bins.values<std::int32_t>().data();
+  double* out_digits = out.digits.values<double>().data();
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t t = 0; t < length; ++t) {
+      const std::int64_t from = (o * length + t) * inner;
+      const std::int64_t to = (t * outer + o) * inner;
+      std::copy_n(bins + from, inner, out_bins + to);
+      for (std::int64_t plane = 0; plane < 3; ++plane)
+        std::copy_n(digits + plane * count + from, inner, out_digits + plane * count + to);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor TensorParallel::complete_exact(kernels::BinnedSums& sums, const Shape& shape,
                                       const Placement& to, const std::string& module,
                                       const std::string& phase, const std::string& what) {
-  Tensor whole = Tensor::uninitialized(shape, DType::f32);
-  fsdp::reduce_binned_sums(*group_, sums, 1, whole, module + " " + what);
   const std::int64_t n = size();
-  log_.add({module, phase, what, to.is_replicate() ? "all_reduce" : "reduce_scatter",
-            shape.numel() * (n - 1) / n * static_cast<std::int64_t>(sizeof(float) * 8)});
-  if (to.is_replicate()) return whole;
+  const std::string label = module + " " + what;
+  if (to.is_replicate()) {
+    Tensor whole = Tensor::uninitialized(shape, DType::f32);
+    fsdp::reduce_binned_sums(*group_, sums, 1, whole, label);
+    note({module, phase, what, "all_reduce",
+          shape.numel() * (n - 1) / n * (kBinnedElementBytes + 4)});
+    return whole;
+  }
+  // Reduce-scatter: each rank merges and rounds only its chunk of dim `dim`.
   const int dim = to.shard_dim();
-  const Chunk chunk = chunk_extent(shape[dim], n, rank());
-  return whole.narrow(dim, chunk.offset, chunk.size).contiguous();
+  std::int64_t outer = 1;
+  std::int64_t inner = 1;
+  for (int d = 0; d < shape.rank(); ++d)
+    (d < dim ? outer : inner) *= d == dim ? 1 : shape[d];
+  std::vector<std::int64_t> counts;
+  for (std::int64_t r = 0; r < n; ++r)
+    counts.push_back(chunk_extent(shape[dim], n, r).size * outer * inner);
+  kernels::BinnedSums reordered;
+  kernels::BinnedSums& segments =
+      outer == 1 ? sums : (reordered = length_major(sums, outer, shape[dim], inner));
+  const std::int64_t held = chunk_extent(shape[dim], n, rank()).size;
+  Tensor segment = Tensor::uninitialized(Shape{held, outer, inner}, DType::f32);
+  kernels::BinnedSums received;
+  fsdp::reduce_scatter_binned_sums(*group_, segments, counts, 1, segment.flatten(), label,
+                                   received);
+  note({module, phase, what, "reduce_scatter", shape.numel() * (n - 1) / n * kBinnedElementBytes});
+  std::vector<std::int64_t> dims = shape.dims();
+  dims[static_cast<std::size_t>(dim)] = held;
+  Tensor out = Tensor::uninitialized(Shape(dims), DType::f32);
+  // [held, outer, inner] back to [outer..., held, inner...].
+  const float* in = segment.values<float>().data();
+  float* o = out.values<float>().data();
+  for (std::int64_t b = 0; b < outer; ++b)
+    for (std::int64_t t = 0; t < held; ++t)
+      std::copy_n(in + (t * outer + b) * inner, inner, o + (b * held + t) * inner);
+  return out;
 }
 
 void TensorParallel::all_reduce(std::span<double> values, ReduceOp op, const std::string& module,
@@ -94,8 +156,8 @@ void TensorParallel::all_reduce(std::span<double> values, ReduceOp op, const std
   group_->all_reduce(buffer, options);
   const auto out = buffer.values<double>();
   std::copy(out.begin(), out.end(), values.begin());
-  log_.add({module, "forward", what, "all_reduce",
-            static_cast<std::int64_t>(values.size() * sizeof(double))});
+  note({module, "forward", what, "all_reduce",
+        static_cast<std::int64_t>(values.size() * sizeof(double))});
 }
 
 void TensorParallel::all_reduce_exact(kernels::BinnedSums& sums, std::span<double> rounded,
@@ -104,7 +166,7 @@ void TensorParallel::all_reduce_exact(kernels::BinnedSums& sums, std::span<doubl
   fsdp::reduce_binned_sums(*group_, sums, 1, out, module + " " + what);
   const auto values = out.values<double>();
   std::copy(values.begin(), values.end(), rounded.begin());
-  log_.add({module, "forward", what, "all_reduce", sums.count() * 32});
+  note({module, "forward", what, "all_reduce", sums.count() * kBinnedElementBytes});
 }
 
 VocabularySplit::VocabularySplit(TensorParallel& tp, std::int64_t classes)

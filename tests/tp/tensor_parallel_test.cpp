@@ -6,6 +6,7 @@
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/dtensor/comm_debug.hpp>
 #include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/tp/style.hpp>
@@ -131,12 +132,29 @@ std::map<std::string, std::int64_t> collective_counts(bool sequence_parallel,
       }
     }
     tp.log().enable(true);
+    dtensor::CommDebugMode debug;
     const Tensor logits = model.forward(input);
     EXPECT_EQ(logits.shape()[2], 31 - world->rank());
     const nn::CrossEntropyResult loss = parallel_cross_entropy(
         logits.reshape(Shape{20, logits.shape()[2]}), labels, &tp, config.vocabulary, false);
     nn::DenseGradients sums(model.parameters());
     model.backward(loss.grad_logits.reshape(logits.shape()), sums, false);
+    // Only activations move (weights stay in their blocks), and no move holds a whole tensor its
+    // placements do not ask for: with SP, partial sums are reduce-scattered, never reduced whole.
+    EXPECT_FALSE(debug.materialized_full_tensor());
+    const std::int64_t elements = 2 * 10 * config.dim;  // an activation [batch, sequence, dim]
+    for (const dtensor::OpRecord& op : debug.ops()) {
+      for (const dtensor::CollectiveRecord& c : op.collectives) {
+        EXPECT_TRUE(c.purpose.find("weight") == std::string::npos) << c.purpose;
+        // Each rank sends its share (half on 2 ranks): f32 values, or binned exact states (a bin
+        // and three digit sums) for exact partial sums.
+        const bool binned = mode == comm::ReductionMode::exact && c.kind == "reduce_scatter";
+        if (c.kind == "reduce_scatter" || c.kind == "all_gather") {
+          EXPECT_LE(c.send_bytes, elements / 2 * (binned ? 28 : 4)) << c.purpose;
+        }
+      }
+    }
+    EXPECT_EQ(debug.count(), static_cast<std::int64_t>(tp.log().events().size()));
     if (world->rank() != 0) return;
     for (const CommEvent& e : tp.log().events())
       if (e.module != "loss") ++counts[e.phase + " " + e.collective];

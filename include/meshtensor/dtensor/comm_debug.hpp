@@ -28,6 +28,8 @@ struct OpRecord {
   std::vector<std::string> given;             ///< the inputs' placements when the op was called
   OpStrategy strategy;                        ///< the strategy sharding propagation chose
   std::vector<CollectiveRecord> collectives;  ///< in the order they ran
+  /// Some rank held the whole tensor between steps of a move although neither end asked for it.
+  bool materializes_full_tensor = false;
 };
 
 /// Records, on the calling thread (one rank), every DTensor op and redistribute that runs while
@@ -65,6 +67,8 @@ class CommDebugMode {
   void add_plan(const plan::Plan& plan, std::int64_t rank, const std::string& purpose);
   /// Adds one collective to the open op (or to a new record of its own).
   void add_collective(CollectiveRecord record);
+  /// True when some recorded move held a whole tensor neither of its ends asked for.
+  bool materialized_full_tensor() const;
 
  private:
   OpRecord& current(const std::string& fallback_op);

@@ -40,6 +40,15 @@ void reduce_scatter_digits(comm::Communicator& group, const ShardLayout& layout,
                            const kernels::BinnedSums& sums, kernels::BinnedSums& slice,
                            const comm::CollectiveOptions& options);
 
+/// The reduce-scatter form of reduce_binned_sums: rank r owns the `counts[r]` elements from the
+/// sum of the counts before it, and receives in `rounded_segment` (f32 or f64 [counts[rank]],
+/// contiguous) its segment of the merged sums, rounded once: the same bits reduce_binned_sums
+/// gives those elements. `received` as there.
+void reduce_scatter_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
+                                const std::vector<std::int64_t>& counts, std::int64_t divisor,
+                                const Tensor& rounded_segment, const std::string& label,
+                                kernels::BinnedSums& received);
+
 /// Merges the binned sums of every rank of `group` and rounds (exact sum) / divisor into `rounded`
 /// (f32 or f64 [count], contiguous) on every rank: the same bits as rounding the merged sums in
 /// one place, for any number of ranks. Each rank takes one slice of the elements and receives

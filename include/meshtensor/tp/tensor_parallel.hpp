@@ -107,6 +107,8 @@ class TensorParallel {
   }
 
  private:
+  void note(CommEvent event);  // to the log and to an active CommDebugMode
+
   std::shared_ptr<comm::Communicator> group_;
   comm::MeshGroups groups_;
   comm::ReductionMode mode_;
