@@ -719,6 +719,11 @@ void ShardedModel::add_outer_products(const nn::Parameter& p, const Tensor& x, c
   sink_of(p).add_outer_products(p, x, dy);
 }
 
+void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tensor& x,
+                                             const Tensor& dy, std::int64_t sample_rows) {
+  sink_of(p).add_sample_outer_products(p, x, dy, sample_rows);
+}
+
 void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {
   sink_of(p).add_column_sums(p, a);
 }

@@ -174,6 +174,37 @@ void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& x, co
   });
 }
 
+void BinnedGradients::add_sample_outer_products(const Parameter& p, const Tensor& x,
+                                                const Tensor& dy, std::int64_t sample_rows) {
+  check_outer(p, x, dy);
+  const std::int64_t rows = x.shape()[0];
+  if (sample_rows <= 1 || rows == 0 || rows % sample_rows != 0 ||
+      x.shape()[1] * dy.shape()[1] == 0) {
+    add_outer_products(p, x, dy);
+    return;
+  }
+  const std::int64_t samples = rows / sample_rows;
+  const std::int64_t m = x.shape()[1];
+  const std::int64_t n = dy.shape()[1];
+  // Samples in groups, so the per-sample products of a large layer stay a few megabytes.
+  const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{1} << 22) / (m * n), 1, 32);
+  const Tensor xs = x.contiguous();
+  const Tensor dys = dy.contiguous();
+  Tensor products = Tensor::uninitialized(Shape{std::min(group, samples), m * n}, DType::f32);
+  for (std::int64_t first = 0; first < samples; first += group) {
+    const std::int64_t count = std::min(group, samples - first);
+    for (std::int64_t s = 0; s < count; ++s) {
+      const std::int64_t row = (first + s) * sample_rows;
+      kernels::matmul(xs.narrow(0, row, sample_rows), kernels::Transpose::yes,
+                      dys.narrow(0, row, sample_rows), kernels::Transpose::no,
+                      products.narrow(0, s, 1).reshape(Shape{m, n}));
+    }
+    add_to(p, [&](kernels::Start start) {
+      kernels::add_column_sums(sums_, layout_.offset_of(p), products.narrow(0, 0, count), start);
+    });
+  }
+}
+
 void BinnedGradients::add_column_sums(const Parameter& p, const Tensor& a) {
   check_rows(a, p.value.numel(), p, "a");
   add_to(p, [&](kernels::Start start) {

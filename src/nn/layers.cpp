@@ -186,7 +186,10 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
   }
   const Tensor dy =
       grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_.value.shape()[1]});
-  sink.add_outer_products(weight_, input_, dy);
+  // Rows come in samples of the positions of one sequence ([batch, sequence, in] inputs).
+  const std::int64_t sample_rows =
+      input_shape_.rank() >= 3 && input_shape_[0] > 0 ? input_.shape()[0] / input_shape_[0] : 1;
+  sink.add_sample_outer_products(weight_, input_, dy, sample_rows);
   sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {

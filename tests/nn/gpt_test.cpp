@@ -174,12 +174,17 @@ class RecordingSink : public GradientSink {
  public:
   struct Call {
     const Parameter* p;
-    int kind;  // 0 outer, 1 column sums, 2 column products, 3 indexed rows
+    int kind;  // 0 outer, 1 column sums, 2 column products, 3 indexed rows, 4 per-sample outer
     Tensor a, b;
     std::vector<std::int64_t> indices;
+    std::int64_t sample_rows = 1;
   };
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override {
     calls.push_back({&p, 0, x.contiguous(), dy.contiguous(), {}});
+  }
+  void add_sample_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy,
+                                 std::int64_t sample_rows) override {
+    calls.push_back({&p, 4, x.contiguous(), dy.contiguous(), {}, sample_rows});
   }
   void add_column_sums(const Parameter& p, const Tensor& a) override {
     calls.push_back({&p, 1, a.contiguous(), {}, {}});
@@ -194,8 +199,31 @@ class RecordingSink : public GradientSink {
   std::vector<Call> calls;
 };
 
+/// Per-sample outer products: each sample's x^T dy element as one f32 chain of fused
+/// multiply-adds over the sample's rows in ascending order (matmul's contract), then exactly.
+void add_sample_reference(const RecordingSink::Call& call,
+                          std::vector<testing::ExactSumReference>& ref) {
+  const std::int64_t rows = call.a.shape()[0];
+  const std::int64_t n = call.a.shape()[1];
+  const std::int64_t m = call.b.shape()[1];
+  const auto x = call.a.values<float>();
+  const auto dy = call.b.values<float>();
+  for (std::int64_t first = 0; first < rows; first += call.sample_rows) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t k = 0; k < m; ++k) {
+        float chain = 0.0f;
+        for (std::int64_t r = first; r < first + call.sample_rows; ++r)
+          chain = std::fma(x[static_cast<std::size_t>(r * n + j)],
+                           dy[static_cast<std::size_t>(r * m + k)], chain);
+        ref[static_cast<std::size_t>(j * m + k)].add(chain);
+      }
+    }
+  }
+}
+
 /// Adds the addends of one recorded call to the references of its parameter's elements.
 void add_reference(const RecordingSink::Call& call, std::vector<testing::ExactSumReference>& ref) {
+  if (call.kind == 4) return add_sample_reference(call, ref);
   const std::int64_t rows = call.a.shape()[0];
   const auto a = call.a.values<float>();
   const std::int64_t n = call.a.shape()[1];
@@ -227,7 +255,7 @@ void add_reference(const RecordingSink::Call& call, std::vector<testing::ExactSu
 
 /// Every parameter kind's exact gradient (matrices, biases, LayerNorm scales, embedding tables
 /// whose rows repeat) is the correctly rounded sum of the addends the backward reported, summed
-/// independently in wide integers.
+/// independently in wide integers; a matrix's addends are its per-sample products.
 TEST(Gpt, ExactGradientsAreTheCorrectlyRoundedSumsOfEveryParameterKind) {
   GptConfig config = tiny_config();
   config.vocabulary = 5;  // tokens repeat within and across sequences
@@ -257,7 +285,7 @@ TEST(Gpt, ExactGradientsAreTheCorrectlyRoundedSumsOfEveryParameterKind) {
           << p->name << " element " << i;
     }
   }
-  EXPECT_EQ(kinds, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(kinds, (std::set<int>{1, 2, 3, 4}));
 }
 
 /// In exact mode, the gradient of a batch is the same bits whatever the order of its sequences

@@ -244,6 +244,8 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   void pre_backward(nn::Module& module) override;
   void post_backward(nn::Module& module) override;
   void add_outer_products(const nn::Parameter& p, const Tensor& x, const Tensor& dy) override;
+  void add_sample_outer_products(const nn::Parameter& p, const Tensor& x, const Tensor& dy,
+                                 std::int64_t sample_rows) override;
   void add_column_sums(const nn::Parameter& p, const Tensor& a) override;
   void add_column_products(const nn::Parameter& p, const Tensor& a, const Tensor& b) override;
   void add_indexed_rows(const nn::Parameter& p, std::span<const std::int64_t> indices,

@@ -66,6 +66,11 @@ class BinnedGradients : public GradientSink {
  public:
   explicit BinnedGradients(std::vector<Parameter*> parameters);
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
+  /// Each sample's xᵀ·dy as one batch-invariant f32 product (its rows in ascending order), the
+  /// samples' products then summed exactly: the same bits for any split of the samples, at the
+  /// cost of one exact addition per sample and element instead of one per row.
+  void add_sample_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy,
+                                 std::int64_t sample_rows) override;
   void add_column_sums(const Parameter& p, const Tensor& a) override;
   void add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) override;
   /// Each index's rows are summed exactly (kernels::add_column_sums over the rows gathered per

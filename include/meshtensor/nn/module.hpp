@@ -46,6 +46,15 @@ class GradientSink {
   virtual ~GradientSink() = default;
   /// grad(p) += xᵀ·dy, p of shape [x columns, dy columns] (f32 inputs).
   virtual void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) = 0;
+  /// The same sum, its rows in samples of `sample_rows` consecutive rows each (a sequence's
+  /// positions): a sink may sum each sample's products first, in a fixed order, and add the
+  /// per-sample gradients. A sample is never split over ranks or micro-batches, so its order is
+  /// the same on every layout. By default: add_outer_products.
+  virtual void add_sample_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy,
+                                         std::int64_t sample_rows) {
+    (void)sample_rows;
+    add_outer_products(p, x, dy);
+  }
   /// grad(p)[j] += sum over rows of a[r][j] (f32).
   virtual void add_column_sums(const Parameter& p, const Tensor& a) = 0;
   /// grad(p)[j] += sum over rows of a[r][j] * b[r][j] (f32).
