@@ -775,13 +775,18 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   // Backward's temporaries, per-thread buffers and the allocator's free blocks: measured peaks
   // (the default GPT, long-context GPTs) stay below 1.5x the activations counted.
   constexpr double kActivationMargin = 1.5;
+  // Exact weight gradients over sequences: f32 per-sample products, up to 32 samples or 2^22
+  // elements at a time (at least one weight's worth).
+  const double unit = static_cast<double>(model.largest_unit);
+  const double per_sample_products = 4.0 * std::min(32.0 * unit, std::max(4194304.0, unit));
   return kRankRuntimeBytes + 4.0 * parameters          // the whole model, before sharding
          + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
          + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
          + received +
          (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit  // gathered, sinks
          + kActivationMargin * 4.0 * rows * (model.activation_floats + model.input_floats) +
-         (exact ? rows * model.exact_scratch_bytes : 0.0);  // exact kernels' packed operands
+         (exact ? rows * model.exact_scratch_bytes : 0.0)  // exact kernels' packed operands
+         + (exact ? per_sample_products : 0.0);
 }
 
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
