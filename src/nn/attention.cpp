@@ -59,12 +59,68 @@ std::string CausalSelfAttention::describe() const {
   return fmt::format("CausalSelfAttention({}, heads={})", dim_, heads_);
 }
 
+std::int64_t CausalSelfAttention::local_heads() const {
+  return qkv_.weight().value.shape()[1] / (3 * head_dim());
+}
+
+void CausalSelfAttention::set_decode(const DecodeRows* rows, KeyValueCache* cache) {
+  if (rows != nullptr &&
+      (cache == nullptr || cache->heads() != local_heads() || cache->head_dim() != head_dim())) {
+    throw InvalidArgument(fmt::format("{}: decoding needs a cache of {} heads of {} values",
+                                      describe(), local_heads(), head_dim()));
+  }
+  decode_rows_ = rows;
+  cache_ = rows != nullptr ? cache : nullptr;
+}
+
+Tensor CausalSelfAttention::forward_decode(const Tensor& input) {
+  const DecodeRows& rows = *decode_rows_;
+  if (input.shape()[0] != 1 || input.shape()[1] != rows.size()) {
+    throw InvalidArgument(fmt::format("{}: decoding takes [1, {}, {}], got {}", describe(),
+                                      rows.size(), dim_, input.shape().to_string()));
+  }
+  const Tensor qkv_rows = run_forward(qkv_, input);
+  const std::int64_t head_dim = this->head_dim();
+  const std::int64_t stride = qkv_rows.shape()[2];
+  const std::int64_t heads = stride / (3 * head_dim);
+  const std::int64_t context = cache_->context();
+  const float* qkv = qkv_rows.values<float>().data();
+  // Every row's keys and values first: rows of one slot see the earlier rows of this call.
+  for (std::int64_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
+    const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const float* row = qkv + r * stride + h * 3 * head_dim;
+      float* keys_t = cache_->keys_t(slot, h);
+      for (std::int64_t d = 0; d < head_dim; ++d)
+        keys_t[d * context + position] = row[head_dim + d];
+      std::copy_n(row + 2 * head_dim, head_dim, cache_->values(slot, h) + position * head_dim);
+    }
+  }
+  Tensor attended = Tensor::uninitialized(Shape{1, rows.size(), heads * head_dim}, DType::f32);
+  std::vector<float> probabilities(static_cast<std::size_t>(context));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  float* out = attended.values<float>().data();
+  for (std::int64_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
+    const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const kernels::HeadCache cache{cache_->keys_t(slot, h), cache_->values(slot, h), context,
+                                     head_dim};
+      kernels::attention_row(qkv + r * stride + h * 3 * head_dim, cache, position + 1, scale,
+                             probabilities.data(), out + (r * heads + h) * head_dim);
+    }
+  }
+  return run_forward(projection_, attended);
+}
+
 Tensor CausalSelfAttention::forward(const Tensor& input) {
   if (!input.defined() || input.rank() != 3 || input.dtype() != DType::f32 ||
       input.shape()[2] != dim_) {
     throw InvalidArgument(fmt::format("{} needs f32 [batch, sequence, {}], got {}", describe(),
                                       dim_, input.defined() ? input.shape().to_string() : "none"));
   }
+  if (decode_rows_ != nullptr) return forward_decode(input);
   qkv_values_ = run_forward(qkv_, input);
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t length = qkv_values_.shape()[1];

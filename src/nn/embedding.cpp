@@ -130,8 +130,23 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
   }
   Tensor positions(Shape{batch, length}, DType::i64);
   auto p = positions.values<std::int64_t>();
-  for (std::int64_t i = 0; i < batch * length; ++i)
-    p[static_cast<std::size_t>(i)] = i % length;
+  if (decode_rows_ != nullptr) {
+    if (batch != 1 || length != decode_rows_->size()) {
+      throw InvalidArgument(fmt::format("{}: decoding takes tokens [1, {}], got {}", describe(),
+                                        decode_rows_->size(), tokens.shape().to_string()));
+    }
+    for (std::int64_t i = 0; i < length; ++i) {
+      const std::int64_t at = decode_rows_->positions[static_cast<std::size_t>(i)];
+      if (at < 0 || at >= context) {
+        throw InvalidArgument(
+            fmt::format("{}: position {} is outside the context {}", describe(), at, context));
+      }
+      p[static_cast<std::size_t>(i)] = at;
+    }
+  } else {
+    for (std::int64_t i = 0; i < batch * length; ++i)
+      p[static_cast<std::size_t>(i)] = i % length;
+  }
   Tensor x = token_.forward(tokens);
   const Tensor position_rows = position_.forward(positions);
   if (split_ == nullptr || split_->is_first()) {

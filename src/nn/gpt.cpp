@@ -206,6 +206,62 @@ Tensor Gpt::backward(const Tensor& grad_output, GradientSink& sink, bool) {
   return {};
 }
 
+std::vector<KeyValueCache> Gpt::make_caches(std::int64_t slots) {
+  std::vector<KeyValueCache> caches;
+  for (auto& block : blocks_) {
+    CausalSelfAttention& attention = block->attention();
+    caches.emplace_back(slots, attention.local_heads(), attention.head_dim(), config_.context);
+  }
+  return caches;
+}
+
+namespace {
+
+/// Checks the rows of a decode call against the caches: slots in range, positions inside the
+/// context; InvalidArgument naming the first bad row.
+void check_decode_rows(const Tensor& tokens, const DecodeRows& rows,
+                       const std::vector<KeyValueCache>& caches, std::size_t layers) {
+  if (tokens.dtype() != DType::i64 || tokens.rank() != 1 || tokens.shape()[0] != rows.size() ||
+      rows.positions.size() != rows.slots.size()) {
+    throw InvalidArgument(fmt::format("decode: {} rows need i64 tokens [{}], got {} {}",
+                                      rows.size(), rows.size(), dtype_name(tokens.dtype()),
+                                      tokens.shape().to_string()));
+  }
+  if (caches.size() != layers)
+    throw InvalidArgument(fmt::format("decode: {} caches for {} blocks", caches.size(), layers));
+  for (std::size_t r = 0; r < rows.slots.size(); ++r) {
+    const std::int64_t slot = rows.slots[r];
+    const std::int64_t position = rows.positions[r];
+    if (slot < 0 || slot >= caches.front().slots() || position < 0 ||
+        position >= caches.front().context()) {
+      throw InvalidArgument(
+          fmt::format("decode: row {} is slot {} position {}, outside {} slots of {} positions", r,
+                      slot, position, caches.front().slots(), caches.front().context()));
+    }
+  }
+}
+
+}  // namespace
+
+Tensor Gpt::decode(const Tensor& tokens, const DecodeRows& rows,
+                   std::vector<KeyValueCache>& caches) {
+  check_decode_rows(tokens, rows, caches, blocks_.size());
+  // Back to whole sequences however this call ends.
+  struct Restore {
+    Gpt& gpt;
+    ~Restore() {
+      gpt.embedding_.set_decode(nullptr);
+      for (auto& block : gpt.blocks_)
+        block->attention().set_decode(nullptr, nullptr);
+    }
+  } restore{*this};
+  embedding_.set_decode(&rows);
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->attention().set_decode(&rows, &caches[i]);
+  const Tensor logits = forward(tokens.reshape(Shape{1, rows.size()}));
+  return logits.reshape(Shape{rows.size(), logits.shape()[2]});
+}
+
 std::vector<Module*> Gpt::units() {
   std::vector<Module*> all{&embedding_};
   for (auto& block : blocks_)

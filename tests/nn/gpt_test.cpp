@@ -339,3 +339,51 @@ TEST(Activation, ExpIsWithinTwoUlpAndGeluFollowsItsFormula) {
 
 }  // namespace
 }  // namespace meshtensor::nn
+
+namespace meshtensor::nn {
+namespace {
+
+/// Incremental decoding through the key/value caches gives every position the logits bits of the
+/// whole-sequence forward, in any interleaving of sequences and row chunks, in both sum modes.
+TEST(GptDecode, RowsFromTheCacheHaveTheWholeSequenceBits) {
+  for (const bool exact : {false, true}) {
+    Gpt model(tiny_config());
+    model.set_exact_sums(exact);
+    const Tensor tokens = random_tokens(3, 6, 11, 21);
+    const Tensor whole = model.forward(tokens);  // [3, 6, 11]
+    std::vector<KeyValueCache> caches = model.make_caches(4);
+    // Sequence s lives in slot 3 - s; chunks of 1, 2 and 3 rows, sequences interleaved.
+    const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> calls{
+        {{0, 0}, {2, 0}, {2, 1}},
+        {{1, 0}, {1, 1}, {1, 2}, {0, 1}},
+        {{0, 2}, {0, 3}, {2, 2}, {2, 3}, {2, 4}, {2, 5}},
+        {{1, 3}, {1, 4}, {1, 5}, {0, 4}, {0, 5}}};
+    for (const auto& call : calls) {
+      DecodeRows rows;
+      Tensor ids(Shape{static_cast<std::int64_t>(call.size())}, DType::i64);
+      for (std::size_t r = 0; r < call.size(); ++r) {
+        const auto [sequence, position] = call[r];
+        rows.slots.push_back(3 - sequence);
+        rows.positions.push_back(position);
+        const std::int64_t at[] = {sequence, position};
+        ids.values<std::int64_t>()[r] = static_cast<std::int64_t>(tokens.get(at));
+      }
+      const Tensor logits = model.decode(ids, rows, caches);
+      for (std::size_t r = 0; r < call.size(); ++r) {
+        const auto [sequence, position] = call[r];
+        const Tensor want = whole.narrow(0, sequence, 1).narrow(1, position, 1).reshape(Shape{11});
+        EXPECT_TRUE(logits.narrow(0, static_cast<std::int64_t>(r), 1)
+                        .reshape(Shape{11})
+                        .bitwise_equal(want.contiguous()))
+            << "exact " << exact << " sequence " << sequence << " position " << position;
+      }
+    }
+    // The whole-sequence forward still works after decoding.
+    EXPECT_TRUE(model.forward(tokens).bitwise_equal(whole));
+    DecodeRows bad{{4}, {0}};
+    EXPECT_THROW(model.decode(Tensor(Shape{1}, DType::i64), bad, caches), InvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace meshtensor::nn

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <meshtensor/nn/decode.hpp>
 #include <meshtensor/nn/layers.hpp>
 
 namespace meshtensor::nn {
@@ -31,14 +32,27 @@ class CausalSelfAttention : public Module {
   /// Exact-mode sums over whole heads (Linear::set_exact_blocks): the output projection's sums
   /// over the heads' outputs and qkv's input-gradient sums over the heads' columns.
   void set_exact_blocks(bool on);
+  /// Incremental decoding (null `rows`: back to whole sequences): forward takes [1, rows,
+  /// dim], stores each row's keys and values in `cache` at its slot and position, and each row
+  /// attends over its slot's positions up to its own, with the kernels of the whole-sequence
+  /// forward: a row's output has the bits it has there. Forward only.
+  void set_decode(const DecodeRows* rows, KeyValueCache* cache);
+  /// Heads this rank computes (all of them unless a tensor-parallel split holds part of qkv).
+  std::int64_t local_heads() const;
+  /// Values per head.
+  std::int64_t head_dim() const { return dim_ / heads_; }
 
  private:
+  Tensor forward_decode(const Tensor& input);
+
   std::int64_t dim_;
   std::int64_t heads_;
   Linear qkv_;
   Linear projection_;
   Tensor qkv_values_;     // f32 [batch, sequence, 3 dim] of the last forward
   Tensor probabilities_;  // f32 [batch, heads, sequence, sequence], row i holds i + 1 values
+  const DecodeRows* decode_rows_ = nullptr;
+  KeyValueCache* cache_ = nullptr;
 };
 
 }  // namespace meshtensor::nn

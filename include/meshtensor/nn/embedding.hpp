@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include <meshtensor/nn/decode.hpp>
 #include <meshtensor/nn/module.hpp>
 
 namespace meshtensor::nn {
@@ -55,9 +56,13 @@ class TokenPositionEmbedding : public Module {
   /// token rows this rank holds and the position rows (the first member adds those), completed
   /// by `split`. It must outlive the module.
   void set_split(SplitCommunication* split) { split_ = split; }
+  /// Incremental decoding (null: back to whole sequences): forward takes tokens [1, rows] and
+  /// adds the position rows `rows` names instead of 0, 1, ...
+  void set_decode(const DecodeRows* rows) { decode_rows_ = rows; }
 
  private:
   SplitCommunication* split_ = nullptr;
+  const DecodeRows* decode_rows_ = nullptr;
   Embedding token_;
   Embedding position_;
 };

@@ -55,6 +55,8 @@ class TransformerBlock : public Module {
   /// Exact sums over whole heads in the attention and over heads-many blocks of the MLP's hidden
   /// features (see Gpt::set_exact_sums).
   void set_exact_blocks(bool on);
+  /// The attention layer.
+  CausalSelfAttention& attention() { return attention_; }
 
  private:
   LayerNorm norm1_;
@@ -111,6 +113,15 @@ class Gpt : public Module {
   void set_exact_sums(bool on);
   /// Whether set_exact_sums is on.
   bool exact_sums() const { return exact_sums_; }
+
+  /// One key/value cache per block for `slots` sequences of the whole context, sized for the
+  /// heads this rank computes.
+  std::vector<KeyValueCache> make_caches(std::int64_t slots);
+  /// Incremental forward of the rows `rows` places (i64 tokens [rows]; see DecodeRows) with the
+  /// keys and values of earlier positions in `caches` (make_caches; this call's rows are added):
+  /// logits [rows, vocabulary]. Every module runs as in forward(), so each row's logits are the
+  /// bits forward() gives that position of its whole sequence.
+  Tensor decode(const Tensor& tokens, const DecodeRows& rows, std::vector<KeyValueCache>& caches);
 
  private:
   GptConfig config_;

@@ -20,6 +20,8 @@ class Linear : public Module {
   std::string describe() const override;
   /// The weight parameter ([in, out]).
   Parameter& weight() { return weight_; }
+  /// The weight parameter ([in, out]).
+  const Parameter& weight() const { return weight_; }
   /// The bias parameter ([out]).
   Parameter& bias() { return bias_; }
 
