@@ -124,7 +124,7 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
   const std::int64_t batch = tokens.shape()[0];
   const std::int64_t length = tokens.shape()[1];
   const std::int64_t context = position_.weight().value.shape()[0];
-  if (length > context) {
+  if (decode_rows_ == nullptr && length > context) {
     throw InvalidArgument(fmt::format("{}: a sequence of {} tokens is longer than the context {}",
                                       describe(), length, context));
   }

@@ -1,0 +1,85 @@
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/nn/gpt.hpp>
+
+namespace meshtensor::generate {
+
+/// How a request picks its tokens. temperature 0: greedy (the first largest logit); otherwise a
+/// draw from softmax(logits / temperature) over the top_k largest logits (0: all), with one
+/// uniform number made from (seed, the position of the token drawn) alone, so a request's tokens
+/// never depend on what else is being generated.
+struct Sampling {
+  double temperature = 0.0;
+  std::int64_t top_k = 0;
+  std::uint64_t seed = 0;
+};
+
+/// One prompt and how to continue it.
+struct Request {
+  std::vector<std::int64_t> prompt;  ///< token ids, at least one
+  std::int64_t max_new_tokens = 16;  ///< tokens to generate, at least one
+  Sampling sampling;
+};
+
+/// What a request produced: each generated token and its log-probability under the model
+/// (log softmax of the logits at temperature 1, computed as the trainer's loss computes it).
+struct Completion {
+  std::vector<std::int64_t> tokens;
+  std::vector<double> logprobs;
+};
+
+/// How the generator batches.
+struct GeneratorOptions {
+  std::int64_t max_batch = 16;      ///< requests decoded together (cache slots)
+  std::int64_t prefill_chunk = 64;  ///< prompt tokens a request feeds per step
+  /// Exact softmax denominators in the log-probabilities (exact mode; the model's own exact
+  /// sums are set on the model).
+  bool exact_logprobs = false;
+};
+
+/// Figures of the last generate() call.
+struct GeneratorStats {
+  std::int64_t steps = 0;       ///< decode calls
+  std::int64_t rows = 0;        ///< rows (positions) computed over all calls
+  std::int64_t largest_batch = 0;  ///< most requests in one call
+};
+
+/// Generates with continuous batching over a GPT: requests join the running batch as slots free
+/// up and leave when done; prompts are fed in chunks; each step runs Gpt::decode on the rows of
+/// every running request. Every row has the bits the trainer's forward gives that position of its
+/// sequence, and sampling depends on the request alone, so a request's tokens and
+/// log-probabilities are the same bits alone or in any batch, at any chunk size.
+class Generator {
+ public:
+  /// Over `model` (which must outlive the generator). InvalidArgument for a max_batch or
+  /// prefill_chunk below 1.
+  Generator(nn::Gpt& model, GeneratorOptions options);
+  /// The completions of `requests`, in their order. InvalidArgument naming the request and the
+  /// value for an empty prompt, a token outside the vocabulary, a prompt plus max_new_tokens
+  /// longer than the context, or a bad sampling setting; nothing is generated then.
+  std::vector<Completion> generate(const std::vector<Request>& requests);
+  /// Figures of the last generate() call.
+  const GeneratorStats& stats() const { return stats_; }
+
+ private:
+  nn::Gpt& model_;
+  GeneratorOptions options_;
+  GeneratorStats stats_;
+};
+
+/// The token `sampling` picks from a row of logits for `position` (see Sampling).
+std::int64_t sample_token(std::span<const float> logits, const Sampling& sampling,
+                          std::int64_t position);
+
+/// log softmax(logits)[token] for f32 logits rows [rows, vocabulary] and one token per row, as
+/// the trainer's loss computes it (the negated nn::softmax_cross_entropy loss; exact sums in
+/// exact mode).
+std::vector<double> token_logprobs(const Tensor& logits, std::span<const std::int32_t> tokens,
+                                   bool exact);
+
+}  // namespace meshtensor::generate

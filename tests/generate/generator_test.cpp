@@ -1,0 +1,142 @@
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/generate/generator.hpp>
+#include <meshtensor/nn/loss.hpp>
+
+namespace meshtensor::generate {
+namespace {
+
+nn::GptConfig config() {
+  nn::GptConfig c;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 16;
+  c.context = 24;
+  c.vocabulary = 29;
+  c.seed = 3;
+  c.init_std = 0.3;
+  return c;
+}
+
+std::vector<std::int64_t> prompt(std::int64_t length, std::uint64_t seed) {
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < length; ++i)
+    ids.push_back(uniform_int_sample(seed, static_cast<std::uint64_t>(i), 0, 28));
+  return ids;
+}
+
+Request request(std::int64_t length, std::uint64_t seed, std::int64_t new_tokens,
+                double temperature = 0.9, std::int64_t top_k = 7) {
+  return {prompt(length, seed), new_tokens, {temperature, top_k, seed * 31 + 1}};
+}
+
+/// The log-probabilities the trainer's forward gives `completion`'s tokens after `prompt`: the
+/// whole sequence through Gpt::forward, then the loss of each row.
+std::vector<double> trainer_logprobs(nn::Gpt& model, const std::vector<std::int64_t>& prompt,
+                                     const Completion& completion, bool exact) {
+  std::vector<std::int64_t> sequence = prompt;
+  sequence.insert(sequence.end(), completion.tokens.begin(), completion.tokens.end() - 1);
+  const auto length = static_cast<std::int64_t>(sequence.size());
+  Tensor tokens(Shape{1, length}, DType::i64);
+  std::copy(sequence.begin(), sequence.end(), tokens.values<std::int64_t>().begin());
+  const Tensor logits = model.forward(tokens).reshape(Shape{length, 29});
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(length), 0);
+  for (std::size_t i = 0; i < completion.tokens.size(); ++i)
+    labels[prompt.size() - 1 + i] = static_cast<std::int32_t>(completion.tokens[i]);
+  nn::CrossEntropyOptions options;
+  options.exact_sums = exact;
+  const auto losses = nn::softmax_cross_entropy(logits, labels, options).losses;
+  std::vector<double> out;
+  for (std::size_t i = 0; i < completion.tokens.size(); ++i)
+    out.push_back(-losses.values<double>()[prompt.size() - 1 + i]);
+  return out;
+}
+
+void expect_same_bits(const Completion& a, const Completion& b, const std::string& what) {
+  EXPECT_EQ(a.tokens, b.tokens) << what;
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
+  for (std::size_t i = 0; i < a.logprobs.size(); ++i)
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(a.logprobs[i]), std::bit_cast<std::uint64_t>(b.logprobs[i]))
+        << what << " token " << i;
+}
+
+TEST(Generator, LogprobsAreTheTrainersForwardBitForBit) {
+  for (const bool exact : {false, true}) {
+    nn::Gpt model(config());
+    model.set_exact_sums(exact);
+    Generator generator(model, {4, 3, exact});
+    const std::vector<Request> requests{request(5, 1, 9), request(1, 2, 12, 0.0, 0),
+                                        request(11, 3, 6), request(7, 4, 10, 1.5, 0)};
+    const auto completions = generator.generate(requests);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      ASSERT_EQ(static_cast<std::int64_t>(completions[r].tokens.size()),
+                requests[r].max_new_tokens);
+      const auto want = trainer_logprobs(model, requests[r].prompt, completions[r], exact);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(std::bit_cast<std::uint64_t>(completions[r].logprobs[i]),
+                  std::bit_cast<std::uint64_t>(want[i]))
+            << "exact " << exact << " request " << r << " token " << i;
+        EXPECT_LE(completions[r].logprobs[i], 0.0);
+      }
+    }
+  }
+}
+
+TEST(Generator, ARequestsTokensDoNotDependOnTheBatchOrTheChunkSize) {
+  nn::Gpt model(config());
+  const Request mine = request(6, 42, 10);
+  Generator alone_generator(model, {1, 64, false});
+  const Completion alone = alone_generator.generate({mine}).front();
+  for (const std::int64_t batch : {2, 5, 32}) {
+    for (const std::int64_t chunk : {1, 4, 64}) {
+      std::vector<Request> requests;
+      for (std::int64_t i = 0; i < batch - 1; ++i)
+        requests.push_back(request(1 + (i * 5) % 13, 100 + static_cast<std::uint64_t>(i),
+                                   1 + (i * 3) % 9));
+      const auto at = static_cast<std::size_t>((batch * 7 / 3) % batch);  // 0, 1, 10
+      requests.insert(requests.begin() + static_cast<std::ptrdiff_t>(at), mine);
+      Generator generator(model, {batch / 2 + 1, chunk, false});
+      const auto completions = generator.generate(requests);
+      expect_same_bits(completions[at], alone,
+                       "batch " + std::to_string(batch) + " chunk " + std::to_string(chunk));
+    }
+  }
+}
+
+TEST(Generator, GreedyPicksTheFirstLargestLogitAndSamplingDependsOnSeedAndPosition) {
+  const std::vector<float> logits{0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+  EXPECT_EQ(sample_token(logits, {0.0, 0, 9}, 3), 1);
+  // top_k 1 is greedy whatever the temperature.
+  EXPECT_EQ(sample_token(logits, {5.0, 1, 9}, 3), 1);
+  // A draw depends on (seed, position) only, and stays inside the top k.
+  for (std::int64_t position = 0; position < 50; ++position) {
+    const std::int64_t t = sample_token(logits, {1.0, 3, 7}, position);
+    EXPECT_EQ(t, sample_token(logits, {1.0, 3, 7}, position));
+    EXPECT_TRUE(t == 1 || t == 3 || t == 4) << t;
+  }
+}
+
+TEST(Generator, BadRequestsNameTheValue) {
+  nn::Gpt model(config());
+  Generator generator(model, {});
+  const auto fails = [&](const Request& r, const std::string& text) {
+    try {
+      generator.generate({request(3, 1, 2), r});
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("request 1"), std::string::npos) << e.what();
+    }
+  };
+  fails({{}, 3, {}}, "prompt is empty");
+  fails({{1, 29}, 3, {}}, "token 29 at prompt position 1");
+  fails({prompt(20, 1), 5, {}}, "20 tokens plus 5 new tokens is longer than the model's context of 24");
+  fails({{1}, 0, {}}, "max_new_tokens 0");
+  fails({{1}, 1, {-1.0, 0, 0}}, "temperature -1");
+  EXPECT_THROW(Generator(model, {0, 1, false}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtensor::generate
