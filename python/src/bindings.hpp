@@ -127,6 +127,7 @@ void bind_runtime(py::module_& module);
 void bind_mesh(py::module_& module);
 void bind_dtensor(py::module_& module);
 void bind_ops(py::module_& module);
+void bind_generate(py::module_& module);
 void bind_train(py::module_& module);
 
 }  // namespace meshtensor::python

@@ -106,5 +106,6 @@ PYBIND11_MODULE(_meshtensor, module) {
   bind_mesh(module);
   bind_dtensor(module);
   bind_ops(module);
+  bind_generate(module);
   bind_train(module);
 }

@@ -1,6 +1,7 @@
 """Training from Python: train() against the CLI, and a loop written here with the pieces
 (MLP, fully_shard, cross_entropy, an optimizer) that reproduces the CLI's weights bit for bit."""
 
+import json
 import re
 
 import numpy as np
@@ -229,6 +230,30 @@ def test_tensor_parallel_training_ends_on_the_fsdp_digest_in_exact_mode(text):
         mt.run_threads(3, lambda world: mt.train(corpus, **run, mesh=(3,), names=("tp",)))
     with pytest.raises(mt.InvalidArgument, match="needs names="):
         mt.train(corpus, **run, mesh=(1,))
+
+
+def test_generate_matches_the_cli_and_does_not_depend_on_the_batch(cli, text, tmp_path):
+    corpus = mt.load_text(text)
+    save = str(tmp_path / "ckpt")
+    run = dict(GPT_RUN, model="gpt:layers=1,heads=4,dim=16,context=16", mode="exact",
+               eval_every=0, save=save)
+    mt.run_threads(4, lambda world: mt.train(corpus, **run, mesh=(2, 2), names=("fsdp", "tp")))
+    options = dict(max_new_tokens=6, temperature=0.9, top_k=10, seed=3, mode="exact")
+
+    def body(world):
+        alone = mt.generate(save, "fortune", **options)
+        batched = mt.generate(save, ["x", "fortune", [1, 2, 3]], **options, max_batch=2,
+                              prefill_chunk=2)
+        return alone[0], batched[1]
+
+    for alone, batched in mt.run_threads(2, body):
+        assert alone == batched and len(alone["tokens"]) == 6
+    shown = json.loads(cli("generate", "--checkpoint", save, "--prompt", "fortune", "--json",
+                           *[a for k, v in options.items()
+                             for a in (f"--{k.replace('_', '-')}", v)]))
+    assert shown["tokens"] == alone["tokens"] and shown["logprobs"] == alone["logprobs"]
+    with pytest.raises(mt.InvalidArgument, match="prompt is empty"):
+        mt.run_threads(1, lambda world: mt.generate(save, [""], **options))
 
 
 def test_gpt_training_errors_name_the_value(text, data_dir):

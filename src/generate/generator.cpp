@@ -21,8 +21,8 @@ void check_request(const Request& request, std::size_t index, const nn::GptConfi
   for (std::size_t i = 0; i < request.prompt.size(); ++i) {
     const std::int64_t token = request.prompt[i];
     if (token < 0 || token >= config.vocabulary) {
-      throw bad(fmt::format("token {} at prompt position {} is outside the vocabulary of {}",
-                            token, i, config.vocabulary));
+      throw bad(fmt::format("token {} at prompt position {} is outside the vocabulary of {}", token,
+                            i, config.vocabulary));
     }
   }
   if (request.max_new_tokens < 1)
@@ -30,8 +30,8 @@ void check_request(const Request& request, std::size_t index, const nn::GptConfi
   const auto length = static_cast<std::int64_t>(request.prompt.size());
   if (length + request.max_new_tokens > config.context) {
     throw bad(fmt::format(
-        "a prompt of {} tokens plus {} new tokens is longer than the model's context of {}",
-        length, request.max_new_tokens, config.context));
+        "a prompt of {} tokens plus {} new tokens is longer than the model's context of {}", length,
+        request.max_new_tokens, config.context));
   }
   const Sampling& s = request.sampling;
   if (!std::isfinite(s.temperature) || s.temperature < 0)
@@ -70,9 +70,8 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
   std::vector<double> weights;
   double total = 0;
   for (const std::int64_t i : order) {
-    weights.push_back(
-        std::exp((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
-                 sampling.temperature));
+    weights.push_back(std::exp((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
+                               sampling.temperature));
     total += weights.back();
   }
   const std::uint64_t bits = mix64(mix64(sampling.seed) ^ static_cast<std::uint64_t>(position));
@@ -97,8 +96,7 @@ std::vector<double> token_logprobs(const Tensor& logits, std::span<const std::in
   return out;
 }
 
-Generator::Generator(nn::Gpt& model, GeneratorOptions options)
-    : model_(model), options_(options) {
+Generator::Generator(nn::Gpt& model, GeneratorOptions options) : model_(model), options_(options) {
   if (options_.max_batch < 1 || options_.prefill_chunk < 1) {
     throw InvalidArgument(fmt::format("generator: max_batch {} and prefill_chunk {} must be >= 1",
                                       options_.max_batch, options_.prefill_chunk));
@@ -144,8 +142,8 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
     const Tensor logits = model_.decode(tokens, rows, caches);
     ++stats_.steps;
     stats_.rows += rows.size();
-    stats_.largest_batch = std::max<std::int64_t>(stats_.largest_batch,
-                                                  static_cast<std::int64_t>(running.size()));
+    stats_.largest_batch =
+        std::max<std::int64_t>(stats_.largest_batch, static_cast<std::int64_t>(running.size()));
     // Requests whose whole sequence is in the cache draw their next token.
     std::vector<Running> still;
     for (std::size_t a = 0; a < running.size(); ++a) {

@@ -58,7 +58,8 @@ void expect_same_bits(const Completion& a, const Completion& b, const std::strin
   EXPECT_EQ(a.tokens, b.tokens) << what;
   ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
   for (std::size_t i = 0; i < a.logprobs.size(); ++i)
-    EXPECT_EQ(std::bit_cast<std::uint64_t>(a.logprobs[i]), std::bit_cast<std::uint64_t>(b.logprobs[i]))
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(a.logprobs[i]),
+              std::bit_cast<std::uint64_t>(b.logprobs[i]))
         << what << " token " << i;
 }
 
@@ -93,8 +94,8 @@ TEST(Generator, ARequestsTokensDoNotDependOnTheBatchOrTheChunkSize) {
     for (const std::int64_t chunk : {1, 4, 64}) {
       std::vector<Request> requests;
       for (std::int64_t i = 0; i < batch - 1; ++i)
-        requests.push_back(request(1 + (i * 5) % 13, 100 + static_cast<std::uint64_t>(i),
-                                   1 + (i * 3) % 9));
+        requests.push_back(
+            request(1 + (i * 5) % 13, 100 + static_cast<std::uint64_t>(i), 1 + (i * 3) % 9));
       const auto at = static_cast<std::size_t>((batch * 7 / 3) % batch);  // 0, 1, 10
       requests.insert(requests.begin() + static_cast<std::ptrdiff_t>(at), mine);
       Generator generator(model, {batch / 2 + 1, chunk, false});
@@ -132,7 +133,8 @@ TEST(Generator, BadRequestsNameTheValue) {
   };
   fails({{}, 3, {}}, "prompt is empty");
   fails({{1, 29}, 3, {}}, "token 29 at prompt position 1");
-  fails({prompt(20, 1), 5, {}}, "20 tokens plus 5 new tokens is longer than the model's context of 24");
+  fails({prompt(20, 1), 5, {}},
+        "20 tokens plus 5 new tokens is longer than the model's context of 24");
   fails({{1}, 0, {}}, "max_new_tokens 0");
   fails({{1}, 1, {-1.0, 0, 0}}, "temperature -1");
   EXPECT_THROW(Generator(model, {0, 1, false}), InvalidArgument);

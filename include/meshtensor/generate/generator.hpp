@@ -44,8 +44,8 @@ struct GeneratorOptions {
 
 /// Figures of the last generate() call.
 struct GeneratorStats {
-  std::int64_t steps = 0;       ///< decode calls
-  std::int64_t rows = 0;        ///< rows (positions) computed over all calls
+  std::int64_t steps = 0;          ///< decode calls
+  std::int64_t rows = 0;           ///< rows (positions) computed over all calls
   std::int64_t largest_batch = 0;  ///< most requests in one call
 };
 

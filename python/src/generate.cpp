@@ -1,0 +1,81 @@
+#include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
+
+#include "bindings.hpp"
+
+namespace meshtensor::python {
+
+namespace {
+
+/// A prompt as token ids: a str or bytes as its UTF-8 bytes, or a sequence of ints.
+std::vector<std::int64_t> prompt_tokens(const py::handle& prompt) {
+  if (py::isinstance<py::str>(prompt) || py::isinstance<py::bytes>(prompt)) {
+    const std::string bytes = py::isinstance<py::str>(prompt)
+                                  ? prompt.cast<std::string>()
+                                  : std::string(prompt.cast<py::bytes>());
+    std::vector<std::int64_t> tokens;
+    for (const char c : bytes)
+      tokens.push_back(static_cast<unsigned char>(c));
+    return tokens;
+  }
+  std::vector<std::int64_t> tokens;
+  for (const auto& token : prompt.cast<py::sequence>())
+    tokens.push_back(cast_argument<std::int64_t>(token, "generate() prompt token"));
+  return tokens;
+}
+
+py::list run_generate(const std::string& checkpoint, const py::object& prompts,
+                      std::int64_t max_new_tokens, double temperature, std::int64_t top_k,
+                      std::uint64_t seed, const std::string& mode, std::int64_t max_batch,
+                      std::int64_t prefill_chunk, const py::object& world_object) {
+  const bool single = py::isinstance<py::str>(prompts) || py::isinstance<py::bytes>(prompts);
+  std::vector<generate::Request> requests;
+  if (single) {
+    requests.push_back({prompt_tokens(prompts), max_new_tokens, {temperature, top_k, seed}});
+  } else {
+    for (const auto& p : prompts.cast<py::sequence>())
+      requests.push_back({prompt_tokens(p), max_new_tokens, {temperature, top_k, seed}});
+  }
+  const comm::ReductionMode reduction = mode_from(mode);
+  generate::GeneratorOptions options;
+  options.max_batch = max_batch;
+  options.prefill_chunk = prefill_chunk;
+  options.exact_logprobs = reduction == comm::ReductionMode::exact;
+  std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
+  std::vector<generate::Completion> completions;
+  {
+    const py::gil_scoped_release release;
+    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(*world, checkpoint);
+    model->set_exact_sums(reduction == comm::ReductionMode::exact);
+    generate::Generator generator(*model, options);
+    completions = generator.generate(requests);
+  }
+  py::list out;
+  for (const generate::Completion& c : completions) {
+    std::string bytes;
+    for (const std::int64_t t : c.tokens)
+      bytes.push_back(static_cast<char>(t));
+    py::dict d;
+    d["tokens"] = c.tokens;
+    d["logprobs"] = c.logprobs;
+    d["text"] = py::bytes(bytes);
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_generate(py::module_& module) {
+  module.def("generate", &run_generate, py::arg("checkpoint"), py::arg("prompts"), py::kw_only(),
+             py::arg("max_new_tokens") = 64, py::arg("temperature") = 0.8, py::arg("top_k") = 0,
+             py::arg("seed") = 0, py::arg("mode") = "ordered", py::arg("max_batch") = 16,
+             py::arg("prefill_chunk") = 64, py::arg("world") = py::none(),
+             "Continues `prompts` (a str or bytes, or a list of them or of token-id lists) with "
+             "the GPT of a checkpoint saved by any training layout, as `meshtensor generate` "
+             "does: one dict per prompt with tokens, logprobs (the bits the trainer's forward "
+             "gives each token) and text (bytes). A prompt's result does not depend on the "
+             "others, max_batch or prefill_chunk.");
+}
+
+}  // namespace meshtensor::python

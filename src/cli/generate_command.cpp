@@ -1,0 +1,150 @@
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
+#include <meshtensor/train/text_data.hpp>
+
+#include "backend.hpp"
+#include "commands.hpp"
+#include "options.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string prompt;
+  std::string prompts;
+  std::string max_new_tokens = "64";
+  std::string temperature = "0.8";
+  std::string top_k = "0";
+  std::string seed = "0";
+  std::string mode = "ordered";
+  std::string max_batch = "16";
+  std::string prefill_chunk = "64";
+  bool json = false;
+  CLI::Option* prompt_option = nullptr;
+  CLI::Option* prompts_option = nullptr;
+};
+
+/// The prompts: --prompt, or the lines of --prompts (without their line ends).
+std::vector<std::string> read_prompts(const GenerateOptions& options) {
+  if (options.prompt_option->count() > 0 && options.prompts_option->count() > 0)
+    throw ParseError("--prompt and --prompts exclude each other: give one");
+  if (options.prompts_option->count() == 0) {
+    if (options.prompt_option->count() == 0) throw ParseError("give --prompt TEXT or --prompts FILE");
+    return {options.prompt};
+  }
+  std::ifstream file(options.prompts);
+  if (!file) throw DataError(fmt::format("--prompts {}: cannot open the file", options.prompts));
+  std::vector<std::string> prompts;
+  for (std::string line; std::getline(file, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    prompts.push_back(line);
+  }
+  if (prompts.empty()) throw DataError(fmt::format("--prompts {} holds no line", options.prompts));
+  return prompts;
+}
+
+std::vector<std::int64_t> byte_tokens(const std::string& text) {
+  std::vector<std::int64_t> tokens;
+  for (const char c : text)
+    tokens.push_back(static_cast<unsigned char>(c));
+  return tokens;
+}
+
+std::string token_bytes(const std::vector<std::int64_t>& tokens) {
+  std::string bytes;
+  for (const std::int64_t t : tokens)
+    bytes.push_back(static_cast<char>(t));
+  return bytes;
+}
+
+void print_completions(const std::vector<std::string>& prompts,
+                       const std::vector<generate::Completion>& completions, bool json) {
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const generate::Completion& c = completions[i];
+    const std::string text = train::printable_text(token_bytes(c.tokens));
+    if (json) {
+      // Doubles print with the digits that read back to the same bits.
+      const nlohmann::json out = {{"prompt", train::printable_text(prompts[i])},
+                                  {"text", text},
+                                  {"tokens", c.tokens},
+                                  {"logprobs", c.logprobs}};
+      std::cout << out.dump() << '\n';
+    } else {
+      double total = 0;
+      for (const double l : c.logprobs)
+        total += l;
+      std::cout << fmt::format("--- request {} ({} tokens, log-probability {:.4f})\n{}{}\n", i,
+                               c.tokens.size(), total, train::printable_text(prompts[i]), text);
+    }
+  }
+}
+
+void run_generate(const GenerateOptions& options) {
+  const std::vector<std::string> prompts = read_prompts(options);
+  generate::Sampling sampling;
+  sampling.temperature = real_option("--temperature", options.temperature, 0.0, 1e6);
+  sampling.top_k = integer_option("--top-k", options.top_k, 0, 1 << 30);
+  sampling.seed = seed_option("--seed", options.seed);
+  const std::int64_t new_tokens =
+      integer_option("--max-new-tokens", options.max_new_tokens, 1, 1 << 30);
+  const comm::ReductionMode mode = comm::parse_reduction_mode(options.mode);
+  generate::GeneratorOptions generator_options;
+  generator_options.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
+  generator_options.prefill_chunk =
+      integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
+  generator_options.exact_logprobs = mode == comm::ReductionMode::exact;
+  std::vector<generate::Request> requests;
+  for (const std::string& p : prompts)
+    requests.push_back({byte_tokens(p), new_tokens, sampling});
+  run_ranks(Backend::threads, 1, "generate", [&](comm::Communicator& world) {
+    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, options.checkpoint);
+    model->set_exact_sums(mode == comm::ReductionMode::exact);
+    generate::Generator generator(*model, generator_options);
+    print_completions(prompts, generator.generate(requests), options.json);
+  });
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto options = std::make_shared<GenerateOptions>();
+  CLI::App* command = app.add_subcommand(
+      "generate",
+      "Continue prompts with a GPT checkpoint (any training layout): KV-cache decoding with "
+      "continuous batching; each token's log-probability is the bits the trainer's forward "
+      "gives it");
+  command->add_option("--checkpoint", options->checkpoint,
+                      "checkpoint directory, or a root whose LATEST names one")
+      ->required();
+  options->prompt_option = command->add_option("--prompt", options->prompt, "one prompt");
+  options->prompts_option =
+      command->add_option("--prompts", options->prompts, "a file of prompts, one a line");
+  command->add_option("--max-new-tokens", options->max_new_tokens,
+                      "tokens to generate per prompt (default 64)");
+  command->add_option("--temperature", options->temperature,
+                      "sampling temperature, 0 for greedy (default 0.8)");
+  command->add_option("--top-k", options->top_k, "sample among the k largest logits (default 0: all)");
+  command->add_option("--seed", options->seed,
+                      "sampling seed: a token's draw depends on the seed and its position only");
+  command->add_option("--mode", options->mode,
+                      "ordered or exact (must match the training mode for bit parity)");
+  command->add_option("--max-batch", options->max_batch, "requests decoded together (default 16)");
+  command->add_option("--prefill-chunk", options->prefill_chunk,
+                      "prompt tokens a request feeds per step (default 64)");
+  add_flag(*command, "--json", options->json,
+           "one JSON object per prompt: prompt, text, tokens, logprobs");
+  command->callback([options] { run_generate(*options); });
+}
+
+}  // namespace meshtensor::cli

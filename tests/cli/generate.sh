@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `meshtensor generate` from the command line. Usage: generate.sh <meshtensor> <case>
+#   batch   a checkpoint trained on dp x fsdp x tp 2x2x2 in exact mode: a prompt's tokens and
+#           log-probability bits are the same alone and among other prompts, at any chunk size
+#   errors  bad input exits 2 naming the value, and prints no completion
+set -euo pipefail
+bin=$1
+case_name=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+"$bin" train --mode exact --model gpt:layers=2,heads=4,dim=32,context=24 --batch 8 --steps 3 \
+  --seed 4 --mesh 2x2x2 --names dp,fsdp,tp --sequence-parallel --eval-every 0 --save "$dir/ckpt" \
+  >/dev/null
+gen=(generate --checkpoint "$dir/ckpt" --mode exact --max-new-tokens 8 --temperature 0.9 --top-k 20
+     --seed 7 --json)
+case $case_name in
+batch)
+  alone=$("$bin" "${gen[@]}" --prompt "Fortune")
+  printf 'A\nlonger prompt\nFortune\nxy\n' >"$dir/prompts"
+  for chunk in 1 3 64; do
+    for batch in 1 2 16; do
+      line=$("$bin" "${gen[@]}" --prompts "$dir/prompts" --prefill-chunk $chunk --max-batch $batch |
+        sed -n 3p)
+      if [ "$line" != "$alone" ]; then
+        echo "FAILED: chunk $chunk batch $batch: $line, alone: $alone"
+        exit 1
+      fi
+    done
+  done
+  echo "ok: $alone"
+  ;;
+errors)
+  expect() {  # expect <text> <args...>: exit status 2 and <text> on stderr
+    local text=$1
+    shift
+    set +e
+    out=$("$bin" "$@" 2>"$dir/err")
+    status=$?
+    set -e
+    if [ $status -ne 2 ] || ! grep -qF -- "$text" "$dir/err" || [ -n "$out" ]; then
+      echo "FAILED: $* exited $status with '$(cat "$dir/err")' and output '$out'; expected '$text'"
+      exit 1
+    fi
+    echo "ok: $text"
+  }
+  printf 'fine\n\nalso fine\n' >"$dir/empty"
+  expect "request 1: the prompt is empty" "${gen[@]}" --prompts "$dir/empty"
+  expect "a prompt of 20 tokens plus 8 new tokens is longer than the model's context of 24" \
+    "${gen[@]}" --prompt "twenty bytes of text"
+  expect "--max-new-tokens" "${gen[@]}" --prompt "a" --max-new-tokens 0
+  expect "give --prompt TEXT or --prompts FILE" "${gen[@]}"
+  expect "no checkpoint at" "${gen[@]/$dir\/ckpt/$dir/none}" --prompt "a"
+  "$bin" train --model mlp:8 --steps 1 --save "$dir/mlp" >/dev/null
+  expect "is not a byte-level GPT" generate --checkpoint "$dir/mlp" --prompt "a"
+  ;;
+*)
+  echo "unknown case $case_name"
+  exit 2
+  ;;
+esac
