@@ -13,10 +13,7 @@ std::vector<std::int64_t> prompt_tokens(const py::handle& prompt) {
     const std::string bytes = py::isinstance<py::str>(prompt)
                                   ? prompt.cast<std::string>()
                                   : std::string(prompt.cast<py::bytes>());
-    std::vector<std::int64_t> tokens;
-    for (const char c : bytes)
-      tokens.push_back(static_cast<unsigned char>(c));
-    return tokens;
+    return generate::byte_tokens(bytes);
   }
   std::vector<std::int64_t> tokens;
   for (const auto& token : prompt.cast<py::sequence>())
@@ -52,13 +49,10 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
   }
   py::list out;
   for (const generate::Completion& c : completions) {
-    std::string bytes;
-    for (const std::int64_t t : c.tokens)
-      bytes.push_back(static_cast<char>(t));
     py::dict d;
     d["tokens"] = c.tokens;
     d["logprobs"] = c.logprobs;
-    d["text"] = py::bytes(bytes);
+    d["text"] = py::bytes(generate::token_bytes(c.tokens));
     out.append(d);
   }
   return out;

@@ -40,7 +40,8 @@ std::vector<std::string> read_prompts(const GenerateOptions& options) {
   if (options.prompt_option->count() > 0 && options.prompts_option->count() > 0)
     throw ParseError("--prompt and --prompts exclude each other: give one");
   if (options.prompts_option->count() == 0) {
-    if (options.prompt_option->count() == 0) throw ParseError("give --prompt TEXT or --prompts FILE");
+    if (options.prompt_option->count() == 0)
+      throw ParseError("give --prompt TEXT or --prompts FILE");
     return {options.prompt};
   }
   std::ifstream file(options.prompts);
@@ -54,25 +55,11 @@ std::vector<std::string> read_prompts(const GenerateOptions& options) {
   return prompts;
 }
 
-std::vector<std::int64_t> byte_tokens(const std::string& text) {
-  std::vector<std::int64_t> tokens;
-  for (const char c : text)
-    tokens.push_back(static_cast<unsigned char>(c));
-  return tokens;
-}
-
-std::string token_bytes(const std::vector<std::int64_t>& tokens) {
-  std::string bytes;
-  for (const std::int64_t t : tokens)
-    bytes.push_back(static_cast<char>(t));
-  return bytes;
-}
-
 void print_completions(const std::vector<std::string>& prompts,
                        const std::vector<generate::Completion>& completions, bool json) {
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const generate::Completion& c = completions[i];
-    const std::string text = train::printable_text(token_bytes(c.tokens));
+    const std::string text = train::printable_text(generate::token_bytes(c.tokens));
     if (json) {
       // Doubles print with the digits that read back to the same bits.
       const nlohmann::json out = {{"prompt", train::printable_text(prompts[i])},
@@ -106,7 +93,7 @@ void run_generate(const GenerateOptions& options) {
   generator_options.exact_logprobs = mode == comm::ReductionMode::exact;
   std::vector<generate::Request> requests;
   for (const std::string& p : prompts)
-    requests.push_back({byte_tokens(p), new_tokens, sampling});
+    requests.push_back({generate::byte_tokens(p), new_tokens, sampling});
   run_ranks(Backend::threads, 1, "generate", [&](comm::Communicator& world) {
     const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, options.checkpoint);
     model->set_exact_sums(mode == comm::ReductionMode::exact);
@@ -124,8 +111,9 @@ void add_generate_command(CLI::App& app) {
       "Continue prompts with a GPT checkpoint (any training layout): KV-cache decoding with "
       "continuous batching; each token's log-probability is the bits the trainer's forward "
       "gives it");
-  command->add_option("--checkpoint", options->checkpoint,
-                      "checkpoint directory, or a root whose LATEST names one")
+  command
+      ->add_option("--checkpoint", options->checkpoint,
+                   "checkpoint directory, or a root whose LATEST names one")
       ->required();
   options->prompt_option = command->add_option("--prompt", options->prompt, "one prompt");
   options->prompts_option =
@@ -134,7 +122,8 @@ void add_generate_command(CLI::App& app) {
                       "tokens to generate per prompt (default 64)");
   command->add_option("--temperature", options->temperature,
                       "sampling temperature, 0 for greedy (default 0.8)");
-  command->add_option("--top-k", options->top_k, "sample among the k largest logits (default 0: all)");
+  command->add_option("--top-k", options->top_k,
+                      "sample among the k largest logits (default 0: all)");
   command->add_option("--seed", options->seed,
                       "sampling seed: a token's draw depends on the seed and its position only");
   command->add_option("--mode", options->mode,

@@ -49,6 +49,20 @@ struct Running {
 
 }  // namespace
 
+std::vector<std::int64_t> byte_tokens(std::string_view text) {
+  std::vector<std::int64_t> tokens;
+  for (const char c : text)
+    tokens.push_back(static_cast<unsigned char>(c));
+  return tokens;
+}
+
+std::string token_bytes(std::span<const std::int64_t> tokens) {
+  std::string bytes;
+  for (const std::int64_t t : tokens)
+    bytes.push_back(static_cast<char>(t));
+  return bytes;
+}
+
 std::int64_t sample_token(std::span<const float> logits, const Sampling& sampling,
                           std::int64_t position) {
   const auto n = static_cast<std::int64_t>(logits.size());

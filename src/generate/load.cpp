@@ -79,7 +79,11 @@ std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& 
   auto model = std::make_unique<nn::Gpt>(config);
   std::vector<checkpoint::LoadRequest> requests;
   for (nn::Parameter* p : model->parameters())
-    requests.push_back({"model." + p->name, p->value.shape(), DType::f32, {}, p->value.shape(),
+    requests.push_back({"model." + p->name,
+                        p->value.shape(),
+                        DType::f32,
+                        {},
+                        p->value.shape(),
                         world.rank() == 0});
   const std::vector<Tensor> loaded = checkpoint::load(world, path, requests);
   const std::vector<nn::Parameter*> parameters = model->parameters();

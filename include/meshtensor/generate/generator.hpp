@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
@@ -81,5 +83,10 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
 /// exact mode).
 std::vector<double> token_logprobs(const Tensor& logits, std::span<const std::int32_t> tokens,
                                    bool exact);
+
+/// The byte-level tokens of `text` (its bytes, 0 to 255), as the trainer tokenises text.
+std::vector<std::int64_t> byte_tokens(std::string_view text);
+/// The bytes of byte-level tokens (each 0 to 255).
+std::string token_bytes(std::span<const std::int64_t> tokens);
 
 }  // namespace meshtensor::generate
