@@ -9,6 +9,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 #include "backend.hpp"
@@ -30,6 +31,10 @@ struct GenerateOptions {
   std::string mode = "ordered";
   std::string max_batch = "16";
   std::string prefill_chunk = "64";
+  std::string ranks;
+  std::string mesh;
+  std::string names;
+  std::string backend = "threads";
   bool json = false;
   CLI::Option* prompt_option = nullptr;
   CLI::Option* prompts_option = nullptr;
@@ -77,6 +82,42 @@ void print_completions(const std::vector<std::string>& prompts,
   }
 }
 
+/// The tensor-parallel degree: --ranks N, or --mesh N --names tp (1 by default).
+std::int64_t tensor_parallel_degree(const GenerateOptions& options) {
+  if (!options.mesh.empty() || !options.names.empty()) {
+    if (!options.ranks.empty()) throw ParseError("--ranks and --mesh exclude each other: give one");
+    if (options.names != "tp") {
+      throw ParseError(
+          fmt::format("generate runs on a 1-D tensor-parallel mesh: --names must be tp, got '{}'",
+                      options.names));
+    }
+    return integer_option("--mesh", options.mesh, 1, comm::kMaxThreadsRanks);
+  }
+  return options.ranks.empty()
+             ? 1
+             : integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
+}
+
+/// Loads the checkpoint on every rank, splits it over the ranks (a tensor-parallel group) and
+/// generates; rank 0 prints.
+void generate_on_ranks(comm::Communicator& world, const GenerateOptions& options,
+                       comm::ReductionMode mode,
+                       const generate::GeneratorOptions& generator_options,
+                       const std::vector<std::string>& prompts,
+                       const std::vector<generate::Request>& requests) {
+  const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, options.checkpoint);
+  model->set_exact_sums(mode == comm::ReductionMode::exact);
+  tp::TensorParallel tp(std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}),
+                        mode, false);
+  if (tp.size() > 1) {
+    tp::check_gpt_degree(model->config(), tp.size());
+    tp::parallelize_module(*model, tp, tp::gpt_plan(false));
+  }
+  generate::Generator generator(*model, generator_options, &tp);
+  const std::vector<generate::Completion> completions = generator.generate(requests);
+  if (world.rank() == 0) print_completions(prompts, completions, options.json);
+}
+
 void run_generate(const GenerateOptions& options) {
   const std::vector<std::string> prompts = read_prompts(options);
   generate::Sampling sampling;
@@ -94,11 +135,10 @@ void run_generate(const GenerateOptions& options) {
   std::vector<generate::Request> requests;
   for (const std::string& p : prompts)
     requests.push_back({generate::byte_tokens(p), new_tokens, sampling});
-  run_ranks(Backend::threads, 1, "generate", [&](comm::Communicator& world) {
-    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, options.checkpoint);
-    model->set_exact_sums(mode == comm::ReductionMode::exact);
-    generate::Generator generator(*model, generator_options);
-    print_completions(prompts, generator.generate(requests), options.json);
+  const Backend backend = parse_backend(options.backend);
+  const std::int64_t degree = tensor_parallel_degree(options);
+  run_ranks(backend, degree, "generate", [&](comm::Communicator& world) {
+    generate_on_ranks(world, options, mode, generator_options, prompts, requests);
   });
 }
 
@@ -131,6 +171,12 @@ void add_generate_command(CLI::App& app) {
   command->add_option("--max-batch", options->max_batch, "requests decoded together (default 16)");
   command->add_option("--prefill-chunk", options->prefill_chunk,
                       "prompt tokens a request feeds per step (default 64)");
+  command->add_option("--ranks", options->ranks,
+                      "ranks generating together, the model split over them by tensor "
+                      "parallelism (default 1)");
+  command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
+  command->add_option("--names", options->names, "tp (the only dim generation takes)");
+  command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
   add_flag(*command, "--json", options->json,
            "one JSON object per prompt: prompt, text, tokens, logprobs");
   command->callback([options] { run_generate(*options); });

@@ -98,19 +98,8 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
   return order.back();
 }
 
-std::vector<double> token_logprobs(const Tensor& logits, std::span<const std::int32_t> tokens,
-                                   bool exact) {
-  nn::CrossEntropyOptions options;
-  options.exact_sums = exact;
-  options.count_correct = false;
-  const nn::CrossEntropyResult result = nn::softmax_cross_entropy(logits, tokens, options);
-  std::vector<double> out;
-  for (const double loss : result.losses.values<double>())
-    out.push_back(-loss);
-  return out;
-}
-
-Generator::Generator(nn::Gpt& model, GeneratorOptions options) : model_(model), options_(options) {
+Generator::Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp)
+    : model_(model), options_(options), tp_(tp) {
   if (options_.max_batch < 1 || options_.prefill_chunk < 1) {
     throw InvalidArgument(fmt::format("generator: max_batch {} and prefill_chunk {} must be >= 1",
                                       options_.max_batch, options_.prefill_chunk));
@@ -159,23 +148,31 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
     stats_.largest_batch =
         std::max<std::int64_t>(stats_.largest_batch, static_cast<std::int64_t>(running.size()));
     // Requests whose whole sequence is in the cache draw their next token.
+    std::vector<std::int64_t> ready_rows;
+    std::vector<const Request*> ready_requests;
+    std::vector<std::int64_t> positions;
+    for (std::size_t a = 0; a < running.size(); ++a) {
+      if (last_row[a] < 0) continue;
+      ready_rows.push_back(last_row[a]);
+      ready_requests.push_back(&requests[running[a].index]);
+      positions.push_back(static_cast<std::int64_t>(running[a].sequence.size()));
+    }
+    std::vector<std::int64_t> drawn;
+    std::vector<double> logprobs;
+    draw(logits, ready_rows, ready_requests, positions, drawn, logprobs);
     std::vector<Running> still;
+    std::size_t next_drawn = 0;
     for (std::size_t a = 0; a < running.size(); ++a) {
       Running& r = running[a];
       if (last_row[a] < 0) {
         still.push_back(std::move(r));
         continue;
       }
-      const Tensor row = logits.narrow(0, last_row[a], 1).contiguous();
       const Request& request = requests[r.index];
-      const auto position = static_cast<std::int64_t>(r.sequence.size());
-      const std::int64_t token = sample_token(row.values<float>(), request.sampling, position);
-      const std::int32_t label = static_cast<std::int32_t>(token);
+      const std::int64_t token = drawn[next_drawn];
       Completion& c = done[r.index];
       c.tokens.push_back(token);
-      c.logprobs.push_back(
-          token_logprobs(row, std::span<const std::int32_t>(&label, 1), options_.exact_logprobs)
-              .front());
+      c.logprobs.push_back(logprobs[next_drawn++]);
       r.sequence.push_back(token);
       if (static_cast<std::int64_t>(c.tokens.size()) == request.max_new_tokens) {
         free_slots.push_back(r.slot);
@@ -186,6 +183,32 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
     running = std::move(still);
   }
   return done;
+}
+
+void Generator::draw(const Tensor& logits, std::span<const std::int64_t> rows,
+                     std::span<const Request* const> requests,
+                     std::span<const std::int64_t> positions, std::vector<std::int64_t>& tokens,
+                     std::vector<double>& logprobs) {
+  const auto count = static_cast<std::int64_t>(rows.size());
+  const std::int64_t local = logits.shape()[1];
+  const std::int64_t vocabulary = model_.config().vocabulary;
+  Tensor ready = Tensor::uninitialized(Shape{count, local}, DType::f32);
+  for (std::int64_t i = 0; i < count; ++i)
+    ready.narrow(0, i, 1).copy_from(logits.narrow(0, rows[static_cast<std::size_t>(i)], 1));
+  const bool split = tp_ != nullptr && tp_->size() > 1;
+  const Tensor whole = split ? tp::gather_classes(*tp_, ready, vocabulary) : ready;
+  std::vector<std::int32_t> labels;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto at = static_cast<std::size_t>(i);
+    const Tensor row = whole.narrow(0, i, 1).contiguous();
+    tokens.push_back(sample_token(row.values<float>(), requests[at]->sampling, positions[at]));
+    labels.push_back(static_cast<std::int32_t>(tokens.back()));
+  }
+  // The loss the trainer computes on this layout: vocabulary-parallel when split.
+  const nn::CrossEntropyResult scored = tp::parallel_cross_entropy(
+      ready, labels, split ? tp_ : nullptr, vocabulary, options_.exact_logprobs);
+  for (const double loss : scored.losses.values<double>())
+    logprobs.push_back(-loss);
 }
 
 }  // namespace meshtensor::generate

@@ -2,6 +2,9 @@
 # `meshtensor generate` from the command line. Usage: generate.sh <meshtensor> <case>
 #   batch   a checkpoint trained on dp x fsdp x tp 2x2x2 in exact mode: a prompt's tokens and
 #           log-probability bits are the same alone and among other prompts, at any chunk size
+#   layouts the same checkpoint generates the same tokens and log-probability bits on 1 rank
+#           and on tensor-parallel 2 and 4 (and on 2 mpi processes when an mpirun command
+#           follows the case), a batch of prompts at once
 #   errors  bad input exits 2 naming the value, and prints no completion
 set -euo pipefail
 bin=$1
@@ -30,6 +33,28 @@ batch)
   done
   echo "ok: $alone"
   ;;
+layouts)
+  printf 'The \nA fortune\nxyz\n' >"$dir/prompts"
+  one=$("$bin" "${gen[@]}" --prompts "$dir/prompts")
+  for layout in "--ranks 2" "--ranks 4" "--mesh 4 --names tp"; do
+    # shellcheck disable=SC2086
+    other=$("$bin" "${gen[@]}" --prompts "$dir/prompts" $layout)
+    if [ "$other" != "$one" ]; then
+      echo "FAILED: $layout: $other, 1 rank: $one"
+      exit 1
+    fi
+    echo "ok: $layout"
+  done
+  if [ $# -gt 2 ]; then
+    shift 2
+    other=$("$@" -np 2 "$bin" "${gen[@]}" --prompts "$dir/prompts" --backend mpi --ranks 2)
+    if [ "$other" != "$one" ]; then
+      echo "FAILED: mpi 2: $other, 1 rank: $one"
+      exit 1
+    fi
+    echo "ok: mpi 2"
+  fi
+  ;;
 errors)
   expect() {  # expect <text> <args...>: exit status 2 and <text> on stderr
     local text=$1
@@ -53,6 +78,9 @@ errors)
   expect "no checkpoint at" "${gen[@]/$dir\/ckpt/$dir/none}" --prompt "a"
   "$bin" train --model mlp:8 --steps 1 --save "$dir/mlp" >/dev/null
   expect "is not a byte-level GPT" generate --checkpoint "$dir/mlp" --prompt "a"
+  expect "tensor-parallel degree 3 does not divide the model's 4 heads" "${gen[@]}" --prompt "a" \
+    --ranks 3
+  expect "--names must be tp, got 'dp'" "${gen[@]}" --prompt "a" --mesh 2 --names dp
   ;;
 *)
   echo "unknown case $case_name"

@@ -1,9 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/tp/style.hpp>
 
 namespace meshtensor::generate {
 namespace {
@@ -83,6 +85,40 @@ TEST(Generator, LogprobsAreTheTrainersForwardBitForBit) {
       }
     }
   }
+}
+
+/// On a tensor-parallel layout the trainer's forward is the split model and its
+/// vocabulary-parallel loss; in ordered mode the generator on the same layout gives its bits.
+TEST(Generator, OnTensorParallelRanksLogprobsAreThatLayoutsTrainerBits) {
+  const std::vector<Request> requests{request(5, 1, 7), request(3, 2, 9, 0.0, 0)};
+  comm::run_threads(2, [&](std::shared_ptr<comm::Communicator> world) {
+    nn::Gpt model(config());
+    tp::TensorParallel group(world, comm::ReductionMode::ordered, false);
+    tp::parallelize_module(model, group, tp::gpt_plan(false));
+    Generator generator(model, {2, 4, false}, &group);
+    const auto completions = generator.generate(requests);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      std::vector<std::int64_t> sequence = requests[r].prompt;
+      sequence.insert(sequence.end(), completions[r].tokens.begin(),
+                      completions[r].tokens.end() - 1);
+      const auto length = static_cast<std::int64_t>(sequence.size());
+      Tensor tokens(Shape{1, length}, DType::i64);
+      std::copy(sequence.begin(), sequence.end(), tokens.values<std::int64_t>().begin());
+      const Tensor local = model.forward(tokens);
+      std::vector<std::int32_t> labels(static_cast<std::size_t>(length), 0);
+      const std::size_t first = requests[r].prompt.size() - 1;
+      for (std::size_t i = 0; i < completions[r].tokens.size(); ++i)
+        labels[first + i] = static_cast<std::int32_t>(completions[r].tokens[i]);
+      const auto losses = tp::parallel_cross_entropy(local.reshape(Shape{length, local.shape()[2]}),
+                                                     labels, &group, 29, false)
+                              .losses;
+      for (std::size_t i = 0; i < completions[r].tokens.size(); ++i) {
+        EXPECT_EQ(std::bit_cast<std::uint64_t>(completions[r].logprobs[i]),
+                  std::bit_cast<std::uint64_t>(-losses.values<double>()[first + i]))
+            << "request " << r << " token " << i;
+      }
+    }
+  });
 }
 
 TEST(Generator, ARequestsTokensDoNotDependOnTheBatchOrTheChunkSize) {

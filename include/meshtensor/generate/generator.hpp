@@ -8,6 +8,7 @@
 
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
 
@@ -58,9 +59,12 @@ struct GeneratorStats {
 /// log-probabilities are the same bits alone or in any batch, at any chunk size.
 class Generator {
  public:
-  /// Over `model` (which must outlive the generator). InvalidArgument for a max_batch or
-  /// prefill_chunk below 1.
-  Generator(nn::Gpt& model, GeneratorOptions options);
+  /// Over `model` (which must outlive the generator). With `tp`, the model is split over that
+  /// tensor-parallel group (tp::parallelize_module with tp::gpt_plan(false)); every member calls
+  /// generate() with the same requests, gets the whole logits for sampling and computes the
+  /// log-probabilities with the vocabulary-parallel loss, as the trainer does on that layout.
+  /// InvalidArgument for a max_batch or prefill_chunk below 1.
+  Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp = nullptr);
   /// The completions of `requests`, in their order. InvalidArgument naming the request and the
   /// value for an empty prompt, a token outside the vocabulary, a prompt plus max_new_tokens
   /// longer than the context, or a bad sampling setting; nothing is generated then.
@@ -69,20 +73,21 @@ class Generator {
   const GeneratorStats& stats() const { return stats_; }
 
  private:
+  /// Draws the next token of each request whose rows ended in `logits` at `rows` (local classes
+  /// when split), and its log-probability.
+  void draw(const Tensor& logits, std::span<const std::int64_t> rows,
+            std::span<const Request* const> requests, std::span<const std::int64_t> positions,
+            std::vector<std::int64_t>& tokens, std::vector<double>& logprobs);
+
   nn::Gpt& model_;
   GeneratorOptions options_;
+  tp::TensorParallel* tp_;
   GeneratorStats stats_;
 };
 
 /// The token `sampling` picks from a row of logits for `position` (see Sampling).
 std::int64_t sample_token(std::span<const float> logits, const Sampling& sampling,
                           std::int64_t position);
-
-/// log softmax(logits)[token] for f32 logits rows [rows, vocabulary] and one token per row, as
-/// the trainer's loss computes it (the negated nn::softmax_cross_entropy loss; exact sums in
-/// exact mode).
-std::vector<double> token_logprobs(const Tensor& logits, std::span<const std::int32_t> tokens,
-                                   bool exact);
 
 /// The byte-level tokens of `text` (its bytes, 0 to 255), as the trainer tokenises text.
 std::vector<std::int64_t> byte_tokens(std::string_view text);
