@@ -101,6 +101,20 @@ void add_elements(kernels::BinnedSums& sums, const Tensor& values, kernels::Star
 
 }  // namespace
 
+namespace {
+thread_local int batch_variant_scopes = 0;
+}  // namespace
+
+BatchVariantScope::BatchVariantScope() {
+  ++batch_variant_scopes;
+}
+BatchVariantScope::~BatchVariantScope() {
+  --batch_variant_scopes;
+}
+bool BatchVariantScope::active() {
+  return batch_variant_scopes > 0;
+}
+
 bool Linear::adds_bias() const {
   return split_ == nullptr || !split_->output_is_partial() || split_->is_first();
 }
@@ -168,8 +182,24 @@ Tensor Linear::forward(const Tensor& given) {
   } else {
     Tensor output = Tensor::zeros(Shape{rows, out}, DType::f32);
     if (adds_bias()) fill_bias_rows(output);
-    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
-                    /*accumulate=*/true);
+    if (BatchVariantScope::active() && rows > 1 && in > 1) {
+      // Two half sums added: the bits depend on whether the call had one row or more.
+      const std::int64_t half = in / 2;
+      Tensor second = Tensor::zeros(Shape{rows, out}, DType::f32);
+      kernels::matmul(input_.narrow(1, 0, half).contiguous(), kernels::Transpose::no,
+                      weight_.value.narrow(0, 0, half).contiguous(), kernels::Transpose::no, output,
+                      /*accumulate=*/true);
+      kernels::matmul(input_.narrow(1, half, in - half).contiguous(), kernels::Transpose::no,
+                      weight_.value.narrow(0, half, in - half).contiguous(), kernels::Transpose::no,
+                      second);
+      auto y = output.values<float>();
+      const auto z = second.values<float>();
+      for (std::size_t i = 0; i < y.size(); ++i)
+        y[i] += z[i];
+    } else {
+      kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
+                      /*accumulate=*/true);
+    }
     partial.values = output.reshape(with_features(input_shape_, out));
   }
   return split_ != nullptr ? split_->complete_output(partial) : round_partial(partial);

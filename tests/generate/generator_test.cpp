@@ -4,6 +4,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/generator.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 
@@ -140,6 +141,21 @@ TEST(Generator, ARequestsTokensDoNotDependOnTheBatchOrTheChunkSize) {
                        "batch " + std::to_string(batch) + " chunk " + std::to_string(chunk));
     }
   }
+}
+
+/// Negative control: with a reduction split that depends on the batch (nn::BatchVariantScope),
+/// the same comparisons fail, so they can catch a batch-variant kernel.
+TEST(Generator, ABatchDependentKernelBreaksTheComparisons) {
+  nn::Gpt model(config());
+  const Request mine = request(6, 42, 10, 0.0, 0);
+  std::vector<Request> crowd{request(9, 5, 4), mine, request(2, 6, 8)};
+  const nn::BatchVariantScope variant;
+  Generator alone_generator(model, {1, 1, false});
+  const Completion alone = alone_generator.generate({mine}).front();  // one row per call
+  Generator batched_generator(model, {3, 4, false});
+  const Completion batched = batched_generator.generate(crowd)[1];
+  EXPECT_NE(alone.logprobs, batched.logprobs);
+  EXPECT_NE(trainer_logprobs(model, mine.prompt, batched, false), batched.logprobs);
 }
 
 TEST(Generator, GreedyPicksTheFirstLargestLogitAndSamplingDependsOnSeedAndPosition) {

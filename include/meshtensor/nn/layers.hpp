@@ -6,6 +6,20 @@
 
 namespace meshtensor::nn {
 
+/// While one lives on a thread, Linear's ordered forward on that thread splits its sum over the
+/// input features in two halves when a call has more than one row: a reduction that depends on
+/// the batch (the kind batch-invariant kernels rule out), for negative controls and for timing
+/// what invariance costs. Scopes nest.
+class BatchVariantScope {
+ public:
+  BatchVariantScope();
+  ~BatchVariantScope();
+  BatchVariantScope(const BatchVariantScope&) = delete;
+  BatchVariantScope& operator=(const BatchVariantScope&) = delete;
+  /// Whether a scope lives on this thread.
+  static bool active();
+};
+
 /// y = x·W + b with W [in, out] and b [out], over the last dim of x ([..., in] -> [..., out]).
 /// W starts as normal samples scaled by `init_std`, or by sqrt(2 / in) when it is 0 (He
 /// initialisation); seeded and platform-independent. b starts as zeros.
