@@ -63,6 +63,7 @@ struct TrainOptions {
   bool sequence_parallel = false;
   std::string clip_grad_norm = "0";
   bool explain_parallelism = false;
+  bool verify_generator = false;
   bool reshard_after_forward = false;
   bool no_reshard_after_forward = false;
   std::string prefetch = "1";
@@ -135,6 +136,7 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.mode = comm::parse_reduction_mode(options.mode);
   config.seed = seed_option("--seed", options.seed);
   config.clip_grad_norm = real_option("--clip-grad-norm", options.clip_grad_norm, 0.0, 1e6);
+  config.verify_generator = options.verify_generator;
   config.sequence_parallel = options.sequence_parallel;
   if (!options.names.empty()) {
     if (options.mesh.empty()) throw ParseError("--names names the dims of --mesh; give --mesh too");
@@ -505,6 +507,12 @@ void run_train(const TrainOptions& options) {
           if (loaded.language) final_json["sample"] = train::printable_text(result.sample);
           final_json["logits_digest"] = digest_hex(result.logits_digest);
           if (!result.grad_norms.empty()) final_json["grad_norm"] = result.grad_norms.back();
+          if (options.verify_generator) {
+            const auto& check = result.generator_check;
+            final_json["generator_check"] = {{"tokens", check.tokens},
+                                             {"identical", check.identical},
+                                             {"largest_difference", check.largest_difference}};
+          }
           if (options.explain_parallelism) {
             final_json["parallel_plan"] = result.parallel_plan;
             final_json["parallel_log"] = result.parallel_log;
@@ -545,6 +553,13 @@ void run_train(const TrainOptions& options) {
                                    world.size());
           std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
                                    digest_hex(result.logits_digest));
+          if (options.verify_generator) {
+            const auto& check = result.generator_check;
+            std::cout << fmt::format(
+                "generator check: {} tokens generated on 1 rank, scored by the trainer on this "
+                "layout: {} with the same log-probability bits, largest difference {:.3g}\n",
+                check.tokens, check.identical, check.largest_difference);
+          }
           if (options.explain_parallelism) {
             std::cout << "tensor-parallel plan:\n";
             for (const auto& [module, style] : result.parallel_plan)
@@ -1218,6 +1233,9 @@ void add_train_command(CLI::App& app) {
            "with a tp dim: norms and the residual stream on sequence shards");
   command->add_option("--clip-grad-norm", options->clip_grad_norm,
                       "clip gradients to this global L2 norm (default 0: off)");
+  add_flag(*command, "--verify-generator", options->verify_generator,
+           "gpt: after training, generate on 1 rank and score the tokens with this run's "
+           "forward on its layout; print the largest log-probability difference");
   add_flag(*command, "--explain-parallelism", options->explain_parallelism,
            "print the tensor-parallel plan and the collectives of the first step");
   add_flag(*command, "--reshard-after-forward", options->reshard_after_forward,

@@ -15,6 +15,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/generate/generator.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
@@ -219,6 +220,8 @@ class TrainingRun {
   void finish();
   void shard_model();
   std::uint64_t full_digest();
+  std::vector<Tensor> whole_parameters();
+  void verify_generator();
   double clip_gradients();
 
   comm::Communicator& world_;
@@ -336,27 +339,96 @@ void TrainingRun::shard_model() {
     sharded_->fully_shard(*unit, placement_.config);
 }
 
-/// Digest of the whole parameters (nn::parameters_digest of the unsplit model): each parameter
-/// gathered over its fsdp shards, then over its tp blocks. Collective.
-std::uint64_t TrainingRun::full_digest() {
-  if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
-  const std::vector<Tensor> values = sharded_->full_parameters();
+/// The whole value of every parameter (in model_->parameters() order) on every rank: gathered
+/// over its fsdp shards, then over its tp blocks. Collective.
+std::vector<Tensor> TrainingRun::whole_parameters() {
+  std::vector<Tensor> values = sharded_->full_parameters();
+  if (loss_.tp == nullptr) return values;
   const std::vector<nn::Parameter*> parameters = model_->parameters();
-  Digest64 digest;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const nn::Parameter& p = *parameters[i];
     const Shape whole = p.global_shape();
-    Tensor value = values[i];
     for (int d = 0; d < whole.rank(); ++d) {
-      if (whole[d] == value.shape()[d]) continue;
-      value = tp_->redistribute(value, whole, meshtensor::Placement::shard(d),
-                                meshtensor::Placement::replicate(), p.name, "digest", "gather");
+      if (whole[d] == values[i].shape()[d]) continue;
+      values[i] = tp_->redistribute(values[i], whole, meshtensor::Placement::shard(d),
+                                    meshtensor::Placement::replicate(), p.name, "digest", "gather");
       break;
     }
-    digest.update(p.name);
-    digest.update_u64(value.digest());
+  }
+  return values;
+}
+
+/// Digest of the whole parameters (nn::parameters_digest of the unsplit model). Collective.
+std::uint64_t TrainingRun::full_digest() {
+  if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
+  const std::vector<Tensor> values = whole_parameters();
+  const std::vector<nn::Parameter*> parameters = model_->parameters();
+  Digest64 digest;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    digest.update(parameters[i]->name);
+    digest.update_u64(values[i].digest());
   }
   return digest.finish();
+}
+
+/// TrainConfig::verify_generator: every rank builds the whole model and generates from the
+/// first validation windows' openings (one rank's layout), then this run's forward scores the
+/// same sequences on its own layout. Collective.
+void TrainingRun::verify_generator() {
+  const std::vector<Tensor> values = whole_parameters();
+  std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
+  auto* gpt = dynamic_cast<nn::Gpt*>(built.get());
+  const std::vector<nn::Parameter*> whole = gpt->parameters();
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    whole[i]->value.copy_from(values[i]);
+  const bool exact = config_.mode == comm::ReductionMode::exact;
+  gpt->set_exact_sums(exact);
+  const std::int64_t context = gpt->config().context;
+  const std::int64_t opening = std::max<std::int64_t>(1, context / 2);
+  const std::int64_t count = std::min<std::int64_t>(4, task_.eval_samples());
+  const Batch windows = task_.eval_batch(0, count);
+  std::vector<generate::Request> requests;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto row = windows.input.values<std::int64_t>().subspan(
+        static_cast<std::size_t>(r * windows.input.shape()[1]), static_cast<std::size_t>(opening));
+    requests.push_back({{row.begin(), row.end()}, context - opening, {0.8, 0, config_.seed}});
+  }
+  generate::GeneratorOptions options;
+  options.exact_logprobs = exact;
+  const std::vector<generate::Completion> made =
+      generate::Generator(*gpt, options).generate(requests);
+  // The trainer's forward and loss on this run's layout, over prompt + generated tokens.
+  const std::int64_t length = context - 1;
+  Tensor tokens(Shape{count, length}, DType::i64);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(count * length), 0);
+  for (std::int64_t r = 0; r < count; ++r) {
+    std::vector<std::int64_t> sequence = requests[static_cast<std::size_t>(r)].prompt;
+    const auto& generated = made[static_cast<std::size_t>(r)].tokens;
+    sequence.insert(sequence.end(), generated.begin(), generated.end() - 1);
+    std::copy(sequence.begin(), sequence.end(), tokens.values<std::int64_t>().begin() + r * length);
+    for (std::size_t i = 0; i < generated.size(); ++i)
+      labels[static_cast<std::size_t>(r * length + opening - 1) + i] =
+          static_cast<std::int32_t>(generated[i]);
+  }
+  const Tensor logits = sharded_->forward(tokens);
+  const nn::CrossEntropyResult scored =
+      tp::parallel_cross_entropy(logits.reshape(Shape{count * length, logits.shape()[2]}), labels,
+                                 loss_.tp, loss_.classes, loss_.exact_sums);
+  sharded_->reshard();
+  TrainResult::GeneratorCheck& check = result_.generator_check;
+  for (std::int64_t r = 0; r < count; ++r) {
+    const auto& logprobs = made[static_cast<std::size_t>(r)].logprobs;
+    for (std::size_t i = 0; i < logprobs.size(); ++i) {
+      const double trainer =
+          -scored.losses.values<double>()[static_cast<std::size_t>(r * length + opening - 1) + i];
+      ++check.tokens;
+      check.identical +=
+          std::bit_cast<std::uint64_t>(trainer) == std::bit_cast<std::uint64_t>(logprobs[i]) ? 1
+                                                                                             : 0;
+      check.largest_difference =
+          std::max(check.largest_difference, std::abs(trainer - logprobs[i]));
+    }
+  }
 }
 
 /// Scales every gradient shard by clip / norm when the global L2 norm of the gradients exceeds
@@ -599,6 +671,7 @@ void TrainingRun::finish() {
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.digest = full_digest();
+  if (config_.verify_generator && task_.eval_samples() > 0) verify_generator();
   if (task_.eval_samples() > 0) {
     const Batch batch = task_.eval_batch(0, std::min<std::int64_t>(4, task_.eval_samples()));
     const Tensor logits = sharded_->forward(batch.input);
@@ -695,6 +768,10 @@ void validate_config(const TrainConfig& config, const Task& task) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
+  if (config.verify_generator && dynamic_cast<const LanguageModelling*>(&task) == nullptr) {
+    throw InvalidArgument(fmt::format(
+        "--verify-generator checks a GPT's generator; this run trains '{}'", task.architecture()));
+  }
   positive(config.batch, "the batch");
   positive(config.micro_batches, "the number of micro-batches");
   if (config.save_every < 0 || config.stop_after < 0 || config.stop_after_epochs < 0 ||

@@ -79,6 +79,10 @@ struct TrainConfig {
   /// Scales the gradients when their global L2 norm exceeds this (0: no clipping). The norm is
   /// one value over the whole mesh, the same bits on every rank (exact in exact mode).
   double clip_grad_norm = 0.0;
+  /// After training (a GPT): generate from the first validation windows with the generator on
+  /// one rank (the whole model), score the same tokens with this run's forward on its own layout,
+  /// and report the largest log-probability difference (TrainResult::generator_check).
+  bool verify_generator = false;
   std::int64_t replicas = 0;  ///< hsdp: size of the replicate mesh dim (0: 2, or 1 on one rank)
   bool reshard_after_forward = true;
   int prefetch = 1;  ///< groups gathered ahead; 0: none
@@ -169,6 +173,12 @@ struct TrainResult {
   /// Digest of the whole logits of the first evaluation windows (at most 4) after training: the
   /// same bits on any layout in exact mode, tensor-parallel degree included.
   std::uint64_t logits_digest = 0;
+  /// TrainConfig::verify_generator's figures (tokens 0 when not asked for).
+  struct GeneratorCheck {
+    std::int64_t tokens = 0;        ///< tokens generated and scored
+    std::int64_t identical = 0;     ///< of them, with the same log-probability bits
+    double largest_difference = 0;  ///< largest |generator - trainer| log-probability
+  } generator_check;
   /// The global gradient norm of every step, before clipping (with clip_grad_norm).
   std::vector<double> grad_norms;
 };
