@@ -84,6 +84,19 @@ struct OpenBlas {
 
 }  // namespace
 
+nn::MatmulOverride openblas_linear_matmul() {
+  const OpenBlas& blas = OpenBlas::get();
+  blas.set_num_threads(1);
+  return [&blas](const Tensor& x, const Tensor& w, Tensor& y) {
+    const auto rows = static_cast<int>(x.shape()[0]);
+    const auto in = static_cast<int>(x.shape()[1]);
+    const auto out = static_cast<int>(w.shape()[1]);
+    blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f,
+               x.values<float>().data(), in, w.values<float>().data(), out, 1.0f,
+               y.values<float>().data(), out);
+  };
+}
+
 std::vector<MatmulShape> default_matmul_shapes() {
   std::vector<MatmulShape> shapes{{512, 512, 512, "x·W"}};
   for (const std::int64_t rows : {128, 256}) {

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <meshtensor/nn/layers.hpp>
+
 namespace meshtensor::bench {
 
 /// One matmul shape: op(a) is [m, k], op(b) [k, n].
@@ -42,5 +44,9 @@ struct ExactGradientRow {
 /// Times the exact and ordered weight gradients at the default model's shapes; `zero_fraction`
 /// of x is zero, as after a ReLU or on blank pixels.
 std::vector<ExactGradientRow> run_exact_gradient_bench(double zero_fraction, int iterations);
+
+/// OpenBLAS's cblas_sgemm on one thread as Linear's batch-variant matmul (nn::MatmulOverride:
+/// y += x·W), loaded on first use; DataError when OpenBLAS cannot be loaded.
+nn::MatmulOverride openblas_linear_matmul();
 
 }  // namespace meshtensor::bench

@@ -18,6 +18,8 @@ void add_fsdp_bench(CLI::App& bench);
 void add_tp_bench(CLI::App& bench);
 /// Registers `meshtensor checkpoint inspect` and `meshtensor checkpoint verify`.
 void add_checkpoint_command(CLI::App& app);
+/// Registers `meshtensor bench generate`.
+void add_generate_bench(CLI::App& bench);
 /// Registers `meshtensor generate`.
 void add_generate_command(CLI::App& app);
 /// Registers `meshtensor bench checkpoint`.

@@ -102,17 +102,20 @@ void add_elements(kernels::BinnedSums& sums, const Tensor& values, kernels::Star
 }  // namespace
 
 namespace {
-thread_local int batch_variant_scopes = 0;
+thread_local const BatchVariantScope* innermost_batch_variant = nullptr;
 }  // namespace
 
-BatchVariantScope::BatchVariantScope() {
-  ++batch_variant_scopes;
+BatchVariantScope::BatchVariantScope(MatmulOverride matmul)
+    : matmul_(std::move(matmul)), outer_(innermost_batch_variant) {
+  innermost_batch_variant = this;
 }
+
 BatchVariantScope::~BatchVariantScope() {
-  --batch_variant_scopes;
+  innermost_batch_variant = outer_;
 }
-bool BatchVariantScope::active() {
-  return batch_variant_scopes > 0;
+
+const BatchVariantScope* BatchVariantScope::active() {
+  return innermost_batch_variant;
 }
 
 bool Linear::adds_bias() const {
@@ -182,7 +185,10 @@ Tensor Linear::forward(const Tensor& given) {
   } else {
     Tensor output = Tensor::zeros(Shape{rows, out}, DType::f32);
     if (adds_bias()) fill_bias_rows(output);
-    if (BatchVariantScope::active() && rows > 1 && in > 1) {
+    const BatchVariantScope* variant = BatchVariantScope::active();
+    if (variant != nullptr && variant->matmul()) {
+      variant->matmul()(input_, weight_.value, output);
+    } else if (variant != nullptr && rows > 1 && in > 1) {
       // Two half sums added: the bits depend on whether the call had one row or more.
       const std::int64_t half = in / 2;
       Tensor second = Tensor::zeros(Shape{rows, out}, DType::f32);

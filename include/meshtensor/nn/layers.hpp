@@ -1,23 +1,35 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include <meshtensor/nn/module.hpp>
 
 namespace meshtensor::nn {
 
-/// While one lives on a thread, Linear's ordered forward on that thread splits its sum over the
-/// input features in two halves when a call has more than one row: a reduction that depends on
-/// the batch (the kind batch-invariant kernels rule out), for negative controls and for timing
-/// what invariance costs. Scopes nest.
+/// A matmul Linear's ordered forward may use instead of the batch-invariant kernel: y += x·W
+/// (x f32 [rows, in], W f32 [in, out], y f32 [rows, out] holding the bias rows), contiguous.
+using MatmulOverride = std::function<void(const Tensor& x, const Tensor& w, Tensor& y)>;
+
+/// While one lives on a thread, Linear's ordered forward on that thread is batch-variant: it
+/// calls `matmul` when given (e.g. a BLAS sgemm, whose blocking depends on the shapes: the fast
+/// path batch-invariant kernels give up), else splits its sum over the input features in two
+/// halves whenever a call has more than one row (a reduction that depends on the batch). For
+/// negative controls and for timing what invariance costs. Scopes nest; the innermost applies.
 class BatchVariantScope {
  public:
-  BatchVariantScope();
+  explicit BatchVariantScope(MatmulOverride matmul = {});
   ~BatchVariantScope();
   BatchVariantScope(const BatchVariantScope&) = delete;
   BatchVariantScope& operator=(const BatchVariantScope&) = delete;
-  /// Whether a scope lives on this thread.
-  static bool active();
+  /// The innermost scope on this thread, or null.
+  static const BatchVariantScope* active();
+  /// Its matmul (empty: the split halves).
+  const MatmulOverride& matmul() const { return matmul_; }
+
+ private:
+  MatmulOverride matmul_;
+  const BatchVariantScope* outer_;
 };
 
 /// y = x·W + b with W [in, out] and b [out], over the last dim of x ([..., in] -> [..., out]).

@@ -1,0 +1,100 @@
+#include "generate_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/generate/generator.hpp>
+
+#include "matmul_bench.hpp"
+
+namespace meshtensor::bench {
+
+namespace {
+
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+std::vector<generate::Request> requests_for(const nn::GptConfig& config, std::int64_t batch,
+                                            std::int64_t prompt, std::int64_t new_tokens) {
+  std::vector<generate::Request> requests;
+  for (std::int64_t r = 0; r < batch; ++r) {
+    std::vector<std::int64_t> tokens;
+    for (std::int64_t i = 0; i < prompt; ++i)
+      tokens.push_back(uniform_int_sample(static_cast<std::uint64_t>(r) + 1,
+                                          static_cast<std::uint64_t>(i), 0, config.vocabulary - 1));
+    requests.push_back({tokens, new_tokens, {}});
+  }
+  return requests;
+}
+
+/// Seconds of decode steps: a run of `new_tokens` less a run of one token.
+double decode_seconds(nn::Gpt& model, std::int64_t batch, const GenerateBenchOptions& options,
+                      bool exact) {
+  generate::GeneratorOptions generator_options;
+  generator_options.max_batch = batch;
+  generator_options.exact_logprobs = exact;
+  generate::Generator generator(model, generator_options);
+  const auto timed = [&](std::int64_t new_tokens) {
+    const auto requests =
+        requests_for(model.config(), batch, options.prompt_tokens, new_tokens);
+    const auto start = std::chrono::steady_clock::now();
+    generator.generate(requests);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  return std::max(1e-9, timed(options.new_tokens) - timed(1));
+}
+
+/// Whether every request of a batch gets the bits it gets alone.
+bool batch_invariant(nn::Gpt& model, std::int64_t batch, const GenerateBenchOptions& options) {
+  const auto requests =
+      requests_for(model.config(), batch, options.prompt_tokens, options.new_tokens);
+  generate::Generator together(model, {batch, 64, false});
+  const auto batched = together.generate(requests);
+  generate::Generator alone(model, {1, 64, false});
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    const auto single = alone.generate({requests[r]}).front();
+    if (single.tokens != batched[r].tokens || single.logprobs != batched[r].logprobs) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
+                                                 const GenerateBenchOptions& options) {
+  const bool was_exact = model.exact_sums();
+  const nn::MatmulOverride blas = openblas_linear_matmul();
+  std::vector<GenerateBenchRow> rows;
+  for (const std::int64_t batch : options.batches) {
+    std::vector<double> ordered, variant, exact;
+    for (int round = 0; round < options.rounds; ++round) {
+      model.set_exact_sums(false);
+      ordered.push_back(decode_seconds(model, batch, options, false));
+      {
+        const nn::BatchVariantScope fast(blas);
+        variant.push_back(decode_seconds(model, batch, options, false));
+      }
+      model.set_exact_sums(true);
+      exact.push_back(decode_seconds(model, batch, options, true));
+    }
+    model.set_exact_sums(false);
+    const double tokens = static_cast<double>(batch * (options.new_tokens - 1));
+    GenerateBenchRow row;
+    row.batch = batch;
+    row.ordered_tokens_s = tokens / median_of(ordered);
+    row.batch_variant_tokens_s = tokens / median_of(variant);
+    row.exact_tokens_s = tokens / median_of(exact);
+    row.invariance_cost = median_of(ordered) / median_of(variant);
+    row.exact_over_ordered = median_of(exact) / median_of(ordered);
+    row.batch_invariant = batch_invariant(model, batch, options);
+    rows.push_back(row);
+  }
+  model.set_exact_sums(was_exact);
+  return rows;
+}
+
+}  // namespace meshtensor::bench
