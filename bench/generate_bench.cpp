@@ -39,8 +39,7 @@ double decode_seconds(nn::Gpt& model, std::int64_t batch, const GenerateBenchOpt
   generator_options.exact_logprobs = exact;
   generate::Generator generator(model, generator_options);
   const auto timed = [&](std::int64_t new_tokens) {
-    const auto requests =
-        requests_for(model.config(), batch, options.prompt_tokens, new_tokens);
+    const auto requests = requests_for(model.config(), batch, options.prompt_tokens, new_tokens);
     const auto start = std::chrono::steady_clock::now();
     generator.generate(requests);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -48,18 +47,23 @@ double decode_seconds(nn::Gpt& model, std::int64_t batch, const GenerateBenchOpt
   return std::max(1e-9, timed(options.new_tokens) - timed(1));
 }
 
-/// Whether every request of a batch gets the bits it gets alone.
-bool batch_invariant(nn::Gpt& model, std::int64_t batch, const GenerateBenchOptions& options) {
+/// Generates the batch together and each request alone: `row` gets the prompts, the tokens and
+/// whether every request got the same bits both ways.
+void check_batch_invariance(nn::Gpt& model, const GenerateBenchOptions& options,
+                            GenerateBenchRow& row) {
   const auto requests =
-      requests_for(model.config(), batch, options.prompt_tokens, options.new_tokens);
-  generate::Generator together(model, {batch, 64, false});
+      requests_for(model.config(), row.batch, options.prompt_tokens, options.new_tokens);
+  generate::Generator together(model, {row.batch, 64, false});
   const auto batched = together.generate(requests);
   generate::Generator alone(model, {1, 64, false});
+  row.batch_invariant = true;
   for (std::size_t r = 0; r < requests.size(); ++r) {
     const auto single = alone.generate({requests[r]}).front();
-    if (single.tokens != batched[r].tokens || single.logprobs != batched[r].logprobs) return false;
+    row.batch_invariant = row.batch_invariant && single.tokens == batched[r].tokens &&
+                          single.logprobs == batched[r].logprobs;
+    row.prompts.push_back(requests[r].prompt);
+    row.tokens.push_back(batched[r].tokens);
   }
-  return true;
 }
 
 }  // namespace
@@ -90,7 +94,7 @@ std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
     row.exact_tokens_s = tokens / median_of(exact);
     row.invariance_cost = median_of(ordered) / median_of(variant);
     row.exact_over_ordered = median_of(exact) / median_of(ordered);
-    row.batch_invariant = batch_invariant(model, batch, options);
+    check_batch_invariance(model, options, row);
     rows.push_back(row);
   }
   model.set_exact_sums(was_exact);

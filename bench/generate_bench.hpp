@@ -27,6 +27,8 @@ struct GenerateBenchRow {
   double invariance_cost = 0;         ///< invariant decode time / batch-variant decode time
   double exact_over_ordered = 0;      ///< exact decode time / ordered decode time
   bool batch_invariant = false;       ///< every request's tokens and log-prob bits equal alone
+  std::vector<std::vector<std::int64_t>> prompts;  ///< the requests' prompts
+  std::vector<std::vector<std::int64_t>> tokens;   ///< what they generated (ordered, greedy)
 };
 
 /// Times `model`'s generator (greedy, one slot per request) for each batch size. The model's

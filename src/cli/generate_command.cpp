@@ -165,7 +165,9 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
                      {"exact_tokens_s", r.exact_tokens_s},
                      {"invariance_cost", r.invariance_cost},
                      {"exact_over_ordered", r.exact_over_ordered},
-                     {"batch_invariant", r.batch_invariant}});
+                     {"batch_invariant", r.batch_invariant},
+                     {"prompts", r.prompts},
+                     {"tokens", r.tokens}});
     }
     std::cout << nlohmann::json{{"model", nn::gpt_config_text(config)},
                                 {"prompt_tokens", options.prompt_tokens},
