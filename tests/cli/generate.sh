@@ -3,7 +3,7 @@
 #   batch   a checkpoint trained on dp x fsdp x tp 2x2x2 in exact mode: a prompt's tokens and
 #           log-probability bits are the same alone and among other prompts, at any chunk size
 #   layouts the same checkpoint generates the same tokens and log-probability bits on 1 rank
-#           and on tensor-parallel 2 and 4 (and on 2 mpi processes when an mpirun command
+#           and on tensor-parallel 2 and 4 (3 for a 6-head model) (and on 2 mpi processes when an mpirun command
 #           follows the case), a batch of prompts at once
 #   errors  bad input exits 2 naming the value, and prints no completion
 set -euo pipefail
@@ -45,6 +45,15 @@ layouts)
     fi
     echo "ok: $layout"
   done
+  # Three-way tensor parallelism where the heads allow it.
+  "$bin" train --mode exact --model gpt:layers=1,heads=6,dim=24,context=16 --batch 6 --steps 2 \
+    --mesh 2x3 --names fsdp,tp --sequence-parallel --eval-every 0 --save "$dir/six" >/dev/null
+  six=(generate --checkpoint "$dir/six" --mode exact --max-new-tokens 6 --json --prompts "$dir/prompts")
+  if [ "$("$bin" "${six[@]}" --ranks 3)" != "$("$bin" "${six[@]}")" ]; then
+    echo "FAILED: 6 heads: tp 3 differs from 1 rank"
+    exit 1
+  fi
+  echo "ok: 6 heads, tp 3"
   if [ $# -gt 2 ]; then
     shift 2
     other=$("$@" -np 2 "$bin" "${gen[@]}" --prompts "$dir/prompts" --backend mpi --ranks 2)
