@@ -190,7 +190,13 @@ void BinnedGradients::add_sample_outer_products(const Parameter& p, const Tensor
   const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{1} << 22) / (m * n), 1, 32);
   const Tensor xs = x.contiguous();
   const Tensor dys = dy.contiguous();
-  Tensor products = Tensor::uninitialized(Shape{std::min(group, samples), m * n}, DType::f32);
+  // One buffer per thread, kept between calls: a fresh one of megabytes would fault its pages in
+  // every step, and one per sink would hold as many as there are parameter groups.
+  thread_local Tensor buffer;
+  const std::int64_t held = std::min(group, samples);
+  if (!buffer.defined() || buffer.numel() < held * m * n)
+    buffer = Tensor::uninitialized(Shape{held * m * n}, DType::f32);
+  const Tensor products = buffer.narrow(0, 0, held * m * n).reshape(Shape{held, m * n});
   for (std::int64_t first = 0; first < samples; first += group) {
     const std::int64_t count = std::min(group, samples - first);
     for (std::int64_t s = 0; s < count; ++s) {

@@ -308,21 +308,23 @@ LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) 
   bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32), {}};
 }
 
-Tensor LayerNorm::forward(const Tensor& input) {
-  const std::int64_t n = weight_.value.numel();
-  check_input(input, n, describe());
-  const std::int64_t rows = input.numel() / n;
-  const Tensor x = input.contiguous().reshape(Shape{rows, n});
-  normalized_ = Tensor::uninitialized(x.shape(), DType::f32);
-  inverse_std_.assign(static_cast<std::size_t>(rows), 0.0);
+Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta, double epsilon,
+                       Tensor* normalized, std::vector<double>* inverse_std) {
+  const std::int64_t rows = x.shape()[0];
+  const std::int64_t n = x.shape()[1];
   Tensor output = Tensor::uninitialized(x.shape(), DType::f32);
-  const auto in = x.values<float>();
-  auto xhat = normalized_.values<float>();
-  auto y = output.values<float>();
-  const auto gamma = weight_.value.values<float>();
-  const auto beta = bias_.value.values<float>();
+  if (normalized != nullptr) *normalized = Tensor::uninitialized(x.shape(), DType::f32);
+  if (inverse_std != nullptr) inverse_std->assign(static_cast<std::size_t>(rows), 0.0);
+  const Tensor dense = x.contiguous();
+  const float* in = dense.values<float>().data();
+  float* y = output.values<float>().data();
+  float* xhat = normalized != nullptr ? normalized->values<float>().data() : nullptr;
+  const Tensor g = gamma.contiguous();
+  const Tensor b = beta.contiguous();
+  const auto scale = g.values<float>();
+  const auto shift = b.values<float>();
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = in.data() + r * n;
+    const float* row = in + r * n;
     double mean = 0.0;
     for (std::int64_t j = 0; j < n; ++j)
       mean += row[j];
@@ -331,15 +333,24 @@ Tensor LayerNorm::forward(const Tensor& input) {
     for (std::int64_t j = 0; j < n; ++j)
       variance += (row[j] - mean) * (row[j] - mean);
     variance /= static_cast<double>(n);
-    const double inverse = 1.0 / std::sqrt(variance + epsilon_);
-    inverse_std_[static_cast<std::size_t>(r)] = inverse;
+    const double inverse = 1.0 / std::sqrt(variance + epsilon);
+    if (inverse_std != nullptr) (*inverse_std)[static_cast<std::size_t>(r)] = inverse;
     for (std::int64_t j = 0; j < n; ++j) {
-      const float normalized = static_cast<float>((row[j] - mean) * inverse);
-      xhat[r * n + j] = normalized;
-      y[r * n + j] = normalized * gamma[j] + beta[j];
+      const auto value = static_cast<float>((row[j] - mean) * inverse);
+      if (xhat != nullptr) xhat[r * n + j] = value;
+      y[r * n + j] =
+          value * scale[static_cast<std::size_t>(j)] + shift[static_cast<std::size_t>(j)];
     }
   }
-  return output.reshape(input.shape());
+  return output;
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  const std::int64_t n = weight_.value.numel();
+  check_input(input, n, describe());
+  const Tensor x = input.contiguous().reshape(Shape{input.numel() / n, n});
+  return layer_norm_rows(x, weight_.value, bias_.value, epsilon_, &normalized_, &inverse_std_)
+      .reshape(input.shape());
 }
 
 Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {

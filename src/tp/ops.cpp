@@ -6,13 +6,14 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/comm_debug.hpp>
-#include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/ops.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::tp {
 
@@ -127,30 +128,8 @@ Tensor local_add(const Placed& p) {
 }
 
 Tensor local_layer_norm(const Placed& p, double epsilon) {
-  const Tensor x = as_rows(p.local(0));
-  const auto w = p.local(1).contiguous().values<float>();
-  const auto b = p.local(2).contiguous().values<float>();
-  Tensor y = Tensor::uninitialized(x.shape(), DType::f32);
-  const std::int64_t cols = x.shape()[1];
-  const float* xv = x.values<float>().data();
-  float* yv = y.values<float>().data();
-  for (std::int64_t r = 0; r < x.shape()[0]; ++r) {
-    const float* row = xv + r * cols;
-    double mean = 0;
-    for (std::int64_t c = 0; c < cols; ++c)
-      mean += row[c];
-    mean /= static_cast<double>(cols);
-    double variance = 0;
-    for (std::int64_t c = 0; c < cols; ++c)
-      variance += (row[c] - mean) * (row[c] - mean);
-    const double inverse_std = 1.0 / std::sqrt(variance / static_cast<double>(cols) + epsilon);
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const auto normalized = static_cast<float>((row[c] - mean) * inverse_std);
-      yv[r * cols + c] =
-          normalized * w[static_cast<std::size_t>(c)] + b[static_cast<std::size_t>(c)];
-    }
-  }
-  return y.reshape(p.local(0).shape());
+  return nn::layer_norm_rows(as_rows(p.local(0)), p.local(1), p.local(2), epsilon)
+      .reshape(p.local(0).shape());
 }
 
 Tensor local_softmax(const Placed& p) {
@@ -240,24 +219,14 @@ class MeshClassSplit : public nn::ClassSplit {
   std::int64_t first_class() const override { return first_; }
   std::int64_t classes() const override { return classes_; }
   void all_reduce(std::span<double> values, ReduceOp op) override {
-    Tensor buffer =
-        Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())}, DType::f64);
-    std::copy(values.begin(), values.end(), buffer.values<double>().begin());
-    comm::CollectiveOptions collective;
-    collective.op = op;
-    collective.mode = op == ReduceOp::sum ? options_.mode : comm::ReductionMode::ordered;
-    collective.timeout = options_.timeout;
-    collective.label = "cross_entropy vocabulary";
-    group_->all_reduce(buffer, collective);
-    std::copy(buffer.values<double>().begin(), buffer.values<double>().end(), values.begin());
-    record(fmt::format("vocabulary {}", reduce_op_name(op)), buffer.nbytes());
+    all_reduce_values(*group_, values, op, options_.mode, "cross_entropy vocabulary",
+                      options_.timeout);
+    record(fmt::format("vocabulary {}", reduce_op_name(op)), values.size() * sizeof(double));
   }
   void all_reduce_exact(kernels::BinnedSums& sums, std::span<double> rounded) override {
     // Merging the bins (not the per-rank rounded sums) rounds once, whatever the class split.
-    Tensor buffer = Tensor::uninitialized(Shape{sums.count()}, DType::f64);
-    fsdp::reduce_binned_sums(*group_, sums, 1, buffer, "cross_entropy exponential sums");
-    std::copy(buffer.values<double>().begin(), buffer.values<double>().end(), rounded.begin());
-    record("vocabulary exact sums", buffer.nbytes() * 4);
+    all_reduce_binned_values(*group_, sums, rounded, "cross_entropy exponential sums");
+    record("vocabulary exact sums", rounded.size() * sizeof(double) * 4);
   }
 
  private:

@@ -144,28 +144,40 @@ Tensor TensorParallel::complete_exact(kernels::BinnedSums& sums, const Shape& sh
   return out;
 }
 
-void TensorParallel::all_reduce(std::span<double> values, ReduceOp op, const std::string& module,
-                                const std::string& what) {
+void all_reduce_values(comm::Communicator& group, std::span<double> values, ReduceOp op,
+                       comm::ReductionMode mode, const std::string& label,
+                       std::chrono::milliseconds timeout) {
   Tensor buffer =
       Tensor::uninitialized(Shape{static_cast<std::int64_t>(values.size())}, DType::f64);
   std::copy(values.begin(), values.end(), buffer.values<double>().begin());
   comm::CollectiveOptions options;
   options.op = op;
-  options.mode = op == ReduceOp::sum ? mode_ : comm::ReductionMode::ordered;
-  options.label = module + " " + what;
-  group_->all_reduce(buffer, options);
+  options.mode = op == ReduceOp::sum ? mode : comm::ReductionMode::ordered;
+  options.timeout = timeout;
+  options.label = label;
+  group.all_reduce(buffer, options);
   const auto out = buffer.values<double>();
   std::copy(out.begin(), out.end(), values.begin());
+}
+
+void all_reduce_binned_values(comm::Communicator& group, kernels::BinnedSums& sums,
+                              std::span<double> rounded, const std::string& label) {
+  Tensor out = Tensor::uninitialized(Shape{sums.count()}, DType::f64);
+  fsdp::reduce_binned_sums(group, sums, 1, out, label);
+  const auto values = out.values<double>();
+  std::copy(values.begin(), values.end(), rounded.begin());
+}
+
+void TensorParallel::all_reduce(std::span<double> values, ReduceOp op, const std::string& module,
+                                const std::string& what) {
+  all_reduce_values(*group_, values, op, mode_, module + " " + what);
   note({module, "forward", what, "all_reduce",
         static_cast<std::int64_t>(values.size() * sizeof(double))});
 }
 
 void TensorParallel::all_reduce_exact(kernels::BinnedSums& sums, std::span<double> rounded,
                                       const std::string& module, const std::string& what) {
-  Tensor out = Tensor::uninitialized(Shape{sums.count()}, DType::f64);
-  fsdp::reduce_binned_sums(*group_, sums, 1, out, module + " " + what);
-  const auto values = out.values<double>();
-  std::copy(values.begin(), values.end(), rounded.begin());
+  all_reduce_binned_values(*group_, sums, rounded, module + " " + what);
   note({module, "forward", what, "all_reduce", sums.count() * kBinnedElementBytes});
 }
 

@@ -222,6 +222,8 @@ class TrainingRun {
   std::uint64_t full_digest();
   std::vector<Tensor> whole_parameters();
   void verify_generator();
+  std::vector<generate::Completion> generate_on_one_rank(
+      const std::vector<generate::Request>& requests);
   double clip_gradients();
 
   comm::Communicator& world_;
@@ -371,63 +373,79 @@ std::uint64_t TrainingRun::full_digest() {
   return digest.finish();
 }
 
-/// TrainConfig::verify_generator: every rank builds the whole model and generates from the
-/// first validation windows' openings (one rank's layout), then this run's forward scores the
-/// same sequences on its own layout. Collective.
-void TrainingRun::verify_generator() {
-  const std::vector<Tensor> values = whole_parameters();
-  std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
-  auto* gpt = dynamic_cast<nn::Gpt*>(built.get());
-  const std::vector<nn::Parameter*> whole = gpt->parameters();
-  for (std::size_t i = 0; i < whole.size(); ++i)
-    whole[i]->value.copy_from(values[i]);
-  const bool exact = config_.mode == comm::ReductionMode::exact;
-  gpt->set_exact_sums(exact);
-  const std::int64_t context = gpt->config().context;
+/// The openings (half the context) of the first validation windows, each continued to the
+/// context's end with the run's seed: TrainConfig::verify_generator's requests.
+std::vector<generate::Request> opening_requests(const Task& task, std::int64_t context,
+                                                std::uint64_t seed) {
   const std::int64_t opening = std::max<std::int64_t>(1, context / 2);
-  const std::int64_t count = std::min<std::int64_t>(4, task_.eval_samples());
-  const Batch windows = task_.eval_batch(0, count);
+  const std::int64_t count = std::min<std::int64_t>(4, task.eval_samples());
+  const Batch windows = task.eval_batch(0, count);
   std::vector<generate::Request> requests;
   for (std::int64_t r = 0; r < count; ++r) {
     const auto row = windows.input.values<std::int64_t>().subspan(
         static_cast<std::size_t>(r * windows.input.shape()[1]), static_cast<std::size_t>(opening));
-    requests.push_back({{row.begin(), row.end()}, context - opening, {0.8, 0, config_.seed}});
+    requests.push_back({{row.begin(), row.end()}, context - opening, {0.8, 0, seed}});
   }
+  return requests;
+}
+
+/// The completions of `requests` by the generator over the whole model, built on this rank alone
+/// (a one-rank layout) from the run's parameters. Collective (the gathers).
+std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
+    const std::vector<generate::Request>& requests) {
+  const std::vector<Tensor> values = whole_parameters();
+  std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
+  auto& gpt = dynamic_cast<nn::Gpt&>(*built);
+  const std::vector<nn::Parameter*> whole = gpt.parameters();
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    whole[i]->value.copy_from(values[i]);
+  const bool exact = config_.mode == comm::ReductionMode::exact;
+  gpt.set_exact_sums(exact);
   generate::GeneratorOptions options;
   options.exact_logprobs = exact;
-  const std::vector<generate::Completion> made =
-      generate::Generator(*gpt, options).generate(requests);
-  // The trainer's forward and loss on this run's layout, over prompt + generated tokens.
-  const std::int64_t length = context - 1;
+  return generate::Generator(gpt, options).generate(requests);
+}
+
+/// TrainConfig::verify_generator: the generator on one rank continues the first validation
+/// windows' openings, then this run's forward and loss on its own layout score the same tokens.
+/// Collective.
+void TrainingRun::verify_generator() {
+  const std::int64_t context = dynamic_cast<nn::Gpt&>(*model_).config().context;
+  const std::vector<generate::Request> requests = opening_requests(task_, context, config_.seed);
+  const std::vector<generate::Completion> made = generate_on_one_rank(requests);
+  const auto count = static_cast<std::int64_t>(requests.size());
+  const std::int64_t length = context - 1;  // prompt + every generated token but the last
   Tensor tokens(Shape{count, length}, DType::i64);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(count * length), 0);
+  std::vector<std::size_t> scored_rows;  // the rows whose label is a generated token
   for (std::int64_t r = 0; r < count; ++r) {
     std::vector<std::int64_t> sequence = requests[static_cast<std::size_t>(r)].prompt;
+    const std::size_t first = static_cast<std::size_t>(r * length) + sequence.size() - 1;
     const auto& generated = made[static_cast<std::size_t>(r)].tokens;
     sequence.insert(sequence.end(), generated.begin(), generated.end() - 1);
     std::copy(sequence.begin(), sequence.end(), tokens.values<std::int64_t>().begin() + r * length);
-    for (std::size_t i = 0; i < generated.size(); ++i)
-      labels[static_cast<std::size_t>(r * length + opening - 1) + i] =
-          static_cast<std::int32_t>(generated[i]);
+    for (std::size_t i = 0; i < generated.size(); ++i) {
+      labels[first + i] = static_cast<std::int32_t>(generated[i]);
+      scored_rows.push_back(first + i);
+    }
   }
   const Tensor logits = sharded_->forward(tokens);
   const nn::CrossEntropyResult scored =
       tp::parallel_cross_entropy(logits.reshape(Shape{count * length, logits.shape()[2]}), labels,
                                  loss_.tp, loss_.classes, loss_.exact_sums);
   sharded_->reshard();
+  std::vector<double> generated_logprobs;
+  for (const generate::Completion& c : made)
+    generated_logprobs.insert(generated_logprobs.end(), c.logprobs.begin(), c.logprobs.end());
   TrainResult::GeneratorCheck& check = result_.generator_check;
-  for (std::int64_t r = 0; r < count; ++r) {
-    const auto& logprobs = made[static_cast<std::size_t>(r)].logprobs;
-    for (std::size_t i = 0; i < logprobs.size(); ++i) {
-      const double trainer =
-          -scored.losses.values<double>()[static_cast<std::size_t>(r * length + opening - 1) + i];
-      ++check.tokens;
-      check.identical +=
-          std::bit_cast<std::uint64_t>(trainer) == std::bit_cast<std::uint64_t>(logprobs[i]) ? 1
-                                                                                             : 0;
-      check.largest_difference =
-          std::max(check.largest_difference, std::abs(trainer - logprobs[i]));
-    }
+  for (std::size_t i = 0; i < scored_rows.size(); ++i) {
+    const double trainer = -scored.losses.values<double>()[scored_rows[i]];
+    ++check.tokens;
+    if (std::bit_cast<std::uint64_t>(trainer) ==
+        std::bit_cast<std::uint64_t>(generated_logprobs[i]))
+      ++check.identical;
+    check.largest_difference =
+        std::max(check.largest_difference, std::abs(trainer - generated_logprobs[i]));
   }
 }
 

@@ -106,6 +106,13 @@ class GELU : public Module {
   Tensor input_;
 };
 
+/// Layer normalisation of each row of `x` (f32 [rows, n]): (x - mean) / sqrt(variance + epsilon),
+/// the row statistics in f64 in a fixed order, then · gamma + beta (f32 [n] each). Also writes x̂
+/// into `normalized` ([rows, n]) and each row's inverse standard deviation into `inverse_std`
+/// when given (what backward needs).
+Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta, double epsilon,
+                       Tensor* normalized = nullptr, std::vector<double>* inverse_std = nullptr);
+
 /// Per-row normalisation over the features (the last dim), then a learned scale (weight, ones) and
 /// shift (bias, zeros). Row statistics are computed in f64 in a fixed order.
 class LayerNorm : public Module {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -117,6 +118,17 @@ class TensorParallel {
   std::int64_t sequence_length_ = 0;
   std::vector<std::shared_ptr<void>> kept_;
 };
+
+/// Sums (in `mode`), maxima or minima of `values` over `group`, in place (an f64 all-reduce;
+/// maxima and minima are ordered whatever `mode`). `label` names the call.
+void all_reduce_values(comm::Communicator& group, std::span<double> values, ReduceOp op,
+                       comm::ReductionMode mode, const std::string& label,
+                       std::chrono::milliseconds timeout = comm::default_timeout());
+
+/// The exact sums `sums` hold over `group`, merged as binned sums and rounded once into
+/// `rounded` (the same bits for any split of the addends over the ranks).
+void all_reduce_binned_values(comm::Communicator& group, kernels::BinnedSums& sums,
+                              std::span<double> rounded, const std::string& label);
 
 /// The classes of logits split over a tensor-parallel group (loss_parallel): this rank holds
 /// chunk rank() of `classes`.
