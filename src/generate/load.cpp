@@ -41,6 +41,8 @@ nn::GptConfig parse_architecture(const std::string& text) {
   config.dim = number("dim");
   config.context = number("context");
   config.vocabulary = number("vocabulary");
+  if (config.vocabulary > 256)
+    throw bad(fmt::format("vocabulary {} is more than the 256 byte tokens", config.vocabulary));
   // The command line's ranges and checks, through its parser.
   try {
     const std::int64_t vocabulary = config.vocabulary;

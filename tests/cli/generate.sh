@@ -87,6 +87,17 @@ errors)
   expect "no checkpoint at" "${gen[@]/$dir\/ckpt/$dir/none}" --prompt "a"
   "$bin" train --model mlp:8 --steps 1 --save "$dir/mlp" >/dev/null
   expect "is not a byte-level GPT" generate --checkpoint "$dir/mlp" --prompt "a"
+  cp -r "$dir/ckpt" "$dir/damaged"
+  index=$(ls "$dir"/damaged/step-*/index.json | tail -1)
+  python3 - "$index" <<'PY'
+import json, sys
+index = json.load(open(sys.argv[1]))
+index["metadata"]["architecture"] = "gpt layers=2 heads=4 dim=32 context=24 vocabulary=99999999999 tokenizer=bytes"
+json.dump(index, open(sys.argv[1], "w"))
+PY
+  expect "vocabulary 99999999999 is more than the 256 byte tokens" generate --checkpoint "$dir/damaged" --prompt a
+  echo '{"version": [[[[[[[[' >"$index"
+  expect "is not a checkpoint index" generate --checkpoint "$dir/damaged" --prompt a
   expect "tensor-parallel degree 3 does not divide the model's 4 heads" "${gen[@]}" --prompt "a" \
     --ranks 3
   expect "--names must be tp, got 'dp'" "${gen[@]}" --prompt "a" --mesh 2 --names dp
