@@ -167,11 +167,7 @@ comm::CollectiveOptions collective_options(const std::string& op, const std::str
   comm::CollectiveOptions options;
   options.op = parse_reduce_op(op);
   options.mode = mode_from(mode);
-  if (timeout) {
-    if (!(*timeout > 0))
-      throw InvalidArgument(fmt::format("timeout must be positive, got {}", *timeout));
-    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*timeout * 1000.0 + 0.5));
-  }
+  if (timeout) options.timeout = comm::timeout_from_seconds(*timeout, "timeout");
   options.label = label;
   return options;
 }

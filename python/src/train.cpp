@@ -172,6 +172,11 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
     return std::make_unique<train::LanguageModelling>(data.cast<const PyText&>().corpus,
                                                       nn::parse_gpt_config(model));
   }
+  if (kwargs.contains("model") && kwargs.contains("hidden")) {
+    throw InvalidArgument(
+        fmt::format("train: model='{}' and hidden={} both give the hidden layers; give one of them",
+                    model, py::str(kwargs["hidden"]).cast<std::string>()));
+  }
   if (kwargs.contains("model")) mlp.hidden = nn::parse_mlp_hidden(model);
   return std::make_unique<train::ImageClassification>(*data.cast<const PyDataset&>().data, mlp);
 }
@@ -789,6 +794,9 @@ void bind_data(py::module_& module) {
                   "(context at least 1)",
                   context, epoch, first, count));
             }
+            // The tokens, the targets and the int64 array handed out: three copies.
+            require_memory(3.0 * 8.0 * static_cast<double>(count) * static_cast<double>(context),
+                           fmt::format("windows: {} windows of {} tokens", count, context));
             nn::GptConfig model;
             model.context = context;
             const train::Batch batch =

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -27,7 +28,9 @@ namespace {
 using nlohmann::json;
 
 constexpr char kFormat[] = "meshtensor.checkpoint";
-constexpr int kVersion = 1;
+// Version 2 covers the metadata with a checksum; version 1 indexes (no such checksum) are read.
+constexpr int kVersion = 2;
+constexpr int kOldestVersion = 1;
 constexpr char kTemporaryPrefix[] = ".tmp-";
 constexpr char kStepPrefix[] = "step-";
 // LATEST holds one directory name.
@@ -456,6 +459,57 @@ void prune(const std::string& root, int keep, const std::string& latest) {
     if (found[i].second != latest) io::remove_all(join_path(root, found[i].second));
 }
 
+/// True for a name temporary_name() makes: ".tmp-step-" then at least 8 digits, "-", the
+/// process id in digits, "-" and 8 lowercase hex digits.
+bool is_temporary_name(const std::string& name) {
+  const std::string prefix = std::string(kTemporaryPrefix) + kStepPrefix;
+  if (name.rfind(prefix, 0) != 0) return false;
+  const auto digits = [](std::string_view part, std::string_view allowed) {
+    return !part.empty() && part.find_first_not_of(allowed) == std::string_view::npos;
+  };
+  const std::string_view rest = std::string_view(name).substr(prefix.size());
+  const std::size_t first = rest.find('-');
+  const std::size_t second = first == std::string_view::npos ? first : rest.find('-', first + 1);
+  if (second == std::string_view::npos) return false;
+  const std::string_view step = rest.substr(0, first);
+  const std::string_view pid = rest.substr(first + 1, second - first - 1);
+  const std::string_view tag = rest.substr(second + 1);
+  return step.size() >= 8 && digits(step, "0123456789") && digits(pid, "0123456789") &&
+         tag.size() == 8 && digits(tag, "0123456789abcdef");
+}
+
+/// True for a file name a save writes into a checkpoint directory: index.json or a rank file.
+bool is_checkpoint_file_name(const std::string& name) {
+  if (name == kIndexFile) return true;
+  int rank = 0;
+  char tail = 0;
+  return name.size() == rank_file_name(0).size() &&
+         std::sscanf(name.c_str(), "rank-%5d.safetensor%c", &rank, &tail) == 2 && tail == 's' &&
+         rank_file_name(rank) == name;
+}
+
+/// True when `path` is the leftover of an interrupted save: a directory (not a link) holding only
+/// regular files that a save writes.
+bool is_leftover_of_a_save(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(std::filesystem::symlink_status(path, error))) return false;
+  for (const auto& entry : std::filesystem::directory_iterator(path, error)) {
+    if (entry.is_symlink() || !entry.is_regular_file() ||
+        !is_checkpoint_file_name(entry.path().filename().string()))
+      return false;
+  }
+  return !error;
+}
+
+/// Removes the leftovers of interrupted saves from `root`: only what is_temporary_name() and
+/// is_leftover_of_a_save() recognise; anything else is left to its owner.
+void remove_leftover_temporaries(const std::string& root) {
+  for (const std::string& name : io::list_directory(root)) {
+    const std::string path = join_path(root, name);
+    if (is_temporary_name(name) && is_leftover_of_a_save(path)) io::remove_all(path);
+  }
+}
+
 std::string temporary_name(std::int64_t step) {
   std::random_device entropy;
   return fmt::format("{}{}{:08d}-{}-{:08x}", kTemporaryPrefix, kStepPrefix, step, ::getpid(),
@@ -473,6 +527,17 @@ const StoredTensor* Index::find(const std::string& name) const {
       std::lower_bound(tensors.begin(), tensors.end(), name,
                        [](const StoredTensor& t, const std::string& n) { return t.name < n; });
   return it != tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+std::uint64_t metadata_checksum(const std::map<std::string, std::string>& metadata) {
+  std::string text;
+  for (const auto& [key, value] : metadata) {
+    text += key;
+    text += '\0';
+    text += value;
+    text += '\0';
+  }
+  return block_checksum(std::as_bytes(std::span<const char>(text)));
 }
 
 std::string Index::to_json() const {
@@ -493,11 +558,30 @@ std::string Index::to_json() const {
   json file_map = json::object();
   for (const auto& [name, bytes] : files)
     file_map[name] = {{"bytes", bytes}};
-  const json index = {{"format", kFormat},        {"version", kVersion},  {"step", step},
-                      {"world_size", world_size}, {"metadata", metadata}, {"files", file_map},
-                      {"tensors", tensor_map}};
+  const json index = {
+      {"format", kFormat},     {"version", kVersion},
+      {"step", step},          {"world_size", world_size},
+      {"metadata", metadata},  {"files", file_map},
+      {"tensors", tensor_map}, {"metadata_checksum", digest_hex(metadata_checksum(metadata))}};
   return index.dump(1) + "\n";
 }
+
+namespace {
+
+/// DataError unless the index's "metadata_checksum" is the checksum of `metadata`.
+void check_metadata_checksum(const json& index, const std::map<std::string, std::string>& metadata,
+                             const std::string& what) {
+  const std::string recorded = string_field(index, "metadata_checksum", what);
+  const std::string computed = digest_hex(metadata_checksum(metadata));
+  if (recorded != computed) {
+    throw DataError(fmt::format(
+        "{}: the metadata does not match its checksum (the index records {}, the metadata reads "
+        "as {}): it was edited or damaged",
+        what, json_excerpt(index["metadata_checksum"]), computed));
+  }
+}
+
+}  // namespace
 
 Index parse_index(const std::string& text, const std::string& file) {
   const json index = parse_untrusted_json(text, file);
@@ -507,9 +591,10 @@ Index parse_index(const std::string& text, const std::string& file) {
   if (!index.contains("format") || index["format"] != kFormat)
     throw DataError(
         fmt::format("{} is not a checkpoint index: 'format' is not '{}'", file, kFormat));
-  if (integer_field(index, "version", what) != kVersion) {
-    throw DataError(fmt::format("{}: version {} is not the {} this build reads", what,
-                                json_excerpt(index["version"]), kVersion));
+  const std::int64_t version = integer_field(index, "version", what);
+  if (version < kOldestVersion || version > kVersion) {
+    throw DataError(fmt::format("{}: version {} is not one this build reads ({} to {})", what,
+                                json_excerpt(index["version"]), kOldestVersion, kVersion));
   }
   Index result;
   result.step = integer_field(index, "step", what);
@@ -521,6 +606,7 @@ Index parse_index(const std::string& text, const std::string& file) {
       throw DataError(fmt::format("{}: metadata '{}' is not a string", what, key));
     result.metadata[key] = value.get<std::string>();
   }
+  if (version >= 2) check_metadata_checksum(index, result.metadata, what);
   const json& files = field(index, "files", what);
   if (!files.is_object()) throw DataError(fmt::format("{}: 'files' is not an object", what));
   for (const auto& [name, entry] : files.items()) {
@@ -631,6 +717,44 @@ void check_save_agrees(comm::Communicator& world, const std::string& root, std::
 
 }  // namespace
 
+void check_save_root(const std::string& root) {
+  if (root.empty()) throw InvalidArgument("a checkpoint root must not be an empty path");
+  std::error_code error;
+  const auto status = std::filesystem::status(root, error);
+  if (!std::filesystem::exists(status)) return;  // created by the save
+  if (!std::filesystem::is_directory(status)) {
+    throw InvalidArgument(
+        fmt::format("checkpoint root {} exists and is not a directory; give a new or empty "
+                    "directory, or one that holds checkpoints",
+                    root));
+  }
+  const std::string index = join_path(root, kIndexFile);
+  if (std::filesystem::exists(std::filesystem::symlink_status(index, error))) {
+    throw InvalidArgument(fmt::format(
+        "{} is in the way: a checkpoint root holds {} and step-NNNNNNNN directories, and an {} "
+        "there would hide them from a resume; give another root (the directory above a "
+        "checkpoint, or a new one)",
+        index, kLatestFile, kIndexFile));
+  }
+  const std::string latest = join_path(root, kLatestFile);
+  if (!std::filesystem::exists(std::filesystem::symlink_status(latest, error))) return;
+  std::string name;
+  if (io::is_regular_file(latest)) {
+    try {
+      name = io::read_text(latest, kMaxLatestBytes);
+    } catch (const DataError&) {
+      name.clear();
+    }
+  }
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  if (!step_of_directory_name(name)) {
+    throw InvalidArgument(fmt::format(
+        "{} is not a pointer a save wrote (one line naming a step-NNNNNNNN directory), and a "
+        "save would replace it; move it away or give another root",
+        latest));
+  }
+}
+
 std::string save(comm::Communicator& world, const std::string& root, std::int64_t step,
                  std::span<const SaveItem> items, const SaveOptions& options) {
   const int rank = world.rank();
@@ -641,9 +765,9 @@ std::string save(comm::Communicator& world, const std::string& root, std::int64_
   std::string temporary;
   if (rank == 0) {
     try {
+      check_save_root(root);
       io::make_directories(root);
-      for (const std::string& name : io::list_directory(root))
-        if (name.rfind(kTemporaryPrefix, 0) == 0) io::remove_all(join_path(root, name));
+      remove_leftover_temporaries(root);
       temporary = join_path(root, temporary_name(step));
       io::make_directories(temporary);
     } catch (...) {

@@ -27,8 +27,19 @@ std::string parent_of(const std::string& path) {
 
 }  // namespace
 
+std::string describe_file_type(unsigned mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return S_ISREG(mode) ? "a regular file" : "a special file";
+}
+
 File File::open_read(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so that a FIFO in a file's place is refused below instead of blocking here.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail("cannot open", path, errno);
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
@@ -38,10 +49,10 @@ File File::open_read(const std::string& path) {
   }
   if (!S_ISREG(info.st_mode)) {
     ::close(fd);
-    throw DataError(
-        fmt::format("cannot read {}: {}", path,
-                    S_ISDIR(info.st_mode) ? "it is a directory" : "it is not a regular file"));
+    throw DataError(fmt::format("cannot read {}: it is {}, not a regular file", path,
+                                describe_file_type(info.st_mode)));
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return File(fd, path);
 }
 
@@ -126,14 +137,29 @@ std::string read_text(const std::string& path, std::int64_t max_bytes) {
   return text;
 }
 
+File File::create_temporary_beside(const std::string& path) {
+  const std::filesystem::path target(path);
+  std::string pattern = (std::filesystem::path(parent_of(path)) /
+                         fmt::format(".{}.tmp-XXXXXX", target.filename().string()))
+                            .string();
+  const int fd = ::mkstemp(pattern.data());
+  if (fd < 0) fail("cannot create a temporary file beside", path, errno);
+  ::fchmod(fd, 0644);
+  return File(fd, pattern);
+}
+
 void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  ::unlink(temporary.c_str());
-  File file = File::create(temporary);
-  file.write(std::as_bytes(std::span<const char>(text)));
-  file.sync();
-  file.close();
-  rename_durably(temporary, path);
+  File file = File::create_temporary_beside(path);
+  const std::string temporary = file.path();
+  try {
+    file.write(std::as_bytes(std::span<const char>(text)));
+    file.sync();
+    file.close();
+    rename_durably(temporary, path);
+  } catch (...) {
+    ::unlink(temporary.c_str());
+    throw;
+  }
 }
 
 void make_directories(const std::string& path) {

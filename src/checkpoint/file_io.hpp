@@ -18,6 +18,9 @@ class File {
   static File open_read(const std::string& path);
   /// Creates `path` for writing; it must not exist.
   static File create(const std::string& path);
+  /// Creates a new file of a unique name ".NAME.tmp-XXXXXX" in the directory of `path` (NAME:
+  /// its file name), for writing; path() names it.
+  static File create_temporary_beside(const std::string& path);
 
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -43,10 +46,13 @@ class File {
   std::string path_;
 };
 
+/// "a directory", "a FIFO", ... for a stat mode, in messages.
+std::string describe_file_type(unsigned mode);
 /// The whole file as bytes; DataError when it is larger than `max_bytes`.
 std::string read_text(const std::string& path, std::int64_t max_bytes);
-/// Writes `text` to `path` (created or replaced through a temporary and rename) and syncs it and
-/// its directory, so that after a crash the file holds either the old or the new text.
+/// Writes `text` to `path` (created or replaced through a temporary of a unique name beside it,
+/// then rename) and syncs it and its directory, so that after a crash the file holds either the
+/// old or the new text; no other file is touched.
 void write_text_atomically(const std::string& path, const std::string& text);
 /// Creates the directory (parents too) when missing.
 void make_directories(const std::string& path);

@@ -7,6 +7,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/checkpoint/safetensors.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/generate/load.hpp>
 
 #include "commands.hpp"
 #include "options.hpp"
@@ -82,8 +83,20 @@ void inspect(const CheckpointOptions& options) {
     std::cout << fmt::format("{} problem(s) in {}\n", problems.size(), directory);
 }
 
+/// The problem of a GPT checkpoint whose architecture metadata does not describe its tensors.
+std::vector<std::string> architecture_problems(const std::string& directory) {
+  const checkpoint::Index index = checkpoint::read_index(directory);
+  const auto found = index.metadata.find("architecture");
+  if (found == index.metadata.end() || found->second.rfind("gpt", 0) != 0) return {};
+  const std::string problem = generate::architecture_problem(index);
+  if (problem.empty()) return {};
+  return {fmt::format("{}: {}", directory, problem)};
+}
+
 void verify(const CheckpointOptions& options) {
-  const checkpoint::VerifyReport report = checkpoint::verify(options.path);
+  checkpoint::VerifyReport report = checkpoint::verify(options.path);
+  for (std::string& problem : architecture_problems(report.directory))
+    report.problems.push_back(std::move(problem));
   if (options.json) {
     const nlohmann::json out = {{"directory", report.directory}, {"ok", report.problems.empty()},
                                 {"files", report.files},         {"blocks", report.blocks},

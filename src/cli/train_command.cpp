@@ -24,6 +24,7 @@
 #include "backend.hpp"
 #include "commands.hpp"
 #include "options.hpp"
+#include "output_files.hpp"
 
 namespace meshtensor::cli {
 
@@ -299,11 +300,11 @@ std::string plot_safe(const std::string& text) {
 /// Draws loss and accuracy per epoch with gnuplot into `png` (opened by the caller before the
 /// run, so a bad path fails before training). gnuplot reads and writes only temporary files this
 /// function names; the image is copied to the user's file here, so no path is ever parsed.
-void draw_plot(const std::string& path, std::ofstream& png,
-               const std::vector<train::EpochReport>& epochs, const std::string& title,
-               const std::string& eval_name, bool by_steps) {
+void draw_plot(OutputFile& png, const std::vector<train::EpochReport>& epochs,
+               const std::string& title, const std::string& eval_name, bool by_steps) {
   char data_path[] = "/tmp/meshtensor-plot-XXXXXX";
   const int fd = mkstemp(data_path);
+  const std::string& path = png.path();
   if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
   close(fd);
   const std::string image_path = std::string(data_path) + ".png";
@@ -344,31 +345,32 @@ void draw_plot(const std::string& path, std::ofstream& png,
     throw DataError(fmt::format(
         "gnuplot could not draw {} (exit status {}; is gnuplot-nox installed?)", path, status));
   }
-  png << image.rdbuf();
-  png.close();
+  png.stream() << image.rdbuf();
+  image.close();
   std::remove(image_path.c_str());
-  if (!png) throw DataError(fmt::format("{}: writing the plot failed", path));
+  png.commit();
 }
 
-/// Opens a file an option names for writing, before the run: DataError naming the option, the
-/// path and the system's reason.
-std::ofstream open_output(const char* option, const std::string& path, bool binary = false) {
-  std::ofstream out(path, binary ? std::ios::out | std::ios::binary : std::ios::out);
-  if (!out) {
-    throw DataError(
-        fmt::format("{} {}: cannot write the file: {}", option, path, std::strerror(errno)));
-  }
-  return out;
-}
+/// The files the run writes, created (as temporaries) after every input was checked.
+struct RunOutputs {
+  std::unique_ptr<OutputFile> trace;
+  std::unique_ptr<OutputFile> log;
+  std::unique_ptr<OutputFile> plot;
+};
 
-/// Refuses a run whose `processes_ranks` ranks in this process would need more memory than it
-/// has (ResourceError with both figures).
-void require_training_memory(const train::TrainConfig& config, const train::Task& task,
-                             std::int64_t process_ranks, std::int64_t ranks) {
-  const double per_rank = train::estimate_rank_bytes(config, task, ranks);
-  require_memory(per_rank * static_cast<double>(process_ranks),
-                 fmt::format("training model {} on {} rank(s) in this process ({} a rank)",
-                             task.architecture(), process_ranks, format_bytes(per_rank)));
+/// Refuses outputs that are inputs, then creates the output files' temporaries.
+RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
+  const NamedPath outputs[] = {
+      {"--trace", options.trace}, {"--log", options.log}, {"--plot", options.plot}};
+  const NamedPath roots[] = {{"--save", options.save}};
+  const NamedPath inputs[] = {{"--data", data}, {"--resume", options.resume}};
+  check_outputs_are_not_inputs(outputs, roots, inputs);
+  RunOutputs files;
+  if (!options.trace.empty()) files.trace = std::make_unique<OutputFile>("--trace", options.trace);
+  if (!options.log.empty()) files.log = std::make_unique<OutputFile>("--log", options.log);
+  if (!options.plot.empty())
+    files.plot = std::make_unique<OutputFile>("--plot", options.plot, /*binary=*/true);
+  return files;
 }
 
 void run_train(const TrainOptions& options) {
@@ -391,16 +393,14 @@ void run_train(const TrainOptions& options) {
   if (!options.link.empty() && backend == Backend::mpi)
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
-  std::optional<std::ofstream> trace_file;
-  if (!options.trace.empty()) trace_file = open_output("--trace", options.trace);
-  std::optional<std::ofstream> log;
-  if (!options.log.empty()) log = open_output("--log", options.log);
-  std::optional<std::ofstream> plot;
-  if (!options.plot.empty()) plot = open_output("--plot", options.plot, /*binary=*/true);
   const LoadedTask loaded = load_task(options);
   const train::Task& task = *loaded.task;
   train::validate_config(config, task);
-  require_training_memory(config, task, backend == Backend::threads ? ranks : 1, ranks);
+  train::require_training_memory(config, task, backend == Backend::threads ? ranks : 1, ranks);
+  RunOutputs outputs = open_outputs(options, loaded.data);
+  OutputFile* const trace_file = outputs.trace.get();
+  OutputFile* const plot = outputs.plot.get();
+  std::ofstream* const log = outputs.log ? &outputs.log->stream() : nullptr;
   const std::string command = fmt::format(
       "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
       "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
@@ -477,11 +477,10 @@ void run_train(const TrainOptions& options) {
         for (const std::string& warning : result.warnings)
           std::cerr << "meshtensor: warning: " << warning << '\n';
         if (trace_file) {
-          *trace_file << result.trace << '\n';
-          trace_file->close();
-          if (!*trace_file)
-            throw DataError(fmt::format("{}: writing the trace failed", options.trace));
+          trace_file->stream() << result.trace << '\n';
+          trace_file->commit();
         }
+        if (log) outputs.log->commit();
         nlohmann::json memory;
         for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k) {
           memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] =
@@ -571,7 +570,7 @@ void run_train(const TrainOptions& options) {
         }
         std::cout.flush();
         if (plot) {
-          draw_plot(options.plot, *plot, result.epochs,
+          draw_plot(*plot, result.epochs,
                     fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
                                 world.size(), options.mode),
                     eval, loaded.language || config.eval_every > 0);
@@ -698,9 +697,9 @@ void run_train_bench(const TrainBenchOptions& options) {
   for (const Layout& layout : layouts) {
     largest.micro_batches = layout.micro_batches;
     train::validate_config(largest, task);  // every layout refused before any run is timed
-    require_training_memory(largest, task, layout.ranks, layout.ranks);
+    train::require_training_memory(largest, task, layout.ranks, layout.ranks);
   }
-  require_training_memory(largest, task, ranks, ranks);
+  train::require_training_memory(largest, task, ranks, ranks);
 
   // Ordered and exact runs on --ranks alternate, so that the host's load lands on both modes:
   // the ratio is the median of the rounds' ratios.
@@ -860,7 +859,7 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   largest.mode = comm::ReductionMode::exact;
   largest.strategy = train::Strategy::ddp;  // the most memory of the layouts it runs
   train::validate_config(largest, task);
-  require_training_memory(largest, task, ranks, ranks);
+  train::require_training_memory(largest, task, ranks, ranks);
 
   const auto measure = [&](const std::string& name, const train::TrainConfig& config,
                            std::int64_t world_size, bool with_link) {
@@ -1080,7 +1079,7 @@ void run_tp_bench(const TpBenchOptions& options) {
     config.sequence_parallel = sequence_parallel;
     train::validate_config(config, task);
     task.check_tensor_parallel(config.mesh.tp);
-    require_training_memory(config, task, config.mesh.ranks(), config.mesh.ranks());
+    train::require_training_memory(config, task, config.mesh.ranks(), config.mesh.ranks());
     return config;
   };
   std::vector<LinkedPair> layouts;

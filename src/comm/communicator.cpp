@@ -79,6 +79,25 @@ std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::stri
   return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000)));
 }
 
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+  if (timeout >= left) return Clock::time_point::max();
+  return now + timeout;
+}
+
+std::chrono::milliseconds timeout_from_seconds(double seconds, std::string_view what) {
+  if (!(seconds > 0)) {
+    throw InvalidArgument(fmt::format(
+        "{} must be a positive number of seconds (or inf for none), got {}", what, seconds));
+  }
+  // Beyond what milliseconds hold, and +inf: no limit.
+  if (seconds >= static_cast<double>(kNoTimeout.count()) / 1000) return kNoTimeout;
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000)));
+}
+
 std::string_view collective_name(CollectiveKind kind) {
   return enum_name(kCollectiveNames, kind, "collective kind");
 }

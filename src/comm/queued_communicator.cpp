@@ -113,9 +113,7 @@ std::shared_ptr<Communicator> QueuedCommunicator::split(std::int64_t color, std:
   call.kind = CollectiveKind::split;
   call.sequence = next_sequence_++;
   std::shared_ptr<Communicator> result;
-  queue_.run([&] {
-    result = run_split(call, color, key, std::chrono::steady_clock::now() + options.timeout);
-  });
+  queue_.run([&] { result = run_split(call, color, key, deadline_after(options.timeout)); });
   return result;
 }
 
@@ -125,18 +123,15 @@ Work QueuedCommunicator::enqueue(CollectiveCall call, Tensor input, Tensor outpu
   call.label = options.label;
   const auto timeout = options.timeout;
   return queue_.submit([this, call = std::move(call), input = std::move(input),
-                        output = std::move(output), timeout] {
-    run_collective(call, input, output, std::chrono::steady_clock::now() + timeout);
-  });
+                        output = std::move(output),
+                        timeout] { run_collective(call, input, output, deadline_after(timeout)); });
 }
 
 void QueuedCommunicator::run_now(CollectiveCall call, const Tensor& input, const Tensor& output,
                                  const CollectiveOptions& options) {
   call.sequence = next_sequence_++;
   call.label = options.label;
-  queue_.run([&] {
-    run_collective(call, input, output, std::chrono::steady_clock::now() + options.timeout);
-  });
+  queue_.run([&] { run_collective(call, input, output, deadline_after(options.timeout)); });
 }
 
 }  // namespace meshtensor::comm

@@ -87,29 +87,33 @@ struct GroupState {
   // so nobody else waits for this group) or the world aborted (CommError with the cause). The
   // last member to arrive runs `on_complete` before the others go on. Waiters sleep until they
   // are woken: by the last arrival, by an abort, or by their deadline.
+  //
+  // A member that gives up withdraws its arrival and posting under the mutex before it throws,
+  // so a later arrival can never complete the group with a call or buffers that are gone; a
+  // member that arrives after an abort throws without arriving.
   void arrive_and_wait(int rank, std::chrono::steady_clock::time_point deadline,
                        ThreadsShared& world, const CollectiveCall& call,
                        const std::function<void()>& on_complete = {}) {
     std::unique_lock lock(mutex);
+    if (world.aborted.load()) {
+      lock.unlock();
+      throw aborted_error(call, world);
+    }
     const std::uint64_t generation_now = generation;
-    arrived_at[static_cast<std::size_t>(rank)] = generation_now + 1;
-    if (++arrived == size()) {
-      if (on_complete) on_complete();
-      arrived = 0;
-      ++generation;
+    if (arrive(rank, generation_now, on_complete)) {
       lock.unlock();
       cv.notify_all();
       return;
     }
     while (generation == generation_now) {
       if (world.aborted.load()) {
+        withdraw(rank);
         lock.unlock();
-        throw CommError(fmt::format("{} on group [{}] failed: the job was aborted: {}",
-                                    call.to_string(), fmt::join(world_ranks, ","),
-                                    world.abort_reason()));
+        throw aborted_error(call, world);
       }
       const std::vector<std::int64_t> gone = missing_members(generation_now, world, true);
       if (!gone.empty()) {
+        withdraw(rank);
         const std::string message = fmt::format(
             "{} on group [{}] failed: world rank(s) [{}] returned from the rank function without "
             "issuing it (every rank must make the same collective calls)",
@@ -121,6 +125,7 @@ struct GroupState {
       if (cv.wait_until(lock, deadline) == std::cv_status::timeout &&
           generation == generation_now && !world.aborted.load()) {
         const std::vector<std::int64_t> missing = missing_members(generation_now, world, false);
+        withdraw(rank);
         const std::string message =
             fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it",
                         call.to_string(), fmt::join(world_ranks, ","), fmt::join(missing, ","));
@@ -130,6 +135,41 @@ struct GroupState {
       }
     }
   }
+
+  // Blocks until every member arrived, with no deadline and whatever the world's state: members
+  // call it once every member has passed arrive_and_wait() for the same collective and reads or
+  // writes the others' buffers, so each of them is on its way here and none may leave (and free
+  // its buffers) while another still touches them.
+  void release(int rank) {
+    std::unique_lock lock(mutex);
+    const std::uint64_t generation_now = generation;
+    if (arrive(rank, generation_now, {})) {
+      lock.unlock();
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != generation_now; });
+  }
+
+  // Counts `rank` in; the last arrival runs `on_complete`, opens the next generation and returns
+  // true. Called with the mutex held.
+  bool arrive(int rank, std::uint64_t generation_now, const std::function<void()>& on_complete) {
+    arrived_at[static_cast<std::size_t>(rank)] = generation_now + 1;
+    if (++arrived < size()) return false;
+    if (on_complete) on_complete();
+    arrived = 0;
+    ++generation;
+    return true;
+  }
+
+  // Takes back the arrival of a member that gives up. Called with the mutex held.
+  void withdraw(int rank) {
+    arrived_at[static_cast<std::size_t>(rank)] = 0;
+    postings[static_cast<std::size_t>(rank)] = Posting{};
+    --arrived;
+  }
+
+  CommError aborted_error(const CollectiveCall& call, ThreadsShared& world) const;
 
   // The world ranks of the members that have not arrived at `generation_now` (only those that
   // left the world, with `only_left`). Called with the mutex held.
@@ -189,6 +229,11 @@ void ThreadsShared::leave(int world_rank) {
     group->wake_all();
 }
 
+CommError GroupState::aborted_error(const CollectiveCall& call, ThreadsShared& world) const {
+  return CommError(fmt::format("{} on group [{}] failed: the job was aborted: {}", call.to_string(),
+                               fmt::join(world_ranks, ","), world.abort_reason()));
+}
+
 }  // namespace detail
 
 namespace {
@@ -226,6 +271,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
     const Posting posting{&call, nullptr, nullptr, color, key};
     GroupState& group = *group_;
     post_and_check(posting, deadline);
+    const ReleaseOnExit release{group, rank_};
     std::shared_ptr<Communicator> result;
     if (posting.split_color >= 0) {
       // Members: same color, ordered by (key, rank in this group).
@@ -257,7 +303,6 @@ class ThreadsCommunicator final : public QueuedCommunicator {
       }
       result = std::make_shared<ThreadsCommunicator>(world_, std::move(state), new_rank);
     }
-    group.arrive_and_wait(rank_, deadline, *world_, call);
     return result;
   }
 
@@ -296,19 +341,32 @@ class ThreadsCommunicator final : public QueuedCommunicator {
     if (!group.verdict.empty()) throw DesyncError(group.verdict);
   }
 
+  // Waits, on every way out of a collective whose postings all members read, until no member
+  // touches another's posting any more.
+  struct ReleaseOnExit {
+    ReleaseOnExit(GroupState& state, int member) : group(state), rank(member) {}
+    ReleaseOnExit(const ReleaseOnExit&) = delete;
+    ReleaseOnExit& operator=(const ReleaseOnExit&) = delete;
+    ~ReleaseOnExit() { group.release(rank); }
+    GroupState& group;
+    int rank;
+  };
+
   // Post and check, move the data, wait until all are done with each other's buffers.
   void run_posting(const Posting& posting, std::chrono::steady_clock::time_point deadline) {
     GroupState& group = *group_;
     post_and_check(posting, deadline);
-    try {
-      move_data(*posting.call);
-    } catch (const std::exception& error) {
-      world_->abort(fmt::format("world rank {} failed in {}: {}",
-                                group.world_ranks[static_cast<std::size_t>(rank_)],
-                                posting.call->to_string(), error.what()));
-      throw;
+    {
+      const ReleaseOnExit release{group, rank_};
+      try {
+        move_data(*posting.call);
+      } catch (const std::exception& error) {
+        world_->abort(fmt::format("world rank {} failed in {}: {}",
+                                  group.world_ranks[static_cast<std::size_t>(rank_)],
+                                  posting.call->to_string(), error.what()));
+        throw;
+      }
     }
-    group.arrive_and_wait(rank_, deadline, *world_, *posting.call);
     if (world_->link && size() > 1) {
       std::this_thread::sleep_for(world_->link(*posting.call, group.world_ranks));
     }

@@ -6,6 +6,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/load.hpp>
 
 namespace meshtensor::generate {
@@ -54,31 +55,63 @@ nn::GptConfig parse_architecture(const std::string& text) {
   return config;
 }
 
-std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path) {
-  // Rank 0 reads the index; every rank builds the model its architecture names.
+std::string architecture_problem(const checkpoint::Index& index) {
+  const auto found = index.metadata.find("architecture");
+  if (found == index.metadata.end()) return "it names no model architecture";
+  nn::GptConfig config;
+  try {
+    config = parse_architecture(found->second);
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  std::int64_t stored = 0;
+  std::int64_t tensors = 0;
+  for (const checkpoint::StoredTensor& tensor : index.tensors) {
+    if (tensor.name.rfind("model.", 0) != 0) continue;
+    if (tensor.dtype != DType::f32) {
+      return fmt::format("model tensor '{}' is {}, not f32", tensor.name, dtype_name(tensor.dtype));
+    }
+    stored += tensor.shape.numel();
+    ++tensors;
+  }
+  const std::int64_t expected = nn::gpt_parameter_count(config);
+  if (stored != expected) {
+    return fmt::format(
+        "its architecture '{}' has {} parameters, but its {} model tensor(s) hold {}: the "
+        "metadata does not describe the tensors",
+        found->second, expected, tensors, stored);
+  }
+  return {};
+}
+
+nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::string& path) {
+  if (const std::string problem = architecture_problem(index); !problem.empty())
+    throw DataError(fmt::format("checkpoint {}: {}", path, problem));
+  return parse_architecture(index.metadata.at("architecture"));
+}
+
+std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
+                                  std::int64_t models_in_process) {
+  // Rank 0 reads the index and checks its architecture against its tensors and this process's
+  // memory before anything is allocated; every rank then builds the model it names.
   std::string architecture;
-  std::string error;
+  std::exception_ptr failure;
   if (world.rank() == 0) {
     try {
       const checkpoint::Index index = checkpoint::read_index(path);
-      const auto found = index.metadata.find("architecture");
-      architecture = found == index.metadata.end() ? "" : found->second;
-    } catch (const Error& e) {
-      error = e.what();
+      const nn::GptConfig config = checked_architecture(index, path);
+      require_memory(
+          nn::gpt_model_bytes(config) * static_cast<double>(models_in_process),
+          fmt::format("{} cop{} of the model of checkpoint {} ({} parameters)", models_in_process,
+                      models_in_process == 1 ? "y" : "ies", path, nn::gpt_parameter_count(config)));
+      architecture = index.metadata.at("architecture");
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
-  error = comm::broadcast_text(world, error, 0);
-  if (!error.empty()) throw DataError(error);
+  comm::throw_if_any_failed(world, failure);
   architecture = comm::broadcast_text(world, architecture, 0);
-  if (architecture.empty())
-    throw DataError(fmt::format("checkpoint {} names no model architecture", path));
-  nn::GptConfig config;
-  try {
-    config = parse_architecture(architecture);
-  } catch (const DataError& e) {
-    throw DataError(fmt::format("checkpoint {}: {}", path, e.what()));
-  }
-  auto model = std::make_unique<nn::Gpt>(config);
+  auto model = std::make_unique<nn::Gpt>(parse_architecture(architecture));
   std::vector<checkpoint::LoadRequest> requests;
   for (nn::Parameter* p : model->parameters())
     requests.push_back({"model." + p->name,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/nn/gpt.hpp>
@@ -172,15 +173,33 @@ std::string LanguageModelHead::describe() const {
   return fmt::format("LanguageModelHead({})", output_.describe());
 }
 
+double gpt_model_bytes(const GptConfig& config) {
+  return 2.0 * 4.0 * static_cast<double>(gpt_parameter_count(config));  // values and gradients
+}
+
+namespace {
+
+/// `config` once it is a valid GPT whose parameters fit in memory; thrown otherwise, before any
+/// member allocates.
+const GptConfig& checked_gpt_config(const GptConfig& config) {
+  if (config.layers <= 0 || config.heads <= 0 || config.dim <= 0 || config.context <= 0 ||
+      config.vocabulary <= 0 || config.dim % config.heads != 0) {
+    throw InvalidArgument(fmt::format("invalid GPT config {} (vocabulary {})",
+                                      gpt_config_text(config), config.vocabulary));
+  }
+  require_memory(gpt_model_bytes(config),
+                 fmt::format("the GPT {} ({} parameters)", gpt_config_text(config),
+                             gpt_parameter_count(config)));
+  return config;
+}
+
+}  // namespace
+
 Gpt::Gpt(const GptConfig& config)
-    : config_(config),
+    : config_(checked_gpt_config(config)),
       embedding_(config.vocabulary, config.context, config.dim, mix64(config.seed ^ 0x656d62ULL),
                  config.init_std),
       head_(config, mix64(config.seed ^ 0x68656164ULL)) {
-  if (config.layers <= 0 || config.heads <= 0 || config.dim <= 0 || config.context <= 0 ||
-      config.vocabulary <= 0 || config.dim % config.heads != 0) {
-    throw InvalidArgument(fmt::format("invalid GPT config {}", gpt_config_text(config)));
-  }
   prefix_parameter_names(embedding_, "embed");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     auto block = std::make_unique<TransformerBlock>(
@@ -207,6 +226,15 @@ Tensor Gpt::backward(const Tensor& grad_output, GradientSink& sink, bool) {
 }
 
 std::vector<KeyValueCache> Gpt::make_caches(std::int64_t slots) {
+  double bytes = 0;  // keys and values, f32, of every layer's local heads
+  for (auto& block : blocks_) {
+    const CausalSelfAttention& attention = block->attention();
+    bytes += 2.0 * 4.0 * static_cast<double>(slots) *
+             static_cast<double>(attention.local_heads() * attention.head_dim()) *
+             static_cast<double>(config_.context);
+  }
+  require_memory(bytes, fmt::format("key/value caches for {} sequence(s) of {} positions", slots,
+                                    config_.context));
   std::vector<KeyValueCache> caches;
   for (auto& block : blocks_) {
     CausalSelfAttention& attention = block->attention();

@@ -1,6 +1,10 @@
+#include <algorithm>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/nn/layers.hpp>
@@ -35,7 +39,28 @@ std::vector<std::int64_t> parse_mlp_hidden(const std::string& text) {
   return hidden;
 }
 
+std::int64_t mlp_parameter_count(const MlpConfig& config) {
+  std::int64_t count = 0;
+  std::int64_t in = config.inputs;
+  for (const std::int64_t width : config.hidden) {
+    count += (in + 1) * width + (config.layernorm ? 2 * width : 0);
+    in = width;
+  }
+  return count + (in + 1) * config.outputs;
+}
+
 std::unique_ptr<Sequential> make_mlp(const MlpConfig& config) {
+  if (config.inputs < 1 || config.outputs < 1 ||
+      std::any_of(config.hidden.begin(), config.hidden.end(), [](auto w) { return w < 1; })) {
+    throw InvalidArgument(fmt::format("MLP sizes must be at least 1, got {} -> [{}] -> {}",
+                                      config.inputs, fmt::join(config.hidden, ", "),
+                                      config.outputs));
+  }
+  // Values and gradients of every parameter, counted before any layer allocates.
+  const std::int64_t parameters = mlp_parameter_count(config);
+  require_memory(8.0 * static_cast<double>(parameters),
+                 fmt::format("an MLP {} -> [{}] -> {} ({} parameters)", config.inputs,
+                             fmt::join(config.hidden, ", "), config.outputs, parameters));
   auto model = std::make_unique<Sequential>();
   std::int64_t in = config.inputs;
   std::uint64_t layer = 0;

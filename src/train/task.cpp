@@ -156,6 +156,10 @@ LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus, n
     throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
                                       kByteVocabulary, model_.vocabulary));
   }
+  if (model_.context < 1) {
+    throw InvalidArgument(
+        fmt::format("a context of {} tokens is not a window: give at least 1", model_.context));
+  }
   const auto length = static_cast<std::int64_t>(corpus_->train.size());
   if (length < model_.context + 1) {
     throw InvalidArgument(fmt::format(

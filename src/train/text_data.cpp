@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::train {
@@ -69,6 +70,14 @@ bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
+/// Refuses text that would not fit in memory, then reserves the training text: a corpus of
+/// `bytes` peaks at the file being read plus the corpus (about twice the text), never at the
+/// doublings of a growing string.
+void reserve_corpus(const std::string& path, std::uintmax_t bytes, TextCorpus& corpus) {
+  require_memory(2.2 * static_cast<double>(bytes), fmt::format("reading the text {}", path));
+  corpus.train.reserve(static_cast<std::size_t>(bytes + bytes / 8 + 64));
+}
+
 }  // namespace
 
 std::int64_t first_non_text_byte(std::string_view bytes) {
@@ -105,19 +114,22 @@ void add_text_records(std::string_view text, TextCorpus& corpus) {
     }
     start = end + 1;
   }
-  std::string record;
+  // A record is the text from its first line to the end of its last line: appended straight
+  // from `text`, never copied on its own, so a corpus of one huge record costs no third copy.
+  std::size_t record_begin = std::string_view::npos;
+  std::size_t record_end = 0;
   const auto finish = [&] {
-    if (record.find_first_not_of(" \t\r\n") == std::string::npos) {
-      record.clear();
-      return;
-    }
+    if (record_begin == std::string_view::npos) return;
+    const std::string_view record = text.substr(record_begin, record_end - record_begin);
+    record_begin = std::string_view::npos;
+    if (record.find_first_not_of(" \t\r\n") == std::string_view::npos) return;
     std::string& target = corpus.records % kValidationEvery == kValidationEvery - 1
                               ? corpus.validation
                               : corpus.train;
     target += record;
+    if (record.back() != '\n') target += '\n';
     target += "%\n";
     ++corpus.records;
-    record.clear();
   };
   for (std::size_t start = 0; start < text.size();) {
     const std::size_t newline = text.find('\n', start);
@@ -127,8 +139,8 @@ void add_text_records(std::string_view text, TextCorpus& corpus) {
     if (boundary) {
       finish();
     } else {
-      record.append(line);
-      record += '\n';
+      if (record_begin == std::string_view::npos) record_begin = start;
+      record_end = std::min(end + 1, text.size());
     }
     start = end + 1;
   }
@@ -167,14 +179,17 @@ TextCorpus load_text(const std::string& path) {
   };
   if (fs::is_directory(status)) {
     std::vector<fs::path> files;
+    std::uintmax_t bytes = 0;
     for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
       const std::string name = entry.path().filename().string();
       if (name.empty() || name[0] == '.' || entry.is_symlink() || !entry.is_regular_file())
         continue;
       files.push_back(entry.path());
+      bytes += entry.file_size(error);
     }
     if (error)
       throw DataError(fmt::format("{}: cannot list the directory: {}", path, error.message()));
+    reserve_corpus(path, std::min<std::uintmax_t>(bytes, kMaxTextBytes), corpus);
     std::sort(files.begin(), files.end());
     for (const fs::path& file : files)
       add_file(file, /*skip_binary=*/true);
@@ -183,6 +198,10 @@ TextCorpus load_text(const std::string& path) {
                                   path, corpus.skipped));
     }
   } else {
+    if (fs::is_regular_file(status)) {
+      reserve_corpus(path, std::min<std::uintmax_t>(fs::file_size(path, error), kMaxTextBytes),
+                     corpus);
+    }
     add_file(path, /*skip_binary=*/false);
   }
   if (corpus.records == 0)

@@ -13,6 +13,7 @@
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/generate/generator.hpp>
@@ -62,6 +63,7 @@ NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
           name));
     }
     (name == "dp" ? mesh.dp : name == "fsdp" ? mesh.fsdp : mesh.tp) = parsed.size(d);
+    mesh.has_tp = mesh.has_tp || name == "tp";
   }
   return mesh;
 }
@@ -844,6 +846,13 @@ void validate_config(const TrainConfig& config, const Task& task) {
         "{} micro-batches is more than the {} sample(s) of the global batch: give at most {}",
         config.micro_batches, config.batch, config.batch));
   }
+  if (config.sequence_parallel && !config.mesh.has_tp) {
+    throw InvalidArgument(fmt::format(
+        "sequence parallelism splits the sequence over the tp mesh dim, and the mesh {} has "
+        "none: name a tp dim (e.g. --mesh 2x2 --names fsdp,tp) or leave it off",
+        config.mesh.given ? config.mesh.describe() : std::string("of this run")));
+  }
+  if (!config.save_dir.empty()) checkpoint::check_save_root(config.save_dir);
 }
 
 double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks) {
@@ -884,9 +893,54 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
          + (exact ? per_sample_products : 0.0);
 }
 
+namespace {
+
+/// What every rank of a run must agree on: the model, the data's size and everything in the
+/// config that shapes the computation (paths are compared as given).
+std::string run_description(const TrainConfig& c, const Task& task) {
+  return fmt::format(
+      "model {}, {} samples; epochs {} steps {} batch {} micro {} optimizer {} lr {} warmup {} "
+      "schedule {} wd {} momentum {} mode {} seed {} strategy {} mesh {} (given {}, tp dim {}) "
+      "sp {} clip {} replicas {} reshard {} prefetch {} param {} reduce {} micro_mode {} save "
+      "'{}' every {} keep {} resume '{}' stop {},{} eval {} sample {} verify {} trace {}",
+      task.architecture(), task.samples(), c.epochs, c.steps, c.batch, c.micro_batches,
+      static_cast<int>(c.optimizer), c.schedule.base, c.schedule.warmup_steps,
+      static_cast<int>(c.schedule.kind), c.weight_decay, c.momentum,
+      comm::reduction_mode_name(c.mode), c.seed, static_cast<int>(c.strategy), c.mesh.describe(),
+      c.mesh.given, c.mesh.has_tp, c.sequence_parallel, c.clip_grad_norm, c.replicas,
+      c.reshard_after_forward, c.prefetch, dtype_name(c.param_dtype), dtype_name(c.reduce_dtype),
+      static_cast<int>(c.micro_batch_mode), c.save_dir, c.save_every, c.keep_checkpoints,
+      c.resume_dir, c.stop_after, c.stop_after_epochs, c.eval_every, c.sample, c.verify_generator,
+      c.trace);
+}
+
+}  // namespace
+
+void require_training_memory(const TrainConfig& config, const Task& task,
+                             std::int64_t process_ranks, std::int64_t ranks) {
+  const double per_rank = estimate_rank_bytes(config, task, ranks);
+  require_memory(per_rank * static_cast<double>(process_ranks),
+                 fmt::format("training model {} on {} rank(s) in this process ({} a rank)",
+                             task.architecture(), process_ranks, format_bytes(per_rank)));
+}
+
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
                   const TrainCallbacks& callbacks) {
   validate_config(config, task);
+  comm::check_same_on_every_rank(world, "train()'s model, data and configuration",
+                                 run_description(config, task));
+  // Every caller (the command line, Python) is refused a run too big for this process before
+  // any rank builds its model; a threads world's ranks all live in this process.
+  std::exception_ptr failure;
+  if (world.rank() == 0) {
+    try {
+      require_training_memory(config, task, world.backend() == "threads" ? world.size() : 1,
+                              world.size());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world, failure);
   TrainingRun run(world, task, std::move(config), callbacks);
   return run.run();
 }

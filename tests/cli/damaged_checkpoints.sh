@@ -50,7 +50,7 @@ deep=$(fresh deep_version)
 "$python" - "$deep/index.json" <<'PY'
 import sys
 path = sys.argv[1]
-text = open(path).read().replace('"version": 1', '"version": ' + "[" * 80000 + "1" + "]" * 80000)
+text = open(path).read().replace('"version": 2', '"version": ' + "[" * 80000 + "1" + "]" * 80000)
 open(path, "w").write(text)
 PY
 all_fail 2 "$deep" "index.json: its JSON nests deeper than 64 levels"

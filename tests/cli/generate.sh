@@ -89,13 +89,44 @@ errors)
   expect "is not a byte-level GPT" generate --checkpoint "$dir/mlp" --prompt "a"
   cp -r "$dir/ckpt" "$dir/damaged"
   index=$(ls "$dir"/damaged/step-*/index.json | tail -1)
-  python3 - "$index" <<'PY'
+  cp "$index" "$dir/index.good"
+  # set_architecture TEXT [old]: edits the metadata; "old" also makes it a version 1 index,
+  # whose metadata has no checksum, so that the architecture's own checks are what refuse it.
+  set_architecture() {
+    python3 - "$index" "$dir/index.good" "$@" <<'PY'
 import json, sys
-index = json.load(open(sys.argv[1]))
-index["metadata"]["architecture"] = "gpt layers=2 heads=4 dim=32 context=24 vocabulary=99999999999 tokenizer=bytes"
+index = json.load(open(sys.argv[2]))
+index["metadata"]["architecture"] = sys.argv[3]
+if len(sys.argv) > 4:
+    index["version"] = 1
+    del index["metadata_checksum"]
 json.dump(index, open(sys.argv[1], "w"))
 PY
+  }
+  set_architecture "gpt layers=2 heads=4 dim=32 context=64 vocabulary=256 tokenizer=bytes"
+  expect "the metadata does not match its checksum" generate --checkpoint "$dir/damaged" --prompt a
+  set_architecture "gpt layers=2 heads=4 dim=32 context=24 vocabulary=99999999999 tokenizer=bytes" old
   expect "vocabulary 99999999999 is more than the 256 byte tokens" generate --checkpoint "$dir/damaged" --prompt a
+  set_architecture "gpt layers=256 heads=4 dim=8192 context=24 vocabulary=256 tokenizer=bytes" old
+  expect "has 206190100736 parameters, but its 30 model tensor(s) hold 42880" \
+    generate --checkpoint "$dir/damaged" --prompt a
+  expect "has 206190100736 parameters, but its 30 model tensor(s) hold 42880" \
+    bench generate --checkpoint "$dir/damaged"
+  set +e
+  verified=$("$bin" checkpoint verify "$dir/damaged")
+  status=$?
+  set -e
+  [ $status = 1 ] && grep -qF "model tensor(s) hold" <<<"$verified" ||
+    { echo "FAILED: verify passed an architecture that is not the tensors': $verified"; exit 1; }
+  echo "ok: verify names the architecture that is not the tensors'"
+  set_architecture "gpt layers=2 heads=4 dim=32 context=64 vocabulary=256 tokenizer=bytes"
+  set +e
+  verified=$("$bin" checkpoint verify "$dir/damaged" 2>&1)
+  status=$?
+  set -e
+  [ $status = 2 ] && grep -qF "does not match its checksum" <<<"$verified" ||
+    { echo "FAILED: verify passed edited metadata: $verified"; exit 1; }
+  echo "ok: verify refuses edited metadata"
   echo '{"version": [[[[[[[[' >"$index"
   expect "is not a checkpoint index" generate --checkpoint "$dir/damaged" --prompt a
   expect "tensor-parallel degree 3 does not divide the model's 4 heads" "${gen[@]}" --prompt "a" \

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <limits>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -211,6 +213,85 @@ TEST(ThreadsFailures, APollThatThrowsAbortsTheRunAndIsRethrown) {
     EXPECT_STREQ(error.what(), "interrupted by the test");
   }
   EXPECT_EQ(aborted.load(), 1);
+}
+
+/// One run of 2 ranks where rank 0 gives up on a collective after 1 ms and rank 1 issues it
+/// `late` later (around that deadline). Rank 0's call and buffers die as its error unwinds, so a
+/// late rank that still completed the group with them would read freed memory (AddressSanitizer
+/// reports it). Returns true when the collective completed, checking the result.
+bool abandoned_collective_round(CollectiveKind kind, std::chrono::microseconds late) {
+  const CollectiveOptions give_up_soon{.timeout = std::chrono::milliseconds(1)};
+  std::atomic<int> completed{0};
+  try {
+    run_threads(2, [&](Communicator& world) {
+      if (world.rank() == 1) std::this_thread::sleep_for(late);
+      auto input = std::make_unique<Tensor>(Shape{64}, DType::f32);
+      auto output = std::make_unique<Tensor>(Shape{64}, DType::f32);
+      input->fill(1.0);
+      if (kind == CollectiveKind::all_to_all) {
+        world.all_to_all(*input, *output, {32, 32}, {32, 32}, give_up_soon);
+      } else {
+        world.all_reduce(*input, give_up_soon);
+        *output = input->clone();
+      }
+      const float expected = kind == CollectiveKind::all_to_all ? 1.0F : 2.0F;
+      const auto values = output->values<float>();
+      if (values.front() == expected && values.back() == expected) ++completed;
+    });
+  } catch (const CommError& error) {
+    EXPECT_THAT(error.what(), ::testing::AnyOf(::testing::HasSubstr("never issued it"),
+                                               ::testing::HasSubstr("was aborted")));
+    return false;
+  }
+  EXPECT_EQ(completed.load(), 2);
+  return true;
+}
+
+TEST(ThreadsFailures, AnAbandonedCollectiveIsNeverCompletedWithTheAbandonedRanksCall) {
+  // The late rank arrives before, at and after the deadline; both outcomes must occur cleanly.
+  int outcomes[2] = {0, 0};
+  for (int round = 0; round < 200; ++round) {
+    const auto late = std::chrono::microseconds(400 + (round % 20) * 80);
+    const auto kind = round % 2 == 0 ? CollectiveKind::all_reduce : CollectiveKind::all_to_all;
+    ++outcomes[abandoned_collective_round(kind, late) ? 1 : 0];
+  }
+  EXPECT_GT(outcomes[0], 0) << "no round timed out";
+}
+
+TEST(ThreadsFailures, AnInterruptDuringCollectivesEndsEveryRankCleanly) {
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<bool> stop{false};
+    const auto started = std::chrono::steady_clock::now();
+    const auto poll_after = std::chrono::microseconds(200 + round * 60);
+    const auto poll = [&] {
+      if (std::chrono::steady_clock::now() - started > poll_after)
+        throw ResourceError("KeyboardInterrupt");
+    };
+    EXPECT_THROW(run_threads(
+                     3,
+                     [&](const std::shared_ptr<Communicator>& world) {
+                       Tensor buffer({256}, DType::f32);
+                       while (!stop.load()) {
+                         world->all_reduce(buffer, {.mode = ReductionMode::exact});
+                         const auto sub = world->split(world->rank() % 2, 0, {});
+                         sub->barrier();
+                       }
+                     },
+                     {}, poll),
+                 ResourceError);
+  }
+}
+
+TEST(ThreadsFailures, AnInfiniteTimeoutWaitsInsteadOfExpiring) {
+  EXPECT_EQ(timeout_from_seconds(std::numeric_limits<double>::infinity(), "timeout"), kNoTimeout);
+  EXPECT_EQ(deadline_after(kNoTimeout), std::chrono::steady_clock::time_point::max());
+  EXPECT_THAT(testing::error_message([] { (void)timeout_from_seconds(0, "timeout"); }),
+              ::testing::HasSubstr("timeout must be a positive number of seconds (or inf for "
+                                   "none), got 0"));
+  run_threads(2, [](Communicator& world) {
+    if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    world.barrier({.timeout = kNoTimeout});
+  });
 }
 
 }  // namespace

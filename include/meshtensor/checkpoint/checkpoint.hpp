@@ -36,6 +36,13 @@ inline constexpr char kLatestFile[] = "LATEST";
 /// Largest index file read (an index of about a million blocks).
 inline constexpr std::int64_t kMaxIndexBytes = std::int64_t{256} << 20;
 
+/// Refuses, with InvalidArgument naming the path, a `root` that save() must not write into: a
+/// path that is not a directory, a directory holding an index.json (a checkpoint directory, or
+/// someone's file that would hide the checkpoints from a resume), or one whose LATEST is not a
+/// pointer that a save wrote. A missing root is fine. save() checks it too; a trainer calls it
+/// before training so that a bad root fails before any work.
+void check_save_root(const std::string& root);
+
 /// Saves a checkpoint of step `step` under the directory `root` (created when missing);
 /// collective over `world`, which must be every rank holding a block. Each rank that owns
 /// blocks writes them to its own safetensors file `rank-NNNNN.safetensors` (one entry per block,
@@ -47,7 +54,9 @@ inline constexpr std::int64_t kMaxIndexBytes = std::int64_t{256} << 20;
 /// that the owners' blocks tile every tensor exactly once, rename the directory to
 /// `step-NNNNNNNN` (a suffix ".N" when that name is taken) and then replace `LATEST` with its
 /// name (write, sync, rename). A rank killed at any moment leaves the previous checkpoint and
-/// `LATEST` as they were; leftovers of interrupted saves are removed by the next save. Bad input
+/// `LATEST` as they were; leftovers of interrupted saves (directories named as the save names its
+/// temporaries that hold only files a save writes) are removed by the next save; nothing else
+/// under `root` is touched. Bad input
 /// (overlapping or missing blocks, dtypes or shapes that differ between ranks) and write errors
 /// throw on every rank, and nothing is renamed. Returns the new checkpoint's directory.
 std::string save(comm::Communicator& world, const std::string& root, std::int64_t step,
@@ -116,8 +125,13 @@ struct Index {
   std::string to_json() const;
 };
 
+/// The checksum of an index's metadata (its "metadata_checksum"), so that metadata which is
+/// read before any tensor (a model's architecture) is covered like the tensors' bytes.
+std::uint64_t metadata_checksum(const std::map<std::string, std::string>& metadata);
+
 /// Parses index JSON text (`file` names it in errors): DataError unless it is a valid index
-/// whose blocks lie inside their tensors and name plain files of the directory.
+/// whose blocks lie inside their tensors and name plain files of the directory, and whose
+/// metadata matches its checksum (version 2; version 1 indexes have none).
 Index parse_index(const std::string& text, const std::string& file);
 
 /// The checkpoint directory `path` names: `path` when it holds index.json, else the directory

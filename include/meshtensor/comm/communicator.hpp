@@ -44,6 +44,16 @@ bool check_mode_from_environment();
 /// naming `what` and the text otherwise.
 std::chrono::milliseconds parse_timeout_seconds(std::string_view text, std::string_view what);
 
+/// A timeout that never expires (e.g. Python's `timeout=math.inf`).
+inline constexpr std::chrono::milliseconds kNoTimeout = std::chrono::milliseconds::max();
+
+/// Now plus `timeout`, saturating at the clock's last point, so kNoTimeout never expires.
+std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout);
+
+/// A timeout given in seconds by a program: positive; +infinity means kNoTimeout. Throws
+/// InvalidArgument naming `what` and the value otherwise (zero, negative, NaN).
+std::chrono::milliseconds timeout_from_seconds(double seconds, std::string_view what);
+
 /// Per-call options.
 struct CollectiveOptions {
   ReduceOp op = ReduceOp::sum;                            ///< reducing collectives only

@@ -41,6 +41,10 @@ std::string gpt_config_text(const GptConfig& config);
 /// Number of parameters of the model a config builds.
 std::int64_t gpt_parameter_count(const GptConfig& config);
 
+/// Bytes a Gpt of this config allocates when built (its parameters' values and gradients); the
+/// constructor refuses (ResourceError) a model that does not fit in memory before allocating.
+double gpt_model_bytes(const GptConfig& config);
+
 /// x + attention(norm1(x)), then x + mlp(norm2(x)) (mlp: Linear(dim, 4 dim), GELU,
 /// Linear(4 dim, dim)), over f32 [batch, sequence, dim].
 class TransformerBlock : public Module {

@@ -30,7 +30,12 @@ struct MlpConfig {
 /// ParseError naming the bad part otherwise (unknown kind, a size that is not a positive number).
 std::vector<std::int64_t> parse_mlp_hidden(const std::string& text);
 
-/// Builds the model; the same config gives the same initial bits everywhere.
+/// Number of parameters of the MLP a config builds.
+std::int64_t mlp_parameter_count(const MlpConfig& config);
+
+/// Builds the model; the same config gives the same initial bits everywhere. InvalidArgument for
+/// a size below 1; ResourceError, before anything is allocated, for a model that does not fit
+/// in memory.
 std::unique_ptr<Sequential> make_mlp(const MlpConfig& config);
 
 }  // namespace meshtensor::nn

@@ -25,7 +25,8 @@ struct NamedMesh {
   std::int64_t dp = 1;
   std::int64_t fsdp = 1;
   std::int64_t tp = 1;
-  bool given = false;  ///< false: the strategy decides the mesh
+  bool given = false;   ///< false: the strategy decides the mesh
+  bool has_tp = false;  ///< a dim named tp was given (of any size)
   /// dp * fsdp * tp.
   std::int64_t ranks() const { return dp * fsdp * tp; }
   /// Ranks that see different data (dp * fsdp).
@@ -202,6 +203,12 @@ inline constexpr const char* kTrainStateTensors[] = {"train.step", "data.epoch",
 /// it against the memory available before they start (threads ranks share one process: multiply
 /// by their number).
 double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks);
+
+/// Refuses (ResourceError with both figures) a run whose `process_ranks` ranks in this process,
+/// of `ranks` in all, would need more memory than the process has. train() calls it before any
+/// rank builds its model; the command line calls it before starting the ranks.
+void require_training_memory(const TrainConfig& config, const Task& task,
+                             std::int64_t process_ranks, std::int64_t ranks);
 
 /// Throws InvalidArgument naming the first value of `config` that train() would refuse for
 /// `task` (before any rank starts): what a caller running several configurations checks first.
