@@ -93,6 +93,7 @@ from .plan import Plan, plan  # noqa: E402
 __version__ = "0.1.0"
 
 _name_arguments(globals(), _meshtensor, ArgumentTypeError)
+_name_arguments(vars(ops), _meshtensor, ArgumentTypeError, prefix="ops.")
 
 _atexit.register(_finalize_mpi)
 

@@ -110,6 +110,9 @@ def _mismatch(name, signature, args, kwargs, classes):
                 return f"{name}() is missing the argument '{parameter_name}'"
             continue
         value = given[parameter_name]
+        if annotation == "int" and isinstance(value, numbers.Integral) and \
+                not -2**63 <= value < 2**64:
+            return f"{name}(): argument '{parameter_name}' is {value}, outside the 64-bit integers"
         if not _fits(value, annotation, classes):
             expected = annotation.replace("meshtensor._meshtensor.", "")
             return f"{name}(): argument '{parameter_name}' must be {expected}, got {_describe(value)}"
@@ -123,6 +126,9 @@ def _explain(name, message, args, kwargs, classes):
     if problems:
         return problems[0]
     first_line = message.splitlines()[0] if message else "incompatible arguments"
+    own = f"{name.rsplit('.', 1)[-1]}(): "
+    if first_line.startswith(own):  # pybind11 names the function already
+        first_line = first_line[len(own):]
     return f"{name}(): {first_line}"
 
 
@@ -136,19 +142,24 @@ def _wrap(function, name, classes, error_class, constructor=False):
             if "incompatible function arguments" not in message and \
                     "incompatible constructor arguments" not in message:
                 raise
+            if error.__traceback__ is not None and error.__traceback__.tb_next is not None:
+                raise  # raised deeper (in a function this one called back): not our arguments
             shown = args[1:] if constructor else args  # constructor signatures omit self
             raise error_class(_explain(name, message, shown, kwargs, classes)) from None
     return call
 
 
-def name_arguments(namespace, extension, error_class):
-    """Wraps the extension's functions in `namespace` and the methods of its classes."""
+def name_arguments(namespace, extension, error_class, prefix=""):
+    """Wraps the extension's functions in `namespace` (named `prefix` + name in messages) and the
+    methods of its classes."""
     classes = {k: v for k, v in vars(extension).items() if isinstance(v, type)}
     for key, value in list(namespace.items()):
         if key.startswith("__"):
             continue
         if callable(value) and type(value).__name__ == "builtin_function_or_method":
-            namespace[key] = _wrap(value, key, classes, error_class)
+            namespace[key] = _wrap(value, prefix + key, classes, error_class)
+    if prefix:
+        return
     for class_name, cls in classes.items():
         if issubclass(cls, BaseException):
             continue

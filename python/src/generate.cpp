@@ -45,6 +45,7 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
     const std::unique_ptr<nn::Gpt> model = generate::load_gpt(*world, checkpoint);
     model->set_exact_sums(reduction == comm::ReductionMode::exact);
     generate::Generator generator(*model, options);
+    generator.check_between_steps([&world] { world->throw_if_aborted(); });  // Ctrl-C stops it
     completions = generator.generate(requests);
   }
   py::list out;

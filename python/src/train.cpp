@@ -123,7 +123,8 @@ py::dict result_dict(const train::TrainResult& result) {
   out["resumed_step"] = result.resumed_step;
   out["checkpoints"] = result.checkpoints;
   out["warnings"] = result.warnings;
-  out["logits_digest"] = digest_hex(result.logits_digest);
+  out["logits_digest"] =
+      result.evaluated ? py::object(py::str(digest_hex(result.logits_digest))) : py::none();
   out["grad_norms"] = result.grad_norms;
   py::list plan;
   for (const auto& [path, style] : result.parallel_plan)

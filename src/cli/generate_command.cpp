@@ -1,10 +1,16 @@
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/agree.hpp>
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/generator.hpp>
@@ -41,28 +47,71 @@ struct GenerateOptions {
   CLI::Option* prompts_option = nullptr;
 };
 
-/// The prompts: --prompt, or the lines of --prompts (without their line ends).
-std::vector<std::string> read_prompts(const GenerateOptions& options) {
-  if (options.prompt_option->count() > 0 && options.prompts_option->count() > 0)
-    throw ParseError("--prompt and --prompts exclude each other: give one");
-  if (options.prompts_option->count() == 0) {
-    if (options.prompt_option->count() == 0)
-      throw ParseError("give --prompt TEXT or --prompts FILE");
-    return {options.prompt};
+/// Longest prompt line read, and most bytes read from a --prompts file.
+constexpr std::int64_t kMaxPromptLineBytes = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxPromptFileBytes = std::int64_t{1} << 30;
+
+/// The prompts, one at a time: --prompt, or the lines of --prompts (without their line ends),
+/// read as they are needed, so a file of millions of prompts streams. Lines and the file are
+/// capped (DataError naming the line, the file and the cap); a directory is refused at once.
+class PromptSource {
+ public:
+  explicit PromptSource(const GenerateOptions& options) : path_(options.prompts) {
+    if (options.prompt_option->count() > 0 && options.prompts_option->count() > 0)
+      throw ParseError("--prompt and --prompts exclude each other: give one");
+    if (options.prompts_option->count() == 0) {
+      if (options.prompt_option->count() == 0)
+        throw ParseError("give --prompt TEXT or --prompts FILE");
+      single_ = options.prompt;
+      return;
+    }
+    std::error_code error;
+    if (std::filesystem::is_directory(path_, error))
+      throw DataError(fmt::format("--prompts {}: is a directory, not a file of prompts", path_));
+    file_.open(path_, std::ios::binary);
+    if (!file_) throw DataError(fmt::format("--prompts {}: cannot open the file", path_));
   }
-  std::ifstream file(options.prompts);
-  if (!file) throw DataError(fmt::format("--prompts {}: cannot open the file", options.prompts));
-  std::vector<std::string> prompts;
-  for (std::string line; std::getline(file, line);) {
+
+  /// The next prompt, or nothing at the end.
+  std::optional<std::string> next() {
+    if (single_) return std::exchange(single_, std::nullopt);
+    if (!file_.is_open()) return std::nullopt;
+    std::string line;
+    bool any = false;
+    for (int c; (c = file_.get()) != std::char_traits<char>::eof();) {
+      any = true;
+      if (++bytes_ > kMaxPromptFileBytes) {
+        throw DataError(fmt::format("--prompts {}: more than the {} bytes a prompt file may hold",
+                                    path_, kMaxPromptFileBytes));
+      }
+      if (c == '\n') break;
+      if (static_cast<std::int64_t>(line.size()) >= kMaxPromptLineBytes) {
+        throw DataError(fmt::format("--prompts {}: line {} is longer than {} bytes", path_,
+                                    lines_ + 1, kMaxPromptLineBytes));
+      }
+      line += static_cast<char>(c);
+    }
+    if (!any) {
+      if (lines_ == 0) throw DataError(fmt::format("--prompts {} holds no line", path_));
+      file_.close();
+      return std::nullopt;
+    }
+    ++lines_;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    prompts.push_back(line);
+    return line;
   }
-  if (prompts.empty()) throw DataError(fmt::format("--prompts {} holds no line", options.prompts));
-  return prompts;
-}
+
+ private:
+  std::string path_;
+  std::optional<std::string> single_;
+  std::ifstream file_;
+  std::int64_t lines_ = 0;
+  std::int64_t bytes_ = 0;
+};
 
 void print_completions(const std::vector<std::string>& prompts,
-                       const std::vector<generate::Completion>& completions, bool json) {
+                       const std::vector<generate::Completion>& completions, bool json,
+                       std::size_t first) {
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const generate::Completion& c = completions[i];
     const std::string text = train::printable_text(generate::token_bytes(c.tokens));
@@ -77,13 +126,16 @@ void print_completions(const std::vector<std::string>& prompts,
       double total = 0;
       for (const double l : c.logprobs)
         total += l;
-      std::cout << fmt::format("--- request {} ({} tokens, log-probability {:.4f})\n{}{}\n", i,
+      std::cout << fmt::format("--- request {} ({} tokens, log-probability {:.4f})\n{}{}\n",
+                               first + i,
                                c.tokens.size(), total, train::printable_text(prompts[i]), text);
     }
   }
+  std::cout.flush();
 }
 
-/// The tensor-parallel degree: --ranks N, or --mesh N --names tp (1 by default).
+/// The tensor-parallel degree: --ranks N, or --mesh N --names tp (1 by default; 0: neither
+/// given).
 std::int64_t tensor_parallel_degree(const GenerateOptions& options) {
   if (!options.mesh.empty() || !options.names.empty()) {
     if (!options.ranks.empty()) throw ParseError("--ranks and --mesh exclude each other: give one");
@@ -95,52 +147,141 @@ std::int64_t tensor_parallel_degree(const GenerateOptions& options) {
     return integer_option("--mesh", options.mesh, 1, comm::kMaxThreadsRanks);
   }
   return options.ranks.empty()
-             ? 1
+             ? 0
              : integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
 }
 
+/// How every window of prompts is turned into requests and printed.
+struct GenerateJob {
+  const GenerateOptions& options;
+  comm::ReductionMode mode;
+  generate::GeneratorOptions generator;
+  generate::Sampling sampling;
+  std::int64_t new_tokens = 0;
+};
+
+/// Prompts decoded together before their completions print: enough to keep every slot busy,
+/// few enough that results stream.
+std::int64_t window_size(const generate::GeneratorOptions& options) {
+  return std::max<std::int64_t>(64, 4 * options.max_batch);
+}
+
+/// Rank 0's next window of prompts, on every rank (collective). Empty at the end.
+std::vector<std::string> next_window(comm::Communicator& world, PromptSource* source,
+                                     std::int64_t size) {
+  std::vector<std::string> window;
+  std::exception_ptr failure;
+  if (world.rank() == 0) {
+    try {
+      for (std::int64_t i = 0; i < size; ++i) {
+        std::optional<std::string> prompt = source->next();
+        if (!prompt) break;
+        window.push_back(std::move(*prompt));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world, failure);
+  if (world.size() == 1) return window;
+  // Prompts hold no line end, so one text of lines carries the window.
+  std::string text;
+  for (const std::string& prompt : window)
+    text += prompt + "\n";
+  text = comm::all_gather_text(world, world.rank() == 0 ? text : std::string())[0];
+  window.clear();
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = text.find('\n', at);
+    window.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return window;
+}
+
 /// Loads the checkpoint on every rank, splits it over the ranks (a tensor-parallel group) and
-/// generates; rank 0 prints.
-void generate_on_ranks(comm::Communicator& world, const GenerateOptions& options,
-                       comm::ReductionMode mode,
-                       const generate::GeneratorOptions& generator_options,
-                       const std::vector<std::string>& prompts,
-                       const std::vector<generate::Request>& requests) {
-  const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, options.checkpoint);
-  model->set_exact_sums(mode == comm::ReductionMode::exact);
+/// generates window after window of prompts; rank 0 prints each window's completions in input
+/// order as soon as they are done.
+void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, PromptSource* source) {
+  const std::unique_ptr<nn::Gpt> model = generate::load_gpt(
+      world, job.options.checkpoint, world.backend() == "threads" ? world.size() : 1);
+  model->set_exact_sums(job.mode == comm::ReductionMode::exact);
   tp::TensorParallel tp(std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}),
-                        mode, false);
+                        job.mode, false);
   if (tp.size() > 1) {
     tp::check_gpt_degree(model->config(), tp.size());
     tp::parallelize_module(*model, tp, tp::gpt_plan(false));
   }
-  generate::Generator generator(*model, generator_options, &tp);
-  const std::vector<generate::Completion> completions = generator.generate(requests);
-  if (world.rank() == 0) print_completions(prompts, completions, options.json);
+  generate::Generator generator(*model, job.generator, &tp);
+  std::size_t first = 0;
+  for (;;) {
+    const std::vector<std::string> prompts =
+        next_window(world, source, window_size(job.generator));
+    if (prompts.empty()) break;
+    std::vector<generate::Request> requests;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      requests.push_back({generate::byte_tokens(prompts[i]), job.new_tokens, job.sampling});
+      generate::check_request(requests.back(), first + i, model->config());
+    }
+    const std::vector<generate::Completion> completions = generator.generate(requests);
+    if (world.rank() == 0) print_completions(prompts, completions, job.options.json, first);
+    first += prompts.size();
+  }
+}
+
+/// The architecture of the checkpoint, checked against its tensors, and the layout against it,
+/// before any rank starts or allocates.
+void check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
+  const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
+  const nn::GptConfig config = generate::checked_architecture(index, options.checkpoint);
+  if (degree > 1) tp::check_gpt_degree(config, degree);
+}
+
+/// Every prompt of a regular file checked before anything is generated, so a bad line is an
+/// error with no output; other sources (a pipe) are checked window by window.
+void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job) {
+  if (options.prompts_option->count() == 0 ||
+      !std::filesystem::is_regular_file(options.prompts)) {
+    return;
+  }
+  const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
+  const nn::GptConfig config = generate::checked_architecture(index, options.checkpoint);
+  PromptSource source(options);
+  std::size_t i = 0;
+  for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
+    generate::check_request({generate::byte_tokens(*prompt), job.new_tokens, job.sampling}, i,
+                            config);
 }
 
 void run_generate(const GenerateOptions& options) {
-  const std::vector<std::string> prompts = read_prompts(options);
-  generate::Sampling sampling;
-  sampling.temperature = real_option("--temperature", options.temperature, 0.0, 1e6);
-  sampling.top_k = integer_option("--top-k", options.top_k, 0, 1 << 30);
-  sampling.seed = seed_option("--seed", options.seed);
-  const std::int64_t new_tokens =
-      integer_option("--max-new-tokens", options.max_new_tokens, 1, 1 << 30);
-  const comm::ReductionMode mode = comm::parse_reduction_mode(options.mode);
-  generate::GeneratorOptions generator_options;
-  generator_options.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
-  generator_options.prefill_chunk =
+  GenerateJob job{options, comm::ReductionMode::ordered, {}, {}, 0};
+  job.sampling.temperature = real_option("--temperature", options.temperature, 0.0, 1e6);
+  job.sampling.top_k = integer_option("--top-k", options.top_k, 0, 1 << 30);
+  job.sampling.seed = seed_option("--seed", options.seed);
+  job.new_tokens = integer_option("--max-new-tokens", options.max_new_tokens, 1, 1 << 30);
+  job.mode = comm::parse_reduction_mode(options.mode);
+  if (job.mode == comm::ReductionMode::native) {
+    throw ParseError(
+        "--mode native: generation runs in ordered or exact mode (the trainer's bits need one of "
+        "them)");
+  }
+  job.generator.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
+  job.generator.prefill_chunk =
       integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
-  generator_options.exact_logprobs = mode == comm::ReductionMode::exact;
-  std::vector<generate::Request> requests;
-  for (const std::string& p : prompts)
-    requests.push_back({generate::byte_tokens(p), new_tokens, sampling});
+  job.generator.exact_logprobs = job.mode == comm::ReductionMode::exact;
   const Backend backend = parse_backend(options.backend);
-  const std::int64_t degree = tensor_parallel_degree(options);
-  run_ranks(backend, degree, "generate", [&](comm::Communicator& world) {
-    generate_on_ranks(world, options, mode, generator_options, prompts, requests);
-  });
+  const std::int64_t given = tensor_parallel_degree(options);
+  PromptSource source(options);
+  check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
+  check_prompts_ahead(options, job);
+  run_ranks(backend, std::max<std::int64_t>(given, 1), "generate",
+            [&](comm::Communicator& world) {
+              if (backend == Backend::mpi && given > 0 && world.size() != given) {
+                throw InvalidArgument(fmt::format(
+                    "--{} {} does not match the mpi job's {} ranks",
+                    options.ranks.empty() ? "mesh" : "ranks", given, world.size()));
+              }
+              generate_on_ranks(world, job, &source);
+            });
 }
 
 struct GenerateBenchCliOptions {

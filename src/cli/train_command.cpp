@@ -254,6 +254,10 @@ std::string describe_task(const LoadedTask& loaded) {
 
 /// One line per report.
 std::string report_line(const train::EpochReport& e, const LoadedTask& loaded) {
+  if (loaded.language && loaded.task->eval_samples() == 0) {
+    return fmt::format("step {:>5}  train loss {:.4f}  no validation set  {:.0f} tokens/s  ({:.1f} s)",
+                       e.steps, e.train_loss, e.targets_per_second, e.seconds);
+  }
   if (loaded.language) {
     return fmt::format(
         "step {:>5}  train loss {:.4f}  validation loss {:.4f}  validation acc {:.4f}  {:.0f} "
@@ -504,7 +508,9 @@ void run_train(const TrainOptions& options) {
                                        {"warnings", result.warnings},
                                        {"seconds", result.seconds}};
           if (loaded.language) final_json["sample"] = train::printable_text(result.sample);
-          final_json["logits_digest"] = digest_hex(result.logits_digest);
+          final_json["logits_digest"] = result.evaluated
+                                            ? nlohmann::json(digest_hex(result.logits_digest))
+                                            : nlohmann::json(nullptr);
           if (!result.grad_norms.empty()) final_json["grad_norm"] = result.grad_norms.back();
           if (options.verify_generator) {
             const auto& check = result.generator_check;
@@ -529,9 +535,14 @@ void run_train(const TrainOptions& options) {
             std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
                                      result.checkpoints.size(), result.checkpoints.back());
           }
-          std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n",
-                                   eval, result.test_loss, result.test_accuracy, result.steps,
-                                   result.seconds);
+          if (result.evaluated) {
+            std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n",
+                                     eval, result.test_loss, result.test_accuracy, result.steps,
+                                     result.seconds);
+          } else {
+            std::cout << fmt::format("no {} set; {} steps ({:.1f} s)\n", eval, result.steps,
+                                     result.seconds);
+          }
           if (loaded.language) {
             std::cout << fmt::format("sample (temperature {}):\n", train::kSampleTemperature)
                       << train::printable_text(result.sample) << "\n-- end of sample\n";
@@ -550,9 +561,11 @@ void run_train(const TrainOptions& options) {
                                    digest_hex(result.digest), result.parameters,
                                    result.replicas_identical ? "identical" : "DIFFER",
                                    world.size());
-          std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
-                                   digest_hex(result.logits_digest));
-          if (options.verify_generator) {
+          if (result.evaluated) {
+            std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
+                                     digest_hex(result.logits_digest));
+          }
+          if (options.verify_generator && result.evaluated) {
             const auto& check = result.generator_check;
             std::cout << fmt::format(
                 "generator check: {} tokens generated on 1 rank, scored by the trainer on this "

@@ -255,6 +255,13 @@ class ThreadsCommunicator final : public QueuedCommunicator {
   int size() const override { return group_->size(); }
   const std::vector<std::int64_t>& world_ranks() const override { return group_->world_ranks; }
   std::string_view backend() const override { return "threads"; }
+  void throw_if_aborted() const override {
+    if (world_->aborted.load()) {
+      throw CommError(fmt::format("world rank {} stopped: the job was aborted: {}",
+                                  group_->world_ranks[static_cast<std::size_t>(rank_)],
+                                  world_->abort_reason()));
+    }
+  }
 
  protected:
   void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,

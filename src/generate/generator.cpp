@@ -13,6 +13,16 @@ namespace meshtensor::generate {
 
 namespace {
 
+/// A running request: its cache slot, its tokens so far and how many the cache holds.
+struct Running {
+  std::size_t index;
+  std::int64_t slot;
+  std::vector<std::int64_t> sequence;
+  std::int64_t fed = 0;
+};
+
+}  // namespace
+
 void check_request(const Request& request, std::size_t index, const nn::GptConfig& config) {
   const auto bad = [&](const std::string& what) {
     return InvalidArgument(fmt::format("request {}: {}", index, what));
@@ -38,16 +48,6 @@ void check_request(const Request& request, std::size_t index, const nn::GptConfi
     throw bad(fmt::format("temperature {} is not a finite value >= 0", s.temperature));
   if (s.top_k < 0) throw bad(fmt::format("top_k {} is negative", s.top_k));
 }
-
-/// A running request: its cache slot, its tokens so far and how many the cache holds.
-struct Running {
-  std::size_t index;
-  std::int64_t slot;
-  std::vector<std::int64_t> sequence;
-  std::int64_t fed = 0;
-};
-
-}  // namespace
 
 std::vector<std::int64_t> byte_tokens(std::string_view text) {
   std::vector<std::int64_t> tokens;
@@ -142,6 +142,7 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
     }
     Tensor tokens(Shape{rows.size()}, DType::i64);
     std::copy(ids.begin(), ids.end(), tokens.values<std::int64_t>().begin());
+    if (between_steps_) between_steps_();
     const Tensor logits = model_.decode(tokens, rows, caches);
     ++stats_.steps;
     stats_.rows += rows.size();

@@ -93,8 +93,12 @@ std::string printable_text(std::string_view bytes) {
   std::string out;
   for (std::size_t i = 0; i < bytes.size();) {
     const int length = sequence_length(bytes, i);
+    const auto byte = static_cast<unsigned char>(bytes[i]);
     if (length == 0) {
-      out += bytes[i] == '\0' ? std::string(" ") : std::string("\xEF\xBF\xBD");
+      out += "\xEF\xBF\xBD";  // U+FFFD for a byte outside valid UTF-8 (NUL included)
+      ++i;
+    } else if (length == 1 && (byte < 0x20 || byte == 0x7F) && byte != '\n' && byte != '\t') {
+      out += fmt::format("\\x{:02x}", byte);  // a control character: shown, never acted on
       ++i;
     } else {
       out.append(bytes.substr(i, static_cast<std::size_t>(length)));

@@ -691,8 +691,18 @@ void TrainingRun::finish() {
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.digest = full_digest();
-  if (config_.verify_generator && task_.eval_samples() > 0) verify_generator();
-  if (task_.eval_samples() > 0) {
+  result_.evaluated = task_.eval_samples() > 0;
+  if (!result_.evaluated) {
+    result_.warnings.push_back(fmt::format(
+        "there is no {0} set ({1}): no {0} loss, no logits digest{2}", task_.eval_name(),
+        task_.eval_name() == "validation"
+            ? "the text has too few records: every 20th record is validation text"
+            : "the data has no evaluation samples",
+        config_.verify_generator ? ", and no generator check (it continues validation text)"
+                                 : ""));
+  }
+  if (config_.verify_generator && result_.evaluated) verify_generator();
+  if (result_.evaluated) {
     const Batch batch = task_.eval_batch(0, std::min<std::int64_t>(4, task_.eval_samples()));
     const Tensor logits = sharded_->forward(batch.input);
     result_.logits_digest =

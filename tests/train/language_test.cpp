@@ -71,6 +71,8 @@ TEST(TextData, FindsTheFirstByteThatIsNotText) {
   EXPECT_EQ(first_non_text_byte("a\xED\xA0\x80"), 1);     // surrogate
   EXPECT_EQ(first_non_text_byte("\xF4\x90\x80\x80"), 0);  // above U+10FFFF
   EXPECT_EQ(printable_text("a\xC3"), "a\xEF\xBF\xBD");
+  EXPECT_EQ(printable_text(std::string("\x1b[2J\0\x7f\n\t\xC3\xA9\xFF", 11)),
+            "\\x1b[2J\xEF\xBF\xBD\\x7f\n\t\xC3\xA9\xEF\xBF\xBD");
 }
 
 TEST(TextData, ReadsADirectorySkippingBinaryFilesAndLinks) {

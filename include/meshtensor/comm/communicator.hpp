@@ -132,6 +132,10 @@ class Communicator {
   virtual const std::vector<std::int64_t>& world_ranks() const = 0;
   /// "threads" or "mpi".
   virtual std::string_view backend() const = 0;
+  /// Throws CommError with the cause when the job this rank belongs to was aborted (another
+  /// rank failed, the run was interrupted): long work between collectives calls it so that an
+  /// interrupt stops it at once. Does nothing where aborts end the process (mpi).
+  virtual void throw_if_aborted() const {}
 
   /// buffer = op over every rank's buffer (in place).
   virtual Work all_reduce_async(Tensor buffer, const CollectiveOptions& options) = 0;

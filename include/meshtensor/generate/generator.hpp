@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
@@ -52,6 +54,12 @@ struct GeneratorStats {
   std::int64_t largest_batch = 0;  ///< most requests in one call
 };
 
+/// InvalidArgument naming request `index` and the value unless `request` can run on a model of
+/// `config`: a non-empty prompt inside the vocabulary, at least one new token, prompt plus new
+/// tokens within the context, a finite temperature >= 0 and top_k >= 0. generate() checks every
+/// request with it before generating anything.
+void check_request(const Request& request, std::size_t index, const nn::GptConfig& config);
+
 /// Generates with continuous batching over a GPT: requests join the running batch as slots free
 /// up and leave when done; prompts are fed in chunks; each step runs Gpt::decode on the rows of
 /// every running request. Every row has the bits the trainer's forward gives that position of its
@@ -71,6 +79,9 @@ class Generator {
   std::vector<Completion> generate(const std::vector<Request>& requests);
   /// Figures of the last generate() call.
   const GeneratorStats& stats() const { return stats_; }
+  /// Calls `check` before every decode step; it throws to stop generating (e.g.
+  /// Communicator::throw_if_aborted, so that an interrupt stops a long generation at once).
+  void check_between_steps(std::function<void()> check) { between_steps_ = std::move(check); }
 
  private:
   /// Draws the next token of each request whose rows ended in `logits` at `rows` (local classes
@@ -83,6 +94,7 @@ class Generator {
   GeneratorOptions options_;
   tp::TensorParallel* tp_;
   GeneratorStats stats_;
+  std::function<void()> between_steps_;
 };
 
 /// The token `sampling` picks from a row of logits for `position` (see Sampling).

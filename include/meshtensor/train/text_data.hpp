@@ -50,7 +50,10 @@ void add_text_records(std::string_view text, TextCorpus& corpus);
 /// counts as not text), or -1 when all of it is.
 std::int64_t first_non_text_byte(std::string_view bytes);
 
-/// `bytes` as printable UTF-8: invalid sequences (a sample cut mid-character) become U+FFFD.
+/// `bytes` as printable UTF-8 for a terminal: bytes outside valid UTF-8 (a sample cut
+/// mid-character, NUL) become U+FFFD, and control characters other than newline and tab are
+/// shown as \xNN, so a model's output never reaches a terminal as raw invalid bytes or escape
+/// sequences. `--json` keeps the exact tokens beside it.
 std::string printable_text(std::string_view bytes);
 
 }  // namespace meshtensor::train

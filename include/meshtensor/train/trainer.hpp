@@ -174,6 +174,9 @@ struct TrainResult {
   /// Digest of the whole logits of the first evaluation windows (at most 4) after training: the
   /// same bits on any layout in exact mode, tensor-parallel degree included.
   std::uint64_t logits_digest = 0;
+  /// False when the task has no evaluation set (a text of fewer than 20 records): then there is
+  /// no evaluation loss, no logits digest and no generator check, and `warnings` says so.
+  bool evaluated = true;
   /// TrainConfig::verify_generator's figures (tokens 0 when not asked for).
   struct GeneratorCheck {
     std::int64_t tokens = 0;        ///< tokens generated and scored
