@@ -10,6 +10,7 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/kernels/simd.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
 #include "backend.hpp"
@@ -75,7 +76,8 @@ nlohmann::json result_json(const bench::CollectiveBenchConfig& config, const std
                         {"backend", backend},
                         {"ranks", result.ranks},
                         {"iterations", result.iterations},
-                        {"native_time_s", result.native_time_s}};
+                        {"native_time_s", result.native_time_s},
+                        {"machine", kernels::machine_description()}};
   nlohmann::json modes = nlohmann::json::object();
   for (const bench::ModeTiming& timing : result.modes) {
     modes[std::string(comm::reduction_mode_name(timing.mode))] = {{"time_s", timing.time_s},
@@ -152,6 +154,7 @@ void print_table_row(const bench::CollectiveBenchConfig& config,
 }
 
 void run_collective_bench(const CollectiveBenchOptions& options) {
+  print_machine_line(options.json);
   std::vector<comm::CollectiveKind> ops;
   for (const std::string& op : list_option("--op", options.op))
     ops.push_back(parse_op(op));
@@ -299,6 +302,7 @@ void print_redistribute(const RedistributeBenchOptions& options,
 }
 
 void run_redistribute_bench(const RedistributeBenchOptions& options) {
+  print_machine_line(options.json);
   const bench::RedistributeBenchConfig config = redistribute_config(options);
   const Backend backend = parse_backend(options.backend);
   // The rank limit before anything is planned: planning a huge mesh to then refuse it wastes
@@ -334,6 +338,7 @@ void run_redistribute_bench(const RedistributeBenchOptions& options) {
 
 // Planning cases from 1-D to 4-D meshes, uneven shapes, nested shards and partials.
 void run_matmul_bench_command(bool json, const std::string& iterations_text) {
+  print_machine_line(json);
   const int iterations =
       static_cast<int>(integer_option("--iterations", iterations_text, 0, 100000));
   const auto rows = bench::run_matmul_bench(bench::default_matmul_shapes(), iterations);
@@ -381,6 +386,7 @@ void run_matmul_bench_command(bool json, const std::string& iterations_text) {
 }
 
 void run_plan_bench(bool json) {
+  print_machine_line(json);
   struct Case {
     const char* mesh;
     const char* from;

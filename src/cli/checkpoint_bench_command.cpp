@@ -33,6 +33,7 @@ nlohmann::json timing_json(const bench::CheckpointTiming& t) {
 }
 
 void run(const CheckpointBenchOptions& options) {
+  print_machine_line(options.json);
   bench::CheckpointBenchConfig config;
   config.ranks = static_cast<int>(integer_option("--ranks", options.ranks, 2, 64));
   config.megabytes = integer_option("--mib", options.megabytes, 1, 1 << 20);

@@ -15,6 +15,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/kernels/simd.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/text_data.hpp>
 
@@ -127,8 +128,8 @@ void print_completions(const std::vector<std::string>& prompts,
       for (const double l : c.logprobs)
         total += l;
       std::cout << fmt::format("--- request {} ({} tokens, log-probability {:.4f})\n{}{}\n",
-                               first + i,
-                               c.tokens.size(), total, train::printable_text(prompts[i]), text);
+                               first + i, c.tokens.size(), total, train::printable_text(prompts[i]),
+                               text);
     }
   }
   std::cout.flush();
@@ -214,8 +215,7 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
   generate::Generator generator(*model, job.generator, &tp);
   std::size_t first = 0;
   for (;;) {
-    const std::vector<std::string> prompts =
-        next_window(world, source, window_size(job.generator));
+    const std::vector<std::string> prompts = next_window(world, source, window_size(job.generator));
     if (prompts.empty()) break;
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -239,8 +239,7 @@ void check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t de
 /// Every prompt of a regular file checked before anything is generated, so a bad line is an
 /// error with no output; other sources (a pipe) are checked window by window.
 void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job) {
-  if (options.prompts_option->count() == 0 ||
-      !std::filesystem::is_regular_file(options.prompts)) {
+  if (options.prompts_option->count() == 0 || !std::filesystem::is_regular_file(options.prompts)) {
     return;
   }
   const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
@@ -273,15 +272,14 @@ void run_generate(const GenerateOptions& options) {
   PromptSource source(options);
   check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
   check_prompts_ahead(options, job);
-  run_ranks(backend, std::max<std::int64_t>(given, 1), "generate",
-            [&](comm::Communicator& world) {
-              if (backend == Backend::mpi && given > 0 && world.size() != given) {
-                throw InvalidArgument(fmt::format(
-                    "--{} {} does not match the mpi job's {} ranks",
-                    options.ranks.empty() ? "mesh" : "ranks", given, world.size()));
-              }
-              generate_on_ranks(world, job, &source);
-            });
+  run_ranks(backend, std::max<std::int64_t>(given, 1), "generate", [&](comm::Communicator& world) {
+    if (backend == Backend::mpi && given > 0 && world.size() != given) {
+      throw InvalidArgument(fmt::format("--{} {} does not match the mpi job's {} ranks",
+                                        options.ranks.empty() ? "mesh" : "ranks", given,
+                                        world.size()));
+    }
+    generate_on_ranks(world, job, &source);
+  });
 }
 
 struct GenerateBenchCliOptions {
@@ -291,8 +289,20 @@ struct GenerateBenchCliOptions {
   std::string new_tokens = "64";
   std::string batches = "1,16";
   std::string rounds = "3";
+  std::string simd;
   bool json = false;
 };
+
+/// --simd baseline|avx2|avx512: the kernels a benchmark times (default: the widest this CPU
+/// runs), so that one host reports every kernel path it has.
+void apply_simd_option(const std::string& text) {
+  if (text.empty()) return;
+  for (const auto level :
+       {kernels::SimdLevel::baseline, kernels::SimdLevel::avx2, kernels::SimdLevel::avx512}) {
+    if (text == kernels::simd_level_name(level)) return kernels::set_simd_level(level);
+  }
+  throw ParseError(fmt::format("--simd '{}' is not baseline, avx2 or avx512", text));
+}
 
 void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
                           const bench::GenerateBenchOptions& options, const nn::GptConfig& config,
@@ -310,7 +320,8 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
                      {"prompts", r.prompts},
                      {"tokens", r.tokens}});
     }
-    std::cout << nlohmann::json{{"model", nn::gpt_config_text(config)},
+    std::cout << nlohmann::json{{"machine", kernels::machine_description()},
+                                {"model", nn::gpt_config_text(config)},
                                 {"prompt_tokens", options.prompt_tokens},
                                 {"new_tokens", options.new_tokens},
                                 {"rows", out}}
@@ -336,6 +347,8 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
 }
 
 void run_generate_bench(const GenerateBenchCliOptions& options) {
+  apply_simd_option(options.simd);
+  print_machine_line(options.json);
   bench::GenerateBenchOptions bench_options;
   bench_options.prompt_tokens =
       integer_option("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
@@ -374,6 +387,8 @@ void add_generate_bench(CLI::App& bench) {
   command->add_option("--new-tokens", options->new_tokens, "tokens per request (default 64)");
   command->add_option("--batches", options->batches, "batch sizes (default 1,16)");
   command->add_option("--rounds", options->rounds, "alternated rounds (default 3)");
+  command->add_option("--simd", options->simd,
+                      "kernels to time: baseline, avx2 or avx512 (default: the widest here)");
   add_flag(*command, "--json", options->json, "print one JSON object");
   command->callback([options] { run_generate_bench(*options); });
 }

@@ -2,12 +2,15 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 
 #include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/shape.hpp>
+#include <meshtensor/kernels/simd.hpp>
 
 namespace meshtensor::cli {
 
@@ -65,6 +68,12 @@ void TimeoutOption::apply() const {
   if (option != nullptr && option->count() > 0) {
     comm::set_default_timeout(comm::parse_timeout_seconds(text, "--timeout"));
   }
+}
+
+void print_machine_line(bool json) {
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");  // one line for an mpirun job
+  if (json || (mpi_rank != nullptr && std::string_view(mpi_rank) != "0")) return;
+  std::cout << "machine: " << kernels::machine_description() << '\n';
 }
 
 }  // namespace meshtensor::cli

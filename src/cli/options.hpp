@@ -41,4 +41,9 @@ struct TimeoutOption {
   void apply() const;
 };
 
+/// Prints "machine: <cpu model>, N hardware threads, kernels <level>" before a benchmark's text
+/// output (nothing with --json, whose objects carry it as "machine"): every figure names the CPU
+/// it was measured on.
+void print_machine_line(bool json);
+
 }  // namespace meshtensor::cli

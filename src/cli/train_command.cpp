@@ -255,8 +255,9 @@ std::string describe_task(const LoadedTask& loaded) {
 /// One line per report.
 std::string report_line(const train::EpochReport& e, const LoadedTask& loaded) {
   if (loaded.language && loaded.task->eval_samples() == 0) {
-    return fmt::format("step {:>5}  train loss {:.4f}  no validation set  {:.0f} tokens/s  ({:.1f} s)",
-                       e.steps, e.train_loss, e.targets_per_second, e.seconds);
+    return fmt::format(
+        "step {:>5}  train loss {:.4f}  no validation set  {:.0f} tokens/s  ({:.1f} s)", e.steps,
+        e.train_loss, e.targets_per_second, e.seconds);
   }
   if (loaded.language) {
     return fmt::format(
@@ -691,6 +692,7 @@ TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agr
 }
 
 void run_train_bench(const TrainBenchOptions& options) {
+  print_machine_line(options.train.json);
   TrainOptions train_options = options.train;
   // Steps unless epochs are given (`meshtensor train` counts epochs unless steps are given).
   if (train_options.epochs_option->count() > 0 && train_options.steps_option->count() == 0)
@@ -859,6 +861,7 @@ FsdpBenchRun measure_training(const train::Task& task, const std::string& name,
 }
 
 void run_fsdp_bench(const FsdpBenchOptions& options) {
+  print_machine_line(options.train.json);
   train::TrainConfig base = parse_config(options.train);
   base.sample = false;
   const std::int64_t ranks =
@@ -1076,6 +1079,7 @@ void print_tp_bench(const TpBenchOptions& options, const std::vector<LinkedPair>
 }
 
 void run_tp_bench(const TpBenchOptions& options) {
+  print_machine_line(options.train.json);
   train::TrainConfig base = parse_config(options.train);
   base.sample = false;
   base.eval_every = 0;

@@ -4,13 +4,19 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/fixed_point.hpp>
+#include <meshtensor/kernels/simd.hpp>
 
 #include "simd_dispatch.hpp"
 
@@ -411,6 +417,136 @@ template <class T>
 }
 MESHTENSOR_SIMD_KERNEL(sum_in_doubles, sum_in_doubles_body)
 
+// The common case of reduce_exact for f32 (sum, at most kMaxDoubleAddends addends) with everything
+// in registers, one pass: 16 (or 8) elements at a time, over every input, the double sum, the
+// largest and the smallest non-zero magnitude. While every element is finite and no addend is
+// truncated by the window (the test of sum_in_doubles), the double sum is the fixed-point sum
+// and its f32 rounding (+ 0.0, which turns an exact zero into +0) the result, stored into every
+// output; at the first group of elements where that fails, it stops and returns how many
+// elements it did, and the generic path goes on from there. Each group is read whole before it
+// is stored, so outputs may be inputs.
+struct F32Sum {
+  std::span<const std::byte* const> in;  ///< f32 inputs
+  std::span<std::byte* const> out;       ///< f32 outputs
+  std::size_t offset;                    ///< first element
+  std::size_t count;                     ///< elements from there
+  float below;                           ///< the truncation threshold, relative to the largest
+  const float* input(std::size_t j) const { return reinterpret_cast<const float*>(in[j]) + offset; }
+  float* output(std::size_t o) const { return reinterpret_cast<float*>(out[o]) + offset; }
+};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12 takes the undefined upper halves inside the cast and convert intrinsics for
+// uninitialised reads.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+[[gnu::target("avx512f,avx512dq")]] std::size_t exact_f32_prefix_avx512(const F32Sum& job) {
+  const __m512 finite_max = _mm512_set1_ps(std::numeric_limits<float>::max());
+  const __m512 none = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 below = _mm512_set1_ps(job.below);
+  for (std::size_t i = 0; i < job.count; i += 16) {
+    const __mmask16 lanes = job.count - i >= 16
+                                ? __mmask16{0xFFFF}
+                                : static_cast<__mmask16>((1U << (job.count - i)) - 1);
+    __m512 x = _mm512_maskz_loadu_ps(lanes, job.input(0) + i);
+    __m512 magnitude = _mm512_abs_ps(x);
+    __mmask16 bad = _mm512_cmp_ps_mask(magnitude, finite_max, _CMP_NLE_UQ);
+    __m512 big = magnitude;
+    __m512 small =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ), none, magnitude);
+    __m512 result;
+    if (job.in.size() == 2) {
+      // Two addends: their exact sum rounded once is the IEEE f32 sum (correctly rounded).
+      const __m512 y = _mm512_maskz_loadu_ps(lanes, job.input(1) + i);
+      const __m512 other = _mm512_abs_ps(y);
+      bad = _mm512_kor(bad, _mm512_cmp_ps_mask(other, finite_max, _CMP_NLE_UQ));
+      big = _mm512_max_ps(big, other);
+      small = _mm512_mask_blend_ps(_mm512_kand(_mm512_cmp_ps_mask(other, zero, _CMP_GT_OQ),
+                                               _mm512_cmp_ps_mask(other, small, _CMP_LT_OQ)),
+                                   small, other);
+      result = _mm512_add_ps(_mm512_add_ps(x, y), zero);
+    } else {
+      __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+      __m512d high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+      for (std::size_t j = 1; j < job.in.size(); ++j) {
+        x = _mm512_maskz_loadu_ps(lanes, job.input(j) + i);
+        magnitude = _mm512_abs_ps(x);
+        bad = _mm512_kor(bad, _mm512_cmp_ps_mask(magnitude, finite_max, _CMP_NLE_UQ));
+        big = _mm512_max_ps(big, magnitude);
+        small = _mm512_mask_blend_ps(_mm512_kand(_mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ),
+                                                 _mm512_cmp_ps_mask(magnitude, small, _CMP_LT_OQ)),
+                                     small, magnitude);
+        low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+        high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)));
+      }
+      const __m256 low_f = _mm512_cvtpd_ps(_mm512_add_pd(low, _mm512_setzero_pd()));
+      const __m256 high_f = _mm512_cvtpd_ps(_mm512_add_pd(high, _mm512_setzero_pd()));
+      result = _mm512_insertf32x8(_mm512_castps256_ps512(low_f), high_f, 1);
+    }
+    bad = _mm512_kor(bad, _mm512_cmp_ps_mask(small, _mm512_mul_ps(big, below), _CMP_LT_OQ));
+    if (bad != 0) return i;
+    for (std::size_t o = 0; o < job.out.size(); ++o)
+      _mm512_mask_storeu_ps(job.output(o) + i, lanes, result);
+  }
+  return job.count;
+}
+
+[[gnu::target("avx2")]] std::size_t exact_f32_prefix_avx2(const F32Sum& job) {
+  const __m256 finite_max = _mm256_set1_ps(std::numeric_limits<float>::max());
+  const __m256 none = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 below = _mm256_set1_ps(job.below);
+  const std::size_t whole = job.count / 8 * 8;  // the generic path takes the ragged end
+  for (std::size_t i = 0; i < whole; i += 8) {
+    __m256 x = _mm256_loadu_ps(job.input(0) + i);
+    __m256 magnitude = _mm256_andnot_ps(sign, x);
+    __m256 bad = _mm256_cmp_ps(magnitude, finite_max, _CMP_NLE_UQ);
+    __m256 big = magnitude;
+    __m256 small = _mm256_blendv_ps(none, magnitude, _mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ));
+    __m256d low = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    __m256d high = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    for (std::size_t j = 1; j < job.in.size(); ++j) {
+      x = _mm256_loadu_ps(job.input(j) + i);
+      magnitude = _mm256_andnot_ps(sign, x);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(magnitude, finite_max, _CMP_NLE_UQ));
+      big = _mm256_max_ps(big, magnitude);
+      const __m256 smaller = _mm256_and_ps(_mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ),
+                                           _mm256_cmp_ps(magnitude, small, _CMP_LT_OQ));
+      small = _mm256_blendv_ps(small, magnitude, smaller);
+      low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(x)));
+      high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)));
+    }
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(small, _mm256_mul_ps(big, below), _CMP_LT_OQ));
+    if (_mm256_movemask_ps(bad) != 0) return i;
+    const __m128 low_f = _mm256_cvtpd_ps(_mm256_add_pd(low, _mm256_setzero_pd()));
+    const __m128 high_f = _mm256_cvtpd_ps(_mm256_add_pd(high, _mm256_setzero_pd()));
+    const __m256 result = _mm256_set_m128(high_f, low_f);
+    for (std::size_t o = 0; o < job.out.size(); ++o)
+      _mm256_storeu_ps(job.output(o) + i, result);
+  }
+  return whole;
+}
+#pragma GCC diagnostic pop
+#endif
+
+// exact_f32_prefix_* for the SIMD level in use; 0 (the generic path does it all) without one.
+std::size_t exact_f32_prefix(const F32Sum& job) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (simd_level()) {
+    case SimdLevel::avx512:
+      return exact_f32_prefix_avx512(job);
+    case SimdLevel::avx2:
+      return exact_f32_prefix_avx2(job);
+    default:
+      break;
+  }
+#endif
+  (void)job;
+  return 0;
+}
+
 // Exact reduction of k inputs, block by block so keys, limbs and results stay in cache. Three
 // ways to the same integers, so to the same bits, chosen per block:
 // - one-limb formats, at most 32 finite addends, none so far below its element's largest that
@@ -427,7 +563,8 @@ void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
   std::array<std::int64_t, kReduceBlock * X::kLimbs> limbs;
   std::array<double, kReduceBlock> sums;
   std::array<T, kReduceBlock> result;
-  std::vector<const T*> block(inputs.size());
+  thread_local std::vector<const T*> block;
+  block.resize(inputs.size());
   const std::size_t k = inputs.size();
   const auto divisor = static_cast<std::int64_t>(op == ReduceOp::avg ? k : 1);
   const auto compute_keys = [&](std::size_t n) {
@@ -438,7 +575,15 @@ void reduce_exact_typed(ReduceOp op, std::span<const std::byte* const> inputs,
         keys[i] = std::max(keys[i], own_keys[i]);
     }
   };
+  // f32 sums: registers-only while the double sum is the fixed-point sum, blocks of the generic
+  // path where it is not.
+  const bool f32_fast = std::is_same_v<T, float> && divisor == 1 && k <= kMaxDoubleAddends;
   for (std::size_t begin = 0; begin < count; begin += kReduceBlock) {
+    if (f32_fast) {
+      begin += exact_f32_prefix({inputs, outputs, begin, count - begin,
+                                 std::ldexp(1.0f, -(X::kWindow - X::kMantissaBits - 1))});
+      if (begin == count) break;
+    }
     const std::size_t n = std::min(kReduceBlock, count - begin);
     for (std::size_t j = 0; j < k; ++j)
       block[j] = reinterpret_cast<const T*>(inputs[j]) + begin;

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -100,11 +101,16 @@ Operand transposed(Operand x) {
 
 /// Runs kc multiply-add steps on one mr x nr tile: c[r][j] = fma(a[k][r], b[k][j], c[r][j]) for
 /// k ascending. `a` is a packed panel [kc][mr] (lda unused), or for the direct kernels mr rows
-/// of a read in place (row r at a + r * lda); `b` a packed strip [kc][nr], `c` the tile with
-/// row stride ldc; load_c false starts from +0.
+/// of a read in place (row r at a + r * lda); row k of `b` starts at b + k * ldb (a packed strip
+/// [kc][nr] has ldb = nr; b read in place has its row stride); `c` is the tile with row stride
+/// ldc; load_c false starts from +0. Every element is the same fma chain whatever the layout, so
+/// packed and in-place reads give the same bits.
 template <class T>
-using MicroKernel = void (*)(std::int64_t kc, const T* a, std::int64_t lda, const T* b, T* c,
-                             std::int64_t ldc, bool load_c);
+using MicroKernel = void (*)(std::int64_t kc, const T* a, std::int64_t lda, const T* b,
+                             std::int64_t ldb, T* c, std::int64_t ldc, bool load_c);
+
+/// Most rows a tile has at any SIMD level.
+constexpr int kMaxTileRows = 12;
 
 template <class T>
 struct KernelShape {
@@ -114,16 +120,24 @@ struct KernelShape {
   /// The same tile reading a in place (null where there is none): one-strip outputs, where
   /// packing a would cost as much as the multiply-adds.
   MicroKernel<T> run_direct = nullptr;
+  /// direct_rows[r]: the tile of r <= mr rows (nr columns) reading a in place, for the rows of
+  /// a short product (a decode step's few rows), which would otherwise be padded to mr rows of
+  /// multiply-adds; null where there is none.
+  MicroKernel<T> direct_rows[kMaxTileRows + 1] = {};
+  /// wide_rows[r]: the same for a tile of wide_columns[r] >= nr columns: a row's fma chains are
+  /// sequential, so few rows need more columns side by side to keep the FMA units busy.
+  MicroKernel<T> wide_rows[kMaxTileRows + 1] = {};
+  int wide_columns[kMaxTileRows + 1] = {};
 };
 
 template <class T, int MR, int NR>
-void micro_scalar(std::int64_t kc, const T* a, std::int64_t /*lda*/, const T* b, T* c,
-                  std::int64_t ldc, bool load_c) {
+void micro_scalar(std::int64_t kc, const T* a, std::int64_t /*lda*/, const T* b, std::int64_t ldb,
+                  T* c, std::int64_t ldc, bool load_c) {
   T acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NR; ++j)
       acc[r][j] = load_c ? c[r * ldc + j] : T{0};
-  for (std::int64_t k = 0; k < kc; ++k, a += MR, b += NR)
+  for (std::int64_t k = 0; k < kc; ++k, a += MR, b += ldb)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j)
         acc[r][j] = std::fma(a[r], b[j], acc[r][j]);
@@ -224,8 +238,8 @@ struct Vector256<double> {
 // The tile is MR rows by NV vectors; the accumulators stay in registers for the whole k loop.
 #define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                       \
   template <class T, int MR, int NV, bool kDirectA = false>                                    \
-  [[attribute]] void name(std::int64_t kc, const T* a, std::int64_t lda, const T* b, T* c,     \
-                          std::int64_t ldc, bool load_c) {                                     \
+  [[attribute]] void name(std::int64_t kc, const T* a, std::int64_t lda, const T* b,           \
+                          std::int64_t ldb, T* c, std::int64_t ldc, bool load_c) {             \
     using V = typename vector<T>::type;                                                        \
     constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                            \
     const std::int64_t a_row = kDirectA ? lda : 1;                                             \
@@ -233,22 +247,22 @@ struct Vector256<double> {
     const V tag{};                                                                             \
     V acc[MR][NV];                                                                             \
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                   \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                   \
         acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                \
       }                                                                                        \
     }                                                                                          \
-    for (std::int64_t k = 0; k < kc; ++k, a += a_step, b += NV * kLanes) {                     \
+    for (std::int64_t k = 0; k < kc; ++k, a += a_step, b += ldb) {                             \
       V bv[NV];                                                                                \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag); \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag); \
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                  \
         const V ar = vbroadcast(a[r * a_row], tag);                                            \
-        _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                 \
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                 \
           acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                              \
         }                                                                                      \
       }                                                                                        \
     }                                                                                          \
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
-      _Pragma("GCC unroll 2") for (int v = 0; v < NV; ++v) {                                   \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                   \
         vstore(c + r * ldc + v * kLanes, acc[r][v]);                                           \
       }                                                                                        \
     }                                                                                          \
@@ -264,6 +278,52 @@ bool cpu_has_fma() {
 }
 #endif
 
+#if MESHTENSOR_X86_KERNELS
+/// Vectors side by side in a wide in-place tile of `rows` rows: as many accumulators as the
+/// registers hold beside one row of b and a broadcast (32 registers with AVX-512, 16 with AVX2).
+constexpr int wide_vectors(int rows, int registers) {
+  for (int nv = 8; nv > 2; --nv)
+    if (rows * nv + nv + 1 <= registers) return nv;
+  return 2;
+}
+
+/// A tile shape with its in-place kernels of 1 to MR rows.
+template <class T, int MR, int NV, class Kernels>
+KernelShape<T> shape_with_rows(int lanes) {
+  KernelShape<T> shape{MR, NV * lanes, Kernels::template run<MR, NV, false>,
+                       NV == 1 ? Kernels::template run<MR, NV, true> : nullptr};
+  [&]<int... R>(std::integer_sequence<int, R...>) {
+    ((shape.direct_rows[R + 1] = Kernels::template run<R + 1, NV, true>), ...);
+    if constexpr (NV == 2) {
+      ((shape.wide_rows[R + 1] =
+            Kernels::template run<R + 1, wide_vectors(R + 1, Kernels::kRegisters), true>),
+       ...);
+      ((shape.wide_columns[R + 1] = wide_vectors(R + 1, Kernels::kRegisters) * lanes), ...);
+    }
+  }
+  (std::make_integer_sequence<int, MR>{});
+  return shape;
+}
+
+struct Avx512Kernels {
+  static constexpr int kRegisters = 32;
+  template <class T, int MR, int NV, bool kDirectA>
+  static constexpr MicroKernel<T> kernel = &micro_avx512<T, MR, NV, kDirectA>;
+};
+struct Avx2Kernels {
+  static constexpr int kRegisters = 16;
+  template <class T, int MR, int NV, bool kDirectA>
+  static constexpr MicroKernel<T> kernel = &micro_avx2<T, MR, NV, kDirectA>;
+};
+/// The kernels of one level for one element type.
+template <class T, class Level>
+struct Kernels {
+  static constexpr int kRegisters = Level::kRegisters;
+  template <int MR, int NV, bool kDirectA>
+  static constexpr MicroKernel<T> run = Level::template kernel<T, MR, NV, kDirectA>;
+};
+#endif
+
 /// The tile shape for this SIMD level; outputs at most one vector wide get a one-vector tile
 /// with more rows.
 template <class T>
@@ -272,14 +332,17 @@ KernelShape<T> kernel_for_level(std::int64_t n) {
   const SimdLevel level = simd_level();
   if (level == SimdLevel::avx512) {
     constexpr int kLanes = static_cast<int>(64 / sizeof(T));
-    if (n <= kLanes) return {12, kLanes, &micro_avx512<T, 12, 1>, &micro_avx512<T, 12, 1, true>};
-    return {8, 2 * kLanes, &micro_avx512<T, 8, 2>};
+    static const KernelShape<T> narrow =
+        shape_with_rows<T, 12, 1, Kernels<T, Avx512Kernels>>(kLanes);
+    static const KernelShape<T> wide = shape_with_rows<T, 8, 2, Kernels<T, Avx512Kernels>>(kLanes);
+    return n <= kLanes ? narrow : wide;
   }
   static const bool has_fma = cpu_has_fma();
   if (level == SimdLevel::avx2 && has_fma) {
     constexpr int kLanes = static_cast<int>(32 / sizeof(T));
-    if (n <= kLanes) return {8, kLanes, &micro_avx2<T, 8, 1>, &micro_avx2<T, 8, 1, true>};
-    return {6, 2 * kLanes, &micro_avx2<T, 6, 2>};
+    static const KernelShape<T> narrow = shape_with_rows<T, 8, 1, Kernels<T, Avx2Kernels>>(kLanes);
+    static const KernelShape<T> wide = shape_with_rows<T, 6, 2, Kernels<T, Avx2Kernels>>(kLanes);
+    return n <= kLanes ? narrow : wide;
   }
 #endif
   (void)n;
@@ -288,6 +351,49 @@ KernelShape<T> kernel_for_level(std::int64_t n) {
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
+}
+
+/// Products with at most this many rows read both operands in place (when they are row-major
+/// of the compute type): a decode step's few rows would otherwise pay for packing all of b, a
+/// copy of the whole weight, on every call, and for tiles padded to mr rows.
+constexpr std::int64_t kInPlaceRows = 16;
+
+/// c = a·b (+ c) for a short a, reading a and b in place: rows in groups of at most mr with the
+/// kernel of that many rows, columns in strips of nr read straight from b, the last partial
+/// strip from a zero-padded copy. The same fma chains as gemm(), so the same bits.
+template <class T>
+void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int64_t k,
+                   const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c,
+                   std::int64_t ldc, bool accumulate) {
+  const std::int64_t nr = kernel.nr;
+  thread_local std::vector<T> strip;
+  thread_local std::vector<T> edge;
+  for (std::int64_t row0 = 0; row0 < m; row0 += kernel.mr) {
+    const std::int64_t rows = std::min<std::int64_t>(kernel.mr, m - row0);
+    const T* a_rows = a + row0 * lda;
+    T* c_rows = c + row0 * ldc;
+    // Wide strips, then nr-wide strips, all read from b in place; then the last partial strip.
+    std::int64_t col0 = 0;
+    if (kernel.wide_rows[rows] != nullptr) {
+      const std::int64_t width = kernel.wide_columns[rows];
+      for (; col0 + width <= n; col0 += width)
+        kernel.wide_rows[rows](k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, accumulate);
+    }
+    const MicroKernel<T> run = kernel.direct_rows[rows];
+    for (; col0 + nr <= n; col0 += nr)
+      run(k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, accumulate);
+    if (col0 == n) continue;
+    const std::int64_t cols = n - col0;
+    strip.assign(static_cast<std::size_t>(k * nr), T{0});
+    for (std::int64_t kk = 0; kk < k; ++kk)
+      std::copy_n(b + kk * ldb + col0, cols, strip.data() + kk * nr);
+    edge.assign(static_cast<std::size_t>(rows * nr), T{0});
+    for (std::int64_t r = 0; r < rows && accumulate; ++r)
+      std::copy_n(c_rows + r * ldc + col0, cols, edge.data() + r * nr);
+    run(k, a_rows, lda, strip.data(), nr, edge.data(), nr, accumulate);
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(edge.data() + r * nr, cols, c_rows + r * ldc + col0);
+  }
 }
 
 // Blocking: a kc x nc block of b stays in L2 across all row panels, a kc x mr panel of a and a
@@ -306,10 +412,16 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
         std::fill_n(c + i * ldc, n, T{0});
     return;
   }
-  const T* direct_a = kernel.run_direct != nullptr && n <= nr && a.col_stride == 1 &&
-                              a.dtype == (sizeof(T) == 4 ? DType::f32 : DType::f64)
-                          ? reinterpret_cast<const T*>(a.data)
-                          : nullptr;
+  const DType compute = sizeof(T) == 4 ? DType::f32 : DType::f64;
+  if (m <= kInPlaceRows && kernel.direct_rows[1] != nullptr && a.col_stride == 1 &&
+      a.dtype == compute && b.col_stride == 1 && b.dtype == compute) {
+    return gemm_in_place(kernel, m, n, k, reinterpret_cast<const T*>(a.data), a.row_stride,
+                         reinterpret_cast<const T*>(b.data), b.row_stride, c, ldc, accumulate);
+  }
+  const T* direct_a =
+      kernel.run_direct != nullptr && n <= nr && a.col_stride == 1 && a.dtype == compute
+          ? reinterpret_cast<const T*>(a.data)
+          : nullptr;
   thread_local std::vector<T> packed_a;
   thread_local std::vector<T> packed_b;
   thread_local std::vector<T> edge;
@@ -354,7 +466,7 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
             T* tile = c + row0 * ldc + col0;
             const T* strip = packed_b.data() + s * kc * nr;
             if (rows == mr && cols == nr) {
-              run(kc, panel, a.row_stride, strip, tile, ldc, load_c);
+              run(kc, panel, a.row_stride, strip, nr, tile, ldc, load_c);
               continue;
             }
             // Edge tile: run on a full-size copy; padded rows and columns are independent.
@@ -362,7 +474,7 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
             if (load_c)
               for (std::int64_t r = 0; r < rows; ++r)
                 std::copy_n(tile + r * ldc, cols, edge.data() + r * nr);
-            run(kc, panel, a.row_stride, strip, edge.data(), nr, true);
+            run(kc, panel, a.row_stride, strip, nr, edge.data(), nr, true);
             for (std::int64_t r = 0; r < rows; ++r)
               std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
           }

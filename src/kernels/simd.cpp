@@ -1,4 +1,7 @@
 #include <atomic>
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -50,6 +53,23 @@ void set_simd_level(SimdLevel level) {
                                       simd_level_name(level), simd_level_name(best_simd_level())));
   }
   current().store(level, std::memory_order_relaxed);
+}
+
+std::string cpu_model() {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const std::size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string("unknown CPU") : line.substr(start);
+  }
+  return "unknown CPU";
+}
+
+std::string machine_description() {
+  return fmt::format("{}, {} hardware threads, kernels {}", cpu_model(),
+                     std::thread::hardware_concurrency(), simd_level_name(simd_level()));
 }
 
 }  // namespace meshtensor::kernels

@@ -698,8 +698,7 @@ void TrainingRun::finish() {
         task_.eval_name() == "validation"
             ? "the text has too few records: every 20th record is validation text"
             : "the data has no evaluation samples",
-        config_.verify_generator ? ", and no generator check (it continues validation text)"
-                                 : ""));
+        config_.verify_generator ? ", and no generator check (it continues validation text)" : ""));
   }
   if (config_.verify_generator && result_.evaluated) verify_generator();
   if (result_.evaluated) {

@@ -312,6 +312,22 @@ TEST(FixedPoint, ReduceExactGivesTheLimbsBitsOnEveryPathAndSimdLevel) {
           EXPECT_TRUE(out.bitwise_equal(expected))
               << dtype_name(dtype) << " k=" << k << " " << reduce_op_name(op) << " "
               << simd_level_name(level);
+          // In place, every output one of the inputs (the threads backend's all_reduce): a
+          // block whose fast path stops midway must still see its inputs whole.
+          std::vector<Tensor> copies;
+          std::vector<const std::byte*> copied_inputs;
+          std::vector<std::byte*> copied_outputs;
+          for (const Tensor& addend : addends) {
+            copies.push_back(addend.clone());
+            copied_inputs.push_back(copies.back().bytes().data());
+            copied_outputs.push_back(copies.back().bytes().data());
+          }
+          reduce_exact(dtype, op, copied_inputs, copied_outputs, static_cast<std::size_t>(count));
+          for (const Tensor& copy : copies) {
+            EXPECT_TRUE(copy.bitwise_equal(expected))
+                << "in place: " << dtype_name(dtype) << " k=" << k << " " << reduce_op_name(op)
+                << " " << simd_level_name(level);
+          }
         }
       }
     }

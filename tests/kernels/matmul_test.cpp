@@ -72,10 +72,13 @@ TEST(Matmul, MatchesAnF64ReferenceForEveryForm) {
 
 TEST(Matmul, ARowsBitsDoNotDependOnTheBatch) {
   // Row r of x·W, dy·Wᵀ computed alone, and at every position of batches of 1, 7 and 256 rows;
-  // 10 outputs take the one-vector tiles that read full panels of x in place.
+  // 10 outputs take the one-vector tiles that read full panels of x in place; batches of up to
+  // 16 rows read x and W in place (300 outputs: in tiles several vectors wide), larger ones pack
+  // them.
   for (const auto& [dtype, width] :
        {std::pair{DType::f32, 70}, std::pair{DType::f64, 70}, std::pair{DType::bf16, 70},
-        std::pair{DType::f32, 10}, std::pair{DType::f64, 10}}) {
+        std::pair{DType::f32, 10}, std::pair{DType::f64, 10}, std::pair{DType::f32, 300},
+        std::pair{DType::f64, 300}}) {
     const Tensor w = random(200, width, dtype, 5);
     const Tensor big = random(256, 200, dtype, 6);
     const Tensor big_dy = random(256, width, dtype, 7);
@@ -83,7 +86,7 @@ TEST(Matmul, ARowsBitsDoNotDependOnTheBatch) {
     const Tensor dy_row = big_dy.narrow(0, 100, 1).contiguous();
     const Tensor alone = product(row, T::no, w, T::no);
     const Tensor alone_back = product(dy_row, T::no, w, T::yes);
-    for (const std::int64_t batch : {1, 7, 256}) {
+    for (const std::int64_t batch : {1, 7, 16, 17, 256}) {
       for (std::int64_t position = 0; position < batch; ++position) {
         // A batch of other rows with the row at `position`.
         Tensor x = random(batch, 200, dtype, 100 + static_cast<std::uint64_t>(batch));

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace meshtensor::kernels {
@@ -26,5 +27,14 @@ SimdLevel simd_level();
 /// Makes the kernels use `level` (tests compare the levels bit for bit; benchmarks time them).
 /// Throws InvalidArgument naming the level when this CPU cannot run it.
 void set_simd_level(SimdLevel level);
+
+/// The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."), from /proc/cpuinfo; "unknown CPU"
+/// where it is not there. Kernels behave differently on different CPUs, so every benchmark
+/// figure names it.
+std::string cpu_model();
+
+/// "<cpu model>, N hardware threads, kernels avx512": what a benchmark's figures were measured
+/// on.
+std::string machine_description();
 
 }  // namespace meshtensor::kernels
