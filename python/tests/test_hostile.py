@@ -111,7 +111,7 @@ def test_contradictory_arguments_are_refused(text, tmp_path):
     with pytest.raises(mt.InvalidArgument, match="disagree on train\\(\\)'s model"):
         mt.run_threads(2, lambda world: mt.train(
             corpus, **SMALL_GPT, mesh=(2,), names=("fsdp",) if world.rank == 0 else ("dp",)))
-    with pytest.raises(mt.ParseError, match="mesh dim name ' tp'"):
+    with pytest.raises(mt.ParseError, match="mesh dim name ' tp' is not an identifier"):
         mt.run_threads(2, lambda world: mt.train(corpus, **SMALL_GPT, mesh="2", names=" tp"))
 
 

@@ -329,6 +329,7 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
               << '\n';
     return;
   }
+  print_machine_line(json);
   std::cout << fmt::format(
       "generate bench: {}, prompts of {} tokens, {} new tokens each, greedy, 1 thread; decode "
       "tokens/s (prefill excluded), medians of {} alternated rounds\n",
@@ -348,7 +349,6 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
 
 void run_generate_bench(const GenerateBenchCliOptions& options) {
   apply_simd_option(options.simd);
-  print_machine_line(options.json);
   bench::GenerateBenchOptions bench_options;
   bench_options.prompt_tokens =
       integer_option("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);

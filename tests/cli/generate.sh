@@ -62,6 +62,15 @@ layouts)
       exit 1
     fi
     echo "ok: mpi 2"
+    # A layout that is not the mpi job's is refused, as train refuses it.
+    set +e
+    wrong=$("$@" -np 2 "$bin" "${gen[@]}" --prompts "$dir/prompts" --backend mpi --mesh 4 \
+      --names tp 2>&1)
+    status=$?
+    set -e
+    [ $status != 0 ] && grep -q "\-\-mesh 4 does not match the mpi job's 2 ranks" <<<"$wrong" ||
+      { echo "FAILED: mpi 2 ran --mesh 4: exit $status: $wrong"; exit 1; }
+    echo "ok: --mesh 4 on an mpi job of 2 is refused"
   fi
   ;;
 errors)
@@ -132,6 +141,26 @@ PY
   expect "tensor-parallel degree 3 does not divide the model's 4 heads" "${gen[@]}" --prompt "a" \
     --ranks 3
   expect "--names must be tp, got 'dp'" "${gen[@]}" --prompt "a" --mesh 2 --names dp
+  expect "--mode native: generation runs in ordered or exact mode" generate --checkpoint \
+    "$dir/ckpt" --prompt a --mode native
+  # Hostile prompt files: an endless line, a directory, a FIFO in place of the index.
+  expect "--prompts /dev/zero: line 1 is longer than 1048576 bytes" "${gen[@]}" --prompts /dev/zero
+  expect "--prompts $dir: is a directory, not a file of prompts" "${gen[@]}" --prompts "$dir"
+  cp -r "$dir/ckpt" "$dir/fifo"
+  index=$(ls "$dir"/fifo/step-*/index.json | tail -1)
+  rm "$index" && mkfifo "$index"
+  expect "it is a FIFO, not a regular file" generate --checkpoint "$dir/fifo" --prompt a
+  # A layout the model refuses is named before any rank starts (4096 ranks would take long).
+  expect "tensor-parallel degree 4096 does not divide the model's 4 heads" "${gen[@]}" \
+    --prompt a --ranks 4096
+  # Results stream: the first window prints while the prompt pipe is still open.
+  set +e
+  streamed=$({ for _ in $(seq 70); do echo a; done; sleep 20; } |
+    timeout 10 "$bin" "${gen[@]}" --prompts /dev/stdin --max-batch 16)
+  set -e
+  grep -q '"prompt":"a"' <<<"$streamed" ||
+    { echo "FAILED: nothing printed before the prompts ended"; exit 1; }
+  echo "ok: $(wc -l <<<"$streamed") completions printed before the prompt pipe closed"
   ;;
 *)
   echo "unknown case $case_name"

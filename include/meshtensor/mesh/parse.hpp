@@ -14,8 +14,8 @@ namespace meshtensor {
 /// ParseError naming the bad token and what was expected.
 DeviceMesh parse_mesh(std::string_view sizes, std::string_view names = {});
 
-/// Parses comma-separated dim names, each letters, digits and '_' not starting with a digit (no
-/// spaces); ParseError naming the bad name otherwise.
+/// Parses comma-separated dim names, as written (no trimming: DeviceMesh refuses a name that is
+/// not an identifier, " tp" included).
 std::vector<std::string> parse_dim_names(std::string_view text);
 
 /// Parses one placement: "S<dim>", "R", "P" (= P(sum)), "P(sum|avg|max|min)".
