@@ -440,7 +440,40 @@ struct F32Sum {
 // uninitialised reads.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Two addends: their exact sum rounded once is the IEEE f32 sum (a correctly rounded operation).
+// A non-finite addend makes that sum non-finite, which sends the group to the generic path (as
+// does a finite sum that overflows, which the generic path rounds to the same infinity).
+[[gnu::target("avx512f,avx512dq")]] std::size_t exact_f32_pair_avx512(const F32Sum& job) {
+  const __m512 finite_max = _mm512_set1_ps(std::numeric_limits<float>::max());
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 below = _mm512_set1_ps(job.below);
+  const float* const a = job.input(0);
+  const float* const b = job.input(1);
+  for (std::size_t i = 0; i < job.count; i += 16) {
+    const __mmask16 lanes = job.count - i >= 16
+                                ? __mmask16{0xFFFF}
+                                : static_cast<__mmask16>((1U << (job.count - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(lanes, a + i);
+    const __m512 y = _mm512_maskz_loadu_ps(lanes, b + i);
+    const __m512 sum = _mm512_add_ps(x, y);
+    const __m512 mx = _mm512_abs_ps(x);
+    const __m512 my = _mm512_abs_ps(y);
+    const __m512 least = _mm512_min_ps(mx, my);
+    const __m512 floor = _mm512_mul_ps(_mm512_max_ps(mx, my), below);
+    const __mmask16 bad =
+        _mm512_kor(_mm512_cmp_ps_mask(_mm512_abs_ps(sum), finite_max, _CMP_NLE_UQ),
+                   _mm512_kand(_mm512_cmp_ps_mask(least, zero, _CMP_GT_OQ),
+                               _mm512_cmp_ps_mask(least, floor, _CMP_LT_OQ)));
+    if (bad != 0) return i;
+    const __m512 result = _mm512_add_ps(sum, zero);
+    for (std::size_t o = 0; o < job.out.size(); ++o)
+      _mm512_mask_storeu_ps(job.output(o) + i, lanes, result);
+  }
+  return job.count;
+}
+
 [[gnu::target("avx512f,avx512dq")]] std::size_t exact_f32_prefix_avx512(const F32Sum& job) {
+  if (job.in.size() == 2) return exact_f32_pair_avx512(job);
   const __m512 finite_max = _mm512_set1_ps(std::numeric_limits<float>::max());
   const __m512 none = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   const __m512 zero = _mm512_setzero_ps();
@@ -455,35 +488,22 @@ struct F32Sum {
     __m512 big = magnitude;
     __m512 small =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ), none, magnitude);
-    __m512 result;
-    if (job.in.size() == 2) {
-      // Two addends: their exact sum rounded once is the IEEE f32 sum (correctly rounded).
-      const __m512 y = _mm512_maskz_loadu_ps(lanes, job.input(1) + i);
-      const __m512 other = _mm512_abs_ps(y);
-      bad = _mm512_kor(bad, _mm512_cmp_ps_mask(other, finite_max, _CMP_NLE_UQ));
-      big = _mm512_max_ps(big, other);
-      small = _mm512_mask_blend_ps(_mm512_kand(_mm512_cmp_ps_mask(other, zero, _CMP_GT_OQ),
-                                               _mm512_cmp_ps_mask(other, small, _CMP_LT_OQ)),
-                                   small, other);
-      result = _mm512_add_ps(_mm512_add_ps(x, y), zero);
-    } else {
-      __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-      __m512d high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-      for (std::size_t j = 1; j < job.in.size(); ++j) {
-        x = _mm512_maskz_loadu_ps(lanes, job.input(j) + i);
-        magnitude = _mm512_abs_ps(x);
-        bad = _mm512_kor(bad, _mm512_cmp_ps_mask(magnitude, finite_max, _CMP_NLE_UQ));
-        big = _mm512_max_ps(big, magnitude);
-        small = _mm512_mask_blend_ps(_mm512_kand(_mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ),
-                                                 _mm512_cmp_ps_mask(magnitude, small, _CMP_LT_OQ)),
-                                     small, magnitude);
-        low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
-        high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)));
-      }
-      const __m256 low_f = _mm512_cvtpd_ps(_mm512_add_pd(low, _mm512_setzero_pd()));
-      const __m256 high_f = _mm512_cvtpd_ps(_mm512_add_pd(high, _mm512_setzero_pd()));
-      result = _mm512_insertf32x8(_mm512_castps256_ps512(low_f), high_f, 1);
+    __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d high = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+    for (std::size_t j = 1; j < job.in.size(); ++j) {
+      x = _mm512_maskz_loadu_ps(lanes, job.input(j) + i);
+      magnitude = _mm512_abs_ps(x);
+      bad = _mm512_kor(bad, _mm512_cmp_ps_mask(magnitude, finite_max, _CMP_NLE_UQ));
+      big = _mm512_max_ps(big, magnitude);
+      small = _mm512_mask_blend_ps(_mm512_kand(_mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ),
+                                               _mm512_cmp_ps_mask(magnitude, small, _CMP_LT_OQ)),
+                                   small, magnitude);
+      low = _mm512_add_pd(low, _mm512_cvtps_pd(_mm512_castps512_ps256(x)));
+      high = _mm512_add_pd(high, _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1)));
     }
+    const __m256 low_f = _mm512_cvtpd_ps(_mm512_add_pd(low, _mm512_setzero_pd()));
+    const __m256 high_f = _mm512_cvtpd_ps(_mm512_add_pd(high, _mm512_setzero_pd()));
+    const __m512 result = _mm512_insertf32x8(_mm512_castps256_ps512(low_f), high_f, 1);
     bad = _mm512_kor(bad, _mm512_cmp_ps_mask(small, _mm512_mul_ps(big, below), _CMP_LT_OQ));
     if (bad != 0) return i;
     for (std::size_t o = 0; o < job.out.size(); ++o)
