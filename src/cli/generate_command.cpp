@@ -230,20 +230,20 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
 
 /// The architecture of the checkpoint, checked against its tensors, and the layout against it,
 /// before any rank starts or allocates.
-void check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
+nn::GptConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
   const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
   const nn::GptConfig config = generate::checked_architecture(index, options.checkpoint);
   if (degree > 1) tp::check_gpt_degree(config, degree);
+  return config;
 }
 
 /// Every prompt of a regular file checked before anything is generated, so a bad line is an
 /// error with no output; other sources (a pipe) are checked window by window.
-void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job) {
+void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
+                         const nn::GptConfig& config) {
   if (options.prompts_option->count() == 0 || !std::filesystem::is_regular_file(options.prompts)) {
     return;
   }
-  const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
-  const nn::GptConfig config = generate::checked_architecture(index, options.checkpoint);
   PromptSource source(options);
   std::size_t i = 0;
   for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
@@ -270,8 +270,9 @@ void run_generate(const GenerateOptions& options) {
   const Backend backend = parse_backend(options.backend);
   const std::int64_t given = tensor_parallel_degree(options);
   PromptSource source(options);
-  check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
-  check_prompts_ahead(options, job);
+  const nn::GptConfig config =
+      check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
+  check_prompts_ahead(options, job, config);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "generate", [&](comm::Communicator& world) {
     if (backend == Backend::mpi && given > 0 && world.size() != given) {
       throw InvalidArgument(fmt::format("--{} {} does not match the mpi job's {} ranks",
