@@ -312,7 +312,16 @@ void draw_plot(OutputFile& png, const std::vector<train::EpochReport>& epochs,
   const std::string& path = png.path();
   if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
   close(fd);
-  const std::string image_path = std::string(data_path) + ".png";
+  // The image's name is made (and the file created) here too, so gnuplot never writes over a
+  // file that someone else put at a guessable name.
+  char image_name[] = "/tmp/meshtensor-plot-XXXXXX.png";
+  const int image_fd = mkstemps(image_name, 4);
+  if (image_fd < 0) {
+    std::remove(data_path);
+    throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
+  }
+  close(image_fd);
+  const std::string image_path = image_name;
   {
     std::ofstream data(data_path);
     for (const auto& e : epochs)
