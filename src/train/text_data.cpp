@@ -202,10 +202,16 @@ TextCorpus load_text(const std::string& path) {
                                   path, corpus.skipped));
     }
   } else {
-    if (fs::is_regular_file(status)) {
-      reserve_corpus(path, std::min<std::uintmax_t>(fs::file_size(path, error), kMaxTextBytes),
-                     corpus);
+    if (!fs::is_regular_file(status)) {
+      throw DataError(fmt::format("{}: not a text file or a directory of them (it is a {})", path,
+                                  fs::is_fifo(status)             ? "FIFO"
+                                  : fs::is_character_file(status) ? "character device"
+                                  : fs::is_block_file(status)     ? "block device"
+                                  : fs::is_socket(status)         ? "socket"
+                                                                  : "special file"));
     }
+    reserve_corpus(path, std::min<std::uintmax_t>(fs::file_size(path, error), kMaxTextBytes),
+                   corpus);
     add_file(path, /*skip_binary=*/false);
   }
   if (corpus.records == 0)

@@ -81,3 +81,10 @@ echo precious > run.csv
 "${train[@]}" --log run.csv >/dev/null
 head -1 run.csv | grep -q '^epoch,steps,train_loss' || { echo "FAILED: log not written"; exit 1; }
 echo "ok: a successful run replaces the log"
+
+# Data that is not a file: a FIFO and a device are refused by name, not read.
+mkfifo fifo
+expect 2 "fifo: not a text file or a directory of them (it is a FIFO)" \
+  "$bin" train --model gpt:layers=1,heads=1,dim=8,context=4 --data fifo --steps 1
+expect 2 "/dev/zero: not a text file or a directory of them (it is a character device)" \
+  "$bin" train --model gpt:layers=1,heads=1,dim=8,context=4 --data /dev/zero --steps 1
