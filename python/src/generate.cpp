@@ -34,6 +34,11 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
       requests.push_back({prompt_tokens(p), max_new_tokens, {temperature, top_k, seed}});
   }
   const comm::ReductionMode reduction = mode_from(mode);
+  if (reduction == comm::ReductionMode::native) {
+    throw InvalidArgument(
+        "generate(): mode='native': generation runs in 'ordered' or 'exact' mode (the trainer's "
+        "bits need one of them)");
+  }
   generate::GeneratorOptions options;
   options.max_batch = max_batch;
   options.prefill_chunk = prefill_chunk;

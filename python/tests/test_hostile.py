@@ -130,3 +130,11 @@ def test_a_text_without_validation_records_says_so(tmp_path):
     result = mt.run_threads(1, lambda world: mt.train(mt.load_text(str(path)), **SMALL_GPT))[0]
     assert result["logits_digest"] is None
     assert any("there is no validation set" in w for w in result["warnings"])
+
+
+def test_generate_refuses_native_mode(text, tmp_path):
+    save = str(tmp_path / "ckpt")
+    mt.run_threads(1, lambda world: mt.train(mt.load_text(text), **SMALL_GPT, save=save))
+    with pytest.raises(mt.InvalidArgument, match="mode='native': generation runs in"):
+        mt.run_threads(1, lambda world: mt.generate(save, "a", mode="native"))
+
