@@ -13,7 +13,7 @@ bool is_optimizer_scalar(const checkpoint::SaveItem& item) {
 }  // namespace
 
 std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::Optimizer* optimizer,
-                                              bool leader) {
+                                              bool leader, const std::string& prefix) {
   std::vector<checkpoint::SaveItem> items;
   std::size_t slot = 0;
   for (const auto& module : sharded.modules()) {
@@ -29,7 +29,7 @@ std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::O
       for (std::size_t d = 0; d < parameter.split.offset.size(); ++d)
         offset[d] += parameter.split.offset[d];
       const bool owner = module->is_first_replica() && parameter.split.saves;
-      items.push_back({"model." + name, shape, offset, module->local_shard(p), owner});
+      items.push_back({prefix + name, shape, offset, module->local_shard(p), owner});
       if (optimizer == nullptr) continue;
       for (const auto& [state, tensor] : optimizer->slot_state(slot)) {
         items.push_back(

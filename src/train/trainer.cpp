@@ -24,6 +24,7 @@
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/trainer.hpp>
+#include <meshtensor/train/training_model.hpp>
 
 namespace meshtensor::train {
 
@@ -83,51 +84,6 @@ comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
   return options;
 }
 
-/// The mesh of a strategy and the mesh dims parameters are sharded / replicated over.
-struct Placement {
-  DeviceMesh mesh;
-  fsdp::FsdpConfig config;
-  std::string description;
-};
-
-Placement placement_for(const TrainConfig& config, std::int64_t ranks) {
-  fsdp::FsdpConfig shard;
-  shard.reshard_after_forward = config.reshard_after_forward;
-  shard.param_dtype = config.param_dtype;
-  shard.reduce_dtype = config.reduce_dtype;
-  if (config.mesh.given) {
-    if (config.mesh.ranks() != ranks) {
-      throw InvalidArgument(fmt::format("the mesh {} has {} ranks, but the run has {}",
-                                        config.mesh.describe(), config.mesh.ranks(), ranks));
-    }
-    shard.replicate_mesh_dims = {0};
-    shard.shard_mesh_dims = {1};
-    return {DeviceMesh({config.mesh.dp, config.mesh.fsdp, config.mesh.tp}, {"dp", "fsdp", "tp"}),
-            shard, config.mesh.describe()};
-  }
-  switch (config.strategy) {
-    case Strategy::ddp:
-      shard.replicate_mesh_dims = {0};
-      shard.shard_mesh_dims = {};
-      return {DeviceMesh({ranks}), shard, fmt::format("{} (replicate)", ranks)};
-    case Strategy::fsdp:
-      shard.shard_mesh_dims = {0};
-      return {DeviceMesh({ranks}), shard, fmt::format("{} (shard)", ranks)};
-    case Strategy::hsdp: {
-      const std::int64_t replicas = config.replicas > 0 ? config.replicas : (ranks > 1 ? 2 : 1);
-      if (ranks % replicas != 0) {
-        throw InvalidArgument(fmt::format(
-            "hsdp: {} ranks do not split into {} replicas of equal shard groups", ranks, replicas));
-      }
-      shard.replicate_mesh_dims = {0};
-      shard.shard_mesh_dims = {1};
-      return {DeviceMesh({replicas, ranks / replicas}), shard,
-              fmt::format("{}x{} (replicate x shard)", replicas, ranks / replicas)};
-    }
-  }
-  throw InvalidArgument("unknown strategy");
-}
-
 const char* strategy_text(Strategy strategy) {
   switch (strategy) {
     case Strategy::ddp:
@@ -173,30 +129,6 @@ Totals reduce_totals(comm::Communicator& world, kernels::BinnedSums& losses, std
   return {loss_sum.values<double>()[0], static_cast<std::int64_t>(count.values<double>()[0])};
 }
 
-/// How the loss of a run is computed: over the classes split over `tp` (null: whole), exact
-/// denominators or not, and whether this rank counts the losses (one rank of each tp group).
-struct LossSetup {
-  tp::TensorParallel* tp = nullptr;
-  std::int64_t classes = 0;
-  bool exact_sums = false;
-  bool counts = true;
-};
-
-/// The cross-entropy of `logits` (f32 [..., classes]) against one target per row, with the
-/// losses added to `losses` (exactly) when this rank counts them.
-nn::CrossEntropyResult row_losses(const Tensor& logits, const std::vector<std::int32_t>& targets,
-                                  kernels::BinnedSums& losses, const LossSetup& setup) {
-  const std::int64_t columns = logits.shape()[logits.rank() - 1];
-  const auto rows = static_cast<std::int64_t>(targets.size());
-  nn::CrossEntropyResult loss = tp::parallel_cross_entropy(
-      logits.reshape(Shape{rows, columns}), targets, setup.tp, setup.classes, setup.exact_sums);
-  if (rows > 0 && setup.counts)
-    kernels::add_column_sums(losses, 0, loss.losses.reshape(Shape{rows, 1}));
-  if (!setup.counts) loss.correct = 0;
-  loss.grad_logits = loss.grad_logits.reshape(logits.shape());
-  return loss;
-}
-
 /// One train() call on one rank: the model, its runtime and optimizer, and the position in the
 /// run. Each part of a run is one method.
 class TrainingRun {
@@ -220,13 +152,9 @@ class TrainingRun {
   void progress(std::int64_t epoch, std::int64_t done, std::int64_t epoch_samples,
                 double batch_loss, Clock::time_point epoch_start);
   void finish();
-  void shard_model();
-  std::uint64_t full_digest();
-  std::vector<Tensor> whole_parameters();
   void verify_generator();
   std::vector<generate::Completion> generate_on_one_rank(
       const std::vector<generate::Request>& requests);
-  double clip_gradients();
 
   comm::Communicator& world_;
   const Task& task_;
@@ -237,17 +165,10 @@ class TrainingRun {
   const bool leader_;
   const std::int64_t ranks_;
   const std::int64_t rank_;
-  Placement placement_;
-  std::int64_t data_ranks_ = 1;  // ranks that see different samples (dp x fsdp)
-  std::int64_t data_rank_ = 0;
-  std::unique_ptr<nn::Module> model_;
-  std::unique_ptr<comm::MeshGroups> groups_;
-  std::unique_ptr<tp::TensorParallel> tp_;  // with a tp mesh dim
-  LossSetup loss_;
-  std::unique_ptr<fsdp::ShardedModel> sharded_;
-  std::unique_ptr<nn::Optimizer> optimizer_;
-  std::int64_t optimizer_bytes_ = 0;
-  std::int64_t samples_ = 0;  // per epoch
+  std::unique_ptr<TrainingModel> model_;
+  fsdp::ShardedModel* sharded_ = nullptr;  // model_'s
+  tp::TensorParallel* tp_ = nullptr;       // model_'s (with a tp mesh dim)
+  std::int64_t samples_ = 0;               // per epoch
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t total_steps_ = 0;
   std::int64_t last_step_ = 0;
@@ -268,15 +189,7 @@ TrainingRun::TrainingRun(comm::Communicator& world, const Task& task, TrainConfi
       exact_(config_.mode == comm::ReductionMode::exact),
       leader_(world.rank() == 0),
       ranks_(world.size()),
-      rank_(world.rank()),
-      placement_(placement_for(config_, ranks_)) {
-  data_ranks_ = ranks_;
-  data_rank_ = rank_;
-  if (config_.mesh.given) {
-    const std::vector<std::int64_t> at = placement_.mesh.coordinates(rank_);
-    data_ranks_ = config_.mesh.data_ranks();
-    data_rank_ = at[0] * config_.mesh.fsdp + at[1];
-  }
+      rank_(world.rank()) {
   samples_ = task_.samples();
   steps_per_epoch_ = (samples_ + config_.batch - 1) / config_.batch;
   total_steps_ = config_.steps > 0 ? config_.steps : config_.epochs * steps_per_epoch_;
@@ -286,24 +199,12 @@ TrainingRun::TrainingRun(comm::Communicator& world, const Task& task, TrainConfi
 }
 
 void TrainingRun::build_model() {
-  model_ = task_.make_model(config_.seed);
-  result_.parameters = nn::parameter_count(model_->parameters());
-  result_.mesh = placement_.description;
-  // MeshGroups shares the world communicator; the caller owns it.
-  groups_ = std::make_unique<comm::MeshGroups>(
-      placement_.mesh, std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
-  if (config_.mesh.given) {
-    tp_ = std::make_unique<tp::TensorParallel>(groups_->group(std::vector<int>{2}), config_.mode,
-                                               config_.sequence_parallel);
-  }
-  result_.parallel_plan = task_.prepare_model(*model_, tp_.get(), config_.mode);
-  const bool split = tp_ != nullptr && tp_->size() > 1;
-  loss_ = {split ? tp_.get() : nullptr, task_.classes(), exact_ && task_.exact_loss_sums(),
-           !split || tp_->rank() == 0};
-  fsdp::RuntimeOptions runtime;
-  runtime.mode = config_.mode;
-  runtime.prefetch = config_.prefetch;
-  sharded_ = std::make_unique<fsdp::ShardedModel>(*model_, *groups_, runtime);
+  model_ = std::make_unique<TrainingModel>(world_, task_, config_, config_.seed);
+  sharded_ = &model_->sharded();
+  tp_ = model_->tp();
+  result_.parameters = nn::parameter_count(model_->module().parameters());
+  result_.mesh = model_->layout().description;
+  result_.parallel_plan = model_->parallel_plan();
   if (config_.trace) {
     // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
     // monotonic clock, so processes of one machine share it).
@@ -312,67 +213,6 @@ void TrainingRun::build_model() {
     world_.broadcast(origin, 0);
     sharded_->tracer().enable(Clock::time_point(Clock::duration(origin.values<std::int64_t>()[0])));
   }
-  shard_model();
-  if (config_.optimizer == OptimizerKind::adamw) {
-    optimizer_ = std::make_unique<nn::AdamW>(sharded_->optimizer_slots(), config_.weight_decay);
-  } else {
-    optimizer_ = std::make_unique<nn::SGD>(sharded_->optimizer_slots(), config_.momentum,
-                                           config_.weight_decay);
-  }
-  optimizer_bytes_ = optimizer_->state_bytes();
-  sharded_->memory().add(fsdp::MemoryKind::optimizer_state, optimizer_bytes_);
-}
-
-/// The parameter groups: one per unit of the task; with sequence parallelism each norm first
-/// gets a group of its own whose gradients reduce over the tp dim as well (each tp rank saw
-/// other positions of the same samples).
-void TrainingRun::shard_model() {
-  if (tp_ != nullptr && tp_->size() > 1) {
-    fsdp::FsdpConfig over_tp = placement_.config;
-    over_tp.replicate_mesh_dims = {0, 2};
-    for (const auto& [path, module] : nn::named_modules(*model_)) {
-      const std::vector<nn::Parameter*> own = module->parameters();
-      const bool partial = !own.empty() && module->children().empty() &&
-                           std::all_of(own.begin(), own.end(), [](const nn::Parameter* p) {
-                             return p->split.partial_gradients;
-                           });
-      if (partial) sharded_->fully_shard(*module, over_tp, path);
-    }
-  }
-  for (nn::Module* unit : task_.units(*model_))
-    sharded_->fully_shard(*unit, placement_.config);
-}
-
-/// The whole value of every parameter (in model_->parameters() order) on every rank: gathered
-/// over its fsdp shards, then over its tp blocks. Collective.
-std::vector<Tensor> TrainingRun::whole_parameters() {
-  std::vector<Tensor> values = sharded_->full_parameters();
-  if (loss_.tp == nullptr) return values;
-  const std::vector<nn::Parameter*> parameters = model_->parameters();
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const nn::Parameter& p = *parameters[i];
-    const Shape whole = p.global_shape();
-    for (int d = 0; d < whole.rank(); ++d) {
-      if (whole[d] == values[i].shape()[d]) continue;
-      values[i] = tp_->redistribute(values[i], whole, meshtensor::Placement::shard(d),
-                                    meshtensor::Placement::replicate(), p.name, "digest", "gather");
-      break;
-    }
-  }
-  return values;
-}
-
-/// Digest of the whole parameters (nn::parameters_digest of the unsplit model). Collective.
-std::uint64_t TrainingRun::full_digest() {
-  if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
-  const std::vector<Tensor> values = whole_parameters();
-  const std::vector<nn::Parameter*> parameters = model_->parameters();
-  Digest64 digest;
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    digest.update(parameters[i]->name);
-    digest.update_u64(values[i].digest());
-  }
-  return digest.finish();
 }
 
 /// The openings (half the context) of the first validation windows, each continued to the
@@ -395,7 +235,7 @@ std::vector<generate::Request> opening_requests(const Task& task, std::int64_t c
 /// (a one-rank layout) from the run's parameters. Collective (the gathers).
 std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
     const std::vector<generate::Request>& requests) {
-  const std::vector<Tensor> values = whole_parameters();
+  const std::vector<Tensor> values = model_->whole_parameters();
   std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
   auto& gpt = dynamic_cast<nn::Gpt&>(*built);
   const std::vector<nn::Parameter*> whole = gpt.parameters();
@@ -412,7 +252,7 @@ std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
 /// windows' openings, then this run's forward and loss on its own layout score the same tokens.
 /// Collective.
 void TrainingRun::verify_generator() {
-  const std::int64_t context = dynamic_cast<nn::Gpt&>(*model_).config().context;
+  const std::int64_t context = dynamic_cast<nn::Gpt&>(model_->module()).config().context;
   const std::vector<generate::Request> requests = opening_requests(task_, context, config_.seed);
   const std::vector<generate::Completion> made = generate_on_one_rank(requests);
   const auto count = static_cast<std::int64_t>(requests.size());
@@ -432,9 +272,9 @@ void TrainingRun::verify_generator() {
     }
   }
   const Tensor logits = sharded_->forward(tokens);
-  const nn::CrossEntropyResult scored =
-      tp::parallel_cross_entropy(logits.reshape(Shape{count * length, logits.shape()[2]}), labels,
-                                 loss_.tp, loss_.classes, loss_.exact_sums);
+  const nn::CrossEntropyResult scored = tp::parallel_cross_entropy(
+      logits.reshape(Shape{count * length, logits.shape()[2]}), labels, model_->loss().tp,
+      model_->loss().classes, model_->loss().exact_sums);
   sharded_->reshard();
   std::vector<double> generated_logprobs;
   for (const generate::Completion& c : made)
@@ -451,51 +291,10 @@ void TrainingRun::verify_generator() {
   }
 }
 
-/// Scales every gradient shard by clip / norm when the global L2 norm of the gradients exceeds
-/// `clip_grad_norm`; returns the norm. Each element counts once: on the first replica of its
-/// shard and the rank of its tp group that saves it. Exact mode sums the squares exactly (the
-/// same bits for any layout); the others sum in f64 in a fixed order and all-reduce ordered.
-double TrainingRun::clip_gradients() {
-  const fsdp::Tracer::Span span(sharded_->tracer(), "clip gradients", "optimizer", "compute");
-  kernels::BinnedSums squares(1);
-  double local = 0.0;
-  for (const auto& module : sharded_->modules()) {
-    if (!module->is_first_replica()) continue;
-    for (std::size_t p = 0; p < module->parameters().size(); ++p) {
-      if (!module->parameters()[p]->split.saves) continue;
-      const Tensor grad = module->local_grad(p);
-      if (grad.numel() == 0) continue;
-      if (exact_) {
-        const Tensor column = grad.contiguous().reshape(Shape{grad.numel(), 1});
-        kernels::add_column_products(squares, 0, column, column);
-      } else {
-        for (const float g : grad.contiguous().values<float>())
-          local += static_cast<double>(g) * static_cast<double>(g);
-      }
-    }
-  }
-  Tensor total = Tensor::full(Shape{1}, DType::f64, local);
-  if (exact_) {
-    fsdp::reduce_binned_sums(world_, squares, 1, total, "gradient norm");
-  } else {
-    world_.all_reduce(total, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
-  }
-  const double norm = std::sqrt(total.values<double>()[0]);
-  if (norm > config_.clip_grad_norm) {
-    const auto scale = static_cast<float>(config_.clip_grad_norm / (norm + 1e-6));
-    for (const auto& module : sharded_->modules()) {
-      for (std::size_t p = 0; p < module->parameters().size(); ++p)
-        for (float& g : module->local_grad(p).values<float>())
-          g *= scale;
-    }
-  }
-  return norm;
-}
-
 /// Everything a resume needs, as checkpoint blocks of this rank: the model and optimizer state
 /// (model_state) and the scalars of kTrainStateTensors (written by world rank 0).
 std::vector<checkpoint::SaveItem> TrainingRun::training_state() {
-  std::vector<checkpoint::SaveItem> items = model_state(*sharded_, optimizer_.get(), leader_);
+  std::vector<checkpoint::SaveItem> items = model_->state();
   for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
     items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars_[i], leader_});
   return items;
@@ -535,7 +334,7 @@ void TrainingRun::resume() {
                     "--activation and --layernorm must match the saving run's)",
                     config_.resume_dir, architecture, task_.architecture()));
   }
-  restore_model_state(state, loaded, optimizer_.get());
+  restore_model_state(state, loaded, model_->optimizer());
   if (const auto saved = index.metadata.find("schedule");
       saved != index.metadata.end() && saved->second != schedule_text(config_.schedule)) {
     result_.warnings.push_back(fmt::format(
@@ -561,7 +360,7 @@ void TrainingRun::save_checkpoint() {
   checkpoint::SaveOptions options;
   options.keep = config_.keep_checkpoints;
   options.metadata = {{"strategy", strategy_text(config_.strategy)},
-                      {"mesh", placement_.description},
+                      {"mesh", model_->layout().description},
                       {"mode", mode_text(config_.mode)},
                       {"architecture", task_.architecture()},
                       {"optimizer", config_.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
@@ -581,7 +380,7 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
     sharded_->set_requires_all_reduce(last);
   }
   const Tensor logits = sharded_->forward(batch.input);
-  const nn::CrossEntropyResult loss = row_losses(logits, batch.targets, losses, loss_);
+  const nn::CrossEntropyResult loss = model_->row_losses(logits, batch.targets, losses);
   correct += loss.correct;
   sharded_->backward(loss.grad_logits);
 }
@@ -589,7 +388,7 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
 Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   const std::int64_t start = s * config_.batch;
   const std::int64_t global_batch = std::min(config_.batch, samples_ - start);
-  const Chunk slice = chunk_extent(global_batch, data_ranks_, data_rank_);
+  const Chunk slice = chunk_extent(global_batch, model_->data_ranks(), model_->data_rank());
   sharded_->zero_grad();
   sharded_->set_gradient_divide_factor(
       static_cast<double>(global_batch * task_.targets_per_sample()));
@@ -603,16 +402,9 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
     run_micro_batch(batch, k, losses, correct);
   }
   const Totals totals = reduce_totals(world_, losses, correct);
-  if (config_.clip_grad_norm > 0.0) result_.grad_norms.push_back(clip_gradients());
-  {
-    const fsdp::Tracer::Span span(sharded_->tracer(), "optimizer step", "optimizer", "compute");
-    optimizer_->step(config_.schedule.at(step_));
-  }
-  if (optimizer_->state_bytes() != optimizer_bytes_) {  // SGD makes its buffers lazily
-    sharded_->memory().add(fsdp::MemoryKind::optimizer_state,
-                           optimizer_->state_bytes() - optimizer_bytes_);
-    optimizer_bytes_ = optimizer_->state_bytes();
-  }
+  if (config_.clip_grad_norm > 0.0)
+    result_.grad_norms.push_back(model_->clip_gradients(config_.clip_grad_norm));
+  model_->optimizer_step(config_.schedule.at(step_));
   return totals;
 }
 
@@ -620,16 +412,16 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
 /// forwards as the largest slice needs (the gathers are collective).
 Totals TrainingRun::evaluate() {
   const std::int64_t count = task_.eval_samples();
-  const Chunk slice = chunk_extent(count, data_ranks_, data_rank_);
+  const Chunk slice = chunk_extent(count, model_->data_ranks(), model_->data_rank());
   const std::int64_t rows_per_forward =
       std::max<std::int64_t>(1, 1000 / task_.targets_per_sample());
-  const std::int64_t largest = chunk_extent(count, data_ranks_, 0).size;
+  const std::int64_t largest = chunk_extent(count, model_->data_ranks(), 0).size;
   kernels::BinnedSums losses(1);
   std::int64_t correct = 0;
   for (std::int64_t first = 0; first < largest; first += rows_per_forward) {
     const std::int64_t rows = std::clamp<std::int64_t>(slice.size - first, 0, rows_per_forward);
     const Batch batch = task_.eval_batch(slice.offset + std::min(first, slice.size), rows);
-    correct += row_losses(sharded_->forward(batch.input), batch.targets, losses, loss_).correct;
+    correct += model_->row_losses(sharded_->forward(batch.input), batch.targets, losses).correct;
   }
   sharded_->reshard();
   return reduce_totals(world_, losses, correct);
@@ -682,15 +474,14 @@ void TrainingRun::finish() {
     result_.sample = task_.sample(
         [this](const Tensor& tokens) {
           const Tensor logits = sharded_->forward(tokens);
-          return loss_.tp != nullptr ? tp::gather_classes(*loss_.tp, logits, loss_.classes)
-                                     : logits;
+          return model_->whole_logits(logits);
         },
         config_.seed);
     sharded_->reshard();
   }
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
-  result_.digest = full_digest();
+  result_.digest = model_->full_digest();
   result_.evaluated = task_.eval_samples() > 0;
   if (!result_.evaluated) {
     result_.warnings.push_back(fmt::format(
@@ -704,9 +495,7 @@ void TrainingRun::finish() {
   if (result_.evaluated) {
     const Batch batch = task_.eval_batch(0, std::min<std::int64_t>(4, task_.eval_samples()));
     const Tensor logits = sharded_->forward(batch.input);
-    result_.logits_digest =
-        (loss_.tp != nullptr ? tp::gather_classes(*loss_.tp, logits, loss_.classes) : logits)
-            .digest();
+    result_.logits_digest = model_->whole_logits(logits).digest();
     sharded_->reshard();
   }
   // Replicas agree when the largest and the smallest digest over the ranks are equal; the

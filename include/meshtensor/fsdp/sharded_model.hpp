@@ -86,6 +86,9 @@ class ShardedModule {
   const std::vector<nn::Parameter*>& parameters() const { return parameters_; }
   /// How the parameters are cut over the shard group.
   const ShardLayout& layout() const { return layout_; }
+  /// The FSDP arguments the group was made with (an empty shard_mesh_dims: every mesh dim not
+  /// replicated over).
+  const FsdpConfig& config() const { return config_; }
   /// Ranks in the shard group and in the replicate group.
   int shard_size() const { return layout_.ranks(); }
   /// Ranks holding the same shard.

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
@@ -13,9 +14,10 @@ namespace meshtensor::train {
 /// "model.<name>" and, with an optimizer made on sharded.optimizer_slots(), its per-slot state as
 /// "optimizer.<name>.<state>" (sharded like the parameter) and its scalars as "optimizer.<scalar>"
 /// (f64 scalars). The first replica of each shard owns its blocks, `leader` the scalars. The
-/// blocks view the live state: a save reads them, restore_model_state() writes them.
+/// blocks view the live state: a save reads them, restore_model_state() writes them. `prefix`
+/// replaces "model." (e.g. a frozen reference model saved beside the trained one).
 std::vector<checkpoint::SaveItem> model_state(fsdp::ShardedModel& sharded, nn::Optimizer* optimizer,
-                                              bool leader);
+                                              bool leader, const std::string& prefix = "model.");
 
 /// The load requests matching `items` (same names, shapes and blocks).
 std::vector<checkpoint::LoadRequest> load_requests(std::span<const checkpoint::SaveItem> items);
