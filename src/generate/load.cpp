@@ -90,8 +90,8 @@ nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::st
   return parse_architecture(index.metadata.at("architecture"));
 }
 
-std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
-                                  std::int64_t models_in_process) {
+nn::GptConfig read_architecture(comm::Communicator& world, const std::string& path,
+                                std::int64_t models_in_process) {
   // Rank 0 reads the index and checks its architecture against its tensors and this process's
   // memory before anything is allocated; every rank then builds the model it names.
   std::string architecture;
@@ -110,8 +110,12 @@ std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& 
     }
   }
   comm::throw_if_any_failed(world, failure);
-  architecture = comm::broadcast_text(world, architecture, 0);
-  auto model = std::make_unique<nn::Gpt>(parse_architecture(architecture));
+  return parse_architecture(comm::broadcast_text(world, architecture, 0));
+}
+
+std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
+                                  std::int64_t models_in_process) {
+  auto model = std::make_unique<nn::Gpt>(read_architecture(world, path, models_in_process));
   std::vector<checkpoint::LoadRequest> requests;
   for (nn::Parameter* p : model->parameters())
     requests.push_back({"model." + p->name,

@@ -370,15 +370,7 @@ void TrainingRun::save_checkpoint() {
 
 void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::BinnedSums& losses,
                                   std::int64_t& correct) {
-  const bool last = k + 1 == config_.micro_batches;
-  sharded_->set_is_last_backward(last);
-  if (config_.micro_batch_mode == MicroBatchMode::no_sync) {
-    sharded_->set_requires_gradient_sync(last);
-    sharded_->set_requires_all_reduce(true);
-  } else {
-    sharded_->set_requires_gradient_sync(true);
-    sharded_->set_requires_all_reduce(last);
-  }
+  model_->prepare_micro_batch(k, config_.micro_batches, config_.micro_batch_mode);
   const Tensor logits = sharded_->forward(batch.input);
   const nn::CrossEntropyResult loss = model_->row_losses(logits, batch.targets, losses);
   correct += loss.correct;

@@ -113,6 +113,18 @@ void TrainingModel::shard_groups() {
     sharded_->fully_shard(*unit, layout_.fsdp);
 }
 
+void TrainingModel::prepare_micro_batch(std::int64_t k, std::int64_t count, MicroBatchMode mode) {
+  const bool last = k + 1 == count;
+  sharded_->set_is_last_backward(last);
+  if (mode == MicroBatchMode::no_sync) {
+    sharded_->set_requires_gradient_sync(last);
+    sharded_->set_requires_all_reduce(true);
+  } else {
+    sharded_->set_requires_gradient_sync(true);
+    sharded_->set_requires_all_reduce(last);
+  }
+}
+
 nn::CrossEntropyResult TrainingModel::row_losses(const Tensor& logits,
                                                  const std::vector<std::int32_t>& targets,
                                                  kernels::BinnedSums& losses) const {

@@ -23,6 +23,12 @@ std::string architecture_problem(const checkpoint::Index& index);
 /// naming `path` and the problem otherwise.
 nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::string& path);
 
+/// The architecture of the checkpoint `path` on every rank of `world` (collective): rank 0 reads
+/// the index, checks it (checked_architecture()) and `models_in_process` copies of the model
+/// against the memory available (ResourceError), and broadcasts it.
+nn::GptConfig read_architecture(comm::Communicator& world, const std::string& path,
+                                std::int64_t models_in_process = 1);
+
 /// The GPT saved in the checkpoint `path` (a checkpoint directory or a root with LATEST), whole
 /// on every rank of `world` (collective): built from the checkpoint's architecture and loaded
 /// from its "model.<name>" tensors, whatever layout saved them. The architecture is checked

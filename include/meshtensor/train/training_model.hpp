@@ -76,6 +76,9 @@ class TrainingModel {
   std::int64_t data_ranks() const { return data_ranks_; }
   std::int64_t data_rank() const { return data_rank_; }
 
+  /// Sets the FSDP flags for micro-batch `k` of `count` in one step by `mode` (FSDP2's two
+  /// controls: reduce on the last only, or reduce-scatter each and all-reduce the last).
+  void prepare_micro_batch(std::int64_t k, std::int64_t count, MicroBatchMode mode);
   /// The cross-entropy of `logits` (f32 [..., classes]) against one target per row, with the
   /// losses added to `losses` (exactly) when this rank counts them.
   nn::CrossEntropyResult row_losses(const Tensor& logits, const std::vector<std::int32_t>& targets,

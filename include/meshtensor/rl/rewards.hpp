@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include <meshtensor/train/text_data.hpp>
+
+namespace meshtensor::rl {
+
+/// Scores a completion of a prompt (both as bytes). Must return a finite number.
+using RewardFunction =
+    std::function<double(const std::string& prompt, const std::string& completion)>;
+
+/// Where Debian's word list (package wamerican) lives.
+inline constexpr const char* kDefaultDictionary = "/usr/share/dict/words";
+
+/// A set of English words, compared in lower case.
+class Dictionary {
+ public:
+  /// The words of `path`, one per line. DataError naming the path (and the package that
+  /// provides the default one) when it is missing, unreadable or holds no word.
+  static std::shared_ptr<const Dictionary> load(const std::string& path);
+  /// Whether `word` (any case) is in the list.
+  bool contains(std::string_view word) const;
+  /// Number of words.
+  std::size_t size() const { return words_.size(); }
+
+ private:
+  std::unordered_set<std::string> words_;
+};
+
+/// The words of `text`: maximal runs of ASCII letters, with apostrophes between letters kept
+/// inside a word ("don't"); everything else (punctuation, digits, spaces, other bytes) separates.
+std::vector<std::string_view> split_words(std::string_view text);
+
+/// The fraction of the words of `text` that are English words: in `dictionary` (any case), with
+/// single letters counting only as "a" and "I". 0 for a text with no word.
+double english_word_fraction(const Dictionary& dictionary, std::string_view text);
+
+/// What an RL run practises: a pool of prompts, a reward, and text to build the model's task
+/// from (a byte-level GPT over it).
+struct RlTask {
+  std::string name;
+  std::vector<std::string> prompts;  ///< all of the same length in bytes
+  RewardFunction reward;
+  std::shared_ptr<const train::TextCorpus> corpus;
+};
+
+/// "words": prompts are the first `prompt_bytes` bytes of the validation (held-out) records of
+/// `corpus` (records shorter than that are left out); the reward is english_word_fraction of
+/// the completion. InvalidArgument when no record is long enough.
+RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,
+                  std::shared_ptr<const Dictionary> dictionary, std::int64_t prompt_bytes);
+
+/// "arithmetic": prompts "A+B=" for every A and B from 10 to 49 (6 bytes); the reward is 1 for a
+/// completion that starts with the sum's digits followed by a non-digit (or the end), 0.25 for
+/// one that starts with a digit, 0 otherwise: a byte model of English text starts near zero and
+/// learns it. The corpus holds every "A+B=C" line (for the model's task only).
+RlTask arithmetic_task();
+
+/// "words" or "arithmetic" with what they need; InvalidArgument naming any other name.
+RlTask builtin_task(const std::string& name, const std::string& data_path,
+                    const std::string& dictionary_path, std::int64_t prompt_bytes);
+
+}  // namespace meshtensor::rl

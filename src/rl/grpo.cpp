@@ -1,0 +1,695 @@
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <span>
+
+#include <fmt/format.h>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/agree.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/fsdp/reduction.hpp>
+#include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/rl/grpo.hpp>
+#include <meshtensor/tp/style.hpp>
+#include <meshtensor/train/model_state.hpp>
+#include <meshtensor/train/training_model.hpp>
+
+namespace meshtensor::rl {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+bool same_bits(double a, double b) {
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+
+/// Prompts decoded before the first step and after the last (RlResult::before / after).
+constexpr std::int64_t kShownSamples = 3;
+
+/// The rollouts of one step, the same on every rank: for sequence q = prompt * G + sample, its
+/// completion's tokens and the generator's log-probabilities (new_tokens each), and its reward.
+struct Rollouts {
+  std::vector<std::int64_t> prompt_ids;  ///< pool index of each of the P prompts
+  std::vector<std::int64_t> tokens;      ///< [P * G * new_tokens]
+  std::vector<double> logprobs;          ///< [P * G * new_tokens]
+  std::vector<double> rewards;           ///< [P * G]
+  std::vector<double> advantages;        ///< [P * G]
+};
+
+/// Sums of one step's updates over its tokens (exact, the same on every layout).
+enum StepSum : std::int64_t { kLoss, kKl, kClipped, kSums };
+
+/// One GRPO run on one rank.
+class RlRun {
+ public:
+  RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
+        const RlCallbacks& callbacks);
+  RlResult run();
+
+ private:
+  void build();
+  void load_init();
+  void resume();
+  void save();
+  std::vector<checkpoint::SaveItem> state();
+  std::vector<generate::Request> requests(std::int64_t step,
+                                          const std::vector<std::int64_t>& prompt_ids) const;
+  /// Generates `requests` on this rank's replica; every rank gets every completion.
+  void generate_all(const std::vector<generate::Request>& requests, Rollouts& rollouts);
+  void score(Rollouts& rollouts);
+  /// One optimizer step on sequences [first, first + count) of `rollouts`; with `parity`, also
+  /// compares every generated token's log-probabilities.
+  /// With `apply` false, only scores (no gradient, no step).
+  void update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
+              bool apply, RlStepReport& report, kernels::BinnedSums& sums);
+  void check_parity(const RlStepReport& report, std::int64_t first_mismatch) const;
+  std::vector<RlSample> show_samples();
+
+  comm::Communicator& world_;
+  const RlTask& task_;
+  RlConfig config_;
+  const RlCallbacks& callbacks_;
+  const Clock::time_point start_ = Clock::now();
+  bool exact_ = false;
+  std::unique_ptr<train::LanguageModelling> language_;
+  std::unique_ptr<train::TrainingModel> policy_;
+  std::unique_ptr<train::TrainingModel> reference_;
+  std::shared_ptr<comm::MeshGroups> generator_groups_;
+  std::unique_ptr<nn::Module> generator_model_;
+  std::unique_ptr<tp::TensorParallel> generator_tp_;
+  std::unique_ptr<generate::Generator> generator_;
+  std::unique_ptr<WeightSync> sync_;
+  std::vector<std::int64_t> prompt_order_;
+  std::int64_t step_ = 0;
+  std::int64_t update_ = 0;  // optimizer steps so far
+  std::int64_t total_updates_ = 0;
+  std::int64_t length_ = 0;  // trainer rows of a sequence: prompt + new_tokens - 1
+  std::int64_t prompt_tokens_ = 0;
+  RlResult result_;
+};
+
+RlRun::RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
+             const RlCallbacks& callbacks)
+    : world_(world),
+      task_(task),
+      config_(std::move(config)),
+      callbacks_(callbacks),
+      exact_(config_.train.mode == comm::ReductionMode::exact) {
+  prompt_tokens_ = static_cast<std::int64_t>(task_.prompts.front().size());
+  length_ = prompt_tokens_ + config_.new_tokens - 1;
+  total_updates_ = config_.steps * config_.ppo_epochs * config_.minibatches;
+  config_.train.schedule.total_steps = total_updates_;
+  // The pool in a seeded order (Fisher-Yates); step s takes the next P prompts, wrapping.
+  const auto pool = static_cast<std::int64_t>(task_.prompts.size());
+  prompt_order_.resize(static_cast<std::size_t>(pool));
+  for (std::int64_t i = 0; i < pool; ++i)
+    prompt_order_[static_cast<std::size_t>(i)] = i;
+  for (std::int64_t i = pool - 1; i > 0; --i) {
+    const std::int64_t j = uniform_int_sample(config_.train.seed ^ 0x70726f6d707473ULL,
+                                              static_cast<std::uint64_t>(i), 0, i);
+    std::swap(prompt_order_[static_cast<std::size_t>(i)], prompt_order_[static_cast<std::size_t>(j)]);
+  }
+}
+
+void RlRun::build() {
+  if (!config_.init.empty()) {
+    config_.model = generate::read_architecture(
+        world_, config_.init, world_.backend() == "threads" ? world_.size() : 1);
+  }
+  language_ = std::make_unique<train::LanguageModelling>(task_.corpus, config_.model);
+  validate_rl_config(config_, task_, world_.size());
+  train::TrainConfig trainer = config_.train;
+  trainer.batch = config_.prompts * config_.samples / config_.minibatches;
+  trainer.steps = config_.steps;
+  train::validate_config(trainer, *language_);
+  std::exception_ptr failure;
+  if (world_.rank() == 0) {
+    try {
+      train::require_training_memory(trainer, *language_,
+                                     world_.backend() == "threads" ? world_.size() : 1,
+                                     world_.size());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world_, failure);
+  policy_ = std::make_unique<train::TrainingModel>(world_, *language_, config_.train,
+                                                   config_.train.seed);
+  if (config_.kl > 0) {
+    reference_ = std::make_unique<train::TrainingModel>(world_, *language_, config_.train,
+                                                        config_.train.seed, false);
+  }
+  result_.parameters = nn::parameter_count(policy_->module().parameters());
+  result_.trainer_layout = policy_->layout().description;
+  result_.generator_layout = config_.generator.describe();
+  // The generator: its own copy of the model, split over its tp dim.
+  generator_groups_ = std::make_shared<comm::MeshGroups>(
+      config_.generator.mesh(),
+      std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
+  generator_model_ = language_->make_model(config_.train.seed);
+  auto& gpt = dynamic_cast<nn::Gpt&>(*generator_model_);
+  gpt.set_exact_sums(exact_);
+  generator_tp_ = std::make_unique<tp::TensorParallel>(
+      generator_groups_->group(std::vector<int>{1}), config_.train.mode, false);
+  if (generator_tp_->size() > 1) tp::parallelize_module(gpt, *generator_tp_, tp::gpt_plan(false));
+  generate::GeneratorOptions options;
+  options.max_batch = config_.max_batch;
+  options.prefill_chunk = config_.prefill_chunk;
+  options.exact_logprobs = exact_;
+  generator_ = std::make_unique<generate::Generator>(gpt, options, generator_tp_.get());
+  generator_->check_between_steps([this] { world_.throw_if_aborted(); });
+  sync_ = std::make_unique<WeightSync>(*policy_, *generator_groups_, gpt.parameters(),
+                                       config_.train.mode);
+  result_.joint_mesh = sync_->joint();
+}
+
+/// The policy's (and reference's) "model.*" tensors from config_.init, on this layout.
+void RlRun::load_init() {
+  std::vector<train::TrainingModel*> models{policy_.get()};
+  if (reference_ != nullptr) models.push_back(reference_.get());
+  for (train::TrainingModel* model : models) {
+    const std::vector<checkpoint::SaveItem> items =
+        train::model_state(model->sharded(), nullptr, world_.rank() == 0);
+    const std::vector<Tensor> loaded =
+        checkpoint::load(world_, config_.init, train::load_requests(items));
+    train::restore_model_state(items, loaded, nullptr);
+  }
+}
+
+std::vector<checkpoint::SaveItem> RlRun::state() {
+  std::vector<checkpoint::SaveItem> items = policy_->state();
+  if (reference_ != nullptr) {
+    const std::vector<checkpoint::SaveItem> frozen = reference_->state("reference.");
+    items.insert(items.end(), frozen.begin(), frozen.end());
+  }
+  const bool leader = world_.rank() == 0;
+  Tensor step = Tensor::full(Shape{}, DType::i64, static_cast<double>(step_));
+  Tensor seed = Tensor::zeros(Shape{}, DType::i64);
+  seed.values<std::int64_t>()[0] = static_cast<std::int64_t>(config_.train.seed);
+  items.push_back({kRlStateTensors[0], Shape{}, {}, step, leader});
+  items.push_back({kRlStateTensors[1], Shape{}, {}, seed, leader});
+  return items;
+}
+
+void RlRun::resume() {
+  const std::string& path = config_.train.resume_dir;
+  const checkpoint::Index index =
+      world_.rank() == 0 ? checkpoint::read_index(path) : checkpoint::Index{};
+  std::string problem;
+  if (world_.rank() == 0) {
+    const auto kind = index.metadata.find("kind");
+    const auto architecture = index.metadata.find("architecture");
+    if (kind == index.metadata.end() || kind->second != "rl") {
+      problem = fmt::format("checkpoint {} was not saved by an RL run (resume it with train, or "
+                            "start from it with --init)",
+                            path);
+    } else if (architecture == index.metadata.end() ||
+               architecture->second != language_->architecture()) {
+      problem = fmt::format("checkpoint {} holds another model than this run's '{}'", path,
+                            language_->architecture());
+    } else if ((reference_ != nullptr) != (index.metadata.count("reference") != 0 &&
+                                           index.metadata.at("reference") == "yes")) {
+      problem = fmt::format(
+          "checkpoint {} was saved {} a KL reference model, and this run has {} (give the same "
+          "--kl > 0 or = 0 as the saving run)",
+          path, reference_ != nullptr ? "without" : "with",
+          reference_ != nullptr ? "one" : "none");
+    }
+  }
+  problem = comm::broadcast_text(world_, problem, 0);
+  if (!problem.empty()) throw InvalidArgument(problem);
+  std::vector<checkpoint::SaveItem> items = state();
+  const std::vector<Tensor> loaded = checkpoint::load(world_, path, train::load_requests(items));
+  const std::int64_t step = loaded[loaded.size() - 2].values<std::int64_t>()[0];
+  if (step < 0 || step > config_.steps) {
+    throw InvalidArgument(fmt::format("checkpoint {} is at step {}, outside the {} steps of this run",
+                                      path, step, config_.steps));
+  }
+  train::restore_model_state(items, loaded, policy_->optimizer());
+  step_ = step;
+  update_ = step_ * config_.ppo_epochs * config_.minibatches;
+  config_.train.seed = static_cast<std::uint64_t>(loaded.back().values<std::int64_t>()[0]);
+  result_.resumed_step = step_;
+}
+
+void RlRun::save() {
+  checkpoint::SaveOptions options;
+  options.keep = config_.train.keep_checkpoints;
+  options.metadata = {{"kind", "rl"},
+                      {"task", task_.name},
+                      {"architecture", language_->architecture()},
+                      {"mesh", policy_->layout().description},
+                      {"generator", config_.generator.describe()},
+                      {"mode", std::string(comm::reduction_mode_name(config_.train.mode))},
+                      {"reference", reference_ != nullptr ? "yes" : "no"}};
+  result_.checkpoints.push_back(
+      checkpoint::save(world_, config_.train.save_dir, step_, state(), options));
+}
+
+std::vector<generate::Request> RlRun::requests(std::int64_t step,
+                                               const std::vector<std::int64_t>& prompt_ids) const {
+  std::vector<generate::Request> made;
+  for (const std::int64_t id : prompt_ids) {
+    const std::string& prompt = task_.prompts[static_cast<std::size_t>(id)];
+    for (std::int64_t sample = 0; sample < config_.samples; ++sample) {
+      const std::uint64_t seed =
+          mix64(mix64(mix64(config_.train.seed ^ static_cast<std::uint64_t>(step)) +
+                      static_cast<std::uint64_t>(id)) +
+                static_cast<std::uint64_t>(sample));
+      made.push_back({generate::byte_tokens(prompt),
+                      config_.new_tokens,
+                      {config_.temperature, config_.top_k, seed}});
+    }
+  }
+  return made;
+}
+
+void RlRun::generate_all(const std::vector<generate::Request>& all, Rollouts& rollouts) {
+  const DeviceMesh mesh = config_.generator.mesh();
+  const std::vector<std::int64_t> at = mesh.coordinates(world_.rank());
+  const auto total = static_cast<std::int64_t>(all.size());
+  const Chunk mine = chunk_extent(total, config_.generator.replicas, at[0]);
+  const std::vector<generate::Request> slice(all.begin() + mine.offset,
+                                             all.begin() + mine.offset + mine.size);
+  const std::vector<generate::Completion> made = generator_->generate(slice);
+  // One rank of each replica contributes its completions; every rank receives all of them.
+  const std::int64_t n = config_.new_tokens;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world_.size()), 0);
+  for (std::int64_t r = 0; r < world_.size(); ++r) {
+    const std::vector<std::int64_t> where = mesh.coordinates(r);
+    if (where[1] == 0)
+      counts[static_cast<std::size_t>(r)] =
+          chunk_extent(total, config_.generator.replicas, where[0]).size * n;
+  }
+  const std::int64_t sent = at[1] == 0 ? mine.size * n : 0;
+  Tensor tokens(Shape{sent}, DType::i64);
+  Tensor logprobs(Shape{sent}, DType::f64);
+  for (std::int64_t i = 0; i < sent; ++i) {
+    const generate::Completion& c = made[static_cast<std::size_t>(i / n)];
+    tokens.values<std::int64_t>()[static_cast<std::size_t>(i)] = c.tokens[static_cast<std::size_t>(i % n)];
+    logprobs.values<double>()[static_cast<std::size_t>(i)] = c.logprobs[static_cast<std::size_t>(i % n)];
+  }
+  Tensor all_tokens(Shape{total * n}, DType::i64);
+  Tensor all_logprobs(Shape{total * n}, DType::f64);
+  world_.all_gather(tokens, all_tokens, counts);
+  world_.all_gather(logprobs, all_logprobs, counts);
+  const auto token_values = all_tokens.values<std::int64_t>();
+  const auto logprob_values = all_logprobs.values<double>();
+  rollouts.tokens.assign(token_values.begin(), token_values.end());
+  rollouts.logprobs.assign(logprob_values.begin(), logprob_values.end());
+}
+
+/// Rewards on world rank 0 (a Python callback runs once, and its numbers are data every rank
+/// shares), broadcast; then the group-relative advantages.
+void RlRun::score(Rollouts& rollouts) {
+  const std::int64_t g = config_.samples;
+  const auto sequences = static_cast<std::int64_t>(rollouts.prompt_ids.size()) * g;
+  Tensor rewards = Tensor::zeros(Shape{sequences}, DType::f64);
+  std::exception_ptr failure;
+  if (world_.rank() == 0) {
+    for (std::int64_t q = 0; q < sequences; ++q) {
+      const std::int64_t id = rollouts.prompt_ids[static_cast<std::size_t>(q / g)];
+      const std::string& prompt = task_.prompts[static_cast<std::size_t>(id)];
+      const auto first = rollouts.tokens.begin() + q * config_.new_tokens;
+      const std::string completion = generate::token_bytes(
+          std::span<const std::int64_t>(&*first, static_cast<std::size_t>(config_.new_tokens)));
+      const auto name = [&] {
+        return fmt::format("step {}, prompt {} ('{}'), sample {}", step_ + 1, q / g, prompt, q % g);
+      };
+      try {
+        const double value = task_.reward(prompt, completion);
+        if (!std::isfinite(value))
+          throw DataError(fmt::format("the reward of {} is {}, not a finite number", name(), value));
+        rewards.values<double>()[static_cast<std::size_t>(q)] = value;
+      } catch (const DataError&) {
+        failure = std::current_exception();
+        break;
+      } catch (const std::exception& e) {
+        failure = std::make_exception_ptr(
+            DataError(fmt::format("the reward of {} failed: {}", name(), e.what())));
+        break;
+      }
+    }
+  }
+  comm::throw_if_any_failed(world_, failure);
+  world_.broadcast(rewards, 0);
+  const auto values = rewards.values<double>();
+  rollouts.rewards.assign(values.begin(), values.end());
+  rollouts.advantages.assign(static_cast<std::size_t>(sequences), 0.0);
+  for (std::int64_t p = 0; p * g < sequences; ++p) {
+    const auto group = values.subspan(static_cast<std::size_t>(p * g), static_cast<std::size_t>(g));
+    if (std::all_of(group.begin(), group.end(), [&](double r) { return r == group[0]; }))
+      continue;  // nothing to prefer within the group
+    double mean = 0;
+    for (const double r : group)
+      mean += r;
+    mean /= static_cast<double>(g);
+    double squares = 0;
+    for (const double r : group)
+      squares += (r - mean) * (r - mean);
+    const double std = std::sqrt(squares / static_cast<double>(g - 1));
+    for (std::int64_t j = 0; j < g; ++j)
+      rollouts.advantages[static_cast<std::size_t>(p * g + j)] =
+          (group[static_cast<std::size_t>(j)] - mean) / (std + config_.advantage_eps);
+  }
+}
+
+void RlRun::update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
+                   bool apply, RlStepReport& report, kernels::BinnedSums& sums) {
+  fsdp::ShardedModel& sharded = policy_->sharded();
+  sharded.zero_grad();
+  sharded.set_gradient_divide_factor(static_cast<double>(count * config_.new_tokens));
+  const Chunk slice = chunk_extent(count, policy_->data_ranks(), policy_->data_rank());
+  const std::int64_t n = config_.new_tokens;
+  const bool counts = policy_->loss().counts;
+  std::int64_t first_mismatch = std::numeric_limits<std::int64_t>::max();
+  std::int64_t tokens = 0;
+  std::int64_t identical = 0;
+  double largest = 0;
+  for (std::int64_t k = 0; k < config_.train.micro_batches; ++k) {
+    const Chunk micro = chunk_extent(slice.size, config_.train.micro_batches, k);
+    const std::int64_t start = first + slice.offset + micro.offset;
+    Tensor input(Shape{micro.size, length_}, DType::i64);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(micro.size * length_));
+    for (std::int64_t s = 0; s < micro.size; ++s) {
+      const std::int64_t q = start + s;
+      const std::string& prompt =
+          task_.prompts[static_cast<std::size_t>(rollouts.prompt_ids[static_cast<std::size_t>(
+              q / config_.samples)])];
+      std::vector<std::int64_t> sequence = generate::byte_tokens(prompt);
+      sequence.insert(sequence.end(), rollouts.tokens.begin() + q * n,
+                      rollouts.tokens.begin() + (q + 1) * n);
+      for (std::int64_t t = 0; t < length_; ++t) {
+        input.values<std::int64_t>()[static_cast<std::size_t>(s * length_ + t)] =
+            sequence[static_cast<std::size_t>(t)];
+        targets[static_cast<std::size_t>(s * length_ + t)] =
+            static_cast<std::int32_t>(sequence[static_cast<std::size_t>(t + 1)]);
+      }
+    }
+    kernels::BinnedSums unused(1);
+    Tensor reference_losses;
+    if (reference_ != nullptr) {
+      const Tensor logits = reference_->sharded().forward(input);
+      reference_losses = reference_->row_losses(logits, targets, unused).losses;
+      reference_->sharded().reshard();
+    }
+    if (apply) {
+      policy_->prepare_micro_batch(k, config_.train.micro_batches,
+                                   config_.train.micro_batch_mode);
+    }
+    const Tensor logits = sharded.forward(input);
+    nn::CrossEntropyResult loss = policy_->row_losses(logits, targets, unused);
+    const std::int64_t classes = loss.grad_logits.shape()[loss.grad_logits.rank() - 1];
+    Tensor grad = loss.grad_logits.contiguous();
+    float* grad_rows = grad.values<float>().data();
+    Tensor token_sums = Tensor::zeros(Shape{micro.size * n, kSums}, DType::f64);
+    for (std::int64_t s = 0; s < micro.size; ++s) {
+      const std::int64_t q = start + s;
+      const double advantage = rollouts.advantages[static_cast<std::size_t>(q)];
+      for (std::int64_t t = 0; t < length_; ++t) {
+        const std::int64_t row = s * length_ + t;
+        const std::int64_t position = t - (prompt_tokens_ - 1);
+        // d(loss)/d(logp) gives the row's factor on the cross-entropy gradient
+        // (softmax - onehot = -d(logp)/d(logits)); prompt rows take no gradient.
+        double factor = 0;
+        if (position >= 0) {
+          const double logp = -loss.losses.values<double>()[static_cast<std::size_t>(row)];
+          const double old = rollouts.logprobs[static_cast<std::size_t>(q * n + position)];
+          const double ratio = std::exp(logp - old);
+          const double clipped =
+              std::clamp(ratio, 1.0 - config_.clip_ratio, 1.0 + config_.clip_ratio);
+          const bool unclipped_wins = ratio * advantage <= clipped * advantage;
+          double* sums_row = token_sums.values<double>().data() + (s * n + position) * kSums;
+          sums_row[kLoss] = -std::min(ratio * advantage, clipped * advantage);
+          sums_row[kClipped] = unclipped_wins ? 0.0 : 1.0;
+          factor = unclipped_wins ? ratio * advantage : 0.0;
+          if (reference_ != nullptr) {
+            const double log_ref =
+                -reference_losses.values<double>()[static_cast<std::size_t>(row)];
+            const double ratio_ref = std::exp(log_ref - logp);
+            sums_row[kKl] = ratio_ref - (log_ref - logp) - 1.0;
+            sums_row[kLoss] += config_.kl * sums_row[kKl];
+            factor += config_.kl * (ratio_ref - 1.0);
+          }
+          if (parity && counts) {
+            ++tokens;
+            if (same_bits(logp, old)) {
+              ++identical;
+            } else {
+              first_mismatch = std::min(first_mismatch, q * n + position);
+            }
+            largest = std::max(largest, std::abs(logp - old));
+          }
+        }
+        const auto scale = static_cast<float>(factor);
+        for (std::int64_t c = 0; c < classes; ++c)
+          grad_rows[row * classes + c] *= scale;
+      }
+    }
+    if (!apply) continue;
+    if (counts && micro.size > 0) kernels::add_column_sums(sums, 0, token_sums);
+    sharded.backward(grad.reshape(loss.grad_logits.shape()));
+  }
+  if (apply) {
+    if (config_.train.clip_grad_norm > 0) policy_->clip_gradients(config_.train.clip_grad_norm);
+    policy_->optimizer_step(config_.train.schedule.at(update_));
+    ++update_;
+  } else {
+    sharded.reshard();
+  }
+  if (!parity) return;
+  comm::CollectiveOptions sum;
+  sum.op = ReduceOp::sum;
+  sum.mode = comm::ReductionMode::ordered;
+  Tensor counted = Tensor::full(Shape{2}, DType::f64, 0.0);
+  counted.values<double>()[0] = static_cast<double>(tokens);
+  counted.values<double>()[1] = static_cast<double>(identical);
+  world_.all_reduce(counted, sum);
+  comm::CollectiveOptions most = sum;
+  most.op = ReduceOp::max;
+  Tensor worst = Tensor::full(Shape{1}, DType::f64, largest);
+  world_.all_reduce(worst, most);
+  comm::CollectiveOptions least = sum;
+  least.op = ReduceOp::min;
+  Tensor mismatch = Tensor::full(Shape{1}, DType::f64, static_cast<double>(first_mismatch));
+  world_.all_reduce(mismatch, least);
+  const auto compared = static_cast<std::int64_t>(counted.values<double>()[0]);
+  const auto same = static_cast<std::int64_t>(counted.values<double>()[1]);
+  report.tokens += compared;
+  report.identical += same;
+  report.max_abs_diff = std::max(report.max_abs_diff, worst.values<double>()[0]);
+  if (exact_ && same != compared)
+    check_parity(report, static_cast<std::int64_t>(mismatch.values<double>()[0]));
+}
+
+[[noreturn]] void parity_failure(std::int64_t step, std::int64_t token, std::int64_t samples,
+                                 std::int64_t new_tokens, const RlStepReport& report) {
+  const std::int64_t q = token / new_tokens;
+  throw DataError(fmt::format(
+      "exact mode: at step {}, prompt {} sample {} position {}, the generator's log-probability "
+      "differs from the trainer's ({} of {} tokens identical so far, largest difference {:.3g}): "
+      "the importance ratio is not 1",
+      step, q / samples, q % samples, token % new_tokens, report.identical, report.tokens,
+      report.max_abs_diff));
+}
+
+void RlRun::check_parity(const RlStepReport& report, std::int64_t first_mismatch) const {
+  parity_failure(step_ + 1, first_mismatch, config_.samples, config_.new_tokens, report);
+}
+
+std::vector<RlSample> RlRun::show_samples() {
+  std::vector<std::int64_t> ids;
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(kShownSamples, prompt_order_.size()); ++i)
+    ids.push_back(prompt_order_[static_cast<std::size_t>(i)]);
+  sync_->run();
+  std::vector<generate::Request> made = requests(-1, ids);
+  std::vector<generate::Request> firsts;
+  for (std::size_t i = 0; i < made.size(); i += static_cast<std::size_t>(config_.samples))
+    firsts.push_back(made[i]);
+  const std::vector<generate::Completion> completions = generator_->generate(firsts);
+  std::vector<RlSample> samples;
+  for (std::size_t i = 0; i < firsts.size(); ++i) {
+    const std::string& prompt = task_.prompts[static_cast<std::size_t>(ids[i])];
+    const std::string completion = generate::token_bytes(completions[i].tokens);
+    double reward = std::nan("");
+    try {
+      if (world_.rank() == 0) reward = task_.reward(prompt, completion);
+    } catch (const std::exception&) {  // shown as NaN; a step's rewards stop the run instead
+    }
+    samples.push_back({prompt, completion, reward});
+  }
+  return samples;
+}
+
+RlResult RlRun::run() {
+  build();
+  if (!config_.init.empty()) load_init();
+  if (!config_.train.resume_dir.empty()) resume();
+  std::int64_t last = config_.steps;
+  if (config_.train.stop_after > 0) last = std::min(last, config_.train.stop_after);
+  result_.before = show_samples();
+  const std::int64_t sequences = config_.prompts * config_.samples;
+  while (step_ < last) {
+    RlStepReport report;
+    report.step = step_ + 1;
+    report.sync = sync_->run();
+    report.sync_seconds = report.sync.seconds;
+    if (config_.compare_naive_sync) {
+      report.naive_sync_seconds =
+          naive_weight_sync(*policy_, config_.generator.mesh(),
+                            dynamic_cast<nn::Gpt&>(*generator_model_).parameters())
+              .seconds;
+    }
+    Rollouts rollouts;
+    for (std::int64_t i = 0; i < config_.prompts; ++i) {
+      const auto at = static_cast<std::size_t>((step_ * config_.prompts + i) %
+                                               static_cast<std::int64_t>(prompt_order_.size()));
+      rollouts.prompt_ids.push_back(prompt_order_[at]);
+    }
+    auto phase = Clock::now();
+    generate_all(requests(step_, rollouts.prompt_ids), rollouts);
+    report.generate_seconds = seconds_since(phase);
+    score(rollouts);
+    double reward_sum = 0;
+    for (const double r : rollouts.rewards)
+      reward_sum += r;
+    report.reward_mean = reward_sum / static_cast<double>(sequences);
+    phase = Clock::now();
+    kernels::BinnedSums sums(kSums);
+    // Parity: every token scored by the policy the generator used. With one mini-batch the first
+    // update's forward is that score; with several, a forward-only pass comes first.
+    const bool scoring_pass = config_.minibatches > 1;
+    if (scoring_pass) update(rollouts, 0, sequences, true, false, report, sums);
+    for (std::int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
+      for (std::int64_t m = 0; m < config_.minibatches; ++m) {
+        const Chunk part = chunk_extent(sequences, config_.minibatches, m);
+        update(rollouts, part.offset, part.size, epoch == 0 && !scoring_pass, true, report, sums);
+      }
+    }
+    report.train_seconds = seconds_since(phase);
+    Tensor totals(Shape{kSums}, DType::f64);
+    fsdp::reduce_binned_sums(world_, sums, 1, totals, "rl step sums");
+    const double token_updates =
+        static_cast<double>(sequences * config_.new_tokens * config_.ppo_epochs);
+    report.loss = totals.values<double>()[kLoss] / token_updates;
+    report.kl_mean = totals.values<double>()[kKl] / token_updates;
+    report.clipped_fraction = totals.values<double>()[kClipped] / token_updates;
+    ++step_;
+    result_.tokens += report.tokens;
+    result_.identical += report.identical;
+    result_.max_abs_diff = std::max(result_.max_abs_diff, report.max_abs_diff);
+    result_.steps.push_back(report);
+    if (!config_.train.save_dir.empty() &&
+        ((config_.train.save_every > 0 && step_ % config_.train.save_every == 0) || step_ == last))
+      save();
+    if (world_.rank() == 0 && callbacks_.on_step) callbacks_.on_step(report);
+  }
+  result_.after = show_samples();
+  result_.weights_digest = policy_->full_digest();
+  result_.seconds = seconds_since(start_);
+  return std::move(result_);
+}
+
+std::string rl_description(const RlConfig& c, const RlTask& task) {
+  return fmt::format(
+      "task {} ({} prompts) init '{}' model {} steps {} P {} G {} new {} temp {} top_k {} clip {} "
+      "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} lr {} mode {} "
+      "seed {} mesh {} strategy {} sp {} micro {} save '{}' resume '{}' stop {}",
+      task.name, task.prompts.size(), c.init, nn::gpt_config_text(c.model), c.steps, c.prompts,
+      c.samples, c.new_tokens, c.temperature, c.top_k, c.clip_ratio, c.kl, c.ppo_epochs,
+      c.minibatches, c.advantage_eps, c.max_batch, c.prefill_chunk, c.generator.describe(),
+      c.compare_naive_sync, c.train.schedule.base, comm::reduction_mode_name(c.train.mode),
+      c.train.seed, c.train.mesh.describe(), static_cast<int>(c.train.strategy),
+      c.train.sequence_parallel, c.train.micro_batches, c.train.save_dir, c.train.resume_dir,
+      c.train.stop_after);
+}
+
+}  // namespace
+
+void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t world_ranks) {
+  const auto positive = [](std::int64_t value, const char* what) {
+    if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
+  };
+  positive(config.steps, "the number of steps");
+  positive(config.prompts, "the number of prompts per step");
+  positive(config.new_tokens, "the number of new tokens");
+  positive(config.ppo_epochs, "the number of PPO epochs");
+  positive(config.minibatches, "the number of mini-batches");
+  positive(config.max_batch, "the generator's batch");
+  positive(config.prefill_chunk, "the prefill chunk");
+  if (config.samples < 2) {
+    throw InvalidArgument(fmt::format(
+        "GRPO compares the completions of one prompt with each other: give at least 2 samples "
+        "per prompt, got {}",
+        config.samples));
+  }
+  if (config.minibatches > config.prompts * config.samples) {
+    throw InvalidArgument(fmt::format("{} mini-batches is more than the {} completions of a step",
+                                      config.minibatches, config.prompts * config.samples));
+  }
+  if (!(config.kl >= 0 && config.kl <= 1e6))
+    throw InvalidArgument(fmt::format("the KL coefficient must be within [0, 1e6], got {}", config.kl));
+  if (!(config.clip_ratio > 0 && config.clip_ratio < 1))
+    throw InvalidArgument(fmt::format("the clip ratio must be within (0, 1), got {}", config.clip_ratio));
+  if (!(config.temperature > 0 && config.temperature <= 1e3)) {
+    throw InvalidArgument(fmt::format(
+        "the sampling temperature must be within (0, 1000], got {} (GRPO needs different "
+        "completions of a prompt)",
+        config.temperature));
+  }
+  if (config.top_k < 0) throw InvalidArgument(fmt::format("top_k {} is negative", config.top_k));
+  if (!(config.advantage_eps > 0 && config.advantage_eps <= 1))
+    throw InvalidArgument(fmt::format("the advantage epsilon must be within (0, 1], got {}", config.advantage_eps));
+  if (task.prompts.empty()) throw InvalidArgument(fmt::format("task {} has no prompt", task.name));
+  const std::int64_t prompt = static_cast<std::int64_t>(task.prompts.front().size());
+  for (std::size_t i = 0; i < task.prompts.size(); ++i) {
+    if (static_cast<std::int64_t>(task.prompts[i].size()) != prompt || prompt == 0) {
+      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name, i,
+                                        task.prompts[i].size(), prompt));
+    }
+  }
+  if (prompt + config.new_tokens > config.model.context) {
+    throw InvalidArgument(fmt::format(
+        "a prompt of {} tokens and {} new tokens do not fit the model's context of {}", prompt,
+        config.new_tokens, config.model.context));
+  }
+  const GeneratorLayout& g = config.generator;
+  if (g.replicas < 1 || g.tp < 1 || g.ranks() != world_ranks) {
+    throw InvalidArgument(fmt::format(
+        "the generator layout {} has {} ranks; it must cover the run's {} ranks (replicas x tp)",
+        g.describe(), g.ranks(), world_ranks));
+  }
+  tp::check_gpt_degree(config.model, g.tp);
+  train::TrainConfig trainer = config.train;
+  trainer.batch = config.prompts * config.samples / config.minibatches;
+  trainer.steps = config.steps;
+  trainer.sample = false;
+  if (trainer.micro_batches > trainer.batch) {
+    throw InvalidArgument(fmt::format(
+        "{} micro-batches is more than the {} completions of a mini-batch", trainer.micro_batches,
+        trainer.batch));
+  }
+}
+
+RlResult run_rl(comm::Communicator& world, const RlTask& task, RlConfig config,
+                const RlCallbacks& callbacks) {
+  comm::check_same_on_every_rank(world, "run_rl()'s task and configuration",
+                                 rl_description(config, task));
+  RlRun run(world, task, std::move(config), callbacks);
+  return run.run();
+}
+
+}  // namespace meshtensor::rl

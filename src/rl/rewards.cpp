@@ -1,0 +1,150 @@
+#include <cctype>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/rl/rewards.hpp>
+
+namespace meshtensor::rl {
+
+namespace {
+
+std::string lower(std::string_view word) {
+  std::string result(word);
+  for (char& c : result)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return result;
+}
+
+bool is_letter(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/// The records of text as TextCorpus keeps them: each followed by a line holding only "%".
+std::vector<std::string_view> records_of(std::string_view text) {
+  std::vector<std::string_view> records;
+  std::size_t start = 0;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    if (text.substr(at, end - at) == "%") {
+      records.push_back(text.substr(start, at - start));
+      start = end + 1;
+    }
+    at = end + 1;
+  }
+  if (start < text.size()) records.push_back(text.substr(start));
+  return records;
+}
+
+}  // namespace
+
+std::shared_ptr<const Dictionary> Dictionary::load(const std::string& path) {
+  std::ifstream in(path);
+  const std::string package_hint =
+      path == kDefaultDictionary ? " (install Debian's word list: apt-get install wamerican)" : "";
+  if (!in) throw DataError(fmt::format("cannot read the word list {}{}", path, package_hint));
+  auto dictionary = std::make_shared<Dictionary>();
+  constexpr std::size_t kMaxWords = 10'000'000;
+  for (std::string line; std::getline(in, line) && dictionary->words_.size() < kMaxWords;) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) dictionary->words_.insert(lower(line));
+  }
+  if (dictionary->words_.empty())
+    throw DataError(fmt::format("the word list {} holds no word{}", path, package_hint));
+  return dictionary;
+}
+
+bool Dictionary::contains(std::string_view word) const {
+  return words_.contains(lower(word));
+}
+
+std::vector<std::string_view> split_words(std::string_view text) {
+  std::vector<std::string_view> words;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (!is_letter(text[i])) {
+      ++i;
+      continue;
+    }
+    const std::size_t start = i;
+    while (i < text.size() &&
+           (is_letter(text[i]) ||
+            (text[i] == '\'' && i + 1 < text.size() && is_letter(text[i + 1]))))
+      ++i;
+    words.push_back(text.substr(start, i - start));
+  }
+  return words;
+}
+
+double english_word_fraction(const Dictionary& dictionary, std::string_view text) {
+  const std::vector<std::string_view> words = split_words(text);
+  if (words.empty()) return 0.0;
+  std::size_t english = 0;
+  for (const std::string_view word : words) {
+    const bool letter_word =
+        word.size() == 1 ? (word == "a" || word == "A" || word == "I") : dictionary.contains(word);
+    if (letter_word) ++english;
+  }
+  return static_cast<double>(english) / static_cast<double>(words.size());
+}
+
+RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,
+                  std::shared_ptr<const Dictionary> dictionary, std::int64_t prompt_bytes) {
+  if (prompt_bytes < 1)
+    throw InvalidArgument(fmt::format("a prompt of {} bytes is no prompt", prompt_bytes));
+  RlTask task;
+  task.name = "words";
+  const auto length = static_cast<std::size_t>(prompt_bytes);
+  for (const std::string_view record : records_of(corpus->validation))
+    if (record.size() > length) task.prompts.emplace_back(record.substr(0, length));
+  if (task.prompts.empty()) {
+    throw InvalidArgument(fmt::format(
+        "no held-out record of the text is longer than the {} prompt bytes asked for",
+        prompt_bytes));
+  }
+  task.reward = [dictionary](const std::string&, const std::string& completion) {
+    return english_word_fraction(*dictionary, completion);
+  };
+  task.corpus = std::move(corpus);
+  return task;
+}
+
+RlTask arithmetic_task() {
+  RlTask task;
+  task.name = "arithmetic";
+  auto corpus = std::make_shared<train::TextCorpus>();
+  std::string text;
+  for (int a = 10; a < 50; ++a) {
+    for (int b = 10; b < 50; ++b) {
+      task.prompts.push_back(fmt::format("{}+{}=", a, b));
+      text += fmt::format("{}+{}={}\n", a, b, a + b);
+    }
+  }
+  train::add_text_records(text, *corpus);
+  task.reward = [](const std::string& prompt, const std::string& completion) {
+    if (completion.empty() || !std::isdigit(static_cast<unsigned char>(completion[0]))) return 0.0;
+    const int sum = std::stoi(prompt.substr(0, 2)) + std::stoi(prompt.substr(3, 2));
+    const std::string answer = std::to_string(sum);
+    const bool exact = completion.starts_with(answer) &&
+                       (completion.size() == answer.size() ||
+                        !std::isdigit(static_cast<unsigned char>(completion[answer.size()])));
+    return exact ? 1.0 : 0.25;
+  };
+  task.corpus = std::move(corpus);
+  return task;
+}
+
+RlTask builtin_task(const std::string& name, const std::string& data_path,
+                    const std::string& dictionary_path, std::int64_t prompt_bytes) {
+  if (name == "words") {
+    auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(data_path));
+    return words_task(std::move(corpus), Dictionary::load(dictionary_path), prompt_bytes);
+  }
+  if (name == "arithmetic") return arithmetic_task();
+  throw InvalidArgument(fmt::format("task '{}' is not words or arithmetic", name));
+}
+
+}  // namespace meshtensor::rl
