@@ -25,6 +25,8 @@
 #include "commands.hpp"
 #include "options.hpp"
 #include "output_files.hpp"
+#include "plot.hpp"
+#include "train_layout.hpp"
 
 namespace meshtensor::cli {
 
@@ -87,28 +89,6 @@ constexpr std::int64_t kGptSteps = train::LanguageDefaults::steps;
 const std::string kGptWarmup = std::to_string(train::LanguageDefaults::warmup);
 const std::string kGptEvalEvery = std::to_string(train::LanguageDefaults::eval_every);
 
-/// --strategy and --mesh RxS (hsdp) when the mesh is not given by dim names.
-void parse_strategy_mesh(const TrainOptions& options, train::TrainConfig& config) {
-  if (options.sequence_parallel)
-    throw ParseError("--sequence-parallel needs a tp mesh dim: --mesh ... --names ...,tp");
-  config.strategy = train::parse_strategy(
-      options.strategy.empty() ? (options.mesh.empty() ? "ddp" : "hsdp") : options.strategy);
-  if (!options.mesh.empty()) {
-    if (config.strategy != train::Strategy::hsdp) {
-      throw ParseError(
-          fmt::format("--mesh {} is the replicate x shard mesh of hsdp; --strategy "
-                      "{} runs on a 1-D mesh of --ranks",
-                      options.mesh, options.strategy));
-    }
-    const auto cross = options.mesh.find('x');
-    if (cross == std::string::npos || options.mesh.find('x', cross + 1) != std::string::npos)
-      throw ParseError(fmt::format("--mesh '{}' is not RxS (e.g. 2x4)", options.mesh));
-    config.replicas =
-        integer_option("--mesh", options.mesh.substr(0, cross), 1, comm::kMaxThreadsRanks);
-    integer_option("--mesh", options.mesh.substr(cross + 1), 1, comm::kMaxThreadsRanks);
-  }
-}
-
 train::TrainConfig parse_config(const TrainOptions& options) {
   train::TrainConfig config;
   const bool gpt = nn::is_gpt_model(options.model);
@@ -138,22 +118,8 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.seed = seed_option("--seed", options.seed);
   config.clip_grad_norm = real_option("--clip-grad-norm", options.clip_grad_norm, 0.0, 1e6);
   config.verify_generator = options.verify_generator;
-  config.sequence_parallel = options.sequence_parallel;
-  if (!options.names.empty()) {
-    if (options.mesh.empty()) throw ParseError("--names names the dims of --mesh; give --mesh too");
-    if (!options.strategy.empty()) {
-      throw ParseError(
-          fmt::format("--names {} gives the layout by mesh dim names; --strategy {} does not apply",
-                      options.names, options.strategy));
-    }
-    config.mesh = train::parse_named_mesh(options.mesh, options.names);
-    if (config.mesh.ranks() > comm::kMaxThreadsRanks) {
-      throw ParseError(
-          fmt::format("--mesh {} has more than {} ranks", options.mesh, comm::kMaxThreadsRanks));
-    }
-  } else {
-    parse_strategy_mesh(options, config);
-  }
+  parse_trainer_layout({options.strategy, options.mesh, options.names, options.sequence_parallel},
+                       config);
   if (options.reshard_after_forward && options.no_reshard_after_forward)
     throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
   config.reshard_after_forward = !options.no_reshard_after_forward;
@@ -185,20 +151,6 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   const std::int64_t stop_after = integer_option("--stop-after", options.stop_after, 0, kMaxCount);
   (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
   return config;
-}
-
-/// The rank count of --mesh AxBx... (the product of its sizes), or 0 without --mesh.
-std::int64_t mesh_ranks(const std::string& mesh) {
-  if (mesh.empty()) return 0;
-  std::int64_t ranks = 1;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t cross = mesh.find('x', start);
-    ranks *= integer_option("--mesh", mesh.substr(start, cross - start), 1, comm::kMaxThreadsRanks);
-    if (ranks > comm::kMaxThreadsRanks) return ranks;
-    if (cross == std::string::npos) return ranks;
-    start = cross + 1;
-  }
 }
 
 /// The task a command trains, with the data it holds.
@@ -292,77 +244,30 @@ nlohmann::json epoch_json(const train::EpochReport& e, const train::Task& task) 
   return out;
 }
 
-/// `text` with every character but letters, digits and " ,:._=-" removed: what may appear in
-/// the gnuplot script, which must never parse user text.
-std::string plot_safe(const std::string& text) {
-  std::string out;
-  for (const char c : text)
-    if (std::isalnum(static_cast<unsigned char>(c)) != 0 || std::strchr(" ,:._=-", c) != nullptr)
-      out += c;
-  return out;
-}
-
-/// Draws loss and accuracy per epoch with gnuplot into `png` (opened by the caller before the
-/// run, so a bad path fails before training). gnuplot reads and writes only temporary files this
-/// function names; the image is copied to the user's file here, so no path is ever parsed.
+/// Draws loss and accuracy per epoch (or per report, `by_steps`) into `png`.
 void draw_plot(OutputFile& png, const std::vector<train::EpochReport>& epochs,
                const std::string& title, const std::string& eval_name, bool by_steps) {
-  char data_path[] = "/tmp/meshtensor-plot-XXXXXX";
-  const int fd = mkstemp(data_path);
-  const std::string& path = png.path();
-  if (fd < 0) throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
-  close(fd);
-  // The image's name is made (and the file created) here too, so gnuplot never writes over a
-  // file that someone else put at a guessable name.
-  char image_name[] = "/tmp/meshtensor-plot-XXXXXX.png";
-  const int image_fd = mkstemps(image_name, 4);
-  if (image_fd < 0) {
-    std::remove(data_path);
-    throw DataError(fmt::format("{}: cannot create a temporary file for gnuplot", path));
-  }
-  close(image_fd);
-  const std::string image_path = image_name;
-  {
-    std::ofstream data(data_path);
-    for (const auto& e : epochs)
-      data << fmt::format("{} {} {} {} {}\n", by_steps ? e.steps : e.epoch, e.train_loss,
-                          e.train_accuracy, e.test_accuracy, e.test_loss);
-  }
-  const std::string script = fmt::format(
-      "set terminal png size 900,500\n"
-      "set output '{}'\n"
-      "set title '{}'\n"
-      "set xlabel '{}'\n"
-      "set ylabel 'loss (nats)'\n"
-      "set y2label 'accuracy'\n"
-      "set ytics nomirror\n"
-      "set y2tics\n"
-      "set grid\n"
-      "set key center right\n"
-      "plot '{}' using 1:2 with linespoints title 'train loss' axes x1y1, "
-      "'' using 1:5 with linespoints title '{} loss' axes x1y1, "
-      "'' using 1:3 with linespoints title 'train accuracy' axes x1y2, "
-      "'' using 1:4 with linespoints title '{} accuracy' axes x1y2\n",
-      image_path, plot_safe(title), by_steps ? "step" : "epoch", data_path, plot_safe(eval_name),
-      plot_safe(eval_name));
-  FILE* gnuplot = popen("gnuplot 2>&1", "w");
-  if (gnuplot == nullptr) {
-    std::remove(data_path);
-    throw DataError("cannot run gnuplot for --plot (install gnuplot-nox)");
-  }
-  std::fputs(script.c_str(), gnuplot);
-  const int status = pclose(gnuplot);
-  std::remove(data_path);
-  std::ifstream image(image_path, std::ios::binary);
-  if (status != 0 || !image) {
-    std::remove(image_path.c_str());
-    throw DataError(fmt::format(
-        "gnuplot could not draw {} (exit status {}; is gnuplot-nox installed?)", path, status));
-  }
-  png.stream() << image.rdbuf();
-  image.close();
-  std::remove(image_path.c_str());
-  png.commit();
+  std::string data;
+  for (const auto& e : epochs)
+    data += fmt::format("{} {} {} {} {}\n", by_steps ? e.steps : e.epoch, e.train_loss,
+                        e.train_accuracy, e.test_accuracy, e.test_loss);
+  render_plot(png, data, [&](const std::string& data_path) {
+    return fmt::format(
+        "set title '{}'\n"
+        "set xlabel '{}'\n"
+        "set ylabel 'loss (nats)'\n"
+        "set y2label 'accuracy'\n"
+        "set ytics nomirror\n"
+        "set y2tics\n"
+        "set grid\n"
+        "set key center right\n"
+        "plot '{}' using 1:2 with linespoints title 'train loss' axes x1y1, "
+        "'' using 1:5 with linespoints title '{} loss' axes x1y1, "
+        "'' using 1:3 with linespoints title 'train accuracy' axes x1y2, "
+        "'' using 1:4 with linespoints title '{} accuracy' axes x1y2\n",
+        plot_safe(title), by_steps ? "step" : "epoch", data_path, plot_safe(eval_name),
+        plot_safe(eval_name));
+  });
 }
 
 /// The files the run writes, created (as temporaries) after every input was checked.
@@ -390,18 +295,7 @@ RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
 void run_train(const TrainOptions& options) {
   train::TrainConfig config = parse_config(options);
   const Backend backend = parse_backend(options.backend);
-  std::int64_t ranks = integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-  if (const std::int64_t mesh = mesh_ranks(options.mesh); mesh > 0) {
-    if (options.ranks_option->count() > 0 && mesh != ranks) {
-      throw ParseError(
-          fmt::format("--mesh {} has {} ranks but --ranks is {}", options.mesh, mesh, ranks));
-    }
-    ranks = mesh;
-  }
-  if (mesh_ranks(options.mesh) > comm::kMaxThreadsRanks) {
-    throw ParseError(
-        fmt::format("--mesh {} has more than {} ranks", options.mesh, comm::kMaxThreadsRanks));
-  }
+  const std::int64_t ranks = layout_ranks(options.ranks, options.ranks_option, options.mesh);
   const comm::LinkDelay link =
       options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
   if (!options.link.empty() && backend == Backend::mpi)

@@ -49,6 +49,23 @@ struct Rollouts {
   std::vector<double> advantages;        ///< [P * G]
 };
 
+/// One rank's comparison of the generator's log-probabilities with the trainer's.
+struct ParityCounts {
+  std::int64_t tokens = 0;
+  std::int64_t identical = 0;
+  double largest = 0;
+  std::int64_t first_mismatch = std::numeric_limits<std::int64_t>::max();  ///< q * n + position
+  void add(double trainer, double generator, std::int64_t token) {
+    ++tokens;
+    if (same_bits(trainer, generator)) {
+      ++identical;
+    } else {
+      first_mismatch = std::min(first_mismatch, token);
+    }
+    largest = std::max(largest, std::abs(trainer - generator));
+  }
+};
+
 /// Sums of one step's updates over its tokens (exact, the same on every layout).
 enum StepSum : std::int64_t { kLoss, kKl, kClipped, kSums };
 
@@ -72,6 +89,12 @@ class RlRun {
   void score(Rollouts& rollouts);
   /// One optimizer step on sequences [first, first + count) of `rollouts`; with `parity`, also
   /// compares every generated token's log-probabilities.
+  train::Batch sequences(const Rollouts& rollouts, std::int64_t start, std::int64_t count) const;
+  void train_on(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
+                bool apply, kernels::BinnedSums& sums, ParityCounts& out);
+  Tensor weigh_tokens(const Rollouts& rollouts, std::int64_t start, std::int64_t count,
+                      const Tensor& nll, const Tensor& reference_nll, Tensor& grad,
+                      ParityCounts* parity) const;
   /// With `apply` false, only scores (no gradient, no step).
   void update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
               bool apply, RlStepReport& report, kernels::BinnedSums& sums);
@@ -84,6 +107,11 @@ class RlRun {
   const RlCallbacks& callbacks_;
   const Clock::time_point start_ = Clock::now();
   bool exact_ = false;
+  std::int64_t trainer_ranks_ = 0;
+  std::int64_t trainer_copies_ = 1;
+  bool trains_ = true;     // this rank is one of the trainer's (the first copy)
+  bool generates_ = true;  // this rank is one of the generator's
+  std::shared_ptr<comm::Communicator> trainer_world_;
   std::unique_ptr<train::LanguageModelling> language_;
   std::unique_ptr<train::TrainingModel> policy_;
   std::unique_ptr<train::TrainingModel> reference_;
@@ -108,6 +136,10 @@ RlRun::RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
       config_(std::move(config)),
       callbacks_(callbacks),
       exact_(config_.train.mode == comm::ReductionMode::exact) {
+  trainer_ranks_ = trainer_rank_count(config_, world.size());
+  trainer_copies_ = world.size() / std::max<std::int64_t>(1, trainer_ranks_);
+  trains_ = world.rank() < trainer_ranks_;
+  generates_ = world.rank() < config_.generator.ranks();
   prompt_tokens_ = static_cast<std::int64_t>(task_.prompts.front().size());
   length_ = prompt_tokens_ + config_.new_tokens - 1;
   total_updates_ = config_.steps * config_.ppo_epochs * config_.minibatches;
@@ -120,14 +152,15 @@ RlRun::RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
   for (std::int64_t i = pool - 1; i > 0; --i) {
     const std::int64_t j = uniform_int_sample(config_.train.seed ^ 0x70726f6d707473ULL,
                                               static_cast<std::uint64_t>(i), 0, i);
-    std::swap(prompt_order_[static_cast<std::size_t>(i)], prompt_order_[static_cast<std::size_t>(j)]);
+    std::swap(prompt_order_[static_cast<std::size_t>(i)],
+              prompt_order_[static_cast<std::size_t>(j)]);
   }
 }
 
 void RlRun::build() {
   if (!config_.init.empty()) {
-    config_.model = generate::read_architecture(
-        world_, config_.init, world_.backend() == "threads" ? world_.size() : 1);
+    config_.model = generate::read_architecture(world_, config_.init,
+                                                world_.backend() == "threads" ? world_.size() : 1);
   }
   language_ = std::make_unique<train::LanguageModelling>(task_.corpus, config_.model);
   validate_rl_config(config_, task_, world_.size());
@@ -138,27 +171,32 @@ void RlRun::build() {
   std::exception_ptr failure;
   if (world_.rank() == 0) {
     try {
-      train::require_training_memory(trainer, *language_,
-                                     world_.backend() == "threads" ? world_.size() : 1,
-                                     world_.size());
+      train::require_training_memory(
+          trainer, *language_, world_.backend() == "threads" ? world_.size() : 1, world_.size());
     } catch (...) {
       failure = std::current_exception();
     }
   }
   comm::throw_if_any_failed(world_, failure);
-  policy_ = std::make_unique<train::TrainingModel>(world_, *language_, config_.train,
-                                                   config_.train.seed);
-  if (config_.kl > 0) {
-    reference_ = std::make_unique<train::TrainingModel>(world_, *language_, config_.train,
+  // Ranks [0, T) train; with a bigger world, ranks [kT, (k+1)T) hold a copy of the trainer's
+  // layout that the weight sync fills (no optimizer, no training).
+  trainer_world_ = std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {});
+  if (trainer_copies_ > 1)
+    trainer_world_ = world_.split(world_.rank() / trainer_ranks_, world_.rank(), {});
+  policy_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, config_.train,
+                                                   config_.train.seed, trains_);
+  if (config_.kl > 0 && trains_) {
+    reference_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, config_.train,
                                                         config_.train.seed, false);
   }
   result_.parameters = nn::parameter_count(policy_->module().parameters());
   result_.trainer_layout = policy_->layout().description;
   result_.generator_layout = config_.generator.describe();
   // The generator: its own copy of the model, split over its tp dim.
+  // Ranks past the generator's hold replicas of its layout too (filled, never generating).
+  const GeneratorLayout held{world_.size() / config_.generator.tp, config_.generator.tp};
   generator_groups_ = std::make_shared<comm::MeshGroups>(
-      config_.generator.mesh(),
-      std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
+      held.mesh(), std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
   generator_model_ = language_->make_model(config_.train.seed);
   auto& gpt = dynamic_cast<nn::Gpt&>(*generator_model_);
   gpt.set_exact_sums(exact_);
@@ -171,8 +209,8 @@ void RlRun::build() {
   options.exact_logprobs = exact_;
   generator_ = std::make_unique<generate::Generator>(gpt, options, generator_tp_.get());
   generator_->check_between_steps([this] { world_.throw_if_aborted(); });
-  sync_ = std::make_unique<WeightSync>(*policy_, *generator_groups_, gpt.parameters(),
-                                       config_.train.mode);
+  sync_ = std::make_unique<WeightSync>(*policy_, trainer_copies_, *generator_groups_,
+                                       gpt.parameters(), config_.train.mode);
   result_.joint_mesh = sync_->joint();
 }
 
@@ -182,9 +220,9 @@ void RlRun::load_init() {
   if (reference_ != nullptr) models.push_back(reference_.get());
   for (train::TrainingModel* model : models) {
     const std::vector<checkpoint::SaveItem> items =
-        train::model_state(model->sharded(), nullptr, world_.rank() == 0);
+        train::model_state(model->sharded(), nullptr, trainer_world_->rank() == 0);
     const std::vector<Tensor> loaded =
-        checkpoint::load(world_, config_.init, train::load_requests(items));
+        checkpoint::load(*trainer_world_, config_.init, train::load_requests(items));
     train::restore_model_state(items, loaded, nullptr);
   }
 }
@@ -195,7 +233,7 @@ std::vector<checkpoint::SaveItem> RlRun::state() {
     const std::vector<checkpoint::SaveItem> frozen = reference_->state("reference.");
     items.insert(items.end(), frozen.begin(), frozen.end());
   }
-  const bool leader = world_.rank() == 0;
+  const bool leader = trainer_world_->rank() == 0;
   Tensor step = Tensor::full(Shape{}, DType::i64, static_cast<double>(step_));
   Tensor seed = Tensor::zeros(Shape{}, DType::i64);
   seed.values<std::int64_t>()[0] = static_cast<std::int64_t>(config_.train.seed);
@@ -207,15 +245,16 @@ std::vector<checkpoint::SaveItem> RlRun::state() {
 void RlRun::resume() {
   const std::string& path = config_.train.resume_dir;
   const checkpoint::Index index =
-      world_.rank() == 0 ? checkpoint::read_index(path) : checkpoint::Index{};
+      trainer_world_->rank() == 0 ? checkpoint::read_index(path) : checkpoint::Index{};
   std::string problem;
-  if (world_.rank() == 0) {
+  if (trainer_world_->rank() == 0) {
     const auto kind = index.metadata.find("kind");
     const auto architecture = index.metadata.find("architecture");
     if (kind == index.metadata.end() || kind->second != "rl") {
-      problem = fmt::format("checkpoint {} was not saved by an RL run (resume it with train, or "
-                            "start from it with --init)",
-                            path);
+      problem = fmt::format(
+          "checkpoint {} was not saved by an RL run (resume it with train, or "
+          "start from it with --init)",
+          path);
     } else if (architecture == index.metadata.end() ||
                architecture->second != language_->architecture()) {
       problem = fmt::format("checkpoint {} holds another model than this run's '{}'", path,
@@ -225,18 +264,19 @@ void RlRun::resume() {
       problem = fmt::format(
           "checkpoint {} was saved {} a KL reference model, and this run has {} (give the same "
           "--kl > 0 or = 0 as the saving run)",
-          path, reference_ != nullptr ? "without" : "with",
-          reference_ != nullptr ? "one" : "none");
+          path, reference_ != nullptr ? "without" : "with", reference_ != nullptr ? "one" : "none");
     }
   }
-  problem = comm::broadcast_text(world_, problem, 0);
+  problem = comm::broadcast_text(*trainer_world_, problem, 0);
   if (!problem.empty()) throw InvalidArgument(problem);
   std::vector<checkpoint::SaveItem> items = state();
-  const std::vector<Tensor> loaded = checkpoint::load(world_, path, train::load_requests(items));
+  const std::vector<Tensor> loaded =
+      checkpoint::load(*trainer_world_, path, train::load_requests(items));
   const std::int64_t step = loaded[loaded.size() - 2].values<std::int64_t>()[0];
   if (step < 0 || step > config_.steps) {
-    throw InvalidArgument(fmt::format("checkpoint {} is at step {}, outside the {} steps of this run",
-                                      path, step, config_.steps));
+    throw InvalidArgument(
+        fmt::format("checkpoint {} is at step {}, outside the {} steps of this run", path, step,
+                    config_.steps));
   }
   train::restore_model_state(items, loaded, policy_->optimizer());
   step_ = step;
@@ -256,7 +296,7 @@ void RlRun::save() {
                       {"mode", std::string(comm::reduction_mode_name(config_.train.mode))},
                       {"reference", reference_ != nullptr ? "yes" : "no"}};
   result_.checkpoints.push_back(
-      checkpoint::save(world_, config_.train.save_dir, step_, state(), options));
+      checkpoint::save(*trainer_world_, config_.train.save_dir, step_, state(), options));
 }
 
 std::vector<generate::Request> RlRun::requests(std::int64_t step,
@@ -279,28 +319,32 @@ std::vector<generate::Request> RlRun::requests(std::int64_t step,
 
 void RlRun::generate_all(const std::vector<generate::Request>& all, Rollouts& rollouts) {
   const DeviceMesh mesh = config_.generator.mesh();
-  const std::vector<std::int64_t> at = mesh.coordinates(world_.rank());
+  const std::vector<std::int64_t> at =
+      generates_ ? mesh.coordinates(world_.rank()) : std::vector<std::int64_t>{0, 1};
   const auto total = static_cast<std::int64_t>(all.size());
   const Chunk mine = chunk_extent(total, config_.generator.replicas, at[0]);
   const std::vector<generate::Request> slice(all.begin() + mine.offset,
                                              all.begin() + mine.offset + mine.size);
-  const std::vector<generate::Completion> made = generator_->generate(slice);
+  const std::vector<generate::Completion> made =
+      generates_ ? generator_->generate(slice) : std::vector<generate::Completion>{};
   // One rank of each replica contributes its completions; every rank receives all of them.
   const std::int64_t n = config_.new_tokens;
   std::vector<std::int64_t> counts(static_cast<std::size_t>(world_.size()), 0);
-  for (std::int64_t r = 0; r < world_.size(); ++r) {
+  for (std::int64_t r = 0; r < config_.generator.ranks(); ++r) {
     const std::vector<std::int64_t> where = mesh.coordinates(r);
     if (where[1] == 0)
       counts[static_cast<std::size_t>(r)] =
           chunk_extent(total, config_.generator.replicas, where[0]).size * n;
   }
-  const std::int64_t sent = at[1] == 0 ? mine.size * n : 0;
+  const std::int64_t sent = generates_ && at[1] == 0 ? mine.size * n : 0;
   Tensor tokens(Shape{sent}, DType::i64);
   Tensor logprobs(Shape{sent}, DType::f64);
   for (std::int64_t i = 0; i < sent; ++i) {
     const generate::Completion& c = made[static_cast<std::size_t>(i / n)];
-    tokens.values<std::int64_t>()[static_cast<std::size_t>(i)] = c.tokens[static_cast<std::size_t>(i % n)];
-    logprobs.values<double>()[static_cast<std::size_t>(i)] = c.logprobs[static_cast<std::size_t>(i % n)];
+    tokens.values<std::int64_t>()[static_cast<std::size_t>(i)] =
+        c.tokens[static_cast<std::size_t>(i % n)];
+    logprobs.values<double>()[static_cast<std::size_t>(i)] =
+        c.logprobs[static_cast<std::size_t>(i % n)];
   }
   Tensor all_tokens(Shape{total * n}, DType::i64);
   Tensor all_logprobs(Shape{total * n}, DType::f64);
@@ -332,7 +376,8 @@ void RlRun::score(Rollouts& rollouts) {
       try {
         const double value = task_.reward(prompt, completion);
         if (!std::isfinite(value))
-          throw DataError(fmt::format("the reward of {} is {}, not a finite number", name(), value));
+          throw DataError(
+              fmt::format("the reward of {} is {}, not a finite number", name(), value));
         rewards.values<double>()[static_cast<std::size_t>(q)] = value;
       } catch (const DataError&) {
         failure = std::current_exception();
@@ -367,100 +412,89 @@ void RlRun::score(Rollouts& rollouts) {
   }
 }
 
-void RlRun::update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
-                   bool apply, RlStepReport& report, kernels::BinnedSums& sums) {
+/// One generated token's terms: the clipped surrogate (plus kl * k3), whether the clip held
+/// the ratio, and `factor` = -d(loss)/d(logp), the token's weight on the cross-entropy
+/// gradient (softmax - onehot = -d(logp)/d(logits)).
+struct TokenTerms {
+  double loss = 0;
+  double kl = 0;
+  double clipped = 0;
+  double factor = 0;
+};
+
+TokenTerms token_terms(double logp, double old, double advantage, const RlConfig& config,
+                       const double* log_reference) {
+  TokenTerms terms;
+  const double ratio = std::exp(logp - old);
+  const double clipped = std::clamp(ratio, 1.0 - config.clip_ratio, 1.0 + config.clip_ratio);
+  const bool unclipped_wins = ratio * advantage <= clipped * advantage;
+  terms.loss = -std::min(ratio * advantage, clipped * advantage);
+  terms.clipped = unclipped_wins ? 0.0 : 1.0;
+  terms.factor = unclipped_wins ? ratio * advantage : 0.0;
+  if (log_reference != nullptr) {
+    const double ratio_reference = std::exp(*log_reference - logp);
+    terms.kl = ratio_reference - (*log_reference - logp) - 1.0;
+    terms.loss += config.kl * terms.kl;
+    terms.factor += config.kl * (ratio_reference - 1.0);
+  }
+  return terms;
+}
+
+/// The trainer's input for sequences [start, start + count): each prompt and its completion but
+/// the last token, and the next token of every position as its target.
+train::Batch RlRun::sequences(const Rollouts& rollouts, std::int64_t start,
+                              std::int64_t count) const {
+  const std::int64_t n = config_.new_tokens;
+  train::Batch batch{Tensor(Shape{count, length_}, DType::i64),
+                     std::vector<std::int32_t>(static_cast<std::size_t>(count * length_))};
+  for (std::int64_t s = 0; s < count; ++s) {
+    const std::int64_t q = start + s;
+    const std::int64_t id = rollouts.prompt_ids[static_cast<std::size_t>(q / config_.samples)];
+    std::vector<std::int64_t> sequence =
+        generate::byte_tokens(task_.prompts[static_cast<std::size_t>(id)]);
+    sequence.insert(sequence.end(), rollouts.tokens.begin() + q * n,
+                    rollouts.tokens.begin() + (q + 1) * n);
+    for (std::int64_t t = 0; t < length_; ++t) {
+      const auto at = static_cast<std::size_t>(s * length_ + t);
+      batch.input.values<std::int64_t>()[at] = sequence[static_cast<std::size_t>(t)];
+      batch.targets[at] = static_cast<std::int32_t>(sequence[static_cast<std::size_t>(t + 1)]);
+    }
+  }
+  return batch;
+}
+
+/// -log p of every row of `batch` under `model` (forward only, then resharded).
+Tensor row_nll(train::TrainingModel& model, const train::Batch& batch) {
+  kernels::BinnedSums unused(1);
+  const Tensor logits = model.sharded().forward(batch.input);
+  Tensor losses = model.row_losses(logits, batch.targets, unused).losses;
+  model.sharded().reshard();
+  return losses;
+}
+
+/// The policy's part of update() on a training rank: forward (and backward, with `apply`) of
+/// this rank's slice in micro-batches, then the optimizer step; parity figures of this rank.
+void RlRun::train_on(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
+                     bool apply, kernels::BinnedSums& sums, ParityCounts& out) {
   fsdp::ShardedModel& sharded = policy_->sharded();
   sharded.zero_grad();
   sharded.set_gradient_divide_factor(static_cast<double>(count * config_.new_tokens));
   const Chunk slice = chunk_extent(count, policy_->data_ranks(), policy_->data_rank());
-  const std::int64_t n = config_.new_tokens;
-  const bool counts = policy_->loss().counts;
-  std::int64_t first_mismatch = std::numeric_limits<std::int64_t>::max();
-  std::int64_t tokens = 0;
-  std::int64_t identical = 0;
-  double largest = 0;
   for (std::int64_t k = 0; k < config_.train.micro_batches; ++k) {
     const Chunk micro = chunk_extent(slice.size, config_.train.micro_batches, k);
     const std::int64_t start = first + slice.offset + micro.offset;
-    Tensor input(Shape{micro.size, length_}, DType::i64);
-    std::vector<std::int32_t> targets(static_cast<std::size_t>(micro.size * length_));
-    for (std::int64_t s = 0; s < micro.size; ++s) {
-      const std::int64_t q = start + s;
-      const std::string& prompt =
-          task_.prompts[static_cast<std::size_t>(rollouts.prompt_ids[static_cast<std::size_t>(
-              q / config_.samples)])];
-      std::vector<std::int64_t> sequence = generate::byte_tokens(prompt);
-      sequence.insert(sequence.end(), rollouts.tokens.begin() + q * n,
-                      rollouts.tokens.begin() + (q + 1) * n);
-      for (std::int64_t t = 0; t < length_; ++t) {
-        input.values<std::int64_t>()[static_cast<std::size_t>(s * length_ + t)] =
-            sequence[static_cast<std::size_t>(t)];
-        targets[static_cast<std::size_t>(s * length_ + t)] =
-            static_cast<std::int32_t>(sequence[static_cast<std::size_t>(t + 1)]);
-      }
-    }
+    const train::Batch batch = sequences(rollouts, start, micro.size);
+    const Tensor reference = reference_ != nullptr ? row_nll(*reference_, batch) : Tensor();
+    if (apply)
+      policy_->prepare_micro_batch(k, config_.train.micro_batches, config_.train.micro_batch_mode);
     kernels::BinnedSums unused(1);
-    Tensor reference_losses;
-    if (reference_ != nullptr) {
-      const Tensor logits = reference_->sharded().forward(input);
-      reference_losses = reference_->row_losses(logits, targets, unused).losses;
-      reference_->sharded().reshard();
-    }
-    if (apply) {
-      policy_->prepare_micro_batch(k, config_.train.micro_batches,
-                                   config_.train.micro_batch_mode);
-    }
-    const Tensor logits = sharded.forward(input);
-    nn::CrossEntropyResult loss = policy_->row_losses(logits, targets, unused);
-    const std::int64_t classes = loss.grad_logits.shape()[loss.grad_logits.rank() - 1];
+    const nn::CrossEntropyResult loss =
+        policy_->row_losses(sharded.forward(batch.input), batch.targets, unused);
     Tensor grad = loss.grad_logits.contiguous();
-    float* grad_rows = grad.values<float>().data();
-    Tensor token_sums = Tensor::zeros(Shape{micro.size * n, kSums}, DType::f64);
-    for (std::int64_t s = 0; s < micro.size; ++s) {
-      const std::int64_t q = start + s;
-      const double advantage = rollouts.advantages[static_cast<std::size_t>(q)];
-      for (std::int64_t t = 0; t < length_; ++t) {
-        const std::int64_t row = s * length_ + t;
-        const std::int64_t position = t - (prompt_tokens_ - 1);
-        // d(loss)/d(logp) gives the row's factor on the cross-entropy gradient
-        // (softmax - onehot = -d(logp)/d(logits)); prompt rows take no gradient.
-        double factor = 0;
-        if (position >= 0) {
-          const double logp = -loss.losses.values<double>()[static_cast<std::size_t>(row)];
-          const double old = rollouts.logprobs[static_cast<std::size_t>(q * n + position)];
-          const double ratio = std::exp(logp - old);
-          const double clipped =
-              std::clamp(ratio, 1.0 - config_.clip_ratio, 1.0 + config_.clip_ratio);
-          const bool unclipped_wins = ratio * advantage <= clipped * advantage;
-          double* sums_row = token_sums.values<double>().data() + (s * n + position) * kSums;
-          sums_row[kLoss] = -std::min(ratio * advantage, clipped * advantage);
-          sums_row[kClipped] = unclipped_wins ? 0.0 : 1.0;
-          factor = unclipped_wins ? ratio * advantage : 0.0;
-          if (reference_ != nullptr) {
-            const double log_ref =
-                -reference_losses.values<double>()[static_cast<std::size_t>(row)];
-            const double ratio_ref = std::exp(log_ref - logp);
-            sums_row[kKl] = ratio_ref - (log_ref - logp) - 1.0;
-            sums_row[kLoss] += config_.kl * sums_row[kKl];
-            factor += config_.kl * (ratio_ref - 1.0);
-          }
-          if (parity && counts) {
-            ++tokens;
-            if (same_bits(logp, old)) {
-              ++identical;
-            } else {
-              first_mismatch = std::min(first_mismatch, q * n + position);
-            }
-            largest = std::max(largest, std::abs(logp - old));
-          }
-        }
-        const auto scale = static_cast<float>(factor);
-        for (std::int64_t c = 0; c < classes; ++c)
-          grad_rows[row * classes + c] *= scale;
-      }
-    }
+    const Tensor terms = weigh_tokens(rollouts, start, micro.size, loss.losses, reference, grad,
+                                      parity ? &out : nullptr);
     if (!apply) continue;
-    if (counts && micro.size > 0) kernels::add_column_sums(sums, 0, token_sums);
+    if (policy_->loss().counts && micro.size > 0) kernels::add_column_sums(sums, 0, terms);
     sharded.backward(grad.reshape(loss.grad_logits.shape()));
   }
   if (apply) {
@@ -470,21 +504,69 @@ void RlRun::update(const Rollouts& rollouts, std::int64_t first, std::int64_t co
   } else {
     sharded.reshard();
   }
+}
+
+/// Scales each row of `grad` (f32 [rows, local classes], the cross-entropy gradient of sequences
+/// [start, start + count)) by its token's factor (0 for prompt rows), counts parity into
+/// `parity` (when given, on the rank that counts losses), and returns the tokens' terms
+/// (f64 [count * new_tokens, kSums]).
+Tensor RlRun::weigh_tokens(const Rollouts& rollouts, std::int64_t start, std::int64_t count,
+                           const Tensor& nll, const Tensor& reference_nll, Tensor& grad,
+                           ParityCounts* parity) const {
+  const std::int64_t n = config_.new_tokens;
+  const std::int64_t classes = grad.shape()[grad.rank() - 1];
+  float* rows = grad.values<float>().data();
+  const bool counts = policy_->loss().counts;
+  Tensor terms = Tensor::zeros(Shape{count * n, kSums}, DType::f64);
+  for (std::int64_t s = 0; s < count; ++s) {
+    const std::int64_t q = start + s;
+    for (std::int64_t t = 0; t < length_; ++t) {
+      const std::int64_t row = s * length_ + t;
+      const std::int64_t position = t - (prompt_tokens_ - 1);
+      double factor = 0;
+      if (position >= 0) {
+        const double logp = -nll.values<double>()[static_cast<std::size_t>(row)];
+        const double old = rollouts.logprobs[static_cast<std::size_t>(q * n + position)];
+        double log_reference = 0;
+        if (reference_nll.defined())
+          log_reference = -reference_nll.values<double>()[static_cast<std::size_t>(row)];
+        const TokenTerms token =
+            token_terms(logp, old, rollouts.advantages[static_cast<std::size_t>(q)], config_,
+                        reference_nll.defined() ? &log_reference : nullptr);
+        double* out = terms.values<double>().data() + (s * n + position) * kSums;
+        out[kLoss] = token.loss;
+        out[kKl] = token.kl;
+        out[kClipped] = token.clipped;
+        factor = token.factor;
+        if (parity != nullptr && counts) parity->add(logp, old, q * n + position);
+      }
+      const auto scale = static_cast<float>(factor);
+      for (std::int64_t c = 0; c < classes; ++c)
+        rows[row * classes + c] *= scale;
+    }
+  }
+  return terms;
+}
+
+void RlRun::update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
+                   bool apply, RlStepReport& report, kernels::BinnedSums& sums) {
+  ParityCounts mine;
+  if (trains_) train_on(rollouts, first, count, parity, apply, sums, mine);
   if (!parity) return;
   comm::CollectiveOptions sum;
   sum.op = ReduceOp::sum;
   sum.mode = comm::ReductionMode::ordered;
   Tensor counted = Tensor::full(Shape{2}, DType::f64, 0.0);
-  counted.values<double>()[0] = static_cast<double>(tokens);
-  counted.values<double>()[1] = static_cast<double>(identical);
+  counted.values<double>()[0] = static_cast<double>(mine.tokens);
+  counted.values<double>()[1] = static_cast<double>(mine.identical);
   world_.all_reduce(counted, sum);
   comm::CollectiveOptions most = sum;
   most.op = ReduceOp::max;
-  Tensor worst = Tensor::full(Shape{1}, DType::f64, largest);
+  Tensor worst = Tensor::full(Shape{1}, DType::f64, mine.largest);
   world_.all_reduce(worst, most);
   comm::CollectiveOptions least = sum;
   least.op = ReduceOp::min;
-  Tensor mismatch = Tensor::full(Shape{1}, DType::f64, static_cast<double>(first_mismatch));
+  Tensor mismatch = Tensor::full(Shape{1}, DType::f64, static_cast<double>(mine.first_mismatch));
   world_.all_reduce(mismatch, least);
   const auto compared = static_cast<std::int64_t>(counted.values<double>()[0]);
   const auto same = static_cast<std::int64_t>(counted.values<double>()[1]);
@@ -519,6 +601,7 @@ std::vector<RlSample> RlRun::show_samples() {
   std::vector<generate::Request> firsts;
   for (std::size_t i = 0; i < made.size(); i += static_cast<std::size_t>(config_.samples))
     firsts.push_back(made[i]);
+  if (!generates_) return {};
   const std::vector<generate::Completion> completions = generator_->generate(firsts);
   std::vector<RlSample> samples;
   for (std::size_t i = 0; i < firsts.size(); ++i) {
@@ -536,8 +619,17 @@ std::vector<RlSample> RlRun::show_samples() {
 
 RlResult RlRun::run() {
   build();
-  if (!config_.init.empty()) load_init();
-  if (!config_.train.resume_dir.empty()) resume();
+  if (trains_ && !config_.init.empty()) load_init();
+  if (trains_ && !config_.train.resume_dir.empty()) resume();
+  // Ranks outside the trainer learn where the run resumed.
+  Tensor position = Tensor::zeros(Shape{2}, DType::i64);
+  position.values<std::int64_t>()[0] = step_;
+  position.values<std::int64_t>()[1] = static_cast<std::int64_t>(config_.train.seed);
+  world_.broadcast(position, 0);
+  step_ = position.values<std::int64_t>()[0];
+  config_.train.seed = static_cast<std::uint64_t>(position.values<std::int64_t>()[1]);
+  update_ = step_ * config_.ppo_epochs * config_.minibatches;
+  result_.resumed_step = step_;
   std::int64_t last = config_.steps;
   if (config_.train.stop_after > 0) last = std::min(last, config_.train.stop_after);
   result_.before = show_samples();
@@ -547,7 +639,8 @@ RlResult RlRun::run() {
     report.step = step_ + 1;
     report.sync = sync_->run();
     report.sync_seconds = report.sync.seconds;
-    if (config_.compare_naive_sync) {
+    if (config_.compare_naive_sync && trainer_copies_ == 1 &&
+        config_.generator.ranks() == world_.size()) {
       report.naive_sync_seconds =
           naive_weight_sync(*policy_, config_.generator.mesh(),
                             dynamic_cast<nn::Gpt&>(*generator_model_).parameters())
@@ -592,13 +685,16 @@ RlResult RlRun::run() {
     result_.identical += report.identical;
     result_.max_abs_diff = std::max(result_.max_abs_diff, report.max_abs_diff);
     result_.steps.push_back(report);
-    if (!config_.train.save_dir.empty() &&
+    if (trains_ && !config_.train.save_dir.empty() &&
         ((config_.train.save_every > 0 && step_ % config_.train.save_every == 0) || step_ == last))
       save();
     if (world_.rank() == 0 && callbacks_.on_step) callbacks_.on_step(report);
   }
   result_.after = show_samples();
-  result_.weights_digest = policy_->full_digest();
+  Tensor digest = Tensor::zeros(Shape{1}, DType::i64);
+  digest.values<std::int64_t>()[0] = static_cast<std::int64_t>(policy_->full_digest());
+  world_.broadcast(digest, 0);  // the training ranks' (copies hold the last sync's weights)
+  result_.weights_digest = static_cast<std::uint64_t>(digest.values<std::int64_t>()[0]);
   result_.seconds = seconds_since(start_);
   return std::move(result_);
 }
@@ -618,6 +714,15 @@ std::string rl_description(const RlConfig& c, const RlTask& task) {
 }
 
 }  // namespace
+
+std::int64_t trainer_rank_count(const RlConfig& config, std::int64_t world_ranks) {
+  if (config.train.mesh.given) return config.train.mesh.ranks();
+  return config.trainer_ranks > 0 ? config.trainer_ranks : world_ranks;
+}
+
+std::int64_t rl_world_ranks(const RlConfig& config) {
+  return std::max(trainer_rank_count(config, config.generator.ranks()), config.generator.ranks());
+}
 
 void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t world_ranks) {
   const auto positive = [](std::int64_t value, const char* what) {
@@ -641,9 +746,11 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
                                       config.minibatches, config.prompts * config.samples));
   }
   if (!(config.kl >= 0 && config.kl <= 1e6))
-    throw InvalidArgument(fmt::format("the KL coefficient must be within [0, 1e6], got {}", config.kl));
+    throw InvalidArgument(
+        fmt::format("the KL coefficient must be within [0, 1e6], got {}", config.kl));
   if (!(config.clip_ratio > 0 && config.clip_ratio < 1))
-    throw InvalidArgument(fmt::format("the clip ratio must be within (0, 1), got {}", config.clip_ratio));
+    throw InvalidArgument(
+        fmt::format("the clip ratio must be within (0, 1), got {}", config.clip_ratio));
   if (!(config.temperature > 0 && config.temperature <= 1e3)) {
     throw InvalidArgument(fmt::format(
         "the sampling temperature must be within (0, 1000], got {} (GRPO needs different "
@@ -652,25 +759,38 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
   }
   if (config.top_k < 0) throw InvalidArgument(fmt::format("top_k {} is negative", config.top_k));
   if (!(config.advantage_eps > 0 && config.advantage_eps <= 1))
-    throw InvalidArgument(fmt::format("the advantage epsilon must be within (0, 1], got {}", config.advantage_eps));
+    throw InvalidArgument(
+        fmt::format("the advantage epsilon must be within (0, 1], got {}", config.advantage_eps));
   if (task.prompts.empty()) throw InvalidArgument(fmt::format("task {} has no prompt", task.name));
   const std::int64_t prompt = static_cast<std::int64_t>(task.prompts.front().size());
   for (std::size_t i = 0; i < task.prompts.size(); ++i) {
     if (static_cast<std::int64_t>(task.prompts[i].size()) != prompt || prompt == 0) {
-      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name, i,
-                                        task.prompts[i].size(), prompt));
+      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name,
+                                        i, task.prompts[i].size(), prompt));
     }
   }
   if (prompt + config.new_tokens > config.model.context) {
-    throw InvalidArgument(fmt::format(
-        "a prompt of {} tokens and {} new tokens do not fit the model's context of {}", prompt,
-        config.new_tokens, config.model.context));
+    throw InvalidArgument(
+        fmt::format("a prompt of {} tokens and {} new tokens do not fit the model's context of {}",
+                    prompt, config.new_tokens, config.model.context));
   }
   const GeneratorLayout& g = config.generator;
-  if (g.replicas < 1 || g.tp < 1 || g.ranks() != world_ranks) {
+  if (g.replicas < 1 || g.tp < 1)
+    throw InvalidArgument(fmt::format("the generator layout {} has no rank", g.describe()));
+  if (config.train.mesh.given && config.trainer_ranks > 0 &&
+      config.trainer_ranks != config.train.mesh.ranks()) {
+    throw InvalidArgument(fmt::format("the trainer's mesh {} has {} ranks, not {}",
+                                      config.train.mesh.describe(), config.train.mesh.ranks(),
+                                      config.trainer_ranks));
+  }
+  const std::int64_t t = trainer_rank_count(config, world_ranks);
+  if (std::max(t, g.ranks()) != world_ranks || world_ranks % t != 0 ||
+      world_ranks % g.ranks() != 0) {
     throw InvalidArgument(fmt::format(
-        "the generator layout {} has {} ranks; it must cover the run's {} ranks (replicas x tp)",
-        g.describe(), g.ranks(), world_ranks));
+        "the trainer on {} rank(s) and the generator {} on {} rank(s) do not share a world of {} "
+        "ranks: the world has as many ranks as the larger of the two, and the smaller count "
+        "divides it",
+        t, g.describe(), g.ranks(), world_ranks));
   }
   tp::check_gpt_degree(config.model, g.tp);
   train::TrainConfig trainer = config.train;
@@ -678,9 +798,9 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
   trainer.steps = config.steps;
   trainer.sample = false;
   if (trainer.micro_batches > trainer.batch) {
-    throw InvalidArgument(fmt::format(
-        "{} micro-batches is more than the {} completions of a mini-batch", trainer.micro_batches,
-        trainer.batch));
+    throw InvalidArgument(
+        fmt::format("{} micro-batches is more than the {} completions of a mini-batch",
+                    trainer.micro_batches, trainer.batch));
   }
 }
 

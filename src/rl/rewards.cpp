@@ -70,9 +70,8 @@ std::vector<std::string_view> split_words(std::string_view text) {
       continue;
     }
     const std::size_t start = i;
-    while (i < text.size() &&
-           (is_letter(text[i]) ||
-            (text[i] == '\'' && i + 1 < text.size() && is_letter(text[i + 1]))))
+    while (i < text.size() && (is_letter(text[i]) ||
+                               (text[i] == '\'' && i + 1 < text.size() && is_letter(text[i + 1]))))
       ++i;
     words.push_back(text.substr(start, i - start));
   }
@@ -101,9 +100,9 @@ RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,
   for (const std::string_view record : records_of(corpus->validation))
     if (record.size() > length) task.prompts.emplace_back(record.substr(0, length));
   if (task.prompts.empty()) {
-    throw InvalidArgument(fmt::format(
-        "no held-out record of the text is longer than the {} prompt bytes asked for",
-        prompt_bytes));
+    throw InvalidArgument(
+        fmt::format("no held-out record of the text is longer than the {} prompt bytes asked for",
+                    prompt_bytes));
   }
   task.reward = [dictionary](const std::string&, const std::string& completion) {
     return english_word_fraction(*dictionary, completion);

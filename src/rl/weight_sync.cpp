@@ -145,16 +145,27 @@ struct WeightSync::Move {
   std::shared_ptr<const plan::Plan> cut_after;
 };
 
-WeightSync::WeightSync(train::TrainingModel& trainer, comm::MeshGroups& generator_groups,
+WeightSync::WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copies,
+                       comm::MeshGroups& generator_groups,
                        std::vector<nn::Parameter*> generator_parameters, comm::ReductionMode mode)
-    : trainer_(trainer), generator_groups_(generator_groups), mode_(mode) {
-  const DeviceMesh& train_mesh = trainer.layout().mesh;
+    : trainer_(trainer),
+      copies_(trainer_copies > 1),
+      generator_groups_(generator_groups),
+      mode_(mode) {
+  // The trainer's mesh on the world: with copies, a leading dim over them (replicated).
+  const DeviceMesh& own_mesh = trainer.layout().mesh;
+  std::vector<std::int64_t> sizes = own_mesh.sizes();
+  if (copies_) sizes.insert(sizes.begin(), trainer_copies);
+  const DeviceMesh train_mesh(sizes);
+  source_groups_ = std::make_unique<comm::MeshGroups>(
+      train_mesh,
+      std::shared_ptr<comm::Communicator>(&generator_groups.world(), [](comm::Communicator*) {}));
   const DeviceMesh& generator_mesh = generator_groups.mesh();
   const std::unique_ptr<JointMesh> joint = joint_mesh(train_mesh, generator_mesh);
   if (joint != nullptr) {
     joint_groups_ = std::make_unique<comm::MeshGroups>(
-        joint->mesh, std::shared_ptr<comm::Communicator>(&generator_groups.world(),
-                                                         [](comm::Communicator*) {}));
+        joint->mesh,
+        std::shared_ptr<comm::Communicator>(&generator_groups.world(), [](comm::Communicator*) {}));
   }
   std::vector<train::TrainingModel::PlacedParameter> sources = trainer.placed_parameters();
   if (sources.size() != generator_parameters.size()) {
@@ -165,13 +176,25 @@ WeightSync::WeightSync(train::TrainingModel& trainer, comm::MeshGroups& generato
   options.mode = mode;
   std::vector<std::int64_t> received(static_cast<std::size_t>(train_mesh.size()), 0);
   for (std::size_t i = 0; i < sources.size(); ++i) {
+    if (copies_) {
+      std::vector<Placement> placements = sources[i].spec.placements();
+      std::vector<int> levels = sources[i].spec.shard_levels();
+      placements.insert(placements.begin(), Placement::replicate());
+      levels.insert(levels.begin(), 0);
+      sources[i].spec = PlacementSpec(placements, levels);
+      // The broadcast of each shard from the training ranks to their copies.
+      collectives_ += 1;
+      for (std::int64_t r = own_mesh.size(); r < train_mesh.size(); ++r)
+        received[static_cast<std::size_t>(r)] +=
+            local_layout(train_mesh, sources[i].spec, sources[i].global_shape, r).numel() * 4;
+    }
     Move move{std::move(sources[i]), generator_parameters[i], nullptr, nullptr, nullptr};
     const Shape& shape = move.source.global_shape;
     if (move.source.parameter->name != move.target->name || move.target->global_shape() != shape) {
-      throw InvalidArgument(fmt::format(
-          "trainer parameter {} {} has no generator twin (found {} {})",
-          move.source.parameter->name, shape.to_string(), move.target->name,
-          move.target->global_shape().to_string()));
+      throw InvalidArgument(
+          fmt::format("trainer parameter {} {} has no generator twin (found {} {})",
+                      move.source.parameter->name, shape.to_string(), move.target->name,
+                      move.target->global_shape().to_string()));
     }
     const PlacementSpec want = generator_spec(*move.target);
     // Each side keeps its placements on the dims the joint mesh can express, gathers the rest.
@@ -228,8 +251,15 @@ SyncStats WeightSync::run() {
   options.mode = mode_;
   for (Move& move : moves_) {
     Tensor value = move.source.local;
+    if (copies_) {
+      // The copies' shards (views of their flat buffers) take the training ranks' values.
+      const bool in_place = value.is_contiguous();
+      Tensor shard = in_place ? value : value.contiguous();
+      source_groups_->group(std::vector<int>{0})->broadcast(shard, 0);
+      if (!in_place) value.copy_from(shard);
+    }
     if (move.gather_first != nullptr)
-      value = dtensor::execute_plan(*move.gather_first, trainer_.groups(), value, options);
+      value = dtensor::execute_plan(*move.gather_first, *source_groups_, value, options);
     if (move.joint != nullptr)
       value = dtensor::execute_plan(*move.joint, *joint_groups_, value, options);
     if (move.cut_after != nullptr)
@@ -245,6 +275,12 @@ SyncStats naive_weight_sync(train::TrainingModel& trainer, const DeviceMesh& gen
   const auto start = Clock::now();
   comm::Communicator& world = trainer.groups().world();
   const DeviceMesh& mesh = trainer.layout().mesh;
+  if (mesh.size() != generator_mesh.size()) {
+    throw InvalidArgument(
+        fmt::format("the naive sync needs the trainer ({} ranks) on the "
+                    "generator's {} ranks",
+                    mesh.size(), generator_mesh.size()));
+  }
   const auto ranks = static_cast<std::size_t>(world.size());
   const std::int64_t rank = world.rank();
   SyncStats stats;

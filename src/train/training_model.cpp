@@ -236,15 +236,18 @@ std::vector<TrainingModel::PlacedParameter> TrainingModel::placed_parameters() {
   std::vector<PlacedParameter> placed;
   for (const nn::Parameter* parameter : model_->parameters()) {
     const auto [module, p] = owner.at(parameter);
-    const Shape block = parameter->value.shape();
-    const Shape whole = parameter->global_shape();
+    // The tensor-parallel block (the parameter's value is undefined while sharded).
+    const Shape block = module->layout().shape(p);
+    const Shape whole =
+        parameter->split.global_shape.rank() > 0 ? parameter->split.global_shape : block;
     std::vector<Placement> placements(static_cast<std::size_t>(layout_.mesh.ndim()),
                                       Placement::replicate());
     std::vector<int> levels(placements.size(), 0);
     int tp_split = -1;
     for (int d = 0; d < whole.rank(); ++d)
       if (whole[d] != block[d]) tp_split = d;
-    if (tp_split >= 0) placements[static_cast<std::size_t>(layout_.tp_dim)] = Placement::shard(tp_split);
+    if (tp_split >= 0)
+      placements[static_cast<std::size_t>(layout_.tp_dim)] = Placement::shard(tp_split);
     const std::vector<int>& shard_dims = module->config().shard_mesh_dims;
     if (shard_dims.size() > 1 && module->shard_size() > 1) {
       throw InvalidArgument(fmt::format(

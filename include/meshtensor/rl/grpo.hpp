@@ -21,25 +21,28 @@ struct RlConfig {
   /// seed, and checkpoints (save_dir, save_every, keep_checkpoints, resume_dir, stop_after).
   /// Its batch and steps are set from the fields below.
   train::TrainConfig train;
-  /// The generator's layout on the same ranks.
+  /// Ranks the trainer runs on (0: every rank of the world; a named mesh gives its own count).
+  std::int64_t trainer_ranks = 0;
+  /// The generator's layout. The trainer takes ranks [0, T) of the world and the generator
+  /// [0, G); the world has max(T, G) ranks and the smaller count divides the larger.
   GeneratorLayout generator;
   /// Checkpoint (or root with LATEST) whose "model.*" tensors start the policy (and the
   /// reference); "": fresh weights of `model` from the seed.
   std::string init;
   /// The policy's architecture when there is no `init` (with one, the checkpoint's).
   nn::GptConfig model;
-  std::int64_t steps = 20;        ///< rollout batches (each: generate, score, update)
-  std::int64_t prompts = 8;       ///< P: prompts per step
-  std::int64_t samples = 4;       ///< G: completions per prompt (at least 2: a group)
-  std::int64_t new_tokens = 24;   ///< tokens of every completion
-  double temperature = 1.0;       ///< sampling temperature (> 0)
-  std::int64_t top_k = 0;         ///< 0: all tokens
-  double clip_ratio = 0.2;        ///< PPO's epsilon: the ratio is clipped to [1 - e, 1 + e]
-  double kl = 0.0;                ///< coefficient of the k3 KL to the frozen reference (0: none)
-  std::int64_t ppo_epochs = 1;    ///< passes over each rollout batch
-  std::int64_t minibatches = 1;   ///< optimizer steps per pass (the batch split in order)
-  double advantage_eps = 1e-4;    ///< (r - mean) / (std + eps)
-  std::int64_t max_batch = 32;    ///< generator slots (requests decoded together)
+  std::int64_t steps = 20;       ///< rollout batches (each: generate, score, update)
+  std::int64_t prompts = 8;      ///< P: prompts per step
+  std::int64_t samples = 4;      ///< G: completions per prompt (at least 2: a group)
+  std::int64_t new_tokens = 24;  ///< tokens of every completion
+  double temperature = 1.0;      ///< sampling temperature (> 0)
+  std::int64_t top_k = 0;        ///< 0: all tokens
+  double clip_ratio = 0.2;       ///< PPO's epsilon: the ratio is clipped to [1 - e, 1 + e]
+  double kl = 0.0;               ///< coefficient of the k3 KL to the frozen reference (0: none)
+  std::int64_t ppo_epochs = 1;   ///< passes over each rollout batch
+  std::int64_t minibatches = 1;  ///< optimizer steps per pass (the batch split in order)
+  double advantage_eps = 1e-4;   ///< (r - mean) / (std + eps)
+  std::int64_t max_batch = 32;   ///< generator slots (requests decoded together)
   std::int64_t prefill_chunk = 64;
   /// Also measure the naive sync (gather on rank 0, broadcast) once per step, for the report.
   bool compare_naive_sync = false;
@@ -71,16 +74,16 @@ struct RlSample {
 
 /// The end of a run.
 struct RlResult {
-  std::vector<RlStepReport> steps;  ///< the steps this call ran
-  std::uint64_t weights_digest = 0; ///< of the policy's whole parameters
-  std::int64_t tokens = 0;          ///< parity over every step: tokens compared
+  std::vector<RlStepReport> steps;   ///< the steps this call ran
+  std::uint64_t weights_digest = 0;  ///< of the policy's whole parameters
+  std::int64_t tokens = 0;           ///< parity over every step: tokens compared
   std::int64_t identical = 0;
   double max_abs_diff = 0;
-  std::vector<RlSample> before;     ///< the first prompts, sampled before the first step
-  std::vector<RlSample> after;      ///< the same prompts and seeds after the last
+  std::vector<RlSample> before;  ///< the first prompts, sampled before the first step
+  std::vector<RlSample> after;   ///< the same prompts and seeds after the last
   std::string trainer_layout;
   std::string generator_layout;
-  bool joint_mesh = false;          ///< the sync ran on a joint mesh of both layouts
+  bool joint_mesh = false;  ///< the sync ran on a joint mesh of both layouts
   std::int64_t resumed_step = 0;
   std::int64_t parameters = 0;
   std::vector<std::string> checkpoints;
@@ -92,6 +95,13 @@ struct RlResult {
 struct RlCallbacks {
   std::function<void(const RlStepReport&)> on_step;
 };
+
+/// The trainer's rank count: its named mesh's, else trainer_ranks (0: `world_ranks`).
+std::int64_t trainer_rank_count(const RlConfig& config, std::int64_t world_ranks);
+
+/// The ranks a run needs: max(trainer ranks, generator ranks), with the trainer's count taken
+/// from its named mesh or trainer_ranks (0: the generator's count).
+std::int64_t rl_world_ranks(const RlConfig& config);
 
 /// Throws InvalidArgument naming the first value of `config` that run_rl() refuses for `task`
 /// (before any rank starts): counts below 1, G = 1, a negative KL, a clip ratio outside (0, 1),

@@ -53,8 +53,8 @@ std::unique_ptr<PlacementSpec> spec_on_joint(const DeviceMesh& mesh, const Place
 
 /// Figures of one weight sync, the same on every rank.
 struct SyncStats {
-  double seconds = 0;             ///< wall time on this rank
-  std::int64_t collectives = 0;   ///< collectives run (per rank)
+  double seconds = 0;               ///< wall time on this rank
+  std::int64_t collectives = 0;     ///< collectives run (per rank)
   std::int64_t bytes_per_rank = 0;  ///< the most bytes any rank receives
 };
 
@@ -68,9 +68,14 @@ class WeightSync {
  public:
   /// The sync from `trainer` to `generator_parameters` (the generator model's parameters, the
   /// same names as the trainer's, split by tp::gpt_plan over the tp dim of
-  /// `generator_groups`' mesh, a GeneratorLayout mesh). Collective (makes groups).
-  WeightSync(train::TrainingModel& trainer, comm::MeshGroups& generator_groups,
-             std::vector<nn::Parameter*> generator_parameters, comm::ReductionMode mode);
+  /// `generator_groups`' mesh, a GeneratorLayout mesh over the whole world). When the trainer
+  /// runs on fewer ranks than the world, the world holds `trainer_copies` copies of its layout
+  /// (ranks [0, T) train, [T, 2T) ... hold a copy built alike): each sync first broadcasts the
+  /// trained shards to the copies, then every rank takes part as a trainer rank. Collective over
+  /// the world (makes groups).
+  WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copies,
+             comm::MeshGroups& generator_groups, std::vector<nn::Parameter*> generator_parameters,
+             comm::ReductionMode mode);
   ~WeightSync();
   WeightSync(const WeightSync&) = delete;
   WeightSync& operator=(const WeightSync&) = delete;
@@ -84,6 +89,8 @@ class WeightSync {
  private:
   struct Move;
   train::TrainingModel& trainer_;
+  std::unique_ptr<comm::MeshGroups> source_groups_;  // the trainer's mesh (and copies) on the world
+  bool copies_ = false;
   comm::MeshGroups& generator_groups_;
   std::unique_ptr<comm::MeshGroups> joint_groups_;
   std::vector<Move> moves_;
@@ -94,7 +101,8 @@ class WeightSync {
 
 /// The baseline a sync is measured against: every parameter's blocks gathered whole on world
 /// rank 0 (an all_to_all that sends only to it), broadcast from there to every rank, and each
-/// generator rank cutting its block. Collective; the same result as WeightSync::run().
+/// generator rank cutting its block. Collective; the same result as WeightSync::run() (the
+/// trainer on every rank of the world).
 SyncStats naive_weight_sync(train::TrainingModel& trainer, const DeviceMesh& generator_mesh,
                             std::vector<nn::Parameter*> generator_parameters);
 
