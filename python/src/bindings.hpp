@@ -129,5 +129,6 @@ void bind_dtensor(py::module_& module);
 void bind_ops(py::module_& module);
 void bind_generate(py::module_& module);
 void bind_train(py::module_& module);
+void bind_rl(py::module_& module);
 
 }  // namespace meshtensor::python

@@ -108,4 +108,5 @@ PYBIND11_MODULE(_meshtensor, module) {
   bind_ops(module);
   bind_generate(module);
   bind_train(module);
+  bind_rl(module);
 }

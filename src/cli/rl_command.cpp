@@ -1,0 +1,447 @@
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/digest.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
+#include <meshtensor/generate/load.hpp>
+#include <meshtensor/rl/grpo.hpp>
+#include <meshtensor/train/text_data.hpp>
+
+#include "backend.hpp"
+#include "commands.hpp"
+#include "options.hpp"
+#include "output_files.hpp"
+#include "plot.hpp"
+#include "train_layout.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 30;
+
+/// `meshtensor rl`'s options, as text until parsed into rl::RlConfig.
+struct RlOptions {
+  std::string init;
+  std::string model;  // without --init
+  std::string task = "words";
+  std::string data;
+  std::string dictionary = rl::kDefaultDictionary;
+  std::string prompt_bytes = "16";
+  std::string steps = "20";
+  std::string prompts = "8";
+  std::string samples = "4";
+  std::string new_tokens = "24";
+  std::string temperature = "1";
+  std::string top_k = "0";
+  std::string clip_ratio = "0.2";
+  std::string kl = "0";
+  std::string ppo_epochs = "1";
+  std::string minibatches = "1";
+  std::string lr = "1e-4";
+  std::string warmup = "0";
+  std::string schedule = "constant";
+  std::string optimizer = "adamw";
+  std::string weight_decay = "0";
+  std::string clip_grad_norm = "1";
+  std::string micro_batches = "1";
+  std::string mode = "exact";
+  std::string seed = "0";
+  std::string ranks = "1";
+  CLI::Option* ranks_option = nullptr;
+  TrainerLayoutOptions layout;
+  std::string generator_mesh;
+  std::string generator_names;
+  std::string max_batch = "32";
+  std::string backend = "threads";
+  std::string link;
+  TimeoutOption timeout;
+  std::string save;
+  std::string save_every = "0";
+  std::string keep_checkpoints = "0";
+  std::string resume;
+  std::string stop_after = "0";
+  std::string log;
+  std::string plot;
+  bool json = false;
+  bool compare_naive_sync = false;
+};
+
+/// --generator-mesh / --generator-names: dims dp and tp, dp first (either may be left out);
+/// without them the generator has one replica per trainer rank.
+rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_t trainer_ranks) {
+  if (options.generator_mesh.empty()) {
+    if (!options.generator_names.empty())
+      throw ParseError("--generator-names names the dims of --generator-mesh; give it too");
+    return {trainer_ranks, 1};
+  }
+  const std::vector<std::string> names = list_option(
+      "--generator-names", options.generator_names.empty() ? "dp,tp" : options.generator_names);
+  std::vector<std::int64_t> sizes;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t cross = options.generator_mesh.find('x', start);
+    sizes.push_back(integer_option("--generator-mesh",
+                                   options.generator_mesh.substr(start, cross - start), 1,
+                                   comm::kMaxThreadsRanks));
+    if (cross == std::string::npos) break;
+    start = cross + 1;
+  }
+  if (sizes.size() != names.size()) {
+    throw ParseError(fmt::format("--generator-mesh {} has {} dim(s) but --generator-names {} names {}",
+                                 options.generator_mesh, sizes.size(), options.generator_names,
+                                 names.size()));
+  }
+  rl::GeneratorLayout layout{1, 1};
+  std::string order;
+  for (std::size_t d = 0; d < names.size(); ++d) {
+    if (names[d] == "dp" && order.empty()) {
+      layout.replicas = sizes[d];
+    } else if (names[d] == "tp" && order.find("tp") == std::string::npos) {
+      layout.tp = sizes[d];
+    } else {
+      throw ParseError(fmt::format(
+          "--generator-names {}: the generator's dims are dp (replicas) then tp, each at most once",
+          options.generator_names));
+    }
+    order += names[d];
+  }
+  if (layout.ranks() > comm::kMaxThreadsRanks) {
+    throw ParseError(fmt::format("--generator-mesh {} has more than {} ranks",
+                                 options.generator_mesh, comm::kMaxThreadsRanks));
+  }
+  return layout;
+}
+
+rl::RlConfig parse_rl_config(const RlOptions& options) {
+  rl::RlConfig config;
+  train::TrainConfig& trainer = config.train;
+  parse_trainer_layout(options.layout, trainer);
+  config.trainer_ranks = layout_ranks(options.ranks, options.ranks_option, options.layout.mesh);
+  config.generator = parse_generator_layout(options, config.trainer_ranks);
+  config.init = options.init;
+  if (!options.init.empty() && !options.model.empty()) {
+    throw ParseError(fmt::format("--init {} brings its own model; --model {} does not apply",
+                                 options.init, options.model));
+  }
+  config.model = nn::parse_gpt_config(options.model.empty() ? "gpt" : options.model);
+  config.steps = integer_option("--steps", options.steps, 1, kMaxCount);
+  config.prompts = integer_option("--prompts", options.prompts, 1, kMaxCount);
+  config.samples = integer_option("--samples", options.samples, 0, kMaxCount);
+  config.new_tokens = integer_option("--new-tokens", options.new_tokens, 1, kMaxCount);
+  config.temperature = real_option("--temperature", options.temperature, 0.0, 1e3);
+  config.top_k = integer_option("--top-k", options.top_k, 0, kMaxCount);
+  config.clip_ratio = real_option("--clip-ratio", options.clip_ratio, 0.0, 1.0);
+  config.kl = real_option("--kl", options.kl, -1e6, 1e6);
+  config.ppo_epochs = integer_option("--ppo-epochs", options.ppo_epochs, 1, kMaxCount);
+  config.minibatches = integer_option("--minibatches", options.minibatches, 1, kMaxCount);
+  config.max_batch = integer_option("--max-batch", options.max_batch, 1, 1 << 16);
+  trainer.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
+  trainer.schedule.warmup_steps = integer_option("--warmup", options.warmup, 0, kMaxCount);
+  trainer.schedule.kind = nn::parse_schedule_kind(options.schedule);
+  trainer.optimizer = train::parse_optimizer(options.optimizer);
+  trainer.weight_decay = real_option("--weight-decay", options.weight_decay, 0.0, 1e6);
+  trainer.clip_grad_norm = real_option("--clip-grad-norm", options.clip_grad_norm, 0.0, 1e6);
+  trainer.micro_batches = integer_option("--micro-batches", options.micro_batches, 1, kMaxCount);
+  trainer.mode = comm::parse_reduction_mode(options.mode);
+  if (trainer.mode == comm::ReductionMode::native) {
+    throw ParseError(
+        "--mode native: the generator's log-probabilities would not be the trainer's; use exact "
+        "(the default) or ordered");
+  }
+  trainer.seed = seed_option("--seed", options.seed);
+  trainer.save_dir = options.save;
+  trainer.resume_dir = options.resume;
+  trainer.save_every = integer_option("--save-every", options.save_every, 0, kMaxCount);
+  trainer.keep_checkpoints =
+      static_cast<int>(integer_option("--keep-checkpoints", options.keep_checkpoints, 0, 1 << 20));
+  if (options.save.empty() && (trainer.save_every > 0 || trainer.keep_checkpoints > 0))
+    throw ParseError("--save-every and --keep-checkpoints need --save DIR");
+  trainer.stop_after = integer_option("--stop-after", options.stop_after, 0, kMaxCount);
+  config.compare_naive_sync = options.compare_naive_sync;
+  return config;
+}
+
+/// The task's prompts and reward, with the data they need.
+rl::RlTask load_rl_task(const RlOptions& options) {
+  const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
+  if (options.task != "words" && !options.data.empty())
+    throw ParseError(fmt::format("--data is the text of the words task, not of task {}", options.task));
+  return rl::builtin_task(options.task, data,
+                          options.dictionary,
+                          integer_option("--prompt-bytes", options.prompt_bytes, 1, 1 << 16));
+}
+
+std::string step_line(const rl::RlStepReport& r) {
+  return fmt::format(
+      "step {:>4}  reward {:.4f}  parity {}/{} identical (max diff {:.3g})  kl {:.5f}  loss "
+      "{:+.4f}  generate {:.2f} s  train {:.2f} s  sync {:.4f} s ({} collectives, {})",
+      r.step, r.reward_mean, r.identical, r.tokens, r.max_abs_diff, r.kl_mean, r.loss,
+      r.generate_seconds, r.train_seconds, r.sync_seconds, r.sync.collectives,
+      format_bytes(static_cast<double>(r.sync.bytes_per_rank)));
+}
+
+nlohmann::json samples_json(const std::vector<rl::RlSample>& samples) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const rl::RlSample& s : samples) {
+    out.push_back({{"prompt", train::printable_text(s.prompt)},
+                   {"completion", train::printable_text(s.completion)},
+                   {"reward", s.reward}});
+  }
+  return out;
+}
+
+nlohmann::json final_json(const rl::RlResult& result, const rl::RlConfig& config) {
+  nlohmann::json out = {{"final", true},
+                        {"weights_digest", digest_hex(result.weights_digest)},
+                        {"steps", result.resumed_step + static_cast<std::int64_t>(result.steps.size())},
+                        {"resumed_step", result.resumed_step},
+                        {"parity",
+                         {{"tokens", result.tokens},
+                          {"identical", result.identical},
+                          {"max_abs_diff", result.max_abs_diff}}},
+                        {"trainer_layout", result.trainer_layout},
+                        {"generator_layout", result.generator_layout},
+                        {"joint_mesh", result.joint_mesh},
+                        {"mode", std::string(comm::reduction_mode_name(config.train.mode))},
+                        {"parameters", result.parameters},
+                        {"samples_before", samples_json(result.before)},
+                        {"samples_after", samples_json(result.after)},
+                        {"checkpoints", result.checkpoints},
+                        {"seconds", result.seconds}};
+  const std::vector<std::pair<const char*, double rl::RlStepReport::*>> series{
+      {"reward_mean", &rl::RlStepReport::reward_mean},
+      {"kl_mean", &rl::RlStepReport::kl_mean},
+      {"loss", &rl::RlStepReport::loss},
+      {"sync_seconds", &rl::RlStepReport::sync_seconds},
+      {"generate_seconds", &rl::RlStepReport::generate_seconds},
+      {"train_seconds", &rl::RlStepReport::train_seconds}};
+  for (const auto& [name, field] : series) {
+    nlohmann::json values = nlohmann::json::array();
+    for (const rl::RlStepReport& r : result.steps)
+      values.push_back(r.*field);
+    out[name] = values;
+  }
+  if (!result.steps.empty()) {
+    out["sync"] = {{"collectives", result.steps.back().sync.collectives},
+                   {"bytes_per_rank", result.steps.back().sync.bytes_per_rank}};
+  }
+  if (config.compare_naive_sync) {
+    nlohmann::json naive = nlohmann::json::array();
+    for (const rl::RlStepReport& r : result.steps)
+      naive.push_back(r.naive_sync_seconds);
+    out["naive_sync_seconds"] = naive;
+  }
+  return out;
+}
+
+void print_samples(const char* when, const std::vector<rl::RlSample>& samples) {
+  std::cout << "samples " << when << ":\n";
+  for (const rl::RlSample& s : samples) {
+    std::cout << fmt::format("  [{:.2f}] {}|{}\n", s.reward, train::printable_text(s.prompt),
+                             train::printable_text(s.completion));
+  }
+}
+
+void draw_reward_plot(OutputFile& png, const std::vector<rl::RlStepReport>& steps,
+                      const std::string& title) {
+  std::string data;
+  for (const rl::RlStepReport& r : steps)
+    data += fmt::format("{} {} {}\n", r.step, r.reward_mean, r.kl_mean);
+  render_plot(png, data, [&](const std::string& data_path) {
+    return fmt::format(
+        "set title '{}'\nset xlabel 'step'\nset ylabel 'mean reward'\nset y2label 'KL (k3)'\n"
+        "set ytics nomirror\nset y2tics\nset grid\nset key bottom right\n"
+        "plot '{}' using 1:2 with linespoints title 'mean reward' axes x1y1, "
+        "'' using 1:3 with lines title 'KL to the reference' axes x1y2\n",
+        plot_safe(title), data_path);
+  });
+}
+
+void run_rl_command(const RlOptions& options) {
+  rl::RlConfig config = parse_rl_config(options);
+  const Backend backend = parse_backend(options.backend);
+  const comm::LinkDelay link =
+      options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
+  if (!options.link.empty() && backend == Backend::mpi)
+    throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
+  options.timeout.apply();
+  const rl::RlTask task = load_rl_task(options);
+  if (!config.init.empty()) {
+    config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
+  }
+  const std::int64_t ranks = rl::rl_world_ranks(config);
+  rl::validate_rl_config(config, task, ranks);
+  const NamedPath outputs[] = {{"--log", options.log}, {"--plot", options.plot}};
+  const NamedPath roots[] = {{"--save", options.save}};
+  const NamedPath inputs[] = {{"--data", options.task == "words" ? (options.data.empty() ? std::string(train::kDefaultTextDir) : options.data) : ""},
+                              {"--init", options.init},
+                              {"--resume", options.resume},
+                              {"--dictionary", options.dictionary}};
+  check_outputs_are_not_inputs(outputs, roots, inputs);
+  if (!config.train.save_dir.empty()) checkpoint::check_save_root(config.train.save_dir);
+  std::unique_ptr<OutputFile> log =
+      options.log.empty() ? nullptr : std::make_unique<OutputFile>("--log", options.log);
+  std::unique_ptr<OutputFile> plot =
+      options.plot.empty() ? nullptr : std::make_unique<OutputFile>("--plot", options.plot, true);
+  if (log) {
+    log->stream() << "step,reward_mean,tokens,identical,max_abs_diff,kl_mean,loss,"
+                     "clipped_fraction,generate_seconds,train_seconds,sync_seconds,"
+                     "sync_collectives,sync_bytes_per_rank\n";
+  }
+  const std::string command = fmt::format(
+      "rl init={} model={} task={} data={} dictionary={} prompt_bytes={} steps={} prompts={} "
+      "samples={} new={} temperature={} top_k={} clip={} kl={} epochs={} minibatches={} lr={} "
+      "warmup={} schedule={} optimizer={} wd={} clip_norm={} micro={} mode={} seed={} ranks={} "
+      "strategy={} mesh={} names={} sp={} generator={} max_batch={} save={} every={} keep={} "
+      "resume={} stop={} naive={}",
+      options.init, options.model, options.task, options.data, options.dictionary,
+      options.prompt_bytes, config.steps, config.prompts, config.samples, config.new_tokens,
+      config.temperature, config.top_k, config.clip_ratio, config.kl, config.ppo_epochs,
+      config.minibatches, options.lr, options.warmup, options.schedule, options.optimizer,
+      options.weight_decay, options.clip_grad_norm, config.train.micro_batches, options.mode,
+      config.train.seed, config.trainer_ranks, options.layout.strategy, options.layout.mesh,
+      options.layout.names, options.layout.sequence_parallel, config.generator.describe(),
+      config.max_batch, options.save, options.save_every, options.keep_checkpoints,
+      options.resume, options.stop_after, options.compare_naive_sync);
+  run_ranks(
+      backend, ranks, command,
+      [&](comm::Communicator& world) {
+        const bool leader = world.rank() == 0;
+        if (world.size() != ranks) {
+          throw InvalidArgument(fmt::format(
+              "the trainer ({} rank(s)) and the generator ({}) need {} ranks; the mpi job has {}",
+              config.trainer_ranks, config.generator.describe(), ranks, world.size()));
+        }
+        if (leader && !options.json) {
+          std::cout << fmt::format(
+              "GRPO on task {} ({} prompts): {} prompts x {} samples x {} tokens a step, {} "
+              "steps, mode {}, trainer on {} rank(s), generator {}, {} {} rank(s)\n",
+              task.name, task.prompts.size(), config.prompts, config.samples, config.new_tokens,
+              config.steps, options.mode, config.trainer_ranks, config.generator.describe(),
+              world.size(), backend == Backend::threads ? "threads" : "mpi");
+          std::cout.flush();
+        }
+        rl::RlCallbacks callbacks;
+        callbacks.on_step = [&](const rl::RlStepReport& r) {
+          if (!options.json) std::cout << step_line(r) << '\n' << std::flush;
+          if (log) {
+            log->stream() << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.step,
+                                         r.reward_mean, r.tokens, r.identical, r.max_abs_diff,
+                                         r.kl_mean, r.loss, r.clipped_fraction,
+                                         r.generate_seconds, r.train_seconds, r.sync_seconds,
+                                         r.sync.collectives, r.sync.bytes_per_rank);
+            log->stream().flush();
+          }
+        };
+        const rl::RlResult result = rl::run_rl(world, task, config, callbacks);
+        if (!leader) return;
+        if (log) log->commit();
+        if (options.json) {
+          std::cout << final_json(result, config).dump() << '\n';
+        } else {
+          print_samples("before", result.before);
+          print_samples("after", result.after);
+          std::cout << fmt::format(
+              "parity: {} of {} generated tokens with the trainer's log-probability bits "
+              "(largest difference {:.3g})\n",
+              result.identical, result.tokens, result.max_abs_diff);
+          std::cout << fmt::format(
+              "trainer {}, generator {}: weights synced in memory {}\n", result.trainer_layout,
+              result.generator_layout,
+              result.joint_mesh ? "on their joint mesh" : "through whole tensors (no joint mesh)");
+          if (!result.checkpoints.empty()) {
+            std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
+                                     result.checkpoints.size(), result.checkpoints.back());
+          }
+          std::cout << fmt::format("weights digest {} ({} parameters, {:.1f} s)\n",
+                                   digest_hex(result.weights_digest), result.parameters,
+                                   result.seconds);
+        }
+        std::cout.flush();
+        if (plot) {
+          draw_reward_plot(*plot, result.steps,
+                           fmt::format("meshtensor rl, task {}, mode {}", task.name, options.mode));
+        }
+      },
+      link);
+}
+
+}  // namespace
+
+void add_rl_command(CLI::App& app) {
+  auto options = std::make_shared<RlOptions>();
+  CLI::App* command = app.add_subcommand(
+      "rl",
+      "GRPO on a GPT: the generator (its own layout) samples completions, a reward scores them, "
+      "the trainer (its own layout) updates the policy; weights move between the layouts in "
+      "memory by redistribute, and every token's log-probability is checked against the "
+      "trainer's (exact mode: the same bits, or the run stops)");
+  command->add_option("--init", options->init,
+                      "checkpoint whose model starts the policy (e.g. one meshtensor train saved)");
+  command->add_option("--model", options->model,
+                      "without --init: fresh weights of gpt:layers=L,heads=H,dim=D,context=T");
+  command->add_option("--task", options->task,
+                      "words (default: English words from openings of held-out fortunes) or "
+                      "arithmetic (A+B= with two-digit numbers)");
+  command->add_option("--data", options->data, "text of the words task (default Debian's fortunes)");
+  command->add_option("--dictionary", options->dictionary,
+                      "word list of the words task (default /usr/share/dict/words, wamerican)");
+  command->add_option("--prompt-bytes", options->prompt_bytes,
+                      "bytes of each fortune's opening used as a prompt (default 16)");
+  command->add_option("--steps", options->steps, "rollout steps (default 20)");
+  command->add_option("--prompts", options->prompts, "prompts per step (default 8)");
+  command->add_option("--samples", options->samples, "completions per prompt, >= 2 (default 4)");
+  command->add_option("--new-tokens", options->new_tokens, "tokens per completion (default 24)");
+  command->add_option("--temperature", options->temperature, "sampling temperature (default 1)");
+  command->add_option("--top-k", options->top_k, "sample among the k largest logits (0: all)");
+  command->add_option("--clip-ratio", options->clip_ratio, "PPO clip epsilon (default 0.2)");
+  command->add_option("--kl", options->kl, "k3 KL coefficient to the frozen start (default 0)");
+  command->add_option("--ppo-epochs", options->ppo_epochs, "passes over each rollout batch");
+  command->add_option("--minibatches", options->minibatches, "optimizer steps per pass");
+  command->add_option("--lr", options->lr, "learning rate (default 1e-4)");
+  command->add_option("--warmup", options->warmup, "warmup updates (default 0)");
+  command->add_option("--schedule", options->schedule, "constant (default) or cosine");
+  command->add_option("--optimizer", options->optimizer, "adamw (default) or sgd");
+  command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
+  command->add_option("--clip-grad-norm", options->clip_grad_norm, "gradient norm clip (default 1)");
+  command->add_option("--micro-batches", options->micro_batches, "micro-batches per rank");
+  command->add_option("--mode", options->mode, "exact (default) or ordered");
+  command->add_option("--seed", options->seed, "seed of the prompts' order and the sampling");
+  options->ranks_option =
+      command->add_option("--ranks", options->ranks, "trainer ranks (default 1)");
+  command->add_option("--strategy", options->layout.strategy, "trainer: ddp, fsdp or hsdp");
+  command->add_option("--mesh", options->layout.mesh, "trainer mesh, e.g. 2x2 (with --names)");
+  command->add_option("--names", options->layout.names, "trainer mesh dims: dp, fsdp, tp");
+  add_flag(*command, "--sequence-parallel", options->layout.sequence_parallel,
+           "trainer: norms and residuals on sequence shards over tp");
+  command->add_option("--generator-mesh", options->generator_mesh,
+                      "generator mesh, e.g. 2x2 (default: one replica per trainer rank)");
+  command->add_option("--generator-names", options->generator_names,
+                      "generator mesh dims: dp (replicas) then tp (default dp,tp)");
+  command->add_option("--max-batch", options->max_batch, "generator slots (default 32)");
+  command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
+  command->add_option("--link", options->link, "simulated network for threads, e.g. 20us,10");
+  options->timeout.add_to(*command);
+  command->add_option("--save", options->save, "checkpoint root: the whole RL state");
+  command->add_option("--save-every", options->save_every, "steps between saves (0: at the end)");
+  command->add_option("--keep-checkpoints", options->keep_checkpoints, "keep the newest N");
+  command->add_option("--resume", options->resume, "RL checkpoint to go on from (any layouts)");
+  command->add_option("--stop-after", options->stop_after, "stop after this many steps in total");
+  command->add_option("--log", options->log, "CSV of every step");
+  command->add_option("--plot", options->plot, "PNG of the reward curve (gnuplot)");
+  add_flag(*command, "--json", options->json, "one final JSON object");
+  add_flag(*command, "--compare-naive-sync", options->compare_naive_sync,
+           "also time a gather-on-rank-0-then-broadcast sync every step (same rank counts)");
+  command->callback([options] { run_rl_command(*options); });
+}
+
+}  // namespace meshtensor::cli

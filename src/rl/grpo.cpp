@@ -20,6 +20,7 @@
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
+#include <meshtensor/train/text_data.hpp>
 #include <meshtensor/train/training_model.hpp>
 
 namespace meshtensor::rl {
@@ -371,22 +372,23 @@ void RlRun::score(Rollouts& rollouts) {
       const std::string completion = generate::token_bytes(
           std::span<const std::int64_t>(&*first, static_cast<std::size_t>(config_.new_tokens)));
       const auto name = [&] {
-        return fmt::format("step {}, prompt {} ('{}'), sample {}", step_ + 1, q / g, prompt, q % g);
+        return fmt::format("step {}, prompt {} ('{}'), sample {}", step_ + 1, q / g,
+                           train::printable_text(prompt), q % g);
       };
+      double value = 0;
       try {
-        const double value = task_.reward(prompt, completion);
-        if (!std::isfinite(value))
-          throw DataError(
-              fmt::format("the reward of {} is {}, not a finite number", name(), value));
-        rewards.values<double>()[static_cast<std::size_t>(q)] = value;
-      } catch (const DataError&) {
-        failure = std::current_exception();
-        break;
+        value = task_.reward(prompt, completion);
       } catch (const std::exception& e) {
         failure = std::make_exception_ptr(
             DataError(fmt::format("the reward of {} failed: {}", name(), e.what())));
         break;
       }
+      if (!std::isfinite(value)) {
+        failure = std::make_exception_ptr(
+            DataError(fmt::format("the reward of {} is {}, not a finite number", name(), value)));
+        break;
+      }
+      rewards.values<double>()[static_cast<std::size_t>(q)] = value;
     }
   }
   comm::throw_if_any_failed(world_, failure);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 
@@ -81,13 +82,19 @@ std::vector<std::string_view> split_words(std::string_view text) {
 double english_word_fraction(const Dictionary& dictionary, std::string_view text) {
   const std::vector<std::string_view> words = split_words(text);
   if (words.empty()) return 0.0;
-  std::size_t english = 0;
+  constexpr std::size_t kBytesPerWord = 6;
+  // A word repeated counts once: a completion of one word over and over is not English.
+  std::unordered_set<std::string> english;
   for (const std::string_view word : words) {
-    const bool letter_word =
+    const bool is_english =
         word.size() == 1 ? (word == "a" || word == "A" || word == "I") : dictionary.contains(word);
-    if (letter_word) ++english;
+    if (is_english) english.insert(lower(word));
   }
-  return static_cast<double>(english) / static_cast<double>(words.size());
+  // English text has about one word per 6 bytes (its space included): fewer words than that
+  // count as missing, so that a completion of a word or two among blanks does not score fully.
+  const auto expected = static_cast<std::size_t>((text.size() + kBytesPerWord - 1) / kBytesPerWord);
+  return static_cast<double>(english.size()) /
+         static_cast<double>(std::max(words.size(), expected));
 }
 
 RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,

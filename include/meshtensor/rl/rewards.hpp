@@ -38,8 +38,11 @@ class Dictionary {
 /// inside a word ("don't"); everything else (punctuation, digits, spaces, other bytes) separates.
 std::vector<std::string_view> split_words(std::string_view text);
 
-/// The fraction of the words of `text` that are English words: in `dictionary` (any case), with
-/// single letters counting only as "a" and "I". 0 for a text with no word.
+/// The distinct English words of `text` over its words: a word is English when it is in
+/// `dictionary` (any case; single letters only as "a" and "I"); a word repeated counts once (in
+/// any case), so that no word said over and over scores; and the words counted are at least one
+/// per 6 bytes of `text` (English text's average, its space included), so that a word or two
+/// among blanks does not score fully. 0 for a text with no word.
 double english_word_fraction(const Dictionary& dictionary, std::string_view text);
 
 /// What an RL run practises: a pool of prompts, a reward, and text to build the model's task
