@@ -17,16 +17,18 @@ namespace {
 /// where run_rl scores), its result checked to be a finite real number.
 rl::RewardFunction python_reward(const py::object& reward) {
   if (!PyCallable_Check(reward.ptr())) {
-    throw ArgumentTypeError(fmt::format("rl(): argument 'reward' must be a callable "
-                                        "fn(prompt, completion) -> float, got {}",
-                                        describe_value(reward)));
+    throw ArgumentTypeError(
+        fmt::format("rl(): argument 'reward' must be a callable "
+                    "fn(prompt, completion) -> float, got {}",
+                    describe_value(reward)));
   }
   auto kept = std::make_shared<py::object>(reward);
   return [kept](const std::string& prompt, const std::string& completion) -> double {
     const py::gil_scoped_acquire gil;
     py::object value;
     try {
-      value = (*kept)(py::str(prompt.data(), prompt.size()), py::str(train::printable_text(completion)));
+      value = (*kept)(py::str(prompt.data(), prompt.size()),
+                      py::str(train::printable_text(completion)));
     } catch (py::error_already_set& e) {
       const std::string kind = py::str(e.type().attr("__name__"));
       const std::string message = py::str(e.value());
@@ -34,8 +36,8 @@ rl::RewardFunction python_reward(const py::object& reward) {
     }
     if (py::isinstance<py::bool_>(value) ||
         !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value))) {
-      throw DataError(fmt::format("the reward callback returned {}, not a number",
-                                  describe_value(value)));
+      throw DataError(
+          fmt::format("the reward callback returned {}, not a number", describe_value(value)));
     }
     return value.cast<double>();
   };
@@ -109,8 +111,8 @@ rl::GeneratorLayout generator_from(const py::object& value, std::int64_t tp,
   const std::vector<std::int64_t> sizes =
       cast_argument<std::vector<std::int64_t>>(value, "rl() argument 'generator'");
   if (sizes.size() != 2) {
-    throw InvalidArgument(fmt::format(
-        "rl(): generator= is (replicas, tp), got {} value(s)", sizes.size()));
+    throw InvalidArgument(
+        fmt::format("rl(): generator= is (replicas, tp), got {} value(s)", sizes.size()));
   }
   return {sizes[0], sizes[1]};
 }
@@ -139,54 +141,97 @@ py::dict run_rl(const py::object& init, const py::object& world_object, const py
     const auto text = [&] { return cast_argument<std::string>(value, argument); };
     const auto integer = [&] { return cast_argument<std::int64_t>(value, argument); };
     const auto real = [&] { return cast_argument<double>(value, argument); };
-    if (name == "task") task_name = text();
-    else if (name == "data") data = text();
-    else if (name == "dictionary") dictionary = text();
-    else if (name == "prompt_bytes") prompt_bytes = integer();
-    else if (name == "model") model = text();
-    else if (name == "steps") config.steps = integer();
-    else if (name == "prompts") config.prompts = integer();
-    else if (name == "samples") config.samples = integer();
-    else if (name == "new_tokens") config.new_tokens = integer();
-    else if (name == "temperature") config.temperature = real();
-    else if (name == "top_k") config.top_k = integer();
-    else if (name == "clip_ratio") config.clip_ratio = real();
-    else if (name == "kl") config.kl = real();
-    else if (name == "ppo_epochs") config.ppo_epochs = integer();
-    else if (name == "minibatches") config.minibatches = integer();
-    else if (name == "max_batch") config.max_batch = integer();
-    else if (name == "lr") config.train.schedule.base = real();
-    else if (name == "warmup") config.train.schedule.warmup_steps = integer();
-    else if (name == "schedule") config.train.schedule.kind = nn::parse_schedule_kind(text());
-    else if (name == "optimizer") config.train.optimizer = train::parse_optimizer(text());
-    else if (name == "weight_decay") config.train.weight_decay = real();
-    else if (name == "clip_grad_norm") config.train.clip_grad_norm = real();
-    else if (name == "micro_batches") config.train.micro_batches = integer();
-    else if (name == "mode") config.train.mode = mode_from(text());
-    else if (name == "seed") config.train.seed = cast_argument<std::uint64_t>(value, argument);
-    else if (name == "strategy") config.train.strategy = train::parse_strategy(text());
-    else if (name == "trainer_ranks") config.trainer_ranks = integer();
-    else if (name == "mesh") mesh_shape = text();
-    else if (name == "names") mesh_names = text();
-    else if (name == "sequence_parallel") config.train.sequence_parallel = cast_argument<bool>(value, argument);
-    else if (name == "generator") generator = py::reinterpret_borrow<py::object>(value);
-    else if (name == "generator_tp") generator_tp = integer();
-    else if (name == "save") config.train.save_dir = value.is_none() ? "" : text();
-    else if (name == "save_every") config.train.save_every = integer();
-    else if (name == "keep_checkpoints") config.train.keep_checkpoints = cast_argument<int>(value, argument);
-    else if (name == "resume") config.train.resume_dir = value.is_none() ? "" : text();
-    else if (name == "stop_after") config.train.stop_after = integer();
-    else if (name == "reward") reward = py::reinterpret_borrow<py::object>(value);
-    else if (name == "on_step") on_step = py::reinterpret_borrow<py::object>(value);
-    else throw InvalidArgument(fmt::format("rl: unknown option '{}'", name));
+    if (name == "task")
+      task_name = text();
+    else if (name == "data")
+      data = text();
+    else if (name == "dictionary")
+      dictionary = text();
+    else if (name == "prompt_bytes")
+      prompt_bytes = integer();
+    else if (name == "model")
+      model = text();
+    else if (name == "steps")
+      config.steps = integer();
+    else if (name == "prompts")
+      config.prompts = integer();
+    else if (name == "samples")
+      config.samples = integer();
+    else if (name == "new_tokens")
+      config.new_tokens = integer();
+    else if (name == "temperature")
+      config.temperature = real();
+    else if (name == "top_k")
+      config.top_k = integer();
+    else if (name == "clip_ratio")
+      config.clip_ratio = real();
+    else if (name == "kl")
+      config.kl = real();
+    else if (name == "ppo_epochs")
+      config.ppo_epochs = integer();
+    else if (name == "minibatches")
+      config.minibatches = integer();
+    else if (name == "max_batch")
+      config.max_batch = integer();
+    else if (name == "lr")
+      config.train.schedule.base = real();
+    else if (name == "warmup")
+      config.train.schedule.warmup_steps = integer();
+    else if (name == "schedule")
+      config.train.schedule.kind = nn::parse_schedule_kind(text());
+    else if (name == "optimizer")
+      config.train.optimizer = train::parse_optimizer(text());
+    else if (name == "weight_decay")
+      config.train.weight_decay = real();
+    else if (name == "clip_grad_norm")
+      config.train.clip_grad_norm = real();
+    else if (name == "micro_batches")
+      config.train.micro_batches = integer();
+    else if (name == "mode")
+      config.train.mode = mode_from(text());
+    else if (name == "seed")
+      config.train.seed = cast_argument<std::uint64_t>(value, argument);
+    else if (name == "strategy")
+      config.train.strategy = train::parse_strategy(text());
+    else if (name == "trainer_ranks")
+      config.trainer_ranks = integer();
+    else if (name == "mesh")
+      mesh_shape = text();
+    else if (name == "names")
+      mesh_names = text();
+    else if (name == "sequence_parallel")
+      config.train.sequence_parallel = cast_argument<bool>(value, argument);
+    else if (name == "generator")
+      generator = py::reinterpret_borrow<py::object>(value);
+    else if (name == "generator_tp")
+      generator_tp = integer();
+    else if (name == "save")
+      config.train.save_dir = value.is_none() ? "" : text();
+    else if (name == "save_every")
+      config.train.save_every = integer();
+    else if (name == "keep_checkpoints")
+      config.train.keep_checkpoints = cast_argument<int>(value, argument);
+    else if (name == "resume")
+      config.train.resume_dir = value.is_none() ? "" : text();
+    else if (name == "stop_after")
+      config.train.stop_after = integer();
+    else if (name == "reward")
+      reward = py::reinterpret_borrow<py::object>(value);
+    else if (name == "on_step")
+      on_step = py::reinterpret_borrow<py::object>(value);
+    else
+      throw InvalidArgument(fmt::format("rl: unknown option '{}'", name));
   }
   if (config.train.mode == comm::ReductionMode::native)
     throw InvalidArgument("rl(): mode='native': RL runs in 'exact' (default) or 'ordered' mode");
   if (generator_tp < 1)
-    throw InvalidArgument(fmt::format("rl(): generator_tp must be at least 1, got {}", generator_tp));
-  if (!mesh_names.empty()) config.train.mesh = train::parse_named_mesh(mesh_shape, mesh_names);
+    throw InvalidArgument(
+        fmt::format("rl(): generator_tp must be at least 1, got {}", generator_tp));
+  if (!mesh_names.empty())
+    config.train.mesh = train::parse_named_mesh(mesh_shape, mesh_names);
   else if (!mesh_shape.empty())
-    throw InvalidArgument(fmt::format("rl: mesh={} needs names= (dims dp, fsdp and tp)", mesh_shape));
+    throw InvalidArgument(
+        fmt::format("rl: mesh={} needs names= (dims dp, fsdp and tp)", mesh_shape));
   config.generator = generator_from(generator, generator_tp, world->size());
   if (config.init.empty()) config.model = nn::parse_gpt_config(model);
   rl::RlTask task = rl::builtin_task(task_name, data, dictionary, prompt_bytes);

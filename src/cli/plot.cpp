@@ -1,3 +1,5 @@
+#include "plot.hpp"
+
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -8,8 +10,6 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
-
-#include "plot.hpp"
 
 namespace meshtensor::cli {
 

@@ -96,9 +96,9 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
     start = cross + 1;
   }
   if (sizes.size() != names.size()) {
-    throw ParseError(fmt::format("--generator-mesh {} has {} dim(s) but --generator-names {} names {}",
-                                 options.generator_mesh, sizes.size(), options.generator_names,
-                                 names.size()));
+    throw ParseError(
+        fmt::format("--generator-mesh {} has {} dim(s) but --generator-names {} names {}",
+                    options.generator_mesh, sizes.size(), options.generator_names, names.size()));
   }
   rl::GeneratorLayout layout{1, 1};
   std::string order;
@@ -174,9 +174,9 @@ rl::RlConfig parse_rl_config(const RlOptions& options) {
 rl::RlTask load_rl_task(const RlOptions& options) {
   const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
   if (options.task != "words" && !options.data.empty())
-    throw ParseError(fmt::format("--data is the text of the words task, not of task {}", options.task));
-  return rl::builtin_task(options.task, data,
-                          options.dictionary,
+    throw ParseError(
+        fmt::format("--data is the text of the words task, not of task {}", options.task));
+  return rl::builtin_task(options.task, data, options.dictionary,
                           integer_option("--prompt-bytes", options.prompt_bytes, 1, 1 << 16));
 }
 
@@ -200,23 +200,24 @@ nlohmann::json samples_json(const std::vector<rl::RlSample>& samples) {
 }
 
 nlohmann::json final_json(const rl::RlResult& result, const rl::RlConfig& config) {
-  nlohmann::json out = {{"final", true},
-                        {"weights_digest", digest_hex(result.weights_digest)},
-                        {"steps", result.resumed_step + static_cast<std::int64_t>(result.steps.size())},
-                        {"resumed_step", result.resumed_step},
-                        {"parity",
-                         {{"tokens", result.tokens},
-                          {"identical", result.identical},
-                          {"max_abs_diff", result.max_abs_diff}}},
-                        {"trainer_layout", result.trainer_layout},
-                        {"generator_layout", result.generator_layout},
-                        {"joint_mesh", result.joint_mesh},
-                        {"mode", std::string(comm::reduction_mode_name(config.train.mode))},
-                        {"parameters", result.parameters},
-                        {"samples_before", samples_json(result.before)},
-                        {"samples_after", samples_json(result.after)},
-                        {"checkpoints", result.checkpoints},
-                        {"seconds", result.seconds}};
+  nlohmann::json out = {
+      {"final", true},
+      {"weights_digest", digest_hex(result.weights_digest)},
+      {"steps", result.resumed_step + static_cast<std::int64_t>(result.steps.size())},
+      {"resumed_step", result.resumed_step},
+      {"parity",
+       {{"tokens", result.tokens},
+        {"identical", result.identical},
+        {"max_abs_diff", result.max_abs_diff}}},
+      {"trainer_layout", result.trainer_layout},
+      {"generator_layout", result.generator_layout},
+      {"joint_mesh", result.joint_mesh},
+      {"mode", std::string(comm::reduction_mode_name(config.train.mode))},
+      {"parameters", result.parameters},
+      {"samples_before", samples_json(result.before)},
+      {"samples_after", samples_json(result.after)},
+      {"checkpoints", result.checkpoints},
+      {"seconds", result.seconds}};
   const std::vector<std::pair<const char*, double rl::RlStepReport::*>> series{
       {"reward_mean", &rl::RlStepReport::reward_mean},
       {"kl_mean", &rl::RlStepReport::kl_mean},
@@ -282,10 +283,13 @@ void run_rl_command(const RlOptions& options) {
   rl::validate_rl_config(config, task, ranks);
   const NamedPath outputs[] = {{"--log", options.log}, {"--plot", options.plot}};
   const NamedPath roots[] = {{"--save", options.save}};
-  const NamedPath inputs[] = {{"--data", options.task == "words" ? (options.data.empty() ? std::string(train::kDefaultTextDir) : options.data) : ""},
-                              {"--init", options.init},
-                              {"--resume", options.resume},
-                              {"--dictionary", options.dictionary}};
+  const NamedPath inputs[] = {
+      {"--data", options.task == "words"
+                     ? (options.data.empty() ? std::string(train::kDefaultTextDir) : options.data)
+                     : ""},
+      {"--init", options.init},
+      {"--resume", options.resume},
+      {"--dictionary", options.dictionary}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   if (!config.train.save_dir.empty()) checkpoint::check_save_root(config.train.save_dir);
   std::unique_ptr<OutputFile> log =
@@ -310,8 +314,8 @@ void run_rl_command(const RlOptions& options) {
       options.weight_decay, options.clip_grad_norm, config.train.micro_batches, options.mode,
       config.train.seed, config.trainer_ranks, options.layout.strategy, options.layout.mesh,
       options.layout.names, options.layout.sequence_parallel, config.generator.describe(),
-      config.max_batch, options.save, options.save_every, options.keep_checkpoints,
-      options.resume, options.stop_after, options.compare_naive_sync);
+      config.max_batch, options.save, options.save_every, options.keep_checkpoints, options.resume,
+      options.stop_after, options.compare_naive_sync);
   run_ranks(
       backend, ranks, command,
       [&](comm::Communicator& world) {
@@ -336,9 +340,9 @@ void run_rl_command(const RlOptions& options) {
           if (log) {
             log->stream() << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.step,
                                          r.reward_mean, r.tokens, r.identical, r.max_abs_diff,
-                                         r.kl_mean, r.loss, r.clipped_fraction,
-                                         r.generate_seconds, r.train_seconds, r.sync_seconds,
-                                         r.sync.collectives, r.sync.bytes_per_rank);
+                                         r.kl_mean, r.loss, r.clipped_fraction, r.generate_seconds,
+                                         r.train_seconds, r.sync_seconds, r.sync.collectives,
+                                         r.sync.bytes_per_rank);
             log->stream().flush();
           }
         };
@@ -392,7 +396,8 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--task", options->task,
                       "words (default: English words from openings of held-out fortunes) or "
                       "arithmetic (A+B= with two-digit numbers)");
-  command->add_option("--data", options->data, "text of the words task (default Debian's fortunes)");
+  command->add_option("--data", options->data,
+                      "text of the words task (default Debian's fortunes)");
   command->add_option("--dictionary", options->dictionary,
                       "word list of the words task (default /usr/share/dict/words, wamerican)");
   command->add_option("--prompt-bytes", options->prompt_bytes,
@@ -412,7 +417,8 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--schedule", options->schedule, "constant (default) or cosine");
   command->add_option("--optimizer", options->optimizer, "adamw (default) or sgd");
   command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
-  command->add_option("--clip-grad-norm", options->clip_grad_norm, "gradient norm clip (default 1)");
+  command->add_option("--clip-grad-norm", options->clip_grad_norm,
+                      "gradient norm clip (default 1)");
   command->add_option("--micro-batches", options->micro_batches, "micro-batches per rank");
   command->add_option("--mode", options->mode, "exact (default) or ordered");
   command->add_option("--seed", options->seed, "seed of the prompts' order and the sampling");

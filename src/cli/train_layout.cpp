@@ -1,10 +1,11 @@
+#include "train_layout.hpp"
+
 #include <fmt/format.h>
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 
 #include "options.hpp"
-#include "train_layout.hpp"
 
 namespace meshtensor::cli {
 
@@ -70,8 +71,7 @@ std::int64_t layout_ranks(const std::string& ranks_text, const CLI::Option* rank
                           const std::string& mesh) {
   std::int64_t ranks = integer_option("--ranks", ranks_text, 1, comm::kMaxThreadsRanks);
   const std::int64_t from_mesh = mesh_ranks(mesh);
-  if (from_mesh > 0 && ranks_option != nullptr && ranks_option->count() > 0 &&
-      from_mesh != ranks) {
+  if (from_mesh > 0 && ranks_option != nullptr && ranks_option->count() > 0 && from_mesh != ranks) {
     throw ParseError(
         fmt::format("--mesh {} has {} ranks but --ranks is {}", mesh, from_mesh, ranks));
   }

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <fstream>
 #include <mutex>
 #include <tuple>
 
@@ -186,15 +187,31 @@ TEST(Grpo, ARewardThatFailsStopsTheRunNamingThePromptAndSample) {
     }
   };
   fails_with([](const std::string&, const std::string&) { return std::nan(""); }, "nan");
-  fails_with([](const std::string&, const std::string&) -> double {
-    throw std::runtime_error("scorer offline");
-  }, "scorer offline");
+  fails_with([](const std::string&,
+                const std::string&) -> double { throw std::runtime_error("scorer offline"); },
+             "scorer offline");
   fails_with([](const std::string&, const std::string&) { return INFINITY; }, "inf");
 }
 
 TEST(Rewards, EnglishWordFraction) {
   EXPECT_EQ(split_words("Don't stop--the 2 dogs' bone."),
             (std::vector<std::string_view>{"Don't", "stop", "the", "dogs", "bone"}));
+  const std::string path = ::testing::TempDir() + "/words";
+  {
+    std::ofstream out(path);
+    out << "the\ncat\nsat\ndon't\nA\nb\nEnglish\n";
+  }
+  const auto dictionary = Dictionary::load(path);
+  // Case does not matter; "b" is no word although listed; repeats count once.
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "The cat sat"), 1.0);
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "the cat b zq"), 0.5);
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "cat cat cat cat"), 0.25);
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "Don't, english!"), 2.0 / 3);
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "Don't, English cat"), 1.0);
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "?!?! 42"), 0.0);
+  // At least one word counted per 6 bytes: one English word among blanks scores 1/4.
+  EXPECT_DOUBLE_EQ(english_word_fraction(*dictionary, "       cat          "), 0.25);
+  EXPECT_THROW(Dictionary::load(::testing::TempDir() + "/no-such-list"), DataError);
   const RlTask arithmetic = arithmetic_task();
   EXPECT_EQ(arithmetic.prompts.size(), 1600U);
   EXPECT_EQ(arithmetic.reward("12+30=", "42\nxx"), 1.0);

@@ -71,8 +71,8 @@ std::int64_t expect_sync_is_exact(const Layouts& layouts, bool naive, std::int64
         layouts.generator.mesh(),
         std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
     nn::Gpt generator(small_gpt(heads));
-    tp::TensorParallel tp(generator_groups.group(std::vector<int>{1}),
-                          comm::ReductionMode::exact, false);
+    tp::TensorParallel tp(generator_groups.group(std::vector<int>{1}), comm::ReductionMode::exact,
+                          false);
     if (tp.size() > 1) tp::parallelize_module(generator, tp, tp::gpt_plan(false));
     const SyncStats stats =
         naive ? naive_weight_sync(trainer, layouts.generator.mesh(), generator.parameters())
@@ -112,12 +112,16 @@ TEST(WeightSync, EveryTrainerLayoutToEveryGeneratorLayout) {
   train::TrainConfig ddp4;
   train::TrainConfig hsdp;
   hsdp.strategy = train::Strategy::hsdp;
-  const std::vector<train::TrainConfig> trainers{
-      fsdp4, ddp4, hsdp, trainer_on("2x2", "fsdp,tp", true), trainer_on("4", "tp"),
-      trainer_on("2x2", "tp,dp"), trainer_on("1x4", "dp,fsdp")};
+  const std::vector<train::TrainConfig> trainers{fsdp4,
+                                                 ddp4,
+                                                 hsdp,
+                                                 trainer_on("2x2", "fsdp,tp", true),
+                                                 trainer_on("4", "tp"),
+                                                 trainer_on("2x2", "tp,dp"),
+                                                 trainer_on("1x4", "dp,fsdp")};
   for (const auto& trainer : trainers) {
-    for (const GeneratorLayout generator : {GeneratorLayout{4, 1}, GeneratorLayout{2, 2},
-                                            GeneratorLayout{1, 4}}) {
+    for (const GeneratorLayout generator :
+         {GeneratorLayout{4, 1}, GeneratorLayout{2, 2}, GeneratorLayout{1, 4}}) {
       SCOPED_TRACE(generator.describe());
       expect_sync_is_exact({trainer, generator}, false);
     }
