@@ -498,6 +498,7 @@ void add_bench_command(CLI::App& app) {
   add_tp_bench(*bench);
   add_generate_bench(*bench);
   add_checkpoint_bench(*bench);
+  add_rl_bench(*bench);
 }
 
 }  // namespace meshtensor::cli

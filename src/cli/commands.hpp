@@ -20,6 +20,8 @@ void add_tp_bench(CLI::App& bench);
 void add_checkpoint_command(CLI::App& app);
 /// Registers `meshtensor bench generate`.
 void add_generate_bench(CLI::App& bench);
+/// Registers `meshtensor bench rl`.
+void add_rl_bench(CLI::App& bench);
 /// Registers `meshtensor rl`.
 void add_rl_command(CLI::App& app);
 /// Registers `meshtensor generate`.

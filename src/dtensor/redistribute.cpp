@@ -1,10 +1,13 @@
 #include <iostream>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/comm/chain.hpp>
 #include <meshtensor/core/error.hpp>
@@ -88,6 +91,27 @@ class Executor {
     return std::move(current_);
   }
 
+  // Step by step, for a batch (execute_plans): begin, then run_to_collective and a collective
+  // done by the batch through the pieces below, until run_to_collective returns null; then end.
+
+  /// Starts on `current` at the first step.
+  void begin(Tensor current) {
+    current_ = std::move(current);
+    next_ = 0;
+  }
+  /// Runs the local steps up to the next collective and returns it (advanced past), or null
+  /// when the plan has run to its end.
+  const Step* run_to_collective() {
+    while (next_ < plan_.steps.size()) {
+      const Step& step = plan_.steps[next_++];
+      if (plan::is_collective(step.kind)) return &step;
+      run_step(step);
+    }
+    return nullptr;
+  }
+  /// The tensor the plan left.
+  Tensor end() { return std::move(current_); }
+
  private:
   Layout layout(const PlacementSpec& spec) const {
     return local_layout(plan_.mesh, spec, plan_.shape, groups_.rank());
@@ -129,28 +153,18 @@ class Executor {
         return;
       }
       case StepKind::all_gather: {
-        const std::vector<std::int64_t> counts = widen(member_counts(step.before, step));
-        if (next_kind(step) == StepKind::local_unpack) {
-          received_ = Tensor({total(counts)}, current_.dtype());
-          group(step).all_gather(current_.flatten(), received_, counts, move_options_);
-          received_from_ =
-              plan::member_blocks(plan_.mesh, step.group, step.before, plan_.shape, groups_.rank());
-          return;
-        }
-        Tensor output(with_width(layout(step.after).local_shape, width_), current_.dtype());
-        group(step).all_gather(current_.flatten(), output.flatten(), counts, move_options_);
-        current_ = std::move(output);
+        const std::vector<std::int64_t> counts = gather_counts(step);
+        Tensor output({total(counts)}, current_.dtype());
+        group(step).all_gather(current_.flatten(), output, counts, move_options_);
+        finish_gather(step, std::move(output));
         return;
       }
       case StepKind::all_to_all: {
-        plan::GroupExchange exchange =
-            plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
-        const std::vector<std::int64_t> recv_counts = widen(exchange.recv_counts);
-        received_ = Tensor({total(recv_counts)}, current_.dtype());
-        group(step).all_to_all(packed_, received_, widen(exchange.send_counts), recv_counts,
-                               move_options_);
-        packed_ = Tensor();
-        received_from_ = std::move(exchange.recv);
+        plan::GroupExchange exchange = exchange_of(step);
+        Tensor received({total(widen(exchange.recv_counts))}, current_.dtype());
+        group(step).all_to_all(packed_, received, widen(exchange.send_counts),
+                               widen(exchange.recv_counts), move_options_);
+        finish_exchange(std::move(received), std::move(exchange));
         return;
       }
       case StepKind::local_unpack: {
@@ -178,6 +192,38 @@ class Executor {
         kernels::divide(current_, static_cast<double>(step.divisor));
         return;
     }
+  }
+
+  // The pieces of the collective steps, also used by a batch of executors that moves several
+  // tensors with one collective (execute_plans).
+
+  /// What each member of an all_gather step contributes (in the collective's units).
+  std::vector<std::int64_t> gather_counts(const Step& step) const {
+    return widen(member_counts(step.before, step));
+  }
+  /// This rank's contribution to an all_gather step.
+  Tensor gather_input() const { return current_.flatten(); }
+  /// Takes the all_gather's output (the members' blocks in member order).
+  void finish_gather(const Step& step, Tensor output) {
+    if (next_kind(step) == StepKind::local_unpack) {
+      received_ = std::move(output);
+      received_from_ =
+          plan::member_blocks(plan_.mesh, step.group, step.before, plan_.shape, groups_.rank());
+      return;
+    }
+    current_ = output.reshape(with_width(layout(step.after).local_shape, width_));
+  }
+  /// The exchange of an all_to_all step (element counts).
+  plan::GroupExchange exchange_of(const Step& step) const {
+    return plan::group_exchange(plan_.mesh, step, plan_.shape, groups_.rank());
+  }
+  /// What this rank sends in an all_to_all step (packed by the step before).
+  const Tensor& exchange_input() const { return packed_; }
+  /// Takes what the all_to_all delivered.
+  void finish_exchange(Tensor received, plan::GroupExchange exchange) {
+    packed_ = Tensor();
+    received_ = std::move(received);
+    received_from_ = std::move(exchange.recv);
   }
 
   std::vector<std::int64_t> member_counts(const PlacementSpec& spec, const Step& step) const {
@@ -209,6 +255,127 @@ class Executor {
   Tensor packed_;
   Tensor received_;
   std::vector<Layout> received_from_;
+  std::size_t next_ = 0;
+
+  friend class BatchExecutor;
+};
+
+/// Several executors whose plans have the same collectives (kinds and groups, in order) and
+/// only move data: each collective runs once for all, every member's pieces back to back in
+/// executor order, and is split back into each executor's buffers.
+class BatchExecutor {
+ public:
+  explicit BatchExecutor(std::vector<Executor*> executors) : executors_(std::move(executors)) {}
+
+  void run() {
+    while (true) {
+      std::vector<const Step*> steps;
+      for (Executor* e : executors_)
+        steps.push_back(e->run_to_collective());
+      if (steps.front() == nullptr) return;
+      if (steps.front()->kind == StepKind::all_gather) {
+        all_gather(steps);
+      } else {
+        all_to_all(steps);
+      }
+    }
+  }
+
+ private:
+  /// Each executor's segments (counts[e][m]) back to back per member: the fused buffer's layout.
+  static std::vector<std::int64_t> fused_counts(
+      const std::vector<std::vector<std::int64_t>>& counts) {
+    std::vector<std::int64_t> fused(counts.front().size(), 0);
+    for (const auto& c : counts)
+      for (std::size_t m = 0; m < c.size(); ++m)
+        fused[m] += c[m];
+    return fused;
+  }
+
+  /// Copies executor segments between member-major per-executor buffers and the fused buffer.
+  static void scatter(const Tensor& fused, const std::vector<std::vector<std::int64_t>>& counts,
+                      std::vector<Tensor>& parts) {
+    std::int64_t at = 0;
+    std::vector<std::int64_t> offsets(parts.size(), 0);
+    for (std::size_t m = 0; m < counts.front().size(); ++m) {
+      for (std::size_t e = 0; e < parts.size(); ++e) {
+        const std::int64_t n = counts[e][m];
+        if (n > 0) parts[e].narrow(0, offsets[e], n).copy_from(fused.narrow(0, at, n));
+        offsets[e] += n;
+        at += n;
+      }
+    }
+  }
+  static Tensor gather(const std::vector<Tensor>& parts,
+                       const std::vector<std::vector<std::int64_t>>& counts, DType dtype) {
+    Tensor fused({total(fused_counts(counts))}, dtype);
+    std::int64_t at = 0;
+    std::vector<std::int64_t> offsets(parts.size(), 0);
+    for (std::size_t m = 0; m < counts.front().size(); ++m) {
+      for (std::size_t e = 0; e < parts.size(); ++e) {
+        const std::int64_t n = counts[e][m];
+        if (n > 0) fused.narrow(0, at, n).copy_from(parts[e].narrow(0, offsets[e], n));
+        offsets[e] += n;
+        at += n;
+      }
+    }
+    return fused;
+  }
+
+  void all_gather(const std::vector<const Step*>& steps) {
+    std::vector<std::vector<std::int64_t>> counts;
+    std::vector<Tensor> inputs;
+    std::vector<std::int64_t> mine;
+    const DType dtype = executors_.front()->current_.dtype();
+    for (std::size_t e = 0; e < executors_.size(); ++e) {
+      counts.push_back(executors_[e]->gather_counts(*steps[e]));
+      inputs.push_back(executors_[e]->gather_input());
+      mine.push_back(inputs.back().numel());
+    }
+    Tensor input({total(mine)}, dtype);
+    std::int64_t at = 0;
+    for (const Tensor& part : inputs) {
+      if (part.numel() > 0) input.narrow(0, at, part.numel()).copy_from(part);
+      at += part.numel();
+    }
+    Executor& first = *executors_.front();
+    const std::vector<std::int64_t> fused = fused_counts(counts);
+    Tensor output({total(fused)}, dtype);
+    first.group(*steps.front()).all_gather(input, output, fused, first.move_options_);
+    std::vector<Tensor> parts;
+    for (const auto& c : counts)
+      parts.emplace_back(Shape{total(c)}, dtype);
+    scatter(output, counts, parts);
+    for (std::size_t e = 0; e < executors_.size(); ++e)
+      executors_[e]->finish_gather(*steps[e], std::move(parts[e]));
+  }
+
+  void all_to_all(const std::vector<const Step*>& steps) {
+    std::vector<plan::GroupExchange> exchanges;
+    std::vector<std::vector<std::int64_t>> send;
+    std::vector<std::vector<std::int64_t>> recv;
+    std::vector<Tensor> inputs;
+    const DType dtype = executors_.front()->current_.dtype();
+    for (std::size_t e = 0; e < executors_.size(); ++e) {
+      exchanges.push_back(executors_[e]->exchange_of(*steps[e]));
+      send.push_back(exchanges.back().send_counts);
+      recv.push_back(exchanges.back().recv_counts);
+      inputs.push_back(executors_[e]->exchange_input());
+    }
+    const Tensor input = gather(inputs, send, dtype);
+    Executor& first = *executors_.front();
+    Tensor output({total(fused_counts(recv))}, dtype);
+    first.group(*steps.front())
+        .all_to_all(input, output, fused_counts(send), fused_counts(recv), first.move_options_);
+    std::vector<Tensor> parts;
+    for (const auto& c : recv)
+      parts.emplace_back(Shape{total(c)}, dtype);
+    scatter(output, recv, parts);
+    for (std::size_t e = 0; e < executors_.size(); ++e)
+      executors_[e]->finish_exchange(std::move(parts[e]), std::move(exchanges[e]));
+  }
+
+  std::vector<Executor*> executors_;
 };
 
 bool single_reduction(const plan::Plan& plan) {
@@ -365,8 +532,11 @@ std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const Placeme
   return plan;
 }
 
-Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
-                    const RedistributeOptions& options) {
+namespace {
+
+/// InvalidArgument unless `plan` runs on the mesh of `groups` and `local` is this rank's block
+/// of its source.
+void check_local(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local) {
   if (!(groups.mesh().sizes() == plan.mesh.sizes())) {
     throw InvalidArgument(fmt::format("plan for mesh {} run on mesh {}", plan.mesh.to_string(),
                                       groups.mesh().to_string()));
@@ -381,6 +551,77 @@ Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tens
         plan.from.to_string(), plan.shape.to_string(), dtype_name(plan.dtype),
         from.local_shape.to_string()));
   }
+}
+
+/// The collectives of a plan that only moves data (kinds and groups), or nullopt when it
+/// reduces: what plans must share to run as one batch.
+std::optional<std::string> movement_signature(const plan::Plan& plan) {
+  std::string signature = fmt::format("{}|{}", plan.mesh.to_string(), dtype_name(plan.dtype));
+  for (const Step& step : plan.steps) {
+    if (step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter ||
+        step.kind == StepKind::scale || step.kind == StepKind::local_partial)
+      return std::nullopt;
+    if (plan::is_collective(step.kind))
+      signature +=
+          fmt::format("|{}:{}", plan::step_kind_name(step.kind), fmt::join(step.group, ","));
+  }
+  return signature;
+}
+
+}  // namespace
+
+std::int64_t batch_collectives(std::span<const plan::Plan* const> plans) {
+  std::set<std::string> batches;
+  std::int64_t count = 0;
+  for (const plan::Plan* plan : plans) {
+    const std::optional<std::string> signature = movement_signature(*plan);
+    if (!signature) {
+      count += plan->collectives();
+    } else if (batches.insert(*signature).second) {
+      count += plan->collectives();
+    }
+  }
+  return count;
+}
+
+std::vector<Tensor> execute_plans(std::span<const plan::Plan* const> plans,
+                                  comm::MeshGroups& groups, std::span<const Tensor> locals,
+                                  const RedistributeOptions& options) {
+  if (plans.size() != locals.size()) {
+    throw InvalidArgument(fmt::format("{} plans for {} tensors", plans.size(), locals.size()));
+  }
+  std::vector<Tensor> results(plans.size());
+  std::map<std::string, std::vector<std::size_t>> batches;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    check_local(*plans[i], groups, locals[i]);
+    const std::optional<std::string> signature = movement_signature(*plans[i]);
+    if (signature) {
+      batches[*signature].push_back(i);
+    } else {
+      results[i] = execute_plan(*plans[i], groups, locals[i], options);
+    }
+  }
+  comm::CollectiveOptions unused;
+  unused.mode = options.mode;
+  unused.timeout = options.timeout;
+  for (const auto& [signature, members] : batches) {
+    std::vector<std::unique_ptr<Executor>> executors;
+    std::vector<Executor*> batch;
+    for (const std::size_t i : members) {
+      executors.push_back(std::make_unique<Executor>(*plans[i], groups, options, unused, 1));
+      executors.back()->begin(locals[i].clone());
+      batch.push_back(executors.back().get());
+    }
+    BatchExecutor(batch).run();
+    for (std::size_t k = 0; k < members.size(); ++k)
+      results[members[k]] = executors[k]->end();
+  }
+  return results;
+}
+
+Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
+                    const RedistributeOptions& options) {
+  check_local(plan, groups, local);
   if (reduces_in_fixed_point(plan, options) && !single_reduction(plan)) {
     if (auto chained = all_reduce_chain_first(plan, groups, local, options)) return *chained;
     return execute_in_fixed_point(plan, groups, local, options);

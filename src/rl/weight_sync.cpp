@@ -182,8 +182,8 @@ WeightSync::WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copie
       placements.insert(placements.begin(), Placement::replicate());
       levels.insert(levels.begin(), 0);
       sources[i].spec = PlacementSpec(placements, levels);
-      // The broadcast of each shard from the training ranks to their copies.
-      collectives_ += 1;
+      // The broadcast of the shards from the training ranks to their copies (one for all).
+      if (i == 0) collectives_ += 1;
       for (std::int64_t r = own_mesh.size(); r < train_mesh.size(); ++r)
         received[static_cast<std::size_t>(r)] +=
             local_layout(train_mesh, sources[i].spec, sources[i].global_shape, r).numel() * 4;
@@ -232,9 +232,13 @@ WeightSync::WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copie
     const PlacementSpec cut = replicated_except(want, keep_generator);
     if (!(cut == want))
       move.cut_after = dtensor::plan_for(generator_mesh, cut, want, shape, DType::f32, options);
-    for (const auto* plan : {move.gather_first.get(), move.joint.get(), move.cut_after.get()})
-      if (plan != nullptr) collectives_ += plan->collectives();
     moves_.push_back(std::move(move));
+  }
+  for (const auto stage : {&Move::gather_first, &Move::joint, &Move::cut_after}) {
+    std::vector<const plan::Plan*> plans;
+    for (const Move& move : moves_)
+      if (move.*stage != nullptr) plans.push_back((move.*stage).get());
+    collectives_ += dtensor::batch_collectives(plans);
   }
   bytes_per_rank_ = *std::max_element(received.begin(), received.end());
 }
@@ -249,25 +253,58 @@ SyncStats WeightSync::run() {
   const auto start = Clock::now();
   dtensor::RedistributeOptions options;
   options.mode = mode_;
-  for (Move& move : moves_) {
-    Tensor value = move.source.local;
-    if (copies_) {
-      // The copies' shards (views of their flat buffers) take the training ranks' values.
-      const bool in_place = value.is_contiguous();
-      Tensor shard = in_place ? value : value.contiguous();
-      source_groups_->group(std::vector<int>{0})->broadcast(shard, 0);
-      if (!in_place) value.copy_from(shard);
-    }
-    if (move.gather_first != nullptr)
-      value = dtensor::execute_plan(*move.gather_first, *source_groups_, value, options);
-    if (move.joint != nullptr)
-      value = dtensor::execute_plan(*move.joint, *joint_groups_, value, options);
-    if (move.cut_after != nullptr)
-      value = dtensor::execute_plan(*move.cut_after, generator_groups_, value, options);
-    move.target->value.copy_from(value);
-  }
+  std::vector<Tensor> values;
+  for (const Move& move : moves_)
+    values.push_back(move.source.local);
+  if (copies_) broadcast_to_copies(values);
+  // Each stage runs every parameter's plan of that stage together (one collective per step
+  // shape for all of them).
+  run_stage(&Move::gather_first, *source_groups_, values, options);
+  if (joint_groups_ != nullptr) run_stage(&Move::joint, *joint_groups_, values, options);
+  run_stage(&Move::cut_after, generator_groups_, values, options);
+  for (std::size_t i = 0; i < moves_.size(); ++i)
+    moves_[i].target->value.copy_from(values[i]);
   return {std::chrono::duration<double>(Clock::now() - start).count(), collectives_,
           bytes_per_rank_};
+}
+
+void WeightSync::run_stage(std::shared_ptr<const plan::Plan> Move::*stage, comm::MeshGroups& groups,
+                           std::vector<Tensor>& values,
+                           const dtensor::RedistributeOptions& options) {
+  std::vector<const plan::Plan*> plans;
+  std::vector<Tensor> inputs;
+  std::vector<std::size_t> which;
+  for (std::size_t i = 0; i < moves_.size(); ++i) {
+    if (moves_[i].*stage == nullptr) continue;
+    plans.push_back((moves_[i].*stage).get());
+    inputs.push_back(values[i]);
+    which.push_back(i);
+  }
+  if (plans.empty()) return;
+  std::vector<Tensor> outputs = dtensor::execute_plans(plans, groups, inputs, options);
+  for (std::size_t k = 0; k < which.size(); ++k)
+    values[which[k]] = std::move(outputs[k]);
+}
+
+/// The copies of the trainer's layout take the training ranks' shards: one broadcast of every
+/// shard back to back over the copies' dim.
+void WeightSync::broadcast_to_copies(std::vector<Tensor>& values) {
+  std::int64_t count = 0;
+  for (const Tensor& v : values)
+    count += v.numel();
+  Tensor all({count}, DType::f32);
+  std::int64_t at = 0;
+  for (const Tensor& v : values) {
+    if (v.numel() > 0) all.narrow(0, at, v.numel()).copy_from(v.contiguous().flatten());
+    at += v.numel();
+  }
+  source_groups_->group(std::vector<int>{0})->broadcast(all, 0);
+  at = 0;
+  for (Tensor& v : values) {
+    // The copies' shards are views of their flat buffers: they hold the synced values after.
+    if (v.numel() > 0) v.copy_from(all.narrow(0, at, v.numel()).reshape(v.shape()));
+    at += v.numel();
+  }
 }
 
 SyncStats naive_weight_sync(train::TrainingModel& trainer, const DeviceMesh& generator_mesh,

@@ -7,6 +7,7 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/dtensor/check.hpp>
 #include <meshtensor/dtensor/dtensor.hpp>
+#include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
 #include "support/error_message.hpp"
@@ -186,6 +187,57 @@ TEST(Redistribute, ForbiddenFlattenedGroupsRunPerDimAndWarnOnce) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("flattened group over (dim0,dim2) not created"), std::string::npos)
       << warnings[0];
+}
+
+}  // namespace
+}  // namespace meshtensor::dtensor
+
+namespace meshtensor::dtensor {
+namespace {
+
+// A batch of redistributes: tensors of different shapes whose plans share their collectives
+// run them once for all, and every tensor ends with the bits it has when moved alone; plans
+// that reduce run alone.
+TEST(ExecutePlans, ABatchMovesEveryTensorAsAloneWithTheCollectivesOfOne) {
+  const DeviceMesh mesh = parse_mesh("2x2");
+  struct Case {
+    std::string from;
+    std::string to;
+    Shape shape;
+  };
+  const std::vector<Case> cases{{"S0,S1", "R,R", Shape{7, 5}},   {"S0,S1", "R,R", Shape{3, 9}},
+                                {"S0,S1", "R,R", Shape{1, 1}},   {"S0,R", "S1,S0", Shape{6, 4}},
+                                {"S0,R", "S1,S0", Shape{5, 7}},  {"P,R", "R,R", Shape{4}},
+                                {"R,S0", "S0,R", Shape{9, 2, 3}}};
+  std::vector<std::shared_ptr<const plan::Plan>> plans;
+  for (const Case& c : cases)
+    plans.push_back(plan_for(mesh, parse_spec(c.from), parse_spec(c.to), c.shape, DType::f32));
+  std::vector<const plan::Plan*> raw;
+  std::int64_t one_by_one = 0;
+  for (const auto& p : plans) {
+    raw.push_back(p.get());
+    one_by_one += p->collectives();
+  }
+  EXPECT_LT(batch_collectives(raw), one_by_one);
+  comm::run_threads(4, [&](comm::Communicator& world) {
+    const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
+    comm::MeshGroups groups(mesh, shared);
+    std::vector<Tensor> locals;
+    std::vector<Tensor> alone;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const Tensor global = Tensor::random_normal(cases[i].shape, DType::f32, 40 + i);
+      locals.push_back(
+          local_view(global, local_layout(mesh, plans[i]->from, cases[i].shape, world.rank()))
+              .clone());
+      alone.push_back(execute_plan(*plans[i], groups, locals.back()));
+    }
+    const std::vector<Tensor> batch = execute_plans(raw, groups, locals);
+    for (std::size_t i = 0; i < cases.size(); ++i)
+      EXPECT_TRUE(batch[i].bitwise_equal(alone[i])) << cases[i].from << " -> " << cases[i].to;
+    const std::vector<Tensor> wrong{Tensor::zeros({2}, DType::f32)};
+    const std::vector<const plan::Plan*> first{raw.front()};
+    EXPECT_THROW(execute_plans(first, groups, wrong), InvalidArgument);
+  });
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
@@ -37,6 +39,19 @@ std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const Placeme
 /// same plan. Throws InvalidArgument when `local` has the wrong shape or dtype.
 Tensor execute_plan(const plan::Plan& plan, comm::MeshGroups& groups, const Tensor& local,
                     const RedistributeOptions& options = {});
+
+/// Runs several plans on this rank at once: `locals[i]` is the block plans[i].from gives this
+/// rank; returns each block under its plan's `to`. Plans that only move data (no reducing step)
+/// and share their collectives (kinds and mesh dims, in order) run each collective once for all
+/// of them, every member's pieces back to back: n tensors cost the collectives of one. The
+/// others run one by one. The same bits as execute_plan on each. Collective over the mesh of
+/// `groups`: every rank runs the same plans in the same order. InvalidArgument as execute_plan.
+std::vector<Tensor> execute_plans(std::span<const plan::Plan* const> plans,
+                                  comm::MeshGroups& groups, std::span<const Tensor> locals,
+                                  const RedistributeOptions& options = {});
+
+/// The collectives execute_plans runs for `plans`.
+std::int64_t batch_collectives(std::span<const plan::Plan* const> plans);
 
 /// Where warnings go (default: one line on stderr, "meshtensor: warning: ..."). Thread-safe.
 void set_warning_handler(std::function<void(const std::string&)> handler);

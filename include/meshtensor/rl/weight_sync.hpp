@@ -7,6 +7,7 @@
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/dtensor/redistribute.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/spec.hpp>
 #include <meshtensor/nn/module.hpp>
@@ -88,6 +89,9 @@ class WeightSync {
 
  private:
   struct Move;
+  void run_stage(std::shared_ptr<const plan::Plan> Move::*stage, comm::MeshGroups& groups,
+                 std::vector<Tensor>& values, const dtensor::RedistributeOptions& options);
+  void broadcast_to_copies(std::vector<Tensor>& values);
   train::TrainingModel& trainer_;
   std::unique_ptr<comm::MeshGroups> source_groups_;  // the trainer's mesh (and copies) on the world
   bool copies_ = false;
