@@ -1,3 +1,5 @@
+#include "rl_bench.hpp"
+
 #include <mutex>
 
 #include <meshtensor/comm/threads_backend.hpp>
@@ -7,7 +9,6 @@
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/training_model.hpp>
 
-#include "rl_bench.hpp"
 #include "timing.hpp"
 
 namespace meshtensor::bench {
@@ -88,8 +89,9 @@ SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
   return result;
 }
 
-StepShare step_share(const RlBenchConfig& config, const rl::RlTask& task, const std::string& setting,
-                     const rl::RlConfig& rl_config, int ranks, const std::string& link) {
+StepShare step_share(const RlBenchConfig& config, const rl::RlTask& task,
+                     const std::string& setting, const rl::RlConfig& rl_config, int ranks,
+                     const std::string& link) {
   std::vector<rl::RlStepReport> reports;
   std::mutex mutex;
   comm::run_threads(
@@ -123,7 +125,7 @@ rl::RlConfig default_setting(const RlBenchConfig& config) {
   rl_config.steps = config.steps;
   rl_config.kl = 0.05;
   rl_config.train.mode = comm::ReductionMode::exact;
-  rl_config.train.schedule.base = 1e-4;
+  rl_config.train.schedule.base = 3e-4;
   rl_config.train.clip_grad_norm = 1.0;
   return rl_config;
 }
@@ -170,11 +172,10 @@ RlBenchResult run_rl_bench(const RlBenchConfig& config) {
   rl::RlConfig spread = default_setting(config);
   spread.train.mesh = train::parse_named_mesh(std::to_string(config.ranks), "fsdp");
   spread.generator = {config.ranks / 2, 2};
-  result.steps.push_back(step_share(
-      config, words,
-      "fsdp " + std::to_string(config.ranks) + ", generator " + spread.generator.describe() +
-          ", link " + config.link,
-      spread, config.ranks, config.link));
+  result.steps.push_back(step_share(config, words,
+                                    "fsdp " + std::to_string(config.ranks) + ", generator " +
+                                        spread.generator.describe() + ", link " + config.link,
+                                    spread, config.ranks, config.link));
   // Rollouts: the generation of the 1-rank steps against the generator alone, same batch.
   std::vector<rl::RlStepReport> reports;
   {

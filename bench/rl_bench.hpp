@@ -10,11 +10,11 @@ namespace meshtensor::bench {
 
 /// What `meshtensor bench rl` measures.
 struct RlBenchConfig {
-  int ranks = 4;                  ///< thread ranks of the sync comparison and the spread run
-  std::string link = "20us,10";   ///< the simulated link of those runs
-  nn::GptConfig model;            ///< the policy (fresh weights; the default GPT by default)
-  int repeats = 5;                ///< syncs timed per layout pair (median)
-  int steps = 4;                  ///< RL steps of each step-share run (the first is not counted)
+  int ranks = 4;                 ///< thread ranks of the sync comparison and the spread run
+  std::string link = "20us,10";  ///< the simulated link of those runs
+  nn::GptConfig model;           ///< the policy (fresh weights; the default GPT by default)
+  int repeats = 5;               ///< syncs timed per layout pair (median)
+  int steps = 4;                 ///< RL steps of each step-share run (the first is not counted)
 };
 
 /// One pair of layouts: the planner's sync against gather-on-rank-0-then-broadcast.

@@ -121,8 +121,9 @@ py::dict run_rl(const py::object& init, const py::object& world_object, const py
   std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
   rl::RlConfig config;
   config.train.mode = comm::ReductionMode::exact;
-  config.train.schedule.base = 1e-4;
+  config.train.schedule.base = 3e-4;
   config.train.clip_grad_norm = 1.0;
+  config.kl = 0.05;
   config.init = init.is_none() ? "" : py::str(init).cast<std::string>();
   std::string task_name = "words";
   std::string data = train::kDefaultTextDir;

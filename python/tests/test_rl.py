@@ -41,7 +41,7 @@ def test_a_python_reward_runs_on_any_layout_with_the_same_bits(checkpoint, cli):
                                                   generator_tp=2))[0]
     shown = json.loads(cli("rl", "--init", checkpoint, "--steps", 2, "--prompts", 2, "--samples",
                            3, "--new-tokens", 6, "--prompt-bytes", 8, "--lr", 1e-3, "--seed", 3,
-                           "--kl", 0, "--json"))
+                           "--json"))
     assert shown["weights_digest"] == words["weights_digest"]
     assert shown["reward_mean"] == words["reward_mean"]
 

@@ -54,9 +54,9 @@ nlohmann::json to_json(const bench::RlBenchResult& r) {
 }
 
 void print(const bench::RlBenchResult& r, const bench::RlBenchConfig& config) {
-  std::cout << fmt::format("weight sync, {} thread ranks, simulated link {}, model {} (median of {}):\n",
-                           config.ranks, config.link, nn::gpt_config_text(config.model),
-                           config.repeats);
+  std::cout << fmt::format(
+      "weight sync, {} thread ranks, simulated link {}, model {} (median of {}):\n", config.ranks,
+      config.link, nn::gpt_config_text(config.model), config.repeats);
   for (const bench::SyncComparison& s : r.syncs) {
     std::cout << fmt::format(
         "  {:<28} -> {:<14} planner {:>8.2f} ms ({:>3} collectives, {:>9}/rank)  naive {:>8.2f} "
@@ -101,8 +101,8 @@ void add_rl_bench(CLI::App& bench) {
     bench::RlBenchConfig config;
     config.ranks = static_cast<int>(integer_option("--ranks", options->ranks, 2, 64));
     if (config.ranks % 2 != 0) {
-      throw ParseError(fmt::format("--ranks {}: the layouts compared need an even count",
-                                   config.ranks));
+      throw ParseError(
+          fmt::format("--ranks {}: the layouts compared need an even count", config.ranks));
     }
     config.link = options->link;
     config.model = nn::parse_gpt_config(options->model);

@@ -43,10 +43,10 @@ struct RlOptions {
   std::string temperature = "1";
   std::string top_k = "0";
   std::string clip_ratio = "0.2";
-  std::string kl = "0";
+  std::string kl = "0.05";
   std::string ppo_epochs = "1";
   std::string minibatches = "1";
-  std::string lr = "1e-4";
+  std::string lr = "3e-4";
   std::string warmup = "0";
   std::string schedule = "constant";
   std::string optimizer = "adamw";
@@ -409,10 +409,10 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--temperature", options->temperature, "sampling temperature (default 1)");
   command->add_option("--top-k", options->top_k, "sample among the k largest logits (0: all)");
   command->add_option("--clip-ratio", options->clip_ratio, "PPO clip epsilon (default 0.2)");
-  command->add_option("--kl", options->kl, "k3 KL coefficient to the frozen start (default 0)");
+  command->add_option("--kl", options->kl, "k3 KL coefficient to the frozen start (default 0.05)");
   command->add_option("--ppo-epochs", options->ppo_epochs, "passes over each rollout batch");
   command->add_option("--minibatches", options->minibatches, "optimizer steps per pass");
-  command->add_option("--lr", options->lr, "learning rate (default 1e-4)");
+  command->add_option("--lr", options->lr, "learning rate (default 3e-4)");
   command->add_option("--warmup", options->warmup, "warmup updates (default 0)");
   command->add_option("--schedule", options->schedule, "constant (default) or cosine");
   command->add_option("--optimizer", options->optimizer, "adamw (default) or sgd");
