@@ -131,13 +131,21 @@ RlTask arithmetic_task() {
   }
   train::add_text_records(text, *corpus);
   task.reward = [](const std::string& prompt, const std::string& completion) {
-    if (completion.empty() || !std::isdigit(static_cast<unsigned char>(completion[0]))) return 0.0;
-    const int sum = std::stoi(prompt.substr(0, 2)) + std::stoi(prompt.substr(3, 2));
-    const std::string answer = std::to_string(sum);
-    const bool exact = completion.starts_with(answer) &&
-                       (completion.size() == answer.size() ||
-                        !std::isdigit(static_cast<unsigned char>(completion[answer.size()])));
-    return exact ? 1.0 : 0.25;
+    const auto digit = [&](std::size_t i) {
+      return i < completion.size() && std::isdigit(static_cast<unsigned char>(completion[i])) != 0;
+    };
+    if (!digit(0)) return 0.0;
+    const std::string answer =
+        std::to_string(std::stoi(prompt.substr(0, 2)) + std::stoi(prompt.substr(3, 2)));
+    // A number first, then each leading digit of the sum in place, then the number ending there.
+    double reward = 0.25;
+    std::size_t matched = 0;
+    while (matched < answer.size() && matched < completion.size() &&
+           completion[matched] == answer[matched])
+      ++matched;
+    reward += 0.5 * static_cast<double>(matched) / static_cast<double>(answer.size());
+    if (matched == answer.size() && !digit(matched)) reward += 0.25;
+    return reward;
   };
   task.corpus = std::move(corpus);
   return task;

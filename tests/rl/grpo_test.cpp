@@ -215,7 +215,9 @@ TEST(Rewards, EnglishWordFraction) {
   const RlTask arithmetic = arithmetic_task();
   EXPECT_EQ(arithmetic.prompts.size(), 1600U);
   EXPECT_EQ(arithmetic.reward("12+30=", "42\nxx"), 1.0);
-  EXPECT_EQ(arithmetic.reward("12+30=", "420"), 0.25);
+  EXPECT_EQ(arithmetic.reward("12+30=", "420"), 0.75);
+  EXPECT_EQ(arithmetic.reward("12+30=", "41."), 0.5);
+  EXPECT_EQ(arithmetic.reward("12+30=", "7"), 0.25);
   EXPECT_EQ(arithmetic.reward("12+30=", " 42"), 0.0);
 }
 

@@ -60,10 +60,12 @@ struct RlTask {
 RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,
                   std::shared_ptr<const Dictionary> dictionary, std::int64_t prompt_bytes);
 
-/// "arithmetic": prompts "A+B=" for every A and B from 10 to 49 (6 bytes); the reward is 1 for a
-/// completion that starts with the sum's digits followed by a non-digit (or the end), 0.25 for
-/// one that starts with a digit, 0 otherwise: a byte model of English text starts near zero and
-/// learns it. The corpus holds every "A+B=C" line (for the model's task only).
+/// "arithmetic": prompts "A+B=" for every A and B from 10 to 49 (6 bytes). The reward is 0 for
+/// a completion that does not start with a digit; otherwise 0.25, plus 0.5 times the fraction of
+/// the sum's digits it starts with (in place), plus 0.25 when all of them are followed by a
+/// non-digit or the end: 1 for the exact sum. A byte model of English text starts near zero and
+/// learns the form first, then the digits. The corpus holds every "A+B=C" line (for the
+/// model's task only).
 RlTask arithmetic_task();
 
 /// "words" or "arithmetic" with what they need; InvalidArgument naming any other name.
