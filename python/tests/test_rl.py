@@ -81,3 +81,19 @@ def test_bad_settings_name_the_value(checkpoint):
         mt.run_threads(3, lambda world: mt.rl(checkpoint, **RUN, generator_tp=3))
     with pytest.raises(mt.InvalidArgument, match="unknown option 'epochs'"):
         mt.run_threads(1, lambda world: mt.rl(checkpoint, **RUN, epochs=2))
+
+
+def test_ctrl_c_stops_a_run_at_once(checkpoint):
+    import os
+    import signal
+    import threading
+    import time
+
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        mt.run_threads(2, lambda world: mt.rl(checkpoint, **{**RUN, "steps": 100000},
+                                              generator=(1, 2)))
+    timer.cancel()
+    assert time.monotonic() - start < 30

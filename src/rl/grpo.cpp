@@ -11,6 +11,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/generate/generator.hpp>
@@ -172,8 +173,13 @@ void RlRun::build() {
   std::exception_ptr failure;
   if (world_.rank() == 0) {
     try {
-      train::require_training_memory(
-          trainer, *language_, world_.backend() == "threads" ? world_.size() : 1, world_.size());
+      // The trainer's peak, its reference model, and the generator's copy of the model.
+      const double process_ranks = world_.backend() == "threads" ? world_.size() : 1.0;
+      const double per_rank = train::estimate_rank_bytes(trainer, *language_, trainer_ranks_) +
+                              nn::gpt_model_bytes(config_.model) * (config_.kl > 0 ? 2.0 : 1.0);
+      require_memory(per_rank * process_ranks,
+                     fmt::format("GRPO on model {} with {} rank(s) in this process ({} a rank)",
+                                 language_->architecture(), process_ranks, format_bytes(per_rank)));
     } catch (...) {
       failure = std::current_exception();
     }
