@@ -267,41 +267,37 @@ void draw_reward_plot(OutputFile& png, const std::vector<rl::RlStepReport>& step
   });
 }
 
-void run_rl_command(const RlOptions& options) {
-  rl::RlConfig config = parse_rl_config(options);
-  const Backend backend = parse_backend(options.backend);
-  const comm::LinkDelay link =
-      options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
-  if (!options.link.empty() && backend == Backend::mpi)
-    throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
-  options.timeout.apply();
-  const rl::RlTask task = load_rl_task(options);
-  if (!config.init.empty()) {
-    config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
-  }
-  const std::int64_t ranks = rl::rl_world_ranks(config);
-  rl::validate_rl_config(config, task, ranks);
+/// The files a run writes, created (as temporaries) after every input was checked.
+struct RlOutputs {
+  std::unique_ptr<OutputFile> log;
+  std::unique_ptr<OutputFile> plot;
+};
+
+RlOutputs open_rl_outputs(const RlOptions& options, const rl::RlConfig& config) {
   const NamedPath outputs[] = {{"--log", options.log}, {"--plot", options.plot}};
   const NamedPath roots[] = {{"--save", options.save}};
-  const NamedPath inputs[] = {
-      {"--data", options.task == "words"
-                     ? (options.data.empty() ? std::string(train::kDefaultTextDir) : options.data)
-                     : ""},
-      {"--init", options.init},
-      {"--resume", options.resume},
-      {"--dictionary", options.dictionary}};
+  const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
+  const NamedPath inputs[] = {{"--data", options.task == "words" ? data : ""},
+                              {"--init", options.init},
+                              {"--resume", options.resume},
+                              {"--dictionary", options.dictionary}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   if (!config.train.save_dir.empty()) checkpoint::check_save_root(config.train.save_dir);
-  std::unique_ptr<OutputFile> log =
-      options.log.empty() ? nullptr : std::make_unique<OutputFile>("--log", options.log);
-  std::unique_ptr<OutputFile> plot =
-      options.plot.empty() ? nullptr : std::make_unique<OutputFile>("--plot", options.plot, true);
-  if (log) {
-    log->stream() << "step,reward_mean,tokens,identical,max_abs_diff,kl_mean,loss,"
-                     "clipped_fraction,generate_seconds,train_seconds,sync_seconds,"
-                     "sync_collectives,sync_bytes_per_rank\n";
+  RlOutputs files;
+  if (!options.log.empty()) {
+    files.log = std::make_unique<OutputFile>("--log", options.log);
+    files.log->stream() << "step,reward_mean,tokens,identical,max_abs_diff,kl_mean,loss,"
+                           "clipped_fraction,generate_seconds,train_seconds,sync_seconds,"
+                           "sync_collectives,sync_bytes_per_rank\n";
   }
-  const std::string command = fmt::format(
+  if (!options.plot.empty())
+    files.plot = std::make_unique<OutputFile>("--plot", options.plot, /*binary=*/true);
+  return files;
+}
+
+/// The run's settings as one text: every mpi rank must have been started with the same.
+std::string canonical_command(const RlOptions& options, const rl::RlConfig& config) {
+  return fmt::format(
       "rl init={} model={} task={} data={} dictionary={} prompt_bytes={} steps={} prompts={} "
       "samples={} new={} temperature={} top_k={} clip={} kl={} epochs={} minibatches={} lr={} "
       "warmup={} schedule={} optimizer={} wd={} clip_norm={} micro={} mode={} seed={} ranks={} "
@@ -316,8 +312,52 @@ void run_rl_command(const RlOptions& options) {
       options.layout.names, options.layout.sequence_parallel, config.generator.describe(),
       config.max_batch, options.save, options.save_every, options.keep_checkpoints, options.resume,
       options.stop_after, options.compare_naive_sync);
+}
+
+void log_step(OutputFile& log, const rl::RlStepReport& r) {
+  log.stream() << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.step, r.reward_mean,
+                              r.tokens, r.identical, r.max_abs_diff, r.kl_mean, r.loss,
+                              r.clipped_fraction, r.generate_seconds, r.train_seconds,
+                              r.sync_seconds, r.sync.collectives, r.sync.bytes_per_rank);
+  log.stream().flush();
+}
+
+void print_summary(const rl::RlResult& result) {
+  print_samples("before", result.before);
+  print_samples("after", result.after);
+  std::cout << fmt::format(
+      "parity: {} of {} generated tokens with the trainer's log-probability bits (largest "
+      "difference {:.3g})\n",
+      result.identical, result.tokens, result.max_abs_diff);
+  std::cout << fmt::format(
+      "trainer {}, generator {}: weights synced in memory {}\n", result.trainer_layout,
+      result.generator_layout,
+      result.joint_mesh ? "on their joint mesh" : "through whole tensors (no joint mesh)");
+  if (!result.checkpoints.empty()) {
+    std::cout << fmt::format("saved {} checkpoint(s), the last {}\n", result.checkpoints.size(),
+                             result.checkpoints.back());
+  }
+  std::cout << fmt::format("weights digest {} ({} parameters, {:.1f} s)\n",
+                           digest_hex(result.weights_digest), result.parameters, result.seconds);
+}
+
+void run_rl_command(const RlOptions& options) {
+  rl::RlConfig config = parse_rl_config(options);
+  const Backend backend = parse_backend(options.backend);
+  const comm::LinkDelay link =
+      options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
+  if (!options.link.empty() && backend == Backend::mpi)
+    throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
+  options.timeout.apply();
+  const rl::RlTask task = load_rl_task(options);
+  if (!config.init.empty()) {
+    config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
+  }
+  const std::int64_t ranks = rl::rl_world_ranks(config);
+  rl::validate_rl_config(config, task, ranks);
+  RlOutputs outputs = open_rl_outputs(options, config);
   run_ranks(
-      backend, ranks, command,
+      backend, ranks, canonical_command(options, config),
       [&](comm::Communicator& world) {
         const bool leader = world.rank() == 0;
         if (world.size() != ranks) {
@@ -337,42 +377,19 @@ void run_rl_command(const RlOptions& options) {
         rl::RlCallbacks callbacks;
         callbacks.on_step = [&](const rl::RlStepReport& r) {
           if (!options.json) std::cout << step_line(r) << '\n' << std::flush;
-          if (log) {
-            log->stream() << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.step,
-                                         r.reward_mean, r.tokens, r.identical, r.max_abs_diff,
-                                         r.kl_mean, r.loss, r.clipped_fraction, r.generate_seconds,
-                                         r.train_seconds, r.sync_seconds, r.sync.collectives,
-                                         r.sync.bytes_per_rank);
-            log->stream().flush();
-          }
+          if (outputs.log) log_step(*outputs.log, r);
         };
         const rl::RlResult result = rl::run_rl(world, task, config, callbacks);
         if (!leader) return;
-        if (log) log->commit();
+        if (outputs.log) outputs.log->commit();
         if (options.json) {
           std::cout << final_json(result, config).dump() << '\n';
         } else {
-          print_samples("before", result.before);
-          print_samples("after", result.after);
-          std::cout << fmt::format(
-              "parity: {} of {} generated tokens with the trainer's log-probability bits "
-              "(largest difference {:.3g})\n",
-              result.identical, result.tokens, result.max_abs_diff);
-          std::cout << fmt::format(
-              "trainer {}, generator {}: weights synced in memory {}\n", result.trainer_layout,
-              result.generator_layout,
-              result.joint_mesh ? "on their joint mesh" : "through whole tensors (no joint mesh)");
-          if (!result.checkpoints.empty()) {
-            std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
-                                     result.checkpoints.size(), result.checkpoints.back());
-          }
-          std::cout << fmt::format("weights digest {} ({} parameters, {:.1f} s)\n",
-                                   digest_hex(result.weights_digest), result.parameters,
-                                   result.seconds);
+          print_summary(result);
         }
         std::cout.flush();
-        if (plot) {
-          draw_reward_plot(*plot, result.steps,
+        if (outputs.plot) {
+          draw_reward_plot(*outputs.plot, result.steps,
                            fmt::format("meshtensor rl, task {}, mode {}", task.name, options.mode));
         }
       },

@@ -101,6 +101,9 @@ class RlRun {
   void update(const Rollouts& rollouts, std::int64_t first, std::int64_t count, bool parity,
               bool apply, RlStepReport& report, kernels::BinnedSums& sums);
   void check_parity(const RlStepReport& report, std::int64_t first_mismatch) const;
+  void start_position();
+  void learn(const Rollouts& rollouts, RlStepReport& report);
+  RlStepReport step();
   std::vector<RlSample> show_samples();
 
   comm::Communicator& world_;
@@ -625,11 +628,8 @@ std::vector<RlSample> RlRun::show_samples() {
   return samples;
 }
 
-RlResult RlRun::run() {
-  build();
-  if (trains_ && !config_.init.empty()) load_init();
-  if (trains_ && !config_.train.resume_dir.empty()) resume();
-  // Ranks outside the trainer learn where the run resumed.
+/// Where the run starts (step and seed, from a resume on the training ranks), on every rank.
+void RlRun::start_position() {
   Tensor position = Tensor::zeros(Shape{2}, DType::i64);
   position.values<std::int64_t>()[0] = step_;
   position.values<std::int64_t>()[1] = static_cast<std::int64_t>(config_.train.seed);
@@ -638,63 +638,82 @@ RlResult RlRun::run() {
   config_.train.seed = static_cast<std::uint64_t>(position.values<std::int64_t>()[1]);
   update_ = step_ * config_.ppo_epochs * config_.minibatches;
   result_.resumed_step = step_;
+}
+
+/// The updates of one rollout batch: parity first (with one mini-batch the first update's
+/// forward is that score; with several, a forward-only pass comes first), then the epochs of
+/// mini-batches; the step's loss, KL and clip figures.
+void RlRun::learn(const Rollouts& rollouts, RlStepReport& report) {
+  const std::int64_t sequences = config_.prompts * config_.samples;
+  kernels::BinnedSums sums(kSums);
+  const bool scoring_pass = config_.minibatches > 1;
+  if (scoring_pass) update(rollouts, 0, sequences, true, false, report, sums);
+  for (std::int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
+    for (std::int64_t m = 0; m < config_.minibatches; ++m) {
+      const Chunk part = chunk_extent(sequences, config_.minibatches, m);
+      update(rollouts, part.offset, part.size, epoch == 0 && !scoring_pass, true, report, sums);
+    }
+  }
+  Tensor totals(Shape{kSums}, DType::f64);
+  fsdp::reduce_binned_sums(world_, sums, 1, totals, "rl step sums");
+  const double token_updates =
+      static_cast<double>(sequences * config_.new_tokens * config_.ppo_epochs);
+  report.loss = totals.values<double>()[kLoss] / token_updates;
+  report.kl_mean = totals.values<double>()[kKl] / token_updates;
+  report.clipped_fraction = totals.values<double>()[kClipped] / token_updates;
+}
+
+/// One step: sync, rollouts, rewards, updates.
+RlStepReport RlRun::step() {
+  RlStepReport report;
+  report.step = step_ + 1;
+  report.sync = sync_->run();
+  report.sync_seconds = report.sync.seconds;
+  if (config_.compare_naive_sync && trainer_copies_ == 1 &&
+      config_.generator.ranks() == world_.size()) {
+    report.naive_sync_seconds =
+        naive_weight_sync(*policy_, config_.generator.mesh(),
+                          dynamic_cast<nn::Gpt&>(*generator_model_).parameters())
+            .seconds;
+  }
+  Rollouts rollouts;
+  for (std::int64_t i = 0; i < config_.prompts; ++i) {
+    const auto at = static_cast<std::size_t>((step_ * config_.prompts + i) %
+                                             static_cast<std::int64_t>(prompt_order_.size()));
+    rollouts.prompt_ids.push_back(prompt_order_[at]);
+  }
+  auto phase = Clock::now();
+  generate_all(requests(step_, rollouts.prompt_ids), rollouts);
+  report.generate_seconds = seconds_since(phase);
+  score(rollouts);
+  double reward_sum = 0;
+  for (const double r : rollouts.rewards)
+    reward_sum += r;
+  report.reward_mean = reward_sum / static_cast<double>(rollouts.rewards.size());
+  phase = Clock::now();
+  learn(rollouts, report);
+  report.train_seconds = seconds_since(phase);
+  return report;
+}
+
+RlResult RlRun::run() {
+  build();
+  if (trains_ && !config_.init.empty()) load_init();
+  if (trains_ && !config_.train.resume_dir.empty()) resume();
+  start_position();
   std::int64_t last = config_.steps;
   if (config_.train.stop_after > 0) last = std::min(last, config_.train.stop_after);
   result_.before = show_samples();
-  const std::int64_t sequences = config_.prompts * config_.samples;
   while (step_ < last) {
-    RlStepReport report;
-    report.step = step_ + 1;
-    report.sync = sync_->run();
-    report.sync_seconds = report.sync.seconds;
-    if (config_.compare_naive_sync && trainer_copies_ == 1 &&
-        config_.generator.ranks() == world_.size()) {
-      report.naive_sync_seconds =
-          naive_weight_sync(*policy_, config_.generator.mesh(),
-                            dynamic_cast<nn::Gpt&>(*generator_model_).parameters())
-              .seconds;
-    }
-    Rollouts rollouts;
-    for (std::int64_t i = 0; i < config_.prompts; ++i) {
-      const auto at = static_cast<std::size_t>((step_ * config_.prompts + i) %
-                                               static_cast<std::int64_t>(prompt_order_.size()));
-      rollouts.prompt_ids.push_back(prompt_order_[at]);
-    }
-    auto phase = Clock::now();
-    generate_all(requests(step_, rollouts.prompt_ids), rollouts);
-    report.generate_seconds = seconds_since(phase);
-    score(rollouts);
-    double reward_sum = 0;
-    for (const double r : rollouts.rewards)
-      reward_sum += r;
-    report.reward_mean = reward_sum / static_cast<double>(sequences);
-    phase = Clock::now();
-    kernels::BinnedSums sums(kSums);
-    // Parity: every token scored by the policy the generator used. With one mini-batch the first
-    // update's forward is that score; with several, a forward-only pass comes first.
-    const bool scoring_pass = config_.minibatches > 1;
-    if (scoring_pass) update(rollouts, 0, sequences, true, false, report, sums);
-    for (std::int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch) {
-      for (std::int64_t m = 0; m < config_.minibatches; ++m) {
-        const Chunk part = chunk_extent(sequences, config_.minibatches, m);
-        update(rollouts, part.offset, part.size, epoch == 0 && !scoring_pass, true, report, sums);
-      }
-    }
-    report.train_seconds = seconds_since(phase);
-    Tensor totals(Shape{kSums}, DType::f64);
-    fsdp::reduce_binned_sums(world_, sums, 1, totals, "rl step sums");
-    const double token_updates =
-        static_cast<double>(sequences * config_.new_tokens * config_.ppo_epochs);
-    report.loss = totals.values<double>()[kLoss] / token_updates;
-    report.kl_mean = totals.values<double>()[kKl] / token_updates;
-    report.clipped_fraction = totals.values<double>()[kClipped] / token_updates;
+    const RlStepReport report = step();
     ++step_;
     result_.tokens += report.tokens;
     result_.identical += report.identical;
     result_.max_abs_diff = std::max(result_.max_abs_diff, report.max_abs_diff);
     result_.steps.push_back(report);
+    const std::int64_t every = config_.train.save_every;
     if (trains_ && !config_.train.save_dir.empty() &&
-        ((config_.train.save_every > 0 && step_ % config_.train.save_every == 0) || step_ == last))
+        ((every > 0 && step_ % every == 0) || step_ == last))
       save();
     if (world_.rank() == 0 && callbacks_.on_step) callbacks_.on_step(report);
   }
@@ -732,7 +751,10 @@ std::int64_t rl_world_ranks(const RlConfig& config) {
   return std::max(trainer_rank_count(config, config.generator.ranks()), config.generator.ranks());
 }
 
-void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t world_ranks) {
+namespace {
+
+/// The counts and numbers of `config` alone.
+void validate_settings(const RlConfig& config) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
@@ -749,39 +771,35 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
         "per prompt, got {}",
         config.samples));
   }
-  if (config.minibatches > config.prompts * config.samples) {
+  const std::int64_t sequences = config.prompts * config.samples;
+  if (config.minibatches > sequences) {
     throw InvalidArgument(fmt::format("{} mini-batches is more than the {} completions of a step",
-                                      config.minibatches, config.prompts * config.samples));
+                                      config.minibatches, sequences));
   }
-  if (!(config.kl >= 0 && config.kl <= 1e6))
+  if (config.train.micro_batches > sequences / config.minibatches) {
     throw InvalidArgument(
-        fmt::format("the KL coefficient must be within [0, 1e6], got {}", config.kl));
-  if (!(config.clip_ratio > 0 && config.clip_ratio < 1))
-    throw InvalidArgument(
-        fmt::format("the clip ratio must be within (0, 1), got {}", config.clip_ratio));
+        fmt::format("{} micro-batches is more than the {} completions of a mini-batch",
+                    config.train.micro_batches, sequences / config.minibatches));
+  }
+  const auto within = [](double value, bool ok, const char* what, const char* range) {
+    if (!ok) throw InvalidArgument(fmt::format("{} must be within {}, got {}", what, range, value));
+  };
+  within(config.kl, config.kl >= 0 && config.kl <= 1e6, "the KL coefficient", "[0, 1e6]");
+  within(config.clip_ratio, config.clip_ratio > 0 && config.clip_ratio < 1, "the clip ratio",
+         "(0, 1)");
   if (!(config.temperature > 0 && config.temperature <= 1e3)) {
     throw InvalidArgument(fmt::format(
         "the sampling temperature must be within (0, 1000], got {} (GRPO needs different "
         "completions of a prompt)",
         config.temperature));
   }
+  within(config.advantage_eps, config.advantage_eps > 0 && config.advantage_eps <= 1,
+         "the advantage epsilon", "(0, 1]");
   if (config.top_k < 0) throw InvalidArgument(fmt::format("top_k {} is negative", config.top_k));
-  if (!(config.advantage_eps > 0 && config.advantage_eps <= 1))
-    throw InvalidArgument(
-        fmt::format("the advantage epsilon must be within (0, 1], got {}", config.advantage_eps));
-  if (task.prompts.empty()) throw InvalidArgument(fmt::format("task {} has no prompt", task.name));
-  const std::int64_t prompt = static_cast<std::int64_t>(task.prompts.front().size());
-  for (std::size_t i = 0; i < task.prompts.size(); ++i) {
-    if (static_cast<std::int64_t>(task.prompts[i].size()) != prompt || prompt == 0) {
-      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name,
-                                        i, task.prompts[i].size(), prompt));
-    }
-  }
-  if (prompt + config.new_tokens > config.model.context) {
-    throw InvalidArgument(
-        fmt::format("a prompt of {} tokens and {} new tokens do not fit the model's context of {}",
-                    prompt, config.new_tokens, config.model.context));
-  }
+}
+
+/// The trainer's and the generator's rank counts against the world's.
+void validate_layouts(const RlConfig& config, std::int64_t world_ranks) {
   const GeneratorLayout& g = config.generator;
   if (g.replicas < 1 || g.tp < 1)
     throw InvalidArgument(fmt::format("the generator layout {} has no rank", g.describe()));
@@ -801,15 +819,26 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
         t, g.describe(), g.ranks(), world_ranks));
   }
   tp::check_gpt_degree(config.model, g.tp);
-  train::TrainConfig trainer = config.train;
-  trainer.batch = config.prompts * config.samples / config.minibatches;
-  trainer.steps = config.steps;
-  trainer.sample = false;
-  if (trainer.micro_batches > trainer.batch) {
-    throw InvalidArgument(
-        fmt::format("{} micro-batches is more than the {} completions of a mini-batch",
-                    trainer.micro_batches, trainer.batch));
+}
+
+}  // namespace
+
+void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t world_ranks) {
+  validate_settings(config);
+  if (task.prompts.empty()) throw InvalidArgument(fmt::format("task {} has no prompt", task.name));
+  const auto prompt = static_cast<std::int64_t>(task.prompts.front().size());
+  for (std::size_t i = 0; i < task.prompts.size(); ++i) {
+    if (static_cast<std::int64_t>(task.prompts[i].size()) != prompt || prompt == 0) {
+      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name,
+                                        i, task.prompts[i].size(), prompt));
+    }
   }
+  if (prompt + config.new_tokens > config.model.context) {
+    throw InvalidArgument(
+        fmt::format("a prompt of {} tokens and {} new tokens do not fit the model's context of {}",
+                    prompt, config.new_tokens, config.model.context));
+  }
+  validate_layouts(config, world_ranks);
 }
 
 RlResult run_rl(comm::Communicator& world, const RlTask& task, RlConfig config,

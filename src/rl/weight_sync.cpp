@@ -145,95 +145,75 @@ struct WeightSync::Move {
   std::shared_ptr<const plan::Plan> cut_after;
 };
 
+namespace {
+
+/// One side of a move seen on the joint mesh: its spec there (null without a joint mesh), and
+/// which dims of its own mesh keep their placement (the others are gathered on the trainer's
+/// side, cut locally on the generator's).
+struct JointSide {
+  std::unique_ptr<PlacementSpec> spec;
+  std::vector<bool> keep;
+};
+
+JointSide side_on_joint(const DeviceMesh& mesh, const PlacementSpec& spec, const JointMesh* joint,
+                        bool first, const Shape& shape) {
+  JointSide side{nullptr,
+                 std::vector<bool>(static_cast<std::size_t>(mesh.ndim()), joint != nullptr)};
+  if (joint == nullptr) return side;
+  const auto& runs = first ? joint->first_runs : joint->second_runs;
+  side.spec = spec_on_joint(mesh, spec, *joint, runs, shape);
+  if (side.spec != nullptr) return side;
+  for (std::size_t d = 0; d < side.keep.size(); ++d)
+    side.keep[d] = runs[d].size() <= 1;
+  side.spec = spec_on_joint(mesh, replicated_except(spec, side.keep), *joint, runs, shape);
+  return side;
+}
+
+/// `spec` with a leading Replicate dim (the copies of the trainer's layout).
+PlacementSpec with_copies_dim(const PlacementSpec& spec) {
+  std::vector<Placement> placements = spec.placements();
+  std::vector<int> levels = spec.shard_levels();
+  placements.insert(placements.begin(), Placement::replicate());
+  levels.insert(levels.begin(), 0);
+  return PlacementSpec(placements, levels);
+}
+
+std::unique_ptr<comm::MeshGroups> groups_on(const DeviceMesh& mesh, comm::Communicator& world) {
+  return std::make_unique<comm::MeshGroups>(
+      mesh, std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
+}
+
+}  // namespace
+
 WeightSync::WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copies,
                        comm::MeshGroups& generator_groups,
                        std::vector<nn::Parameter*> generator_parameters, comm::ReductionMode mode)
-    : trainer_(trainer),
-      copies_(trainer_copies > 1),
-      generator_groups_(generator_groups),
-      mode_(mode) {
+    : copies_(trainer_copies > 1), generator_groups_(generator_groups), mode_(mode) {
   // The trainer's mesh on the world: with copies, a leading dim over them (replicated).
   const DeviceMesh& own_mesh = trainer.layout().mesh;
   std::vector<std::int64_t> sizes = own_mesh.sizes();
   if (copies_) sizes.insert(sizes.begin(), trainer_copies);
   const DeviceMesh train_mesh(sizes);
-  source_groups_ = std::make_unique<comm::MeshGroups>(
-      train_mesh,
-      std::shared_ptr<comm::Communicator>(&generator_groups.world(), [](comm::Communicator*) {}));
-  const DeviceMesh& generator_mesh = generator_groups.mesh();
-  const std::unique_ptr<JointMesh> joint = joint_mesh(train_mesh, generator_mesh);
-  if (joint != nullptr) {
-    joint_groups_ = std::make_unique<comm::MeshGroups>(
-        joint->mesh,
-        std::shared_ptr<comm::Communicator>(&generator_groups.world(), [](comm::Communicator*) {}));
-  }
+  source_groups_ = groups_on(train_mesh, generator_groups.world());
+  const std::unique_ptr<JointMesh> joint = joint_mesh(train_mesh, generator_groups.mesh());
+  if (joint != nullptr) joint_groups_ = groups_on(joint->mesh, generator_groups.world());
   std::vector<train::TrainingModel::PlacedParameter> sources = trainer.placed_parameters();
   if (sources.size() != generator_parameters.size()) {
     throw InvalidArgument(fmt::format("the trainer has {} parameters, the generator {}",
                                       sources.size(), generator_parameters.size()));
   }
-  dtensor::RedistributeOptions options;
-  options.mode = mode;
   std::vector<std::int64_t> received(static_cast<std::size_t>(train_mesh.size()), 0);
   for (std::size_t i = 0; i < sources.size(); ++i) {
     if (copies_) {
-      std::vector<Placement> placements = sources[i].spec.placements();
-      std::vector<int> levels = sources[i].spec.shard_levels();
-      placements.insert(placements.begin(), Placement::replicate());
-      levels.insert(levels.begin(), 0);
-      sources[i].spec = PlacementSpec(placements, levels);
-      // The broadcast of the shards from the training ranks to their copies (one for all).
-      if (i == 0) collectives_ += 1;
+      sources[i].spec = with_copies_dim(sources[i].spec);
       for (std::int64_t r = own_mesh.size(); r < train_mesh.size(); ++r)
         received[static_cast<std::size_t>(r)] +=
             local_layout(train_mesh, sources[i].spec, sources[i].global_shape, r).numel() * 4;
     }
-    Move move{std::move(sources[i]), generator_parameters[i], nullptr, nullptr, nullptr};
-    const Shape& shape = move.source.global_shape;
-    if (move.source.parameter->name != move.target->name || move.target->global_shape() != shape) {
-      throw InvalidArgument(
-          fmt::format("trainer parameter {} {} has no generator twin (found {} {})",
-                      move.source.parameter->name, shape.to_string(), move.target->name,
-                      move.target->global_shape().to_string()));
-    }
-    const PlacementSpec want = generator_spec(*move.target);
-    // Each side keeps its placements on the dims the joint mesh can express, gathers the rest.
-    std::vector<bool> keep_train(static_cast<std::size_t>(train_mesh.ndim()), joint != nullptr);
-    std::vector<bool> keep_generator(static_cast<std::size_t>(generator_mesh.ndim()),
-                                     joint != nullptr);
-    std::unique_ptr<PlacementSpec> from;
-    std::unique_ptr<PlacementSpec> to;
-    if (joint != nullptr) {
-      from = spec_on_joint(train_mesh, move.source.spec, *joint, joint->first_runs, shape);
-      if (from == nullptr) {
-        for (std::size_t d = 0; d < keep_train.size(); ++d)
-          keep_train[d] = joint->first_runs[d].size() <= 1;
-        from = spec_on_joint(train_mesh, replicated_except(move.source.spec, keep_train), *joint,
-                             joint->first_runs, shape);
-      }
-      to = spec_on_joint(generator_mesh, want, *joint, joint->second_runs, shape);
-      if (to == nullptr) {
-        for (std::size_t d = 0; d < keep_generator.size(); ++d)
-          keep_generator[d] = joint->second_runs[d].size() <= 1;
-        to = spec_on_joint(generator_mesh, replicated_except(want, keep_generator), *joint,
-                           joint->second_runs, shape);
-      }
-    }
-    const PlacementSpec gathered = replicated_except(move.source.spec, keep_train);
-    if (!(gathered == move.source.spec)) {
-      move.gather_first =
-          dtensor::plan_for(train_mesh, move.source.spec, gathered, shape, DType::f32, options);
-      add_received(*move.gather_first, received);
-    }
-    if (from != nullptr && to != nullptr) {
-      move.joint = dtensor::plan_for(joint->mesh, *from, *to, shape, DType::f32, options);
-      add_received(*move.joint, received);
-    }
-    const PlacementSpec cut = replicated_except(want, keep_generator);
-    if (!(cut == want))
-      move.cut_after = dtensor::plan_for(generator_mesh, cut, want, shape, DType::f32, options);
-    moves_.push_back(std::move(move));
+    moves_.push_back(plan_move(std::move(sources[i]), generator_parameters[i], train_mesh,
+                               joint.get(), received));
   }
+  collectives_ = copies_ ? 1 : 0;  // the broadcast to the copies, one for all shards
   for (const auto stage : {&Move::gather_first, &Move::joint, &Move::cut_after}) {
     std::vector<const plan::Plan*> plans;
     for (const Move& move : moves_)
@@ -241,6 +221,39 @@ WeightSync::WeightSync(train::TrainingModel& trainer, std::int64_t trainer_copie
     collectives_ += dtensor::batch_collectives(plans);
   }
   bytes_per_rank_ = *std::max_element(received.begin(), received.end());
+}
+
+WeightSync::Move WeightSync::plan_move(train::TrainingModel::PlacedParameter source,
+                                       nn::Parameter* target, const DeviceMesh& train_mesh,
+                                       const JointMesh* joint,
+                                       std::vector<std::int64_t>& received) const {
+  const Shape shape = source.global_shape;
+  if (source.parameter->name != target->name || target->global_shape() != shape) {
+    throw InvalidArgument(fmt::format("trainer parameter {} {} has no generator twin (found {} {})",
+                                      source.parameter->name, shape.to_string(), target->name,
+                                      target->global_shape().to_string()));
+  }
+  const DeviceMesh& generator_mesh = generator_groups_.mesh();
+  const PlacementSpec want = generator_spec(*target);
+  const JointSide from = side_on_joint(train_mesh, source.spec, joint, true, shape);
+  const JointSide to = side_on_joint(generator_mesh, want, joint, false, shape);
+  dtensor::RedistributeOptions options;
+  options.mode = mode_;
+  Move move{std::move(source), target, nullptr, nullptr, nullptr};
+  const PlacementSpec gathered = replicated_except(move.source.spec, from.keep);
+  if (!(gathered == move.source.spec)) {
+    move.gather_first =
+        dtensor::plan_for(train_mesh, move.source.spec, gathered, shape, DType::f32, options);
+    add_received(*move.gather_first, received);
+  }
+  if (from.spec != nullptr && to.spec != nullptr) {
+    move.joint = dtensor::plan_for(joint->mesh, *from.spec, *to.spec, shape, DType::f32, options);
+    add_received(*move.joint, received);
+  }
+  const PlacementSpec cut = replicated_except(want, to.keep);
+  if (!(cut == want))
+    move.cut_after = dtensor::plan_for(generator_mesh, cut, want, shape, DType::f32, options);
+  return move;
 }
 
 WeightSync::~WeightSync() = default;

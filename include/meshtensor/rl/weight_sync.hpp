@@ -89,10 +89,12 @@ class WeightSync {
 
  private:
   struct Move;
+  Move plan_move(train::TrainingModel::PlacedParameter source, nn::Parameter* target,
+                 const DeviceMesh& train_mesh, const JointMesh* joint,
+                 std::vector<std::int64_t>& received) const;
   void run_stage(std::shared_ptr<const plan::Plan> Move::*stage, comm::MeshGroups& groups,
                  std::vector<Tensor>& values, const dtensor::RedistributeOptions& options);
   void broadcast_to_copies(std::vector<Tensor>& values);
-  train::TrainingModel& trainer_;
   std::unique_ptr<comm::MeshGroups> source_groups_;  // the trainer's mesh (and copies) on the world
   bool copies_ = false;
   comm::MeshGroups& generator_groups_;
