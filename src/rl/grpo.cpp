@@ -209,14 +209,16 @@ void RlRun::build() {
       held.mesh(), std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
   generator_model_ = language_->make_model(config_.train.seed);
   auto& gpt = dynamic_cast<nn::Gpt&>(*generator_model_);
-  gpt.set_exact_sums(exact_);
+  const bool exact_generator =
+      config_.generator_mode.value_or(config_.train.mode) == comm::ReductionMode::exact;
+  gpt.set_exact_sums(exact_generator);
   generator_tp_ = std::make_unique<tp::TensorParallel>(
       generator_groups_->group(std::vector<int>{1}), config_.train.mode, false);
   if (generator_tp_->size() > 1) tp::parallelize_module(gpt, *generator_tp_, tp::gpt_plan(false));
   generate::GeneratorOptions options;
   options.max_batch = config_.max_batch;
   options.prefill_chunk = config_.prefill_chunk;
-  options.exact_logprobs = exact_;
+  options.exact_logprobs = exact_generator;
   generator_ = std::make_unique<generate::Generator>(gpt, options, generator_tp_.get());
   generator_->check_between_steps([this] { world_.throw_if_aborted(); });
   sync_ = std::make_unique<WeightSync>(*policy_, trainer_copies_, *generator_groups_,
@@ -730,14 +732,15 @@ std::string rl_description(const RlConfig& c, const RlTask& task) {
   return fmt::format(
       "task {} ({} prompts) init '{}' model {} steps {} P {} G {} new {} temp {} top_k {} clip {} "
       "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} lr {} mode {} "
-      "seed {} mesh {} strategy {} sp {} micro {} save '{}' resume '{}' stop {}",
+      "seed {} mesh {} strategy {} sp {} micro {} save '{}' resume '{}' stop {} generator mode {}",
       task.name, task.prompts.size(), c.init, nn::gpt_config_text(c.model), c.steps, c.prompts,
       c.samples, c.new_tokens, c.temperature, c.top_k, c.clip_ratio, c.kl, c.ppo_epochs,
       c.minibatches, c.advantage_eps, c.max_batch, c.prefill_chunk, c.generator.describe(),
       c.compare_naive_sync, c.train.schedule.base, comm::reduction_mode_name(c.train.mode),
       c.train.seed, c.train.mesh.describe(), static_cast<int>(c.train.strategy),
       c.train.sequence_parallel, c.train.micro_batches, c.train.save_dir, c.train.resume_dir,
-      c.train.stop_after);
+      c.train.stop_after,
+      c.generator_mode ? comm::reduction_mode_name(*c.generator_mode) : "as the trainer");
 }
 
 }  // namespace

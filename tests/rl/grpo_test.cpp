@@ -140,6 +140,27 @@ TEST(Grpo, TheUpdateChangesTheWeightsAndRewardsArePerSequence) {
   EXPECT_EQ(after_two.steps.front().reward_mean, after_one.steps.front().reward_mean);
 }
 
+TEST(Grpo, InExactModeATokenOffTheTrainersBitsStopsTheRunNamingIt) {
+  const RlTask task = arithmetic_task();
+  RlConfig config = tiny_run({}, {1, 1});
+  config.generator_mode = comm::ReductionMode::ordered;
+  try {
+    rl_on_threads(task, config);
+    ADD_FAILURE() << "an ordered generator passed the exact parity check";
+  } catch (const DataError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("exact mode: at step 1, prompt 0 sample 0 position 0"), std::string::npos)
+        << what;
+  }
+  // In ordered mode the same difference is reported, and the run goes on.
+  config.train.mode = comm::ReductionMode::ordered;
+  config.generator_mode = comm::ReductionMode::exact;
+  const RlResult reported = rl_on_threads(task, config);
+  EXPECT_EQ(reported.tokens, 2 * 3 * 3 * 5);
+  EXPECT_LT(reported.identical, reported.tokens);
+  EXPECT_GT(reported.max_abs_diff, 0.0);
+}
+
 TEST(Grpo, BadConfigurationsNameTheValue) {
   const RlTask task = arithmetic_task();
   const auto refused = [&](const RlConfig& config, const std::string& words) {

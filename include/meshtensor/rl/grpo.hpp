@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,11 @@ struct RlConfig {
   double advantage_eps = 1e-4;   ///< (r - mean) / (std + eps)
   std::int64_t max_batch = 32;   ///< generator slots (requests decoded together)
   std::int64_t prefill_chunk = 64;
+  /// The generator's sums (default: the trainer's mode). An ordered generator beside an exact
+  /// trainer computes its log-probabilities with other roundings, so its tokens' bits differ
+  /// from the trainer's, which exact mode refuses at the first such token: a way to see the
+  /// check at work.
+  std::optional<comm::ReductionMode> generator_mode;
   /// Also measure the naive sync (gather on rank 0, broadcast) once per step, for the report.
   bool compare_naive_sync = false;
 };
