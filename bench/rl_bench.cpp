@@ -34,18 +34,14 @@ std::vector<LayoutPair> layout_pairs(int ranks) {
   return pairs;
 }
 
-/// Seconds of `fn` on world rank 0 between two barriers, median over `repeats`.
+/// Seconds of `fn` on this rank between two barriers.
 template <class Fn>
-double timed(comm::Communicator& world, int repeats, Fn&& fn) {
-  std::vector<double> seconds;
-  for (int r = 0; r < repeats; ++r) {
+double timed(comm::Communicator& world, Fn&& fn) {
+  world.barrier();
+  return time_once([&] {
+    fn();
     world.barrier();
-    seconds.push_back(time_once([&] {
-      fn();
-      world.barrier();
-    }));
-  }
-  return median(seconds);
+  });
 }
 
 SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
@@ -70,10 +66,17 @@ SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
                             comm::ReductionMode::ordered);
         rl::SyncStats planner;
         rl::SyncStats naive;
-        const double planner_s = timed(world, config.repeats, [&] { planner = sync.run(); });
-        const double naive_s = timed(world, config.repeats, [&] {
-          naive = rl::naive_weight_sync(trainer, pair.generator.mesh(), generator.parameters());
-        });
+        // Alternated, so that a change in the host's load lands on both.
+        std::vector<double> planner_times;
+        std::vector<double> naive_times;
+        for (int r = 0; r < config.repeats; ++r) {
+          planner_times.push_back(timed(world, [&] { planner = sync.run(); }));
+          naive_times.push_back(timed(world, [&] {
+            naive = rl::naive_weight_sync(trainer, pair.generator.mesh(), generator.parameters());
+          }));
+        }
+        const double planner_s = median(planner_times);
+        const double naive_s = median(naive_times);
         if (world.rank() != 0) return;
         const std::lock_guard lock(mutex);
         result = {trainer.layout().description,
