@@ -301,6 +301,18 @@ std::vector<checkpoint::SaveItem> TrainingRun::training_state() {
 }
 
 void TrainingRun::resume() {
+  // Only world rank 0 reads the index's metadata.
+  const checkpoint::Index index =
+      leader_ ? checkpoint::read_index(config_.resume_dir) : checkpoint::Index{};
+  const auto kind = index.metadata.find("kind");
+  const std::string saved_by =
+      comm::broadcast_text(world_, kind == index.metadata.end() ? "train" : kind->second, 0);
+  if (saved_by != "train") {
+    throw InvalidArgument(fmt::format(
+        "checkpoint {} was saved by meshtensor {}, not by train: it holds no training position "
+        "(start rl from it with --init, or generate from it)",
+        config_.resume_dir, saved_by));
+  }
   std::vector<checkpoint::SaveItem> state = training_state();
   const std::vector<Tensor> loaded =
       checkpoint::load(world_, config_.resume_dir, load_requests(state));
@@ -322,9 +334,7 @@ void TrainingRun::resume() {
                                       config_.resume_dir, loaded_scalar("train.step"),
                                       total_steps_));
   }
-  // Only world rank 0 reads the index's metadata; every rank checks the architecture.
-  const checkpoint::Index index =
-      leader_ ? checkpoint::read_index(config_.resume_dir) : checkpoint::Index{};
+  // Every rank checks the architecture.
   const auto saved_architecture = index.metadata.find("architecture");
   const std::string architecture = comm::broadcast_text(
       world_, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);

@@ -121,6 +121,11 @@ errors)
   # An RL resume of a train checkpoint is refused by name; the checkpoint is untouched.
   before=$(find "$dir/ckpt" -type f -exec sha256sum {} + | sort)
   expect_error "was not saved by an RL run" "${base[@]}" --resume "$dir/ckpt"
+  # train does not resume an RL checkpoint (it has no training position); generate reads it.
+  "$bin" "${base[@]}" --save "$dir/rlsave" >/dev/null
+  expect_error "was saved by meshtensor rl, not by train" train --model gpt:layers=2,heads=4,dim=32,context=32 \
+    --steps 5 --resume "$dir/rlsave"
+  "$bin" generate --checkpoint "$dir/rlsave" --prompt "The " --max-new-tokens 4 >/dev/null
   # --save into a directory that is not a checkpoint root loses nothing.
   mkdir -p "$dir/mine"
   echo "notes" >"$dir/mine/LATEST"
