@@ -83,8 +83,11 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
       throw ParseError("--generator-names names the dims of --generator-mesh; give it too");
     return {trainer_ranks, 1};
   }
-  const std::vector<std::string> names = list_option(
-      "--generator-names", options.generator_names.empty() ? "dp,tp" : options.generator_names);
+  // Without names, one dim is the tp degree (as `generate --ranks`), two are dp x tp.
+  const bool one_dim = options.generator_mesh.find('x') == std::string::npos;
+  const std::vector<std::string> names =
+      list_option("--generator-names", options.generator_names.empty() ? (one_dim ? "tp" : "dp,tp")
+                                                                       : options.generator_names);
   std::vector<std::int64_t> sizes;
   std::size_t start = 0;
   while (true) {
@@ -341,6 +344,24 @@ void print_summary(const rl::RlResult& result) {
                            digest_hex(result.weights_digest), result.parameters, result.seconds);
 }
 
+/// On mpi (one rank per process): without --ranks or --mesh the trainer takes every rank of the
+/// job, and without --generator-mesh the generator has one replica per trainer rank; then the
+/// layouts must fit the job (InvalidArgument naming both counts).
+void fit_to_mpi_job(const RlOptions& options, std::int64_t job_ranks, const rl::RlTask& task,
+                    rl::RlConfig& config) {
+  if (options.ranks_option->count() == 0 && options.layout.mesh.empty()) {
+    config.trainer_ranks = job_ranks;
+    if (options.generator_mesh.empty()) config.generator = {job_ranks, 1};
+  }
+  if (rl::rl_world_ranks(config) != job_ranks) {
+    throw InvalidArgument(fmt::format(
+        "the trainer ({} rank(s)) and the generator ({}) need {} ranks; the mpi job has {}",
+        rl::trainer_rank_count(config, job_ranks), config.generator.describe(),
+        rl::rl_world_ranks(config), job_ranks));
+  }
+  rl::validate_rl_config(config, task, job_ranks);
+}
+
 void run_rl_command(const RlOptions& options) {
   rl::RlConfig config = parse_rl_config(options);
   const Backend backend = parse_backend(options.backend);
@@ -360,11 +381,7 @@ void run_rl_command(const RlOptions& options) {
       backend, ranks, canonical_command(options, config),
       [&](comm::Communicator& world) {
         const bool leader = world.rank() == 0;
-        if (world.size() != ranks) {
-          throw InvalidArgument(fmt::format(
-              "the trainer ({} rank(s)) and the generator ({}) need {} ranks; the mpi job has {}",
-              config.trainer_ranks, config.generator.describe(), ranks, world.size()));
-        }
+        if (backend == Backend::mpi) fit_to_mpi_job(options, world.size(), task, config);
         if (leader && !options.json) {
           std::cout << fmt::format(
               "GRPO on task {} ({} prompts): {} prompts x {} samples x {} tokens a step, {} "
@@ -439,8 +456,8 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--micro-batches", options->micro_batches, "micro-batches per rank");
   command->add_option("--mode", options->mode, "exact (default) or ordered");
   command->add_option("--seed", options->seed, "seed of the prompts' order and the sampling");
-  options->ranks_option =
-      command->add_option("--ranks", options->ranks, "trainer ranks (default 1)");
+  options->ranks_option = command->add_option(
+      "--ranks", options->ranks, "trainer ranks (default 1; on mpi: every rank of the job)");
   command->add_option("--strategy", options->layout.strategy, "trainer: ddp, fsdp or hsdp");
   command->add_option("--mesh", options->layout.mesh, "trainer mesh, e.g. 2x2 (with --names)");
   command->add_option("--names", options->layout.names, "trainer mesh dims: dp, fsdp, tp");
@@ -449,7 +466,8 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--generator-mesh", options->generator_mesh,
                       "generator mesh, e.g. 2x2 (default: one replica per trainer rank)");
   command->add_option("--generator-names", options->generator_names,
-                      "generator mesh dims: dp (replicas) then tp (default dp,tp)");
+                      "generator mesh dims: dp (replicas) then tp (default: tp for one dim, "
+                      "dp,tp for two)");
   command->add_option("--max-batch", options->max_batch, "generator slots (default 32)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
   command->add_option("--link", options->link, "simulated network for threads, e.g. 20us,10");
