@@ -80,6 +80,7 @@ class RlRun {
 
  private:
   void build();
+  void build_generator();
   void load_init();
   void resume();
   void save();
@@ -202,18 +203,22 @@ void RlRun::build() {
   result_.parameters = nn::parameter_count(policy_->module().parameters());
   result_.trainer_layout = policy_->layout().description;
   result_.generator_layout = config_.generator.describe();
-  // The generator: its own copy of the model, split over its tp dim.
+  build_generator();
+}
+
+/// The generator: its own copy of the model, split over its tp dim, and the sync that fills it.
+void RlRun::build_generator() {
   // Ranks past the generator's hold replicas of its layout too (filled, never generating).
   const GeneratorLayout held{world_.size() / config_.generator.tp, config_.generator.tp};
   generator_groups_ = std::make_shared<comm::MeshGroups>(
       held.mesh(), std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
   generator_model_ = language_->make_model(config_.train.seed);
   auto& gpt = dynamic_cast<nn::Gpt&>(*generator_model_);
-  const bool exact_generator =
-      config_.generator_mode.value_or(config_.train.mode) == comm::ReductionMode::exact;
+  const comm::ReductionMode mode = config_.generator_mode.value_or(config_.train.mode);
+  const bool exact_generator = mode == comm::ReductionMode::exact;
   gpt.set_exact_sums(exact_generator);
   generator_tp_ = std::make_unique<tp::TensorParallel>(
-      generator_groups_->group(std::vector<int>{1}), config_.train.mode, false);
+      generator_groups_->group(std::vector<int>{1}), mode, false);
   if (generator_tp_->size() > 1) tp::parallelize_module(gpt, *generator_tp_, tp::gpt_plan(false));
   generate::GeneratorOptions options;
   options.max_batch = config_.max_batch;
