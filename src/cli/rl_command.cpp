@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/train/text_data.hpp>
 
@@ -85,43 +87,26 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
   }
   // Without names, one dim is the tp degree (as `generate --ranks`), two are dp x tp.
   const bool one_dim = options.generator_mesh.find('x') == std::string::npos;
-  const std::vector<std::string> names =
-      list_option("--generator-names", options.generator_names.empty() ? (one_dim ? "tp" : "dp,tp")
-                                                                       : options.generator_names);
-  std::vector<std::int64_t> sizes;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t cross = options.generator_mesh.find('x', start);
-    sizes.push_back(integer_option("--generator-mesh",
-                                   options.generator_mesh.substr(start, cross - start), 1,
-                                   comm::kMaxThreadsRanks));
-    if (cross == std::string::npos) break;
-    start = cross + 1;
+  const std::string names =
+      options.generator_names.empty() ? (one_dim ? "tp" : "dp,tp") : options.generator_names;
+  const DeviceMesh mesh = parse_mesh(options.generator_mesh, names);
+  if (mesh.names() != std::vector<std::string>{"dp", "tp"} &&
+      mesh.names() != std::vector<std::string>{"dp"} &&
+      mesh.names() != std::vector<std::string>{"tp"}) {
+    throw ParseError(fmt::format(
+        "--generator-names {}: the generator's dims are dp (replicas) then tp, each at most once",
+        names));
   }
-  if (sizes.size() != names.size()) {
-    throw ParseError(
-        fmt::format("--generator-mesh {} has {} dim(s) but --generator-names {} names {}",
-                    options.generator_mesh, sizes.size(), options.generator_names, names.size()));
-  }
-  rl::GeneratorLayout layout{1, 1};
-  std::string order;
-  for (std::size_t d = 0; d < names.size(); ++d) {
-    if (names[d] == "dp" && order.empty()) {
-      layout.replicas = sizes[d];
-    } else if (names[d] == "tp" && order.find("tp") == std::string::npos) {
-      layout.tp = sizes[d];
-    } else {
-      throw ParseError(fmt::format(
-          "--generator-names {}: the generator's dims are dp (replicas) then tp, each at most once",
-          options.generator_names));
-    }
-    order += names[d];
-  }
-  if (layout.ranks() > comm::kMaxThreadsRanks) {
+  if (mesh.size() > comm::kMaxThreadsRanks) {
     throw ParseError(fmt::format("--generator-mesh {} has more than {} ranks",
                                  options.generator_mesh, comm::kMaxThreadsRanks));
   }
-  return layout;
+  const auto size_of = [&](const char* name) {
+    const auto& dims = mesh.names();
+    const auto at = std::find(dims.begin(), dims.end(), name);
+    return at == dims.end() ? 1 : mesh.size(static_cast<int>(at - dims.begin()));
+  };
+  return {size_of("dp"), size_of("tp")};
 }
 
 rl::RlConfig parse_rl_config(const RlOptions& options) {

@@ -292,34 +292,30 @@ class BatchExecutor {
     return fused;
   }
 
-  /// Copies executor segments between member-major per-executor buffers and the fused buffer.
-  static void scatter(const Tensor& fused, const std::vector<std::vector<std::int64_t>>& counts,
-                      std::vector<Tensor>& parts) {
+  /// Copies executor segments between the fused buffer (per member, every executor's segment
+  /// in executor order) and the executors' member-major buffers: into `parts` with
+  /// `to_fused` false, out of them with true.
+  static void copy_segments(const Tensor& fused,
+                            const std::vector<std::vector<std::int64_t>>& counts,
+                            std::vector<Tensor>& parts, bool to_fused) {
     std::int64_t at = 0;
     std::vector<std::int64_t> offsets(parts.size(), 0);
     for (std::size_t m = 0; m < counts.front().size(); ++m) {
       for (std::size_t e = 0; e < parts.size(); ++e) {
         const std::int64_t n = counts[e][m];
-        if (n > 0) parts[e].narrow(0, offsets[e], n).copy_from(fused.narrow(0, at, n));
+        if (n > 0) {
+          Tensor part = parts[e].narrow(0, offsets[e], n);
+          Tensor whole = fused.narrow(0, at, n);
+          if (to_fused) {
+            whole.copy_from(part);
+          } else {
+            part.copy_from(whole);
+          }
+        }
         offsets[e] += n;
         at += n;
       }
     }
-  }
-  static Tensor gather(const std::vector<Tensor>& parts,
-                       const std::vector<std::vector<std::int64_t>>& counts, DType dtype) {
-    Tensor fused({total(fused_counts(counts))}, dtype);
-    std::int64_t at = 0;
-    std::vector<std::int64_t> offsets(parts.size(), 0);
-    for (std::size_t m = 0; m < counts.front().size(); ++m) {
-      for (std::size_t e = 0; e < parts.size(); ++e) {
-        const std::int64_t n = counts[e][m];
-        if (n > 0) fused.narrow(0, at, n).copy_from(parts[e].narrow(0, offsets[e], n));
-        offsets[e] += n;
-        at += n;
-      }
-    }
-    return fused;
   }
 
   void all_gather(const std::vector<const Step*>& steps) {
@@ -345,7 +341,7 @@ class BatchExecutor {
     std::vector<Tensor> parts;
     for (const auto& c : counts)
       parts.emplace_back(Shape{total(c)}, dtype);
-    scatter(output, counts, parts);
+    copy_segments(output, counts, parts, false);
     for (std::size_t e = 0; e < executors_.size(); ++e)
       executors_[e]->finish_gather(*steps[e], std::move(parts[e]));
   }
@@ -362,7 +358,8 @@ class BatchExecutor {
       recv.push_back(exchanges.back().recv_counts);
       inputs.push_back(executors_[e]->exchange_input());
     }
-    const Tensor input = gather(inputs, send, dtype);
+    Tensor input({total(fused_counts(send))}, dtype);
+    copy_segments(input, send, inputs, true);
     Executor& first = *executors_.front();
     Tensor output({total(fused_counts(recv))}, dtype);
     first.group(*steps.front())
@@ -370,7 +367,7 @@ class BatchExecutor {
     std::vector<Tensor> parts;
     for (const auto& c : recv)
       parts.emplace_back(Shape{total(c)}, dtype);
-    scatter(output, recv, parts);
+    copy_segments(output, recv, parts, false);
     for (std::size_t e = 0; e < executors_.size(); ++e)
       executors_[e]->finish_exchange(std::move(parts[e]), std::move(exchanges[e]));
   }

@@ -129,7 +129,6 @@ class RlRun {
   std::vector<std::int64_t> prompt_order_;
   std::int64_t step_ = 0;
   std::int64_t update_ = 0;  // optimizer steps so far
-  std::int64_t total_updates_ = 0;
   std::int64_t length_ = 0;  // trainer rows of a sequence: prompt + new_tokens - 1
   std::int64_t prompt_tokens_ = 0;
   RlResult result_;
@@ -148,8 +147,7 @@ RlRun::RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
   generates_ = world.rank() < config_.generator.ranks();
   prompt_tokens_ = static_cast<std::int64_t>(task_.prompts.front().size());
   length_ = prompt_tokens_ + config_.new_tokens - 1;
-  total_updates_ = config_.steps * config_.ppo_epochs * config_.minibatches;
-  config_.train.schedule.total_steps = total_updates_;
+  config_.train.schedule.total_steps = config_.steps * config_.ppo_epochs * config_.minibatches;
   // The pool in a seeded order (Fisher-Yates); step s takes the next P prompts, wrapping.
   const auto pool = static_cast<std::int64_t>(task_.prompts.size());
   prompt_order_.resize(static_cast<std::size_t>(pool));
@@ -336,24 +334,24 @@ std::vector<generate::Request> RlRun::requests(std::int64_t step,
 
 void RlRun::generate_all(const std::vector<generate::Request>& all, Rollouts& rollouts) {
   const DeviceMesh mesh = config_.generator.mesh();
-  const std::vector<std::int64_t> at =
-      generates_ ? mesh.coordinates(world_.rank()) : std::vector<std::int64_t>{0, 1};
   const auto total = static_cast<std::int64_t>(all.size());
-  const Chunk mine = chunk_extent(total, config_.generator.replicas, at[0]);
-  const std::vector<generate::Request> slice(all.begin() + mine.offset,
-                                             all.begin() + mine.offset + mine.size);
-  const std::vector<generate::Completion> made =
-      generates_ ? generator_->generate(slice) : std::vector<generate::Completion>{};
-  // One rank of each replica contributes its completions; every rank receives all of them.
   const std::int64_t n = config_.new_tokens;
+  // Replica k decodes requests chunk k; its tp rank 0 sends them, and every rank receives all.
   std::vector<std::int64_t> counts(static_cast<std::size_t>(world_.size()), 0);
   for (std::int64_t r = 0; r < config_.generator.ranks(); ++r) {
-    const std::vector<std::int64_t> where = mesh.coordinates(r);
-    if (where[1] == 0)
+    const std::vector<std::int64_t> at = mesh.coordinates(r);
+    if (at[1] == 0)
       counts[static_cast<std::size_t>(r)] =
-          chunk_extent(total, config_.generator.replicas, where[0]).size * n;
+          chunk_extent(total, config_.generator.replicas, at[0]).size * n;
   }
-  const std::int64_t sent = generates_ && at[1] == 0 ? mine.size * n : 0;
+  std::vector<generate::Completion> made;
+  if (generates_) {
+    const Chunk mine =
+        chunk_extent(total, config_.generator.replicas, mesh.coordinates(world_.rank())[0]);
+    made = generator_->generate(std::vector<generate::Request>(
+        all.begin() + mine.offset, all.begin() + mine.offset + mine.size));
+  }
+  const std::int64_t sent = counts[static_cast<std::size_t>(world_.rank())];
   Tensor tokens(Shape{sent}, DType::i64);
   Tensor logprobs(Shape{sent}, DType::f64);
   for (std::int64_t i = 0; i < sent; ++i) {

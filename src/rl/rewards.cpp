@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -43,15 +42,24 @@ std::vector<std::string_view> records_of(std::string_view text) {
 }  // namespace
 
 std::shared_ptr<const Dictionary> Dictionary::load(const std::string& path) {
-  std::ifstream in(path);
   const std::string package_hint =
       path == kDefaultDictionary ? " (install Debian's word list: apt-get install wamerican)" : "";
-  if (!in) throw DataError(fmt::format("cannot read the word list {}{}", path, package_hint));
+  std::string text;
+  try {
+    text = train::read_regular_file(path, kMaxDictionaryBytes, "a word list");
+  } catch (const DataError& e) {
+    throw DataError(
+        fmt::format("cannot read the word list {}: {}{}", path, e.what(), package_hint));
+  }
   auto dictionary = std::make_shared<Dictionary>();
-  constexpr std::size_t kMaxWords = 10'000'000;
-  for (std::string line; std::getline(in, line) && dictionary->words_.size() < kMaxWords;) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (!line.empty()) dictionary->words_.insert(lower(line));
+    start = end + 1;
   }
   if (dictionary->words_.empty())
     throw DataError(fmt::format("the word list {} holds no word{}", path, package_hint));

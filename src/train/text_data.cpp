@@ -44,21 +44,18 @@ int sequence_length(std::string_view bytes, std::size_t i) {
 }
 
 std::string read_file(const std::filesystem::path& path) {
-  std::error_code error;
-  const auto size = std::filesystem::file_size(path, error);
-  if (error)
-    throw DataError(fmt::format("{}: cannot read the file: {}", path.string(), error.message()));
-  if (size > static_cast<std::uintmax_t>(kMaxTextBytes)) {
-    throw DataError(fmt::format("{}: {} bytes is more text than the {} a corpus reads",
-                                path.string(), size, kMaxTextBytes));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open the file", path.string()));
-  std::string text(static_cast<std::size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  if (in.gcount() != static_cast<std::streamsize>(size))
-    throw DataError(fmt::format("{}: reading the file failed", path.string()));
-  return text;
+  return read_regular_file(path.string(), kMaxTextBytes, "text a corpus reads");
+}
+
+/// "FIFO", "character device", ... for a path that is not a regular file or a directory.
+const char* special_file_kind(const std::filesystem::file_status& status) {
+  namespace fs = std::filesystem;
+  return fs::is_fifo(status)             ? "FIFO"
+         : fs::is_character_file(status) ? "character device"
+         : fs::is_block_file(status)     ? "block device"
+         : fs::is_socket(status)         ? "socket"
+         : fs::is_directory(status)      ? "directory"
+                                         : "special file";
 }
 
 /// True when `line` (without its newline) is fortune's record separator.
@@ -79,6 +76,31 @@ void reserve_corpus(const std::string& path, std::uintmax_t bytes, TextCorpus& c
 }
 
 }  // namespace
+
+std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
+                              std::string_view what) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status))
+    throw DataError(fmt::format("{}: cannot read the file: {}", path,
+                                error ? error.message() : std::string("no such file")));
+  if (!std::filesystem::is_regular_file(status))
+    throw DataError(
+        fmt::format("{}: not a regular file (it is a {})", path, special_file_kind(status)));
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) throw DataError(fmt::format("{}: cannot read the file: {}", path, error.message()));
+  if (size > static_cast<std::uintmax_t>(max_bytes)) {
+    throw DataError(
+        fmt::format("{}: {} bytes is more than the {} bytes of {}", path, size, max_bytes, what));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open the file", path));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size))
+    throw DataError(fmt::format("{}: reading the file failed", path));
+  return text;
+}
 
 std::int64_t first_non_text_byte(std::string_view bytes) {
   for (std::size_t i = 0; i < bytes.size();) {
@@ -204,11 +226,7 @@ TextCorpus load_text(const std::string& path) {
   } else {
     if (!fs::is_regular_file(status)) {
       throw DataError(fmt::format("{}: not a text file or a directory of them (it is a {})", path,
-                                  fs::is_fifo(status)             ? "FIFO"
-                                  : fs::is_character_file(status) ? "character device"
-                                  : fs::is_block_file(status)     ? "block device"
-                                  : fs::is_socket(status)         ? "socket"
-                                                                  : "special file"));
+                                  special_file_kind(status)));
     }
     reserve_corpus(path, std::min<std::uintmax_t>(fs::file_size(path, error), kMaxTextBytes),
                    corpus);

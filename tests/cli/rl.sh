@@ -113,6 +113,16 @@ errors)
   expect_error "clip ratio must be within (0, 1), got 1" "${base[@]}" --clip-ratio 1
   expect_error "brings its own model" "${base[@]}" --model gpt
   expect_error "cannot read the word list $dir/none" "${base[@]}" --dictionary "$dir/none"
+  # Word lists that are no word list: named, never read past their size, a FIFO never opened.
+  mkfifo "$dir/fifo"
+  expect_error "$dir/fifo: not a regular file (it is a FIFO)" "${base[@]}" --dictionary "$dir/fifo"
+  expect_error "/dev/zero: not a regular file (it is a character device)" "${base[@]}" \
+    --dictionary /dev/zero
+  : >"$dir/empty"
+  expect_error "the word list $dir/empty holds no word" "${base[@]}" --dictionary "$dir/empty"
+  truncate -s 100G "$dir/huge"
+  expect_error "more than the 67108864 bytes of a word list" "${base[@]}" --dictionary "$dir/huge"
+  expect_error "$dir: not a regular file (it is a directory)" "${base[@]}" --dictionary "$dir"
   expect_error "dp (replicas) then tp" "${base[@]}" --generator-mesh 2x1 --generator-names tp,dp
   expect_error "3 mini-batches is more than the 2 completions" "${base[@]}" --prompts 1 --samples 2 --minibatches 3
   # Not a checkpoint, and a checkpoint of another model (an MLP): named, nothing built.

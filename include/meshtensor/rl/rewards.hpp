@@ -19,11 +19,15 @@ using RewardFunction =
 /// Where Debian's word list (package wamerican) lives.
 inline constexpr const char* kDefaultDictionary = "/usr/share/dict/words";
 
+/// Largest word list read (Debian's lists are about 1 MiB).
+inline constexpr std::int64_t kMaxDictionaryBytes = std::int64_t{64} << 20;
+
 /// A set of English words, compared in lower case.
 class Dictionary {
  public:
   /// The words of `path`, one per line. DataError naming the path (and the package that
-  /// provides the default one) when it is missing, unreadable or holds no word.
+  /// provides the default one) when it is missing, unreadable, not a regular file (a FIFO, a
+  /// device), larger than kMaxDictionaryBytes, or holds no word.
   static std::shared_ptr<const Dictionary> load(const std::string& path);
   /// Whether `word` (any case) is in the list.
   bool contains(std::string_view word) const;
