@@ -6,22 +6,11 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/generate/generator.hpp>
-#include <meshtensor/nn/loss.hpp>
 
 namespace meshtensor::generate {
 
-namespace {
-
-/// A running request: its cache slot, its tokens so far and how many the cache holds.
-struct Running {
-  std::size_t index;
-  std::int64_t slot;
-  std::vector<std::int64_t> sequence;
-  std::int64_t fed = 0;
-};
-
-}  // namespace
 
 void check_request(const Request& request, std::size_t index, const nn::GptConfig& config) {
   const auto bad = [&](const std::string& what) {
@@ -47,6 +36,11 @@ void check_request(const Request& request, std::size_t index, const nn::GptConfi
   if (!std::isfinite(s.temperature) || s.temperature < 0)
     throw bad(fmt::format("temperature {} is not a finite value >= 0", s.temperature));
   if (s.top_k < 0) throw bad(fmt::format("top_k {} is negative", s.top_k));
+  if (!(s.top_p > 0 && s.top_p <= 1)) throw bad(fmt::format("top_p {} is not in (0, 1]", s.top_p));
+  if (request.top_logprobs < 0 || request.top_logprobs > config.vocabulary) {
+    throw bad(fmt::format("top_logprobs {} is not between 0 and the vocabulary of {}",
+                          request.top_logprobs, config.vocabulary));
+  }
 }
 
 std::vector<std::int64_t> byte_tokens(std::string_view text) {
@@ -79,13 +73,27 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
     return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)];
   });
   order.resize(static_cast<std::size_t>(keep));
-  std::sort(order.begin(), order.end());
   const double top = logits[static_cast<std::size_t>(first_largest())];
+  const auto weight = [&](std::int64_t i) {
+    return std::exp((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
+                    sampling.temperature);
+  };
+  if (sampling.top_p < 1) {
+    // The fewest most likely classes whose probabilities add up to top_p.
+    double mass = 0;
+    for (const std::int64_t i : order)
+      mass += weight(i);
+    double kept = 0;
+    std::size_t count = 0;
+    while (count < order.size() && kept < sampling.top_p * mass)
+      kept += weight(order[count++]);
+    order.resize(std::max<std::size_t>(count, 1));
+  }
+  std::sort(order.begin(), order.end());
   std::vector<double> weights;
   double total = 0;
   for (const std::int64_t i : order) {
-    weights.push_back(std::exp((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
-                               sampling.temperature));
+    weights.push_back(weight(i));
     total += weights.back();
   }
   const std::uint64_t bits = mix64(mix64(sampling.seed) ^ static_cast<std::uint64_t>(position));
@@ -109,107 +117,24 @@ Generator::Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParalle
 std::vector<Completion> Generator::generate(const std::vector<Request>& requests) {
   for (std::size_t i = 0; i < requests.size(); ++i)
     check_request(requests[i], i, model_.config());
-  stats_ = {};
-  std::vector<Completion> done(requests.size());
   const std::int64_t slots =
       std::min<std::int64_t>(options_.max_batch, std::max<std::size_t>(requests.size(), 1));
-  std::vector<nn::KeyValueCache> caches = model_.make_caches(slots);
-  std::vector<std::int64_t> free_slots(static_cast<std::size_t>(slots));
-  std::iota(free_slots.rbegin(), free_slots.rend(), 0);
-  std::vector<Running> running;
+  ContinuousBatch batch(model_, options_, tp_, slots);
+  batch.check_between_steps(between_steps_);
+  std::vector<Completion> done(requests.size());
   std::size_t next = 0;
-  while (next < requests.size() || !running.empty()) {
-    while (next < requests.size() && !free_slots.empty()) {
-      running.push_back({next, free_slots.back(), requests[next].prompt, 0});
-      free_slots.pop_back();
-      ++next;
+  while (next < requests.size() || batch.size() > 0) {
+    for (; next < requests.size() && batch.free_slots() > 0; ++next)
+      batch.add(next, requests[next], next);
+    for (const StepEvent& event : batch.step()) {
+      if (!event.drawn) continue;
+      Completion& c = done[event.id];
+      c.tokens.push_back(event.drawn->token);
+      c.logprobs.push_back(event.drawn->logprob);
     }
-    // Each running request feeds its next tokens (a prompt chunk, or its last token).
-    nn::DecodeRows rows;
-    std::vector<std::int64_t> ids;
-    std::vector<std::int64_t> last_row(running.size(), -1);
-    for (std::size_t a = 0; a < running.size(); ++a) {
-      Running& r = running[a];
-      const auto pending = static_cast<std::int64_t>(r.sequence.size()) - r.fed;
-      const std::int64_t take = std::min(pending, options_.prefill_chunk);
-      for (std::int64_t i = 0; i < take; ++i) {
-        rows.slots.push_back(r.slot);
-        rows.positions.push_back(r.fed + i);
-        ids.push_back(r.sequence[static_cast<std::size_t>(r.fed + i)]);
-      }
-      r.fed += take;
-      if (take == pending) last_row[a] = rows.size() - 1;
-    }
-    Tensor tokens(Shape{rows.size()}, DType::i64);
-    std::copy(ids.begin(), ids.end(), tokens.values<std::int64_t>().begin());
-    if (between_steps_) between_steps_();
-    const Tensor logits = model_.decode(tokens, rows, caches);
-    ++stats_.steps;
-    stats_.rows += rows.size();
-    stats_.largest_batch =
-        std::max<std::int64_t>(stats_.largest_batch, static_cast<std::int64_t>(running.size()));
-    // Requests whose whole sequence is in the cache draw their next token.
-    std::vector<std::int64_t> ready_rows;
-    std::vector<const Request*> ready_requests;
-    std::vector<std::int64_t> positions;
-    for (std::size_t a = 0; a < running.size(); ++a) {
-      if (last_row[a] < 0) continue;
-      ready_rows.push_back(last_row[a]);
-      ready_requests.push_back(&requests[running[a].index]);
-      positions.push_back(static_cast<std::int64_t>(running[a].sequence.size()));
-    }
-    std::vector<std::int64_t> drawn;
-    std::vector<double> logprobs;
-    draw(logits, ready_rows, ready_requests, positions, drawn, logprobs);
-    std::vector<Running> still;
-    std::size_t next_drawn = 0;
-    for (std::size_t a = 0; a < running.size(); ++a) {
-      Running& r = running[a];
-      if (last_row[a] < 0) {
-        still.push_back(std::move(r));
-        continue;
-      }
-      const Request& request = requests[r.index];
-      const std::int64_t token = drawn[next_drawn];
-      Completion& c = done[r.index];
-      c.tokens.push_back(token);
-      c.logprobs.push_back(logprobs[next_drawn++]);
-      r.sequence.push_back(token);
-      if (static_cast<std::int64_t>(c.tokens.size()) == request.max_new_tokens) {
-        free_slots.push_back(r.slot);
-      } else {
-        still.push_back(std::move(r));
-      }
-    }
-    running = std::move(still);
   }
+  stats_ = batch.stats();
   return done;
-}
-
-void Generator::draw(const Tensor& logits, std::span<const std::int64_t> rows,
-                     std::span<const Request* const> requests,
-                     std::span<const std::int64_t> positions, std::vector<std::int64_t>& tokens,
-                     std::vector<double>& logprobs) {
-  const auto count = static_cast<std::int64_t>(rows.size());
-  const std::int64_t local = logits.shape()[1];
-  const std::int64_t vocabulary = model_.config().vocabulary;
-  Tensor ready = Tensor::uninitialized(Shape{count, local}, DType::f32);
-  for (std::int64_t i = 0; i < count; ++i)
-    ready.narrow(0, i, 1).copy_from(logits.narrow(0, rows[static_cast<std::size_t>(i)], 1));
-  const bool split = tp_ != nullptr && tp_->size() > 1;
-  const Tensor whole = split ? tp::gather_classes(*tp_, ready, vocabulary) : ready;
-  std::vector<std::int32_t> labels;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const auto at = static_cast<std::size_t>(i);
-    const Tensor row = whole.narrow(0, i, 1).contiguous();
-    tokens.push_back(sample_token(row.values<float>(), requests[at]->sampling, positions[at]));
-    labels.push_back(static_cast<std::int32_t>(tokens.back()));
-  }
-  // The loss the trainer computes on this layout: vocabulary-parallel when split.
-  const nn::CrossEntropyResult scored = tp::parallel_cross_entropy(
-      ready, labels, split ? tp_ : nullptr, vocabulary, options_.exact_logprobs);
-  for (const double loss : scored.losses.values<double>())
-    logprobs.push_back(-loss);
 }
 
 }  // namespace meshtensor::generate

@@ -15,13 +15,15 @@
 namespace meshtensor::generate {
 
 /// How a request picks its tokens. temperature 0: greedy (the first largest logit); otherwise a
-/// draw from softmax(logits / temperature) over the top_k largest logits (0: all), with one
-/// uniform number made from (seed, the position of the token drawn) alone, so a request's tokens
-/// never depend on what else is being generated.
+/// draw from softmax(logits / temperature) over the top_k largest logits (0: all), narrowed to
+/// the fewest most likely of them whose probabilities (at that temperature) add up to top_p at
+/// least (nucleus sampling; 1: all), with one uniform number made from (seed, the position of
+/// the token drawn) alone, so a request's tokens never depend on what else is being generated.
 struct Sampling {
   double temperature = 0.0;
   std::int64_t top_k = 0;
   std::uint64_t seed = 0;
+  double top_p = 1.0;
 };
 
 /// One prompt and how to continue it.
@@ -29,6 +31,8 @@ struct Request {
   std::vector<std::int64_t> prompt;  ///< token ids, at least one
   std::int64_t max_new_tokens = 16;  ///< tokens to generate, at least one
   Sampling sampling;
+  bool score_prompt = false;      ///< also score the prompt's tokens (ContinuousBatch)
+  std::int64_t top_logprobs = 0;  ///< the most likely tokens reported with each score
 };
 
 /// What a request produced: each generated token and its log-probability under the model
@@ -56,8 +60,9 @@ struct GeneratorStats {
 
 /// InvalidArgument naming request `index` and the value unless `request` can run on a model of
 /// `config`: a non-empty prompt inside the vocabulary, at least one new token, prompt plus new
-/// tokens within the context, a finite temperature >= 0 and top_k >= 0. generate() checks every
-/// request with it before generating anything.
+/// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in (0, 1] and
+/// top_logprobs from 0 to the vocabulary. generate() checks every request with it before
+/// generating anything.
 void check_request(const Request& request, std::size_t index, const nn::GptConfig& config);
 
 /// Generates with continuous batching over a GPT: requests join the running batch as slots free
@@ -84,12 +89,6 @@ class Generator {
   void check_between_steps(std::function<void()> check) { between_steps_ = std::move(check); }
 
  private:
-  /// Draws the next token of each request whose rows ended in `logits` at `rows` (local classes
-  /// when split), and its log-probability.
-  void draw(const Tensor& logits, std::span<const std::int64_t> rows,
-            std::span<const Request* const> requests, std::span<const std::int64_t> positions,
-            std::vector<std::int64_t>& tokens, std::vector<double>& logprobs);
-
   nn::Gpt& model_;
   GeneratorOptions options_;
   tp::TensorParallel* tp_;
