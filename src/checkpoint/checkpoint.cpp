@@ -14,12 +14,12 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/checkpoint/checksum.hpp>
 #include <meshtensor/checkpoint/safetensors.hpp>
+#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 
 #include "file_io.hpp"
-#include "untrusted_json.hpp"
 
 namespace meshtensor::checkpoint {
 

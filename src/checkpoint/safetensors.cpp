@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/checkpoint/safetensors.hpp>
+#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/core/error.hpp>
 
 #include "file_io.hpp"
-#include "untrusted_json.hpp"
 
 namespace meshtensor::checkpoint {
 

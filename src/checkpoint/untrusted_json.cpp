@@ -1,7 +1,6 @@
-#include "untrusted_json.hpp"
-
 #include <fmt/format.h>
 
+#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 

@@ -26,6 +26,10 @@ void add_rl_bench(CLI::App& bench);
 void add_rl_command(CLI::App& app);
 /// Registers `meshtensor generate`.
 void add_generate_command(CLI::App& app);
+/// Registers `meshtensor serve`.
+void add_serve_command(CLI::App& app);
+/// Registers `meshtensor bench serve`.
+void add_serve_bench(CLI::App& bench);
 /// Registers `meshtensor bench checkpoint`.
 void add_checkpoint_bench(CLI::App& bench);
 /// Registers `meshtensor bench` and its benchmarks.

@@ -135,23 +135,6 @@ void print_completions(const std::vector<std::string>& prompts,
   std::cout.flush();
 }
 
-/// The tensor-parallel degree: --ranks N, or --mesh N --names tp (1 by default; 0: neither
-/// given).
-std::int64_t tensor_parallel_degree(const GenerateOptions& options) {
-  if (!options.mesh.empty() || !options.names.empty()) {
-    if (!options.ranks.empty()) throw ParseError("--ranks and --mesh exclude each other: give one");
-    if (options.names != "tp") {
-      throw ParseError(
-          fmt::format("generate runs on a 1-D tensor-parallel mesh: --names must be tp, got '{}'",
-                      options.names));
-    }
-    return integer_option("--mesh", options.mesh, 1, comm::kMaxThreadsRanks);
-  }
-  return options.ranks.empty()
-             ? 0
-             : integer_option("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-}
-
 /// How every window of prompts is turned into requests and printed.
 struct GenerateJob {
   const GenerateOptions& options;
@@ -268,7 +251,8 @@ void run_generate(const GenerateOptions& options) {
       integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
   job.generator.exact_logprobs = job.mode == comm::ReductionMode::exact;
   const Backend backend = parse_backend(options.backend);
-  const std::int64_t given = tensor_parallel_degree(options);
+  const std::int64_t given =
+      tensor_parallel_option(options.ranks, options.mesh, options.names, "generate");
   PromptSource source(options);
   const nn::GptConfig config =
       check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));

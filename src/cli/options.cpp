@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/kernels/simd.hpp>
@@ -74,6 +75,19 @@ void print_machine_line(bool json) {
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");  // one line for an mpirun job
   if (json || (mpi_rank != nullptr && std::string_view(mpi_rank) != "0")) return;
   std::cout << "machine: " << kernels::machine_description() << '\n';
+}
+
+std::int64_t tensor_parallel_option(const std::string& ranks, const std::string& mesh,
+                                    const std::string& names, std::string_view command) {
+  if (!mesh.empty() || !names.empty()) {
+    if (!ranks.empty()) throw ParseError("--ranks and --mesh exclude each other: give one");
+    if (names != "tp") {
+      throw ParseError(fmt::format(
+          "{} runs on a 1-D tensor-parallel mesh: --names must be tp, got '{}'", command, names));
+    }
+    return integer_option("--mesh", mesh, 1, comm::kMaxThreadsRanks);
+  }
+  return ranks.empty() ? 0 : integer_option("--ranks", ranks, 1, comm::kMaxThreadsRanks);
 }
 
 }  // namespace meshtensor::cli

@@ -26,6 +26,11 @@ std::uint64_t seed_option(std::string_view option, const std::string& text);
 /// A comma-separated list of non-empty entries.
 std::vector<std::string> list_option(std::string_view option, const std::string& text);
 
+/// The tensor-parallel degree of a command that runs on a 1-D tp mesh: `--ranks N`, or
+/// `--mesh N --names tp` (0 when neither is given). ParseError naming the options otherwise.
+std::int64_t tensor_parallel_option(const std::string& ranks, const std::string& mesh,
+                                    const std::string& names, std::string_view command);
+
 /// Adds a flag that takes no value: `--json=yes` and `--json=` are errors.
 CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,
                       const std::string& description);

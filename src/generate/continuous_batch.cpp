@@ -25,8 +25,9 @@ ContinuousBatch::ContinuousBatch(nn::Gpt& model, GeneratorOptions options, tp::T
                                  std::int64_t slots)
     : model_(model), options_(options), tp_(tp) {
   if (slots < 1 || options_.prefill_chunk < 1) {
-    throw InvalidArgument(fmt::format("continuous batch: slots {} and prefill_chunk {} must be >= 1",
-                                      slots, options_.prefill_chunk));
+    throw InvalidArgument(
+        fmt::format("continuous batch: slots {} and prefill_chunk {} must be >= 1", slots,
+                    options_.prefill_chunk));
   }
   caches_ = model_.make_caches(slots);
   free_.resize(static_cast<std::size_t>(slots));
@@ -127,7 +128,8 @@ std::vector<ScoredToken> ContinuousBatch::score(const Tensor& logits,
                                static_cast<std::int64_t>(r.sequence.size()));
     }
     labels.push_back(static_cast<std::int32_t>(row.label));
-    if (row.top > 0) tops[static_cast<std::size_t>(i)] = top_classes(values.values<float>(), row.top);
+    if (row.top > 0)
+      tops[static_cast<std::size_t>(i)] = top_classes(values.values<float>(), row.top);
     extra += static_cast<std::int64_t>(tops[static_cast<std::size_t>(i)].size());
   }
   // The loss the trainer computes on this layout (vocabulary-parallel when split), of every

@@ -11,7 +11,6 @@
 
 namespace meshtensor::generate {
 
-
 void check_request(const Request& request, std::size_t index, const nn::GptConfig& config) {
   const auto bad = [&](const std::string& what) {
     return InvalidArgument(fmt::format("request {}: {}", index, what));
@@ -36,7 +35,7 @@ void check_request(const Request& request, std::size_t index, const nn::GptConfi
   if (!std::isfinite(s.temperature) || s.temperature < 0)
     throw bad(fmt::format("temperature {} is not a finite value >= 0", s.temperature));
   if (s.top_k < 0) throw bad(fmt::format("top_k {} is negative", s.top_k));
-  if (!(s.top_p > 0 && s.top_p <= 1)) throw bad(fmt::format("top_p {} is not in (0, 1]", s.top_p));
+  if (!(s.top_p >= 0 && s.top_p <= 1)) throw bad(fmt::format("top_p {} is not in [0, 1]", s.top_p));
   if (request.top_logprobs < 0 || request.top_logprobs > config.vocabulary) {
     throw bad(fmt::format("top_logprobs {} is not between 0 and the vocabulary of {}",
                           request.top_logprobs, config.vocabulary));

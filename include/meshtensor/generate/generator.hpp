@@ -60,7 +60,7 @@ struct GeneratorStats {
 
 /// InvalidArgument naming request `index` and the value unless `request` can run on a model of
 /// `config`: a non-empty prompt inside the vocabulary, at least one new token, prompt plus new
-/// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in (0, 1] and
+/// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in [0, 1] and
 /// top_logprobs from 0 to the vocabulary. generate() checks every request with it before
 /// generating anything.
 void check_request(const Request& request, std::size_t index, const nn::GptConfig& config);

@@ -1,0 +1,110 @@
+#pragma once
+
+// The OpenAI completions API as the server speaks it: requests parsed and checked at the edge
+// (every field's type and range, against the served model), OpenAI-shaped responses, stream
+// chunks and error objects. No I/O and no threads here.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/generate/continuous_batch.hpp>
+#include <meshtensor/nn/gpt.hpp>
+
+namespace meshtensor::serve {
+
+/// Response JSON keeps its fields in the order they are set, as OpenAI's do.
+using Json = nlohmann::ordered_json;
+
+/// An OpenAI-style error: the HTTP status and the body's error object.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";  ///< OpenAI's error types
+  std::string param;                           ///< the request field at fault (empty: none)
+  std::string code;                            ///< e.g. model_not_found (empty: null)
+};
+
+/// The body of an error response: {"error": {"message", "type", "param", "code"}}.
+Json error_body(const ApiError& error);
+
+/// What the server accepts, checked before anything is allocated for a request.
+struct ApiLimits {
+  std::int64_t max_body_bytes = std::int64_t{1} << 20;  ///< larger bodies: 413
+  std::int64_t max_choices = 64;       ///< prompts × n in one request
+  std::int64_t max_stop = 4;           ///< stop sequences
+  std::int64_t max_stop_bytes = 64;    ///< bytes of one stop sequence
+  std::int64_t max_top_logprobs = 20;  ///< the largest `logprobs`
+};
+
+/// A completions request, checked.
+struct CompletionParams {
+  std::vector<std::vector<std::int64_t>> prompts;  ///< byte tokens, one list per prompt
+  std::int64_t max_tokens = 16;
+  generate::Sampling sampling;  ///< seed: choice 0's (choice j draws with seed + j)
+  bool seed_given = false;
+  std::int64_t n = 1;
+  std::vector<std::string> stop;
+  std::optional<std::int64_t> logprobs;  ///< null: none; k: the chosen token's and the top k
+  bool echo = false;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+};
+
+/// Parses and checks a POST /v1/completions body for `model_name`, a GPT of `config`: ApiError
+/// naming the field and the value for malformed JSON, a wrong type, an unknown field (rejected,
+/// as OpenAI does), a value out of range, a prompt past the context or a limit passed; 404
+/// (model_not_found) for another model. `default_seed` is used when the request has none.
+CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
+                                          const nn::GptConfig& config, const ApiLimits& limits,
+                                          std::uint64_t default_seed);
+
+/// One choice as generated so far: the prompt, its scores (echo with logprobs) and its tokens.
+struct ChoiceResult {
+  std::vector<std::int64_t> prompt;
+  std::vector<generate::ScoredToken> prompt_scores;  ///< prompt tokens 1.. (echo + logprobs)
+  std::vector<generate::ScoredToken> tokens;         ///< generated, cut before a stop sequence
+  std::string finish_reason;                         ///< "stop", "length" (empty: running)
+};
+
+/// How a stop sequence ends a choice: the number of generated tokens to keep when the bytes
+/// of `tokens` now end with one of `stop` (the tokens before it), else nothing.
+std::optional<std::size_t> stop_cut(std::span<const generate::ScoredToken> tokens,
+                                    const std::vector<std::string>& stop);
+
+/// Generated tokens [0, n) of a running choice that a stream may send now: not the bytes that
+/// could still become a stop sequence, nor an unfinished UTF-8 character.
+std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
+                              const std::vector<std::string>& stop);
+
+/// Identity of a response: its id, creation time, model and the weights that produced it.
+struct ResponseHeader {
+  std::string id;
+  std::int64_t created = 0;
+  std::string model;
+  std::int64_t weights_step = 0;
+  std::uint64_t seed = 0;
+};
+
+/// The whole response to a non-streamed request.
+Json completion_response(const ResponseHeader& header, const CompletionParams& params,
+                                   const std::vector<ChoiceResult>& choices);
+
+/// One stream chunk of choice `index`: generated tokens [from, to) (with the prompt first when
+/// `with_prompt`), and the finish reason when the choice ended.
+Json completion_chunk(const ResponseHeader& header, const CompletionParams& params,
+                                std::size_t index, const ChoiceResult& choice, std::size_t from,
+                                std::size_t to, bool with_prompt, bool finished);
+
+/// The usage object: prompt, completion and total tokens of `choices`.
+Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choices);
+
+/// `value` as JSON text; bytes that are not UTF-8 become U+FFFD (generated text is bytes).
+std::string dump(const Json& value);
+
+}  // namespace meshtensor::serve

@@ -1,0 +1,65 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/nn/layers.hpp>
+#include <meshtensor/serve/api.hpp>
+
+namespace meshtensor::serve {
+
+class Scheduler;
+
+/// How `meshtensor serve` runs.
+struct ServeConfig {
+  std::string checkpoint;  ///< a checkpoint directory, or a root whose LATEST names one
+  std::string host = "127.0.0.1";
+  int port = 8000;  ///< 0: any free port (on_listening says which)
+  comm::ReductionMode mode = comm::ReductionMode::ordered;
+  std::int64_t max_batch = 16;      ///< choices generated together
+  std::int64_t max_queue = 256;     ///< choices waiting; more: 429
+  std::int64_t prefill_chunk = 64;  ///< prompt tokens a choice feeds per step
+  std::string api_key;              ///< empty: no key asked for
+  std::string model_name = "meshtensor-gpt";
+  ApiLimits limits;
+  std::int64_t http_threads = 0;  ///< 0: enough for every queued and running request
+  /// When set, every Linear of the served model runs this batch-variant matmul (the fast path
+  /// that gives up batch invariance; for comparison in benchmarks only).
+  nn::MatmulOverride batch_variant;
+  /// Called on world rank 0 once the port is bound, with the server's base URL.
+  std::function<void(const std::string& url)> on_listening;
+  /// How long a drain waits for the last responses to be read before closing.
+  std::chrono::seconds drain_timeout{30};
+};
+
+/// Lets another thread (a signal handler's) drain or reload a running server; requests made
+/// before the server is up take effect when it is.
+class ServeControl {
+ public:
+  /// Stop taking requests, finish the queued and running ones, then return from serve().
+  void drain();
+  /// Load the served checkpoint again (e.g. a newer LATEST) without dropping requests.
+  void reload();
+
+ private:
+  friend void serve(comm::Communicator& world, const ServeConfig& config, ServeControl* control);
+  void attach(Scheduler* scheduler);
+  std::mutex mutex_;
+  Scheduler* scheduler_ = nullptr;
+  bool drain_pending_ = false;
+  bool reload_pending_ = false;
+};
+
+/// Serves the GPT of `config.checkpoint` over an OpenAI-compatible HTTP API (collective over
+/// `world`, whose ranks split the model by tensor parallelism). World rank 0 runs the HTTP
+/// server, whose threads only parse, validate and queue requests; every rank runs one
+/// generation loop with continuous batching, rank 0 deciding each step's requests. Returns
+/// after a drain (ServeControl::drain) once every accepted request has been answered.
+/// Throws (on every rank) when the checkpoint cannot be served or the port cannot be bound.
+void serve(comm::Communicator& world, const ServeConfig& config, ServeControl* control);
+
+}  // namespace meshtensor::serve

@@ -1,0 +1,187 @@
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/generate/load.hpp>
+#include <meshtensor/serve/server.hpp>
+#include <meshtensor/tp/style.hpp>
+
+#include "backend.hpp"
+#include "commands.hpp"
+#include "matmul_bench.hpp"
+#include "options.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+struct ServeCliOptions {
+  std::string checkpoint;
+  std::string host = "127.0.0.1";
+  std::string port = "8000";
+  std::string mode = "ordered";
+  std::string ranks;
+  std::string mesh;
+  std::string names;
+  std::string backend = "threads";
+  std::string max_batch = "16";
+  std::string max_queue = "256";
+  std::string prefill_chunk = "64";
+  std::string max_body_bytes = "1048576";
+  std::string api_key;
+  std::string model_name = "meshtensor-gpt";
+  bool batch_variant = false;
+};
+
+/// The API key: --api-key, else the environment variable MESHTENSOR_API_KEY (empty: none).
+std::string api_key(const ServeCliOptions& options) {
+  if (!options.api_key.empty()) return options.api_key;
+  const char* from_environment = std::getenv("MESHTENSOR_API_KEY");
+  return from_environment != nullptr ? from_environment : "";
+}
+
+serve::ServeConfig serve_config(const ServeCliOptions& options) {
+  serve::ServeConfig config;
+  config.checkpoint = options.checkpoint;
+  if (options.host.empty()) throw ParseError("--host is empty");
+  config.host = options.host;
+  config.port = static_cast<int>(integer_option("--port", options.port, 0, 65535));
+  config.mode = comm::parse_reduction_mode(options.mode);
+  if (config.mode == comm::ReductionMode::native) {
+    throw ParseError("--mode native: the server runs in ordered or exact mode (the trainer's bits "
+                     "need one of them)");
+  }
+  config.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
+  config.max_queue = integer_option("--max-queue", options.max_queue, 1, 1 << 20);
+  config.prefill_chunk = integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
+  config.limits.max_body_bytes =
+      integer_option("--max-body-bytes", options.max_body_bytes, 1024, std::int64_t{1} << 30);
+  config.api_key = api_key(options);
+  if (options.model_name.empty()) throw ParseError("--model-name is empty");
+  config.model_name = options.model_name;
+  if (options.batch_variant) config.batch_variant = bench::openblas_linear_matmul();
+  return config;
+}
+
+/// Turns SIGTERM and SIGINT into a drain and SIGHUP into a reload, on a thread of its own: the
+/// signals are blocked in every thread started after it (the ranks, the HTTP threads) and taken
+/// with sigtimedwait here. A second SIGTERM or SIGINT exits at once.
+class SignalWatcher {
+ public:
+  explicit SignalWatcher(serve::ServeControl& control) : control_(control) {
+    sigemptyset(&signals_);
+    for (const int signal : {SIGTERM, SIGINT, SIGHUP})
+      sigaddset(&signals_, signal);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~SignalWatcher() {
+    stop_ = true;
+    thread_.join();
+  }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+
+ private:
+  void watch() {
+    const timespec tick{0, 200'000'000};
+    bool draining = false;
+    while (!stop_) {
+      const int signal = sigtimedwait(&signals_, nullptr, &tick);
+      if (signal == SIGHUP) {
+        std::cerr << "meshtensor serve: SIGHUP: reloading the checkpoint\n";
+        control_.reload();
+      } else if ((signal == SIGTERM || signal == SIGINT) && draining) {
+        std::cerr << "meshtensor serve: second signal: exiting without draining\n";
+        std::_Exit(1);
+      } else if (signal == SIGTERM || signal == SIGINT) {
+        std::cerr << "meshtensor serve: draining: finishing the accepted requests\n";
+        draining = true;
+        control_.drain();
+      }
+    }
+  }
+
+  serve::ServeControl& control_;
+  sigset_t signals_{};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+void run_serve(const ServeCliOptions& options) {
+  const serve::ServeConfig base = serve_config(options);
+  const Backend backend = parse_backend(options.backend);
+  const std::int64_t given =
+      tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
+  // The checkpoint and the layout are checked before any rank starts.
+  const nn::GptConfig model = generate::checked_architecture(
+      checkpoint::read_index(options.checkpoint), options.checkpoint);
+  if (given > 1) tp::check_gpt_degree(model, given);
+  serve::ServeControl control;
+  const SignalWatcher signals(control);
+  run_ranks(backend, std::max<std::int64_t>(given, 1), "serve", [&](comm::Communicator& world) {
+    if (backend == Backend::mpi && given > 0 && world.size() != given) {
+      throw InvalidArgument(fmt::format("--{} {} does not match the mpi job's {} ranks",
+                                        options.ranks.empty() ? "mesh" : "ranks", given,
+                                        world.size()));
+    }
+    serve::ServeConfig config = base;
+    config.on_listening = [&](const std::string& url) {
+      std::cout << fmt::format(
+                       "meshtensor serve: listening on {} (model {}: {}, {} mode, {} rank{})",
+                       url, config.model_name, nn::gpt_config_text(model),
+                       comm::reduction_mode_name(config.mode), world.size(),
+                       world.size() == 1 ? "" : "s")
+                << std::endl;
+    };
+    serve::serve(world, config, &control);
+    if (world.rank() == 0) std::cout << "meshtensor serve: drained, exiting" << std::endl;
+  });
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto options = std::make_shared<ServeCliOptions>();
+  CLI::App* command = app.add_subcommand(
+      "serve",
+      "Serve a GPT checkpoint over an OpenAI-compatible HTTP API (POST /v1/completions, GET "
+      "/v1/models, /health, /metrics): continuous batching, and the same bits for a request "
+      "under any load");
+  command
+      ->add_option("--checkpoint", options->checkpoint,
+                   "checkpoint directory, or a root whose LATEST names one (reloads re-read it)")
+      ->required();
+  command->add_option("--host", options->host, "address to listen on (default 127.0.0.1)");
+  command->add_option("--port", options->port, "port (default 8000; 0: any free port)");
+  command->add_option("--mode", options->mode, "ordered (default) or exact");
+  command->add_option("--ranks", options->ranks,
+                      "ranks serving together, the model split over them by tensor parallelism");
+  command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
+  command->add_option("--names", options->names, "tp (the only dim serving takes)");
+  command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
+  command->add_option("--max-batch", options->max_batch,
+                      "choices generated together (default 16)");
+  command->add_option("--max-queue", options->max_queue,
+                      "choices that may wait for a slot; more answer 429 (default 256)");
+  command->add_option("--prefill-chunk", options->prefill_chunk,
+                      "prompt tokens a choice feeds per step (default 64)");
+  command->add_option("--max-body-bytes", options->max_body_bytes,
+                      "largest request body; larger answer 413 (default 1048576)");
+  command->add_option("--api-key", options->api_key,
+                      "require 'Authorization: Bearer KEY' on /v1 and /admin (default: the "
+                      "environment variable MESHTENSOR_API_KEY, else none)");
+  command->add_option("--model-name", options->model_name,
+                      "the model's id in the API (default meshtensor-gpt)");
+  add_flag(*command, "--batch-variant", options->batch_variant,
+           "run the batch-variant fast path (OpenBLAS sgemm in every Linear), giving up "
+           "batch invariance: for comparisons only");
+  command->callback([options] { run_serve(*options); });
+}
+
+}  // namespace meshtensor::cli

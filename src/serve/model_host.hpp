@@ -1,0 +1,43 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/generate/continuous_batch.hpp>
+#include <meshtensor/serve/scheduler.hpp>
+#include <meshtensor/serve/server.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
+
+namespace meshtensor::serve {
+
+/// The served model on one rank: the GPT of the checkpoint, split over the world by tensor
+/// parallelism, and the continuous batch over it. Loading is collective.
+class ModelHost {
+ public:
+  /// Loads `config.checkpoint` (collective); throws on every rank when it cannot be served.
+  ModelHost(comm::Communicator& world, const ServeConfig& config);
+  /// Loads the checkpoint again (collective; nothing may be running): a newer LATEST, or the
+  /// same weights. Failures (a damaged checkpoint, another architecture) keep the old model and
+  /// are reported, on every rank.
+  ReloadResult reload();
+  generate::ContinuousBatch& batch() { return *batch_; }
+  const nn::GptConfig& config() const { return model_->config(); }
+  std::int64_t step() const { return step_; }
+  const std::string& directory() const { return directory_; }
+
+ private:
+  /// Rank 0 resolves the checkpoint (LATEST) and reads its step; every rank gets both.
+  std::pair<std::string, std::int64_t> locate();
+  std::unique_ptr<nn::Gpt> load(const std::string& directory, std::int64_t copies);
+
+  comm::Communicator& world_;
+  const ServeConfig& config_;
+  std::unique_ptr<tp::TensorParallel> tp_;
+  std::unique_ptr<nn::Gpt> model_;
+  std::unique_ptr<generate::ContinuousBatch> batch_;
+  std::int64_t step_ = 0;
+  std::string directory_;
+};
+
+}  // namespace meshtensor::serve
