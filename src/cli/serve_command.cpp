@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <thread>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -53,8 +54,9 @@ serve::ServeConfig serve_config(const ServeCliOptions& options) {
   config.port = static_cast<int>(integer_option("--port", options.port, 0, 65535));
   config.mode = comm::parse_reduction_mode(options.mode);
   if (config.mode == comm::ReductionMode::native) {
-    throw ParseError("--mode native: the server runs in ordered or exact mode (the trainer's bits "
-                     "need one of them)");
+    throw ParseError(
+        "--mode native: the server runs in ordered or exact mode (the trainer's bits "
+        "need one of them)");
   }
   config.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
   config.max_queue = integer_option("--max-queue", options.max_queue, 1, 1 << 20);
@@ -133,10 +135,11 @@ void run_serve(const ServeCliOptions& options) {
     serve::ServeConfig config = base;
     config.on_listening = [&](const std::string& url) {
       std::cout << fmt::format(
-                       "meshtensor serve: listening on {} (model {}: {}, {} mode, {} rank{})",
+                       "meshtensor serve: listening on {} (model {}: {}, {} mode, {} rank{}; "
+                       "pid {})",
                        url, config.model_name, nn::gpt_config_text(model),
                        comm::reduction_mode_name(config.mode), world.size(),
-                       world.size() == 1 ? "" : "s")
+                       world.size() == 1 ? "" : "s", getpid())
                 << std::endl;
     };
     serve::serve(world, config, &control);
@@ -165,8 +168,7 @@ void add_serve_command(CLI::App& app) {
   command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
   command->add_option("--names", options->names, "tp (the only dim serving takes)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
-  command->add_option("--max-batch", options->max_batch,
-                      "choices generated together (default 16)");
+  command->add_option("--max-batch", options->max_batch, "choices generated together (default 16)");
   command->add_option("--max-queue", options->max_queue,
                       "choices that may wait for a slot; more answer 429 (default 256)");
   command->add_option("--prefill-chunk", options->prefill_chunk,

@@ -58,7 +58,8 @@ double number_value(const json& value, const std::string& key, double low, doubl
   }
   const double result = value.get<double>();
   if (!(result >= low && result <= high)) {
-    throw bad(key, fmt::format("'{}': {} is not between {} and {}", key, excerpt(value), low, high));
+    throw bad(key,
+              fmt::format("'{}': {} is not between {} and {}", key, excerpt(value), low, high));
   }
   return result;
 }
@@ -70,11 +71,25 @@ bool bool_value(const json& value, const std::string& key) {
 }
 
 const std::set<std::string>& known_fields() {
-  static const std::set<std::string> fields{
-      "model",  "prompt",   "max_tokens", "temperature",  "top_p",          "top_k",
-      "seed",   "n",        "stop",       "logprobs",     "echo",           "stream",
-      "suffix", "best_of",  "user",       "logit_bias",   "stream_options", "presence_penalty",
-      "frequency_penalty"};
+  static const std::set<std::string> fields{"model",
+                                            "prompt",
+                                            "max_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "seed",
+                                            "n",
+                                            "stop",
+                                            "logprobs",
+                                            "echo",
+                                            "stream",
+                                            "suffix",
+                                            "best_of",
+                                            "user",
+                                            "logit_bias",
+                                            "stream_options",
+                                            "presence_penalty",
+                                            "frequency_penalty"};
   return fields;
 }
 
@@ -118,8 +133,7 @@ std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
 }
 
 /// string | [string, ...] | [token, ...] | [[token, ...], ...]
-std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
-                                                     const nn::GptConfig& config) {
+std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc, const nn::GptConfig& config) {
   const json* value = field(doc, "prompt");
   if (value == nullptr) throw bad("prompt", "'prompt' is required");
   std::vector<std::vector<std::int64_t>> prompts;
@@ -190,8 +204,8 @@ std::vector<std::string> parse_stop(const json& doc, const ApiLimits& limits) {
       stop.push_back(item.get<std::string>());
     }
   } else {
-    throw bad("stop", fmt::format("'stop' must be a string or a list of strings, got {}",
-                                  excerpt(*value)));
+    throw bad("stop",
+              fmt::format("'stop' must be a string or a list of strings, got {}", excerpt(*value)));
   }
   if (static_cast<std::int64_t>(stop.size()) > limits.max_stop) {
     throw bad("stop", fmt::format("'stop' has {} sequences; at most {} are allowed", stop.size(),
@@ -242,9 +256,9 @@ void parse_sampling(const json& doc, CompletionParams& params, std::uint64_t def
     if (v->is_number_unsigned()) {
       params.sampling.seed = v->get<std::uint64_t>();
     } else {
-      params.sampling.seed = static_cast<std::uint64_t>(integer_value(
-          *v, "seed", std::numeric_limits<std::int64_t>::min(),
-          std::numeric_limits<std::int64_t>::max()));
+      params.sampling.seed = static_cast<std::uint64_t>(
+          integer_value(*v, "seed", std::numeric_limits<std::int64_t>::min(),
+                        std::numeric_limits<std::int64_t>::max()));
     }
   }
 }
@@ -357,9 +371,8 @@ Json logprobs_object(const CompletionParams& params, const ChoiceResult& choice,
   };
   if (with_prompt) {
     for (std::size_t i = 0; i < choice.prompt.size(); ++i)
-      add(choice.prompt[i], i == 0 || i - 1 >= choice.prompt_scores.size()
-                                ? nullptr
-                                : &choice.prompt_scores[i - 1]);
+      add(choice.prompt[i],
+          i == 0 || i - 1 >= choice.prompt_scores.size() ? nullptr : &choice.prompt_scores[i - 1]);
   }
   for (std::size_t i = from; i < to; ++i)
     add(choice.tokens[i].token, &choice.tokens[i]);

@@ -3,9 +3,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <httplib.h>
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include <meshtensor/core/error.hpp>
 
@@ -53,7 +53,8 @@ bool same_secret(const std::string& given, const std::string& expected) {
   // Compares every byte whatever differs first, so timing does not tell how much matched.
   unsigned char differ = given.size() == expected.size() ? 0 : 1;
   for (std::size_t i = 0; i < given.size(); ++i)
-    differ |= static_cast<unsigned char>(given[i] ^ expected[i % std::max<std::size_t>(expected.size(), 1)]);
+    differ |= static_cast<unsigned char>(given[i] ^
+                                         expected[i % std::max<std::size_t>(expected.size(), 1)]);
   return differ == 0;
 }
 
@@ -83,7 +84,9 @@ void HttpFrontend::add_routes() {
       config_.http_threads > 0
           ? config_.http_threads
           : std::min<std::int64_t>(1024, config_.max_queue + config_.max_batch + 16);
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  s.new_task_queue = [threads] {
+    return new httplib::ThreadPool(static_cast<std::size_t>(threads));
+  };
   s.set_payload_max_length(static_cast<std::size_t>(config_.limits.max_body_bytes));
   s.set_keep_alive_max_count(1000);
   s.set_read_timeout(10, 0);
@@ -108,9 +111,11 @@ void HttpFrontend::add_routes() {
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& request, httplib::Response& response) {
     const std::string id = request.matches[1];
     if (id != config_.model_name) {
-      return send_error(response, {404, fmt::format("The model '{}' does not exist: this server serves '{}'",
-                                                    shown_path(id), config_.model_name),
-                                   "invalid_request_error", "model", "model_not_found"});
+      return send_error(response,
+                        {404,
+                         fmt::format("The model '{}' does not exist: this server serves '{}'",
+                                     shown_path(id), config_.model_name),
+                         "invalid_request_error", "model", "model_not_found"});
     }
     response.set_content(dump(Json::parse(models_json())["data"][0]), "application/json");
   });
@@ -123,30 +128,29 @@ void HttpFrontend::add_routes() {
                           "was not tuned for chat; use /v1/completions",
                           "invalid_request_error", "", "unsupported_endpoint"});
   });
-  s.Post("/admin/reload", [this](const httplib::Request&, httplib::Response& response) {
-    admin_reload(response);
-  });
+  s.Post("/admin/reload",
+         [this](const httplib::Request&, httplib::Response& response) { admin_reload(response); });
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [](const httplib::Request& request, httplib::Response& response) {
-    if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError error{response.status, "", "invalid_request_error", "", ""};
-    if (response.status == 413) {
-      error.message = "The request body is larger than the server accepts";
-    } else if (response.status == 404 && method_of(request.path) != nullptr) {
-      error.status = 405;
-      error.message = fmt::format("{} is not allowed on {}: use {}", shown_path(request.method),
-                                  request.path, method_of(request.path));
-    } else if (response.status == 404) {
-      error.message = fmt::format(
-          "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
-          "/health, GET /metrics and POST /admin/reload",
-          shown_path(request.method), shown_path(request.path));
-    } else {
-      error.message = fmt::format("The request could not be served (HTTP {})", response.status);
-    }
-    send_error(response, error);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+        if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        ApiError error{response.status, "", "invalid_request_error", "", ""};
+        if (response.status == 413) {
+          error.message = "The request body is larger than the server accepts";
+        } else if (response.status == 404 && method_of(request.path) != nullptr) {
+          error.status = 405;
+          error.message = fmt::format("{} is not allowed on {}: use {}", shown_path(request.method),
+                                      request.path, method_of(request.path));
+        } else if (response.status == 404) {
+          error.message = fmt::format(
+              "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
+              "/health, GET /metrics and POST /admin/reload",
+              shown_path(request.method), shown_path(request.path));
+        } else {
+          error.message = fmt::format("The request could not be served (HTTP {})", response.status);
+        }
+        send_error(response, error);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   s.set_exception_handler(
       [](const httplib::Request&, httplib::Response& response, std::exception_ptr failure) {
         std::string what = "unknown error";
@@ -174,8 +178,8 @@ bool HttpFrontend::authorized(const httplib::Request& request, httplib::Response
     return false;
   }
   if (header.rfind(prefix, 0) != 0 || !same_secret(header.substr(prefix.size()), config_.api_key)) {
-    send_error(response, {401, "Incorrect API key provided", "invalid_request_error", "",
-                          "invalid_api_key"});
+    send_error(response,
+               {401, "Incorrect API key provided", "invalid_request_error", "", "invalid_api_key"});
     return false;
   }
   return true;
@@ -268,10 +272,12 @@ std::string stream_events(const Job& job, StreamState& state, bool& finished) {
     const ChoiceResult& choice = job.choices[c];
     if (state.closed[c]) continue;
     const bool ended = !choice.finish_reason.empty();
-    const std::size_t to = ended ? choice.tokens.size() : streamable_tokens(choice.tokens, params.stop);
+    const std::size_t to =
+        ended ? choice.tokens.size() : streamable_tokens(choice.tokens, params.stop);
     const bool with_prompt = params.echo && !state.started[c];
     if (to <= state.sent[c] && !with_prompt && !ended) continue;
-    out += event(completion_chunk(job.header, params, c, choice, state.sent[c], to, with_prompt, ended));
+    out += event(
+        completion_chunk(job.header, params, c, choice, state.sent[c], to, with_prompt, ended));
     state.sent[c] = to;
     state.started[c] = true;
     state.closed[c] = ended;
@@ -362,9 +368,9 @@ void HttpFrontend::response_ended() {
 void HttpFrontend::admin_reload(httplib::Response& response) {
   const ReloadResult result = scheduler_.reload().get();
   if (!result.ok) {
-    return send_error(response, {422, "The reload failed and the old weights are still served: " +
-                                          result.error,
-                                 "invalid_request_error", "", "reload_failed"});
+    return send_error(
+        response, {422, "The reload failed and the old weights are still served: " + result.error,
+                   "invalid_request_error", "", "reload_failed"});
   }
   Json out;
   out["reloaded"] = true;

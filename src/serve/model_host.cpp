@@ -28,8 +28,8 @@ ModelHost::ModelHost(comm::Communicator& world, const ServeConfig& config)
       std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}), config.mode, false);
   std::tie(directory_, step_) = locate();
   model_ = load(directory_, 1);
-  batch_ = std::make_unique<generate::ContinuousBatch>(*model_, generator_options(config), tp_.get(),
-                                                       config.max_batch);
+  batch_ = std::make_unique<generate::ContinuousBatch>(*model_, generator_options(config),
+                                                       tp_.get(), config.max_batch);
 }
 
 std::pair<std::string, std::int64_t> ModelHost::locate() {

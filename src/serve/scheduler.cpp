@@ -22,12 +22,13 @@ std::string encode_plan(const StepPlan& plan) {
   for (const Admission& a : plan.add) {
     const generate::Request& r = a.request;
     // Doubles travel as their bits, so every rank samples with the same values.
-    add.push_back({a.id, r.prompt, r.max_new_tokens, std::bit_cast<std::uint64_t>(r.sampling.temperature),
-                   r.sampling.top_k, r.sampling.seed, std::bit_cast<std::uint64_t>(r.sampling.top_p),
-                   r.score_prompt, r.top_logprobs});
+    add.push_back({a.id, r.prompt, r.max_new_tokens,
+                   std::bit_cast<std::uint64_t>(r.sampling.temperature), r.sampling.top_k,
+                   r.sampling.seed, std::bit_cast<std::uint64_t>(r.sampling.top_p), r.score_prompt,
+                   r.top_logprobs});
   }
-  return nlohmann::json{{"remove", plan.remove}, {"add", add}, {"reload", plan.reload},
-                        {"exit", plan.exit}}
+  return nlohmann::json{
+      {"remove", plan.remove}, {"add", add}, {"reload", plan.reload}, {"exit", plan.exit}}
       .dump();
 }
 
@@ -69,6 +70,13 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     if (draining_) {
       throw ApiError{503, "The server is shutting down and takes no new requests", "server_error",
                      "", "server_shutting_down"};
+    }
+    if (static_cast<std::int64_t>(count) > options_.max_queue) {
+      throw ApiError{400,
+                     fmt::format("This request's {} choices (prompts × n) can never fit the "
+                                 "server's queue of {}",
+                                 count, options_.max_queue),
+                     "invalid_request_error", "n", ""};
     }
     if (static_cast<std::int64_t>(waiting_.size() + count) > options_.max_queue) {
       throw ApiError{429,

@@ -68,8 +68,7 @@ void lead(comm::Communicator& world, ModelHost& host, Scheduler& scheduler, Http
   const auto idle_wait =
       world.size() > 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(60000);
   for (;;) {
-    StepPlan plan =
-        scheduler.next_plan(host.batch().size(), host.batch().free_slots(), idle_wait);
+    StepPlan plan = scheduler.next_plan(host.batch().size(), host.batch().free_slots(), idle_wait);
     if (world.size() > 1) comm::broadcast_text(world, encode_plan(plan), 0);
     if (!run_plan(plan, host, &scheduler, &http)) return;
   }

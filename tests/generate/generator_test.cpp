@@ -1,8 +1,11 @@
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
@@ -189,7 +192,102 @@ TEST(Generator, BadRequestsNameTheValue) {
         "20 tokens plus 5 new tokens is longer than the model's context of 24");
   fails({{1}, 0, {}}, "max_new_tokens 0");
   fails({{1}, 1, {-1.0, 0, 0}}, "temperature -1");
+  fails({{1}, 1, {1.0, 0, 0, 1.5}}, "top_p 1.5");
+  Request too_many{{1}, 1, {}};
+  too_many.top_logprobs = 30;
+  fails(too_many, "top_logprobs 30");
   EXPECT_THROW(Generator(model, {0, 1, false}), InvalidArgument);
+}
+
+/// Requests added and removed between steps (a server's traffic) get the bits they get alone.
+TEST(ContinuousBatch, RequestsJoiningAndLeavingMidRunGetTheirBitsAlone) {
+  nn::Gpt model(config());
+  const Request mine = request(6, 42, 10);
+  Generator alone_generator(model, {1, 64, false});
+  const Completion alone = alone_generator.generate({mine}).front();
+  ContinuousBatch batch(model, {4, 3, false}, nullptr, 4);
+  batch.add(100, request(9, 5, 12));
+  batch.add(101, request(2, 6, 12));
+  batch.step();
+  batch.step();
+  batch.add(7, mine);
+  batch.add(102, request(4, 8, 12));
+  Completion got;
+  for (int step = 0; batch.size() > 0; ++step) {
+    if (step == 3) {
+      EXPECT_TRUE(batch.remove(101));  // a client that left
+    }
+    if (step == 4) batch.add(103, request(11, 9, 5));
+    for (const StepEvent& event : batch.step()) {
+      if (event.id != 7 || !event.drawn) continue;
+      got.tokens.push_back(event.drawn->token);
+      got.logprobs.push_back(event.drawn->logprob);
+      if (event.finished) {
+        EXPECT_EQ(got.tokens.size(), 10u);
+      }
+    }
+  }
+  expect_same_bits(got, alone, "joining mid-run");
+  EXPECT_FALSE(batch.remove(7));  // left when done
+  EXPECT_EQ(batch.free_slots(), 4);
+}
+
+/// Prompt scores are the trainer's loss of each prompt token; top log-probabilities are the
+/// most likely tokens scored the same way (the drawn token among them has the same bits).
+TEST(ContinuousBatch, PromptScoresAndTopLogprobsAreTheTrainersBits) {
+  for (const bool exact : {false, true}) {
+    nn::Gpt model(config());
+    model.set_exact_sums(exact);
+    Request r = request(7, 3, 4, 0.0, 0);
+    r.score_prompt = true;
+    r.top_logprobs = 5;
+    ContinuousBatch batch(model, {2, 3, exact}, nullptr, 2);
+    batch.add(1, r);
+    std::vector<ScoredToken> prompt_scores;
+    std::vector<ScoredToken> drawn;
+    while (batch.size() > 0) {
+      for (const StepEvent& event : batch.step()) {
+        prompt_scores.insert(prompt_scores.end(), event.prompt.begin(), event.prompt.end());
+        if (event.drawn) drawn.push_back(*event.drawn);
+      }
+    }
+    ASSERT_EQ(prompt_scores.size(), 6u);
+    // The prompt's own tokens as a "completion" of its first token.
+    Completion as_completion;
+    for (std::size_t i = 1; i < r.prompt.size(); ++i)
+      as_completion.tokens.push_back(r.prompt[i]);
+    const auto want = trainer_logprobs(model, {r.prompt[0]}, as_completion, exact);
+    for (std::size_t i = 0; i < prompt_scores.size(); ++i) {
+      EXPECT_EQ(prompt_scores[i].token, r.prompt[i + 1]);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(prompt_scores[i].logprob),
+                std::bit_cast<std::uint64_t>(want[i]))
+          << "exact " << exact << " prompt token " << i + 1;
+    }
+    for (const ScoredToken& t : drawn) {
+      ASSERT_EQ(t.top.size(), 5u);
+      // Greedy: the drawn token is the most likely one, with the same bits.
+      EXPECT_EQ(t.top[0].first, t.token);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(t.top[0].second),
+                std::bit_cast<std::uint64_t>(t.logprob));
+      for (std::size_t k = 1; k < t.top.size(); ++k)
+        EXPECT_LE(t.top[k].second, t.top[k - 1].second);
+    }
+  }
+}
+
+TEST(Generator, TopPKeepsTheFewestMostLikelyTokensCoveringIt) {
+  // Probabilities at temperature 1: about 0.64, 0.24, 0.09, 0.03.
+  const std::vector<float> logits{0.0f, 3.0f, 1.0f, 2.0f};
+  std::set<std::int64_t> seen;
+  for (std::int64_t position = 0; position < 400; ++position)
+    seen.insert(sample_token(logits, {1.0, 0, 11, 0.8}, position));
+  EXPECT_EQ(seen, (std::set<std::int64_t>{1, 3}));  // 0.64 < 0.8 <= 0.88
+  for (std::int64_t position = 0; position < 50; ++position)
+    EXPECT_EQ(sample_token(logits, {1.0, 0, 11, 0.0}, position), 1);  // top_p 0: the likeliest
+  // top_p 1 is the plain draw.
+  for (std::int64_t position = 0; position < 50; ++position)
+    EXPECT_EQ(sample_token(logits, {1.0, 0, 11, 1.0}, position),
+              sample_token(logits, {1.0, 0, 11}, position));
 }
 
 }  // namespace

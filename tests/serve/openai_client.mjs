@@ -5,9 +5,10 @@
 //   other url: a server of the same checkpoint on another tensor-parallel layout.
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
+import path from 'node:path';
 
 const [moduleDir, url, apiKey, expectedFile, otherUrl] = process.argv.slice(2);
-const require = createRequire(moduleDir + '/');
+const require = createRequire(path.resolve(moduleDir) + '/');
 const OpenAI = require('openai').default ?? require('openai');
 
 const client = new OpenAI({ apiKey, baseURL: url + '/v1', maxRetries: 0 });

@@ -36,10 +36,10 @@ Json error_body(const ApiError& error);
 /// What the server accepts, checked before anything is allocated for a request.
 struct ApiLimits {
   std::int64_t max_body_bytes = std::int64_t{1} << 20;  ///< larger bodies: 413
-  std::int64_t max_choices = 64;       ///< prompts × n in one request
-  std::int64_t max_stop = 4;           ///< stop sequences
-  std::int64_t max_stop_bytes = 64;    ///< bytes of one stop sequence
-  std::int64_t max_top_logprobs = 20;  ///< the largest `logprobs`
+  std::int64_t max_choices = 64;                        ///< prompts × n in one request
+  std::int64_t max_stop = 4;                            ///< stop sequences
+  std::int64_t max_stop_bytes = 64;                     ///< bytes of one stop sequence
+  std::int64_t max_top_logprobs = 20;                   ///< the largest `logprobs`
 };
 
 /// A completions request, checked.
@@ -93,13 +93,13 @@ struct ResponseHeader {
 
 /// The whole response to a non-streamed request.
 Json completion_response(const ResponseHeader& header, const CompletionParams& params,
-                                   const std::vector<ChoiceResult>& choices);
+                         const std::vector<ChoiceResult>& choices);
 
 /// One stream chunk of choice `index`: generated tokens [from, to) (with the prompt first when
 /// `with_prompt`), and the finish reason when the choice ended.
 Json completion_chunk(const ResponseHeader& header, const CompletionParams& params,
-                                std::size_t index, const ChoiceResult& choice, std::size_t from,
-                                std::size_t to, bool with_prompt, bool finished);
+                      std::size_t index, const ChoiceResult& choice, std::size_t from,
+                      std::size_t to, bool with_prompt, bool finished);
 
 /// The usage object: prompt, completion and total tokens of `choices`.
 Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choices);

@@ -77,7 +77,8 @@ class Scheduler {
   Scheduler(SchedulerOptions options, Metrics& metrics);
 
   /// Queues every choice of `job` (its choices are set up here). ApiError 429 when the queue
-  /// cannot take them, 503 while draining.
+  /// cannot take them now, 400 when it never could (more choices than max_queue), 503 while
+  /// draining.
   void submit(const std::shared_ptr<Job>& job);
   /// The client of `job` left: its choices leave the queue and the batch.
   void cancel(const std::shared_ptr<Job>& job);

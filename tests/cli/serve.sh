@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# `meshtensor serve` from outside, with the official OpenAI client and curl.
+# Usage: serve.sh <meshtensor> <case> <scratch dir for npm> [mpirun command ...]
+#   openai  the official client (npm `openai`, installed into the scratch dir when missing):
+#           models, completions with logprobs equal to `generate --json`'s bits, streaming, the
+#           same bits among 32 concurrent requests, errors, a wrong key; the same bits on a
+#           tensor-parallel server, and after a restart (and on mpi when an mpirun command follows)
+#   errors  curl: bad requests get their 4xx and an OpenAI error naming the field, 413, 401,
+#           path tricks; the server keeps serving; SIGTERM drains a running stream and exits 0
+#   reload  a newer checkpoint under the served root is loaded by POST /admin/reload and by
+#           SIGHUP; a request running during a reload ends on the weights it started with
+set -euo pipefail
+bin=$1
+case_name=$2
+scratch=$3
+shift 3
+mpirun=("$@")
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+
+train() {  # train <root> <stop after step> [resume]
+  "$bin" train --mode exact --model gpt:layers=2,heads=4,dim=32,context=64 --batch 8 \
+    --steps 6 --stop-after "$2" --seed 4 --eval-every 0 --save "$1" ${3:+--resume "$1"} >/dev/null
+}
+
+# start_server <name> <options...>: starts a server on a free port; sets url_<name>, pid_<name>.
+start_server() {
+  local name=$1
+  shift
+  "$@" >"$dir/$name.out" 2>"$dir/$name.err" &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 1 300); do
+    if grep -q 'listening on' "$dir/$name.out" 2>/dev/null; then
+      printf -v "url_$name" '%s' "$(grep -o 'http://[0-9.:]*' "$dir/$name.out")"
+      # The process to signal: the server's own (rank 0's under mpirun, which would report a
+      # signal it forwarded as a failure); the job's to wait for.
+      printf -v "pid_$name" '%s' "$(grep -o 'pid [0-9]*' "$dir/$name.out" | cut -d' ' -f2)"
+      printf -v "job_$name" '%s' "$pid"
+      return
+    fi
+    kill -0 "$pid" 2>/dev/null || fail "server $name did not start: $(cat "$dir/$name.err")"
+    sleep 0.1
+  done
+  fail "server $name did not listen within 30 s"
+}
+
+# stop_server <name>: SIGTERM, which must drain and exit 0.
+stop_server() {
+  local pid_var="pid_$1" job_var="job_$1"
+  kill -TERM "${!pid_var}"
+  local status=0
+  wait "${!job_var}" || status=$?
+  [ "$status" -eq 0 ] || fail "server $1 exited $status after SIGTERM: $(cat "$dir/$1.err")"
+  grep -q 'drained, exiting' "$dir/$1.out" || fail "server $1 did not say it drained"
+}
+
+train "$dir/ckpt" 3
+serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
+
+case $case_name in
+openai)
+  command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
+  if [ ! -d "$scratch/node_modules/openai" ]; then
+    mkdir -p "$scratch"
+    npm install --prefix "$scratch" --no-audit --no-fund --silent openai@6 >/dev/null 2>&1 ||
+      { echo "SKIPPED: cannot install the npm package openai into $scratch"; exit 77; }
+  fi
+  "$bin" generate --checkpoint "$dir/ckpt" --mode exact --prompt "The fortune" \
+    --max-new-tokens 12 --temperature 0.9 --top-k 20 --seed 7 --json >"$dir/generated"
+  node -e '
+    const g = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    console.log(JSON.stringify({request: {prompt: "The fortune", max_tokens: 12, temperature: 0.9,
+      top_k: 20, seed: 7}, tokens: g.tokens, logprobs: g.logprobs}));' "$dir/generated" \
+    >"$dir/expected.json"
+  client=(node "$(dirname "$0")/../serve/openai_client.mjs" "$scratch/node_modules" )
+  MESHTENSOR_API_KEY=sekrit start_server one "$bin" "${serve[@]}"
+  start_server tp "$bin" "${serve[@]}" --ranks 2 --api-key sekrit
+  "${client[@]}" "$url_one" sekrit "$dir/expected.json" "$url_tp"
+  stop_server one
+  stop_server tp
+  # After a restart, the same bits (the client compares them with generate's again).
+  start_server again "$bin" "${serve[@]}" --api-key sekrit
+  if [ ${#mpirun[@]} -gt 0 ]; then
+    start_server mpi "${mpirun[@]}" -np 2 "$bin" "${serve[@]}" --backend mpi --api-key sekrit
+    "${client[@]}" "$url_again" sekrit "$dir/expected.json" "$url_mpi" | tail -3
+    stop_server mpi
+  else
+    "${client[@]}" "$url_again" sekrit "$dir/expected.json" | tail -2
+  fi
+  stop_server again
+  ;;
+errors)
+  start_server one "$bin" "${serve[@]}" --api-key sekrit --max-body-bytes 4096 --max-queue 8
+  auth=(-H "Authorization: Bearer sekrit")
+  # expect <status> <text in the body> <curl arguments...>
+  expect() {
+    local want=$1 text=$2
+    shift 2
+    local got
+    got=$(curl -s -o "$dir/body" -w '%{http_code}' "$@")
+    [ "$got" = "$want" ] || fail "status $got, not $want, for $*: $(cat "$dir/body")"
+    grep -qF -- "$text" "$dir/body" || fail "no '$text' in the answer to $*: $(cat "$dir/body")"
+    if [ "$want" -ge 400 ]; then
+      grep -q '"error":{"message":' "$dir/body" || fail "not an OpenAI error for $*"
+    fi
+  }
+  c="$url_one/v1/completions"
+  expect 401 "didn't provide an API key" "$c" -d '{"prompt":"a"}'
+  expect 401 "Incorrect API key" "$c" -H "Authorization: Bearer nope" -d '{"prompt":"a"}'
+  expect 200 '"status":"ok"' "$url_one/health"
+  expect 400 "not valid JSON" "${auth[@]}" "$c" -d '{"prompt": "a",'
+  expect 400 "JSON object" "${auth[@]}" "$c" -d '"just a string"'
+  expect 400 "'prompt' is required" "${auth[@]}" "$c" -d '{}'
+  expect 400 '"param":"promt"' "${auth[@]}" "$c" -d '{"promt":"a"}'
+  expect 400 "'max_tokens': 0 is less than 1" "${auth[@]}" "$c" -d '{"prompt":"a","max_tokens":0}'
+  expect 400 "'max_tokens': -1" "${auth[@]}" "$c" -d '{"prompt":"a","max_tokens":-1}'
+  expect 400 "context of 64" "${auth[@]}" "$c" -d '{"prompt":"a","max_tokens":99999999999}'
+  expect 400 "'n': 1000000000" "${auth[@]}" "$c" -d '{"prompt":"a","n":1000000000}'
+  expect 400 "must be a number" "${auth[@]}" "$c" -d '{"prompt":"a","temperature":[1]}'
+  expect 400 "prompt 0 is 70 tokens" "${auth[@]}" "$c" \
+    -d "{\"prompt\":\"$(printf 'x%.0s' $(seq 70))\"}"
+  head -c 10000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt":"/; s/$/"}/' >"$dir/big.json"
+  expect 413 "larger than the server accepts" "${auth[@]}" "$c" --data-binary @"$dir/big.json"
+  expect 404 "No endpoint" "${auth[@]}" "$url_one/v1/../../etc/passwd" --path-as-is
+  expect 404 "No endpoint" "${auth[@]}" "$url_one//v1/completions" --path-as-is -d '{}'
+  expect 404 "No endpoint" "${auth[@]}" "$url_one/v1/completions%00" --path-as-is -d '{}'
+  expect 404 "does not exist" "${auth[@]}" "$url_one/v1/models/..%2f..%2fetc"
+  expect 405 "use POST" "${auth[@]}" "$url_one/v1/completions"
+  expect 400 "can never fit" "${auth[@]}" "$c" -d '{"prompt":"a","n":9}'
+  expect 404 "not tuned for chat" "${auth[@]}" "$url_one/v1/chat/completions" -d '{}'
+  expect 404 "model_not_found" "${auth[@]}" "$c" -d '{"prompt":"a","model":"gpt-4o"}'
+  # Requests past the queue: some answer 429 with Retry-After, none fails otherwise.
+  for i in $(seq 1 12); do
+    curl -s -o /dev/null -D "$dir/headers.$i" -w '%{http_code}\n' "${auth[@]}" "$c" \
+      -d '{"prompt":"a","n":4,"max_tokens":60}' >"$dir/status.$i" &
+  done
+  wait_for_clients() { for p in $(jobs -p); do [ "$p" = "$job_one" ] || wait "$p"; done; }
+  wait_for_clients
+  cat "$dir"/status.* | sort | uniq -c
+  grep -qx 429 "$dir"/status.* || fail "a full queue never answered 429"
+  ! grep -qvE '^(200|429)$' "$dir"/status.* || fail "statuses other than 200 and 429"
+  grep -qi '^Retry-After: 1' $(grep -lx 429 "$dir"/status.* | sed 's/status/headers/') ||
+    fail "429 without Retry-After"
+  expect 200 '"finish_reason":"length"' "${auth[@]}" "$c" -d '{"prompt":"still","max_tokens":3}'
+  grep -q 'meshtensor_requests_total{endpoint="/v1/completions",status="400"}' \
+    <(curl -s "$url_one/metrics") || fail "metrics do not count the 400s"
+  # SIGTERM during a stream: the stream ends with [DONE], new requests are refused, exit 0.
+  curl -sN "${auth[@]}" "$c" -d '{"prompt":"a","n":8,"max_tokens":60,"stream":true}' \
+    >"$dir/stream" &
+  stream_pid=$!
+  sleep 0.3
+  kill -TERM "$pid_one"
+  wait "$stream_pid"
+  tail -1 "$dir/stream" | grep -q '^$' && grep -q '^data: \[DONE\]' "$dir/stream" ||
+    fail "the stream did not end with [DONE]: $(tail -c 300 "$dir/stream")"
+  [ "$(grep -c '"finish_reason":"length"' "$dir/stream")" -eq 8 ] ||
+    fail "not every choice of the drained stream finished"
+  status=0
+  wait "$job_one" || status=$?
+  [ "$status" -eq 0 ] || fail "exit status $status after SIGTERM"
+  echo "ok: errors answered, the queue pushed back, SIGTERM drained"
+  ;;
+reload)
+  serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
+  start_server one "$bin" "${serve[@]}"
+  c="$url_one/v1/completions"
+  step_of() { grep -o '"weights_step":[0-9]*' | head -1 | cut -d: -f2; }
+  [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 3 ] || fail "not step 3"
+  train "$dir/ckpt" 5 resume
+  # A long stream started before the reload ends on step 3; requests after it get step 5.
+  curl -sN "$c" -d '{"prompt":"a","n":32,"max_tokens":60,"stream":true}' >"$dir/stream" &
+  stream_pid=$!
+  sleep 0.2
+  curl -s -d '' "$url_one/admin/reload" >"$dir/reloaded"
+  grep -q '"weights_step":5' "$dir/reloaded" || fail "reload: $(cat "$dir/reloaded")"
+  wait "$stream_pid"
+  ! grep -o '"weights_step":[0-9]*' "$dir/stream" | grep -qv ':3$' ||
+    fail "a stream running during the reload mixed weights"
+  [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 5 ] || fail "not step 5"
+  grep -q '"weights_step":5' <(curl -s "$url_one/v1/models") || fail "models not at step 5"
+  # SIGHUP reloads too.
+  train "$dir/ckpt" 6 resume
+  kill -HUP "$pid_one"
+  for _ in $(seq 1 100); do
+    [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 6 ] && break
+    sleep 0.1
+  done
+  [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 6 ] || fail "SIGHUP: not 6"
+  # A damaged newest checkpoint: the reload fails by name and the old weights stay.
+  mkdir "$dir/ckpt/step-00000099"
+  echo '{' >"$dir/ckpt/step-00000099/index.json"
+  echo step-00000099 >"$dir/ckpt/LATEST"
+  curl -s -o "$dir/failed" -w '%{http_code}' -d '' "$url_one/admin/reload" >"$dir/status"
+  [ "$(cat "$dir/status")" = 422 ] && grep -q 'old weights are still served' "$dir/failed" ||
+    fail "damaged reload: $(cat "$dir/status") $(cat "$dir/failed")"
+  [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 6 ] || fail "lost step 6"
+  stop_server one
+  echo "ok: reloads by endpoint and SIGHUP; in-flight requests kept their weights"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac

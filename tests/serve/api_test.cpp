@@ -1,0 +1,166 @@
+#include <bit>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/serve/api.hpp>
+
+namespace meshtensor::serve {
+namespace {
+
+nn::GptConfig config() {
+  nn::GptConfig c;
+  c.layers = 1;
+  c.heads = 2;
+  c.dim = 8;
+  c.context = 32;
+  c.vocabulary = 256;
+  return c;
+}
+
+CompletionParams parse(const std::string& body) {
+  return parse_completion_request(body, "m", config(), ApiLimits{}, 99);
+}
+
+TEST(Api, PromptsComeAsTextListsOrTokenIds) {
+  EXPECT_EQ(parse(R"({"prompt":"ab"})").prompts, (std::vector<std::vector<std::int64_t>>{{97, 98}}));
+  EXPECT_EQ(parse(R"({"prompt":["a","bc"]})").prompts.size(), 2u);
+  EXPECT_EQ(parse(R"({"prompt":[1,2,3]})").prompts,
+            (std::vector<std::vector<std::int64_t>>{{1, 2, 3}}));
+  EXPECT_EQ(parse(R"({"prompt":[[1],[2,3]]})").prompts,
+            (std::vector<std::vector<std::int64_t>>{{1}, {2, 3}}));
+}
+
+TEST(Api, DefaultsFollowOpenAI) {
+  const CompletionParams p = parse(R"({"model":"m","prompt":"abc"})");
+  EXPECT_EQ(p.max_tokens, 16);
+  EXPECT_EQ(p.sampling.temperature, 1.0);
+  EXPECT_EQ(p.sampling.top_p, 1.0);
+  EXPECT_EQ(p.sampling.seed, 99u);
+  EXPECT_FALSE(p.seed_given);
+  EXPECT_EQ(p.n, 1);
+  EXPECT_FALSE(p.logprobs.has_value());
+  // Without max_tokens, a long prompt gets what is left of the context.
+  EXPECT_EQ(parse(R"({"prompt":")" + std::string(25, 'x') + R"("})").max_tokens, 7);
+  const CompletionParams q = parse(
+      R"({"prompt":"a","seed":-1,"top_k":-1,"stop":"x","logprobs":3,"echo":true,"stream":true,
+          "stream_options":{"include_usage":true},"n":2,"best_of":2,"user":"u","suffix":null,
+          "presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},"max_tokens":null})");
+  EXPECT_EQ(q.sampling.seed, ~std::uint64_t{0});
+  EXPECT_TRUE(q.seed_given);
+  EXPECT_EQ(q.sampling.top_k, 0);
+  EXPECT_EQ(q.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(q.logprobs, 3);
+  EXPECT_TRUE(q.echo && q.stream && q.include_usage);
+}
+
+/// Each bad request: its status, the field named, and a word of the message.
+TEST(Api, BadRequestsNameTheFieldAndTheValue) {
+  struct Case {
+    std::string body;
+    int status;
+    std::string param;
+    std::string word;
+  };
+  const std::vector<Case> cases{
+      {R"({"prompt":)", 400, "", "not valid JSON"},
+      {R"([1,2])", 400, "", "JSON object"},
+      {std::string(100, '[') + std::string(100, ']'), 400, "", "deeper"},
+      {R"({"prompt":"a","max_tokenz":1})", 400, "max_tokenz", "max_tokenz"},
+      {R"({})", 400, "prompt", "required"},
+      {R"({"prompt":""})", 400, "prompt", "empty"},
+      {R"({"prompt":[]})", 400, "prompt", "must be"},
+      {R"({"prompt":[1,"a"]})", 400, "prompt", "item 1"},
+      {R"({"prompt":[300]})", 400, "prompt[0]", "300"},
+      {R"({"prompt":")" + std::string(32, 'x') + R"("})", 400, "prompt", "context is 32"},
+      {R"({"prompt":"a","max_tokens":0})", 400, "max_tokens", "0 is less than 1"},
+      {R"({"prompt":"a","max_tokens":-3})", 400, "max_tokens", "-3"},
+      {R"({"prompt":"a","max_tokens":1e300})", 400, "max_tokens", "integer"},
+      {R"({"prompt":"a","max_tokens":18446744073709551615})", 400, "max_tokens", "more than"},
+      {R"({"prompt":"a","max_tokens":40})", 400, "max_tokens", "context of 32"},
+      {R"({"prompt":"a","max_tokens":2.5})", 400, "max_tokens", "integer"},
+      {R"({"prompt":"a","max_tokens":"5"})", 400, "max_tokens", "integer"},
+      {R"({"prompt":"a","temperature":3})", 400, "temperature", "between 0 and 2"},
+      {R"({"prompt":"a","temperature":"hot"})", 400, "temperature", "\"hot\""},
+      {R"({"prompt":"a","top_p":1.5})", 400, "top_p", "1.5"},
+      {R"({"prompt":"a","top_k":-2})", 400, "top_k", "-2"},
+      {R"({"prompt":"a","n":0})", 400, "n", "0 is less than 1"},
+      {R"({"prompt":"a","n":1000000})", 400, "n", "1000000"},
+      {R"({"prompt":["a","b","c"],"n":30})", 400, "n", "90 choices"},
+      {R"({"prompt":"a","stop":["","x"]})", 400, "stop", "empty"},
+      {R"({"prompt":"a","stop":["a","b","c","d","e"]})", 400, "stop", "5 sequences"},
+      {R"({"prompt":"a","stop":7})", 400, "stop", "string"},
+      {R"({"prompt":"a","logprobs":21})", 400, "logprobs", "21"},
+      {R"({"prompt":"a","logprobs":true})", 400, "logprobs", "integer"},
+      {R"({"prompt":"a","stream":"yes"})", 400, "stream", "true or false"},
+      {R"({"prompt":"a","stream_options":{"x":1}})", 400, "stream_options", "'x'"},
+      {R"({"prompt":"a","seed":1.5})", 400, "seed", "integer"},
+      {R"({"prompt":"a","presence_penalty":0.5})", 400, "presence_penalty", "not supported"},
+      {R"({"prompt":"a","best_of":3})", 400, "best_of", "not supported"},
+      {R"({"prompt":"a","logit_bias":{"1":2}})", 400, "logit_bias", "not supported"},
+      {R"({"prompt":"a","suffix":"z"})", 400, "suffix", "not supported"},
+      {R"({"prompt":"a","model":7})", 400, "model", "string"},
+      {R"({"prompt":"a","model":"gpt-4"})", 404, "model", "gpt-4"},
+  };
+  for (const Case& c : cases) {
+    try {
+      parse(c.body);
+      ADD_FAILURE() << "accepted " << c.body.substr(0, 80);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, c.status) << c.body.substr(0, 80);
+      EXPECT_EQ(e.param, c.param) << c.body.substr(0, 80) << ": " << e.message;
+      EXPECT_NE(e.message.find(c.word), std::string::npos) << c.body.substr(0, 80) << ": " << e.message;
+      const Json body = error_body(e);
+      EXPECT_EQ(body["error"]["message"], e.message);
+      EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("code"));
+    }
+  }
+}
+
+std::vector<generate::ScoredToken> scored(const std::string& text) {
+  std::vector<generate::ScoredToken> out;
+  for (const char c : text)
+    out.push_back({static_cast<unsigned char>(c), -1.0, {}});
+  return out;
+}
+
+TEST(Api, StopSequencesCutTheTextAndStreamsHoldBackWhatMayBecomeOne) {
+  EXPECT_EQ(stop_cut(scored("hello wor"), {"world"}), std::nullopt);
+  EXPECT_EQ(stop_cut(scored("hello world"), {"world", "xyz"}), 6u);
+  EXPECT_EQ(stop_cut(scored("abc\n"), {"\n"}), 3u);
+  // "wor" could still become "world": held back; "worx" cannot.
+  EXPECT_EQ(streamable_tokens(scored("hello wor"), {"world"}), 6u);
+  EXPECT_EQ(streamable_tokens(scored("hello worx"), {"world"}), 10u);
+  // An unfinished UTF-8 character waits for its last byte.
+  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82"), {}), 2u);
+  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82\xac"), {}), 5u);
+  EXPECT_EQ(streamable_tokens(scored("ab\xc3"), {}), 2u);
+}
+
+TEST(Api, ResponsesHaveOpenAIsShapeAndTheLogprobBits) {
+  CompletionParams params = parse(R"({"prompt":"hi","logprobs":1,"echo":true,"n":1})");
+  ChoiceResult choice;
+  choice.prompt = params.prompts[0];
+  choice.prompt_scores = {{'i', -0.5, {{'i', -0.5}}}};
+  const double bits = std::bit_cast<double>(std::uint64_t{0xbfe5555555555555});
+  choice.tokens = {{0xe2, bits, {{0xe2, bits}}}, {'!', -2.0, {{'x', -1.0}}}};
+  choice.finish_reason = "length";
+  const ResponseHeader header{"cmpl-1", 5, "m", 12, 99};
+  const Json r = Json::parse(dump(completion_response(header, params, {choice})));
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["weights_step"], 12);
+  EXPECT_EQ(r["usage"]["total_tokens"], 4);
+  const Json& c = r["choices"][0];
+  EXPECT_EQ(c["text"], "hi\xef\xbf\xbd!");  // the lone byte 0xe2 is not UTF-8
+  EXPECT_EQ(c["token_ids"], Json::array({0xe2, '!'}));
+  EXPECT_EQ(c["logprobs"]["tokens"], Json::array({"h", "i", "bytes:\\xe2", "!"}));
+  EXPECT_TRUE(c["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(c["logprobs"]["token_logprobs"][2].get<double>()),
+            std::uint64_t{0xbfe5555555555555});
+  EXPECT_EQ(c["logprobs"]["top_logprobs"][3]["x"], -1.0);
+  const Json chunk = completion_chunk(header, params, 0, choice, 1, 2, false, true);
+  EXPECT_EQ(chunk["choices"][0]["text"], "!");
+  EXPECT_EQ(chunk["choices"][0]["finish_reason"], "length");
+}
+
+}  // namespace
+}  // namespace meshtensor::serve
