@@ -499,6 +499,7 @@ void add_bench_command(CLI::App& app) {
   add_generate_bench(*bench);
   add_checkpoint_bench(*bench);
   add_rl_bench(*bench);
+  add_serve_bench(*bench);
 }
 
 }  // namespace meshtensor::cli

@@ -22,7 +22,8 @@ CompletionParams parse(const std::string& body) {
 }
 
 TEST(Api, PromptsComeAsTextListsOrTokenIds) {
-  EXPECT_EQ(parse(R"({"prompt":"ab"})").prompts, (std::vector<std::vector<std::int64_t>>{{97, 98}}));
+  EXPECT_EQ(parse(R"({"prompt":"ab"})").prompts,
+            (std::vector<std::vector<std::int64_t>>{{97, 98}}));
   EXPECT_EQ(parse(R"({"prompt":["a","bc"]})").prompts.size(), 2u);
   EXPECT_EQ(parse(R"({"prompt":[1,2,3]})").prompts,
             (std::vector<std::vector<std::int64_t>>{{1, 2, 3}}));
@@ -108,7 +109,8 @@ TEST(Api, BadRequestsNameTheFieldAndTheValue) {
     } catch (const ApiError& e) {
       EXPECT_EQ(e.status, c.status) << c.body.substr(0, 80);
       EXPECT_EQ(e.param, c.param) << c.body.substr(0, 80) << ": " << e.message;
-      EXPECT_NE(e.message.find(c.word), std::string::npos) << c.body.substr(0, 80) << ": " << e.message;
+      EXPECT_NE(e.message.find(c.word), std::string::npos)
+          << c.body.substr(0, 80) << ": " << e.message;
       const Json body = error_body(e);
       EXPECT_EQ(body["error"]["message"], e.message);
       EXPECT_TRUE(body["error"].contains("type") && body["error"].contains("code"));

@@ -92,7 +92,7 @@ TEST(Scheduler, ACancelledJobLeavesTheQueueAndTheBatch) {
   scheduler.cancel(gone);
   const StepPlan next = scheduler.next_plan(2, 0, 10ms);
   EXPECT_EQ(next.remove, (std::vector<std::uint64_t>{plan.add[0].id, plan.add[1].id}));
-  EXPECT_TRUE(next.add.empty());  // its third choice left the queue
+  EXPECT_TRUE(next.add.empty());                  // its third choice left the queue
   scheduler.deliver({drawn(plan.add[0].id, 1)});  // a step that raced the cancel: ignored
   const std::lock_guard lock(gone->mutex);
   EXPECT_TRUE(gone->cancelled);

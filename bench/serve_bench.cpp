@@ -1,0 +1,338 @@
+#include "serve_bench.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
+#include <meshtensor/serve/server.hpp>
+
+#include "matmul_bench.hpp"
+
+namespace meshtensor::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double percentile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const auto at = static_cast<std::size_t>(q * static_cast<double>(values.size() - 1) + 0.5);
+  return values[std::min(at, values.size() - 1)];
+}
+
+/// A prompt of `length` letters, different per client and request.
+std::string prompt_text(std::int64_t client, std::int64_t request, std::int64_t length) {
+  std::string text;
+  for (std::int64_t i = 0; i < length; ++i)
+    text.push_back(static_cast<char>('a' + (client * 31 + request * 7 + i * 3) % 26));
+  return text;
+}
+
+/// What one streamed request got.
+struct StreamOutcome {
+  bool ok = false;
+  bool answered = false;  ///< any response arrived
+  std::vector<std::int64_t> ids;
+  std::vector<double> logprobs;
+  double ttft = 0;
+  double tpot = 0;
+};
+
+/// Sends `body` as a streamed completion and reads its server-sent events.
+StreamOutcome stream_request(httplib::Client& client, const std::string& body) {
+  StreamOutcome out;
+  std::string buffer;
+  bool done = false;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first;
+  Clock::time_point last;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = body;
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t,
+                                 std::uint64_t) {
+    out.answered = true;
+    buffer.append(data, size);
+    for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) return false;
+      if (event == "data: [DONE]") {
+        done = true;
+        continue;
+      }
+      const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (chunk.is_discarded() || !chunk.contains("choices")) return false;
+      for (const nlohmann::json& choice : chunk["choices"]) {
+        for (const nlohmann::json& id : choice["token_ids"]) {
+          if (out.ids.empty()) first = Clock::now();
+          last = Clock::now();
+          out.ids.push_back(id.get<std::int64_t>());
+        }
+        if (choice["logprobs"].is_object()) {
+          for (const nlohmann::json& l : choice["logprobs"]["token_logprobs"])
+            out.logprobs.push_back(l.get<double>());
+        }
+      }
+    }
+    return true;
+  };
+  httplib::Response response;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent = client.send(request, response, error);
+  out.ok = sent && response.status == 200 && done && !out.ids.empty();
+  if (!out.ids.empty()) {
+    out.ttft = std::chrono::duration<double>(first - start).count();
+    if (out.ids.size() > 1) {
+      out.tpot = std::chrono::duration<double>(last - first).count() /
+                 static_cast<double>(out.ids.size() - 1);
+    }
+  }
+  return out;
+}
+
+std::string request_body(const std::string& prompt, std::int64_t new_tokens, bool probe) {
+  nlohmann::json body{{"prompt", prompt}, {"max_tokens", new_tokens}, {"stream", true}};
+  if (probe) {
+    body["temperature"] = 0.8;
+    body["seed"] = 12345;
+    body["logprobs"] = 0;
+  } else {
+    body["temperature"] = 0.0;
+  }
+  return body.dump();
+}
+
+/// A fresh GPT of `config` saved as a checkpoint under `root` (what `train` writes).
+void save_fresh_gpt(const nn::GptConfig& config, const std::string& root) {
+  comm::run_threads(1, [&](comm::Communicator& world) {
+    nn::Gpt model(config);
+    std::vector<checkpoint::SaveItem> items;
+    for (nn::Parameter* p : model.parameters())
+      items.push_back({"model." + p->name, p->value.shape(), {}, p->value, true});
+    checkpoint::SaveOptions options;
+    options.metadata["architecture"] =
+        fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
+                    config.layers, config.heads, config.dim, config.context, config.vocabulary);
+    checkpoint::save(world, root, 0, items, options);
+  });
+}
+
+/// A server of `config` on a thread of its own, drained when this goes.
+class BenchServer {
+ public:
+  BenchServer(const std::string& checkpoint, std::int64_t max_batch, std::int64_t clients,
+              bool batch_variant) {
+    config_.checkpoint = checkpoint;
+    config_.port = 0;
+    config_.max_batch = max_batch;
+    config_.max_queue = std::max<std::int64_t>(256, 4 * clients);
+    if (batch_variant) config_.batch_variant = openblas_linear_matmul();
+    std::promise<std::string> url;
+    std::future<std::string> listening = url.get_future();
+    config_.on_listening = [&url](const std::string& at) { url.set_value(at); };
+    thread_ = std::thread([this, &url] {
+      try {
+        comm::run_threads(1, [&](comm::Communicator& world) {
+          serve::serve(world, config_, &control_);
+        });
+      } catch (...) {
+        failure_ = std::current_exception();
+        try {
+          url.set_exception(std::current_exception());
+        } catch (const std::future_error&) {  // it was listening already
+        }
+      }
+    });
+    try {
+      url_ = listening.get();
+    } catch (...) {
+      thread_.join();
+      throw;
+    }
+  }
+  ~BenchServer() {
+    if (thread_.joinable()) stop();
+  }
+  BenchServer(const BenchServer&) = delete;
+  BenchServer& operator=(const BenchServer&) = delete;
+  const std::string& url() const { return url_; }
+  void stop() {
+    control_.drain();
+    thread_.join();
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  serve::ServeConfig config_;
+  serve::ServeControl control_;
+  std::thread thread_;
+  std::exception_ptr failure_;
+  std::string url_;
+};
+
+/// `clients` threads sending streamed requests back to back for config.seconds; client 0 sends
+/// the seeded probe every fourth request and compares it with `alone`.
+LoadFigures run_load(const std::string& url, const ServeBenchConfig& config,
+                     const StreamOutcome& alone) {
+  struct PerClient {
+    std::vector<double> ttft, tpot;
+    std::int64_t requests = 0, failed = 0, lost = 0, tokens = 0, probes = 0, probes_same = 0;
+  };
+  std::vector<PerClient> per(static_cast<std::size_t>(config.clients));
+  const Clock::time_point start = Clock::now();
+  std::vector<std::thread> threads;
+  for (std::int64_t c = 0; c < config.clients; ++c) {
+    threads.emplace_back([&, c] {
+      PerClient& mine = per[static_cast<std::size_t>(c)];
+      httplib::Client client(url);
+      client.set_read_timeout(60, 0);
+      client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);
+      for (std::int64_t r = 0; seconds_since(start) < config.seconds; ++r) {
+        const bool probe = c == 0 && r % 4 == 1;
+        const StreamOutcome got = stream_request(
+            client, request_body(probe ? "The probe" : prompt_text(c, r, config.prompt_tokens),
+                                 config.new_tokens, probe));
+        if (!got.answered) {
+          ++mine.lost;
+          continue;
+        }
+        if (!got.ok || static_cast<std::int64_t>(got.ids.size()) != config.new_tokens) {
+          ++mine.failed;
+          continue;
+        }
+        ++mine.requests;
+        mine.tokens += static_cast<std::int64_t>(got.ids.size());
+        mine.ttft.push_back(got.ttft);
+        mine.tpot.push_back(got.tpot);
+        if (probe) {
+          ++mine.probes;
+          if (got.ids == alone.ids && got.logprobs.size() == alone.logprobs.size() &&
+              std::equal(got.logprobs.begin(), got.logprobs.end(), alone.logprobs.begin(),
+                         [](double a, double b) {
+                           return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+                         })) {
+            ++mine.probes_same;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads)
+    t.join();
+  LoadFigures f;
+  f.seconds = seconds_since(start);
+  std::vector<double> ttft, tpot;
+  std::int64_t probes = 0, probes_same = 0;
+  for (const PerClient& p : per) {
+    f.requests += p.requests;
+    f.failed += p.failed;
+    f.lost += p.lost;
+    f.tokens += p.tokens;
+    ttft.insert(ttft.end(), p.ttft.begin(), p.ttft.end());
+    tpot.insert(tpot.end(), p.tpot.begin(), p.tpot.end());
+    probes += p.probes;
+    probes_same += p.probes_same;
+  }
+  f.requests_per_second = static_cast<double>(f.requests) / f.seconds;
+  f.tokens_per_second = static_cast<double>(f.tokens) / f.seconds;
+  f.ttft_p50 = percentile(ttft, 0.5);
+  f.ttft_p99 = percentile(ttft, 0.99);
+  f.tpot_p50 = percentile(tpot, 0.5);
+  f.tpot_p99 = percentile(tpot, 0.99);
+  f.probe_identical = probes > 0 && probes == probes_same;
+  return f;
+}
+
+LoadFigures measure_server(const std::string& checkpoint, const ServeBenchConfig& config,
+                           bool batch_variant) {
+  BenchServer server(checkpoint, config.max_batch > 0 ? config.max_batch : config.clients,
+                     config.clients, batch_variant);
+  httplib::Client client(server.url());
+  client.set_read_timeout(60, 0);
+  client.set_tcp_nodelay(true);
+  // The probe alone, on an idle server.
+  const StreamOutcome alone = stream_request(client, request_body("The probe", config.new_tokens, true));
+  if (!alone.ok) throw Error("bench serve: the probe request failed on an idle server");
+  LoadFigures figures = run_load(server.url(), config, alone);
+  server.stop();
+  return figures;
+}
+
+/// The generator alone: `clients` requests of the benchmark's lengths decoded together.
+double generator_tokens_per_second(const std::string& checkpoint, const ServeBenchConfig& config) {
+  double best = 0;
+  comm::run_threads(1, [&](comm::Communicator& world) {
+    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, checkpoint);
+    std::vector<generate::Request> requests;
+    for (std::int64_t c = 0; c < config.clients; ++c)
+      requests.push_back({generate::byte_tokens(prompt_text(c, 0, config.prompt_tokens)),
+                          config.new_tokens, {}});
+    generate::Generator generator(*model, {config.max_batch > 0 ? config.max_batch : config.clients, 64, false});
+    for (int round = 0; round < 3; ++round) {
+      const Clock::time_point start = Clock::now();
+      generator.generate(requests);
+      best = std::max(best, static_cast<double>(config.clients * config.new_tokens) /
+                                seconds_since(start));
+    }
+  });
+  return best;
+}
+
+}  // namespace
+
+ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
+  if (config.clients < 1 || config.seconds <= 0 || config.prompt_tokens < 1 || config.new_tokens < 1)
+    throw InvalidArgument("bench serve: clients, seconds, prompt and new tokens must be positive");
+  std::string checkpoint = config.checkpoint;
+  std::filesystem::path temporary;
+  if (checkpoint.empty()) {
+    temporary = std::filesystem::temp_directory_path() /
+                fmt::format("meshtensor-bench-serve-{}", std::random_device{}());
+    save_fresh_gpt(config.model, temporary.string());
+    checkpoint = temporary.string();
+  }
+  ServeBenchResult result;
+  try {
+    nn::GptConfig served;
+    comm::run_threads(1, [&](comm::Communicator& world) {
+      served = generate::read_architecture(world, checkpoint);
+    });
+    if (config.prompt_tokens + config.new_tokens > served.context) {
+      throw InvalidArgument(fmt::format(
+          "bench serve: --prompt-tokens {} plus --new-tokens {} exceed the model's context of {}",
+          config.prompt_tokens, config.new_tokens, served.context));
+    }
+    result.model = nn::gpt_config_text(served);
+    result.generator_tokens_per_second = generator_tokens_per_second(checkpoint, config);
+    result.invariant = measure_server(checkpoint, config, false);
+    result.batch_variant = measure_server(checkpoint, config, true);
+  } catch (...) {
+    if (!temporary.empty()) std::filesystem::remove_all(temporary);
+    throw;
+  }
+  if (!temporary.empty()) std::filesystem::remove_all(temporary);
+  return result;
+}
+
+}  // namespace meshtensor::bench
