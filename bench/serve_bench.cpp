@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
+#include <httplib.h>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
@@ -55,6 +58,37 @@ struct StreamOutcome {
   double tpot = 0;
 };
 
+/// The numbers of the JSON array after `"key":[` in `text`, parsed with strtod (the server
+/// prints doubles with the digits that read back to the same bits); false without the key.
+bool numbers_after(const std::string& text, const char* key, std::vector<double>& out) {
+  const std::size_t at = text.find(key);
+  if (at == std::string::npos) return false;
+  const char* p = text.c_str() + at + std::strlen(key);
+  while (*p != ']' && *p != '\0') {
+    char* end = nullptr;
+    out.push_back(std::strtod(p, &end));
+    if (end == p) return false;
+    p = end;
+    if (*p == ',') ++p;
+  }
+  return *p == ']';
+}
+
+/// Reads one event's token ids and log-probabilities without a full JSON parse: the client
+/// shares the machine with the server, so it should cost as little as it can.
+bool read_chunk(const std::string& event, std::vector<std::int64_t>& ids,
+                std::vector<double>& logprobs, Clock::time_point& first, Clock::time_point& last) {
+  std::vector<double> numbers;
+  if (!numbers_after(event, "\"token_ids\":[", numbers)) return false;
+  for (const double id : numbers) {
+    if (ids.empty()) first = Clock::now();
+    last = Clock::now();
+    ids.push_back(static_cast<std::int64_t>(id));
+  }
+  numbers_after(event, "\"token_logprobs\":[", logprobs);
+  return true;
+}
+
 /// Sends `body` as a streamed completion and reads its server-sent events.
 StreamOutcome stream_request(httplib::Client& client, const std::string& body) {
   StreamOutcome out;
@@ -68,8 +102,7 @@ StreamOutcome stream_request(httplib::Client& client, const std::string& body) {
   request.path = "/v1/completions";
   request.body = body;
   request.set_header("Content-Type", "application/json");
-  request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t,
-                                 std::uint64_t) {
+  request.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
     out.answered = true;
     buffer.append(data, size);
     for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
@@ -80,19 +113,7 @@ StreamOutcome stream_request(httplib::Client& client, const std::string& body) {
         done = true;
         continue;
       }
-      const nlohmann::json chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
-      if (chunk.is_discarded() || !chunk.contains("choices")) return false;
-      for (const nlohmann::json& choice : chunk["choices"]) {
-        for (const nlohmann::json& id : choice["token_ids"]) {
-          if (out.ids.empty()) first = Clock::now();
-          last = Clock::now();
-          out.ids.push_back(id.get<std::int64_t>());
-        }
-        if (choice["logprobs"].is_object()) {
-          for (const nlohmann::json& l : choice["logprobs"]["token_logprobs"])
-            out.logprobs.push_back(l.get<double>());
-        }
-      }
+      if (!read_chunk(event, out.ids, out.logprobs, first, last)) return false;
     }
     return true;
   };
@@ -152,9 +173,8 @@ class BenchServer {
     config_.on_listening = [&url](const std::string& at) { url.set_value(at); };
     thread_ = std::thread([this, &url] {
       try {
-        comm::run_threads(1, [&](comm::Communicator& world) {
-          serve::serve(world, config_, &control_);
-        });
+        comm::run_threads(
+            1, [&](comm::Communicator& world) { serve::serve(world, config_, &control_); });
       } catch (...) {
         failure_ = std::current_exception();
         try {
@@ -230,7 +250,8 @@ LoadFigures run_load(const std::string& url, const ServeBenchConfig& config,
           if (got.ids == alone.ids && got.logprobs.size() == alone.logprobs.size() &&
               std::equal(got.logprobs.begin(), got.logprobs.end(), alone.logprobs.begin(),
                          [](double a, double b) {
-                           return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+                           return std::bit_cast<std::uint64_t>(a) ==
+                                  std::bit_cast<std::uint64_t>(b);
                          })) {
             ++mine.probes_same;
           }
@@ -272,37 +293,42 @@ LoadFigures measure_server(const std::string& checkpoint, const ServeBenchConfig
   client.set_read_timeout(60, 0);
   client.set_tcp_nodelay(true);
   // The probe alone, on an idle server.
-  const StreamOutcome alone = stream_request(client, request_body("The probe", config.new_tokens, true));
+  const StreamOutcome alone =
+      stream_request(client, request_body("The probe", config.new_tokens, true));
   if (!alone.ok) throw Error("bench serve: the probe request failed on an idle server");
   LoadFigures figures = run_load(server.url(), config, alone);
   server.stop();
   return figures;
 }
 
-/// The generator alone: `clients` requests of the benchmark's lengths decoded together.
-double generator_tokens_per_second(const std::string& checkpoint, const ServeBenchConfig& config) {
-  double best = 0;
+/// The generator alone: `clients` requests of the benchmark's lengths decoded together, three
+/// rounds; each round's tokens/s is added to `rates`.
+void time_generator(const std::string& checkpoint, const ServeBenchConfig& config,
+                    bool batch_variant, std::vector<double>& rates) {
   comm::run_threads(1, [&](comm::Communicator& world) {
     const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, checkpoint);
+    std::optional<nn::BatchVariantScope> variant;
+    if (batch_variant) variant.emplace(openblas_linear_matmul());
     std::vector<generate::Request> requests;
     for (std::int64_t c = 0; c < config.clients; ++c)
-      requests.push_back({generate::byte_tokens(prompt_text(c, 0, config.prompt_tokens)),
-                          config.new_tokens, {}});
-    generate::Generator generator(*model, {config.max_batch > 0 ? config.max_batch : config.clients, 64, false});
+      requests.push_back(
+          {generate::byte_tokens(prompt_text(c, 0, config.prompt_tokens)), config.new_tokens, {}});
+    generate::Generator generator(
+        *model, {config.max_batch > 0 ? config.max_batch : config.clients, 64, false});
     for (int round = 0; round < 3; ++round) {
       const Clock::time_point start = Clock::now();
       generator.generate(requests);
-      best = std::max(best, static_cast<double>(config.clients * config.new_tokens) /
-                                seconds_since(start));
+      rates.push_back(static_cast<double>(config.clients * config.new_tokens) /
+                      seconds_since(start));
     }
   });
-  return best;
 }
 
 }  // namespace
 
 ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
-  if (config.clients < 1 || config.seconds <= 0 || config.prompt_tokens < 1 || config.new_tokens < 1)
+  if (config.clients < 1 || config.seconds <= 0 || config.prompt_tokens < 1 ||
+      config.new_tokens < 1)
     throw InvalidArgument("bench serve: clients, seconds, prompt and new tokens must be positive");
   std::string checkpoint = config.checkpoint;
   std::filesystem::path temporary;
@@ -324,9 +350,25 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
           config.prompt_tokens, config.new_tokens, served.context));
     }
     result.model = nn::gpt_config_text(served);
-    result.generator_tokens_per_second = generator_tokens_per_second(checkpoint, config);
+    // The generator is timed before, between and after the servers, so that a machine whose
+    // speed drifts during the run does not favour either side; the median is reported.
+    std::vector<double> rates;
+    std::vector<double> variant_rates;
+    const auto time_both = [&] {
+      time_generator(checkpoint, config, false, rates);
+      time_generator(checkpoint, config, true, variant_rates);
+    };
+    time_both();
     result.invariant = measure_server(checkpoint, config, false);
+    time_both();
     result.batch_variant = measure_server(checkpoint, config, true);
+    time_both();
+    const auto median = [](std::vector<double> values) {
+      std::sort(values.begin(), values.end());
+      return values[values.size() / 2];
+    };
+    result.generator_tokens_per_second = median(rates);
+    result.generator_batch_variant_tokens_per_second = median(variant_rates);
   } catch (...) {
     if (!temporary.empty()) std::filesystem::remove_all(temporary);
     throw;

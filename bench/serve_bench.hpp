@@ -39,8 +39,11 @@ struct ServeBenchResult {
   LoadFigures invariant;      ///< the server as shipped (batch-invariant kernels)
   LoadFigures batch_variant;  ///< the same server with OpenBLAS in every Linear
   /// The generator alone, `clients` requests of the same lengths decoded together (the
-  /// `bench generate` path, prefill included), tokens/s.
+  /// `bench generate` path, prefill included), tokens/s: the median of 9 rounds timed before,
+  /// between and after the servers.
   double generator_tokens_per_second = 0;
+  /// The same with OpenBLAS in every Linear: the generator's own cost of batch invariance.
+  double generator_batch_variant_tokens_per_second = 0;
   std::string model;  ///< the served model's text
 };
 

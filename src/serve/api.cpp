@@ -488,6 +488,23 @@ Json completion_chunk(const ResponseHeader& header, const CompletionParams& para
   return out;
 }
 
+ChunkWriter::ChunkWriter(const ResponseHeader& header) {
+  Json start = response_start(header);
+  start["choices"] = Json::array();
+  start["weights_step"] = header.weights_step;
+  const std::string whole = dump(start);
+  const std::size_t at = whole.find("\"choices\":[]");
+  prefix_ = whole.substr(0, at) + "\"choices\":[";
+  suffix_ = whole.substr(at + std::string("\"choices\":[").size());
+}
+
+std::string ChunkWriter::chunk(const CompletionParams& params, std::size_t index,
+                               const ChoiceResult& choice, std::size_t from, std::size_t to,
+                               bool with_prompt, bool finished) const {
+  return prefix_ + dump(choice_object(params, index, choice, from, to, with_prompt, finished)) +
+         suffix_;
+}
+
 std::string dump(const Json& value) {
   return value.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

@@ -3,7 +3,11 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <httplib.h>
+#include <optional>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <fmt/format.h>
 
@@ -14,6 +18,71 @@ namespace meshtensor::serve {
 namespace {
 
 constexpr auto kWriterWait = std::chrono::milliseconds(100);
+
+/// The HTTP threads: cpp-httplib's pool, but each thread runs at a lower scheduling priority
+/// (nice +5) than the generation loop, so that parsing and writing never delay a decode step on
+/// a busy machine (the tokens they would write simply go out together).
+class LowPriorityPool : public httplib::TaskQueue {
+ public:
+  explicit LowPriorityPool(std::size_t threads) {
+    for (std::size_t i = 0; i < threads; ++i)
+      threads_.emplace_back([this] { work(); });
+  }
+  ~LowPriorityPool() override {
+    shutdown();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  void enqueue(std::function<void()> task) override {
+    {
+      const std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+  }
+  void shutdown() override {
+    {
+      const std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+  }
+
+ private:
+  void work() {
+    // Linux keeps a nice value per thread; failing to set it only costs speed.
+    (void)setpriority(PRIO_PROCESS, 0, 5);
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+};
+
+/// cpp-httplib listens with a backlog of 5 connections: clients connecting at once beyond that
+/// wait for a SYN retry or fail. Listening again on the bound socket raises it.
+class WideBacklogServer : public httplib::Server {
+ public:
+  void widen_backlog() {
+    if (::listen(svr_sock_, SOMAXCONN) != 0) {
+      throw InvalidArgument(
+          fmt::format("cannot widen the listen backlog: {}", std::strerror(errno)));
+    }
+  }
+};
 
 void send_error(httplib::Response& response, const ApiError& error) {
   response.status = error.status;
@@ -67,7 +136,7 @@ HttpFrontend::HttpFrontend(const ServeConfig& config, Scheduler& scheduler, Metr
       metrics_(metrics),
       model_(std::move(model)),
       random_(std::random_device{}()),
-      server_(std::make_unique<httplib::Server>()) {
+      server_(std::make_unique<WideBacklogServer>()) {
   add_routes();
 }
 
@@ -245,6 +314,7 @@ namespace {
 
 /// What a stream has sent of each choice.
 struct StreamState {
+  std::optional<ChunkWriter> writer;  ///< once the job's weights are known
   std::uint64_t seen = ~std::uint64_t{0};
   std::vector<std::size_t> sent;
   std::vector<bool> started;
@@ -262,6 +332,8 @@ std::string stream_events(const Job& job, StreamState& state, bool& finished) {
     finished = true;
     return event(error_body({500, job.error, "server_error", "", ""})) + "data: [DONE]\n\n";
   }
+  if (!job.admitted) return {};
+  if (!state.writer) state.writer.emplace(job.header);
   const CompletionParams& params = job.params;
   const std::size_t count = job.choices.size();
   state.sent.resize(count, 0);
@@ -315,12 +387,14 @@ void HttpFrontend::stream_job(const std::shared_ptr<Job>& job, httplib::Response
           state->seen = job->version;
           out = stream_events(*job, *state, finished);
         }
-        if (!out.empty() && !sink.write(out.data(), out.size())) return false;
         if (finished) {
+          if (!sink.write(out.data(), out.size())) return false;
           state->done = true;
           sink.done();
           return true;
         }
+        // A write notices a client that left; with nothing to write, ask the socket.
+        if (!out.empty()) return sink.write(out.data(), out.size());
         return sink.is_writable();
       },
       [this, job, state](bool) {
@@ -392,6 +466,7 @@ void HttpFrontend::start() {
     throw InvalidArgument(fmt::format("cannot listen on {} port {}: {}", config_.host, config_.port,
                                       errno != 0 ? std::strerror(errno) : "bind failed"));
   }
+  static_cast<WideBacklogServer&>(*server_).widen_backlog();
   const bool ipv6 = config_.host.find(':') != std::string::npos;
   url_ = ipv6 ? fmt::format("http://[{}]:{}", config_.host, port)
               : fmt::format("http://{}:{}", config_.host, port);

@@ -179,7 +179,9 @@ StepPlan Scheduler::next_plan(std::int64_t running, std::int64_t free_slots,
     const CompletionParams& params = job.params;
     if (!job.started) {
       job.started = true;
+      const std::lock_guard job_lock(job.mutex);
       job.header.weights_step = weights_step_;
+      job.admitted = true;
     }
     const auto sample = static_cast<std::int64_t>(slot.choice) % params.n;
     generate::Request request;

@@ -3,7 +3,7 @@
 # Usage: serve.sh <meshtensor> <case> <scratch dir for npm> [mpirun command ...]
 #   openai  the official client (npm `openai`, installed into the scratch dir when missing):
 #           models, completions with logprobs equal to `generate --json`'s bits, streaming, the
-#           same bits among 32 concurrent requests, errors, a wrong key; the same bits on a
+#           same bits among 64 concurrent requests, errors, a wrong key; the same bits on a
 #           tensor-parallel server, and after a restart (and on mpi when an mpirun command follows)
 #   errors  curl: bad requests get their 4xx and an OpenAI error naming the field, 413, 401,
 #           path tricks; the server keeps serving; SIGTERM drains a running stream and exits 0

@@ -162,6 +162,9 @@ TEST(Api, ResponsesHaveOpenAIsShapeAndTheLogprobBits) {
   const Json chunk = completion_chunk(header, params, 0, choice, 1, 2, false, true);
   EXPECT_EQ(chunk["choices"][0]["text"], "!");
   EXPECT_EQ(chunk["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ChunkWriter(header).chunk(params, 0, choice, 1, 2, false, true), dump(chunk));
+  EXPECT_EQ(ChunkWriter(header).chunk(params, 0, choice, 0, 2, true, false),
+            dump(completion_chunk(header, params, 0, choice, 0, 2, true, false)));
 }
 
 }  // namespace

@@ -66,17 +66,17 @@ check(alone.finish === 'length', 'finish_reason length');
 const streamed = await run(client, probe, true);
 check(sameBits(alone, streamed), 'a streamed completion has the same bits');
 
-// Under load: the probe among 32 concurrent requests of other lengths, streamed or not.
+// Under load: the probe among 64 concurrent requests of other lengths, streamed or not.
 const others = [];
-for (let i = 0; i < 32; i++) {
+for (let i = 0; i < 64; i++) {
   const request = { prompt: 'x'.repeat(1 + (i * 7) % 19) + String(i), max_tokens: 1 + (i * 5) % 17,
                     temperature: (i % 3) * 0.6, seed: 1000 + i, logprobs: i % 2 === 0 ? 0 : null };
   others.push(run(client, request, i % 2 === 0));
 }
 const underLoad = [run(client, probe, false), run(client, probe, true)];
 const results = await Promise.all([...underLoad, ...others]);
-check(sameBits(alone, results[0]), 'the same bits among 32 concurrent requests (not streamed)');
-check(sameBits(alone, results[1]), 'the same bits among 32 concurrent requests (streamed)');
+check(sameBits(alone, results[0]), 'the same bits among 64 concurrent requests (not streamed)');
+check(sameBits(alone, results[1]), 'the same bits among 64 concurrent requests (streamed)');
 check(results.slice(2).every((r, i) => r.ids.length === 1 + (i * 5) % 17),
       'every concurrent request got its tokens');
 

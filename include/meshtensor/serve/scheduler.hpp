@@ -23,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 /// that queued it waits on `changed` and writes them out.
 struct Job {
   CompletionParams params;
-  ResponseHeader header;  ///< weights_step is set when its first choice starts
+  ResponseHeader header;  ///< weights_step is set (under `mutex`) when its first choice starts
   Clock::time_point queued = Clock::now();
 
   std::mutex mutex;
@@ -31,6 +31,7 @@ struct Job {
   // Guarded by `mutex`:
   std::vector<ChoiceResult> choices;
   std::size_t unfinished = 0;
+  bool admitted = false;   ///< a choice started: header.weights_step is set
   bool cancelled = false;  ///< the client left
   bool started = false;    ///< a choice has been admitted (guarded by the scheduler)
   std::string error;       ///< set when the job failed after it was queued
