@@ -161,6 +161,12 @@ void HttpFrontend::add_routes() {
   s.set_read_timeout(10, 0);
   s.set_write_timeout(30, 0);
   s.set_tcp_nodelay(true);
+  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server share the port
+  // silently; SO_REUSEADDR alone still allows a quick restart.
+  s.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    (void)setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
     return authorized(request, response) ? httplib::Server::HandlerResponse::Unhandled
                                          : httplib::Server::HandlerResponse::Handled;

@@ -152,6 +152,20 @@ errors)
   grep -qi '^Retry-After: 1' $(grep -lx 429 "$dir"/status.* | sed 's/status/headers/') ||
     fail "429 without Retry-After"
   expect 200 '"finish_reason":"length"' "${auth[@]}" "$c" -d '{"prompt":"still","max_tokens":3}'
+  # Bad command lines: a port in use, a missing checkpoint, another model's checkpoint.
+  port=${url_one##*:}
+  ck="--checkpoint $dir/ckpt"
+  for bad in "$ck --port $port|cannot listen on 127.0.0.1 port $port" \
+             "--checkpoint $dir/none|$dir/none" "$ck --port 70000|--port" \
+             "$ck --mode native|native" "$ck --ranks 3|3" "$ck --host ::1x --port 0|::1x"; do
+    set +e
+    # shellcheck disable=SC2086
+    "$bin" serve ${bad%%|*} >"$dir/bad.out" 2>&1
+    status=$?
+    set -e
+    [ "$status" -eq 2 ] && grep -qF -- "${bad#*|}" "$dir/bad.out" ||
+      fail "serve ${bad%%|*}: exit $status: $(cat "$dir/bad.out")"
+  done
   grep -q 'meshtensor_requests_total{endpoint="/v1/completions",status="400"}' \
     <(curl -s "$url_one/metrics") || fail "metrics do not count the 400s"
   # SIGTERM during a stream: the stream ends with [DONE], new requests are refused, exit 0.
