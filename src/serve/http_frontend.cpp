@@ -153,9 +153,7 @@ void HttpFrontend::add_routes() {
       config_.http_threads > 0
           ? config_.http_threads
           : std::min<std::int64_t>(1024, config_.max_queue + config_.max_batch + 16);
-  s.new_task_queue = [threads] {
-    return new httplib::ThreadPool(static_cast<std::size_t>(threads));
-  };
+  s.new_task_queue = [threads] { return new LowPriorityPool(static_cast<std::size_t>(threads)); };
   s.set_payload_max_length(static_cast<std::size_t>(config_.limits.max_body_bytes));
   s.set_keep_alive_max_count(1000);
   s.set_read_timeout(10, 0);

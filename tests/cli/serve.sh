@@ -168,6 +168,21 @@ errors)
   done
   grep -q 'meshtensor_requests_total{endpoint="/v1/completions",status="400"}' \
     <(curl -s "$url_one/metrics") || fail "metrics do not count the 400s"
+  # A client that disconnects frees its slot: one slot, a request of 8 x 400 tokens on a larger
+  # model, the reader gone after 0.3 s; the next request is served at once.
+  "$bin" train --model gpt:layers=2,heads=4,dim=256,context=512 --batch 2 --steps 1 \
+    --eval-every 0 --save "$dir/big" >/dev/null
+  start_server big "$bin" serve --checkpoint "$dir/big" --port 0 --max-batch 1
+  curl -s --max-time 0.3 "$url_big/v1/completions" \
+    -d '{"prompt":"a","n":8,"max_tokens":400,"stream":true}' >/dev/null || true
+  sleep 0.3
+  generated() { curl -s "$url_big/metrics" | grep '^meshtensor_generated_tokens_total' | cut -d' ' -f2; }
+  before=$(generated)
+  sleep 0.5
+  [ "$(generated)" = "$before" ] || fail "generation went on after the client left"
+  [ "$before" -lt 3200 ] || fail "all $before tokens were generated for a client that left"
+  grep -q '^meshtensor_running_batch 0' <(curl -s "$url_big/metrics") || fail "slot not freed"
+  stop_server big
   # SIGTERM during a stream: the stream ends with [DONE], new requests are refused, exit 0.
   curl -sN "${auth[@]}" "$c" -d '{"prompt":"a","n":8,"max_tokens":60,"stream":true}' \
     >"$dir/stream" &
