@@ -9,6 +9,8 @@
 #include <future>
 #include <httplib.h>
 #include <optional>
+#include <pthread.h>
+#include <sched.h>
 #include <thread>
 
 #include <fmt/format.h>
@@ -28,6 +30,9 @@ namespace meshtensor::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// Alternating rounds of each server.
+constexpr int kRounds = 3;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -210,25 +215,79 @@ class BenchServer {
   std::string url_;
 };
 
-/// `clients` threads sending streamed requests back to back for config.seconds; client 0 sends
-/// the seeded probe every fourth request and compares it with `alone`.
-LoadFigures run_load(const std::string& url, const ServeBenchConfig& config,
+/// Keeps the calling client thread on the machine's last CPU: the clients stand in for other
+/// machines, so they stay off the CPU the generation loop mostly runs on (the server's own HTTP
+/// threads are not pinned). On one CPU, nothing changes.
+void keep_to_last_cpu() {
+  const unsigned count = std::thread::hardware_concurrency();
+  if (count < 2) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(count - 1, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+/// What clients saw during one or more load phases.
+struct LoadSamples {
+  std::int64_t requests = 0, failed = 0, lost = 0, tokens = 0, probes = 0, probes_same = 0;
+  double seconds = 0;
+  std::vector<double> ttft, tpot;
+
+  void merge(const LoadSamples& other) {
+    requests += other.requests;
+    failed += other.failed;
+    lost += other.lost;
+    tokens += other.tokens;
+    probes += other.probes;
+    probes_same += other.probes_same;
+    seconds += other.seconds;
+    ttft.insert(ttft.end(), other.ttft.begin(), other.ttft.end());
+    tpot.insert(tpot.end(), other.tpot.begin(), other.tpot.end());
+  }
+
+  LoadFigures figures() const {
+    LoadFigures f;
+    f.requests = requests;
+    f.failed = failed;
+    f.lost = lost;
+    f.tokens = tokens;
+    f.seconds = seconds;
+    f.requests_per_second = static_cast<double>(requests) / seconds;
+    f.tokens_per_second = static_cast<double>(tokens) / seconds;
+    f.ttft_p50 = percentile(ttft, 0.5);
+    f.ttft_p99 = percentile(ttft, 0.99);
+    f.tpot_p50 = percentile(tpot, 0.5);
+    f.tpot_p99 = percentile(tpot, 0.99);
+    f.probe_identical = probes > 0 && probes == probes_same;
+    return f;
+  }
+};
+
+bool same_bits(const StreamOutcome& a, const StreamOutcome& b) {
+  return a.ids == b.ids && a.logprobs.size() == b.logprobs.size() &&
+         std::equal(a.logprobs.begin(), a.logprobs.end(), b.logprobs.begin(),
+                    [](double x, double y) {
+                      return std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y);
+                    });
+}
+
+/// `clients` threads sending streamed requests back to back for `seconds`; client 0 sends the
+/// seeded probe every fourth request and compares it with `alone`.
+LoadSamples run_load(const std::string& url, const ServeBenchConfig& config, double seconds,
                      const StreamOutcome& alone) {
-  struct PerClient {
-    std::vector<double> ttft, tpot;
-    std::int64_t requests = 0, failed = 0, lost = 0, tokens = 0, probes = 0, probes_same = 0;
-  };
-  std::vector<PerClient> per(static_cast<std::size_t>(config.clients));
+  std::vector<LoadSamples> per(static_cast<std::size_t>(config.clients));
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> threads;
   for (std::int64_t c = 0; c < config.clients; ++c) {
     threads.emplace_back([&, c] {
-      PerClient& mine = per[static_cast<std::size_t>(c)];
+      keep_to_last_cpu();
+      (void)pthread_setname_np(pthread_self(), "bench-client");
+      LoadSamples& mine = per[static_cast<std::size_t>(c)];
       httplib::Client client(url);
       client.set_read_timeout(60, 0);
       client.set_keep_alive(true);
       client.set_tcp_nodelay(true);
-      for (std::int64_t r = 0; seconds_since(start) < config.seconds; ++r) {
+      for (std::int64_t r = 0; seconds_since(start) < seconds; ++r) {
         const bool probe = c == 0 && r % 4 == 1;
         const StreamOutcome got = stream_request(
             client, request_body(probe ? "The probe" : prompt_text(c, r, config.prompt_tokens),
@@ -247,58 +306,34 @@ LoadFigures run_load(const std::string& url, const ServeBenchConfig& config,
         mine.tpot.push_back(got.tpot);
         if (probe) {
           ++mine.probes;
-          if (got.ids == alone.ids && got.logprobs.size() == alone.logprobs.size() &&
-              std::equal(got.logprobs.begin(), got.logprobs.end(), alone.logprobs.begin(),
-                         [](double a, double b) {
-                           return std::bit_cast<std::uint64_t>(a) ==
-                                  std::bit_cast<std::uint64_t>(b);
-                         })) {
-            ++mine.probes_same;
-          }
+          if (same_bits(got, alone)) ++mine.probes_same;
         }
       }
     });
   }
   for (std::thread& t : threads)
     t.join();
-  LoadFigures f;
-  f.seconds = seconds_since(start);
-  std::vector<double> ttft, tpot;
-  std::int64_t probes = 0, probes_same = 0;
-  for (const PerClient& p : per) {
-    f.requests += p.requests;
-    f.failed += p.failed;
-    f.lost += p.lost;
-    f.tokens += p.tokens;
-    ttft.insert(ttft.end(), p.ttft.begin(), p.ttft.end());
-    tpot.insert(tpot.end(), p.tpot.begin(), p.tpot.end());
-    probes += p.probes;
-    probes_same += p.probes_same;
-  }
-  f.requests_per_second = static_cast<double>(f.requests) / f.seconds;
-  f.tokens_per_second = static_cast<double>(f.tokens) / f.seconds;
-  f.ttft_p50 = percentile(ttft, 0.5);
-  f.ttft_p99 = percentile(ttft, 0.99);
-  f.tpot_p50 = percentile(tpot, 0.5);
-  f.tpot_p99 = percentile(tpot, 0.99);
-  f.probe_identical = probes > 0 && probes == probes_same;
-  return f;
+  LoadSamples all;
+  for (const LoadSamples& p : per)
+    all.merge(p);
+  all.seconds = seconds_since(start);
+  return all;
 }
 
-LoadFigures measure_server(const std::string& checkpoint, const ServeBenchConfig& config,
-                           bool batch_variant) {
+/// One load phase of `seconds` against a fresh server; the probe runs alone on it first.
+LoadSamples measure_server(const std::string& checkpoint, const ServeBenchConfig& config,
+                           bool batch_variant, double seconds) {
   BenchServer server(checkpoint, config.max_batch > 0 ? config.max_batch : config.clients,
                      config.clients, batch_variant);
   httplib::Client client(server.url());
   client.set_read_timeout(60, 0);
   client.set_tcp_nodelay(true);
-  // The probe alone, on an idle server.
   const StreamOutcome alone =
       stream_request(client, request_body("The probe", config.new_tokens, true));
   if (!alone.ok) throw Error("bench serve: the probe request failed on an idle server");
-  LoadFigures figures = run_load(server.url(), config, alone);
+  LoadSamples samples = run_load(server.url(), config, seconds, alone);
   server.stop();
-  return figures;
+  return samples;
 }
 
 /// The generator alone: `clients` requests of the benchmark's lengths decoded together, three
@@ -350,19 +385,24 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
           config.prompt_tokens, config.new_tokens, served.context));
     }
     result.model = nn::gpt_config_text(served);
-    // The generator is timed before, between and after the servers, so that a machine whose
-    // speed drifts during the run does not favour either side; the median is reported.
+    // The servers run in alternating rounds, with the generator timed before, between and
+    // after them, so that a machine whose speed drifts during the run favours none of them.
     std::vector<double> rates;
     std::vector<double> variant_rates;
     const auto time_both = [&] {
       time_generator(checkpoint, config, false, rates);
       time_generator(checkpoint, config, true, variant_rates);
     };
+    LoadSamples invariant;
+    LoadSamples batch_variant;
+    for (int round = 0; round < kRounds; ++round) {
+      time_both();
+      invariant.merge(measure_server(checkpoint, config, false, config.seconds / kRounds));
+      batch_variant.merge(measure_server(checkpoint, config, true, config.seconds / kRounds));
+    }
     time_both();
-    result.invariant = measure_server(checkpoint, config, false);
-    time_both();
-    result.batch_variant = measure_server(checkpoint, config, true);
-    time_both();
+    result.invariant = invariant.figures();
+    result.batch_variant = batch_variant.figures();
     const auto median = [](std::vector<double> values) {
       std::sort(values.begin(), values.end());
       return values[values.size() / 2];

@@ -12,7 +12,7 @@ struct ServeBenchConfig {
   std::string checkpoint;  ///< the served checkpoint (empty: a fresh `model` saved to a temp dir)
   nn::GptConfig model;
   std::int64_t clients = 32;        ///< concurrent streaming clients
-  double seconds = 10;              ///< how long each load phase runs
+  double seconds = 10;              ///< load time of each server, in 3 alternating rounds
   std::int64_t prompt_tokens = 16;  ///< each request's prompt
   std::int64_t new_tokens = 64;     ///< each request's max_tokens
   std::int64_t max_batch = 0;       ///< the server's (0: clients)
@@ -39,8 +39,8 @@ struct ServeBenchResult {
   LoadFigures invariant;      ///< the server as shipped (batch-invariant kernels)
   LoadFigures batch_variant;  ///< the same server with OpenBLAS in every Linear
   /// The generator alone, `clients` requests of the same lengths decoded together (the
-  /// `bench generate` path, prefill included), tokens/s: the median of 9 rounds timed before,
-  /// between and after the servers.
+  /// `bench generate` path, prefill included), tokens/s: the median of the rounds timed
+  /// before, between and after the servers' rounds.
   double generator_tokens_per_second = 0;
   /// The same with OpenBLAS in every Linear: the generator's own cost of batch invariance.
   double generator_batch_variant_tokens_per_second = 0;

@@ -6,6 +6,7 @@
 #include <deque>
 #include <httplib.h>
 #include <optional>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -52,6 +53,7 @@ class LowPriorityPool : public httplib::TaskQueue {
   void work() {
     // Linux keeps a nice value per thread; failing to set it only costs speed.
     (void)setpriority(PRIO_PROCESS, 0, 5);
+    (void)pthread_setname_np(pthread_self(), "meshtensor-http");
     for (;;) {
       std::function<void()> task;
       {
