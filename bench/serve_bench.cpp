@@ -167,11 +167,12 @@ void save_fresh_gpt(const nn::GptConfig& config, const std::string& root) {
 class BenchServer {
  public:
   BenchServer(const std::string& checkpoint, std::int64_t max_batch, std::int64_t clients,
-              bool batch_variant) {
+              bool batch_variant, std::int64_t stream_interval_ms) {
     config_.checkpoint = checkpoint;
     config_.port = 0;
     config_.max_batch = max_batch;
     config_.max_queue = std::max<std::int64_t>(256, 4 * clients);
+    config_.stream_interval_ms = stream_interval_ms;
     if (batch_variant) config_.batch_variant = openblas_linear_matmul();
     std::promise<std::string> url;
     std::future<std::string> listening = url.get_future();
@@ -324,7 +325,7 @@ LoadSamples run_load(const std::string& url, const ServeBenchConfig& config, dou
 LoadSamples measure_server(const std::string& checkpoint, const ServeBenchConfig& config,
                            bool batch_variant, double seconds) {
   BenchServer server(checkpoint, config.max_batch > 0 ? config.max_batch : config.clients,
-                     config.clients, batch_variant);
+                     config.clients, batch_variant, config.stream_interval_ms);
   httplib::Client client(server.url());
   client.set_read_timeout(60, 0);
   client.set_tcp_nodelay(true);

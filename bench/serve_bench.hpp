@@ -11,11 +11,12 @@ namespace meshtensor::bench {
 struct ServeBenchConfig {
   std::string checkpoint;  ///< the served checkpoint (empty: a fresh `model` saved to a temp dir)
   nn::GptConfig model;
-  std::int64_t clients = 32;        ///< concurrent streaming clients
-  double seconds = 10;              ///< load time of each server, in 3 alternating rounds
-  std::int64_t prompt_tokens = 16;  ///< each request's prompt
-  std::int64_t new_tokens = 64;     ///< each request's max_tokens
-  std::int64_t max_batch = 0;       ///< the server's (0: clients)
+  std::int64_t clients = 32;             ///< concurrent streaming clients
+  double seconds = 10;                   ///< load time of each server, in 3 alternating rounds
+  std::int64_t prompt_tokens = 16;       ///< each request's prompt
+  std::int64_t new_tokens = 64;          ///< each request's max_tokens
+  std::int64_t max_batch = 0;            ///< the server's (0: clients)
+  std::int64_t stream_interval_ms = 10;  ///< the server's (ServeConfig::stream_interval_ms)
 };
 
 /// One load phase: `clients` streaming clients sending requests back to back against one server.

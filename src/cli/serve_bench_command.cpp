@@ -21,6 +21,7 @@ struct ServeBenchCliOptions {
   std::string prompt_tokens = "16";
   std::string new_tokens = "64";
   std::string max_batch = "0";
+  std::string stream_interval_ms = "10";
   bool json = false;
 };
 
@@ -56,6 +57,8 @@ void run_serve_bench_command(const ServeBenchCliOptions& options) {
   config.prompt_tokens = integer_option("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
   config.new_tokens = integer_option("--new-tokens", options.new_tokens, 2, 1 << 20);
   config.max_batch = integer_option("--max-batch", options.max_batch, 0, 4096);
+  config.stream_interval_ms =
+      integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
   const bench::ServeBenchResult r = bench::run_serve_bench(config);
   const double http_cost = r.generator_tokens_per_second / r.invariant.tokens_per_second;
   const double determinism_cost = r.batch_variant.tokens_per_second / r.invariant.tokens_per_second;
@@ -67,6 +70,7 @@ void run_serve_bench_command(const ServeBenchCliOptions& options) {
                                 {"clients", config.clients},
                                 {"prompt_tokens", config.prompt_tokens},
                                 {"new_tokens", config.new_tokens},
+                                {"stream_interval_ms", config.stream_interval_ms},
                                 {"invariant", load_json(r.invariant)},
                                 {"batch_variant", load_json(r.batch_variant)},
                                 {"generator_tokens_per_second", r.generator_tokens_per_second},
@@ -81,9 +85,11 @@ void run_serve_bench_command(const ServeBenchCliOptions& options) {
   }
   print_machine_line(false);
   std::cout << fmt::format(
-      "serve bench: {}, {} streaming clients for {} s each, prompts of {} tokens, {} new "
-      "tokens (greedy; client 0 sends a seeded probe every 4th request)\n",
-      r.model, config.clients, config.seconds, config.prompt_tokens, config.new_tokens);
+      "serve bench: {}, {} streaming clients for {} s per server (3 alternating rounds), "
+      "prompts of {} tokens, {} new tokens, stream interval {} ms (greedy; client 0 sends a "
+      "seeded probe every 4th request)\n",
+      r.model, config.clients, config.seconds, config.prompt_tokens, config.new_tokens,
+      config.stream_interval_ms);
   std::cout << fmt::format("{:<15} {:>7} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}\n",
                            "server", "done", "failed", "lost", "req/s", "tokens/s", "ttft p50",
                            "ttft p99", "tok p50", "tok p99", "probe");
@@ -117,6 +123,8 @@ void add_serve_bench(CLI::App& bench) {
   command->add_option("--new-tokens", options->new_tokens, "max_tokens per request (default 64)");
   command->add_option("--max-batch", options->max_batch,
                       "the server's batch (default 0: the number of clients)");
+  command->add_option("--stream-interval-ms", options->stream_interval_ms,
+                      "the server's --stream-interval-ms (default 10)");
   add_flag(*command, "--json", options->json, "print one JSON object");
   command->callback([options] { run_serve_bench_command(*options); });
 }

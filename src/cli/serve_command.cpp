@@ -36,6 +36,7 @@ struct ServeCliOptions {
   std::string max_body_bytes = "1048576";
   std::string api_key;
   std::string model_name = "meshtensor-gpt";
+  std::string stream_interval_ms = "10";
   bool batch_variant = false;
 };
 
@@ -66,6 +67,8 @@ serve::ServeConfig serve_config(const ServeCliOptions& options) {
   config.api_key = api_key(options);
   if (options.model_name.empty()) throw ParseError("--model-name is empty");
   config.model_name = options.model_name;
+  config.stream_interval_ms =
+      integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
   if (options.batch_variant) config.batch_variant = bench::openblas_linear_matmul();
   return config;
 }
@@ -180,6 +183,9 @@ void add_serve_command(CLI::App& app) {
                       "environment variable MESHTENSOR_API_KEY, else none)");
   command->add_option("--model-name", options->model_name,
                       "the model's id in the API (default meshtensor-gpt)");
+  command->add_option("--stream-interval-ms", options->stream_interval_ms,
+                      "after its first chunk, a stream writes at most once per interval, "
+                      "carrying every token that arrived meanwhile (default 10; 0: every step)");
   add_flag(*command, "--batch-variant", options->batch_variant,
            "run the batch-variant fast path (OpenBLAS sgemm in every Linear), giving up "
            "batch invariance: for comparisons only");

@@ -320,6 +320,7 @@ namespace {
 
 /// What a stream has sent of each choice.
 struct StreamState {
+  std::optional<Clock::time_point> last_write;
   std::optional<ChunkWriter> writer;  ///< once the job's weights are known
   std::uint64_t seen = ~std::uint64_t{0};
   std::vector<std::size_t> sent;
@@ -382,11 +383,17 @@ std::string stream_events(const Job& job, StreamState& state, bool& finished) {
 void HttpFrontend::stream_job(const std::shared_ptr<Job>& job, httplib::Response& response) {
   auto state = std::make_shared<StreamState>();
   response.set_header("Cache-Control", "no-cache");
+  const auto interval = std::chrono::milliseconds(config_.stream_interval_ms);
   response.set_chunked_content_provider(
       "text/event-stream",
-      [job, state](std::size_t, httplib::DataSink& sink) {
+      [job, state, interval](std::size_t, httplib::DataSink& sink) {
         std::string out;
         bool finished = false;
+        // After a write, tokens gather for the stream interval: one wake-up and one write
+        // carry them all.
+        if (interval.count() > 0 && state->last_write) {
+          std::this_thread::sleep_until(*state->last_write + interval);
+        }
         {
           std::unique_lock lock(job->mutex);
           job->changed.wait_for(lock, kWriterWait, [&] { return job->version != state->seen; });
@@ -400,8 +407,9 @@ void HttpFrontend::stream_job(const std::shared_ptr<Job>& job, httplib::Response
           return true;
         }
         // A write notices a client that left; with nothing to write, ask the socket.
-        if (!out.empty()) return sink.write(out.data(), out.size());
-        return sink.is_writable();
+        if (out.empty()) return sink.is_writable();
+        state->last_write = Clock::now();
+        return sink.write(out.data(), out.size());
       },
       [this, job, state](bool) {
         if (!state->done) scheduler_.cancel(job);

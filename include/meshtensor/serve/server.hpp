@@ -27,6 +27,10 @@ struct ServeConfig {
   std::string model_name = "meshtensor-gpt";
   ApiLimits limits;
   std::int64_t http_threads = 0;  ///< 0: enough for every queued and running request
+  /// A stream writes at most once per interval after its first write, carrying every token
+  /// that arrived meanwhile (0: a write per step). Fewer, larger writes cost the machine less;
+  /// 10 ms is below what a reader notices.
+  std::int64_t stream_interval_ms = 10;
   /// When set, every Linear of the served model runs this batch-variant matmul (the fast path
   /// that gives up batch invariance; for comparison in benchmarks only).
   nn::MatmulOverride batch_variant;
