@@ -220,6 +220,10 @@ void HttpFrontend::add_routes() {
               "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
               "/health, GET /metrics and POST /admin/reload",
               shown_path(request.method), shown_path(request.path));
+        } else if (response.status == 400) {
+          error.message =
+              "The request could not be read as HTTP: a malformed request line or header, or a "
+              "POST without Content-Length (send an empty body: curl -d '')";
         } else {
           error.message = fmt::format("The request could not be served (HTTP {})", response.status);
         }
