@@ -201,21 +201,26 @@ errors)
   echo "ok: errors answered, the queue pushed back, SIGTERM drained"
   ;;
 reload)
-  serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
+  # One slot and a write per step: a request of many choices runs long enough to straddle a
+  # reload.
+  serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0 --max-batch 1 --stream-interval-ms 0)
   start_server one "$bin" "${serve[@]}"
   c="$url_one/v1/completions"
   step_of() { grep -o '"weights_step":[0-9]*' | head -1 | cut -d: -f2; }
   [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 3 ] || fail "not step 3"
   train "$dir/ckpt" 5 resume
   # A long stream started before the reload ends on step 3; requests after it get step 5.
-  curl -sN "$c" -d '{"prompt":"a","n":32,"max_tokens":60,"stream":true}' >"$dir/stream" &
+  curl -sN "$c" -d '{"prompt":"a","n":64,"max_tokens":60,"stream":true}' >"$dir/stream" &
   stream_pid=$!
-  sleep 0.2
+  until grep -q '^data: {' "$dir/stream" 2>/dev/null; do sleep 0.01; done
+  ! grep -q 'DONE' "$dir/stream" || fail "the stream ended before the reload began"
   curl -s -d '' "$url_one/admin/reload" >"$dir/reloaded"
   grep -q '"weights_step":5' "$dir/reloaded" || fail "reload: $(cat "$dir/reloaded")"
   wait "$stream_pid"
   ! grep -o '"weights_step":[0-9]*' "$dir/stream" | grep -qv ':3$' ||
     fail "a stream running during the reload mixed weights"
+  [ "$(grep -c '"finish_reason":"length"' "$dir/stream")" -eq 64 ] ||
+    fail "the stream running during the reload did not finish its 64 choices"
   [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 5 ] || fail "not step 5"
   grep -q '"weights_step":5' <(curl -s "$url_one/v1/models") || fail "models not at step 5"
   # SIGHUP reloads too.
