@@ -24,6 +24,7 @@
 #include <meshtensor/serve/server.hpp>
 
 #include "matmul_bench.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::bench {
 
@@ -156,9 +157,7 @@ void save_fresh_gpt(const nn::GptConfig& config, const std::string& root) {
     for (nn::Parameter* p : model.parameters())
       items.push_back({"model." + p->name, p->value.shape(), {}, p->value, true});
     checkpoint::SaveOptions options;
-    options.metadata["architecture"] =
-        fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
-                    config.layers, config.heads, config.dim, config.context, config.vocabulary);
+    options.metadata["architecture"] = generate::architecture_text(config);
     checkpoint::save(world, root, 0, items, options);
   });
 }
@@ -404,10 +403,6 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
     time_both();
     result.invariant = invariant.figures();
     result.batch_variant = batch_variant.figures();
-    const auto median = [](std::vector<double> values) {
-      std::sort(values.begin(), values.end());
-      return values[values.size() / 2];
-    };
     result.generator_tokens_per_second = median(rates);
     result.generator_batch_variant_tokens_per_second = median(variant_rates);
   } catch (...) {

@@ -11,6 +11,11 @@
 
 namespace meshtensor::generate {
 
+std::string architecture_text(const nn::GptConfig& config) {
+  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
+                     config.layers, config.heads, config.dim, config.context, config.vocabulary);
+}
+
 nn::GptConfig parse_architecture(const std::string& text) {
   const auto bad = [&](const std::string& why) {
     return DataError(fmt::format("architecture '{}' is not a byte-level GPT ({})", text, why));

@@ -333,11 +333,20 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
 
 namespace {
 
-std::string bytes_of(std::span<const generate::ScoredToken> tokens) {
+/// The bytes of the last `count` tokens (all of them when fewer): what a stop sequence or a
+/// held-back character can reach, so that a long stream does not copy its whole text per token.
+std::string tail_bytes(std::span<const generate::ScoredToken> tokens, std::size_t count) {
   std::string bytes;
-  for (const generate::ScoredToken& t : tokens)
-    bytes.push_back(static_cast<char>(t.token));
+  for (std::size_t i = tokens.size() - std::min(count, tokens.size()); i < tokens.size(); ++i)
+    bytes.push_back(static_cast<char>(tokens[i].token));
   return bytes;
+}
+
+std::size_t longest(const std::vector<std::string>& stop) {
+  std::size_t length = 0;
+  for (const std::string& s : stop)
+    length = std::max(length, s.size());
+  return length;
 }
 
 /// A token as `logprobs.tokens` names it: its character, or "bytes:\xNN" outside ASCII.
@@ -417,17 +426,19 @@ Json response_start(const ResponseHeader& header) {
 
 std::optional<std::size_t> stop_cut(std::span<const generate::ScoredToken> tokens,
                                     const std::vector<std::string>& stop) {
-  const std::string bytes = bytes_of(tokens);
+  const std::string bytes = tail_bytes(tokens, longest(stop));
   for (const std::string& s : stop) {
     if (bytes.size() >= s.size() && bytes.compare(bytes.size() - s.size(), s.size(), s) == 0)
-      return bytes.size() - s.size();
+      return tokens.size() - s.size();
   }
   return std::nullopt;
 }
 
 std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
                               const std::vector<std::string>& stop) {
-  const std::string bytes = bytes_of(tokens);
+  // Enough bytes for the longest stop sequence's prefixes and an unfinished UTF-8 character.
+  const std::string bytes = tail_bytes(tokens, longest(stop) + 3);
+  const std::size_t skipped = tokens.size() - bytes.size();
   std::size_t hold = 0;
   for (const std::string& s : stop) {
     for (std::size_t length = std::min(s.size() - 1, bytes.size()); length > hold; --length) {
@@ -446,7 +457,7 @@ std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
     if (length > back) end -= back;
     break;
   }
-  return end;
+  return skipped + end;
 }
 
 Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choices) {

@@ -181,7 +181,10 @@ void HttpFrontend::add_routes() {
     response.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
   });
   s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(models_json(), "application/json");
+    Json out;
+    out["object"] = "list";
+    out["data"] = Json::array({model_object()});
+    response.set_content(dump(out), "application/json");
   });
   s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& request, httplib::Response& response) {
     const std::string id = request.matches[1];
@@ -192,7 +195,7 @@ void HttpFrontend::add_routes() {
                                      shown_path(id), config_.model_name),
                          "invalid_request_error", "model", "model_not_found"});
     }
-    response.set_content(dump(Json::parse(models_json())["data"][0]), "application/json");
+    response.set_content(dump(model_object()), "application/json");
   });
   s.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
     completions(request, response);
@@ -264,7 +267,7 @@ bool HttpFrontend::authorized(const httplib::Request& request, httplib::Response
   return true;
 }
 
-std::string HttpFrontend::models_json() const {
+Json HttpFrontend::model_object() const {
   const std::lock_guard lock(mutex_);
   Json model;
   model["id"] = config_.model_name;
@@ -276,10 +279,7 @@ std::string HttpFrontend::models_json() const {
   model["checkpoint"] = model_.directory;
   model["weights_step"] = scheduler_.weights_step();
   model["mode"] = std::string(comm::reduction_mode_name(config_.mode));
-  Json out;
-  out["object"] = "list";
-  out["data"] = Json::array({model});
-  return dump(out);
+  return model;
 }
 
 void HttpFrontend::set_model(const ServedModel& model) {

@@ -49,7 +49,7 @@ class HttpFrontend {
   void stream_job(const std::shared_ptr<Job>& job, httplib::Response& response);
   void wait_job(const std::shared_ptr<Job>& job, httplib::Response& response);
   void admin_reload(httplib::Response& response);
-  std::string models_json() const;
+  Json model_object() const;
   void response_ended();
 
   const ServeConfig& config_;

@@ -133,6 +133,7 @@ bool Scheduler::draining() const {
 }
 
 std::shared_future<ReloadResult> Scheduler::reload() {
+  std::shared_future<ReloadResult> result;
   {
     const std::lock_guard lock(mutex_);
     if (!reload_wanted_) {
@@ -140,10 +141,10 @@ std::shared_future<ReloadResult> Scheduler::reload() {
       reload_future_ = reload_waiters_.back().get_future().share();
       reload_wanted_ = true;
     }
+    result = reload_future_;
   }
   work_.notify_all();
-  const std::lock_guard lock(mutex_);
-  return reload_future_;
+  return result;
 }
 
 bool Scheduler::start_allowed() const {

@@ -9,6 +9,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/task.hpp>
@@ -170,9 +171,7 @@ LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus, n
 }
 
 std::string LanguageModelling::architecture() const {
-  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer={}",
-                     model_.layers, model_.heads, model_.dim, model_.context, model_.vocabulary,
-                     kByteTokenizer);
+  return generate::architecture_text(model_);
 }
 
 void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {

@@ -9,6 +9,10 @@
 
 namespace meshtensor::generate {
 
+/// The "architecture" metadata of a byte-level GPT of `config`, as `meshtensor train` writes it
+/// and parse_architecture() reads it.
+std::string architecture_text(const nn::GptConfig& config);
+
 /// The GPT a checkpoint's "architecture" metadata describes ("gpt layers=L heads=H dim=D
 /// context=T vocabulary=V tokenizer=bytes", as `meshtensor train` writes it). DataError naming
 /// the text when it is not a byte-level GPT.
