@@ -167,9 +167,11 @@ void HttpFrontend::add_routes() {
     const int yes = 1;
     (void)setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  // Runs before the library reads a body.
   s.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    return authorized(request, response) ? httplib::Server::HandlerResponse::Unhandled
-                                         : httplib::Server::HandlerResponse::Handled;
+    return authorized(request, response) && length_given(request, response)
+               ? httplib::Server::HandlerResponse::Unhandled
+               : httplib::Server::HandlerResponse::Handled;
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
     const bool draining = scheduler_.draining();
@@ -208,31 +210,29 @@ void HttpFrontend::add_routes() {
   });
   s.Post("/admin/reload",
          [this](const httplib::Request&, httplib::Response& response) { admin_reload(response); });
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request& request, httplib::Response& response) {
-        if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        ApiError error{response.status, "", "invalid_request_error", "", ""};
-        if (response.status == 413) {
-          error.message = "The request body is larger than the server accepts";
-        } else if (response.status == 404 && method_of(request.path) != nullptr) {
-          error.status = 405;
-          error.message = fmt::format("{} is not allowed on {}: use {}", shown_path(request.method),
-                                      request.path, method_of(request.path));
-        } else if (response.status == 404) {
-          error.message = fmt::format(
-              "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
-              "/health, GET /metrics and POST /admin/reload",
-              shown_path(request.method), shown_path(request.path));
-        } else if (response.status == 400) {
-          error.message =
-              "The request could not be read as HTTP: a malformed request line or header, or a "
-              "POST without Content-Length (send an empty body: curl -d '')";
-        } else {
-          error.message = fmt::format("The request could not be served (HTTP {})", response.status);
-        }
-        send_error(response, error);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& request,
+                                                              httplib::Response& response) {
+    if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError error{response.status, "", "invalid_request_error", "", ""};
+    if (response.status == 413) {
+      error.message = "The request body is larger than the server accepts";
+    } else if (response.status == 404 && method_of(request.path) != nullptr) {
+      error.status = 405;
+      error.message = fmt::format("{} is not allowed on {}: use {}", shown_path(request.method),
+                                  request.path, method_of(request.path));
+    } else if (response.status == 404) {
+      error.message = fmt::format(
+          "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
+          "/health, GET /metrics and POST /admin/reload",
+          shown_path(request.method), shown_path(request.path));
+    } else if (response.status == 400) {
+      error.message = "The request could not be read as HTTP (a malformed request line or header)";
+    } else {
+      error.message = fmt::format("The request could not be served (HTTP {})", response.status);
+    }
+    send_error(response, error);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   s.set_exception_handler(
       [](const httplib::Request&, httplib::Response& response, std::exception_ptr failure) {
         std::string what = "unknown error";
@@ -247,6 +247,17 @@ void HttpFrontend::add_routes() {
   s.set_logger([this](const httplib::Request& request, const httplib::Response& response) {
     metrics_.count_request(endpoint_label(request.path), response.status);
   });
+}
+
+bool HttpFrontend::length_given(const httplib::Request& request, httplib::Response& response) {
+  // The library checks a Content-Length against the limit before reading a byte, but would
+  // gather a chunked body whole before checking it: a body must say its length.
+  if (request.method != "POST" || request.has_header("Content-Length")) return true;
+  send_error(response, {411,
+                        "A POST needs a Content-Length header: bodies are checked against the "
+                        "limit before they are read (send an empty body with curl -d '')",
+                        "invalid_request_error", "", ""});
+  return false;
 }
 
 bool HttpFrontend::authorized(const httplib::Request& request, httplib::Response& response) const {

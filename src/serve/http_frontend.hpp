@@ -45,6 +45,9 @@ class HttpFrontend {
  private:
   void add_routes();
   bool authorized(const httplib::Request& request, httplib::Response& response) const;
+  /// 411 for a POST without Content-Length (a chunked body would be read whole before the
+  /// size limit applies).
+  static bool length_given(const httplib::Request& request, httplib::Response& response);
   void completions(const httplib::Request& request, httplib::Response& response);
   void stream_job(const std::shared_ptr<Job>& job, httplib::Response& response);
   void wait_job(const std::shared_ptr<Job>& job, httplib::Response& response);

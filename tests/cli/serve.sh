@@ -136,7 +136,10 @@ errors)
   expect 404 "No endpoint" "${auth[@]}" "$url_one/v1/completions%00" --path-as-is -d '{}'
   expect 404 "does not exist" "${auth[@]}" "$url_one/v1/models/..%2f..%2fetc"
   expect 405 "use POST" "${auth[@]}" "$url_one/v1/completions"
-  expect 400 "POST without Content-Length" "${auth[@]}" -X POST "$c"
+  expect 411 "needs a Content-Length" "${auth[@]}" -X POST "$c"
+  head -c 5000000 /dev/zero | tr '\0' 'a' >"$dir/zeros"
+  expect 411 "needs a Content-Length" "${auth[@]}" -H "Transfer-Encoding: chunked" \
+    --data-binary @"$dir/zeros" "$c"
   expect 400 "can never fit" "${auth[@]}" "$c" -d '{"prompt":"a","n":9}'
   expect 404 "not tuned for chat" "${auth[@]}" "$url_one/v1/chat/completions" -d '{}'
   expect 404 "model_not_found" "${auth[@]}" "$c" -d '{"prompt":"a","model":"gpt-4o"}'
