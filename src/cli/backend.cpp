@@ -18,13 +18,14 @@ Backend parse_backend(const std::string& text) {
 }
 
 void run_ranks(Backend backend, std::int64_t ranks, const std::string& command,
-               const std::function<void(comm::Communicator& world)>& body, comm::LinkDelay link) {
+               const std::function<void(comm::Communicator& world)>& body,
+               comm::SimulatedNetwork network) {
   if (backend == Backend::threads) {
     if (ranks < 1 || ranks > comm::kMaxThreadsRanks) {
       throw InvalidArgument(
           fmt::format("{} ranks: the threads backend runs 1 to {}", ranks, comm::kMaxThreadsRanks));
     }
-    comm::run_threads(static_cast<int>(ranks), body, link);
+    comm::run_threads(static_cast<int>(ranks), body, std::move(network));
     return;
   }
   comm::MpiWorld world(nullptr, nullptr);

@@ -23,10 +23,10 @@ Backend parse_backend(const std::string& text);
 /// `command` (its canonical text): a rank started with other options would otherwise run its own
 /// plan against theirs, hang, or report OK on mismatched settings. From then on any error on any
 /// rank prints its cause, naming the rank, and ends the whole job at once (exit status 2 for a
-/// meshtensor::Error, 3 otherwise). `body` prints on world rank 0. `link` simulates a network
-/// on the threads backend (ignored on mpi, which has a real one).
+/// meshtensor::Error, 3 otherwise). `body` prints on world rank 0. `network` simulates links and
+/// hosts on the threads backend (ignored on mpi, which has real ones and detects its hosts).
 void run_ranks(Backend backend, std::int64_t ranks, const std::string& command,
                const std::function<void(comm::Communicator& world)>& body,
-               comm::LinkDelay link = {});
+               comm::SimulatedNetwork network = {});
 
 }  // namespace meshtensor::cli

@@ -90,4 +90,64 @@ std::int64_t tensor_parallel_option(const std::string& ranks, const std::string&
   return ranks.empty() ? 0 : integer_option("--ranks", ranks, 1, comm::kMaxThreadsRanks);
 }
 
+void TopologyOptions::add_to(CLI::App& command, bool with_link) {
+  command.add_option("--ranks-per-host", ranks_per_host,
+                     "ranks per host, in rank order: N (repeated; the last host may hold fewer) "
+                     "or N,N,... (default: one host)");
+  command.add_option("--ranks-per-domain", ranks_per_domain,
+                     "ranks per domain inside a host (e.g. an NVLink island)");
+  if (with_link) {
+    command.add_option("--link", link,
+                       "link inside a domain, LATENCY,GBPS, e.g. 20us,10 (threads backend: "
+                       "simulated)");
+  }
+  command.add_option("--link-host", link_host,
+                     "link between the domains of a host, LATENCY,GBPS (default: --link plus 5us, "
+                     "a quarter of its bandwidth)");
+  command.add_option("--link-inter", link_inter,
+                     "link between hosts, LATENCY,GBPS (default: --link plus 20us, a twentieth of "
+                     "its bandwidth)");
+}
+
+LinkLevels TopologyOptions::links() const {
+  LinkLevels levels =
+      default_links(link.empty() ? LinkFigures{} : parse_link_figures(link, "--link"));
+  if (!link_host.empty()) levels[1] = parse_link_figures(link_host, "--link-host");
+  if (!link_inter.empty()) levels[2] = parse_link_figures(link_inter, "--link-inter");
+  return levels;
+}
+
+Topology TopologyOptions::topology(std::int64_t ranks) const {
+  if (!placed()) {
+    if (!ranks_per_domain.empty()) throw ParseError("--ranks-per-domain needs --ranks-per-host");
+    return Topology(std::vector<int>(static_cast<std::size_t>(ranks), 0), {}, {}, links());
+  }
+  std::vector<std::int64_t> sizes;
+  for (const std::string& entry : list_option("--ranks-per-host", ranks_per_host))
+    sizes.push_back(integer_option("--ranks-per-host", entry, 1, 1 << 20));
+  const std::int64_t per_domain =
+      ranks_per_domain.empty() ? 0
+                               : integer_option("--ranks-per-domain", ranks_per_domain, 1, 1 << 20);
+  return Topology::from_host_sizes(ranks, sizes, per_domain, links());
+}
+
+comm::SimulatedNetwork TopologyOptions::network(std::int64_t ranks) const {
+  Topology where = topology(ranks);
+  comm::LinkDelay delay = linked() ? comm::simulated_topology_link(where) : comm::LinkDelay();
+  return {std::move(delay), std::move(where)};
+}
+
+void TopologyOptions::check_backend(bool mpi) const {
+  if (mpi && linked()) {
+    throw ParseError(
+        "--link, --link-host and --link-inter simulate a network on the threads backend; mpi "
+        "has a real one");
+  }
+  if (mpi && (placed() || !ranks_per_domain.empty())) {
+    throw ParseError(
+        "--ranks-per-host and --ranks-per-domain place the ranks of the threads backend; mpi "
+        "detects its hosts from their names");
+  }
+}
+
 }  // namespace meshtensor::cli

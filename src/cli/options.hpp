@@ -7,6 +7,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/mesh/topology.hpp>
+
 namespace meshtensor::cli {
 
 // Option values are taken as text and parsed here, strictly: CLI11's own conversions accept an
@@ -44,6 +47,39 @@ struct TimeoutOption {
   void add_to(CLI::App& command);
   /// Sets the process's default collective timeout when the option was given.
   void apply() const;
+};
+
+/// Where the ranks sit and what links join them (the README's "Topology"):
+///   --ranks-per-host N | N,N,...  ranks per host in rank order (one N repeats; the last host
+///                                 takes what is left, so a mesh that N does not divide is jagged)
+///   --ranks-per-domain N          domains of N ranks inside each host (e.g. NVLink islands)
+///   --link LATENCY,GBPS           inside a domain (the simulated link on the threads backend)
+///   --link-host LATENCY,GBPS      between the domains of one host
+///   --link-inter LATENCY,GBPS     between hosts
+/// Unset levels follow default_links() from the one inside.
+struct TopologyOptions {
+  std::string ranks_per_host;
+  std::string ranks_per_domain;
+  std::string link;
+  std::string link_host;
+  std::string link_inter;
+  /// Registers the options; `with_link` adds --link too (commands that own it register it).
+  void add_to(CLI::App& command, bool with_link = true);
+  /// True when --ranks-per-host was given.
+  bool placed() const { return !ranks_per_host.empty(); }
+  /// True when any link figure was given: the threads backend then charges them.
+  bool linked() const { return !link.empty() || !link_host.empty() || !link_inter.empty(); }
+  /// The links per level.
+  LinkLevels links() const;
+  /// The topology of `ranks` ranks (one host when --ranks-per-host is not given). ParseError or
+  /// InvalidArgument naming the option and the value.
+  Topology topology(std::int64_t ranks) const;
+  /// What a threads world of `ranks` simulates: the topology, and its links charged per level
+  /// when any link was given.
+  comm::SimulatedNetwork network(std::int64_t ranks) const;
+  /// ParseError unless the options fit the backend: on mpi the topology is detected and the
+  /// links are real, so none of these options apply.
+  void check_backend(bool mpi) const;
 };
 
 /// Prints "machine: <cpu model>, N hardware threads, kernels <level>" before a benchmark's text

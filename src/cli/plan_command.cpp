@@ -31,6 +31,7 @@ struct PlanOptions {
   std::string dtype = "f32";
   bool no_merge = false;
   bool json = false;
+  TopologyOptions topology;
 };
 
 Transition parse_transition(const PlanOptions& options) {
@@ -62,6 +63,7 @@ void add_transition_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--dtype", options.dtype, "element type: f64 f32 bf16 f16 i64 i32 u8");
   add_flag(command, "--no-merge", options.no_merge,
            "at most one mesh dim per collective (no flattened groups)");
+  options.topology.add_to(command);
 }
 
 void print_check(const dtensor::CheckResult& result, const dtensor::CheckConfig& config,
@@ -95,6 +97,8 @@ void run_check_command(const CheckOptions& options) {
   config.seed = seed_option("--seed", options.seed);
   config.merge = !options.plan.no_merge;
   const Backend backend = parse_backend(options.backend);
+  options.plan.topology.check_backend(backend == Backend::mpi);
+  const comm::SimulatedNetwork network = options.plan.topology.network(config.mesh.size());
   options.timeout.apply();
   if (backend == Backend::threads && config.mesh.size() > comm::kMaxThreadsRanks) {
     throw InvalidArgument(fmt::format("mesh {} has {} ranks; the threads backend runs at most {}",
@@ -118,18 +122,24 @@ void run_check_command(const CheckOptions& options) {
       "check mesh={} names={} from={} to={} shape={} dtype={} merge={} mode={} seed={}",
       config.mesh.to_string(), options.plan.names, config.from.to_string(), config.to.to_string(),
       config.shape.to_string(), dtype_name(config.dtype), config.merge, options.mode, config.seed);
+  std::string where;
   std::optional<dtensor::CheckResult> result;
-  run_ranks(backend, config.mesh.size(), command, [&](comm::Communicator& world) {
-    const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
-    dtensor::CheckResult mine = dtensor::run_check(shared, config);
-    if (world.rank() == 0) {
-      if (backend == Backend::mpi) print_check(mine, config, options);
-      result = std::move(mine);
-    }
-  });
+  run_ranks(
+      backend, config.mesh.size(), command,
+      [&](comm::Communicator& world) {
+        const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
+        if (world.rank() == 0 && world.topology()) where = world.topology()->to_string();
+        dtensor::CheckResult mine = dtensor::run_check(shared, config);
+        if (world.rank() == 0) {
+          if (backend == Backend::mpi) print_check(mine, config, options);
+          result = std::move(mine);
+        }
+      },
+      network);
   // On mpi only rank 0 holds the result; the job's status is the worst of its processes'.
   if (result) {
     if (backend == Backend::threads) print_check(*result, config, options);
+    if (!where.empty()) std::cout << "topology: " << where << '\n';
     if (!result->ok) set_exit_status(1);
   }
 }
@@ -138,6 +148,7 @@ void run_plan(const PlanOptions& options) {
   const Transition transition = parse_transition(options);
   plan::PlanOptions plan_options;
   plan_options.merge = !options.no_merge;
+  plan_options.topology = options.topology.topology(transition.mesh.size());
   const plan::Plan plan = plan::make_plan(transition.mesh, transition.from, transition.to,
                                           transition.shape, transition.dtype, plan_options);
   if (options.json) {

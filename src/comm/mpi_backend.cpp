@@ -45,6 +45,8 @@ struct MpiShared {
     const CollectiveCall* call = nullptr;
   };
 
+  std::shared_ptr<const Topology> topology;  // detected at start; null on one host
+
   MpiShared(bool check, MPI_Comm control_comm) : check_collectives(check), control(control_comm) {
     watchdog_ = std::thread([this] { watch(); });
   }
@@ -406,6 +408,7 @@ class MpiCommunicator final : public QueuedCommunicator {
   int size() const override { return size_; }
   const std::vector<std::int64_t>& world_ranks() const override { return world_ranks_; }
   std::string_view backend() const override { return "mpi"; }
+  std::shared_ptr<const Topology> topology() const override { return shared_->topology; }
 
  protected:
   void run_collective(const CollectiveCall& call, const Tensor& input, Tensor output,
@@ -729,6 +732,29 @@ class MpiCommunicator final : public QueuedCommunicator {
 
 }  // namespace
 
+namespace {
+// Ranks that report the same processor name (the host name) share a host; null when all do.
+std::shared_ptr<const Topology> detect_topology() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  check_mpi(MPI_Get_processor_name(name, &length), "MPI_Get_processor_name");
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<char> all(static_cast<std::size_t>(size) * MPI_MAX_PROCESSOR_NAME, '\0');
+  check_mpi(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+            "MPI_Allgather");
+  std::vector<std::string> names;
+  for (int r = 0; r < size; ++r) {
+    const char* at = all.data() + static_cast<std::size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    names.emplace_back(at, strnlen(at, MPI_MAX_PROCESSOR_NAME));
+  }
+  Topology topology = Topology::from_host_names(names);
+  if (topology.single_level()) return nullptr;
+  return std::make_shared<const Topology>(std::move(topology));
+}
+}  // namespace
+
 MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -750,6 +776,7 @@ MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &own_world), "MPI_Comm_dup");
   shared_ = std::make_shared<detail::MpiShared>(
       options.check_collectives || check_mode_from_environment(), control);
+  shared_->topology = detect_topology();
   world_ = std::make_shared<MpiCommunicator>(shared_, own_world, true, kWorldKey);
 }
 

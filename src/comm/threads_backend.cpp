@@ -36,8 +36,12 @@ struct GroupState;
 // The world: abort state, every group (to wake their waiters on abort) and the hand-over of
 // groups made by split().
 struct ThreadsShared {
-  ThreadsShared(int world_size, LinkDelay link_delay)
-      : size(world_size), link(std::move(link_delay)) {}
+  ThreadsShared(int world_size, SimulatedNetwork network)
+      : size(world_size),
+        link(std::move(network.link)),
+        topology(network.topology.single_level()
+                     ? nullptr
+                     : std::make_shared<const Topology>(std::move(network.topology))) {}
 
   void abort(const std::string& why);
   // Marks `world_rank` as gone (its rank function returned) and wakes every waiter, so that
@@ -57,6 +61,7 @@ struct ThreadsShared {
 
   const int size;
   const LinkDelay link;
+  const std::shared_ptr<const Topology> topology;
   std::shared_ptr<GroupState> world_group;
   std::atomic<bool> aborted{false};
   std::atomic<int> left_count{0};
@@ -255,6 +260,7 @@ class ThreadsCommunicator final : public QueuedCommunicator {
   int size() const override { return group_->size(); }
   const std::vector<std::int64_t>& world_ranks() const override { return group_->world_ranks; }
   std::string_view backend() const override { return "threads"; }
+  std::shared_ptr<const Topology> topology() const override { return world_->topology; }
   void throw_if_aborted() const override {
     if (world_->aborted.load()) {
       throw CommError(fmt::format("world rank {} stopped: the job was aborted: {}",
@@ -501,48 +507,31 @@ LinkDelay simulated_link(std::chrono::nanoseconds latency, double bytes_per_seco
   };
 }
 
-LinkDelay parse_link(const std::string& text) {
-  const auto fail = [&] {
-    return ParseError(fmt::format(
-        "link '{}' is not LATENCY,GBPS (e.g. 20us,10: latency in ns, us, ms or s, bandwidth in "
-        "GB/s, both positive and finite)",
-        text));
+LinkDelay simulated_topology_link(const Topology& topology) {
+  return [topology](const CollectiveCall& call, const std::vector<std::int64_t>& ranks) {
+    const LinkFigures& link = topology.link(topology.level_of(ranks));
+    const double bytes = static_cast<double>(link_bytes(call, static_cast<int>(ranks.size())));
+    return std::chrono::nanoseconds(
+        std::llround((link.latency_s + bytes / link.bandwidth_bytes_s) * 1e9));
   };
-  const std::size_t comma = text.find(',');
-  if (comma == std::string::npos) throw fail();
-  std::string latency_text = text.substr(0, comma);
-  const std::string bandwidth_text = text.substr(comma + 1);
-  double unit = 1e3;  // microseconds
-  for (const auto& [suffix, scale] :
-       {std::pair{"ns", 1.0}, std::pair{"us", 1e3}, std::pair{"ms", 1e6}, std::pair{"s", 1e9}}) {
-    const std::string_view s(suffix);
-    if (latency_text.size() > s.size() && latency_text.ends_with(s)) {
-      latency_text.resize(latency_text.size() - s.size());
-      unit = scale;
-      break;
-    }
-  }
-  const auto number = [&](const std::string& part) {
-    char* end = nullptr;
-    errno = 0;
-    const double value = part.empty() ? -1 : std::strtod(part.c_str(), &end);
-    if (part.empty() || end != part.c_str() + part.size() || errno != 0 || !std::isfinite(value) ||
-        value < 0 || value > 1e12)
-      throw fail();
-    return value;
-  };
-  const double latency_ns = number(latency_text) * unit;
-  const double gbps = number(bandwidth_text);
-  if (!(gbps > 0) || latency_ns > 1e12) throw fail();
-  return simulated_link(std::chrono::nanoseconds(std::llround(latency_ns)), gbps * 1e9);
 }
 
-ThreadsWorld::ThreadsWorld(int size, LinkDelay link) {
+LinkDelay parse_link(const std::string& text) {
+  const LinkFigures link = parse_link_figures(text);
+  return simulated_link(std::chrono::nanoseconds(std::llround(link.latency_s * 1e9)),
+                        link.bandwidth_bytes_s);
+}
+
+ThreadsWorld::ThreadsWorld(int size, SimulatedNetwork network) {
   if (size < 1 || size > kMaxThreadsRanks) {
     throw InvalidArgument(
         fmt::format("a threads world needs 1 to {} ranks, not {}", kMaxThreadsRanks, size));
   }
-  shared_ = std::make_shared<ThreadsShared>(size, std::move(link));
+  if (!network.topology.single_level() && network.topology.ranks() != size) {
+    throw InvalidArgument(fmt::format("a topology of {} ranks for a threads world of {}",
+                                      network.topology.ranks(), size));
+  }
+  shared_ = std::make_shared<ThreadsShared>(size, std::move(network));
   std::vector<std::int64_t> members(static_cast<std::size_t>(size));
   for (std::size_t i = 0; i < members.size(); ++i)
     members[i] = static_cast<std::int64_t>(i);
@@ -574,14 +563,16 @@ void ThreadsWorld::leave(int rank) const {
   shared_->leave(rank);
 }
 
-void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link) {
+void run_threads(int size, const std::function<void(Communicator&)>& body,
+                 SimulatedNetwork network) {
   run_threads(
-      size, [&body](const std::shared_ptr<Communicator>& world) { body(*world); }, std::move(link));
+      size, [&body](const std::shared_ptr<Communicator>& world) { body(*world); },
+      std::move(network));
 }
 
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
-                 LinkDelay link) {
-  run_threads(size, body, std::move(link), {});
+                 SimulatedNetwork network) {
+  run_threads(size, body, std::move(network), {});
 }
 
 namespace {
@@ -623,8 +614,8 @@ struct FinishLine {
 }  // namespace
 
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
-                 LinkDelay link, const std::function<void()>& poll) {
-  const ThreadsWorld world(size, std::move(link));
+                 SimulatedNetwork network, const std::function<void()>& poll) {
+  const ThreadsWorld world(size, std::move(network));
   std::vector<std::shared_ptr<Communicator>> communicators;
   for (int rank = 0; rank < size; ++rank)
     communicators.push_back(world.communicator(rank));

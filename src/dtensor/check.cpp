@@ -393,8 +393,7 @@ CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const Ch
   RedistributeOptions options;
   options.mode = config.mode;
   options.merge = config.merge;
-  const auto plan =
-      plan_for(config.mesh, config.from, config.to, config.shape, config.dtype, options);
+  const auto plan = plan_for(*groups, config.from, config.to, config.shape, config.dtype, options);
   const Tensor result = from_local(local, groups, config.from, config.shape)
                             .redistribute(config.to, options)
                             .local()

@@ -25,7 +25,7 @@ DTensor::DTensor(std::shared_ptr<comm::MeshGroups> groups, PlacementSpec spec, S
 }
 
 DTensor DTensor::redistribute(const PlacementSpec& spec, const RedistributeOptions& options) const {
-  const auto plan = plan_for(groups_->mesh(), spec_, spec, global_shape_, dtype(), options);
+  const auto plan = plan_for(*groups_, spec_, spec, global_shape_, dtype(), options);
   if (CommDebugMode* mode = CommDebugMode::active())
     mode->add_plan(*plan, groups_->rank(), spec_.to_string() + " -> " + spec.to_string());
   return {groups_, spec, global_shape_, execute_plan(*plan, *groups_, local_, options)};

@@ -117,7 +117,12 @@ class Executor {
     return local_layout(plan_.mesh, spec, plan_.shape, groups_.rank());
   }
 
-  comm::Communicator& group(const Step& step) { return *groups_.group(step.group, move_options_); }
+  comm::Communicator& group(const Step& step) {
+    if (step.two_level) {
+      return *groups_.two_level_group(step.group, comm::TwoLevelChoice::always, move_options_);
+    }
+    return *groups_.group(step.group, move_options_);
+  }
 
   void run_step(const Step& step) {
     switch (step.kind) {
@@ -482,7 +487,9 @@ std::optional<Tensor> all_reduce_chain_first(const plan::Plan& plan, comm::MeshG
   for (const Step& step : plan.steps) {
     if (!plan::is_collective(step.kind)) continue;
     if (step.kind != StepKind::all_reduce) return std::nullopt;
-    chain.push_back(groups.group(step.group, group_options));
+    chain.push_back(step.two_level ? groups.two_level_group(
+                                         step.group, comm::TwoLevelChoice::always, group_options)
+                                   : groups.group(step.group, group_options));
     product *= step.group_size;
   }
   if (plan.avg_divisor != 1 && plan.avg_divisor != product) return std::nullopt;
@@ -505,11 +512,31 @@ void set_warning_handler(std::function<void(const std::string&)> handler) {
   warning_handler = std::move(handler);
 }
 
+plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology) {
+  plan::PlanOptions out;
+  out.merge = options.merge && options.allow_flattened_groups;
+  if (options.topology_aware) out.topology = topology;
+  return out;
+}
+
+std::shared_ptr<const plan::Plan> plan_for(const comm::MeshGroups& groups,
+                                           const PlacementSpec& from, const PlacementSpec& to,
+                                           const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options) {
+  return plan_for(groups.mesh(), from, to, shape, dtype, options, groups.topology());
+}
+
 std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
                                            const PlacementSpec& to, const Shape& shape, DType dtype,
                                            const RedistributeOptions& options) {
-  plan::PlanOptions plan_options;
-  plan_options.merge = options.merge && options.allow_flattened_groups;
+  return plan_for(mesh, from, to, shape, dtype, options, Topology());
+}
+
+std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
+                                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options,
+                                           const Topology& topology) {
+  plan::PlanOptions plan_options = dtensor::plan_options(options, topology);
   auto plan = plan::default_plan_cache().get(mesh, from, to, shape, dtype, plan_options);
   if (options.merge && !options.allow_flattened_groups) {
     plan_options.merge = true;

@@ -58,6 +58,12 @@ std::vector<std::string> group_names(const DeviceMesh& mesh, const std::vector<i
   return names;
 }
 
+std::string human_seconds(double seconds) {
+  if (seconds >= 1) return fmt::format("{:.3g} s", seconds);
+  if (seconds >= 1e-3) return fmt::format("{:.3g} ms", seconds * 1e3);
+  return fmt::format("{:.3g} us", seconds * 1e6);
+}
+
 std::string human_bytes(std::int64_t bytes) {
   if (bytes >= (std::int64_t{1} << 30))
     return fmt::format("{:.2f} GiB", static_cast<double>(bytes) / 1073741824.0);
@@ -66,6 +72,30 @@ std::string human_bytes(std::int64_t bytes) {
   if (bytes >= (std::int64_t{1} << 10))
     return fmt::format("{:.2f} KiB", static_cast<double>(bytes) / 1024.0);
   return fmt::format("{} B", bytes);
+}
+
+// Which level a collective's traffic crosses, and the form chosen with both estimates.
+std::string level_detail(const Step& step) {
+  const std::string where = step.level == LinkLevel::network ? fmt::format("{} hosts", step.units)
+                            : step.level == LinkLevel::host  ? fmt::format("{} domains", step.units)
+                                                             : std::string("one domain");
+  const std::string spread = step.per_unit > 0 ? fmt::format("{} x {} ranks", where, step.per_unit)
+                                               : fmt::format("{}, unevenly", where);
+  if (step.level == LinkLevel::domain) return "\n       crosses: domain (inside one domain)";
+  const std::string unit = step.level == LinkLevel::network ? "host" : "domain";
+  if (step.two_level) {
+    return fmt::format(
+        "\n       crosses: {} ({}); two levels: inside each {}, then across, est {} vs flat {}",
+        link_level_name(step.level), spread, unit, human_seconds(step.two_level_cost_s),
+        human_seconds(step.flat_cost_s));
+  }
+  if (step.two_level_cost_s >= 0) {
+    return fmt::format("\n       crosses: {} ({}); flat, est {} vs two levels {}",
+                       link_level_name(step.level), spread, human_seconds(step.flat_cost_s),
+                       human_seconds(step.two_level_cost_s));
+  }
+  return fmt::format("\n       crosses: {} ({}); flat (two levels need as many ranks on every {})",
+                     link_level_name(step.level), spread, unit);
 }
 
 std::string step_detail(const Plan& plan, const Step& step) {
@@ -85,6 +115,7 @@ std::string step_detail(const Plan& plan, const Step& step) {
           fmt::format(", up to {} out / {} in per rank", human_bytes(step.traffic.max_send_bytes),
                       human_bytes(step.traffic.max_recv_bytes));
       if (step.traffic.uneven) text += ", per-rank counts";
+      if (!plan.topology.single_level()) text += level_detail(step);
       return text;
     }
     case StepKind::local_partial:
@@ -117,6 +148,19 @@ std::string explain(const Plan& plan) {
   out += fmt::format("collectives: {}, bytes sent by all ranks: {}, peak block per rank: {}\n",
                      plan.collectives(), human_bytes(plan.total_send_bytes()),
                      human_bytes(plan.peak_bytes_per_rank));
+  if (!plan.topology.single_level()) {
+    out += fmt::format("topology: {}\n", plan.topology.to_string());
+    if (plan.blind_differs) {
+      out += fmt::format(
+          "chosen for the topology: est {} against {} for the topology-blind plan ({} "
+          "collective{}, all flat) on these links: {:.2f}x\n",
+          human_seconds(plan.cost_s), human_seconds(plan.blind_cost_s), plan.blind_collectives,
+          plan.blind_collectives == 1 ? "" : "s", plan.blind_cost_s / plan.cost_s);
+    } else {
+      out +=
+          fmt::format("the topology-blind plan is the same (est {})\n", human_seconds(plan.cost_s));
+    }
+  }
   if (plan.materializes_full_tensor) {
     out += "note: an intermediate step holds the whole tensor on some rank\n";
   }
@@ -139,6 +183,14 @@ nlohmann::json to_json(const Plan& plan) {
                             {"after", step.after.to_string()},
                             {"collective", is_collective(step.kind)},
                             {"cost_s", step.cost_s}};
+    if (is_collective(step.kind)) {
+      entry["level"] = link_level_name(step.level);
+      entry["two_level"] = step.two_level;
+      entry["units"] = step.units;
+      entry["per_unit"] = step.per_unit;
+      entry["flat_cost_s"] = step.flat_cost_s;
+      if (step.two_level_cost_s >= 0) entry["two_level_cost_s"] = step.two_level_cost_s;
+    }
     if (step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter) {
       entry["op"] = reduce_op_name(step.op);
     }
@@ -153,7 +205,16 @@ nlohmann::json to_json(const Plan& plan) {
     if (step.kind == StepKind::scale) entry["divisor"] = step.divisor;
     steps.push_back(std::move(entry));
   }
-  return {{"mesh", plan.mesh.to_string()},
+  nlohmann::json topology = {{"hosts", plan.topology.hosts()},
+                             {"ranks_per_host", plan.topology.host_sizes_text()},
+                             {"description", plan.topology.to_string()}};
+  if (!plan.topology.single_level()) {
+    topology["blind_cost_s"] = plan.blind_cost_s;
+    topology["blind_collectives"] = plan.blind_collectives;
+    topology["differs_from_blind"] = plan.blind_differs;
+  }
+  return {{"topology", std::move(topology)},
+          {"mesh", plan.mesh.to_string()},
           {"from", plan.from.to_string()},
           {"to", plan.to.to_string()},
           {"shape", plan.shape.to_string()},

@@ -4,6 +4,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -410,17 +411,6 @@ class Planner {
     std::int64_t group_size = 1;
     for (int m : group)
       group_size *= mesh_.size(m);
-    const double bytes_before = bytes_of(state);
-    const double bytes_after = bytes_of(move.after);
-    const CostModel& cost = options_.cost;
-    const double n = static_cast<double>(group_size);
-    const double rounds = std::ceil(std::log2(std::max(2.0, n)));
-    const double latency = cost.collective_s + rounds * cost.round_s;
-    const double spread = (n - 1) / n;
-    const double local = cost.local_step_s;
-    auto copy_s = [&](double bytes) { return bytes / cost.memory_bandwidth_bytes_s; };
-    auto wire_s = [&](double bytes) { return bytes / cost.bandwidth_bytes_s; };
-
     if (move_class == MoveClass::reduce) {
       // All to Replicate (all_reduce) or all to Shard (reduce_scatter): a reduce_scatter cannot
       // hand two members the same block.
@@ -433,11 +423,6 @@ class Planner {
       }
       step.kind = scatters ? StepKind::reduce_scatter : StepKind::all_reduce;
       step.group = ordered_group(group, move.after);
-      move.cost = scatters ? latency + spread * wire_s(bytes_before) +
-                                 (needs_pack(state, move.after, step)
-                                      ? copy_s(bytes_before) + n * cost.piece_s
-                                      : 0)
-                           : latency + rounds * cost.round_s + 2 * spread * wire_s(bytes_before);
     } else if (move_class == MoveClass::make_partial) {
       step.kind = StepKind::local_partial;
       step.group.assign(group.begin(), group.end());
@@ -447,7 +432,6 @@ class Planner {
           step.keep_dims.push_back(m);
         }
       }
-      move.cost = local + copy_s(bytes_after);
     } else {
       bool chunk_only = true;
       bool gather_only = true;
@@ -460,28 +444,114 @@ class Planner {
         chunk_only = chunk_only && now.is_replicate();
         gather_only = gather_only && next.is_replicate();
       }
-      if (chunk_only) {
-        step.kind = StepKind::local_chunk;
-        step.group.assign(group.begin(), group.end());
-        move.cost = local + copy_s(bytes_after);
-      } else if (gather_only) {
-        step.kind = StepKind::all_gather;
+      step.kind = chunk_only    ? StepKind::local_chunk
+                  : gather_only ? StepKind::all_gather
+                                : StepKind::all_to_all;
+      if (step.kind == StepKind::all_gather) {
         step.group = ordered_group(group, state);
-        move.cost =
-            latency + spread * wire_s(bytes_after) +
-            (needs_unpack(state, move.after, step) ? copy_s(bytes_after) + n * cost.piece_s : 0);
       } else {
-        step.kind = StepKind::all_to_all;
         step.group.assign(group.begin(), group.end());
-        move.cost = latency + rounds * cost.round_s +
-                    spread * wire_s(std::max(bytes_before, bytes_after)) + copy_s(bytes_before) +
-                    copy_s(bytes_after) +
-                    std::min(n, exchange_pieces(state, move.after)) * cost.piece_s;
       }
     }
+    move.cost = price_move(state, move.after, step, options_.two_level);
     if (!options_.merge && is_collective(step.kind) && step.group.size() > 1) return std::nullopt;
     step.group_size = is_collective(step.kind) ? group_size : 1;
     return move;
+  }
+
+  // Prices `step` (kind and group set) from `before` to `after`; fills in the step's level and
+  // its flat and two-level estimates, and picks two levels when allowed and cheaper. On one
+  // host: one latency and one bandwidth for every collective.
+  double price_move(const State& before, const State& after, Step& step,
+                    bool allow_two_level) const {
+    const CostModel& cost = options_.cost;
+    const auto copy_s = [&](double bytes) { return bytes / cost.memory_bandwidth_bytes_s; };
+    const double bytes_before = bytes_of(before);
+    const double bytes_after = bytes_of(after);
+    if (!is_collective(step.kind)) return cost.local_step_s + copy_s(bytes_after);
+    std::int64_t group_size = 1;
+    for (int m : step.group)
+      group_size *= mesh_.size(m);
+    const double n = static_cast<double>(group_size);
+    const double rounds = std::ceil(std::log2(std::max(2.0, n)));
+    const double spread = (n - 1) / n;
+    const double latency = cost.collective_s + rounds * cost.round_s;
+    const bool levels = !options_.topology.single_level();
+    if (step.kind == StepKind::all_to_all) {
+      LinkFigures link{0, cost.bandwidth_bytes_s};
+      if (levels) {
+        for (const GroupSpread& group : spreads(step.group))
+          step.level = std::max(step.level, group.level);
+        link = options_.topology.link(step.level);
+      }
+      step.flat_cost_s = latency + rounds * cost.round_s + link.latency_s +
+                         spread * std::max(bytes_before, bytes_after) / link.bandwidth_bytes_s +
+                         copy_s(bytes_before) + copy_s(bytes_after) +
+                         std::min(n, exchange_pieces(before, after)) * cost.piece_s;
+      return step.flat_cost_s;
+    }
+    RingKind ring = RingKind::all_reduce;
+    double bytes = bytes_before;
+    double flat_copy = 0;
+    double per_collective = latency + rounds * cost.round_s;
+    if (step.kind == StepKind::reduce_scatter) {
+      ring = RingKind::reduce_scatter;
+      per_collective = latency;
+      if (needs_pack(before, after, step)) flat_copy = copy_s(bytes_before) + n * cost.piece_s;
+    } else if (step.kind == StepKind::all_gather) {
+      ring = RingKind::all_gather;
+      bytes = bytes_after;
+      per_collective = latency;
+      if (needs_unpack(before, after, step)) flat_copy = copy_s(bytes_after) + n * cost.piece_s;
+    }
+    if (!levels) {
+      const double factor = ring == RingKind::all_reduce ? 2.0 : 1.0;
+      step.flat_cost_s =
+          per_collective + factor * spread * bytes / cost.bandwidth_bytes_s + flat_copy;
+      return step.flat_cost_s;
+    }
+    // Groups run at once: the step takes as long as its slowest group.
+    double flat = 0;
+    double two = 0;
+    bool possible = true;
+    for (const GroupSpread& group : spreads(step.group)) {
+      const TwoLevelPrice price =
+          price_two_level(options_.topology, group, ring, bytes, per_collective, flat_copy,
+                          copy_s(bytes) + n * cost.piece_s);
+      if (price.flat_s >= flat) {
+        step.units = group.units;
+        step.per_unit = group.per_unit;
+      }
+      flat = std::max(flat, price.flat_s);
+      two = std::max(two, price.two_level_s);
+      possible = possible && price.possible;
+      step.level = std::max(step.level, group.level);
+    }
+    step.flat_cost_s = flat;
+    step.two_level_cost_s = possible ? two : -1;
+    step.two_level = allow_two_level && possible && two < flat;
+    return step.two_level ? two : flat;
+  }
+
+  // How each group over `dims` (one per position outside them) sits on the topology; the
+  // distinct spreads only, cached per dims.
+  const std::vector<GroupSpread>& spreads(const std::vector<int>& dims) const {
+    std::vector<int> key = dims;
+    std::sort(key.begin(), key.end());
+    auto found = spreads_.find(key);
+    if (found != spreads_.end()) return found->second;
+    std::vector<GroupSpread> out;
+    std::set<std::tuple<int, std::int64_t, int, int, int>> seen;
+    for (std::int64_t r = 0; r < mesh_.size(); ++r) {
+      if (mesh_.group_position(r, dims) != 0) continue;
+      const std::vector<std::int64_t> members = mesh_.group_ranks(r, dims);
+      const GroupSpread group = spread_of(options_.topology, members);
+      if (seen.emplace(static_cast<int>(group.level), group.members, group.units, group.per_unit,
+                       static_cast<int>(group.inner))
+              .second)
+        out.push_back(group);
+    }
+    return spreads_.emplace(std::move(key), std::move(out)).first->second;
   }
 
   // About how many pieces one rank packs and unpacks in a data move from `before` to `after`:
@@ -546,6 +616,11 @@ class Planner {
   }
 
  public:
+  // The cost of `move` from `before` on this planner's topology, its collective kept flat.
+  double price_flat(const State& before, const Move& move) const {
+    Step step = move.step;
+    return price_move(before, move.after, step, false);
+  }
   bool needs_pack(const State& before, const State& after, const Step& step) const {
     return !pieces_are_consecutive(before, after, step.group);
   }
@@ -558,6 +633,7 @@ class Planner {
   const Shape& shape_;
   double element_bytes_;
   PlanOptions options_;
+  mutable std::map<std::vector<int>, std::vector<GroupSpread>> spreads_;
   State source_;
   State target_;
 };
@@ -623,6 +699,18 @@ std::int64_t avg_divisor(const DeviceMesh& mesh, const PlacementSpec& from,
   }
   return divisor;
 }
+
+// The planner's cheapest path; the path through Replicate (and `bounded` set) when the search
+// gives up.
+std::vector<Move> cheapest_path(const Planner& planner, bool& bounded) {
+  std::vector<Move> path = planner.search();
+  bounded = false;
+  if (path.empty() && planner.source().key() != planner.target().key()) {
+    path = planner.path_through_replicate();
+    bounded = true;
+  }
+  return path;
+}
 }  // namespace
 
 Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const PlacementSpec& to,
@@ -637,11 +725,37 @@ Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const Placemen
   plan.dtype = dtype;
   plan.merged = options.merge;
 
+  plan.topology = options.topology;
+  const bool levels = !options.topology.single_level();
+  if (levels && options.topology.ranks() != mesh.size()) {
+    throw InvalidArgument(fmt::format(
+        "a topology of {} ranks ({} per host) for mesh {} of {} ranks", options.topology.ranks(),
+        options.topology.host_sizes_text(), mesh.to_string(), mesh.size()));
+  }
   const Planner planner(mesh, from, to, shape, dtype, options);
-  std::vector<Move> path = planner.search();
-  if (path.empty() && planner.source().key() != planner.target().key()) {
-    path = planner.path_through_replicate();
-    plan.search_bounded = true;
+  bool bounded = false;
+  const std::vector<Move> path = cheapest_path(planner, bounded);
+  plan.search_bounded = bounded;
+  if (levels) {
+    PlanOptions blind_options = options;
+    blind_options.topology = Topology();
+    const Planner blind(mesh, from, to, shape, dtype, blind_options);
+    bool blind_bounded = false;
+    const std::vector<Move> blind_path = cheapest_path(blind, blind_bounded);
+    State at = blind.source();
+    plan.blind_cost_s = 0;
+    plan.blind_differs = blind_path.size() != path.size();
+    for (std::size_t i = 0; i < blind_path.size(); ++i) {
+      const Move& move = blind_path[i];
+      plan.blind_cost_s += planner.price_flat(at, move);
+      if (is_collective(move.step.kind)) ++plan.blind_collectives;
+      if (i < path.size() &&
+          (path[i].after.key() != move.after.key() || path[i].step.kind != move.step.kind ||
+           path[i].step.group != move.step.group || path[i].step.two_level)) {
+        plan.blind_differs = true;
+      }
+      at = move.after;
+    }
   }
 
   State state = planner.source();
@@ -733,6 +847,8 @@ std::shared_ptr<const Plan> PlanCache::get(const DeviceMesh& mesh, const Placeme
   for (std::int64_t dim : shape.dims())
     put(dim);
   put(static_cast<std::int64_t>(dtype) * 2 + (options.merge ? 1 : 0));
+  key += options.topology.key();
+  key += options.two_level ? "|2" : "|1";
   std::promise<std::shared_ptr<const Plan>> made;
   std::shared_future<std::shared_ptr<const Plan>> pending;
   {

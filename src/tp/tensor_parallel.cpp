@@ -62,7 +62,7 @@ Tensor TensorParallel::redistribute(const Tensor& local, const Shape& global_sha
   const PlacementSpec source({from});
   const PlacementSpec target({to});
   const auto plan =
-      dtensor::plan_for(groups_.mesh(), source, target, global_shape, local.dtype(), options);
+      dtensor::plan_for(groups_, source, target, global_shape, local.dtype(), options);
   for (const plan::Step& step : plan->steps) {
     if (!plan::is_collective(step.kind)) continue;
     log_.add({module, phase, what, std::string(plan::step_kind_name(step.kind)),

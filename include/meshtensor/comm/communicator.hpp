@@ -11,6 +11,7 @@
 #include <meshtensor/comm/work.hpp>
 #include <meshtensor/core/reduce_op.hpp>
 #include <meshtensor/core/tensor.hpp>
+#include <meshtensor/mesh/topology.hpp>
 
 namespace meshtensor::comm {
 
@@ -136,6 +137,9 @@ class Communicator {
   /// rank failed, the run was interrupted): long work between collectives calls it so that an
   /// interrupt stops it at once. Does nothing where aborts end the process (mpi).
   virtual void throw_if_aborted() const {}
+  /// Where the job's ranks sit, indexed by world rank: given to a threads world, detected from
+  /// host names on mpi. Null: every rank on one host.
+  virtual std::shared_ptr<const Topology> topology() const { return nullptr; }
 
   /// buffer = op over every rank's buffer (in place).
   virtual Work all_reduce_async(Tensor buffer, const CollectiveOptions& options) = 0;

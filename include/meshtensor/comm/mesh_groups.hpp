@@ -3,9 +3,11 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/comm/two_level.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 
 namespace meshtensor::comm {
@@ -35,13 +37,27 @@ class MeshGroups {
   /// reduce-scatters of a sharded model). Channel 0 of the whole mesh is the world itself.
   std::shared_ptr<Communicator> group(std::span<const int> dims,
                                       const CollectiveOptions& options = {}, int channel = 0);
+  /// Where the mesh's ranks sit (indexed by mesh rank): the world communicator's topology.
+  const Topology& topology() const { return topology_; }
+
+  /// group(dims) run in two levels (TwoLevelCommunicator): inside each host (or domain, when
+  /// the group stays on one host) and across them. The flat group when this rank's group sits
+  /// on one unit or unevenly (then two levels do not apply). Collective on first use of (dims,
+  /// channel, choice) like group(); its level groups are its own, made by two splits of the
+  /// world, so no other user's work interleaves with theirs.
+  std::shared_ptr<Communicator> two_level_group(std::span<const int> dims, TwoLevelChoice choice,
+                                                const CollectiveOptions& options = {},
+                                                int channel = 0);
+
   /// Number of distinct communicators created so far (the world included).
   std::size_t cached_groups() const { return by_ranks_.size(); }
 
  private:
   DeviceMesh mesh_;
   std::shared_ptr<Communicator> world_;
+  Topology topology_;
   std::map<std::pair<std::vector<std::int64_t>, int>, std::shared_ptr<Communicator>> by_ranks_;
+  std::map<std::tuple<std::vector<int>, int, int>, std::shared_ptr<Communicator>> two_level_;
 };
 
 }  // namespace meshtensor::comm

@@ -36,6 +36,25 @@ LinkDelay simulated_link(std::chrono::nanoseconds latency, double bytes_per_seco
 /// and bandwidth in GB/s (1e9 bytes), e.g. "20us,10". ParseError naming the text otherwise.
 LinkDelay parse_link(const std::string& text);
 
+/// What a threads world simulates: a link delay for every collective and where the ranks sit.
+/// Converts from a LinkDelay alone (one host).
+struct SimulatedNetwork {
+  SimulatedNetwork() = default;
+  SimulatedNetwork(
+      LinkDelay link_delay)  // NOLINT(google-explicit-constructor): a link is a network
+      : link(std::move(link_delay)) {}
+  /// Ranks placed by `topology`; `link_delay` (may be empty) charges each collective.
+  SimulatedNetwork(LinkDelay link_delay, Topology where)
+      : link(std::move(link_delay)), topology(std::move(where)) {}
+
+  LinkDelay link;     ///< delays every collective; empty: no delay
+  Topology topology;  ///< what Communicator::topology() reports
+};
+
+/// The links of `topology`, each collective charged on the outermost level its group crosses:
+/// that level's latency plus link_bytes() at its bandwidth.
+LinkDelay simulated_topology_link(const Topology& topology);
+
 /// All ranks of a job as threads of one process, exchanging through shared memory. Each rank's
 /// collectives run on a queue of its own per group; a collective's calls are compared across
 /// ranks before any data moves (a mismatch is a DesyncError on every rank, never a hang).
@@ -43,7 +62,7 @@ class ThreadsWorld {
  public:
   /// A world of `size` ranks (1 to kMaxThreadsRanks); `link`, when set, delays every collective
   /// of every group as a network would.
-  explicit ThreadsWorld(int size, LinkDelay link = {});
+  explicit ThreadsWorld(int size, SimulatedNetwork network = {});
   /// Number of ranks.
   int size() const;
   /// The communicator of the whole world for `rank`. Call once per rank and use it from that
@@ -65,17 +84,18 @@ class ThreadsWorld {
 /// that rank's error as the cause (the other ranks' collectives fail with CommError naming it) and
 /// the first error is rethrown here. A thread that cannot be started (a process or memory limit)
 /// fails the world the same way and throws ResourceError naming the rank.
-void run_threads(int size, const std::function<void(Communicator&)>& body, LinkDelay link = {});
+void run_threads(int size, const std::function<void(Communicator&)>& body,
+                 SimulatedNetwork network = {});
 /// The same, handing each rank its communicator as a shared handle, for bodies that keep it
 /// beyond the call (a language binding's objects): the rank's queue drains when the last handle
 /// goes.
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
-                 LinkDelay link = {});
+                 SimulatedNetwork network = {});
 /// The same, calling `poll` on the calling thread about every 50 ms while the ranks run (a
 /// language binding checks for Ctrl-C there). When `poll` throws, the world aborts naming its
 /// error (collectives fail at once with CommError), every rank is joined and that exception is
 /// rethrown.
 void run_threads(int size, const std::function<void(std::shared_ptr<Communicator>)>& body,
-                 LinkDelay link, const std::function<void()>& poll);
+                 SimulatedNetwork network, const std::function<void()>& poll);
 
 }  // namespace meshtensor::comm

@@ -27,11 +27,29 @@ struct RedistributeOptions {
   bool allow_flattened_groups = true;
   /// Timeout of each collective.
   std::chrono::milliseconds timeout = comm::default_timeout();
+  /// Plans see where the ranks sit (the mesh groups' topology, DESIGN §3.10): collectives are
+  /// priced on the links they cross and may run in two levels. False: planned as on one host,
+  /// every collective flat (the topology-blind baseline).
+  bool topology_aware = true;
 };
+
+/// `options` with its plans priced on the topology of `groups` (when topology-aware).
+plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology);
 
 /// The (cached) plan a redistribute with `options` runs.
 std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
                                            const PlacementSpec& to, const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options = {});
+/// The same, priced on `topology` (indexed by mesh rank).
+std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,
+                                           const PlacementSpec& to, const Shape& shape, DType dtype,
+                                           const RedistributeOptions& options,
+                                           const Topology& topology);
+
+/// The (cached) plan for a redistribute on the mesh of `groups`, priced on its topology.
+std::shared_ptr<const plan::Plan> plan_for(const comm::MeshGroups& groups,
+                                           const PlacementSpec& from, const PlacementSpec& to,
+                                           const Shape& shape, DType dtype,
                                            const RedistributeOptions& options = {});
 
 /// Runs `plan` on this rank: `local` is the block plan.from gives this rank (left untouched);

@@ -12,6 +12,7 @@
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/mesh/spec.hpp>
+#include <meshtensor/mesh/topology.hpp>
 
 namespace meshtensor::plan {
 
@@ -56,6 +57,16 @@ struct Step {
   std::int64_t group_size = 1;  ///< ranks per group (1 for local steps)
   StepTraffic traffic;          ///< collectives only
   double cost_s = 0;            ///< cost-model estimate
+  /// Collectives: the outermost level any of the step's groups crosses (domain on one host).
+  LinkLevel level = LinkLevel::domain;
+  /// Collectives: run in two levels (inside hosts or domains, then across them; see
+  /// comm::TwoLevelCommunicator) because the cost model finds that cheaper than one flat
+  /// collective on this topology.
+  bool two_level = false;
+  int units = 1;                 ///< hosts (or domains) the worst group spans
+  int per_unit = 0;              ///< its members on each (0: jagged, which rules out two levels)
+  double flat_cost_s = 0;        ///< collectives: the flat form's estimate
+  double two_level_cost_s = -1;  ///< collectives: the two-level form's estimate (-1: impossible)
 };
 
 /// What a redistribute is asked to do: move a tensor of `shape` and `dtype` on `mesh` from
@@ -86,6 +97,12 @@ struct Plan {
   bool search_bounded = false;  ///< too many intermediate specs to search: the plan goes through
                                 ///< Replicate, valid but perhaps not the cheapest
   double cost_s = 0;            ///< cost-model total
+  Topology topology;            ///< where the ranks sit (priced per level when it has several)
+  /// With a topology of several levels: the cost, on it, of the plan made without it (flat
+  /// collectives, steps chosen on one level's figures), and whether that plan's steps differ.
+  double blind_cost_s = -1;
+  bool blind_differs = false;
+  int blind_collectives = 0;  ///< collectives of that plan
 
   /// Number of communicating steps.
   int collectives() const;

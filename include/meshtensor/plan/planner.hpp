@@ -10,9 +10,9 @@
 
 namespace meshtensor::plan {
 
-/// Prices a step: each collective costs a fixed start-up latency, a latency per round (log2 of
-/// the group size) and its bytes over the network bandwidth; local copies cost their bytes over
-/// the memory bandwidth. Only ratios matter.
+/// Prices a step on one host: each collective costs a fixed start-up latency, a latency per round
+/// (log2 of the group size) and its bytes over the network bandwidth; local copies cost their bytes
+/// over the memory bandwidth. Only ratios matter.
 struct CostModel {
   double collective_s = 50e-6;              ///< start-up and synchronisation of one collective
   double round_s = 5e-6;                    ///< per round of a collective (log2 of the group size)
@@ -27,6 +27,11 @@ struct PlanOptions {
   bool merge = true;  ///< collectives may span several mesh dims (flattened groups); off: at most
                       ///< one mesh dim per collective, as DTensor does
   CostModel cost;     ///< prices the candidates
+  /// Where the ranks sit. With several hosts or domains each collective is priced on the links
+  /// its groups cross (the topology's figures replace `cost.bandwidth_bytes_s`) and may run in
+  /// two levels; on one host the plan is the same as without it.
+  Topology topology;
+  bool two_level = true;  ///< collectives may run in two levels (false: always flat)
 };
 
 /// Plans the redistribute of a tensor of `shape` and `dtype` from `from` to `to` on `mesh`: the

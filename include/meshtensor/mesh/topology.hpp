@@ -1,0 +1,138 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshtensor {
+
+/// How far apart two ranks sit: the outermost boundary between them.
+enum class LinkLevel : std::uint8_t {
+  domain = 0,   ///< the same domain (e.g. one NVLink island), or the same rank
+  host = 1,     ///< the same host, different domains
+  network = 2,  ///< different hosts
+};
+
+/// "domain", "host" or "network".
+std::string_view link_level_name(LinkLevel level);
+
+/// One level's link: what a collective over it pays per call and per byte.
+struct LinkFigures {
+  double latency_s = 0;             ///< per collective
+  double bandwidth_bytes_s = 10e9;  ///< what one rank sends or receives per second
+};
+
+/// The three levels' links: inside a domain, between the domains of one host, between hosts.
+using LinkLevels = std::array<LinkFigures, 3>;
+
+/// Default links: `inside` within a domain; between domains `inside` plus 5 us and a quarter of
+/// its bandwidth; between hosts `inside` plus 20 us and a twentieth of its bandwidth.
+LinkLevels default_links(LinkFigures inside = {});
+
+/// Parses "LATENCY,GBPS": a latency with a unit (ns, us, ms or s; a bare number is
+/// microseconds) and a bandwidth in GB/s (1e9 bytes), e.g. "20us,10". ParseError naming `what`
+/// and the text otherwise (a negative or non-finite latency, a bandwidth not above 0).
+LinkFigures parse_link_figures(std::string_view text, std::string_view what = "link");
+
+/// Where the ranks of a job sit: ranks grouped into hosts, and optionally the ranks of a host
+/// into domains, with each level's link. Pure data, an input of the planner like the mesh.
+/// Default-constructed: every rank on one host, in one domain.
+class Topology {
+ public:
+  /// Every rank on one host.
+  Topology() = default;
+  /// `host_of[r]` and `domain_of[r]` (domain numbers unique across hosts; empty: one domain per
+  /// host) per rank, hosts' names (empty: "host<i>"). InvalidArgument when the lists disagree in
+  /// length, a number is negative, or a domain spans two hosts.
+  Topology(std::vector<int> host_of, std::vector<int> domain_of = {},
+           std::vector<std::string> host_names = {}, LinkLevels links = default_links());
+
+  /// `ranks` ranks on hosts of `host_sizes` ranks each, in rank order, the last host taking what
+  /// is left when the sizes run short of `ranks` (one size repeats: 8 -> 8,8,...; "jagged" when
+  /// `ranks` is not a multiple). `ranks_per_domain` > 0 cuts each host into domains of that many
+  /// ranks (the last one of a host may be smaller). InvalidArgument naming the value when a size
+  /// is below 1 or the sizes hold more ranks than `ranks` in more hosts than needed.
+  static Topology from_host_sizes(std::int64_t ranks, const std::vector<std::int64_t>& host_sizes,
+                                  std::int64_t ranks_per_domain = 0,
+                                  LinkLevels links = default_links());
+  /// Ranks whose names are equal share a host (hosts numbered by first appearance).
+  static Topology from_host_names(const std::vector<std::string>& names,
+                                  LinkLevels links = default_links());
+
+  /// True when every rank sits on one host in one domain: nothing is priced per level.
+  bool single_level() const;
+  /// Number of ranks described (0 for the default single-host topology).
+  std::int64_t ranks() const { return static_cast<std::int64_t>(host_of_.size()); }
+  /// Number of hosts (1 for the default).
+  int hosts() const;
+  /// Host of `rank` (0 for the default).
+  int host(std::int64_t rank) const;
+  /// Domain of `rank` (its host's number when the topology has no domains).
+  int domain(std::int64_t rank) const;
+  /// Name of host `host`.
+  std::string host_name(int host) const;
+  /// The links per level.
+  const LinkLevels& links() const { return links_; }
+  /// The link of `level`.
+  const LinkFigures& link(LinkLevel level) const {
+    return links_[static_cast<std::size_t>(level)];
+  }
+  /// The outermost level a group of these ranks crosses.
+  LinkLevel level_of(std::span<const std::int64_t> ranks) const;
+  /// Ranks per host, "4,4,3"; "all" for the default.
+  std::string host_sizes_text() const;
+  /// "3 hosts (4,4,3 ranks), 2 domains per host; links domain 0us 10GB/s, ...".
+  std::string to_string() const;
+  /// A key equal for equal topologies (placement and links), for caches.
+  std::string key() const;
+
+ private:
+  std::vector<int> host_of_;
+  std::vector<int> domain_of_;
+  std::vector<std::string> host_names_;
+  LinkLevels links_ = default_links();
+};
+
+/// How a group's members sit on a topology, as the two-level algorithms need it.
+struct GroupSpread {
+  LinkLevel level = LinkLevel::domain;  ///< outermost level the group crosses
+  std::int64_t members = 1;             ///< the group's size
+  int units = 1;      ///< hosts (network level) or domains (host level) the members occupy
+  int per_unit = 0;   ///< members on each of them when every one holds as many; 0 when jagged
+  LinkLevel inner = LinkLevel::domain;  ///< outermost level crossed inside one unit
+};
+
+/// The spread of `ranks` (a group's members) over `topology`.
+GroupSpread spread_of(const Topology& topology, std::span<const std::int64_t> ranks);
+
+/// The ring collectives the cost model prices per level.
+enum class RingKind : std::uint8_t { all_reduce, reduce_scatter, all_gather };
+
+/// Seconds one ring collective of `kind` takes over `members` ranks on `link`: its latency
+/// plus the bytes one member moves ((n-1)/n of `bytes`, twice for all_reduce; `bytes` is the
+/// larger of a member's buffers) over the bandwidth. `per_collective_s` is added once.
+double ring_seconds(RingKind kind, std::int64_t members, double bytes, const LinkFigures& link,
+                    double per_collective_s);
+
+/// What a collective over one group costs flat and in two levels.
+struct TwoLevelPrice {
+  double flat_s = 0;          ///< one collective over the group, at its outermost level
+  double two_level_s = 0;     ///< inside units, across them, inside again; +inf when impossible
+  bool possible = false;      ///< the group spans several units holding as many members each
+  bool cheaper() const { return possible && two_level_s < flat_s; }
+};
+
+/// Prices a collective of `kind` over a group spread as `spread`, `bytes` per member (the whole
+/// buffer a member reduces or ends with), each collective also paying `per_collective_s`. Flat:
+/// one ring at the group's outermost level, plus `flat_copy_s` (the packing it needs). Two
+/// levels: all_reduce = reduce_scatter inside each unit, all_reduce of one k-th across units,
+/// all_gather inside; reduce_scatter = inside, then across on one k-th, plus `reorder_copy_s`
+/// (the buffer reordered so that both splits are contiguous); all_gather the reverse.
+TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
+                              double bytes, double per_collective_s, double flat_copy_s,
+                              double reorder_copy_s);
+
+}  // namespace meshtensor
