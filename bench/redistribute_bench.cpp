@@ -43,20 +43,28 @@ RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicat
   dtensor::fill_contribution(
       local, source, config.shape, 1,
       config.mesh.group_position(groups.rank(), config.from.partial_mesh_dims()));
-  dtensor::RedistributeOptions merged_options;
-  merged_options.mode = config.mode;
+  dtensor::RedistributeOptions aware_options;
+  aware_options.mode = config.mode;
+  dtensor::RedistributeOptions merged_options = aware_options;
+  merged_options.topology_aware = false;
   dtensor::RedistributeOptions unmerged_options = merged_options;
   unmerged_options.merge = false;
-  const auto merged = dtensor::plan_for(config.mesh, config.from, config.to, config.shape,
-                                        config.dtype, merged_options);
-  const auto unmerged = dtensor::plan_for(config.mesh, config.from, config.to, config.shape,
-                                          config.dtype, unmerged_options);
-  time_once(groups, *merged, local, merged_options);  // warm-up: creates the groups
+  const bool topology = !groups.topology().single_level();
+  const auto plan = [&](const dtensor::RedistributeOptions& options) {
+    return dtensor::plan_for(groups, config.from, config.to, config.shape, config.dtype, options);
+  };
+  const auto merged = plan(merged_options);
+  const auto unmerged = plan(unmerged_options);
+  const auto aware = plan(aware_options);
+  // Warm-up: creates the groups.
+  time_once(groups, *merged, local, merged_options);
   time_once(groups, *unmerged, local, unmerged_options);
-  std::vector<double> merged_times, unmerged_times;
+  if (topology) time_once(groups, *aware, local, aware_options);
+  std::vector<double> merged_times, unmerged_times, aware_times;
   for (int i = 0; i < std::max(1, config.iterations); ++i) {
     merged_times.push_back(time_once(groups, *merged, local, merged_options));
     unmerged_times.push_back(time_once(groups, *unmerged, local, unmerged_options));
+    if (topology) aware_times.push_back(time_once(groups, *aware, local, aware_options));
   }
   RedistributeBenchResult result;
   result.merged_s = median(merged_times);
@@ -64,6 +72,15 @@ RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicat
   result.ratio = result.merged_s / result.unmerged_s;
   result.merged_collectives = merged->collectives();
   result.unmerged_collectives = unmerged->collectives();
+  if (topology) {
+    result.topology = true;
+    result.aware_s = median(aware_times);
+    result.aware_collectives = aware->collectives();
+    for (const plan::Step& step : aware->steps)
+      result.aware_two_level_steps += step.two_level ? 1 : 0;
+    result.blind_over_aware = result.merged_s / result.aware_s;
+    result.one_dim_over_aware = result.unmerged_s / result.aware_s;
+  }
   return result;
 }
 

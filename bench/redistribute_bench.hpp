@@ -16,16 +16,23 @@ struct RedistributeBenchConfig : plan::Redistribution {
 /// Timings of the merged plan against the unmerged one (at most one mesh dim per collective, as
 /// DTensor), the same on every rank.
 struct RedistributeBenchResult {
-  double merged_s = 0;    ///< median time of the merged plan
-  double unmerged_s = 0;  ///< median time of the unmerged plan
+  double merged_s = 0;    ///< median time of the merged plan (topology-blind with a topology)
+  double unmerged_s = 0;  ///< median time of the unmerged plan (topology-blind)
   double ratio = 0;       ///< merged_s / unmerged_s
   int merged_collectives = 0;
   int unmerged_collectives = 0;
+  /// With a topology (the world's has several hosts or domains): the topology-aware plan.
+  bool topology = false;
+  double aware_s = 0;             ///< median time of the topology-aware plan
+  int aware_collectives = 0;      ///< its collectives (a two-level one counts once)
+  int aware_two_level_steps = 0;  ///< its collectives that run in two levels
+  double blind_over_aware = 0;    ///< merged_s / aware_s: the speed-up over the blind plan
+  double one_dim_over_aware = 0;  ///< unmerged_s / aware_s: over DTensor's plan
 };
 
-/// Runs both plans alternately on `world` (which spans the mesh; collective), each from the same
-/// source block after a barrier; a run's time is the slowest rank's. Groups are created in a
-/// warm-up run first.
+/// Runs the plans alternately on `world` (with a topology: the aware one too) (which spans the
+/// mesh; collective), each from the same source block after a barrier; a run's time is the slowest
+/// rank's. Groups are created in a warm-up run first.
 RedistributeBenchResult time_redistribute(const std::shared_ptr<comm::Communicator>& world,
                                           const RedistributeBenchConfig& config);
 

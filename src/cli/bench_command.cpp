@@ -248,6 +248,7 @@ struct RedistributeBenchOptions {
   std::string iterations = "5";
   bool json = false;
   TimeoutOption timeout;
+  TopologyOptions topology;
 };
 
 bench::RedistributeBenchConfig redistribute_config(const RedistributeBenchOptions& options) {
@@ -284,7 +285,34 @@ void print_redistribute(const RedistributeBenchOptions& options,
                                 {"unmerged_collectives", result.unmerged_collectives},
                                 {"plan_uncached_s", planning.uncached_s},
                                 {"plan_cached_s", planning.cached_s}};
-    std::cout << out.dump() << '\n' << std::flush;
+    nlohmann::json with = out;
+    if (result.topology) {
+      with["topology"] = {{"ranks_per_host", options.topology.ranks_per_host},
+                          {"aware_s", result.aware_s},
+                          {"aware_collectives", result.aware_collectives},
+                          {"aware_two_level_steps", result.aware_two_level_steps},
+                          {"blind_s", result.merged_s},
+                          {"one_dim_s", result.unmerged_s},
+                          {"blind_over_aware", result.blind_over_aware},
+                          {"one_dim_over_aware", result.one_dim_over_aware}};
+    }
+    std::cout << with.dump() << '\n' << std::flush;
+    return;
+  }
+  if (result.topology) {
+    std::cout << fmt::format(
+        "redistribute {} -> {} of {} {} on mesh {} ({}, {} mode, ranks per host {})\n"
+        "  topology-aware {:>10.3f} ms  ({} collectives, {} in two levels)\n"
+        "  topology-blind {:>10.3f} ms  ({} collectives)\n"
+        "  one dim (DTensor) {:>7.3f} ms  ({} collectives)\n"
+        "  speed-up aware over blind {:.2f}x, over one dim {:.2f}x\n",
+        config.from.to_string(), config.to.to_string(), config.shape.to_string(),
+        dtype_name(config.dtype), config.mesh.to_string(), options.backend, options.mode,
+        options.topology.ranks_per_host, result.aware_s * 1e3, result.aware_collectives,
+        result.aware_two_level_steps, result.merged_s * 1e3, result.merged_collectives,
+        result.unmerged_s * 1e3, result.unmerged_collectives, result.blind_over_aware,
+        result.one_dim_over_aware);
+    std::cout.flush();
     return;
   }
   std::cout << fmt::format(
@@ -312,6 +340,8 @@ void run_redistribute_bench(const RedistributeBenchOptions& options) {
                                       config.mesh.to_string(), config.mesh.size(),
                                       kMaxBenchThreads));
   }
+  options.topology.check_backend(backend == Backend::mpi);
+  const comm::SimulatedNetwork network = options.topology.network(config.mesh.size());
   options.timeout.apply();
   const bench::PlanningTime planning =
       bench::time_planning(config.mesh, config.from, config.to, config.shape, config.dtype, 20);
@@ -325,15 +355,19 @@ void run_redistribute_bench(const RedistributeBenchOptions& options) {
       per_rank * static_cast<double>(backend == Backend::threads ? config.mesh.size() : 1),
       fmt::format("bench redistribute of {} {} on mesh {}", config.shape.to_string(),
                   dtype_name(config.dtype), config.mesh.to_string()));
-  run_ranks(backend, config.mesh.size(), command, [&](comm::Communicator& world) {
-    const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
-    if (world.size() != config.mesh.size()) {
-      throw InvalidArgument(fmt::format("mesh {} has {} ranks, but mpirun started {} processes",
-                                        config.mesh.to_string(), config.mesh.size(), world.size()));
-    }
-    const bench::RedistributeBenchResult result = bench::time_redistribute(shared, config);
-    if (world.rank() == 0) print_redistribute(options, config, result, planning);
-  });
+  run_ranks(
+      backend, config.mesh.size(), command,
+      [&](comm::Communicator& world) {
+        const std::shared_ptr<comm::Communicator> shared(&world, [](comm::Communicator*) {});
+        if (world.size() != config.mesh.size()) {
+          throw InvalidArgument(fmt::format("mesh {} has {} ranks, but mpirun started {} processes",
+                                            config.mesh.to_string(), config.mesh.size(),
+                                            world.size()));
+        }
+        const bench::RedistributeBenchResult result = bench::time_redistribute(shared, config);
+        if (world.rank() == 0) print_redistribute(options, config, result, planning);
+      },
+      network);
 }
 
 // Planning cases from 1-D to 4-D meshes, uneven shapes, nested shards and partials.
@@ -460,7 +494,8 @@ void add_bench_command(CLI::App& app) {
   CLI::App* redistribute = bench->add_subcommand(
       "redistribute",
       "Time the merged redistribute plan against the unmerged one (one mesh dim per collective) "
-      "in the same run, and the planning time");
+      "in the same run, and the planning time; with --ranks-per-host, the topology-aware plan "
+      "against the topology-blind one and the one-dim-at-a-time plan on the simulated links");
   redistribute->add_option("--mesh", redistribute_options->mesh, "mesh sizes (default 4x2x1)");
   redistribute->add_option("--from", redistribute_options->from, "source spec (default P,P,R)");
   redistribute->add_option("--to", redistribute_options->to, "target spec (default R,R,R)");
@@ -474,6 +509,7 @@ void add_bench_command(CLI::App& app) {
                            "timed runs of each plan (default 5)");
   add_flag(*redistribute, "--json", redistribute_options->json, "print one JSON object");
   redistribute_options->timeout.add_to(*redistribute);
+  redistribute_options->topology.add_to(*redistribute);
   redistribute->callback([redistribute_options] { run_redistribute_bench(*redistribute_options); });
 
   auto plan_json = std::make_shared<bool>(false);

@@ -45,13 +45,10 @@ std::vector<std::int64_t> counts_or_equal(std::vector<std::int64_t> counts, std:
 }
 }  // namespace
 
-TwoLevelCommunicator::TwoLevelCommunicator(std::shared_ptr<Communicator> flat,
-                                           std::shared_ptr<Communicator> inner,
-                                           std::shared_ptr<Communicator> outer,
-                                           std::vector<std::vector<int>> positions,
-                                           GroupSpread spread,
-                                           std::shared_ptr<const Topology> topology,
-                                           TwoLevelChoice choice)
+TwoLevelCommunicator::TwoLevelCommunicator(
+    std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> inner,
+    std::shared_ptr<Communicator> outer, std::vector<std::vector<int>> positions,
+    GroupSpread spread, std::shared_ptr<const Topology> topology, TwoLevelChoice choice)
     : flat_(std::move(flat)),
       inner_(std::move(inner)),
       outer_(std::move(outer)),
@@ -64,19 +61,20 @@ TwoLevelCommunicator::TwoLevelCommunicator(std::shared_ptr<Communicator> flat,
   std::set<int> seen;
   for (const auto& unit : positions_) {
     if (unit.size() != positions_.front().size()) {
-      throw InvalidArgument(fmt::format("a two-level group needs as many members on every unit; "
-                                        "units hold {} and {}",
-                                        positions_.front().size(), unit.size()));
+      throw InvalidArgument(
+          fmt::format("a two-level group needs as many members on every unit; "
+                      "units hold {} and {}",
+                      positions_.front().size(), unit.size()));
     }
     seen.insert(unit.begin(), unit.end());
   }
   if (static_cast<int>(seen.size()) != flat_->size() || *seen.begin() != 0 ||
-      *seen.rbegin() != flat_->size() - 1 ||
-      inner_->size() * outer_->size() != flat_->size()) {
-    throw InvalidArgument(fmt::format("two-level positions of {} units x {} do not cover a group "
-                                      "of {} once (inner {}, outer {})",
-                                      positions_.size(), positions_.front().size(), flat_->size(),
-                                      inner_->size(), outer_->size()));
+      *seen.rbegin() != flat_->size() - 1 || inner_->size() * outer_->size() != flat_->size()) {
+    throw InvalidArgument(
+        fmt::format("two-level positions of {} units x {} do not cover a group "
+                    "of {} once (inner {}, outer {})",
+                    positions_.size(), positions_.front().size(), flat_->size(), inner_->size(),
+                    outer_->size()));
   }
 }
 
@@ -87,9 +85,9 @@ TwoLevelCommunicator::~TwoLevelCommunicator() {
 bool TwoLevelCommunicator::two_levels(RingKind kind, const CollectiveCall& call) const {
   if (choice_ == TwoLevelChoice::always) return true;
   if (!topology_) return false;
-  const std::int64_t count =
-      kind == RingKind::all_reduce ? call.count : total(call.segment_counts);
-  const double bytes = static_cast<double>(count * static_cast<std::int64_t>(dtype_size(call.dtype)));
+  const std::int64_t count = kind == RingKind::all_reduce ? call.count : total(call.segment_counts);
+  const double bytes =
+      static_cast<double>(count * static_cast<std::int64_t>(dtype_size(call.dtype)));
   constexpr double kPerCollective = 50e-6;  // the planner's default start-up cost
   constexpr double kMemoryBandwidth = 100e9;
   return price_two_level(*topology_, spread_, kind, bytes, kPerCollective, 0,
@@ -195,7 +193,8 @@ void TwoLevelCommunicator::exact_all_reduce(const Tensor& buffer,
 void TwoLevelCommunicator::run_reduce_scatter(const Tensor& input, const Tensor& output,
                                               std::vector<std::int64_t> counts,
                                               const CollectiveOptions& options) {
-  const CollectiveCall call = describe_reduce_scatter(input, output, counts, options, rank(), size());
+  const CollectiveCall call =
+      describe_reduce_scatter(input, output, counts, options, rank(), size());
   if (!two_levels(RingKind::reduce_scatter, call)) {
     flat_->reduce_scatter(input, output, std::move(counts), options);
     return;

@@ -522,7 +522,13 @@ std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& 
     std::int64_t ranks = 1;
     for (const int d : dims)
       ranks *= groups_.mesh().size(d);
-    if (ranks > 1) slot->comm = groups_.group(dims, {}, channel);
+    // On several hosts each collective runs in two levels when the links make that cheaper
+    // for its size (the same choice on every rank: it depends on the call only).
+    if (ranks > 1) {
+      slot->comm = groups_.topology().single_level()
+                       ? groups_.group(dims, {}, channel)
+                       : groups_.two_level_group(dims, comm::TwoLevelChoice::by_price, {}, channel);
+    }
     slot->name = fmt::format("{} [{}]", role, fmt::join(dims, ","));
   }
   return slot;

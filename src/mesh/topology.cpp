@@ -43,8 +43,8 @@ LinkFigures parse_link_figures(std::string_view text, std::string_view what) {
   std::string latency_text(text.substr(0, comma));
   const std::string bandwidth_text(text.substr(comma + 1));
   double unit = 1e-6;  // microseconds
-  for (const auto& [suffix, scale] : {std::pair{"ns", 1e-9}, std::pair{"us", 1e-6},
-                                      std::pair{"ms", 1e-3}, std::pair{"s", 1.0}}) {
+  for (const auto& [suffix, scale] :
+       {std::pair{"ns", 1e-9}, std::pair{"us", 1e-6}, std::pair{"ms", 1e-3}, std::pair{"s", 1.0}}) {
     const std::string_view s(suffix);
     if (latency_text.size() > s.size() && latency_text.ends_with(s)) {
       latency_text.resize(latency_text.size() - s.size());
@@ -95,9 +95,10 @@ Topology::Topology(std::vector<int> host_of, std::vector<int> domain_of,
   }
   for (const LinkFigures& link : links_) {
     if (!(link.latency_s >= 0) || !(link.bandwidth_bytes_s > 0)) {
-      throw InvalidArgument(fmt::format("topology: a link needs a latency >= 0 and a bandwidth > "
-                                        "0, got {} s and {} bytes/s",
-                                        link.latency_s, link.bandwidth_bytes_s));
+      throw InvalidArgument(
+          fmt::format("topology: a link needs a latency >= 0 and a bandwidth > "
+                      "0, got {} s and {} bytes/s",
+                      link.latency_s, link.bandwidth_bytes_s));
     }
   }
 }
@@ -117,9 +118,10 @@ Topology Topology::from_host_sizes(std::int64_t ranks, const std::vector<std::in
   int domains = 0;
   for (std::int64_t at = 0, host = 0; at < ranks; ++host) {
     if (host_sizes.size() > 1 && static_cast<std::size_t>(host) >= host_sizes.size()) {
-      throw InvalidArgument(fmt::format("ranks per host {} hold {} ranks, fewer than the {} of "
-                                        "the mesh",
-                                        fmt::join(host_sizes, ","), at, ranks));
+      throw InvalidArgument(
+          fmt::format("ranks per host {} hold {} ranks, fewer than the {} of "
+                      "the mesh",
+                      fmt::join(host_sizes, ","), at, ranks));
     }
     const std::int64_t size =
         host_sizes.size() == 1 ? host_sizes[0] : host_sizes[static_cast<std::size_t>(host)];
@@ -129,9 +131,8 @@ Topology Topology::from_host_sizes(std::int64_t ranks, const std::vector<std::in
       domain_of.push_back(domains +
                           static_cast<int>(ranks_per_domain > 0 ? local / ranks_per_domain : 0));
     }
-    domains += static_cast<int>(ranks_per_domain > 0 ? (here + ranks_per_domain - 1) /
-                                                           ranks_per_domain
-                                                     : 1);
+    domains += static_cast<int>(
+        ranks_per_domain > 0 ? (here + ranks_per_domain - 1) / ranks_per_domain : 1);
     at += here;
     if (at == ranks && host_sizes.size() > 1 &&
         static_cast<std::size_t>(host) + 1 < host_sizes.size()) {
@@ -139,8 +140,8 @@ Topology Topology::from_host_sizes(std::int64_t ranks, const std::vector<std::in
                                         fmt::join(host_sizes, ","), ranks));
     }
   }
-  return Topology(std::move(host_of), ranks_per_domain > 0 ? std::move(domain_of) : std::vector<int>{},
-                  {}, links);
+  return Topology(std::move(host_of),
+                  ranks_per_domain > 0 ? std::move(domain_of) : std::vector<int>{}, {}, links);
 }
 
 Topology Topology::from_host_names(const std::vector<std::string>& names, LinkLevels links) {

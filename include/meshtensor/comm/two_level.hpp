@@ -31,9 +31,9 @@ class TwoLevelCommunicator final : public Communicator {
   /// `outer`'s order, places in `inner`'s. InvalidArgument unless it covers the group once with
   /// as many members on every unit.
   TwoLevelCommunicator(std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> inner,
-                       std::shared_ptr<Communicator> outer,
-                       std::vector<std::vector<int>> positions, GroupSpread spread,
-                       std::shared_ptr<const Topology> topology, TwoLevelChoice choice);
+                       std::shared_ptr<Communicator> outer, std::vector<std::vector<int>> positions,
+                       GroupSpread spread, std::shared_ptr<const Topology> topology,
+                       TwoLevelChoice choice);
   ~TwoLevelCommunicator() override;
 
   int rank() const override { return flat_->rank(); }

@@ -77,9 +77,7 @@ class Topology {
   /// The links per level.
   const LinkLevels& links() const { return links_; }
   /// The link of `level`.
-  const LinkFigures& link(LinkLevel level) const {
-    return links_[static_cast<std::size_t>(level)];
-  }
+  const LinkFigures& link(LinkLevel level) const { return links_[static_cast<std::size_t>(level)]; }
   /// The outermost level a group of these ranks crosses.
   LinkLevel level_of(std::span<const std::int64_t> ranks) const;
   /// Ranks per host, "4,4,3"; "all" for the default.
@@ -100,8 +98,8 @@ class Topology {
 struct GroupSpread {
   LinkLevel level = LinkLevel::domain;  ///< outermost level the group crosses
   std::int64_t members = 1;             ///< the group's size
-  int units = 1;      ///< hosts (network level) or domains (host level) the members occupy
-  int per_unit = 0;   ///< members on each of them when every one holds as many; 0 when jagged
+  int units = 1;     ///< hosts (network level) or domains (host level) the members occupy
+  int per_unit = 0;  ///< members on each of them when every one holds as many; 0 when jagged
   LinkLevel inner = LinkLevel::domain;  ///< outermost level crossed inside one unit
 };
 
@@ -119,9 +117,9 @@ double ring_seconds(RingKind kind, std::int64_t members, double bytes, const Lin
 
 /// What a collective over one group costs flat and in two levels.
 struct TwoLevelPrice {
-  double flat_s = 0;          ///< one collective over the group, at its outermost level
-  double two_level_s = 0;     ///< inside units, across them, inside again; +inf when impossible
-  bool possible = false;      ///< the group spans several units holding as many members each
+  double flat_s = 0;       ///< one collective over the group, at its outermost level
+  double two_level_s = 0;  ///< inside units, across them, inside again; +inf when impossible
+  bool possible = false;   ///< the group spans several units holding as many members each
   bool cheaper() const { return possible && two_level_s < flat_s; }
 };
 
