@@ -211,3 +211,152 @@ TEST(PlanJson, CountsCollectivesAndBytes) {
 
 }  // namespace
 }  // namespace meshtensor::plan
+
+namespace meshtensor::plan {
+namespace {
+
+Plan topology_plan(const std::string& mesh, const std::string& from, const std::string& to,
+                   const std::string& shape, std::vector<std::int64_t> host_sizes,
+                   LinkLevels links = default_links()) {
+  PlanOptions options;
+  const DeviceMesh parsed = parse_mesh(mesh);
+  options.topology = Topology::from_host_sizes(parsed.size(), host_sizes, 0, links);
+  return make_plan(parsed, parse_spec(from), parse_spec(to), parse_shape(shape), DType::f32,
+                   options);
+}
+
+// (kind, group, two_level) of each collective.
+std::vector<std::tuple<StepKind, std::vector<int>, bool>> shape_of(const Plan& plan) {
+  std::vector<std::tuple<StepKind, std::vector<int>, bool>> out;
+  for (const Step* step : collectives(plan))
+    out.emplace_back(step->kind, step->group, step->two_level);
+  return out;
+}
+
+TEST(TopologyPlanner, SeedZeroAllReduceRunsInTwoLevelsAcrossHosts) {
+  // (ddp=8, fsdp=5) on hosts of 8: the 40-rank all_reduce spans 5 hosts, 8 ranks on each.
+  const Plan plan = topology_plan("8x5", "P,P", "R,R", "1024x1024", {8});
+  ASSERT_EQ(plan.collectives(), 1);
+  const Step& step = *collectives(plan)[0];
+  EXPECT_TRUE(step.two_level);
+  EXPECT_EQ(step.level, LinkLevel::network);
+  EXPECT_EQ(step.units, 5);
+  EXPECT_EQ(step.per_unit, 8);
+  EXPECT_LT(step.two_level_cost_s, step.flat_cost_s);
+  EXPECT_TRUE(plan.blind_differs);
+  EXPECT_GT(plan.blind_cost_s, 1.5 * plan.cost_s);
+  const std::string text = explain(plan);
+  EXPECT_NE(text.find("crosses: network (5 hosts x 8 ranks); two levels"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("topology-blind plan"), std::string::npos) << text;
+}
+
+TEST(TopologyPlanner, TopologyChangesWhichDimsMergeAndTheirOrder) {
+  // Hosts of 4 on a 2x4 mesh: dim 1 stays inside a host, dim 0 crosses. The blind plan
+  // reduce-scatters over both dims at once; the aware one reduces inside hosts first, so that
+  // only a quarter of the bytes cross.
+  const Plan blind = plan_of("2x4", "P,P", "S0,S1", "4096x512");
+  const Plan aware = topology_plan("2x4", "P,P", "S0,S1", "4096x512", {4});
+  ASSERT_EQ(blind.collectives(), 1);
+  EXPECT_EQ(collectives(blind)[0]->group, (std::vector<int>{0, 1}));
+  ASSERT_EQ(aware.collectives(), 2);
+  EXPECT_EQ(collectives(aware)[0]->group, (std::vector<int>{1}));
+  EXPECT_EQ(collectives(aware)[0]->level, LinkLevel::domain);
+  EXPECT_EQ(collectives(aware)[1]->group, (std::vector<int>{0}));
+  EXPECT_EQ(collectives(aware)[1]->level, LinkLevel::network);
+  EXPECT_LT(aware.cost_s, aware.blind_cost_s);
+  // Gathers go the other way: across hosts first, while the blocks are small.
+  const Plan gather = topology_plan("4x2", "S0,S1", "R,R", "4096x512", {2});
+  ASSERT_EQ(gather.collectives(), 2);
+  EXPECT_EQ(collectives(gather)[0]->group, (std::vector<int>{0}));
+  EXPECT_EQ(collectives(gather)[1]->group, (std::vector<int>{1}));
+}
+
+TEST(TopologyPlanner, OneHostGivesTheBlindPlan) {
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"P,P", "R,R"}, {"P,P", "S0,S1"}, {"S0,S1", "R,R"}, {"S0,R", "R,S1"}}) {
+    const Plan blind = plan_of("8x5", from, to, "1024x512");
+    const Plan one_host = topology_plan("8x5", from, to, "1024x512", {40});
+    EXPECT_EQ(shape_of(blind), shape_of(one_host)) << from << " -> " << to;
+    EXPECT_EQ(explain(blind), explain(one_host));
+  }
+}
+
+TEST(TopologyPlanner, SmallTensorsStayFlat) {
+  // Latency-bound: three collectives cost more than one.
+  const Plan plan = topology_plan("8x5", "P,P", "R,R", "4x4", {8});
+  ASSERT_EQ(plan.collectives(), 1);
+  EXPECT_FALSE(collectives(plan)[0]->two_level);
+  EXPECT_GE(collectives(plan)[0]->two_level_cost_s, collectives(plan)[0]->flat_cost_s);
+  EXPECT_FALSE(plan.blind_differs);
+}
+
+TEST(TopologyPlanner, JaggedGroupsStayFlatAndSayWhy) {
+  // fsdp groups of 5 consecutive ranks on hosts of 8: group 5..9 has 3 ranks on one host, 2 on
+  // the next.
+  const Plan plan = topology_plan("8x5", "R,P", "R,R", "1024x1024", {8});
+  ASSERT_EQ(plan.collectives(), 1);
+  const Step& step = *collectives(plan)[0];
+  EXPECT_EQ(step.level, LinkLevel::network);
+  EXPECT_FALSE(step.two_level);
+  EXPECT_LT(step.two_level_cost_s, 0);
+  EXPECT_NE(explain(plan).find("flat (two levels need as many ranks on every host)"),
+            std::string::npos)
+      << explain(plan);
+}
+
+TEST(TopologyPlanner, AwarePlanNeverCostsMoreThanBlindOnRandomCases) {
+  std::mt19937 random(36);
+  const std::vector<std::string> meshes = {"8x5", "2x4", "4x2", "2x2x2", "4x3", "3x4"};
+  const std::vector<std::string> specs = {"P,P",  "R,R",  "S0,S1", "S1,S0", "S0,S0",
+                                          "R,S0", "S0,R", "P,S0",  "S1,P"};
+  int compared = 0;
+  for (int i = 0; i < 200; ++i) {
+    const std::string mesh = meshes[random() % meshes.size()];
+    const DeviceMesh parsed = parse_mesh(mesh);
+    if (parsed.ndim() != 2) continue;
+    const std::string from = specs[random() % specs.size()];
+    const std::string to = specs[random() % specs.size()];
+    if (to.find('P') != std::string::npos) continue;
+    const std::int64_t per_host = 1 + static_cast<std::int64_t>(random() % 8);
+    const Plan plan = topology_plan(mesh, from, to, "96x64", {per_host});
+    if (plan.topology.single_level()) continue;  // one host: nothing to compare
+    ++compared;
+    EXPECT_LE(plan.cost_s, plan.blind_cost_s * (1 + 1e-12))
+        << mesh << " " << from << " -> " << to << " hosts of " << per_host;
+  }
+  EXPECT_GT(compared, 50);
+}
+
+TEST(TopologyPlanner, TopologyMustMatchTheMesh) {
+  PlanOptions options;
+  options.topology = Topology::from_host_sizes(6, {4});
+  const std::string message = testing::error_message([&] {
+    make_plan(parse_mesh("8x5"), parse_spec("P,P"), parse_spec("R,R"), parse_shape("8x8"),
+              DType::f32, options);
+  });
+  EXPECT_NE(message.find("a topology of 6 ranks (4,2 per host) for mesh 8x5"), std::string::npos)
+      << message;
+}
+
+TEST(TopologyPlanner, CacheKeepsTopologiesApart) {
+  PlanCache cache;
+  PlanOptions blind;
+  PlanOptions aware;
+  aware.topology = Topology::from_host_sizes(40, {8});
+  const auto a = cache.get(parse_mesh("8x5"), parse_spec("P,P"), parse_spec("R,R"),
+                           parse_shape("1024x1024"), DType::f32, blind);
+  const auto b = cache.get(parse_mesh("8x5"), parse_spec("P,P"), parse_spec("R,R"),
+                           parse_shape("1024x1024"), DType::f32, aware);
+  EXPECT_EQ(cache.size(), 2U);
+  EXPECT_FALSE(collectives(*a)[0]->two_level);
+  EXPECT_TRUE(collectives(*b)[0]->two_level);
+  const nlohmann::json json = to_json(*b);
+  EXPECT_EQ(json["steps"][0]["level"], "network");
+  EXPECT_EQ(json["steps"][0]["two_level"], true);
+  EXPECT_EQ(json["topology"]["hosts"], 5);
+  EXPECT_EQ(json["topology"]["differs_from_blind"], true);
+}
+
+}  // namespace
+}  // namespace meshtensor::plan

@@ -1,0 +1,103 @@
+// Topologies as pure data: hosts and domains, levels, spreads and the two-level price.
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/mesh/topology.hpp>
+
+#include "support/error_message.hpp"
+
+namespace meshtensor {
+namespace {
+
+using testing::error_message;
+
+TEST(Topology, RanksPerHostRepeatsAndTheLastHostIsJagged) {
+  const Topology topology = Topology::from_host_sizes(11, {4});
+  EXPECT_EQ(topology.hosts(), 3);
+  EXPECT_EQ(topology.host_sizes_text(), "4,4,3");
+  EXPECT_EQ(topology.host(3), 0);
+  EXPECT_EQ(topology.host(4), 1);
+  EXPECT_EQ(topology.host(10), 2);
+  EXPECT_FALSE(topology.single_level());
+  EXPECT_EQ(Topology::from_host_sizes(11, {3, 5, 3}).host_sizes_text(), "3,5,3");
+  EXPECT_TRUE(Topology::from_host_sizes(8, {8}).single_level());
+  EXPECT_TRUE(Topology().single_level());
+}
+
+TEST(Topology, LevelsOfGroups) {
+  const Topology topology = Topology::from_host_sizes(16, {8}, 4);
+  const std::vector<std::int64_t> same_domain = {0, 1, 3};
+  const std::vector<std::int64_t> same_host = {0, 4};
+  const std::vector<std::int64_t> across = {7, 8};
+  EXPECT_EQ(topology.level_of(same_domain), LinkLevel::domain);
+  EXPECT_EQ(topology.level_of(same_host), LinkLevel::host);
+  EXPECT_EQ(topology.level_of(across), LinkLevel::network);
+  EXPECT_EQ(topology.domain(5), 1);
+  EXPECT_EQ(topology.domain(8), 2);
+}
+
+TEST(Topology, HostNamesGroupRanks) {
+  const Topology topology = Topology::from_host_names({"b", "a", "b", "a"});
+  EXPECT_EQ(topology.hosts(), 2);
+  EXPECT_EQ(topology.host(2), 0);
+  EXPECT_EQ(topology.host(3), 1);
+  EXPECT_EQ(topology.host_name(1), "a");
+}
+
+TEST(Topology, SpreadSeesUniformAndJaggedGroups) {
+  // Seed 000: (ddp=8, fsdp=5) on hosts of 8.
+  const Topology topology = Topology::from_host_sizes(40, {8});
+  std::vector<std::int64_t> all(40);
+  for (std::int64_t r = 0; r < 40; ++r)
+    all[static_cast<std::size_t>(r)] = r;
+  const GroupSpread whole = spread_of(topology, all);
+  EXPECT_EQ(whole.level, LinkLevel::network);
+  EXPECT_EQ(whole.units, 5);
+  EXPECT_EQ(whole.per_unit, 8);
+  EXPECT_EQ(whole.members, 40);
+  const std::vector<std::int64_t> fsdp = {5, 6, 7, 8, 9};  // 3 on host 0, 2 on host 1
+  const GroupSpread jagged = spread_of(topology, fsdp);
+  EXPECT_EQ(jagged.units, 2);
+  EXPECT_EQ(jagged.per_unit, 0);
+}
+
+TEST(Topology, TwoLevelsPayOffForLargeBuffersOnly) {
+  const Topology topology = Topology::from_host_sizes(
+      40, {8}, 0, default_links(LinkFigures{5e-6, 100e9}));
+  std::vector<std::int64_t> all(40);
+  for (std::int64_t r = 0; r < 40; ++r)
+    all[static_cast<std::size_t>(r)] = r;
+  const GroupSpread spread = spread_of(topology, all);
+  const TwoLevelPrice large =
+      price_two_level(topology, spread, RingKind::all_reduce, 64e6, 50e-6, 0, 0);
+  EXPECT_TRUE(large.cheaper());
+  EXPECT_GT(large.flat_s, 4 * large.two_level_s);
+  const TwoLevelPrice small =
+      price_two_level(topology, spread, RingKind::all_reduce, 64, 50e-6, 0, 0);
+  EXPECT_TRUE(small.possible);
+  EXPECT_FALSE(small.cheaper());
+}
+
+TEST(Topology, BadValuesAreNamed) {
+  EXPECT_NE(error_message([] { Topology::from_host_sizes(8, {0}); }).find("ranks per host 0"),
+            std::string::npos);
+  EXPECT_NE(error_message([] {
+              Topology::from_host_sizes(11, {4, 4});
+            }).find("ranks per host 4,4 hold 8 ranks, fewer than the 11"),
+            std::string::npos);
+  EXPECT_NE(error_message([] {
+              Topology::from_host_sizes(6, {4, 4, 4});
+            }).find("hold more ranks than the 6"),
+            std::string::npos);
+  EXPECT_NE(error_message([] { parse_link_figures("fast", "--link-inter"); })
+                .find("--link-inter 'fast' is not LATENCY,GBPS"),
+            std::string::npos);
+  EXPECT_NE(error_message([] { parse_link_figures("20us,0"); }).find("link '20us,0'"),
+            std::string::npos);
+  const LinkFigures link = parse_link_figures("2ms,0.5");
+  EXPECT_DOUBLE_EQ(link.latency_s, 2e-3);
+  EXPECT_DOUBLE_EQ(link.bandwidth_bytes_s, 0.5e9);
+}
+
+}  // namespace
+}  // namespace meshtensor
