@@ -74,6 +74,7 @@ struct TrainOptions {
   std::string reduce_dtype = "f32";
   std::string micro_batch_mode = "no-sync";
   std::string link;
+  TopologyOptions topology;  // --ranks-per-host and the other levels' links (--link above)
   std::string trace;
   std::string save;
   std::string save_every = "0";
@@ -296,10 +297,12 @@ void run_train(const TrainOptions& options) {
   train::TrainConfig config = parse_config(options);
   const Backend backend = parse_backend(options.backend);
   const std::int64_t ranks = layout_ranks(options.ranks, options.ranks_option, options.mesh);
-  const comm::LinkDelay link =
-      options.link.empty() ? comm::LinkDelay() : comm::parse_link(options.link);
   if (!options.link.empty() && backend == Backend::mpi)
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
+  TopologyOptions topology = options.topology;
+  topology.link = options.link;
+  topology.check_backend(backend == Backend::mpi);
+  comm::SimulatedNetwork network = topology.network(ranks);
   options.timeout.apply();
   const LoadedTask loaded = load_task(options);
   const train::Task& task = *loaded.task;
@@ -495,7 +498,7 @@ void run_train(const TrainOptions& options) {
         if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
           set_exit_status(1);
       },
-      link);
+      std::move(network));
 }
 
 /// `meshtensor bench train`: the options of `meshtensor train` it shares (and so its defaults),
@@ -1172,6 +1175,7 @@ void add_train_command(CLI::App& app) {
                       "each, all-reduce the last)");
   command->add_option("--link", options->link,
                       "simulated network for threads, LATENCY,GBPS (e.g. 20us,10)");
+  options->topology.add_to(*command, /*with_link=*/false);
   command->add_option("--trace", options->trace,
                       "write every rank's events to this Chrome trace JSON (Perfetto opens it)");
   command->add_option("--save", options->save,

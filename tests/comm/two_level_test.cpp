@@ -41,8 +41,8 @@ Tensor ordered_sum(const std::vector<Tensor>& parts) {
 Tensor two_level_sum(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> hosts;
   for (int h = 0; h < kRanks / 4; ++h) {
-    hosts.push_back(ordered_sum(std::vector<Tensor>(inputs.begin() + 4 * h,
-                                                    inputs.begin() + 4 * h + 4)));
+    hosts.push_back(
+        ordered_sum(std::vector<Tensor>(inputs.begin() + 4 * h, inputs.begin() + 4 * h + 4)));
   }
   return ordered_sum(hosts);
 }
@@ -51,7 +51,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() && a.digest() == b.digest();
 }
 
-void on_three_hosts(const std::function<void(MeshGroups&, Communicator& two, Communicator& flat)>& body) {
+void on_three_hosts(
+    const std::function<void(MeshGroups&, Communicator& two, Communicator& flat)>& body) {
   run_threads(
       kRanks,
       [&](Communicator& world) {

@@ -62,8 +62,8 @@ TEST(Topology, SpreadSeesUniformAndJaggedGroups) {
 }
 
 TEST(Topology, TwoLevelsPayOffForLargeBuffersOnly) {
-  const Topology topology = Topology::from_host_sizes(
-      40, {8}, 0, default_links(LinkFigures{5e-6, 100e9}));
+  const Topology topology =
+      Topology::from_host_sizes(40, {8}, 0, default_links(LinkFigures{5e-6, 100e9}));
   std::vector<std::int64_t> all(40);
   for (std::int64_t r = 0; r < 40; ++r)
     all[static_cast<std::size_t>(r)] = r;
@@ -89,8 +89,9 @@ TEST(Topology, BadValuesAreNamed) {
               Topology::from_host_sizes(6, {4, 4, 4});
             }).find("hold more ranks than the 6"),
             std::string::npos);
-  EXPECT_NE(error_message([] { parse_link_figures("fast", "--link-inter"); })
-                .find("--link-inter 'fast' is not LATENCY,GBPS"),
+  EXPECT_NE(error_message([] {
+              parse_link_figures("fast", "--link-inter");
+            }).find("--link-inter 'fast' is not LATENCY,GBPS"),
             std::string::npos);
   EXPECT_NE(error_message([] { parse_link_figures("20us,0"); }).find("link '20us,0'"),
             std::string::npos);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Runs an OpenMPI job across "hosts" made of Linux network namespaces on this machine: each host
+# is a namespace with its own hostname and address on a private bridge; mpirun starts one orted
+# per host through an agent that enters the namespace, and the ranks talk TCP between hosts and
+# shared memory inside one. Root only.
+#
+#   scripts/multihost.sh up HOSTS DIR        create HOSTS hosts; DIR receives the agent, the
+#                                           host list and the state `down` needs
+#   scripts/multihost.sh run DIR SLOTS -- COMMAND...   mpirun COMMAND on every host, SLOTS ranks
+#                                           per host (N, or N,N,... per host)
+#   scripts/multihost.sh kill DIR HOST      kill every process of host HOST (1-based)
+#   scripts/multihost.sh down DIR           remove the namespaces, links and bridge
+#
+# Every address is in 10.231.N.0/24 (N from the process id) on the bridge the script creates;
+# mpirun and the ranks are told to use that subnet only, so no traffic leaves it.
+set -euo pipefail
+
+die() {
+  echo "multihost: $*" >&2
+  exit 2
+}
+
+up() {
+  local hosts=$1 dir=$2
+  [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
+  command -v ip >/dev/null || die "needs iproute2 (ip)"
+  command -v unshare >/dev/null || die "needs util-linux (unshare)"
+  mkdir -p "$dir"
+  local id=$(($$ % 200 + 20))
+  local tag="mt$id"
+  local subnet="10.231.$id"
+  echo "$tag" >"$dir/tag"
+  echo "$subnet" >"$dir/subnet"
+  ip link add "${tag}br" type bridge
+  ip addr add "$subnet.1/24" dev "${tag}br"
+  ip link set "${tag}br" up
+  : >"$dir/hosts"
+  for i in $(seq 1 "$hosts"); do
+    local ns="${tag}h$i"
+    ip netns add "$ns"
+    ip link add "${tag}v$i" type veth peer name "${tag}p$i"
+    ip link set "${tag}p$i" netns "$ns"
+    ip link set "${tag}v$i" master "${tag}br" up
+    ip -n "$ns" addr add "$subnet.$((10 + i))/24" dev "${tag}p$i"
+    ip -n "$ns" link set "${tag}p$i" up
+    ip -n "$ns" link set lo up
+    echo "$subnet.$((10 + i)) $ns host$i" >>"$dir/hosts"
+  done
+  # The agent mpirun calls instead of ssh: `agent ADDRESS COMMAND...` runs COMMAND in the
+  # namespace of ADDRESS, under that host's name, as ssh would run it (through a shell).
+  cat >"$dir/agent" <<EOF
+#!/usr/bin/env bash
+address=\$1
+shift
+read -r _ ns name < <(grep "^\$address " "$dir/hosts")
+[ -n "\$ns" ] || { echo "agent: unknown host \$address" >&2; exit 1; }
+exec ip netns exec "\$ns" unshare --uts sh -c "hostname \$name && \$*"
+EOF
+  chmod +x "$dir/agent"
+}
+
+run() {
+  local dir=$1 slots=$2
+  shift 2
+  [ "${1:-}" = "--" ] && shift
+  local subnet hostlist="" total=0 i=0
+  subnet=$(cat "$dir/subnet")
+  IFS=, read -r -a per_host <<<"$slots"
+  while read -r address _ _; do
+    local n=${per_host[$i]:-${per_host[-1]}}
+    hostlist+="${hostlist:+,}$address:$n"
+    total=$((total + n))
+    i=$((i + 1))
+  done <"$dir/hosts"
+  local root=()
+  [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  exec mpirun "${root[@]}" --oversubscribe -np "$total" --host "$hostlist" \
+    --mca plm_rsh_agent "$dir/agent" \
+    --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24" --mca mpi_yield_when_idle 1 \
+    --mca oob_tcp_if_include "$subnet.0/24" \
+    -x MESHTENSOR_TIMEOUT "$@"
+}
+
+kill_host() {
+  local dir=$1 host=$2 tag
+  tag=$(cat "$dir/tag")
+  local pids
+  pids=$(ip netns pids "${tag}h$host" || true)
+  [ -n "$pids" ] && kill -9 $pids
+  echo "killed host$host: $(echo $pids | wc -w) processes"
+}
+
+down() {
+  local dir=$1 tag
+  [ -f "$dir/tag" ] || return 0
+  tag=$(cat "$dir/tag")
+  while read -r _ ns _; do
+    local pids
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done <"$dir/hosts"
+  ip link del "${tag}br" 2>/dev/null || true
+  for link in $(ip -o link show | sed -n "s/^[0-9]*: \(${tag}v[0-9]*\)@.*/\1/p"); do
+    ip link del "$link" 2>/dev/null || true
+  done
+}
+
+case ${1:-} in
+up) up "$2" "$3" ;;
+run)
+  shift
+  run "$@"
+  ;;
+kill) kill_host "$2" "$3" ;;
+down) down "$2" ;;
+*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | down DIR" ;;
+esac

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# OpenMPI across "hosts" made of network namespaces (scripts/multihost.sh). Root only: exit 77
+# (skipped) otherwise. Usage: multihost.sh <meshtensor> <case>
+#   detect    3 hosts x 4 ranks: check finds 3 hosts, exact digests equal the threads backend's
+#             (with and without the same topology given to it), seed 000 scaled down (mesh 4x3)
+#   train     2 hosts x 2 ranks: exact FSDP, HSDP and TP training digests equal threads'
+#   jagged    3 hosts x 4 ranks, (ddp=4, fsdp=3): ordered training keeps replicas identical
+#   lost      2 hosts x 2 ranks: killing host 2's processes ends the job with an error naming it
+set -uo pipefail
+bin=$1
+case_name=$2
+here=$(cd "$(dirname "$0")" && pwd)
+multihost=$here/../../scripts/multihost.sh
+if [ "$(id -u)" != 0 ]; then
+  echo "skipped: multi-host runs need root (network namespaces)"
+  exit 77
+fi
+for tool in ip unshare mpirun; do
+  command -v $tool >/dev/null || { echo "skipped: $tool is missing"; exit 77; }
+done
+dir=$(mktemp -d)
+cleanup() {
+  bash "$multihost" down "$dir" >/dev/null 2>&1
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+export MESHTENSOR_TIMEOUT=60
+
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" | head -1; }
+same() {
+  [ -n "$2" ] && [ "$1" = "$2" ] || fail "$3: '$2', expected '$1'"
+  echo "ok: $3: $2"
+}
+hosts() {
+  bash "$multihost" up "$1" "$dir" >"$dir/up.log" 2>&1 || {
+    cat "$dir/up.log"
+    echo "skipped: cannot create network namespaces here"
+    exit 77
+  }
+}
+mpi() {  # mpi SLOTS ARGS...: meshtensor on every host; output in $dir/out
+  local slots=$1
+  shift
+  timeout 240 bash "$multihost" run "$dir" "$slots" -- "$bin" "$@" >"$dir/out" 2>&1
+}
+
+case $case_name in
+detect)
+  hosts 3
+  check=(check --backend mpi --seed 5 --shape 23x9)
+  mpi 4 "${check[@]}" --mode exact --mesh 4x3 --from P,P --to R,R || { cat "$dir/out"; fail "check"; }
+  grep -q "topology: 3 hosts (4,4,4 ranks)" "$dir/out" || { cat "$dir/out"; fail "topology not detected"; }
+  echo "ok: detected $(grep topology: "$dir/out")"
+  got=$(field OK <"$dir/out")
+  same "$("$bin" check --seed 5 --shape 23x9 --mode exact --mesh 4x3 --from P,P --to R,R | field OK)" "$got" "exact P,P -> R,R on 4x3"
+  same "$("$bin" check --seed 5 --shape 23x9 --mode exact --mesh 4x3 --from P,P --to R,R --ranks-per-host 4 | field OK)" "$got" "the same on threads with 3 simulated hosts"
+  mpi 4 "${check[@]}" --mode exact --mesh 2x2x3 --from P,S0,P --to R,S1,R || { cat "$dir/out"; fail "check 2x2x3"; }
+  same "$("$bin" check --seed 5 --shape 23x9 --mode exact --mesh 2x2x3 --from P,S0,P --to R,S1,R | field OK)" "$(field OK <"$dir/out")" "exact P,S0,P -> R,S1,R on 2x2x3"
+  mpi 4 "${check[@]}" --mode ordered --mesh 4x3 --from S0,S1 --to S1,S0 || { cat "$dir/out"; fail "ordered all_to_all"; }
+  echo "ok: ordered S0,S1 -> S1,S0: $(head -1 "$dir/out")"
+  ;;
+train)
+  hosts 2
+  run=(train --mode exact --model gpt:layers=1,heads=2,dim=16,context=16 --batch 8 --steps 2 --seed 3)
+  for layout in "4 fsdp" "2x2 dp,fsdp" "2x2 fsdp,tp"; do
+    read -r shape names <<<"$layout"
+    mpi 2 "${run[@]}" --backend mpi --mesh "$shape" --names "$names" || { tail -20 "$dir/out"; fail "train $layout"; }
+    same "$("$bin" "${run[@]}" --mesh "$shape" --names "$names" | field "weights digest")" \
+      "$(field "weights digest" <"$dir/out")" "exact training on $layout across 2 hosts"
+  done
+  ;;
+jagged)
+  hosts 3
+  mpi 4 train --mode ordered --model gpt:layers=1,heads=2,dim=16,context=16 --batch 12 --steps 2 \
+    --backend mpi --mesh 4x3 --names dp,fsdp || { tail -20 "$dir/out"; fail "train 4x3"; }
+  grep -q "replicas identical on 12 ranks" "$dir/out" || { tail -20 "$dir/out"; fail "replicas differ"; }
+  echo "ok: (ddp=4, fsdp=3) on 3 hosts of 4: $(grep -o 'weights digest.*' "$dir/out")"
+  mpi 4 check --backend mpi --mode ordered --mesh 4x3 --from P,P --to R,R --shape 64x33 || { cat "$dir/out"; fail "check"; }
+  echo "ok: ordered P,P -> R,R: $(head -1 "$dir/out")"
+  ;;
+lost)
+  hosts 2
+  address=$(sed -n 2p "$dir/hosts" | cut -d' ' -f1)
+  (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
+     --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
+  for _ in $(seq 1 60); do
+    grep -q "step" "$dir/out" 2>/dev/null && break
+    sleep 1
+  done
+  grep -q "step" "$dir/out" || fail "the job did not start"
+  start=$(date +%s)
+  bash "$multihost" kill "$dir" 2
+  wait
+  took=$(($(date +%s) - start))
+  status=$(cat "$dir/status")
+  [ "$status" != 0 ] || fail "the job exited 0 after losing a host"
+  [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+  grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
+  echo "ok: lost host 2 ($address): exit $status after ${took}s; $(grep -m1 -o "Peer host: *[0-9.]*" "$dir/out")"
+  ;;
+*)
+  echo "unknown case $case_name"
+  exit 2
+  ;;
+esac
