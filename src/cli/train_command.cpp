@@ -710,6 +710,7 @@ struct FsdpBenchOptions {
   TrainOptions train;
   std::string link = "20us,10";
   std::string exact_steps = "3";
+  TopologyOptions topology;  // --ranks-per-host: the topology runs
 };
 
 /// One timed training run of the fsdp bench, as world rank 0 saw it.
@@ -730,7 +731,7 @@ struct FsdpBenchRun {
 /// steps alone (the evaluation and digests after the last step are not counted).
 FsdpBenchRun measure_training(const train::Task& task, const std::string& name,
                               const train::TrainConfig& config, std::int64_t world_size,
-                              const comm::LinkDelay& link) {
+                              const comm::LinkDelay& link, const Topology& topology = {}) {
   FsdpBenchRun run;
   run.name = name;
   std::atomic<std::int64_t> charged_ns{0};
@@ -760,10 +761,64 @@ FsdpBenchRun measure_training(const train::Task& task, const std::string& name,
         run.replicas_identical = result.replicas_identical;
         run.collectives = result.parallel_collectives;
       },
-      link ? counted : comm::LinkDelay());
+      comm::SimulatedNetwork(link ? counted : comm::LinkDelay(), topology));
   run.link_seconds = static_cast<double>(charged_by_steps.load()) * 1e-9 /
                      static_cast<double>(world_size) / static_cast<double>(config.steps);
   return run;
+}
+
+/// The topology of a bench's --ranks-per-host and links (--link the one inside a domain).
+Topology bench_topology(const TopologyOptions& given, const std::string& link, std::int64_t ranks) {
+  TopologyOptions options = given;
+  options.link = link;
+  return options.topology(ranks);
+}
+
+/// One layout on simulated hosts: the same links charged per level, the ranks knowing their
+/// topology (collectives in two levels where cheaper) or not.
+struct TopologyPair {
+  FsdpBenchRun aware;
+  FsdpBenchRun blind;
+  double speedup() const { return blind.step_seconds / aware.step_seconds; }
+};
+
+TopologyPair measure_on_hosts(const train::Task& task, const std::string& name,
+                              const train::TrainConfig& config, std::int64_t world_size,
+                              const Topology& topology) {
+  const comm::LinkDelay link = comm::simulated_topology_link(topology);
+  TopologyPair pair;
+  // Alternated, medians of each run's steps: the machine's speed drifts.
+  pair.blind = measure_training(task, name + ", topology-blind", config, world_size, link);
+  pair.aware =
+      measure_training(task, name + ", topology-aware", config, world_size, link, topology);
+  return pair;
+}
+
+void print_topology_pairs(const std::vector<TopologyPair>& pairs, const Topology& topology,
+                          bool json, nlohmann::json* out) {
+  if (pairs.empty()) return;
+  if (json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TopologyPair& pair : pairs) {
+      list.push_back({{"layout", pair.aware.name},
+                      {"aware_step_ms", pair.aware.step_seconds * 1e3},
+                      {"blind_step_ms", pair.blind.step_seconds * 1e3},
+                      {"aware_link_ms_per_step", pair.aware.link_seconds * 1e3},
+                      {"blind_link_ms_per_step", pair.blind.link_seconds * 1e3},
+                      {"blind_over_aware", pair.speedup()},
+                      {"replicas_identical", pair.aware.replicas_identical}});
+    }
+    (*out)["topology"] = {{"description", topology.to_string()}, {"runs", list}};
+    return;
+  }
+  std::cout << fmt::format("on simulated hosts: {}\n", topology.to_string());
+  for (const TopologyPair& pair : pairs) {
+    std::cout << fmt::format(
+        "  {:<44} step {:>8.2f} ms (link {:>7.2f} ms/step) against blind {:>8.2f} ms (link "
+        "{:>7.2f}): {:.2f}x\n",
+        pair.aware.name, pair.aware.step_seconds * 1e3, pair.aware.link_seconds * 1e3,
+        pair.blind.step_seconds * 1e3, pair.blind.link_seconds * 1e3, pair.speedup());
+  }
 }
 
 void run_fsdp_bench(const FsdpBenchOptions& options) {
@@ -803,6 +858,18 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   const FsdpBenchRun bare_linked = measure("fsdp no prefetch, link", no_prefetch, ranks, true);
   const FsdpBenchRun ddp_compute = measure("ddp, no link", ddp_config, ranks, false);
   const FsdpBenchRun ddp_linked = measure("ddp, link", ddp_config, ranks, true);
+  std::vector<TopologyPair> on_hosts;
+  const Topology hosts = bench_topology(options.topology, options.link, ranks);
+  if (options.topology.placed()) {
+    on_hosts.push_back(measure_on_hosts(task, "fsdp", fsdp_config, ranks, hosts));
+    if (ranks % 2 == 0) {
+      train::TrainConfig hsdp = fsdp_config;
+      hsdp.strategy = train::Strategy::hsdp;
+      hsdp.replicas = 2;
+      on_hosts.push_back(
+          measure_on_hosts(task, "hsdp 2x" + std::to_string(ranks / 2), hsdp, ranks, hosts));
+    }
+  }
 
   // Exposed communication: the compute thread's extra wait per step once the link charges
   // time, over the link time the step's collectives take (the measure does not depend on how
@@ -850,6 +917,9 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   bool replicas_agree = true;
   for (const FsdpBenchRun* r : {&fsdp_linked, &ddp_linked, &bare_linked})
     replicas_agree = replicas_agree && r->replicas_identical;
+  for (const TopologyPair& pair : on_hosts)
+    replicas_agree =
+        replicas_agree && pair.aware.replicas_identical && pair.blind.replicas_identical;
 
   const double fsdp_over_ddp = fsdp_linked.step_seconds / ddp_linked.step_seconds;
   if (options.train.json) {
@@ -875,6 +945,7 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
     for (const FsdpBenchRun& r : exact_runs)
       layouts.push_back({{"layout", r.name}, {"digest", digest_hex(r.digest)}});
     out["exact_layouts"] = layouts;
+    print_topology_pairs(on_hosts, hosts, true, &out);
     std::cout << out.dump() << '\n';
   } else {
     std::cout << fmt::format(
@@ -905,6 +976,7 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
         static_cast<double>(fsdp_linked.peak_bytes) / static_cast<double>(ddp_linked.peak_bytes),
         format_bytes(static_cast<double>(fsdp_linked.sharded_bytes)),
         format_bytes(static_cast<double>(ddp_linked.sharded_bytes)));
+    print_topology_pairs(on_hosts, hosts, false, nullptr);
     std::cout << fmt::format("ordered replicas identical: {}\n", replicas_agree ? "yes" : "NO");
     for (const FsdpBenchRun& r : exact_runs)
       std::cout << fmt::format("exact {:<44} digest {}\n", r.name, digest_hex(r.digest));
@@ -921,6 +993,7 @@ struct TpBenchOptions {
   TrainOptions train;
   std::string link = "20us,10";
   std::string rounds = "2";
+  TopologyOptions topology;  // --ranks-per-host: the topology runs
 };
 
 /// A compute-only run and a run on the link of one layout.
@@ -946,7 +1019,8 @@ nlohmann::json pair_json(const LinkedPair& pair) {
 }
 
 void print_tp_bench(const TpBenchOptions& options, const std::vector<LinkedPair>& layouts,
-                    double exact_ms, double ordered_ms) {
+                    double exact_ms, double ordered_ms, const std::vector<TopologyPair>& on_hosts,
+                    const Topology& hosts) {
   const double tp_over_fsdp = layouts[1].linked.step_seconds / layouts[0].linked.step_seconds;
   const double exact_ratio = exact_ms / ordered_ms;
   if (options.train.json) {
@@ -957,6 +1031,7 @@ void print_tp_bench(const TpBenchOptions& options, const std::vector<LinkedPair>
                           {"exact_over_ordered_tp_step_time", exact_ratio}};
     for (const LinkedPair& pair : layouts)
       out["layouts"][pair.linked.name] = pair_json(pair);
+    print_topology_pairs(on_hosts, hosts, true, &out);
     std::cout << out.dump() << '\n';
     return;
   }
@@ -982,6 +1057,7 @@ void print_tp_bench(const TpBenchOptions& options, const std::vector<LinkedPair>
       "exact / ordered step time, tp 2 on 2 ranks, no link: {:.3f} ({:.1f} ms against {:.1f} ms; "
       "goal <= 3)\n",
       exact_ratio, exact_ms, ordered_ms);
+  print_topology_pairs(on_hosts, hosts, false, nullptr);
 }
 
 void run_tp_bench(const TpBenchOptions& options) {
@@ -1023,9 +1099,19 @@ void run_tp_bench(const TpBenchOptions& options) {
     ordered_ms.push_back(measure_training(task, "ordered tp 2", ordered, 2, {}).step_seconds * 1e3);
     exact_ms.push_back(measure_training(task, "exact tp 2", exact, 2, {}).step_seconds * 1e3);
   }
-  print_tp_bench(options, layouts, median(exact_ms), median(ordered_ms));
+  std::vector<TopologyPair> on_hosts;
+  const Topology hosts = bench_topology(options.topology, options.link, 8);
+  if (options.topology.placed()) {
+    on_hosts.push_back(
+        measure_on_hosts(task, "fsdp x tp 4x2", layout("4x2", "fsdp,tp", false), 8, hosts));
+    on_hosts.push_back(measure_on_hosts(task, "dp x fsdp x tp 2x2x2 + SP",
+                                        layout("2x2x2", "dp,fsdp,tp", true), 8, hosts));
+  }
+  print_tp_bench(options, layouts, median(exact_ms), median(ordered_ms), on_hosts, hosts);
   for (const LinkedPair& pair : layouts)
     if (!pair.linked.replicas_identical) set_exit_status(1);
+  for (const TopologyPair& pair : on_hosts)
+    if (!pair.aware.replicas_identical) set_exit_status(1);
 }
 
 /// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
@@ -1087,6 +1173,7 @@ void add_fsdp_bench(CLI::App& bench) {
   train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
   train.ranks_option = command->add_option("--ranks", train.ranks, "thread ranks (default 8)");
   command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  options->topology.add_to(*command, /*with_link=*/false);
   command->add_option("--exact-steps", options->exact_steps,
                       "steps of each exact layout run (default 3; 0 skips them)");
   add_flag(*command, "--json", train.json, "print one JSON object");
@@ -1108,6 +1195,7 @@ void add_tp_bench(CLI::App& bench) {
   train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 6)");
   train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
   command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  options->topology.add_to(*command, /*with_link=*/false);
   command->add_option("--rounds", options->rounds,
                       "ordered and exact tp 2 runs, alternated, for the ratio (default 2)");
   add_flag(*command, "--json", train.json, "print one JSON object");
