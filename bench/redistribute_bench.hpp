@@ -28,6 +28,11 @@ struct RedistributeBenchResult {
   int aware_two_level_steps = 0;  ///< its collectives that run in two levels
   double blind_over_aware = 0;    ///< merged_s / aware_s: the speed-up over the blind plan
   double one_dim_over_aware = 0;  ///< unmerged_s / aware_s: over DTensor's plan
+  /// With a topology: the cost model's local figures measured on this machine before timing
+  /// (every plan is made with them).
+  double collective_s = 0;
+  double memory_bandwidth_bytes_s = 0;
+  bool aware_differs = false;  ///< the aware plan is not the blind one (else: one plan, twice)
 };
 
 /// Runs the plans alternately on `world` (with a topology: the aware one too) (which spans the

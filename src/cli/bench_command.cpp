@@ -294,7 +294,10 @@ void print_redistribute(const RedistributeBenchOptions& options,
                           {"blind_s", result.merged_s},
                           {"one_dim_s", result.unmerged_s},
                           {"blind_over_aware", result.blind_over_aware},
-                          {"one_dim_over_aware", result.one_dim_over_aware}};
+                          {"one_dim_over_aware", result.one_dim_over_aware},
+                          {"measured_collective_s", result.collective_s},
+                          {"aware_differs_from_blind", result.aware_differs},
+                          {"measured_memory_bandwidth_bytes_s", result.memory_bandwidth_bytes_s}};
     }
     std::cout << with.dump() << '\n' << std::flush;
     return;
@@ -302,16 +305,18 @@ void print_redistribute(const RedistributeBenchOptions& options,
   if (result.topology) {
     std::cout << fmt::format(
         "redistribute {} -> {} of {} {} on mesh {} ({}, {} mode, ranks per host {})\n"
-        "  topology-aware {:>10.3f} ms  ({} collectives, {} in two levels)\n"
+        "  topology-aware {:>10.3f} ms  ({} collectives, {} in two levels{})\n"
         "  topology-blind {:>10.3f} ms  ({} collectives)\n"
         "  one dim (DTensor) {:>7.3f} ms  ({} collectives)\n"
-        "  speed-up aware over blind {:.2f}x, over one dim {:.2f}x\n",
+        "  speed-up aware over blind {:.2f}x, over one dim {:.2f}x\n"
+        "  cost model as measured here: {:.0f} us a collective, {:.2f} GB/s copies per rank\n",
         config.from.to_string(), config.to.to_string(), config.shape.to_string(),
         dtype_name(config.dtype), config.mesh.to_string(), options.backend, options.mode,
         options.topology.ranks_per_host, result.aware_s * 1e3, result.aware_collectives,
-        result.aware_two_level_steps, result.merged_s * 1e3, result.merged_collectives,
-        result.unmerged_s * 1e3, result.unmerged_collectives, result.blind_over_aware,
-        result.one_dim_over_aware);
+        result.aware_two_level_steps, result.aware_differs ? "" : "; the blind plan itself",
+        result.merged_s * 1e3, result.merged_collectives, result.unmerged_s * 1e3,
+        result.unmerged_collectives, result.blind_over_aware, result.one_dim_over_aware,
+        result.collective_s * 1e6, result.memory_bandwidth_bytes_s / 1e9);
     std::cout.flush();
     return;
   }

@@ -88,10 +88,9 @@ bool TwoLevelCommunicator::two_levels(RingKind kind, const CollectiveCall& call)
   const std::int64_t count = kind == RingKind::all_reduce ? call.count : total(call.segment_counts);
   const double bytes =
       static_cast<double>(count * static_cast<std::int64_t>(dtype_size(call.dtype)));
-  constexpr double kPerCollective = 50e-6;  // the planner's default start-up cost
-  constexpr double kMemoryBandwidth = 100e9;
-  return price_two_level(*topology_, spread_, kind, bytes, kPerCollective, 0,
-                         bytes / kMemoryBandwidth)
+  const LocalCosts local;  // the planner's defaults
+  return price_two_level(*topology_, spread_, kind, bytes, local, 0,
+                         bytes / local.memory_bandwidth_bytes_s)
       .cheaper();
 }
 

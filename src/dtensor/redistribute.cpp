@@ -515,6 +515,7 @@ void set_warning_handler(std::function<void(const std::string&)> handler) {
 plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology) {
   plan::PlanOptions out;
   out.merge = options.merge && options.allow_flattened_groups;
+  out.cost = options.cost;
   if (options.topology_aware) out.topology = topology;
   return out;
 }

@@ -256,20 +256,21 @@ GroupSpread spread_of(const Topology& topology, std::span<const std::int64_t> ra
 }
 
 double ring_seconds(RingKind kind, std::int64_t members, double bytes, const LinkFigures& link,
-                    double per_collective_s) {
+                    const LocalCosts& local) {
   if (members <= 1) return 0;
   const double n = static_cast<double>(members);
-  const double moved = (kind == RingKind::all_reduce ? 2.0 : 1.0) * (n - 1) / n * bytes;
-  return per_collective_s + link.latency_s + moved / link.bandwidth_bytes_s;
+  const double twice = kind == RingKind::all_reduce ? 2.0 : 1.0;
+  return local.per_collective_s + link.latency_s +
+         twice * (n - 1) / n * bytes / link.bandwidth_bytes_s +
+         twice * bytes / local.memory_bandwidth_bytes_s;
 }
 
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
-                              double bytes, double per_collective_s, double flat_copy_s,
+                              double bytes, const LocalCosts& local, double flat_copy_s,
                               double reorder_copy_s) {
   TwoLevelPrice price;
   price.flat_s =
-      ring_seconds(kind, spread.members, bytes, topology.link(spread.level), per_collective_s) +
-      flat_copy_s;
+      ring_seconds(kind, spread.members, bytes, topology.link(spread.level), local) + flat_copy_s;
   price.two_level_s = std::numeric_limits<double>::infinity();
   price.possible = spread.level != LinkLevel::domain && spread.units > 1 && spread.per_unit > 1;
   if (!price.possible) return price;
@@ -278,15 +279,15 @@ TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& sprea
   const double across = bytes / spread.per_unit;
   if (kind == RingKind::all_reduce) {
     price.two_level_s =
-        ring_seconds(RingKind::reduce_scatter, spread.per_unit, bytes, inner, per_collective_s) +
-        ring_seconds(RingKind::all_reduce, spread.units, across, outer, per_collective_s) +
-        ring_seconds(RingKind::all_gather, spread.per_unit, bytes, inner, per_collective_s);
+        ring_seconds(RingKind::reduce_scatter, spread.per_unit, bytes, inner, local) +
+        ring_seconds(RingKind::all_reduce, spread.units, across, outer, local) +
+        ring_seconds(RingKind::all_gather, spread.per_unit, bytes, inner, local);
   } else {
     // `bytes` is the whole buffer: inside a unit its k members split it, across units the h
     // members split each k-th; the buffer is reordered once so that both splits are contiguous.
-    price.two_level_s = ring_seconds(kind, spread.per_unit, bytes, inner, per_collective_s) +
-                        ring_seconds(kind, spread.units, across, outer, per_collective_s) +
-                        flat_copy_s + reorder_copy_s;
+    price.two_level_s = ring_seconds(kind, spread.per_unit, bytes, inner, local) +
+                        ring_seconds(kind, spread.units, across, outer, local) + flat_copy_s +
+                        reorder_copy_s;
   }
   return price;
 }

@@ -516,7 +516,8 @@ class Planner {
     bool possible = true;
     for (const GroupSpread& group : spreads(step.group)) {
       const TwoLevelPrice price =
-          price_two_level(options_.topology, group, ring, bytes, per_collective, flat_copy,
+          price_two_level(options_.topology, group, ring, bytes,
+                          LocalCosts{per_collective, cost.memory_bandwidth_bytes_s}, flat_copy,
                           copy_s(bytes) + n * cost.piece_s);
       if (price.flat_s >= flat) {
         step.units = group.units;
@@ -848,6 +849,10 @@ std::shared_ptr<const Plan> PlanCache::get(const DeviceMesh& mesh, const Placeme
     put(dim);
   put(static_cast<std::int64_t>(dtype) * 2 + (options.merge ? 1 : 0));
   key += options.topology.key();
+  const CostModel& cost = options.cost;
+  key += fmt::format("|{:a},{:a},{:a},{:a},{:a},{:a}", cost.collective_s, cost.round_s,
+                     cost.bandwidth_bytes_s, cost.memory_bandwidth_bytes_s, cost.local_step_s,
+                     cost.piece_s);
   key += options.two_level ? "|2" : "|1";
   std::promise<std::shared_ptr<const Plan>> made;
   std::shared_future<std::shared_ptr<const Plan>> pending;

@@ -69,11 +69,11 @@ TEST(Topology, TwoLevelsPayOffForLargeBuffersOnly) {
     all[static_cast<std::size_t>(r)] = r;
   const GroupSpread spread = spread_of(topology, all);
   const TwoLevelPrice large =
-      price_two_level(topology, spread, RingKind::all_reduce, 64e6, 50e-6, 0, 0);
+      price_two_level(topology, spread, RingKind::all_reduce, 64e6, LocalCosts{}, 0, 0);
   EXPECT_TRUE(large.cheaper());
   EXPECT_GT(large.flat_s, 4 * large.two_level_s);
   const TwoLevelPrice small =
-      price_two_level(topology, spread, RingKind::all_reduce, 64, 50e-6, 0, 0);
+      price_two_level(topology, spread, RingKind::all_reduce, 64, LocalCosts{}, 0, 0);
   EXPECT_TRUE(small.possible);
   EXPECT_FALSE(small.cheaper());
 }

@@ -31,6 +31,8 @@ struct RedistributeOptions {
   /// priced on the links they cross and may run in two levels. False: planned as on one host,
   /// every collective flat (the topology-blind baseline).
   bool topology_aware = true;
+  /// The planner's cost model (its defaults, or figures measured on the machine).
+  plan::CostModel cost = {};
 };
 
 /// `options` with its plans priced on the topology of `groups` (when topology-aware).

@@ -109,11 +109,18 @@ GroupSpread spread_of(const Topology& topology, std::span<const std::int64_t> ra
 /// The ring collectives the cost model prices per level.
 enum class RingKind : std::uint8_t { all_reduce, reduce_scatter, all_gather };
 
-/// Seconds one ring collective of `kind` takes over `members` ranks on `link`: its latency
-/// plus the bytes one member moves ((n-1)/n of `bytes`, twice for all_reduce; `bytes` is the
-/// larger of a member's buffers) over the bandwidth. `per_collective_s` is added once.
+/// What a collective costs on a rank besides its link.
+struct LocalCosts {
+  double per_collective_s = 50e-6;          ///< start-up and synchronisation of one call
+  double memory_bandwidth_bytes_s = 100e9;  ///< one rank's copies and reductions
+};
+
+/// Seconds one ring collective of `kind` takes over `members` ranks on `link`: the call's fixed
+/// cost and the link's latency, the bytes one member moves ((n-1)/n of `bytes`, twice for
+/// all_reduce; `bytes` is the larger of a member's buffers) over the link's bandwidth, and the
+/// bytes it reduces or writes locally (`bytes`, twice for all_reduce) over the memory's.
 double ring_seconds(RingKind kind, std::int64_t members, double bytes, const LinkFigures& link,
-                    double per_collective_s);
+                    const LocalCosts& local);
 
 /// What a collective over one group costs flat and in two levels.
 struct TwoLevelPrice {
@@ -124,13 +131,13 @@ struct TwoLevelPrice {
 };
 
 /// Prices a collective of `kind` over a group spread as `spread`, `bytes` per member (the whole
-/// buffer a member reduces or ends with), each collective also paying `per_collective_s`. Flat:
+/// buffer a member reduces or ends with), each collective paying `local` too. Flat:
 /// one ring at the group's outermost level, plus `flat_copy_s` (the packing it needs). Two
 /// levels: all_reduce = reduce_scatter inside each unit, all_reduce of one k-th across units,
 /// all_gather inside; reduce_scatter = inside, then across on one k-th, plus `reorder_copy_s`
 /// (the buffer reordered so that both splits are contiguous); all_gather the reverse.
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
-                              double bytes, double per_collective_s, double flat_copy_s,
+                              double bytes, const LocalCosts& local, double flat_copy_s,
                               double reorder_copy_s);
 
 }  // namespace meshtensor
