@@ -8,7 +8,8 @@
 #                                           host list and the state `down` needs
 #   scripts/multihost.sh run DIR SLOTS -- COMMAND...   mpirun COMMAND on every host, SLOTS ranks
 #                                           per host (N, or N,N,... per host)
-#   scripts/multihost.sh kill DIR HOST      kill every process of host HOST (1-based)
+#   scripts/multihost.sh kill DIR HOST [NAME]  kill every process of host HOST (1-based), or
+#                                           only those called NAME (the ranks, not the orted)
 #   scripts/multihost.sh down DIR           remove the namespaces, links and bridge
 #
 # Every address is in 10.231.N.0/24 (N from the process id) on the bridge the script creates;
@@ -81,13 +82,17 @@ run() {
     -x MESHTENSOR_TIMEOUT "$@"
 }
 
-kill_host() {
-  local dir=$1 host=$2 tag
+kill_host() {  # kill_host DIR HOST [NAME]: every process of the host, or those called NAME
+  local dir=$1 host=$2 name=${3:-} tag
   tag=$(cat "$dir/tag")
-  local pids
-  pids=$(ip netns pids "${tag}h$host" || true)
+  local pids="" pid
+  for pid in $(ip netns pids "${tag}h$host" || true); do
+    if [ -z "$name" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]; then
+      pids+=" $pid"
+    fi
+  done
   [ -n "$pids" ] && kill -9 $pids
-  echo "killed host$host: $(echo $pids | wc -w) processes"
+  echo "killed host$host: $(echo $pids | wc -w) processes${name:+ called $name}"
 }
 
 down() {
@@ -112,7 +117,7 @@ run)
   shift
   run "$@"
   ;;
-kill) kill_host "$2" "$3" ;;
+kill) kill_host "$2" "$3" "${4:-}" ;;
 down) down "$2" ;;
 *) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | down DIR" ;;
 esac

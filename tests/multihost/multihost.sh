@@ -85,22 +85,33 @@ jagged)
 lost)
   hosts 2
   address=$(sed -n 2p "$dir/hosts" | cut -d' ' -f1)
-  (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
-     --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
-  for _ in $(seq 1 60); do
-    grep -q "step" "$dir/out" 2>/dev/null && break
-    sleep 1
+  # The ranks of host 2 die (kill -9), then, in a second job, the whole host (its orted too).
+  for what in meshtensor ""; do
+    rm -f "$dir/out" "$dir/status"
+    (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
+       --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
+    for _ in $(seq 1 60); do
+      grep -q "step" "$dir/out" 2>/dev/null && break
+      sleep 1
+    done
+    grep -q "step" "$dir/out" || fail "the job did not start"
+    start=$(date +%s)
+    bash "$multihost" kill "$dir" 2 $what
+    wait
+    took=$(($(date +%s) - start))
+    status=$(cat "$dir/status")
+    [ "$status" != 0 ] || fail "the job exited 0 after losing host 2"
+    [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+    grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
+    if [ -n "$what" ]; then
+      # Ranks 2 and 3 ran on host 2: the report names one of them and the host.
+      grep -Eq "process rank [23] with PID [0-9]+ on node $address" "$dir/out" ||
+        { tail -c 3000 "$dir/out"; fail "no message names a rank of host 2"; }
+      echo "ok: host 2's ranks killed: exit $status after ${took}s; $(grep -Eo "process rank [23] with PID [0-9]+ on node [0-9.]+ exited on signal [0-9]+" "$dir/out" | head -1)"
+    else
+      echo "ok: host 2 lost: exit $status after ${took}s; $(grep -Eo "(Peer host|on node):? *$address" "$dir/out" | head -1 | tr -s ' ')"
+    fi
   done
-  grep -q "step" "$dir/out" || fail "the job did not start"
-  start=$(date +%s)
-  bash "$multihost" kill "$dir" 2
-  wait
-  took=$(($(date +%s) - start))
-  status=$(cat "$dir/status")
-  [ "$status" != 0 ] || fail "the job exited 0 after losing a host"
-  [ "$took" -le 60 ] || fail "the job took ${took}s to end"
-  grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
-  echo "ok: lost host 2 ($address): exit $status after ${took}s; $(grep -m1 -o "Peer host: *[0-9.]*" "$dir/out")"
   ;;
 *)
   echo "unknown case $case_name"
