@@ -32,6 +32,13 @@ up() {
   local subnet="10.231.$id"
   echo "$tag" >"$dir/tag"
   echo "$subnet" >"$dir/subnet"
+  # Namespaces of both kinds must be allowed here (containers may forbid them).
+  ip netns add "${tag}probe" || die "cannot create a network namespace here"
+  ip netns exec "${tag}probe" unshare --uts true || {
+    ip netns del "${tag}probe"
+    die "cannot create a UTS namespace here"
+  }
+  ip netns del "${tag}probe"
   ip link add "${tag}br" type bridge
   ip addr add "$subnet.1/24" dev "${tag}br"
   ip link set "${tag}br" up
@@ -73,13 +80,18 @@ run() {
     total=$((total + n))
     i=$((i + 1))
   done <"$dir/hosts"
-  local root=()
+  local root=() forward=() variable
   [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  # Remote daemons do not pass this shell's environment on: name what the ranks need.
+  for variable in MESHTENSOR_TIMEOUT MESHTENSOR_CHECK_COLLECTIVES ASAN_OPTIONS UBSAN_OPTIONS \
+    TSAN_OPTIONS; do
+    [ -n "${!variable:-}" ] && forward+=(-x "$variable")
+  done
   exec mpirun "${root[@]}" --oversubscribe -np "$total" --host "$hostlist" \
     --mca plm_rsh_agent "$dir/agent" \
     --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24" --mca mpi_yield_when_idle 1 \
     --mca oob_tcp_if_include "$subnet.0/24" \
-    -x MESHTENSOR_TIMEOUT "$@"
+    "${forward[@]}" "$@"
 }
 
 kill_host() {  # kill_host DIR HOST [NAME]: every process of the host, or those called NAME
