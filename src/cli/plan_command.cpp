@@ -75,10 +75,12 @@ void print_check(const dtensor::CheckResult& result, const dtensor::CheckConfig&
   }
   std::cout << fmt::format(
       "{} -> {} of {} {} on mesh {} ({} backend, {} mode, seed {}, {} "
-      "collective{}{})\n",
+      "collective{}{}{})\n",
       config.from.to_string(), config.to.to_string(), config.shape.to_string(),
       dtype_name(config.dtype), config.mesh.to_string(), options.backend, options.mode, config.seed,
-      result.collectives, result.collectives == 1 ? "" : "s", config.merge ? "" : ", no merge");
+      result.collectives, result.collectives == 1 ? "" : "s",
+      result.two_level > 0 ? fmt::format(", {} in two levels", result.two_level) : "",
+      config.merge ? "" : ", no merge");
   std::cout.flush();
 }
 

@@ -436,6 +436,8 @@ CheckResult run_check(const std::shared_ptr<comm::Communicator>& world, const Ch
   out.digest = digest_hex(mix64(digest ^ mix64(static_cast<std::uint64_t>(kept_positions))));
   out.message = failure.failed() ? failure.message : "every rank matches the reference";
   out.collectives = plan->collectives();
+  for (const plan::Step& step : plan->steps)
+    out.two_level += step.two_level ? 1 : 0;
   return out;
 }
 

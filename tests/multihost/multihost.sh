@@ -60,8 +60,17 @@ detect)
   same "$("$bin" check --seed 5 --shape 23x9 --mode exact --mesh 4x3 --from P,P --to R,R --ranks-per-host 4 | field OK)" "$got" "the same on threads with 3 simulated hosts"
   mpi 4 "${check[@]}" --mode exact --mesh 2x2x3 --from P,S0,P --to R,S1,R || { cat "$dir/out"; fail "check 2x2x3"; }
   same "$("$bin" check --seed 5 --shape 23x9 --mode exact --mesh 2x2x3 --from P,S0,P --to R,S1,R | field OK)" "$(field OK <"$dir/out")" "exact P,S0,P -> R,S1,R on 2x2x3"
+  # Large enough for two levels on the detected hosts: the mpi backend's level groups.
+  big=(check --backend mpi --seed 5 --shape 512x256 --mesh 4x3)
+  for mode in exact ordered; do
+    mpi 4 "${big[@]}" --mode $mode --from P,P --to S0,S0 || { cat "$dir/out"; fail "check $mode 512x256"; }
+    grep -q "1 in two levels" "$dir/out" || { cat "$dir/out"; fail "no two-level step on mpi"; }
+    echo "ok: $mode P,P -> S0,S0 of 512x256 on mpi in two levels: $(grep -m1 "^OK" "$dir/out")"
+  done
+  same "$("$bin" check --seed 5 --shape 512x256 --mesh 4x3 --mode exact --from P,P --to S0,S0 | field OK)" \
+    "$(mpi 4 "${big[@]}" --mode exact --from P,P --to S0,S0 && field OK <"$dir/out")" "exact two-level reduce-scatter on mpi"
   mpi 4 "${check[@]}" --mode ordered --mesh 4x3 --from S0,S1 --to S1,S0 || { cat "$dir/out"; fail "ordered all_to_all"; }
-  echo "ok: ordered S0,S1 -> S1,S0: $(head -1 "$dir/out")"
+  echo "ok: ordered S0,S1 -> S1,S0: $(grep -m1 "^OK" "$dir/out")"
   ;;
 train)
   hosts 2
@@ -80,7 +89,7 @@ jagged)
   grep -q "replicas identical on 12 ranks" "$dir/out" || { tail -20 "$dir/out"; fail "replicas differ"; }
   echo "ok: (ddp=4, fsdp=3) on 3 hosts of 4: $(grep -o 'weights digest.*' "$dir/out")"
   mpi 4 check --backend mpi --mode ordered --mesh 4x3 --from P,P --to R,R --shape 64x33 || { cat "$dir/out"; fail "check"; }
-  echo "ok: ordered P,P -> R,R: $(head -1 "$dir/out")"
+  echo "ok: ordered P,P -> R,R: $(grep -m1 "^OK" "$dir/out")"
   ;;
 lost)
   hosts 2

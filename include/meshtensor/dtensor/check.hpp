@@ -28,6 +28,7 @@ struct CheckResult {
   std::string digest;   ///< 16 hex digits of the assembled result
   std::string message;  ///< the first mismatch, or a summary when ok
   int collectives = 0;  ///< communicating steps of the plan that ran
+  int two_level = 0;    ///< of them, those that ran in two levels (inside hosts, then across)
 };
 
 /// Number of Partial contributions a spec on `mesh` holds: the product of its Partial dims.
