@@ -22,31 +22,29 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Slowest rank's time of one run of `plan`.
-double time_once(comm::MeshGroups& groups, const plan::Plan& plan, const Tensor& local,
-                 const dtensor::RedistributeOptions& options) {
+// The slowest rank's time of one run of `body`, started after a barrier.
+double slowest(comm::MeshGroups& groups, const std::function<void()>& body) {
   groups.world().barrier();
   const Clock::time_point start = Clock::now();
-  const Tensor result = dtensor::execute_plan(plan, groups, local, options);
+  body();
   Tensor elapsed = Tensor::full({1}, DType::f64, seconds_since(start));
   comm::CollectiveOptions max;
   max.op = ReduceOp::max;
   groups.world().all_reduce(elapsed, max);
   return elapsed.values<double>()[0];
 }
-// The slowest rank's time of `body`, median of `repeats` runs after a barrier.
+
+// Slowest rank's time of one run of `plan`.
+double time_once(comm::MeshGroups& groups, const plan::Plan& plan, const Tensor& local,
+                 const dtensor::RedistributeOptions& options) {
+  return slowest(groups, [&] { dtensor::execute_plan(plan, groups, local, options); });
+}
+
+// The median of `repeats` runs of slowest(body).
 double slowest_median(comm::MeshGroups& groups, int repeats, const std::function<void()>& body) {
   std::vector<double> times;
-  for (int i = 0; i < repeats; ++i) {
-    groups.world().barrier();
-    const Clock::time_point start = Clock::now();
-    body();
-    Tensor elapsed = Tensor::full({1}, DType::f64, seconds_since(start));
-    comm::CollectiveOptions max;
-    max.op = ReduceOp::max;
-    groups.world().all_reduce(elapsed, max);
-    times.push_back(elapsed.values<double>()[0]);
-  }
+  for (int i = 0; i < repeats; ++i)
+    times.push_back(slowest(groups, body));
   return median(times);
 }
 

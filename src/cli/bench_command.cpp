@@ -271,35 +271,34 @@ void print_redistribute(const RedistributeBenchOptions& options,
                         const bench::RedistributeBenchResult& result,
                         const bench::PlanningTime& planning) {
   if (options.json) {
-    const nlohmann::json out = {{"mesh", config.mesh.to_string()},
-                                {"from", config.from.to_string()},
-                                {"to", config.to.to_string()},
-                                {"shape", config.shape.to_string()},
-                                {"dtype", dtype_name(config.dtype)},
-                                {"mode", options.mode},
-                                {"backend", options.backend},
-                                {"merged_s", result.merged_s},
-                                {"unmerged_s", result.unmerged_s},
-                                {"ratio", result.ratio},
-                                {"merged_collectives", result.merged_collectives},
-                                {"unmerged_collectives", result.unmerged_collectives},
-                                {"plan_uncached_s", planning.uncached_s},
-                                {"plan_cached_s", planning.cached_s}};
-    nlohmann::json with = out;
+    nlohmann::json out = {{"mesh", config.mesh.to_string()},
+                          {"from", config.from.to_string()},
+                          {"to", config.to.to_string()},
+                          {"shape", config.shape.to_string()},
+                          {"dtype", dtype_name(config.dtype)},
+                          {"mode", options.mode},
+                          {"backend", options.backend},
+                          {"merged_s", result.merged_s},
+                          {"unmerged_s", result.unmerged_s},
+                          {"ratio", result.ratio},
+                          {"merged_collectives", result.merged_collectives},
+                          {"unmerged_collectives", result.unmerged_collectives},
+                          {"plan_uncached_s", planning.uncached_s},
+                          {"plan_cached_s", planning.cached_s}};
     if (result.topology) {
-      with["topology"] = {{"ranks_per_host", options.topology.ranks_per_host},
-                          {"aware_s", result.aware_s},
-                          {"aware_collectives", result.aware_collectives},
-                          {"aware_two_level_steps", result.aware_two_level_steps},
-                          {"blind_s", result.merged_s},
-                          {"one_dim_s", result.unmerged_s},
-                          {"blind_over_aware", result.blind_over_aware},
-                          {"one_dim_over_aware", result.one_dim_over_aware},
-                          {"measured_collective_s", result.collective_s},
-                          {"aware_differs_from_blind", result.aware_differs},
-                          {"measured_memory_bandwidth_bytes_s", result.memory_bandwidth_bytes_s}};
+      out["topology"] = {{"ranks_per_host", options.topology.ranks_per_host},
+                         {"aware_s", result.aware_s},
+                         {"aware_collectives", result.aware_collectives},
+                         {"aware_two_level_steps", result.aware_two_level_steps},
+                         {"blind_s", result.merged_s},
+                         {"one_dim_s", result.unmerged_s},
+                         {"blind_over_aware", result.blind_over_aware},
+                         {"one_dim_over_aware", result.one_dim_over_aware},
+                         {"measured_collective_s", result.collective_s},
+                         {"aware_differs_from_blind", result.aware_differs},
+                         {"measured_memory_bandwidth_bytes_s", result.memory_bandwidth_bytes_s}};
     }
-    std::cout << with.dump() << '\n' << std::flush;
+    std::cout << out.dump() << '\n' << std::flush;
     return;
   }
   if (result.topology) {

@@ -26,7 +26,8 @@ MeshGroups::MeshGroups(DeviceMesh mesh, std::shared_ptr<Communicator> world)
       hosts.push_back(job->host(member));
       domains.push_back(job->domain(member));
     }
-    topology_ = Topology(std::move(hosts), std::move(domains), std::move(names), job->links());
+    topology_ = std::make_shared<const Topology>(std::move(hosts), std::move(domains),
+                                                 std::move(names), job->links());
   }
 }
 
@@ -61,12 +62,12 @@ std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> d
   if (auto found = two_level_.find(key); found != two_level_.end()) return found->second;
   std::shared_ptr<Communicator> flat = group(dims, options, channel);
   const std::vector<std::int64_t> members = mesh_.group_ranks(rank(), dims);
-  const GroupSpread spread = spread_of(topology_, members);
+  const GroupSpread spread = spread_of(*topology_, members);
   // Units: hosts, or the domains of one host; in topology order. Places: group order.
   std::map<int, std::vector<int>> by_unit;
   for (std::size_t p = 0; p < members.size(); ++p) {
     const std::int64_t r = members[p];
-    const int unit = spread.level == LinkLevel::network ? topology_.host(r) : topology_.domain(r);
+    const int unit = spread.level == LinkLevel::network ? topology_->host(r) : topology_->domain(r);
     by_unit[unit].push_back(static_cast<int>(p));
   }
   int my_unit = 0;
@@ -97,9 +98,8 @@ std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> d
   auto outer = world_->split(outer_color, my_unit, options);
   std::shared_ptr<Communicator> made = flat;
   if (spread.level != LinkLevel::domain && spread.units > 1 && spread.per_unit > 1) {
-    made = std::make_shared<TwoLevelCommunicator>(
-        flat, std::move(inner), std::move(outer), std::move(positions), spread,
-        std::make_shared<const Topology>(topology_), choice);
+    made = std::make_shared<TwoLevelCommunicator>(flat, std::move(inner), std::move(outer),
+                                                  std::move(positions), spread, topology_, choice);
   }
   two_level_.emplace(key, made);
   return made;

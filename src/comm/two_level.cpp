@@ -138,6 +138,22 @@ void TwoLevelCommunicator::reorder(const Tensor& from, const Tensor& to,
   }
 }
 
+std::pair<Tensor, Tensor> TwoLevelCommunicator::agreed_fixed_point(
+    const Tensor& values, const CollectiveOptions& options) {
+  Tensor keys({values.numel()}, DType::u8);
+  kernels::fixed_point_keys(values, keys);
+  const CollectiveOptions max = level_options(options, ReduceOp::max, ReductionMode::ordered);
+  inner_->all_reduce(keys, max);
+  outer_->all_reduce(keys, max);
+  Tensor fixed({values.numel() * kernels::fixed_point_format(values.dtype()).limbs}, DType::i64);
+  kernels::encode_fixed_point(values, keys, fixed);
+  return {std::move(keys), std::move(fixed)};
+}
+
+void TwoLevelCommunicator::divide_if_avg(Tensor result, const CollectiveOptions& options) const {
+  if (options.op == ReduceOp::avg) kernels::divide(result, size());
+}
+
 void TwoLevelCommunicator::run_all_reduce(const Tensor& buffer, const CollectiveOptions& options) {
   const CollectiveCall call = describe_all_reduce(buffer, options, size());
   if (!two_levels(RingKind::all_reduce, call)) {
@@ -156,29 +172,18 @@ void TwoLevelCommunicator::run_all_reduce(const Tensor& buffer, const Collective
   inner_->reduce_scatter(values, mine, chunks, sum);
   outer_->all_reduce(mine, sum);
   inner_->all_gather(mine, values, chunks, options);
-  if (options.op == ReduceOp::avg) {
-    Tensor result = buffer;
-    kernels::divide(result, size());
-  }
+  divide_if_avg(buffer, options);
 }
 
 void TwoLevelCommunicator::exact_all_reduce(const Tensor& buffer,
                                             const CollectiveOptions& options) {
   const Tensor values = buffer.flatten();
   const std::int64_t count = values.numel();
-  Tensor keys({count}, DType::u8);
-  kernels::fixed_point_keys(values, keys);
-  const CollectiveOptions max = level_options(options, ReduceOp::max, ReductionMode::ordered);
-  inner_->all_reduce(keys, max);
-  outer_->all_reduce(keys, max);
+  const auto [keys, fixed] = agreed_fixed_point(values, options);
   const std::int64_t limbs = kernels::fixed_point_format(buffer.dtype()).limbs;
-  Tensor fixed({count * limbs}, DType::i64);
-  kernels::encode_fixed_point(values, keys, fixed);
   const std::vector<std::int64_t> chunks = balanced_counts(count, per_unit());
   const auto place = static_cast<std::size_t>(inner_->rank());
-  std::int64_t first = 0;
-  for (std::size_t l = 0; l < place; ++l)
-    first += chunks[l];
+  const std::int64_t first = displacements(chunks)[place];
   Tensor mine({chunks[place] * limbs}, DType::i64);
   const CollectiveOptions sum = level_options(options, ReduceOp::sum, ReductionMode::ordered);
   inner_->reduce_scatter(fixed, mine, scaled(chunks, limbs), sum);
@@ -211,10 +216,7 @@ void TwoLevelCommunicator::run_reduce_scatter(const Tensor& input, const Tensor&
   const CollectiveOptions sum = level_options(options, summed(options.op), options.mode);
   inner_->reduce_scatter(placed, mid, places, sum);
   outer_->reduce_scatter(mid, output.flatten(), unit_counts(counts), sum);
-  if (options.op == ReduceOp::avg) {
-    Tensor result = output;
-    kernels::divide(result, size());
-  }
+  divide_if_avg(output, options);
 }
 
 void TwoLevelCommunicator::exact_reduce_scatter(const Tensor& input, const Tensor& output,
@@ -222,14 +224,8 @@ void TwoLevelCommunicator::exact_reduce_scatter(const Tensor& input, const Tenso
                                                 const CollectiveOptions& options) {
   const Tensor values = input.flatten();
   const std::int64_t count = values.numel();
-  Tensor keys({count}, DType::u8);
-  kernels::fixed_point_keys(values, keys);
-  const CollectiveOptions max = level_options(options, ReduceOp::max, ReductionMode::ordered);
-  inner_->all_reduce(keys, max);
-  outer_->all_reduce(keys, max);
+  const auto [keys, fixed] = agreed_fixed_point(values, options);
   const std::int64_t limbs = kernels::fixed_point_format(input.dtype()).limbs;
-  Tensor fixed({count * limbs}, DType::i64);
-  kernels::encode_fixed_point(values, keys, fixed);
   Tensor placed({count * limbs}, DType::i64);
   reorder(fixed, placed, counts, true);
   const std::vector<std::int64_t> places = place_counts(counts);
@@ -239,9 +235,7 @@ void TwoLevelCommunicator::exact_reduce_scatter(const Tensor& input, const Tenso
   const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
   Tensor segment({mine * limbs}, DType::i64);
   outer_->reduce_scatter(mid, segment, scaled(unit_counts(counts), limbs), sum);
-  std::int64_t first = 0;
-  for (int p = 0; p < rank(); ++p)
-    first += counts[static_cast<std::size_t>(p)];
+  const std::int64_t first = displacements(counts)[static_cast<std::size_t>(rank())];
   kernels::decode_fixed_point(segment, keys.narrow(0, first, mine),
                               options.op == ReduceOp::avg ? size() : 1, output.flatten());
 }

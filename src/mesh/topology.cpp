@@ -93,6 +93,10 @@ Topology::Topology(std::vector<int> host_of, std::vector<int> domain_of,
     throw InvalidArgument(
         fmt::format("topology: {} host names for {} hosts", host_names_.size(), hosts()));
   }
+  for (std::size_t r = 0; r < host_of_.size(); ++r) {
+    if (host_of_[r] != host_of_[0] || (!domain_of_.empty() && domain_of_[r] != domain_of_[0]))
+      single_level_ = false;
+  }
   for (const LinkFigures& link : links_) {
     if (!(link.latency_s >= 0) || !(link.bandwidth_bytes_s > 0)) {
       throw InvalidArgument(
@@ -154,14 +158,6 @@ Topology Topology::from_host_names(const std::vector<std::string>& names, LinkLe
     host_of.push_back(it->second);
   }
   return Topology(std::move(host_of), {}, std::move(hosts), links);
-}
-
-bool Topology::single_level() const {
-  for (std::size_t r = 0; r < host_of_.size(); ++r) {
-    if (host_of_[r] != host_of_[0] || (!domain_of_.empty() && domain_of_[r] != domain_of_[0]))
-      return false;
-  }
-  return true;
 }
 
 int Topology::hosts() const {

@@ -38,7 +38,7 @@ class MeshGroups {
   std::shared_ptr<Communicator> group(std::span<const int> dims,
                                       const CollectiveOptions& options = {}, int channel = 0);
   /// Where the mesh's ranks sit (indexed by mesh rank): the world communicator's topology.
-  const Topology& topology() const { return topology_; }
+  const Topology& topology() const { return *topology_; }
 
   /// group(dims) run in two levels (TwoLevelCommunicator): inside each host (or domain, when
   /// the group stays on one host) and across them. The flat group when this rank's group sits
@@ -55,7 +55,7 @@ class MeshGroups {
  private:
   DeviceMesh mesh_;
   std::shared_ptr<Communicator> world_;
-  Topology topology_;
+  std::shared_ptr<const Topology> topology_ = std::make_shared<const Topology>();
   std::map<std::pair<std::vector<std::int64_t>, int>, std::shared_ptr<Communicator>> by_ranks_;
   std::map<std::tuple<std::vector<int>, int, int>, std::shared_ptr<Communicator>> two_level_;
 };

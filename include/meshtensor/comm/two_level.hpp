@@ -1,6 +1,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
@@ -74,6 +75,12 @@ class TwoLevelCommunicator final : public Communicator {
                           std::vector<std::int64_t> counts, const CollectiveOptions& options);
   void run_all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts,
                       const CollectiveOptions& options);
+  /// The scale keys of `values` agreed over the group (max at both levels) and `values` in
+  /// fixed point at those keys.
+  std::pair<Tensor, Tensor> agreed_fixed_point(const Tensor& values,
+                                               const CollectiveOptions& options);
+  /// Divides a summed result by the group size when `options` asks for avg.
+  void divide_if_avg(Tensor result, const CollectiveOptions& options) const;
   void exact_all_reduce(const Tensor& values, const CollectiveOptions& options);
   void exact_reduce_scatter(const Tensor& input, const Tensor& output,
                             const std::vector<std::int64_t>& counts,

@@ -63,7 +63,7 @@ class Topology {
                                   LinkLevels links = default_links());
 
   /// True when every rank sits on one host in one domain: nothing is priced per level.
-  bool single_level() const;
+  bool single_level() const { return single_level_; }
   /// Number of ranks described (0 for the default single-host topology).
   std::int64_t ranks() const { return static_cast<std::int64_t>(host_of_.size()); }
   /// Number of hosts (1 for the default).
@@ -92,6 +92,7 @@ class Topology {
   std::vector<int> domain_of_;
   std::vector<std::string> host_names_;
   LinkLevels links_ = default_links();
+  bool single_level_ = true;  // every rank on one host, in one domain
 };
 
 /// How a group's members sit on a topology, as the two-level algorithms need it.
