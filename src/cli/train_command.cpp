@@ -42,10 +42,13 @@ struct TrainOptions {
   CLI::Option* epochs_option = nullptr;
   std::string steps = "0";
   CLI::Option* steps_option = nullptr;
-  std::string batch;       // empty: the model's default
-  std::string warmup;      // empty: the model's default
-  std::string eval_every;  // empty: the model's default
-  std::string micro_batches = "1";
+  std::string batch;          // empty: the model's default
+  std::string warmup;         // empty: the model's default
+  std::string eval_every;     // empty: the model's default
+  std::string micro_batches;  // empty: 1, or 2 per pp rank with a pipeline
+  std::string pipeline_schedule = "1f1b";
+  std::string virtual_stages = "0";
+  std::string activation_checkpointing = "none";
   std::string optimizer = "adamw";
   std::string lr = "1e-3";
   std::string weight_decay = "0";
@@ -107,7 +110,9 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.eval_every = integer_option(
       "--eval-every", options.eval_every.empty() ? (gpt ? kGptEvalEvery : "0") : options.eval_every,
       0, kMaxCount);
-  config.micro_batches = integer_option("--micro-batches", options.micro_batches, 1, 1 << 21);
+  config.pipeline_schedule = pp::parse_schedule(options.pipeline_schedule);
+  config.virtual_stages = integer_option("--virtual-stages", options.virtual_stages, 0, 1 << 10);
+  config.activation_checkpointing = pp::parse_checkpointing(options.activation_checkpointing);
   config.optimizer = train::parse_optimizer(options.optimizer);
   config.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
   config.schedule.kind = nn::parse_schedule_kind(options.schedule);
@@ -121,6 +126,15 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   config.verify_generator = options.verify_generator;
   parse_trainer_layout({options.strategy, options.mesh, options.names, options.sequence_parallel},
                        config);
+  // A pipeline's default: two micro-batches per stage rank (1F1B's bubble at most 1/3).
+  const std::int64_t pipeline_ranks = config.mesh.given ? config.mesh.pp : 1;
+  config.micro_batches = integer_option(
+      "--micro-batches",
+      options.micro_batches.empty()
+          ? std::to_string(
+                pipeline_ranks > 1 ? std::min<std::int64_t>(2 * pipeline_ranks, config.batch) : 1)
+          : options.micro_batches,
+      1, 1 << 21);
   if (options.reshard_after_forward && options.no_reshard_after_forward)
     throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
   config.reshard_after_forward = !options.no_reshard_after_forward;
@@ -293,6 +307,32 @@ RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
   return files;
 }
 
+/// The median of the steps' measured bubbles after the first (which sets things up).
+double median_bubble(std::vector<double> bubbles) {
+  if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
+  if (bubbles.empty()) return 0.0;
+  std::sort(bubbles.begin(), bubbles.end());
+  return bubbles[bubbles.size() / 2];
+}
+
+/// The pipeline's stages and bubble, and every rank's activation peak.
+void print_pipeline(const train::TrainResult& result, const std::string& checkpointing) {
+  if (result.pipeline.stages > 0) {
+    const auto& p = result.pipeline;
+    std::cout << fmt::format(
+        "pipeline: {} stages, {} schedule, {} micro-batches; bubble of rank 0 {:.3f} (theory "
+        "{:.3f})\n",
+        p.stages, p.schedule, p.micro_batches, median_bubble(p.step_bubbles), p.theoretical_bubble);
+    for (std::size_t s = 0; s < p.stage_units.size(); ++s)
+      std::cout << fmt::format("  stage {}: {}\n", s, p.stage_units[s]);
+  }
+  std::vector<std::string> peaks;
+  for (const std::int64_t bytes : result.activation_peaks)
+    peaks.push_back(format_bytes(static_cast<double>(bytes)));
+  std::cout << fmt::format("activation memory peak per rank (checkpointing {}): {}\n",
+                           checkpointing, fmt::join(peaks, ", "));
+}
+
 void run_train(const TrainOptions& options) {
   train::TrainConfig config = parse_config(options);
   const Backend backend = parse_backend(options.backend);
@@ -312,19 +352,22 @@ void run_train(const TrainOptions& options) {
   OutputFile* const trace_file = outputs.trace.get();
   OutputFile* const plot = outputs.plot.get();
   std::ofstream* const log = outputs.log ? &outputs.log->stream() : nullptr;
-  const std::string command = fmt::format(
-      "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
-      "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
-      "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
-      "save_every={} keep={} resume={} stop_after={},{} eval_every={}",
-      loaded.data, options.model, options.activation, options.layernorm, config.epochs,
-      config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
-      options.weight_decay, options.momentum, config.schedule.warmup_steps, options.schedule,
-      options.mode, config.seed, static_cast<int>(config.strategy), config.replicas,
-      config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
-      options.micro_batch_mode, config.trace, config.save_dir, config.save_every,
-      config.keep_checkpoints, config.resume_dir, config.stop_after, config.stop_after_epochs,
-      config.eval_every);
+  const std::string command =
+      fmt::format(
+          "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
+          "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
+          "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
+          "save_every={} keep={} resume={} stop_after={},{} eval_every={}",
+          loaded.data, options.model, options.activation, options.layernorm, config.epochs,
+          config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
+          options.weight_decay, options.momentum, config.schedule.warmup_steps, options.schedule,
+          options.mode, config.seed, static_cast<int>(config.strategy), config.replicas,
+          config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
+          options.micro_batch_mode, config.trace, config.save_dir, config.save_every,
+          config.keep_checkpoints, config.resume_dir, config.stop_after, config.stop_after_epochs,
+          config.eval_every) +
+      fmt::format(" pipeline={} virtual={} checkpointing={}", options.pipeline_schedule,
+                  config.virtual_stages, options.activation_checkpointing);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
   const std::string eval = task.eval_name();
   if (log) {
@@ -425,6 +468,17 @@ void run_train(const TrainOptions& options) {
                                              {"identical", check.identical},
                                              {"largest_difference", check.largest_difference}};
           }
+          final_json["activation_checkpointing"] = options.activation_checkpointing;
+          final_json["activation_peak_bytes"] = result.activation_peaks;
+          if (result.pipeline.stages > 0) {
+            const auto& p = result.pipeline;
+            final_json["pipeline"] = {{"stages", p.stages},
+                                      {"schedule", p.schedule},
+                                      {"micro_batches", p.micro_batches},
+                                      {"stage_units", p.stage_units},
+                                      {"theoretical_bubble", p.theoretical_bubble},
+                                      {"measured_bubble", median_bubble(p.step_bubbles)}};
+          }
           if (options.explain_parallelism) {
             final_json["parallel_plan"] = result.parallel_plan;
             final_json["parallel_log"] = result.parallel_log;
@@ -464,6 +518,7 @@ void run_train(const TrainOptions& options) {
               kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
               kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
               result.mesh);
+          print_pipeline(result, options.activation_checkpointing);
           std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
                                    digest_hex(result.digest), result.parameters,
                                    result.replicas_identical ? "identical" : "DIFFER",
@@ -1217,7 +1272,15 @@ void add_train_command(CLI::App& app) {
   options->steps_option =
       command->add_option("--steps", options->steps, "optimizer steps instead of epochs");
   command->add_option("--micro-batches", options->micro_batches,
-                      "pieces each rank's slice is split into, summed before one reduction");
+                      "pieces each rank's slice is split into, summed before one reduction "
+                      "(default 1; with a pp dim: 2 per pp rank)");
+  command->add_option("--pipeline-schedule", options->pipeline_schedule,
+                      "with a pp mesh dim: gpipe, 1f1b (default) or interleaved-1f1b");
+  command->add_option("--virtual-stages", options->virtual_stages,
+                      "model chunks per pp rank for interleaved-1f1b (default 2)");
+  command->add_option("--activation-checkpointing", options->activation_checkpointing,
+                      "none (default), full (every block recomputes its forward in backward) or "
+                      "selective (every second block)");
   command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
   command->add_option("--momentum", options->momentum, "SGD momentum (default 0.9)");
   command->add_option("--warmup", options->warmup,
@@ -1237,8 +1300,8 @@ void add_train_command(CLI::App& app) {
                       "hsdp mesh RxS: R replicas of S-way sharding (ranks = R*S; default 2xN/2); "
                       "with --names, the sizes of the named dims (e.g. 2x2x2)");
   command->add_option("--names", options->names,
-                      "names of the --mesh dims: dp (replicate), fsdp (shard), tp (tensor "
-                      "parallel), e.g. dp,fsdp,tp");
+                      "names of the --mesh dims: pp (pipeline stages), dp (replicate), fsdp "
+                      "(shard), tp (tensor parallel), e.g. pp,fsdp,tp");
   add_flag(*command, "--sequence-parallel", options->sequence_parallel,
            "with a tp dim: norms and the residual stream on sequence shards");
   command->add_option("--clip-grad-norm", options->clip_grad_norm,

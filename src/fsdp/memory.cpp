@@ -4,8 +4,8 @@
 namespace meshtensor::fsdp {
 
 std::string memory_kind_name(MemoryKind kind) {
-  static constexpr std::array<const char*, kMemoryKinds> kNames = {"parameters", "gradients",
-                                                                   "optimizer_state", "unsharded"};
+  static constexpr std::array<const char*, kMemoryKinds> kNames = {
+      "parameters", "gradients", "optimizer_state", "unsharded", "activations"};
   return kNames.at(static_cast<std::size_t>(kind));
 }
 

@@ -748,9 +748,17 @@ Tensor ShardedModel::forward(const Tensor& input) {
 }
 
 Tensor ShardedModel::backward(const Tensor& grad_output, bool need_input_grad) {
+  return backward(root_, grad_output, need_input_grad);
+}
+
+Tensor ShardedModel::forward(nn::Module& part, const Tensor& input) {
+  return nn::run_forward(part, input);
+}
+
+Tensor ShardedModel::backward(nn::Module& part, const Tensor& grad_output, bool need_input_grad) {
   order_recorded_ = true;
-  Tensor grad_input = nn::run_backward(root_, grad_output, *this, need_input_grad);
-  if (is_last_backward_) finish_step();
+  Tensor grad_input = nn::run_backward(part, grad_output, *this, need_input_grad);
+  if (is_last_backward_ && end_step_in_backward_) finish_step();
   return grad_input;
 }
 
@@ -761,18 +769,27 @@ void ShardedModel::finish_step() {
   order_checked_ = true;
   for (auto& module : modules_)
     wait_for(module->reduce_work_, "wait reduction " + module->name());
-  for (auto& module : modules_)
+  // A group gathered now was prefetched by a forward that ran inside backward (a recomputed
+  // block): its values are about to go stale under the optimizer step.
+  for (auto& module : modules_) {
     module->step_started_ = false;
+    if (module->is_unsharded()) module->reshard();
+  }
   order_events_.clear();
   order_hash_ = 0;
 }
 
 void ShardedModel::check_order() {
-  std::vector<int> all_dims;
-  for (int d = 0; d < groups_.mesh().ndim(); ++d)
-    all_dims.push_back(d);
-  if (groups_.mesh().size() == 1) return;
-  const std::shared_ptr<comm::Communicator> control = groups_.group(all_dims, {}, kControlChannel);
+  std::vector<int> dims = options_.same_model_dims;
+  if (dims.empty()) {
+    for (int d = 0; d < groups_.mesh().ndim(); ++d)
+      dims.push_back(d);
+  }
+  std::int64_t members = 1;
+  for (const int d : dims)
+    members *= groups_.mesh().size(d);
+  if (members == 1) return;
+  const std::shared_ptr<comm::Communicator> control = groups_.group(dims, {}, kControlChannel);
   const int ranks = control->size();
   comm::CollectiveOptions options;
   options.label = "issue order check";

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -208,6 +209,18 @@ std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {
 void CausalSelfAttention::set_exact_blocks(bool on) {
   qkv_.set_exact_blocks(0, on ? heads_ : 0);
   projection_.set_exact_blocks(on ? heads_ : 0, 0);
+}
+
+SavedState CausalSelfAttention::take_saved() {
+  SavedState saved;
+  saved.tensors.push_back(std::exchange(qkv_values_, Tensor()));
+  saved.tensors.push_back(std::exchange(probabilities_, Tensor()));
+  return saved;
+}
+
+void CausalSelfAttention::restore_saved(SavedState saved) {
+  qkv_values_ = std::move(saved.tensors.at(0));
+  probabilities_ = std::move(saved.tensors.at(1));
 }
 
 }  // namespace meshtensor::nn

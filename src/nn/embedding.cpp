@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -177,6 +178,18 @@ std::vector<Parameter*> TokenPositionEmbedding::parameters() {
 std::string TokenPositionEmbedding::describe() const {
   return fmt::format("TokenPositionEmbedding({}, {}, {})", token_.weight().value.shape()[0],
                      position_.weight().value.shape()[0], token_.weight().value.shape()[1]);
+}
+
+SavedState Embedding::take_saved() {
+  SavedState saved;
+  saved.integers = std::exchange(indices_, {});
+  saved.shapes.push_back(std::exchange(output_shape_, Shape()));
+  return saved;
+}
+
+void Embedding::restore_saved(SavedState saved) {
+  indices_ = std::move(saved.integers);
+  output_shape_ = std::move(saved.shapes.at(0));
 }
 
 }  // namespace meshtensor::nn

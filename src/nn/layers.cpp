@@ -1,4 +1,5 @@
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -394,6 +395,50 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
   }
   normalized_ = Tensor();
   return grad_input;
+}
+
+SavedState Linear::take_saved() {
+  SavedState saved;
+  saved.tensors.push_back(std::exchange(input_, Tensor()));
+  saved.shapes.push_back(std::exchange(input_shape_, Shape()));
+  return saved;
+}
+
+void Linear::restore_saved(SavedState saved) {
+  input_ = std::move(saved.tensors.at(0));
+  input_shape_ = std::move(saved.shapes.at(0));
+}
+
+SavedState ReLU::take_saved() {
+  SavedState saved;
+  saved.tensors.push_back(std::exchange(input_, Tensor()));
+  return saved;
+}
+
+void ReLU::restore_saved(SavedState saved) {
+  input_ = std::move(saved.tensors.at(0));
+}
+
+SavedState GELU::take_saved() {
+  SavedState saved;
+  saved.tensors.push_back(std::exchange(input_, Tensor()));
+  return saved;
+}
+
+void GELU::restore_saved(SavedState saved) {
+  input_ = std::move(saved.tensors.at(0));
+}
+
+SavedState LayerNorm::take_saved() {
+  SavedState saved;
+  saved.tensors.push_back(std::exchange(normalized_, Tensor()));
+  saved.reals = std::exchange(inverse_std_, {});
+  return saved;
+}
+
+void LayerNorm::restore_saved(SavedState saved) {
+  normalized_ = std::move(saved.tensors.at(0));
+  inverse_std_ = std::move(saved.reals);
 }
 
 std::string LayerNorm::describe() const {

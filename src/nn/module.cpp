@@ -1,3 +1,6 @@
+#include <algorithm>
+#include <set>
+
 #include <fmt/format.h>
 
 #include <meshtensor/core/digest.hpp>
@@ -102,6 +105,67 @@ std::vector<std::pair<std::string, Module*>> named_modules(Module& root) {
   std::vector<std::pair<std::string, Module*>> out;
   collect_modules(root, "", out);
   return out;
+}
+
+namespace {
+
+/// Calls `fn` on every holder of kept state under `root`, in one fixed order: each module, then
+/// its boundaries, then its tensor-parallel communication.
+template <class Fn>
+void for_each_state_holder(Module& root, Fn&& fn) {
+  for (const auto& [path, module] : named_modules(root)) {
+    (void)path;
+    fn(*module);
+    for (ModuleBoundary* boundary : module->boundaries())
+      fn(*boundary);
+    if (SplitCommunication* split = module->split_communication()) fn(*split);
+  }
+}
+
+}  // namespace
+
+ActivationStash ActivationStash::take(Module& root) {
+  ActivationStash stash;
+  for_each_state_holder(root, [&](auto& holder) { stash.states_.push_back(holder.take_saved()); });
+  return stash;
+}
+
+void ActivationStash::restore(Module& root) {
+  std::size_t next = 0;
+  for_each_state_holder(root, [&](auto& holder) {
+    if (next >= states_.size())
+      throw InvalidArgument("ActivationStash::restore: the stash came from another module tree");
+    holder.restore_saved(std::move(states_[next++]));
+  });
+  if (next != states_.size())
+    throw InvalidArgument("ActivationStash::restore: the stash came from another module tree");
+  states_.clear();
+}
+
+std::int64_t ActivationStash::bytes() const {
+  std::set<const std::byte*> seen;
+  std::int64_t total = 0;
+  for (const SavedState& state : states_) {
+    for (const Tensor& t : state.tensors) {
+      if (!t.defined()) continue;
+      if (t.is_contiguous() && t.numel() > 0 && !seen.insert(t.bytes().data()).second) continue;
+      total += static_cast<std::int64_t>(t.nbytes());
+    }
+    total += static_cast<std::int64_t>(8 * (state.reals.size() + state.integers.size()));
+  }
+  return total;
+}
+
+bool ActivationStash::empty() const {
+  return std::all_of(states_.begin(), states_.end(),
+                     [](const SavedState& state) { return state.empty(); });
+}
+
+std::int64_t kept_bytes(Module& root) {
+  ActivationStash stash = ActivationStash::take(root);
+  const std::int64_t bytes = stash.bytes();
+  stash.restore(root);
+  return bytes;
 }
 
 std::uint64_t parameters_digest(const std::vector<Parameter*>& parameters) {

@@ -1,4 +1,5 @@
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -33,6 +34,15 @@ class StyleCommunication : public nn::SplitCommunication {
 
   bool output_is_partial() const override { return partial_output_; }
   bool is_first() const override { return tp_.rank() == 0; }
+  nn::SavedState take_saved() override {
+    nn::SavedState saved;
+    saved.shapes = {std::exchange(input_shape_, Shape()), std::exchange(output_shape_, Shape())};
+    return saved;
+  }
+  void restore_saved(nn::SavedState saved) override {
+    input_shape_ = std::move(saved.shapes.at(0));
+    output_shape_ = std::move(saved.shapes.at(1));
+  }
 
   Tensor gather_input(const Tensor& input) override {
     input_shape_ = input.shape();
@@ -95,6 +105,12 @@ class LayoutBoundary : public nn::ModuleBoundary {
   Tensor input_grad(const Tensor& dx) override {
     return at_input_ ? backward(dx, "grad input") : dx;
   }
+  nn::SavedState take_saved() override {
+    nn::SavedState saved;
+    saved.shapes.push_back(std::exchange(global_, Shape()));
+    return saved;
+  }
+  void restore_saved(nn::SavedState saved) override { global_ = std::move(saved.shapes.at(0)); }
 
  private:
   Tensor forward(const Tensor& local, const std::string& what) {

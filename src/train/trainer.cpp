@@ -49,7 +49,13 @@ OptimizerKind parse_optimizer(const std::string& text) {
 }
 
 std::string NamedMesh::describe() const {
+  if (has_pp) return fmt::format("{}x{}x{}x{} (pp x dp x fsdp x tp)", pp, dp, fsdp, tp);
   return fmt::format("{}x{}x{} (dp x fsdp x tp)", dp, fsdp, tp);
+}
+
+std::int64_t virtual_stages(const TrainConfig& config) {
+  if (config.pipeline_schedule != pp::ScheduleKind::interleaved_1f1b) return 1;
+  return config.virtual_stages > 0 ? config.virtual_stages : 2;
 }
 
 NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
@@ -58,13 +64,17 @@ NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
   mesh.given = true;
   for (int d = 0; d < parsed.ndim(); ++d) {
     const std::string& name = parsed.names()[static_cast<std::size_t>(d)];
-    if (name != "dp" && name != "fsdp" && name != "tp") {
+    if (name != "pp" && name != "dp" && name != "fsdp" && name != "tp") {
       throw ParseError(fmt::format(
-          "--names: unknown mesh dim name '{}' (expected dp, fsdp and tp, each at most once)",
+          "--names: unknown mesh dim name '{}' (expected pp, dp, fsdp and tp, each at most once)",
           name));
     }
-    (name == "dp" ? mesh.dp : name == "fsdp" ? mesh.fsdp : mesh.tp) = parsed.size(d);
+    (name == "pp"     ? mesh.pp
+     : name == "dp"   ? mesh.dp
+     : name == "fsdp" ? mesh.fsdp
+                      : mesh.tp) = parsed.size(d);
     mesh.has_tp = mesh.has_tp || name == "tp";
+    mesh.has_pp = mesh.has_pp || name == "pp";
   }
   return mesh;
 }
@@ -128,6 +138,72 @@ Totals reduce_totals(comm::Communicator& world, kernels::BinnedSums& losses, std
   world.all_reduce(count, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
   return {loss_sum.values<double>()[0], static_cast<std::int64_t>(count.values<double>()[0])};
 }
+
+/// One step's micro-batches through this rank's pipeline chunks: the forwards keep their
+/// activations in a stash per (chunk, micro-batch) until the backward that needs them, and the
+/// memory account follows what is held.
+class PipelineStep : public pp::StageWork {
+ public:
+  PipelineStep(TrainingModel& model, const std::vector<Batch>& batches, kernels::BinnedSums& losses,
+               std::int64_t& correct)
+      : model_(model), batches_(batches), losses_(losses), correct_(correct) {}
+
+  Tensor first_input(std::int64_t micro_batch) override { return batch(micro_batch).input; }
+  Shape boundary_shape(std::int64_t micro_batch) override {
+    const Shape& tokens = batch(micro_batch).input.shape();
+    return model_.boundary_shape(tokens[0], tokens[1]);
+  }
+  Tensor forward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& input) override {
+    pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
+    Tensor output = model_.forward_chunk(static_cast<std::size_t>(chunk), input,
+                                         batch(micro_batch).input.shape()[1]);
+    Held& held = held_[{chunk, micro_batch}];
+    held.stash = nn::ActivationStash::take(stage);
+    held.bytes = held.stash.bytes();
+    held_bytes_ += held.bytes;
+    model_.note_activations(held_bytes_);
+    return output;
+  }
+  Tensor loss_gradient(std::int64_t micro_batch, const Tensor& output) override {
+    const Batch& b = batch(micro_batch);
+    const nn::CrossEntropyResult loss = model_.row_losses(output, b.targets, losses_);
+    correct_ += loss.correct;
+    return loss.grad_logits;
+  }
+  Tensor backward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& grad_output,
+                  bool last) override {
+    pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
+    Held held = std::move(held_.at({chunk, micro_batch}));
+    held_.erase({chunk, micro_batch});
+    held.stash.restore(stage);
+    (void)last;  // the step ends after the pipeline sent every gradient (end_step)
+    model_.prepare_chunk_backward(static_cast<std::size_t>(chunk), micro_batch,
+                                  static_cast<std::int64_t>(batches_.size()));
+    Tensor grad_input = model_.backward_chunk(static_cast<std::size_t>(chunk), grad_output,
+                                              batch(micro_batch).input.shape()[1]);
+    const std::int64_t recomputed = stage.take_backward_peak();
+    model_.note_activations(held_bytes_ - held.bytes + std::max(held.bytes, recomputed));
+    held_bytes_ -= held.bytes;
+    model_.note_activations(held_bytes_);
+    return grad_input;
+  }
+
+ private:
+  struct Held {
+    nn::ActivationStash stash;
+    std::int64_t bytes = 0;
+  };
+  const Batch& batch(std::int64_t micro_batch) const {
+    return batches_.at(static_cast<std::size_t>(micro_batch));
+  }
+
+  TrainingModel& model_;
+  const std::vector<Batch>& batches_;
+  kernels::BinnedSums& losses_;
+  std::int64_t& correct_;
+  std::map<std::pair<std::int64_t, std::int64_t>, Held> held_;
+  std::int64_t held_bytes_ = 0;
+};
 
 /// One train() call on one rank: the model, its runtime and optimizer, and the position in the
 /// run. Each part of a run is one method.
@@ -202,8 +278,16 @@ void TrainingRun::build_model() {
   model_ = std::make_unique<TrainingModel>(world_, task_, config_, config_.seed);
   sharded_ = &model_->sharded();
   tp_ = model_->tp();
-  result_.parameters = nn::parameter_count(model_->module().parameters());
+  result_.parameters = model_->parameter_count();
   result_.mesh = model_->layout().description;
+  if (const pp::Pipeline* pipeline = model_->pipeline()) {
+    TrainResult::PipelineFigures& figures = result_.pipeline;
+    figures.stages = pipeline->stages();
+    figures.schedule = pp::schedule_name(pipeline->config().kind);
+    figures.micro_batches = pipeline->config().micro_batches;
+    figures.theoretical_bubble = pp::theoretical_bubble(pipeline->config());
+    figures.stage_units = model_->stage_units();
+  }
   result_.parallel_plan = model_->parallel_plan();
   if (config_.trace) {
     // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
@@ -271,7 +355,7 @@ void TrainingRun::verify_generator() {
       scored_rows.push_back(first + i);
     }
   }
-  const Tensor logits = sharded_->forward(tokens);
+  const Tensor logits = model_->forward_logits(tokens);
   const nn::CrossEntropyResult scored = tp::parallel_cross_entropy(
       logits.reshape(Shape{count * length, logits.shape()[2]}), labels, model_->loss().tp,
       model_->loss().classes, model_->loss().exact_sums);
@@ -382,9 +466,14 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
                                   std::int64_t& correct) {
   model_->prepare_micro_batch(k, config_.micro_batches, config_.micro_batch_mode);
   const Tensor logits = sharded_->forward(batch.input);
+  const std::int64_t kept = nn::kept_bytes(model_->local_module());
+  model_->note_activations(kept);
   const nn::CrossEntropyResult loss = model_->row_losses(logits, batch.targets, losses);
   correct += loss.correct;
   sharded_->backward(loss.grad_logits);
+  if (auto* stage = dynamic_cast<pp::StageModule*>(&model_->local_module()))
+    model_->note_activations(std::max(kept, stage->take_backward_peak()));
+  model_->note_activations(0);
 }
 
 Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
@@ -397,11 +486,19 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   kernels::BinnedSums losses(1);
   std::int64_t correct = 0;
   // Every rank runs every micro-batch, empty or not: the collectives are the same on all.
+  std::vector<Batch> batches;
   for (std::int64_t k = 0; k < config_.micro_batches; ++k) {
     const Chunk micro = chunk_extent(slice.size, config_.micro_batches, k);
-    const Batch batch =
-        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size);
-    run_micro_batch(batch, k, losses, correct);
+    batches.push_back(
+        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size));
+  }
+  if (pp::Pipeline* pipeline = model_->pipeline()) {
+    PipelineStep work(*model_, batches, losses, correct);
+    result_.pipeline.step_bubbles.push_back(pipeline->run_step(work).bubble());
+    sharded_->end_step();
+  } else {
+    for (std::int64_t k = 0; k < config_.micro_batches; ++k)
+      run_micro_batch(batches[static_cast<std::size_t>(k)], k, losses, correct);
   }
   const Totals totals = reduce_totals(world_, losses, correct);
   if (config_.clip_grad_norm > 0.0)
@@ -423,7 +520,8 @@ Totals TrainingRun::evaluate() {
   for (std::int64_t first = 0; first < largest; first += rows_per_forward) {
     const std::int64_t rows = std::clamp<std::int64_t>(slice.size - first, 0, rows_per_forward);
     const Batch batch = task_.eval_batch(slice.offset + std::min(first, slice.size), rows);
-    correct += model_->row_losses(sharded_->forward(batch.input), batch.targets, losses).correct;
+    correct +=
+        model_->row_losses(model_->forward_logits(batch.input), batch.targets, losses).correct;
   }
   sharded_->reshard();
   return reduce_totals(world_, losses, correct);
@@ -475,7 +573,7 @@ void TrainingRun::finish() {
   if (config_.sample) {
     result_.sample = task_.sample(
         [this](const Tensor& tokens) {
-          const Tensor logits = sharded_->forward(tokens);
+          const Tensor logits = model_->forward_logits(tokens);
           return model_->whole_logits(logits);
         },
         config_.seed);
@@ -483,6 +581,17 @@ void TrainingRun::finish() {
   }
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
+  result_.activation_peak_bytes = result_.memory_peak_by_kind.of(fsdp::MemoryKind::activations);
+  {
+    Tensor mine = Tensor::full(Shape{1}, DType::i64, 0.0);
+    mine.values<std::int64_t>()[0] = result_.activation_peak_bytes;
+    Tensor all(Shape{ranks_}, DType::i64);
+    comm::CollectiveOptions options;
+    options.label = "activation peaks";
+    world_.all_gather(mine, all, {}, options);
+    result_.activation_peaks.assign(all.values<std::int64_t>().begin(),
+                                    all.values<std::int64_t>().end());
+  }
   result_.digest = model_->full_digest();
   result_.evaluated = task_.eval_samples() > 0;
   if (!result_.evaluated) {
@@ -496,7 +605,7 @@ void TrainingRun::finish() {
   if (config_.verify_generator && result_.evaluated) verify_generator();
   if (result_.evaluated) {
     const Batch batch = task_.eval_batch(0, std::min<std::int64_t>(4, task_.eval_samples()));
-    const Tensor logits = sharded_->forward(batch.input);
+    const Tensor logits = model_->forward_logits(batch.input);
     result_.logits_digest = model_->whole_logits(logits).digest();
     sharded_->reshard();
   }
@@ -584,6 +693,49 @@ TrainResult TrainingRun::run() {
 
 }  // namespace
 
+namespace {
+
+/// The pipeline and activation-checkpointing parts of validate_config.
+void validate_pipeline(const TrainConfig& config, const Task& task) {
+  const auto* language = dynamic_cast<const LanguageModelling*>(&task);
+  const bool pipeline = config.mesh.given && config.mesh.pp > 1;
+  if (language == nullptr &&
+      (pipeline || config.activation_checkpointing != pp::Checkpointing::none)) {
+    throw InvalidArgument(fmt::format("{} splits a GPT's blocks; this run trains '{}'",
+                                      pipeline ? "a pp mesh dim" : "activation checkpointing",
+                                      task.architecture()));
+  }
+  if (!pipeline) {
+    if (config.virtual_stages > 1) {
+      throw InvalidArgument(
+          fmt::format("{} virtual stages need a pipeline: name a pp mesh dim of size 2 or more",
+                      config.virtual_stages));
+    }
+    return;
+  }
+  const pp::ScheduleConfig schedule{
+      config.pipeline_schedule, config.mesh.pp,
+      config.virtual_stages > 0 ? config.virtual_stages : virtual_stages(config),
+      config.micro_batches};
+  pp::check_schedule(schedule);
+  if (config.pipeline_schedule != pp::ScheduleKind::gpipe &&
+      config.micro_batches < config.mesh.pp) {
+    throw InvalidArgument(fmt::format(
+        "{} keeps every pipeline rank busy with one micro-batch each: {} micro-batches is fewer "
+        "than the {} pp ranks (give --micro-batches {} or more, or the gpipe schedule)",
+        pp::schedule_name(config.pipeline_schedule), config.micro_batches, config.mesh.pp,
+        config.mesh.pp));
+  }
+  pp::split_blocks(language->model().layers, schedule.stages());
+  if (config.micro_batch_mode != MicroBatchMode::no_sync) {
+    throw InvalidArgument(
+        "a pipeline reduces each stage's gradients once, after its last micro-batch: the "
+        "reduce-scatter micro-batch mode does not apply (leave --micro-batch-mode no-sync)");
+  }
+}
+
+}  // namespace
+
 void validate_config(const TrainConfig& config, const Task& task) {
   const auto positive = [](std::int64_t value, const char* what) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
@@ -652,6 +804,7 @@ void validate_config(const TrainConfig& config, const Task& task) {
         "none: name a tp dim (e.g. --mesh 2x2 --names fsdp,tp) or leave it off",
         config.mesh.given ? config.mesh.describe() : std::string("of this run")));
   }
+  validate_pipeline(config, task);
   if (!config.save_dir.empty()) checkpoint::check_save_root(config.save_dir);
 }
 
@@ -702,7 +855,8 @@ std::string run_description(const TrainConfig& c, const Task& task) {
       "model {}, {} samples; epochs {} steps {} batch {} micro {} optimizer {} lr {} warmup {} "
       "schedule {} wd {} momentum {} mode {} seed {} strategy {} mesh {} (given {}, tp dim {}) "
       "sp {} clip {} replicas {} reshard {} prefetch {} param {} reduce {} micro_mode {} save "
-      "'{}' every {} keep {} resume '{}' stop {},{} eval {} sample {} verify {} trace {}",
+      "'{}' every {} keep {} resume '{}' stop {},{} eval {} sample {} verify {} trace {} "
+      "pipeline {} virtual {} checkpointing {}",
       task.architecture(), task.samples(), c.epochs, c.steps, c.batch, c.micro_batches,
       static_cast<int>(c.optimizer), c.schedule.base, c.schedule.warmup_steps,
       static_cast<int>(c.schedule.kind), c.weight_decay, c.momentum,
@@ -711,7 +865,8 @@ std::string run_description(const TrainConfig& c, const Task& task) {
       c.reshard_after_forward, c.prefetch, dtype_name(c.param_dtype), dtype_name(c.reduce_dtype),
       static_cast<int>(c.micro_batch_mode), c.save_dir, c.save_every, c.keep_checkpoints,
       c.resume_dir, c.stop_after, c.stop_after_epochs, c.eval_every, c.sample, c.verify_generator,
-      c.trace);
+      c.trace, pp::schedule_name(c.pipeline_schedule), c.virtual_stages,
+      pp::checkpointing_name(c.activation_checkpointing));
 }
 
 }  // namespace

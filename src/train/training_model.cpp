@@ -2,12 +2,16 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
+#include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/tp/ops.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/training_model.hpp>
@@ -23,6 +27,13 @@ TrainingLayout training_layout(const TrainConfig& config, std::int64_t ranks) {
     if (config.mesh.ranks() != ranks) {
       throw InvalidArgument(fmt::format("the mesh {} has {} ranks, but the run has {}",
                                         config.mesh.describe(), config.mesh.ranks(), ranks));
+    }
+    if (config.mesh.has_pp) {
+      shard.replicate_mesh_dims = {1};
+      shard.shard_mesh_dims = {2};
+      return {DeviceMesh({config.mesh.pp, config.mesh.dp, config.mesh.fsdp, config.mesh.tp},
+                         {"pp", "dp", "fsdp", "tp"}),
+              shard, config.mesh.describe(), 3, 0};
     }
     shard.replicate_mesh_dims = {0};
     shard.shard_mesh_dims = {1};
@@ -62,8 +73,9 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
   data_rank_ = world.rank();
   if (config.mesh.given) {
     const std::vector<std::int64_t> at = layout_.mesh.coordinates(world.rank());
+    const std::size_t dp_dim = config.mesh.has_pp ? 1 : 0;
     data_ranks_ = config.mesh.data_ranks();
-    data_rank_ = at[0] * config.mesh.fsdp + at[1];
+    data_rank_ = at[dp_dim] * config.mesh.fsdp + at[dp_dim + 1];
   }
   model_ = task.make_model(seed);
   // MeshGroups shares the world communicator; the caller owns it.
@@ -74,14 +86,23 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
                                                config.mode, config.sequence_parallel);
   }
   plan_ = task.prepare_model(*model_, tp_.get(), config.mode);
+  parameter_count_ = nn::parameter_count(model_->parameters());
+  for (const nn::Parameter* p : model_->parameters())
+    whole_shapes_.push_back(p->global_shape());
+  build_stages(config);
   const bool split = tp_ != nullptr && tp_->size() > 1;
   loss_ = {split ? tp_.get() : nullptr, task.classes(), exact_ && task.exact_loss_sums(),
-           !split || tp_->rank() == 0};
+           (!split || tp_->rank() == 0) && (pipeline_ == nullptr || pipeline_->has_last_stage())};
   fsdp::RuntimeOptions runtime;
   runtime.mode = config.mode;
   runtime.prefetch = config.prefetch;
-  sharded_ = std::make_unique<fsdp::ShardedModel>(*model_, *groups_, runtime);
+  if (layout_.pp_dim >= 0) {
+    for (int d = 0; d < layout_.mesh.ndim(); ++d)
+      if (d != layout_.pp_dim) runtime.same_model_dims.push_back(d);
+  }
+  sharded_ = std::make_unique<fsdp::ShardedModel>(*root_, *groups_, runtime);
   shard_groups();
+  release_other_stages();
   if (!with_optimizer) return;
   if (config.optimizer == OptimizerKind::adamw) {
     optimizer_ = std::make_unique<nn::AdamW>(sharded_->optimizer_slots(), config.weight_decay);
@@ -93,14 +114,143 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
   sharded_->memory().add(fsdp::MemoryKind::optimizer_state, optimizer_bytes_);
 }
 
+/// The pipeline stage `stage` of a GPT split into `split`'s blocks: its units by name.
+namespace {
+
+std::vector<std::pair<std::string, nn::Module*>> units_of_stage(
+    nn::Gpt& gpt, const std::vector<std::pair<std::int64_t, std::int64_t>>& split,
+    std::size_t stage) {
+  const auto children = gpt.children();  // embed, blocks.0, ..., head
+  std::vector<std::pair<std::string, nn::Module*>> units;
+  if (stage == 0) units.push_back(children.front());
+  for (std::int64_t b = split[stage].first; b < split[stage].second; ++b)
+    units.push_back(children[static_cast<std::size_t>(b) + 1]);
+  if (stage + 1 == split.size()) units.push_back(children.back());
+  return units;
+}
+
+std::string describe_units(const std::vector<std::pair<std::string, nn::Module*>>& units) {
+  std::vector<std::string> names;
+  for (const auto& unit : units)
+    names.push_back(unit.first);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+}  // namespace
+
+/// A GPT's chunks: every rank runs the stages s with s % pp == its pp coordinate (one stage
+/// without a pipeline: the whole model), each block checkpointed as the config says. Other
+/// models run whole.
+void TrainingModel::build_stages(const TrainConfig& config) {
+  auto* gpt = dynamic_cast<nn::Gpt*>(model_.get());
+  if (gpt == nullptr) {
+    root_ = model_.get();
+    return;
+  }
+  const std::int64_t ranks = layout_.pp_dim >= 0 ? layout_.mesh.size(layout_.pp_dim) : 1;
+  const std::int64_t pp_rank =
+      layout_.pp_dim >= 0
+          ? layout_.mesh.coordinates(world_.rank())[static_cast<std::size_t>(layout_.pp_dim)]
+          : 0;
+  const pp::ScheduleConfig schedule{config.pipeline_schedule, ranks, virtual_stages(config),
+                                    config.micro_batches};
+  const auto split = pp::split_blocks(gpt->config().layers, schedule.stages());
+  for (std::size_t s = 0; s < split.size(); ++s) {
+    const auto units = units_of_stage(*gpt, split, s);
+    stage_units_.push_back(describe_units(units));
+    if (static_cast<std::int64_t>(s) % ranks != pp_rank) continue;
+    std::vector<bool> checkpointed;
+    for (const auto& [name, unit] : units) {
+      const bool block = name.starts_with("blocks.");
+      const std::int64_t index = block ? std::stoll(name.substr(7)) : 0;
+      checkpointed.push_back(
+          block &&
+          (config.activation_checkpointing == pp::Checkpointing::full ||
+           (config.activation_checkpointing == pp::Checkpointing::selective && index % 2 == 0)));
+    }
+    chunks_.push_back(std::make_unique<pp::StageModule>(units, s > 0));
+    chunks_.back()->set_checkpointed(std::move(checkpointed));
+  }
+  if (chunks_.size() == 1) {
+    root_ = chunks_.front().get();
+  } else {
+    std::vector<pp::StageModule*> chunks;
+    for (auto& chunk : chunks_)
+      chunks.push_back(chunk.get());
+    stage_root_ = std::make_unique<pp::StageChunks>(std::move(chunks));
+    root_ = stage_root_.get();
+  }
+  if (ranks > 1) {
+    pp_group_ = groups_->group(std::vector<int>{layout_.pp_dim});
+    pipeline_ = std::make_unique<pp::Pipeline>(*pp_group_, schedule);
+  }
+}
+
+/// With a pipeline: the parameters of the other ranks' stages hold nothing (their whole shapes
+/// stay in whole_shapes_).
+void TrainingModel::release_other_stages() {
+  std::set<const nn::Parameter*> local;
+  for (const nn::Parameter* p : root_->parameters())
+    local.insert(p);
+  for (nn::Parameter* p : model_->parameters()) {
+    if (local.contains(p)) continue;
+    p->value = Tensor();
+    p->grad = Tensor();
+  }
+  for (auto& chunk : chunks_) {
+    std::set<const nn::Module*> inside;
+    for (const auto& [path, module] : nn::named_modules(*chunk))
+      inside.insert(module);
+    std::vector<fsdp::ShardedModule*> groups;
+    for (const auto& group : sharded_->modules())
+      if (inside.contains(&group->module())) groups.push_back(group.get());
+    chunk_groups_.push_back(std::move(groups));
+  }
+}
+
+Shape TrainingModel::boundary_shape(std::int64_t rows, std::int64_t sequence) const {
+  const auto& gpt = dynamic_cast<const nn::Gpt&>(*model_);
+  if (tp_ != nullptr && tp_->sequence_parallel() && tp_->size() > 1)
+    sequence = chunk_extent(sequence, tp_->size(), tp_->rank()).size;
+  return Shape{rows, sequence, gpt.config().dim};
+}
+
+void TrainingModel::prepare_chunk_backward(std::size_t chunk, std::int64_t k, std::int64_t count) {
+  // The chunk's groups reduce (and exact sums round) after its last micro-batch; the step ends
+  // once the pipeline has sent every gradient (ShardedModel::end_step).
+  sharded_->set_end_step_in_backward(false);
+  sharded_->set_is_last_backward(k + 1 == count);
+  for (fsdp::ShardedModule* group : chunk_groups_.at(chunk)) {
+    group->set_requires_gradient_sync(k + 1 == count);
+    group->set_requires_all_reduce(true);
+  }
+}
+
+Tensor TrainingModel::forward_chunk(std::size_t chunk, const Tensor& input, std::int64_t sequence) {
+  if (tp_ != nullptr) tp_->set_sequence_length(sequence);
+  return sharded_->forward(*chunks_.at(chunk), input);
+}
+
+Tensor TrainingModel::backward_chunk(std::size_t chunk, const Tensor& grad_output,
+                                     std::int64_t sequence) {
+  if (tp_ != nullptr) tp_->set_sequence_length(sequence);
+  return sharded_->backward(*chunks_.at(chunk), grad_output, true);
+}
+
+void TrainingModel::note_activations(std::int64_t bytes) {
+  sharded_->memory().add(fsdp::MemoryKind::activations, bytes - activation_bytes_);
+  activation_bytes_ = bytes;
+}
+
 /// The parameter groups: one per unit of the task; with sequence parallelism each norm first
 /// gets a group of its own whose gradients reduce over the tp dim as well (each tp rank saw
 /// other positions of the same samples).
 void TrainingModel::shard_groups() {
   if (tp_ != nullptr && tp_->size() > 1) {
     fsdp::FsdpConfig over_tp = layout_.fsdp;
-    over_tp.replicate_mesh_dims = {0, layout_.tp_dim};
-    for (const auto& [path, module] : nn::named_modules(*model_)) {
+    over_tp.replicate_mesh_dims = layout_.fsdp.replicate_mesh_dims;  // the dp dim
+    over_tp.replicate_mesh_dims.push_back(layout_.tp_dim);
+    for (const auto& [path, module] : nn::named_modules(*root_)) {
       const std::vector<nn::Parameter*> own = module->parameters();
       const bool partial = !own.empty() && module->children().empty() &&
                            std::all_of(own.begin(), own.end(), [](const nn::Parameter* p) {
@@ -109,8 +259,11 @@ void TrainingModel::shard_groups() {
       if (partial) sharded_->fully_shard(*module, over_tp, path);
     }
   }
+  std::set<const nn::Module*> local;
+  for (const auto& [path, module] : nn::named_modules(*root_))
+    local.insert(module);
   for (nn::Module* unit : task_.units(*model_))
-    sharded_->fully_shard(*unit, layout_.fsdp);
+    if (local.contains(unit)) sharded_->fully_shard(*unit, layout_.fsdp);
 }
 
 void TrainingModel::prepare_micro_batch(std::int64_t k, std::int64_t count, MicroBatchMode mode) {
@@ -196,9 +349,40 @@ double TrainingModel::clip_gradients(double clip) {
 }
 
 std::vector<Tensor> TrainingModel::whole_parameters() {
+  std::vector<Tensor> values = stage_parameters();
+  if (pipeline_ == nullptr) return values;
+  // Every stage's parameters to every rank of the pipeline, from the rank that runs it.
+  std::map<const nn::Parameter*, Tensor> mine;
+  const std::vector<nn::Parameter*> local = root_->parameters();
+  for (std::size_t i = 0; i < local.size(); ++i)
+    mine[local[i]] = values[i];
+  const std::vector<nn::Parameter*> all = model_->parameters();
+  std::vector<int> owner(all.size(), 0);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    owner[i] = mine.contains(all[i]) ? pp_group_->rank() : 0;
+  Tensor owners(Shape{static_cast<std::int64_t>(all.size())}, DType::i64);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    owners.values<std::int64_t>()[i] = owner[i];
+  comm::CollectiveOptions options;
+  options.op = ReduceOp::max;
+  options.label = "parameter owners";
+  pp_group_->all_reduce(owners, options);
+  std::vector<Tensor> whole;
+  options.label = "whole parameters";
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const auto root = static_cast<int>(owners.values<std::int64_t>()[i]);
+    Tensor value = root == pp_group_->rank() ? mine.at(all[i]).contiguous()
+                                             : Tensor(whole_shapes_[i], DType::f32);
+    pp_group_->broadcast(value, root, options);
+    whole.push_back(std::move(value));
+  }
+  return whole;
+}
+
+std::vector<Tensor> TrainingModel::stage_parameters() {
   std::vector<Tensor> values = sharded_->full_parameters();
   if (loss_.tp == nullptr) return values;
-  const std::vector<nn::Parameter*> parameters = model_->parameters();
+  const std::vector<nn::Parameter*> parameters = root_->parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const nn::Parameter& p = *parameters[i];
     const Shape whole = p.global_shape();
@@ -213,7 +397,7 @@ std::vector<Tensor> TrainingModel::whole_parameters() {
 }
 
 std::uint64_t TrainingModel::full_digest() {
-  if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
+  if (loss_.tp == nullptr && pipeline_ == nullptr) return sharded_->full_parameters_digest();
   const std::vector<Tensor> values = whole_parameters();
   const std::vector<nn::Parameter*> parameters = model_->parameters();
   Digest64 digest;
@@ -228,7 +412,34 @@ std::vector<checkpoint::SaveItem> TrainingModel::state(const std::string& prefix
   return model_state(*sharded_, optimizer_.get(), world_.rank() == 0, prefix);
 }
 
+Tensor TrainingModel::forward_logits(const Tensor& tokens) {
+  if (pipeline_ == nullptr) return sharded_->forward(tokens);
+  struct Forward : pp::StageWork {
+    TrainingModel& model;
+    const Tensor& tokens;
+    Forward(TrainingModel& m, const Tensor& t) : model(m), tokens(t) {}
+    Tensor first_input(std::int64_t) override { return tokens; }
+    Shape boundary_shape(std::int64_t) override {
+      return model.boundary_shape(tokens.shape()[0], tokens.shape()[1]);
+    }
+    Tensor forward(std::int64_t chunk, std::int64_t, const Tensor& input) override {
+      return model.forward_chunk(static_cast<std::size_t>(chunk), input, tokens.shape()[1]);
+    }
+    Tensor loss_gradient(std::int64_t, const Tensor&) override { return {}; }
+    Tensor backward(std::int64_t, std::int64_t, const Tensor&, bool) override { return {}; }
+  } work(*this, tokens);
+  Tensor logits = pipeline_->forward_only(work);
+  nn::ActivationStash::take(*root_);  // nothing runs backward after an evaluation
+  return logits;
+}
+
 std::vector<TrainingModel::PlacedParameter> TrainingModel::placed_parameters() {
+  if (pipeline_ != nullptr) {
+    throw InvalidArgument(fmt::format(
+        "the layout {} has pipeline stages: a weight sync needs every parameter on every "
+        "pipeline rank (train without a pp mesh dim)",
+        layout_.description));
+  }
   std::map<const nn::Parameter*, std::pair<fsdp::ShardedModule*, std::size_t>> owner;
   for (const auto& module : sharded_->modules())
     for (std::size_t p = 0; p < module->parameters().size(); ++p)

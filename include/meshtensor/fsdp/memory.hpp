@@ -13,10 +13,11 @@ enum class MemoryKind : std::uint8_t {
   gradients,        ///< gradient shards and the f32 / exact accumulators of micro-batches
   optimizer_state,  ///< momentum buffers, moments
   unsharded,        ///< gathered parameters, unsharded gradient sums, collective buffers
+  activations,      ///< what forwards keep for their backwards (micro-batches in flight)
 };
-inline constexpr std::size_t kMemoryKinds = 4;
+inline constexpr std::size_t kMemoryKinds = 5;
 
-/// "parameters", "gradients", "optimizer_state" or "unsharded".
+/// "parameters", "gradients", "optimizer_state", "unsharded" or "activations".
 std::string memory_kind_name(MemoryKind kind);
 
 /// Bytes per kind now, and the largest total seen with its split. Every buffer the runtime

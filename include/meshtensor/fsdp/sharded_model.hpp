@@ -48,6 +48,9 @@ struct RuntimeOptions {
   /// Compare the issue order across ranks after every step instead of after the first only.
   /// Defaults to MESHTENSOR_CHECK_COLLECTIVES=1 (check mode).
   bool check_every_step = false;
+  /// Mesh dims over which every rank runs the same modules, so their issue orders must match
+  /// (empty: every dim). A pipeline leaves its pp dim out: its stages run different modules.
+  std::vector<int> same_model_dims;
 };
 
 class ShardedModel;
@@ -203,6 +206,19 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   /// reduction finished and the gradient shards are complete.
   Tensor backward(const Tensor& grad_output, bool need_input_grad = false);
 
+  /// Forward through `part`, a module under the root (one pipeline chunk), as forward() does
+  /// through the root.
+  Tensor forward(nn::Module& part, const Tensor& input);
+  /// Backward through `part` (see forward(part, ...)), as backward() does through the root.
+  Tensor backward(nn::Module& part, const Tensor& grad_output, bool need_input_grad);
+  /// Ends the step as a backward with set_is_last_backward(true) does: checks the issue order,
+  /// waits for every reduction. For a caller (a pipeline) that must send a backward's input
+  /// gradient before the step ends.
+  void end_step() { finish_step(); }
+  /// false: a backward with set_is_last_backward(true) rounds and reduces as the step's last but
+  /// leaves the rest of the step's end to end_step() (a pipeline, whose chunks end at different
+  /// times). Default true.
+  void set_end_step_in_backward(bool value) { end_step_in_backward_ = value; }
   /// Whether the next backward ends the step (waits for the reductions; exact mode rounds).
   void set_is_last_backward(bool value) { is_last_backward_ = value; }
   /// Sets the flag on every group.
@@ -279,6 +295,7 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   bool recording_forward_ = false;
   bool in_backward_ = false;
   bool is_last_backward_ = true;
+  bool end_step_in_backward_ = true;
   std::vector<std::uint64_t> order_events_;  // this step's issue order
   std::uint64_t order_hash_ = 0;
   bool order_checked_ = false;

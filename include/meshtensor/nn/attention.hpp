@@ -29,6 +29,8 @@ class CausalSelfAttention : public Module {
   /// Number of heads (of the whole layer; a rank holding part of qkv computes its heads only).
   std::int64_t heads() const { return heads_; }
   std::vector<std::pair<std::string, Module*>> children() override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
   /// Exact-mode sums over whole heads (Linear::set_exact_blocks): the output projection's sums
   /// over the heads' outputs and qkv's input-gradient sums over the heads' columns.
   void set_exact_blocks(bool on);

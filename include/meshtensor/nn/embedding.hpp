@@ -20,6 +20,8 @@ class Embedding : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override { return {&weight_}; }
   std::string describe() const override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
   /// The table ([count, dim]).
   Parameter& weight() { return weight_; }
   /// The table ([count, dim]).
@@ -50,6 +52,7 @@ class TokenPositionEmbedding : public Module {
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   std::vector<std::pair<std::string, Module*>> children() override;
+  SplitCommunication* split_communication() const override { return split_; }
   /// The token table.
   Embedding& token() { return token_; }
   /// Installs the communication of a parallel style (null: none): the output is the sum of the

@@ -44,6 +44,9 @@ class Linear : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string describe() const override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
+  SplitCommunication* split_communication() const override { return split_; }
   /// The weight parameter ([in, out]).
   Parameter& weight() { return weight_; }
   /// The weight parameter ([in, out]).
@@ -90,6 +93,8 @@ class ReLU : public Module {
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::string describe() const override { return "ReLU"; }
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
 
  private:
   Tensor input_;
@@ -101,6 +106,8 @@ class GELU : public Module {
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::string describe() const override { return "GELU"; }
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
 
  private:
   Tensor input_;
@@ -122,6 +129,8 @@ class LayerNorm : public Module {
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string describe() const override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
 
  private:
   Parameter weight_;

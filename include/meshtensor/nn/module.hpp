@@ -68,6 +68,20 @@ class GradientSink {
 
 class Module;
 
+/// What a module's forward keeps for its backward (inputs, normalised values, shapes), moved out
+/// of it: a pipeline stage keeps one per micro-batch in flight, activation checkpointing drops it
+/// and runs the forward again. The owner alone knows what each entry means.
+struct SavedState {
+  std::vector<Tensor> tensors;
+  std::vector<Shape> shapes;
+  std::vector<double> reals;
+  std::vector<std::int64_t> integers;
+  /// True when nothing was kept.
+  bool empty() const {
+    return tensors.empty() && shapes.empty() && reals.empty() && integers.empty();
+  }
+};
+
 /// A module's partial result: sums over a dimension that is split over ranks (or over blocks of
 /// it), not yet complete. `values` holds f32 partial sums (ordered and native modes); in exact
 /// mode `exact` points at binned sums of `shape`'s elements instead.
@@ -98,6 +112,10 @@ class SplitCommunication {
   virtual Tensor gather_output_grad(const Tensor& grad) = 0;
   /// Backward of gather_input: the input gradient from the module's partial or local result.
   virtual Tensor complete_input_grad(const PartialSums& partial) = 0;
+  /// Moves out what forward kept for backward (shapes); restore_saved puts it back.
+  virtual SavedState take_saved() { return {}; }
+  /// Puts back what take_saved moved out.
+  virtual void restore_saved(SavedState saved) { (void)saved; }
 };
 
 /// The whole result of `partial` on one rank: its values, or its binned sums rounded once.
@@ -133,6 +151,10 @@ class ModuleBoundary {
   virtual Tensor output_grad(const Tensor& dy) = 0;
   /// The input gradient the caller sees, from the module's.
   virtual Tensor input_grad(const Tensor& dx) = 0;
+  /// Moves out what input() / output() kept for the gradients; restore_saved puts it back.
+  virtual SavedState take_saved() { return {}; }
+  /// Puts back what take_saved moved out.
+  virtual void restore_saved(SavedState saved) { (void)saved; }
 };
 
 /// A layer with explicit forward and backward. forward keeps what backward needs (its input,
@@ -164,6 +186,13 @@ class Module {
   void add_boundary(ModuleBoundary* boundary) { boundaries_.push_back(boundary); }
   /// The installed boundaries.
   const std::vector<ModuleBoundary*>& boundaries() const { return boundaries_; }
+  /// Moves out what this module's own forward kept for its backward (not its children's), so
+  /// that another forward can run before this one's backward; restore_saved puts it back.
+  virtual SavedState take_saved() { return {}; }
+  /// Puts back what take_saved moved out (the next backward uses it).
+  virtual void restore_saved(SavedState saved) { (void)saved; }
+  /// The tensor-parallel communication installed on this module (null: none).
+  virtual SplitCommunication* split_communication() const { return nullptr; }
 
  private:
   ModuleHooks* hooks_ = nullptr;
@@ -198,6 +227,28 @@ class Sequential : public Module {
  private:
   std::vector<std::unique_ptr<Module>> modules_;
 };
+
+/// Everything the forwards under a module kept for their backwards (every module's own state,
+/// its boundaries' and its tensor-parallel communication's), moved out of the modules: what a
+/// pipeline stage holds for each micro-batch in flight.
+class ActivationStash {
+ public:
+  /// Moves the kept state of `root` and every module under it into a stash; the modules are left
+  /// as before any forward.
+  static ActivationStash take(Module& root);
+  /// Puts the state back into the modules it came from (the same tree); the stash is empty after.
+  void restore(Module& root);
+  /// Bytes of the tensors held (each storage counted once).
+  std::int64_t bytes() const;
+  /// True when nothing is held.
+  bool empty() const;
+
+ private:
+  std::vector<SavedState> states_;
+};
+
+/// Bytes of the tensors the forwards under `root` kept for their backwards (each storage once).
+std::int64_t kept_bytes(Module& root);
 
 /// Prepends "<prefix>." to the names of `module`'s parameters (a container naming its children).
 void prefix_parameter_names(Module& module, const std::string& prefix);

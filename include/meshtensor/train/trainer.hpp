@@ -9,6 +9,8 @@
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/nn/optim.hpp>
+#include <meshtensor/pp/schedule.hpp>
+#include <meshtensor/pp/stage.hpp>
 #include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
@@ -19,24 +21,27 @@ enum class OptimizerKind : std::uint8_t { adamw, sgd };
 /// "adamw" or "sgd"; ParseError naming the text otherwise.
 OptimizerKind parse_optimizer(const std::string& text);
 
-/// A device mesh of named dims: `dp` (replicate), `fsdp` (shard the parameters) and `tp` (tensor
-/// parallelism), in that order whatever order the names came in; dims not named have size 1.
+/// A device mesh of named dims: `pp` (pipeline stages), `dp` (replicate), `fsdp` (shard the
+/// parameters) and `tp` (tensor parallelism), in that order whatever order the names came in;
+/// dims not named have size 1.
 struct NamedMesh {
+  std::int64_t pp = 1;
   std::int64_t dp = 1;
   std::int64_t fsdp = 1;
   std::int64_t tp = 1;
   bool given = false;   ///< false: the strategy decides the mesh
   bool has_tp = false;  ///< a dim named tp was given (of any size)
-  /// dp * fsdp * tp.
-  std::int64_t ranks() const { return dp * fsdp * tp; }
+  bool has_pp = false;  ///< a dim named pp was given (of any size)
+  /// pp * dp * fsdp * tp.
+  std::int64_t ranks() const { return pp * dp * fsdp * tp; }
   /// Ranks that see different data (dp * fsdp).
   std::int64_t data_ranks() const { return dp * fsdp; }
-  /// E.g. "2x2x2 (dp x fsdp x tp)".
+  /// E.g. "2x2x2 (dp x fsdp x tp)", or "2x1x2x2 (pp x dp x fsdp x tp)" with a pp dim.
   std::string describe() const;
 };
 
-/// Parses `--mesh` ("2x2x2") with `--names` ("dp,fsdp,tp"): one name per dim, each of dp, fsdp
-/// and tp at most once. ParseError naming the bad value: an unknown or repeated name, a count
+/// Parses `--mesh` ("2x2x2") with `--names` ("dp,fsdp,tp"): one name per dim, each of pp, dp,
+/// fsdp and tp at most once. ParseError naming the bad value: an unknown or repeated name, a count
 /// of names that differs from the mesh's dims, a size that is not a positive integer.
 NamedMesh parse_named_mesh(const std::string& shape, const std::string& names);
 
@@ -106,7 +111,17 @@ struct TrainConfig {
   std::int64_t eval_every = 0;
   /// Generate a sample of text at the end (language tasks).
   bool sample = true;
+  /// With a pp mesh dim: the order of the micro-batches' forwards and backwards on each stage
+  /// (TrainConfig::micro_batches per step).
+  pp::ScheduleKind pipeline_schedule = pp::ScheduleKind::one_f_one_b;
+  /// Model chunks per pp rank (interleaved-1f1b); 0: 2 for interleaved-1f1b, 1 otherwise.
+  std::int64_t virtual_stages = 0;
+  /// Which GPT blocks recompute their forward in backward instead of keeping its activations.
+  pp::Checkpointing activation_checkpointing = pp::Checkpointing::none;
 };
+
+/// Virtual stages per pp rank `config` runs with (TrainConfig::virtual_stages resolved).
+std::int64_t virtual_stages(const TrainConfig& config);
 
 /// Defaults of a language-modelling run where the image defaults do not fit, for the command
 /// line and Python alike: windows per global batch, steps, warmup steps, steps between
@@ -185,6 +200,20 @@ struct TrainResult {
   } generator_check;
   /// The global gradient norm of every step, before clipping (with clip_grad_norm).
   std::vector<double> grad_norms;
+  /// With a pp mesh dim: the schedule and its figures on this rank.
+  struct PipelineFigures {
+    std::int64_t stages = 0;  ///< pp ranks x virtual stages (0: no pipeline)
+    std::string schedule;
+    std::int64_t micro_batches = 0;
+    double theoretical_bubble = 0;         ///< pp::theoretical_bubble
+    std::vector<double> step_bubbles;      ///< measured idle fraction of each step (this rank)
+    std::vector<std::string> stage_units;  ///< per stage: "embed, blocks.0-1" ...
+  } pipeline;
+  /// Largest bytes of activations kept for backward at once on this rank (all micro-batches in
+  /// flight, recomputed blocks included).
+  std::int64_t activation_peak_bytes = 0;
+  /// activation_peak_bytes of every world rank (on world rank 0).
+  std::vector<std::int64_t> activation_peaks;
 };
 
 /// Callbacks run on world rank 0 only.

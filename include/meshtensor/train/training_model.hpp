@@ -14,6 +14,8 @@
 #include <meshtensor/mesh/spec.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/nn/optim.hpp>
+#include <meshtensor/pp/pipeline.hpp>
+#include <meshtensor/pp/stage.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 #include <meshtensor/train/task.hpp>
 #include <meshtensor/train/trainer.hpp>
@@ -28,6 +30,8 @@ struct TrainingLayout {
   std::string description;
   /// Mesh dim of tensor parallelism (-1: none).
   int tp_dim = -1;
+  /// Mesh dim of the pipeline stages (-1: none).
+  int pp_dim = -1;
 };
 
 /// The layout `config` gives a run of `ranks` ranks (its named mesh, or its strategy's).
@@ -60,8 +64,36 @@ class TrainingModel {
   const TrainingLayout& layout() const { return layout_; }
   /// The mesh groups (the world's communicator on the layout's mesh).
   comm::MeshGroups& groups() { return *groups_; }
-  /// The whole model's module tree (parameters hold this rank's tensor-parallel blocks).
+  /// The whole model's module tree (parameters hold this rank's tensor-parallel blocks; with a
+  /// pipeline, the parameters of other ranks' stages hold nothing).
   nn::Module& module() { return *model_; }
+  /// What this rank runs: the whole model, or (a GPT) its stage chunks; the sharded runtime's
+  /// root.
+  nn::Module& local_module() { return *root_; }
+  /// Number of parameters of the whole model as this rank holds them before sharding.
+  std::int64_t parameter_count() const { return parameter_count_; }
+  /// The pipeline (null without a pp mesh dim).
+  pp::Pipeline* pipeline() { return pipeline_.get(); }
+  /// This rank's chunk c (a GPT; one chunk without a pipeline).
+  pp::StageModule& chunk(std::size_t c) { return *chunks_.at(c); }
+  /// Per stage of the whole model: the units it runs ("embed, blocks.0-1").
+  const std::vector<std::string>& stage_units() const { return stage_units_; }
+  /// The shape of the residual stream for `rows` samples of `sequence` positions as this rank
+  /// holds it between two pipeline stages ([rows, sequence or its sequence-parallel shard, dim]).
+  Shape boundary_shape(std::int64_t rows, std::int64_t sequence) const;
+  /// Sets the FSDP flags for a backward of chunk `chunk` with micro-batch `k` of `count`: its
+  /// groups reduce on the last; the caller ends the step (sharded().end_step()).
+  void prepare_chunk_backward(std::size_t chunk, std::int64_t k, std::int64_t count);
+  /// The logits of `tokens` on every rank: the forward, through every pipeline stage when there
+  /// is a pipeline. Collective; the caller reshards.
+  Tensor forward_logits(const Tensor& tokens);
+  /// Runs chunk `chunk` forward on `input` for token windows of `sequence` positions (a stage
+  /// after the first learns the sequence's length here: sequence parallelism needs it).
+  Tensor forward_chunk(std::size_t chunk, const Tensor& input, std::int64_t sequence);
+  /// Backward of chunk `chunk` (see forward_chunk): the gradient of its input.
+  Tensor backward_chunk(std::size_t chunk, const Tensor& grad_output, std::int64_t sequence);
+  /// Sets the activation bytes held now (the memory account's activations).
+  void note_activations(std::int64_t bytes);
   /// The FSDP runtime.
   fsdp::ShardedModel& sharded() { return *sharded_; }
   /// The tensor-parallel group (null without a tp mesh dim).
@@ -91,8 +123,8 @@ class TrainingModel {
   /// the norm. Each element counts once (first replica, the tp rank that saves it); exact mode
   /// sums the squares exactly, the others in f64 in a fixed order. Collective.
   double clip_gradients(double clip);
-  /// The whole value of every parameter (module().parameters() order) on every rank.
-  /// Collective.
+  /// The whole value of every parameter (module().parameters() order) on every rank, the other
+  /// pipeline stages' included. Collective.
   std::vector<Tensor> whole_parameters();
   /// Digest of the whole parameters (nn::parameters_digest of the unsplit model). Collective.
   std::uint64_t full_digest();
@@ -114,6 +146,9 @@ class TrainingModel {
 
  private:
   void shard_groups();
+  void build_stages(const TrainConfig& config);
+  void release_other_stages();
+  std::vector<Tensor> stage_parameters();  // whole (tp-gathered) values of root_'s parameters
 
   comm::Communicator& world_;
   const Task& task_;
@@ -121,6 +156,16 @@ class TrainingModel {
   std::int64_t data_ranks_ = 1;
   std::int64_t data_rank_ = 0;
   std::unique_ptr<nn::Module> model_;
+  nn::Module* root_ = nullptr;  // model_ or stage_root_ or chunks_[0]
+  std::vector<std::unique_ptr<pp::StageModule>> chunks_;
+  std::unique_ptr<pp::StageChunks> stage_root_;
+  std::vector<std::vector<fsdp::ShardedModule*>> chunk_groups_;
+  std::vector<std::string> stage_units_;
+  std::shared_ptr<comm::Communicator> pp_group_;
+  std::unique_ptr<pp::Pipeline> pipeline_;
+  std::vector<Shape> whole_shapes_;  // of model_->parameters(), before any is released
+  std::int64_t parameter_count_ = 0;
+  std::int64_t activation_bytes_ = 0;
   std::unique_ptr<comm::MeshGroups> groups_;
   std::unique_ptr<tp::TensorParallel> tp_;
   std::vector<std::pair<std::string, std::string>> plan_;
