@@ -36,10 +36,10 @@ PeerChannels::PeerChannels(Communicator& group, std::vector<PeerLink> links,
       links_(std::move(links)) {
   for (std::size_t i = 0; i < links_.size(); ++i) {
     const PeerLink& link = links_[i];
-    if (link.sender < 0 || link.sender >= size_ || link.receiver < 0 ||
-        link.receiver >= size_ || link.sender == link.receiver) {
-      throw InvalidArgument(fmt::format(
-          "peer link {} needs two different members of a group of {}", link_text(link), size_));
+    if (link.sender < 0 || link.sender >= size_ || link.receiver < 0 || link.receiver >= size_ ||
+        link.sender == link.receiver) {
+      throw InvalidArgument(fmt::format("peer link {} needs two different members of a group of {}",
+                                        link_text(link), size_));
     }
     if (std::find(links_.begin(), links_.begin() + static_cast<std::ptrdiff_t>(i), link) !=
         links_.begin() + static_cast<std::ptrdiff_t>(i))
@@ -96,9 +96,8 @@ Work PeerChannels::post(const Tensor& tensor, int peer, std::int64_t tag, bool s
                         std::string label, bool blocking) {
   const char* what = sending ? "send" : "recv";
   if (!tensor.defined() || !tensor.is_contiguous()) {
-    throw InvalidArgument(
-        fmt::format("{} '{}' to/from {}: the tensor must be defined and contiguous", what, label,
-                    peer));
+    throw InvalidArgument(fmt::format(
+        "{} '{}' to/from {}: the tensor must be defined and contiguous", what, label, peer));
   }
   const std::size_t link =
       sending ? link_index(rank_, peer, tag, what) : link_index(peer, rank_, tag, what);

@@ -26,8 +26,8 @@ std::int64_t link_tag(std::int64_t from, std::int64_t to) {
 Pipeline::Pipeline(comm::Communicator& pp_group, ScheduleConfig config)
     : group_(pp_group), config_(config), rank_(pp_group.rank()) {
   if (pp_group.size() != config_.ranks) {
-    throw InvalidArgument(fmt::format("a pipeline of {} ranks on a group of {}", config_.ranks,
-                                      pp_group.size()));
+    throw InvalidArgument(
+        fmt::format("a pipeline of {} ranks on a group of {}", config_.ranks, pp_group.size()));
   }
   actions_ = build_schedule(config_).at(static_cast<std::size_t>(rank_));
   std::vector<comm::PeerLink> links;
@@ -43,7 +43,9 @@ Pipeline::Pipeline(comm::Communicator& pp_group, ScheduleConfig config)
   channels_ = std::make_unique<comm::PeerChannels>(pp_group, std::move(links), options);
 }
 
-bool Pipeline::has_last_stage() const { return rank_of(config_.stages() - 1) == rank_; }
+bool Pipeline::has_last_stage() const {
+  return rank_of(config_.stages() - 1) == rank_;
+}
 
 void Pipeline::deliver(const Tensor& tensor, std::int64_t from_stage, std::int64_t to_stage,
                        std::int64_t micro_batch, bool gradient) {
@@ -71,10 +73,10 @@ Tensor Pipeline::receive(std::int64_t from_stage, std::int64_t to_stage, std::in
     return tensor;
   }
   Tensor tensor(shape, DType::f32);
-  channels_->recv(tensor, static_cast<int>(rank_of(from_stage)), link_tag(from_stage, to_stage),
-                  fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
-                              gradient ? "gradient" : "activation", micro_batch, from_stage,
-                              to_stage));
+  channels_->recv(
+      tensor, static_cast<int>(rank_of(from_stage)), link_tag(from_stage, to_stage),
+      fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
+                  gradient ? "gradient" : "activation", micro_batch, from_stage, to_stage));
   return tensor;
 }
 
@@ -92,8 +94,9 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
     const std::int64_t mb = action.micro_batch;
     if (action.kind == PipelineAction::Kind::forward) {
       const auto waiting = Clock::now();
-      const Tensor input = stage == 0 ? work.first_input(mb)
-                                      : receive(stage - 1, stage, mb, work.boundary_shape(mb), false);
+      const Tensor input = stage == 0
+                               ? work.first_input(mb)
+                               : receive(stage - 1, stage, mb, work.boundary_shape(mb), false);
       const auto computing = Clock::now();
       Tensor output = work.forward(action.chunk, mb, input);
       if (stage == last_stage) {
@@ -132,8 +135,8 @@ Tensor Pipeline::forward_only(StageWork& work) {
   Tensor result;
   for (std::int64_t chunk = 0; chunk < config_.virtual_stages; ++chunk) {
     const std::int64_t stage = stage_of(config_, rank_, chunk);
-    const Tensor input =
-        stage == 0 ? work.first_input(0) : receive(stage - 1, stage, 0, work.boundary_shape(0), false);
+    const Tensor input = stage == 0 ? work.first_input(0)
+                                    : receive(stage - 1, stage, 0, work.boundary_shape(0), false);
     Tensor output = work.forward(chunk, 0, input);
     if (stage == last_stage) {
       result = std::move(output);

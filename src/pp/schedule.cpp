@@ -42,15 +42,15 @@ void check_schedule(const ScheduleConfig& config) {
   }
   if (config.kind == ScheduleKind::interleaved_1f1b) {
     if (config.virtual_stages < 2) {
-      throw InvalidArgument(fmt::format(
-          "interleaved-1f1b needs at least 2 virtual stages per rank, got {}",
-          config.virtual_stages));
+      throw InvalidArgument(
+          fmt::format("interleaved-1f1b needs at least 2 virtual stages per rank, got {}",
+                      config.virtual_stages));
     }
     if (config.micro_batches % config.ranks != 0) {
-      throw InvalidArgument(fmt::format(
-          "interleaved-1f1b takes micro-batches in rounds of one per pipeline rank: {} "
-          "micro-batches is not a multiple of the {} pp ranks",
-          config.micro_batches, config.ranks));
+      throw InvalidArgument(
+          fmt::format("interleaved-1f1b takes micro-batches in rounds of one per pipeline rank: {} "
+                      "micro-batches is not a multiple of the {} pp ranks",
+                      config.micro_batches, config.ranks));
     }
   }
 }

@@ -56,8 +56,8 @@ StageModule::StageModule(std::vector<std::pair<std::string, nn::Module*>> units,
 
 void StageModule::set_checkpointed(std::vector<bool> flags) {
   if (flags.size() != units_.size()) {
-    throw InvalidArgument(fmt::format("{} checkpointing flags for a stage of {} units",
-                                      flags.size(), units_.size()));
+    throw InvalidArgument(
+        fmt::format("{} checkpointing flags for a stage of {} units", flags.size(), units_.size()));
   }
   checkpointed_ = std::move(flags);
 }
@@ -93,7 +93,9 @@ Tensor StageModule::backward(const Tensor& grad_output, nn::GradientSink& sink,
   return grad;
 }
 
-std::int64_t StageModule::take_backward_peak() { return std::exchange(backward_peak_, 0); }
+std::int64_t StageModule::take_backward_peak() {
+  return std::exchange(backward_peak_, 0);
+}
 
 nn::SavedState StageModule::take_saved() {
   nn::SavedState saved;

@@ -409,7 +409,33 @@ std::uint64_t TrainingModel::full_digest() {
 }
 
 std::vector<checkpoint::SaveItem> TrainingModel::state(const std::string& prefix) {
-  return model_state(*sharded_, optimizer_.get(), world_.rank() == 0, prefix);
+  std::vector<checkpoint::SaveItem> items =
+      model_state(*sharded_, optimizer_.get(), world_.rank() == 0, prefix);
+  if (pipeline_ == nullptr) return items;
+  // Every rank names every tensor of the checkpoint: the other stages' parameters (and their
+  // optimizer state, named as this rank's is) as empty blocks this rank neither writes nor reads.
+  std::vector<std::string> states;
+  if (optimizer_ != nullptr && !sharded_->modules().empty()) {
+    for (const auto& [state, tensor] : optimizer_->slot_state(0))
+      states.push_back(state);
+  }
+  std::set<const nn::Parameter*> local;
+  for (const nn::Parameter* p : root_->parameters())
+    local.insert(p);
+  const std::vector<nn::Parameter*> all = model_->parameters();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (local.contains(all[i])) continue;
+    const Shape& whole = whole_shapes_[i];
+    std::vector<std::int64_t> none = whole.dims();
+    none[0] = 0;
+    const std::vector<std::int64_t> origin(none.size(), 0);
+    items.push_back({prefix + all[i]->name, whole, origin, Tensor(Shape(none), DType::f32), false});
+    for (const std::string& state : states) {
+      items.push_back({"optimizer." + all[i]->name + "." + state, whole, origin,
+                       Tensor(Shape(none), DType::f32), false});
+    }
+  }
+  return items;
 }
 
 Tensor TrainingModel::forward_logits(const Tensor& tokens) {

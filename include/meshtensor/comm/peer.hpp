@@ -76,8 +76,9 @@ class PeerChannels {
   bool exchange_headers_ = false;
   std::chrono::milliseconds timeout_;
   std::vector<PeerLink> links_;
-  std::vector<std::shared_ptr<Communicator>> groups_;  // per link; null where this rank is neither end
-  std::vector<std::unique_ptr<WorkQueue>> queues_;     // per link: its messages, in order
+  std::vector<std::shared_ptr<Communicator>>
+      groups_;                                      // per link; null where this rank is neither end
+  std::vector<std::unique_ptr<WorkQueue>> queues_;  // per link: its messages, in order
 };
 
 }  // namespace meshtensor::comm

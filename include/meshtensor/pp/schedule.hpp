@@ -8,8 +8,8 @@ namespace meshtensor::pp {
 
 /// The order in which each pipeline rank runs the forwards and backwards of its micro-batches.
 enum class ScheduleKind : std::uint8_t {
-  gpipe,             ///< every forward, then every backward (m micro-batches in flight)
-  one_f_one_b,       ///< warm-up forwards, then one forward and one backward in turn (<= p in flight)
+  gpipe,        ///< every forward, then every backward (m micro-batches in flight)
+  one_f_one_b,  ///< warm-up forwards, then one forward and one backward in turn (<= p in flight)
   interleaved_1f1b,  ///< 1F1B over v virtual stages per rank (a smaller bubble, more messages)
 };
 
