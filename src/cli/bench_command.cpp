@@ -536,6 +536,7 @@ void add_bench_command(CLI::App& app) {
   add_train_bench(*bench);
   add_fsdp_bench(*bench);
   add_tp_bench(*bench);
+  add_pp_bench(*bench);
   add_generate_bench(*bench);
   add_checkpoint_bench(*bench);
   add_rl_bench(*bench);

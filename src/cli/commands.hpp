@@ -16,6 +16,8 @@ void add_train_bench(CLI::App& bench);
 void add_fsdp_bench(CLI::App& bench);
 /// Registers `meshtensor bench tp`.
 void add_tp_bench(CLI::App& bench);
+/// `meshtensor bench pp`.
+void add_pp_bench(CLI::App& bench);
 /// Registers `meshtensor checkpoint inspect` and `meshtensor checkpoint verify`.
 void add_checkpoint_command(CLI::App& app);
 /// Registers `meshtensor bench generate`.

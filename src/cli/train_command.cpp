@@ -27,64 +27,11 @@
 #include "output_files.hpp"
 #include "plot.hpp"
 #include "train_layout.hpp"
+#include "train_options.hpp"
 
 namespace meshtensor::cli {
 
 namespace {
-
-struct TrainOptions {
-  std::string data;  // empty: the model's default data
-  std::string model = "mlp:1024,1024";
-  std::string activation = "relu";
-  CLI::Option* activation_option = nullptr;
-  bool layernorm = false;
-  std::string epochs = "8";
-  CLI::Option* epochs_option = nullptr;
-  std::string steps = "0";
-  CLI::Option* steps_option = nullptr;
-  std::string batch;          // empty: the model's default
-  std::string warmup;         // empty: the model's default
-  std::string eval_every;     // empty: the model's default
-  std::string micro_batches;  // empty: 1, or 2 per pp rank with a pipeline
-  std::string pipeline_schedule = "1f1b";
-  std::string virtual_stages = "0";
-  std::string activation_checkpointing = "none";
-  std::string optimizer = "adamw";
-  std::string lr = "1e-3";
-  std::string weight_decay = "0";
-  std::string momentum = "0.9";
-  std::string schedule = "cosine";
-  std::string ranks = "2";
-  CLI::Option* ranks_option = nullptr;
-  std::string backend = "threads";
-  std::string mode = "ordered";
-  std::string seed = "0";
-  std::string log;
-  std::string plot;
-  bool json = false;
-  TimeoutOption timeout;
-  std::string strategy;  // empty: hsdp with --mesh, ddp otherwise
-  std::string mesh;
-  std::string names;  // with --mesh: dims dp, fsdp, tp by name
-  bool sequence_parallel = false;
-  std::string clip_grad_norm = "0";
-  bool explain_parallelism = false;
-  bool verify_generator = false;
-  bool reshard_after_forward = false;
-  bool no_reshard_after_forward = false;
-  std::string prefetch = "1";
-  std::string param_dtype = "f32";
-  std::string reduce_dtype = "f32";
-  std::string micro_batch_mode = "no-sync";
-  std::string link;
-  TopologyOptions topology;  // --ranks-per-host and the other levels' links (--link above)
-  std::string trace;
-  std::string save;
-  std::string save_every = "0";
-  std::string keep_checkpoints = "0";
-  std::string resume;
-  std::string stop_after = "0";
-};
 
 constexpr std::int64_t kMaxCount = std::int64_t{1} << 40;
 
@@ -92,6 +39,8 @@ const std::string kGptBatch = std::to_string(train::LanguageDefaults::batch);
 constexpr std::int64_t kGptSteps = train::LanguageDefaults::steps;
 const std::string kGptWarmup = std::to_string(train::LanguageDefaults::warmup);
 const std::string kGptEvalEvery = std::to_string(train::LanguageDefaults::eval_every);
+
+}  // namespace
 
 train::TrainConfig parse_config(const TrainOptions& options) {
   train::TrainConfig config;
@@ -168,14 +117,6 @@ train::TrainConfig parse_config(const TrainOptions& options) {
   return config;
 }
 
-/// The task a command trains, with the data it holds.
-struct LoadedTask {
-  std::unique_ptr<train::Dataset> images;
-  std::unique_ptr<train::Task> task;
-  std::string data;  // the path read
-  bool language = false;
-};
-
 /// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or
 /// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
 LoadedTask load_task(const TrainOptions& options) {
@@ -203,6 +144,40 @@ LoadedTask load_task(const TrainOptions& options) {
   loaded.task = std::make_unique<train::ImageClassification>(*loaded.images, mlp);
   return loaded;
 }
+
+/// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
+/// meaning and defaults.
+void add_shared_train_options(CLI::App& command, TrainOptions& options) {
+  command.add_option("--data", options.data,
+                     "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
+                     "text file or directory of them (default Debian's fortunes)");
+  command.add_option("--model", options.model,
+                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
+                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
+                         nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
+  command.add_option(
+      "--batch", options.batch,
+      fmt::format("global batch: images, or text windows (default 256; gpt {})", kGptBatch));
+  command.add_option("--optimizer", options.optimizer, "adamw or sgd (default adamw)");
+  command.add_option("--lr", options.lr, "learning rate (default 1e-3)");
+  command.add_option("--seed", options.seed, "seed of the initial weights and the data order");
+  options.timeout.add_to(command);
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// The median step time after the first two (which allocate and warm the caches).
+double steady_step_seconds(const std::vector<double>& steps) {
+  if (steps.empty()) return 0.0;
+  const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, steps.size() - 1));
+  return median(std::vector<double>(steps.begin() + skip, steps.end()));
+}
+
+namespace {
 
 /// "784 inputs, relu" / "2.4 MB of text, ...": what the first line of a run names.
 std::string describe_task(const LoadedTask& loaded) {
@@ -583,19 +558,6 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     layouts.push_back(layout);
   }
   return layouts;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-/// The median step time after the first two (which allocate and warm the caches).
-double steady_step_seconds(const std::vector<double>& steps) {
-  if (steps.empty()) return 0.0;
-  const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, steps.size() - 1));
-  return median(std::vector<double>(steps.begin() + skip, steps.end()));
 }
 
 struct TrainBenchRun {
@@ -1167,25 +1129,6 @@ void run_tp_bench(const TpBenchOptions& options) {
     if (!pair.linked.replicas_identical) set_exit_status(1);
   for (const TopologyPair& pair : on_hosts)
     if (!pair.aware.replicas_identical) set_exit_status(1);
-}
-
-/// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
-/// meaning and defaults.
-void add_shared_train_options(CLI::App& command, TrainOptions& options) {
-  command.add_option("--data", options.data,
-                     "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
-                     "text file or directory of them (default Debian's fortunes)");
-  command.add_option("--model", options.model,
-                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
-                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
-                         nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
-  command.add_option(
-      "--batch", options.batch,
-      fmt::format("global batch: images, or text windows (default 256; gpt {})", kGptBatch));
-  command.add_option("--optimizer", options.optimizer, "adamw or sgd (default adamw)");
-  command.add_option("--lr", options.lr, "learning rate (default 1e-3)");
-  command.add_option("--seed", options.seed, "seed of the initial weights and the data order");
-  options.timeout.add_to(command);
 }
 
 }  // namespace

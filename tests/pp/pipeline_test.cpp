@@ -68,9 +68,9 @@ TEST(PipelineSchedule, ReplayNeverDeadlocksAndMeetsTheBubbleTheory) {
     const double theory = theoretical_bubble(config);
     if (config.kind == ScheduleKind::interleaved_1f1b) {
       // Chunks of 1/v of the work each: the replay's units are per chunk.
-      const ScheduleReplay scaled = replay_schedule(config, build_schedule(config),
-                                                    1.0 / static_cast<double>(config.virtual_stages),
-                                                    2.0 / static_cast<double>(config.virtual_stages));
+      const ScheduleReplay scaled = replay_schedule(
+          config, build_schedule(config), 1.0 / static_cast<double>(config.virtual_stages),
+          2.0 / static_cast<double>(config.virtual_stages));
       EXPECT_LE(scaled.bubble, theory + 1e-9);
     } else {
       EXPECT_NEAR(replay.bubble, theory, 1e-9);
@@ -137,8 +137,8 @@ TEST(PeerChannels, BatchedSendsAndReceivesBothWays) {
     Tensor in(Shape{3}, DType::f32);
     const std::vector<comm::Work> works = links.batch_isend_irecv(
         {{comm::PeerOp::Kind::recv, in, other, 7, "x"},
-         {comm::PeerOp::Kind::send, Tensor::full(Shape{3}, DType::f32, world.rank() + 1.0),
-          other, 7, "x"}});
+         {comm::PeerOp::Kind::send, Tensor::full(Shape{3}, DType::f32, world.rank() + 1.0), other,
+          7, "x"}});
     for (const comm::Work& w : works)
       w.wait();
     EXPECT_EQ(in.values<float>()[0], static_cast<float>(other + 1));
@@ -220,11 +220,10 @@ class AddStages : public StageWork {
 };
 
 TEST(Pipeline, EverySchedulePassesActivationsAndGradientsThroughEveryStage) {
-  for (const ScheduleConfig& config :
-       {ScheduleConfig{ScheduleKind::one_f_one_b, 4, 1, 8},
-        ScheduleConfig{ScheduleKind::gpipe, 3, 1, 2},
-        ScheduleConfig{ScheduleKind::interleaved_1f1b, 2, 2, 4},
-        ScheduleConfig{ScheduleKind::interleaved_1f1b, 1, 2, 3}}) {
+  for (const ScheduleConfig& config : {ScheduleConfig{ScheduleKind::one_f_one_b, 4, 1, 8},
+                                       ScheduleConfig{ScheduleKind::gpipe, 3, 1, 2},
+                                       ScheduleConfig{ScheduleKind::interleaved_1f1b, 2, 2, 4},
+                                       ScheduleConfig{ScheduleKind::interleaved_1f1b, 1, 2, 3}}) {
     SCOPED_TRACE(describe(config));
     const std::int64_t stages = config.stages();
     comm::run_threads(static_cast<int>(config.ranks), [&](comm::Communicator& world) {
@@ -265,7 +264,9 @@ Tensor tokens(std::uint64_t seed) {
 }
 
 /// Backward of `logits`'s sum: a fixed gradient.
-Tensor ones_like(const Tensor& t) { return Tensor::full(t.shape(), DType::f32, 0.01); }
+Tensor ones_like(const Tensor& t) {
+  return Tensor::full(t.shape(), DType::f32, 0.01);
+}
 
 TEST(ActivationStash, InterleavedMicroBatchesGiveTheSequentialGradients) {
   nn::Gpt sequential_model(tiny_gpt());

@@ -1,0 +1,317 @@
+// `meshtensor bench pp`: the pipeline schedules' measured bubble against their theory on the
+// simulated link, real pipelined training steps, and activation checkpointing's memory and time.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
+#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/pp/pipeline.hpp>
+#include <meshtensor/pp/stage.hpp>
+
+#include "backend.hpp"
+#include "commands.hpp"
+#include "options.hpp"
+#include "train_options.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct PipelineBenchOptions {
+  TrainOptions train;
+  std::string stages = "4";
+  std::string link = "20us,10";
+  std::string rounds = "5";
+};
+
+/// What the bench measured.
+struct ReplayFigures {
+  double forward_seconds = 0;   ///< one micro-batch through one stage, measured on one rank
+  double backward_seconds = 0;
+  double step_seconds = 0;      ///< median replayed step
+  double bubble = 0;            ///< measured idle fraction, mean over ranks
+  double theory = 0;
+};
+
+struct TrainingFigures {
+  std::string name;
+  double step_seconds = 0;
+  double bubble = 0;  ///< pipelined runs: rank 0's median
+  std::vector<std::int64_t> activation_peaks;
+  std::uint64_t digest = 0;
+};
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Forward and backward seconds of one micro-batch (`rows` windows) through the blocks one of
+/// `stages` stages holds (a middle stage: its blocks only), measured here on one rank.
+std::pair<double, double> stage_seconds(const train::Task& task, const nn::GptConfig& gpt,
+                                        std::int64_t stages, std::int64_t rows) {
+  std::unique_ptr<nn::Module> model = task.make_model(0);
+  auto& whole = dynamic_cast<nn::Gpt&>(*model);
+  const auto children = whole.children();
+  const auto split = pp::split_blocks(gpt.layers, stages);
+  std::vector<std::pair<std::string, nn::Module*>> units;
+  for (std::int64_t b = split.back().first; b < split.back().second; ++b)
+    units.push_back(children[static_cast<std::size_t>(b) + 1]);
+  pp::StageModule stage(units, true);
+  nn::DenseGradients sink(stage.parameters());
+  const Tensor input = Tensor::random_normal({rows, gpt.context, gpt.dim}, DType::f32, 1);
+  std::vector<double> forward;
+  std::vector<double> backward;
+  for (int i = 0; i < 5; ++i) {
+    auto start = Clock::now();
+    const Tensor output = stage.forward(input);
+    forward.push_back(seconds_since(start));
+    start = Clock::now();
+    stage.backward(Tensor::full(output.shape(), DType::f32, 0.01), sink, true);
+    backward.push_back(seconds_since(start));
+  }
+  return {median(forward), median(backward)};
+}
+
+/// Stages whose every forward and backward takes the measured time (slept, so p ranks do not
+/// compete for this machine's cores) and pass tensors of the real activation's size.
+class ReplayedStages : public pp::StageWork {
+ public:
+  ReplayedStages(Shape boundary, double forward_seconds, double backward_seconds)
+      : boundary_(std::move(boundary)),
+        forward_(std::chrono::duration<double>(forward_seconds)),
+        backward_(std::chrono::duration<double>(backward_seconds)) {}
+  Tensor first_input(std::int64_t) override { return Tensor::zeros(boundary_, DType::f32); }
+  Shape boundary_shape(std::int64_t) override { return boundary_; }
+  Tensor forward(std::int64_t, std::int64_t, const Tensor&) override {
+    std::this_thread::sleep_for(forward_);
+    return Tensor::zeros(boundary_, DType::f32);
+  }
+  Tensor loss_gradient(std::int64_t, const Tensor&) override {
+    return Tensor::zeros(boundary_, DType::f32);
+  }
+  Tensor backward(std::int64_t, std::int64_t, const Tensor&, bool) override {
+    std::this_thread::sleep_for(backward_);
+    return Tensor::zeros(boundary_, DType::f32);
+  }
+
+ private:
+  Shape boundary_;
+  std::chrono::duration<double> forward_;
+  std::chrono::duration<double> backward_;
+};
+
+ReplayFigures replay_on_link(const train::Task& task, const nn::GptConfig& gpt,
+                             const pp::ScheduleConfig& schedule, std::int64_t rows,
+                             const std::string& link, std::int64_t rounds) {
+  ReplayFigures figures;
+  const auto [forward, backward] = stage_seconds(task, gpt, schedule.stages(), rows);
+  figures.forward_seconds = forward;
+  figures.backward_seconds = backward;
+  figures.theory = pp::theoretical_bubble(schedule);
+  std::vector<std::vector<double>> bubbles(static_cast<std::size_t>(schedule.ranks));
+  std::vector<double> steps;
+  run_ranks(
+      Backend::threads, schedule.ranks, "bench pp",
+      [&](comm::Communicator& world) {
+        pp::Pipeline pipeline(world, schedule);
+        ReplayedStages work(Shape{rows, gpt.context, gpt.dim}, forward, backward);
+        for (std::int64_t r = 0; r <= rounds; ++r) {
+          const pp::PipelineStepStats stats = pipeline.run_step(work);
+          if (r == 0) continue;  // the links' first messages start their threads
+          bubbles[static_cast<std::size_t>(world.rank())].push_back(stats.bubble());
+          if (world.rank() == 0) steps.push_back(stats.seconds);
+        }
+      },
+      comm::SimulatedNetwork(comm::parse_link(link)));
+  for (const auto& rank : bubbles)
+    figures.bubble += median(rank) / static_cast<double>(bubbles.size());
+  figures.step_seconds = median(steps);
+  return figures;
+}
+
+TrainingFigures measure_run(const train::Task& task, const std::string& name,
+                            const train::TrainConfig& config, std::int64_t ranks,
+                            const std::string& link) {
+  TrainingFigures figures;
+  figures.name = name;
+  train::validate_config(config, task);
+  train::require_training_memory(config, task, ranks, ranks);
+  run_ranks(
+      Backend::threads, ranks, "bench pp",
+      [&](comm::Communicator& world) {
+        const train::TrainResult result = train::train(world, task, config);
+        if (world.rank() != 0) return;
+        figures.step_seconds = steady_step_seconds(result.step_seconds);
+        std::vector<double> bubbles = result.pipeline.step_bubbles;
+        if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
+        figures.bubble = median(bubbles);
+        figures.activation_peaks = result.activation_peaks;
+        figures.digest = result.digest;
+      },
+      comm::SimulatedNetwork(comm::parse_link(link)));
+  return figures;
+}
+
+std::string peaks_text(const std::vector<std::int64_t>& peaks) {
+  std::vector<std::string> texts;
+  for (const std::int64_t p : peaks)
+    texts.push_back(format_bytes(static_cast<double>(p)));
+  return fmt::format("{}", fmt::join(texts, ", "));
+}
+
+nlohmann::json run_json(const TrainingFigures& f) {
+  return {{"name", f.name},
+          {"step_seconds", f.step_seconds},
+          {"bubble", f.bubble},
+          {"activation_peak_bytes", f.activation_peaks},
+          {"digest", fmt::format("{:016x}", f.digest)}};
+}
+
+void run(const PipelineBenchOptions& options) {
+  print_machine_line(options.train.json);
+  train::TrainConfig base = parse_config(options.train);
+  base.sample = false;
+  base.eval_every = 0;
+  if (base.steps == 0) base.steps = 6;
+  const std::int64_t stages = integer_option("--stages", options.stages, 2, 64);
+  const std::int64_t rounds = integer_option("--rounds", options.rounds, 1, 100);
+  options.train.timeout.apply();
+  const LoadedTask loaded = load_task(options.train);
+  const auto* language = dynamic_cast<const train::LanguageModelling*>(loaded.task.get());
+  if (language == nullptr) throw ParseError("bench pp splits a GPT: give --model gpt[:...]");
+  const nn::GptConfig& gpt = language->model();
+  train::TrainConfig piped = base;
+  piped.mesh = train::parse_named_mesh(std::to_string(stages), "pp");
+  if (options.train.micro_batches.empty()) piped.micro_batches = 2 * stages;
+  train::validate_config(piped, *loaded.task);
+  const pp::ScheduleConfig schedule{piped.pipeline_schedule, stages, train::virtual_stages(piped),
+                                    piped.micro_batches};
+  const std::int64_t rows = std::max<std::int64_t>(1, base.batch / piped.micro_batches);
+  const ReplayFigures replay =
+      replay_on_link(*loaded.task, gpt, schedule, rows, options.link, rounds);
+  // Real steps: the pipeline against one rank, then activation checkpointing on one rank.
+  train::TrainConfig one = base;
+  one.micro_batches = 1;
+  const TrainingFigures whole = measure_run(*loaded.task, "1 rank", one, 1, options.link);
+  const TrainingFigures pipelined = measure_run(
+      *loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)), piped,
+      stages, options.link);
+  std::vector<TrainingFigures> checkpointing;
+  for (const pp::Checkpointing kind :
+       {pp::Checkpointing::none, pp::Checkpointing::full, pp::Checkpointing::selective}) {
+    train::TrainConfig config = one;
+    config.activation_checkpointing = kind;
+    checkpointing.push_back(measure_run(*loaded.task,
+                                        "checkpointing " + pp::checkpointing_name(kind), config,
+                                        1, options.link));
+  }
+  const double bubble_ratio = replay.bubble / replay.theory;
+  const auto memory_ratio = [&](const TrainingFigures& f) {
+    return static_cast<double>(checkpointing[0].activation_peaks.at(0)) /
+           static_cast<double>(f.activation_peaks.at(0));
+  };
+  const auto time_ratio = [&](const TrainingFigures& f) {
+    return f.step_seconds / checkpointing[0].step_seconds;
+  };
+  if (options.train.json) {
+    nlohmann::json out = {
+        {"model", nn::gpt_config_text(gpt)},
+        {"mode", comm::reduction_mode_name(base.mode)},
+        {"stages", stages},
+        {"schedule", pp::schedule_name(schedule.kind)},
+        {"virtual_stages", schedule.virtual_stages},
+        {"micro_batches", schedule.micro_batches},
+        {"link", options.link},
+        {"replay",
+         {{"forward_seconds", replay.forward_seconds},
+          {"backward_seconds", replay.backward_seconds},
+          {"step_seconds", replay.step_seconds},
+          {"bubble", replay.bubble},
+          {"theoretical_bubble", replay.theory},
+          {"bubble_over_theory", bubble_ratio}}},
+        {"one_rank", run_json(whole)},
+        {"pipelined", run_json(pipelined)},
+        {"checkpointing", nlohmann::json::array()}};
+    for (const TrainingFigures& f : checkpointing) {
+      nlohmann::json row = run_json(f);
+      row["memory_reduction"] = memory_ratio(f);
+      row["step_time_ratio"] = time_ratio(f);
+      out["checkpointing"].push_back(row);
+    }
+    std::cout << out.dump() << '\n';
+  } else {
+    std::cout << fmt::format(
+        "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
+        "micro-batches of {} window(s), link {}\n",
+        nn::gpt_config_text(gpt), comm::reduction_mode_name(base.mode), stages, pp::schedule_name(schedule.kind),
+        schedule.virtual_stages, schedule.micro_batches, rows, options.link);
+    std::cout << fmt::format(
+        "schedule on the runtime, compute replayed (forward {:.2f} ms, backward {:.2f} ms a "
+        "stage, measured on 1 rank): step {:.1f} ms, bubble {:.3f} against theory {:.3f}: "
+        "{:.2f}x\n",
+        replay.forward_seconds * 1e3, replay.backward_seconds * 1e3, replay.step_seconds * 1e3,
+        replay.bubble, replay.theory, bubble_ratio);
+    std::cout << fmt::format(
+        "real steps ({} ranks share this machine's {} cores): 1 rank {:.1f} ms; {} {:.1f} ms, "
+        "bubble of rank 0 {:.3f}, digests {}\n",
+        stages, std::thread::hardware_concurrency(), whole.step_seconds * 1e3, pipelined.name,
+        pipelined.step_seconds * 1e3, pipelined.bubble,
+        whole.digest == pipelined.digest ? "equal" : "DIFFER");
+    std::cout << fmt::format("activation peak per stage: {}\n",
+                             peaks_text(pipelined.activation_peaks));
+    for (const TrainingFigures& f : checkpointing) {
+      std::cout << fmt::format(
+          "{:<24} step {:>7.1f} ms ({:.2f}x)  activations {:>10} ({:.2f}x less)  digest "
+          "{:016x}\n",
+          f.name, f.step_seconds * 1e3, time_ratio(f), peaks_text(f.activation_peaks),
+          memory_ratio(f), f.digest);
+    }
+  }
+  bool same = whole.digest == pipelined.digest;
+  for (const TrainingFigures& f : checkpointing)
+    same = same && f.digest == checkpointing[0].digest;
+  if (!same && base.mode == comm::ReductionMode::exact) set_exit_status(1);
+}
+
+}  // namespace
+
+void add_pp_bench(CLI::App& bench) {
+  auto options = std::make_shared<PipelineBenchOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "pp",
+      "Pipeline parallelism: each schedule's measured bubble against its theory on the "
+      "simulated link (compute replayed from one rank's timing), real pipelined steps and each "
+      "stage's activation peak, and activation checkpointing's memory and step time");
+  TrainOptions& train = options->train;
+  train.model = "gpt";
+  train.steps = "6";
+  add_shared_train_options(*command, train);
+  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 6)");
+  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  command->add_option("--stages", options->stages, "pp ranks (default 4)");
+  command->add_option("--micro-batches", train.micro_batches,
+                      "micro-batches a step (default 2 per pp rank)");
+  command->add_option("--pipeline-schedule", train.pipeline_schedule,
+                      "gpipe, 1f1b (default) or interleaved-1f1b");
+  command->add_option("--virtual-stages", train.virtual_stages,
+                      "chunks per rank for interleaved-1f1b (default 2)");
+  command->add_option("--mode", train.mode, "ordered (default) or exact");
+  command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  command->add_option("--rounds", options->rounds, "replayed steps timed (default 5)");
+  add_flag(*command, "--json", train.json, "print one JSON object");
+  command->callback([options] { run(*options); });
+}
+
+}  // namespace meshtensor::cli
