@@ -126,6 +126,8 @@ py::dict result_dict(const train::TrainResult& result) {
   out["logits_digest"] =
       result.evaluated ? py::object(py::str(digest_hex(result.logits_digest))) : py::none();
   out["grad_norms"] = result.grad_norms;
+  out["activation_peak_bytes"] = result.activation_peak_bytes;
+  out["pipeline_stages"] = result.pipeline.stage_units;
   py::list plan;
   for (const auto& [path, style] : result.parallel_plan)
     plan.append(py::make_tuple(path, style));
@@ -280,6 +282,12 @@ py::dict run_training(const py::object& data, const py::object& world_object,
       mesh_names = py::isinstance<py::str>(value) ? text() : join_names(value, argument);
     } else if (name == "sequence_parallel") {
       config.sequence_parallel = cast_argument<bool>(value, argument);
+    } else if (name == "pipeline_schedule") {
+      config.pipeline_schedule = pp::parse_schedule(text());
+    } else if (name == "virtual_stages") {
+      config.virtual_stages = cast_argument<std::int64_t>(value, argument);
+    } else if (name == "activation_checkpointing") {
+      config.activation_checkpointing = pp::parse_checkpointing(text());
     } else if (name == "clip_grad_norm") {
       config.clip_grad_norm = cast_argument<double>(value, argument);
     } else if (name == "on_epoch") {
@@ -767,7 +775,9 @@ void bind_data(py::module_& module) {
              "Dataset, a GPT on Text (the keywords are its flags: model='mlp:256' or "
              "model='gpt:layers=2,dim=64', strategy='fsdp', mode='exact', steps=, epochs=, "
              "batch=, micro_batches=, lr=, schedule=, eval_every=, save=, resume=, stop_after=, "
-             "mesh=(2, 2, 2) with names=('dp', 'fsdp', 'tp'), sequence_parallel=, "
+             "mesh=(2, 2, 2) with names=('dp', 'fsdp', 'tp') (or 'pp' for pipeline stages, "
+             "with pipeline_schedule=, virtual_stages=, activation_checkpointing=), "
+             "sequence_parallel=, "
              "clip_grad_norm=, ...; a GPT run has the command line's GPT defaults). Collective; "
              "returns the run's "
              "figures (test_loss: on the validation text for a GPT), a generated sample for a "

@@ -232,6 +232,24 @@ def test_tensor_parallel_training_ends_on_the_fsdp_digest_in_exact_mode(text):
         mt.train(corpus, **run, mesh=(1,))
 
 
+def test_pipeline_training_ends_on_the_one_rank_digest_in_exact_mode(text):
+    corpus = mt.load_text(text)
+    run = dict(GPT_RUN, model="gpt:layers=4,heads=2,dim=16,context=16", mode="exact",
+               eval_every=0, clip_grad_norm=0.5)
+    one = mt.run_threads(1, lambda world: mt.train(corpus, **run))[0]
+    piped = mt.run_threads(4, lambda world: mt.train(
+        corpus, **run, mesh=(2, 2), names=("pp", "tp"), micro_batches=4,
+        pipeline_schedule="interleaved-1f1b", virtual_stages=2,
+        activation_checkpointing="full"))
+    assert {r["digest"] for r in piped} == {one["digest"]}
+    assert piped[0]["pipeline_stages"] == ["embed, blocks.0", "blocks.1", "blocks.2",
+                                          "blocks.3, head"]
+    with pytest.raises(mt.InvalidArgument, match="1 micro-batches is fewer than the 2 pp ranks"):
+        mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",)))
+    with pytest.raises(mt.ParseError, match="unknown activation checkpointing 'all'"):
+        mt.run_threads(1, lambda world: mt.train(corpus, **run, activation_checkpointing="all"))
+
+
 def test_generate_matches_the_cli_and_does_not_depend_on_the_batch(cli, text, tmp_path):
     corpus = mt.load_text(text)
     save = str(tmp_path / "ckpt")

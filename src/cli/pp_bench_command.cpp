@@ -38,10 +38,10 @@ struct PipelineBenchOptions {
 
 /// What the bench measured.
 struct ReplayFigures {
-  double forward_seconds = 0;   ///< one micro-batch through one stage, measured on one rank
+  double forward_seconds = 0;  ///< one micro-batch through one stage, measured on one rank
   double backward_seconds = 0;
-  double step_seconds = 0;      ///< median replayed step
-  double bubble = 0;            ///< measured idle fraction, mean over ranks
+  double step_seconds = 0;  ///< median replayed step
+  double bubble = 0;        ///< measured idle fraction, mean over ranks
   double theory = 0;
 };
 
@@ -205,17 +205,16 @@ void run(const PipelineBenchOptions& options) {
   train::TrainConfig one = base;
   one.micro_batches = 1;
   const TrainingFigures whole = measure_run(*loaded.task, "1 rank", one, 1, options.link);
-  const TrainingFigures pipelined = measure_run(
-      *loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)), piped,
-      stages, options.link);
+  const TrainingFigures pipelined =
+      measure_run(*loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)),
+                  piped, stages, options.link);
   std::vector<TrainingFigures> checkpointing;
   for (const pp::Checkpointing kind :
        {pp::Checkpointing::none, pp::Checkpointing::full, pp::Checkpointing::selective}) {
     train::TrainConfig config = one;
     config.activation_checkpointing = kind;
-    checkpointing.push_back(measure_run(*loaded.task,
-                                        "checkpointing " + pp::checkpointing_name(kind), config,
-                                        1, options.link));
+    checkpointing.push_back(measure_run(
+        *loaded.task, "checkpointing " + pp::checkpointing_name(kind), config, 1, options.link));
   }
   const double bubble_ratio = replay.bubble / replay.theory;
   const auto memory_ratio = [&](const TrainingFigures& f) {
@@ -226,24 +225,23 @@ void run(const PipelineBenchOptions& options) {
     return f.step_seconds / checkpointing[0].step_seconds;
   };
   if (options.train.json) {
-    nlohmann::json out = {
-        {"model", nn::gpt_config_text(gpt)},
-        {"mode", comm::reduction_mode_name(base.mode)},
-        {"stages", stages},
-        {"schedule", pp::schedule_name(schedule.kind)},
-        {"virtual_stages", schedule.virtual_stages},
-        {"micro_batches", schedule.micro_batches},
-        {"link", options.link},
-        {"replay",
-         {{"forward_seconds", replay.forward_seconds},
-          {"backward_seconds", replay.backward_seconds},
-          {"step_seconds", replay.step_seconds},
-          {"bubble", replay.bubble},
-          {"theoretical_bubble", replay.theory},
-          {"bubble_over_theory", bubble_ratio}}},
-        {"one_rank", run_json(whole)},
-        {"pipelined", run_json(pipelined)},
-        {"checkpointing", nlohmann::json::array()}};
+    nlohmann::json out = {{"model", nn::gpt_config_text(gpt)},
+                          {"mode", comm::reduction_mode_name(base.mode)},
+                          {"stages", stages},
+                          {"schedule", pp::schedule_name(schedule.kind)},
+                          {"virtual_stages", schedule.virtual_stages},
+                          {"micro_batches", schedule.micro_batches},
+                          {"link", options.link},
+                          {"replay",
+                           {{"forward_seconds", replay.forward_seconds},
+                            {"backward_seconds", replay.backward_seconds},
+                            {"step_seconds", replay.step_seconds},
+                            {"bubble", replay.bubble},
+                            {"theoretical_bubble", replay.theory},
+                            {"bubble_over_theory", bubble_ratio}}},
+                          {"one_rank", run_json(whole)},
+                          {"pipelined", run_json(pipelined)},
+                          {"checkpointing", nlohmann::json::array()}};
     for (const TrainingFigures& f : checkpointing) {
       nlohmann::json row = run_json(f);
       row["memory_reduction"] = memory_ratio(f);
@@ -255,8 +253,9 @@ void run(const PipelineBenchOptions& options) {
     std::cout << fmt::format(
         "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
         "micro-batches of {} window(s), link {}\n",
-        nn::gpt_config_text(gpt), comm::reduction_mode_name(base.mode), stages, pp::schedule_name(schedule.kind),
-        schedule.virtual_stages, schedule.micro_batches, rows, options.link);
+        nn::gpt_config_text(gpt), comm::reduction_mode_name(base.mode), stages,
+        pp::schedule_name(schedule.kind), schedule.virtual_stages, schedule.micro_batches, rows,
+        options.link);
     std::cout << fmt::format(
         "schedule on the runtime, compute replayed (forward {:.2f} ms, backward {:.2f} ms a "
         "stage, measured on 1 rank): step {:.1f} ms, bubble {:.3f} against theory {:.3f}: "

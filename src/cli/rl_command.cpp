@@ -113,6 +113,12 @@ rl::RlConfig parse_rl_config(const RlOptions& options) {
   rl::RlConfig config;
   train::TrainConfig& trainer = config.train;
   parse_trainer_layout(options.layout, trainer);
+  if (trainer.mesh.given && trainer.mesh.pp > 1) {
+    throw ParseError(fmt::format(
+        "--mesh {} --names {}: rl's trainer holds every parameter on every rank for the weight "
+        "sync; it takes dp, fsdp and tp dims, not pp",
+        options.layout.mesh, options.layout.names));
+  }
   config.trainer_ranks = layout_ranks(options.ranks, options.ranks_option, options.layout.mesh);
   config.generator = parse_generator_layout(options, config.trainer_ranks);
   config.init = options.init;
