@@ -34,6 +34,7 @@ struct PipelineBenchOptions {
   std::string stages = "4";
   std::string link = "20us,10";
   std::string rounds = "5";
+  std::string checkpointing_rounds = "3";
 };
 
 /// What the bench measured.
@@ -164,6 +165,29 @@ TrainingFigures measure_run(const train::Task& task, const std::string& name,
   return figures;
 }
 
+/// Activation checkpointing none, full and selective on one rank, alternated for `rounds`
+/// rounds: each one's median step time (the machine's drift falls on all three alike).
+std::vector<TrainingFigures> measure_checkpointing(const train::Task& task,
+                                                   const train::TrainConfig& one,
+                                                   const std::string& link, std::int64_t rounds) {
+  const pp::Checkpointing kinds[] = {pp::Checkpointing::none, pp::Checkpointing::full,
+                                     pp::Checkpointing::selective};
+  std::vector<TrainingFigures> figures(std::size(kinds));
+  std::vector<std::vector<double>> steps(std::size(kinds));
+  for (std::int64_t r = 0; r < rounds; ++r) {
+    for (std::size_t k = 0; k < std::size(kinds); ++k) {
+      train::TrainConfig config = one;
+      config.activation_checkpointing = kinds[k];
+      figures[k] = measure_run(task, "checkpointing " + pp::checkpointing_name(kinds[k]), config,
+                               1, link);
+      steps[k].push_back(figures[k].step_seconds);
+    }
+  }
+  for (std::size_t k = 0; k < std::size(kinds); ++k)
+    figures[k].step_seconds = median(steps[k]);
+  return figures;
+}
+
 std::string peaks_text(const std::vector<std::int64_t>& peaks) {
   std::vector<std::string> texts;
   for (const std::int64_t p : peaks)
@@ -187,6 +211,8 @@ void run(const PipelineBenchOptions& options) {
   if (base.steps == 0) base.steps = 6;
   const std::int64_t stages = integer_option("--stages", options.stages, 2, 64);
   const std::int64_t rounds = integer_option("--rounds", options.rounds, 1, 100);
+  const std::int64_t checkpointing_rounds =
+      integer_option("--checkpointing-rounds", options.checkpointing_rounds, 1, 100);
   options.train.timeout.apply();
   const LoadedTask loaded = load_task(options.train);
   const auto* language = dynamic_cast<const train::LanguageModelling*>(loaded.task.get());
@@ -208,14 +234,8 @@ void run(const PipelineBenchOptions& options) {
   const TrainingFigures pipelined =
       measure_run(*loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)),
                   piped, stages, options.link);
-  std::vector<TrainingFigures> checkpointing;
-  for (const pp::Checkpointing kind :
-       {pp::Checkpointing::none, pp::Checkpointing::full, pp::Checkpointing::selective}) {
-    train::TrainConfig config = one;
-    config.activation_checkpointing = kind;
-    checkpointing.push_back(measure_run(
-        *loaded.task, "checkpointing " + pp::checkpointing_name(kind), config, 1, options.link));
-  }
+  const std::vector<TrainingFigures> checkpointing =
+      measure_checkpointing(*loaded.task, one, options.link, checkpointing_rounds);
   const double bubble_ratio = replay.bubble / replay.theory;
   const auto memory_ratio = [&](const TrainingFigures& f) {
     return static_cast<double>(checkpointing[0].activation_peaks.at(0)) /
@@ -309,6 +329,8 @@ void add_pp_bench(CLI::App& bench) {
   command->add_option("--mode", train.mode, "ordered (default) or exact");
   command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
   command->add_option("--rounds", options->rounds, "replayed steps timed (default 5)");
+  command->add_option("--checkpointing-rounds", options->checkpointing_rounds,
+                      "alternated runs of each activation checkpointing (default 3)");
   add_flag(*command, "--json", train.json, "print one JSON object");
   command->callback([options] { run(*options); });
 }
