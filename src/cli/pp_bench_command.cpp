@@ -178,8 +178,8 @@ std::vector<TrainingFigures> measure_checkpointing(const train::Task& task,
     for (std::size_t k = 0; k < std::size(kinds); ++k) {
       train::TrainConfig config = one;
       config.activation_checkpointing = kinds[k];
-      figures[k] = measure_run(task, "checkpointing " + pp::checkpointing_name(kinds[k]), config,
-                               1, link);
+      figures[k] =
+          measure_run(task, "checkpointing " + pp::checkpointing_name(kinds[k]), config, 1, link);
       steps[k].push_back(figures[k].step_seconds);
     }
   }

@@ -155,9 +155,9 @@ class PipelineStep : public pp::StageWork {
   }
   Tensor forward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& input) override {
     pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
-    const fsdp::Tracer::Span span(model_.sharded().tracer(),
-                                  fmt::format("forward micro-batch {} chunk {}", micro_batch, chunk),
-                                  "pipeline", "compute");
+    const fsdp::Tracer::Span span(
+        model_.sharded().tracer(),
+        fmt::format("forward micro-batch {} chunk {}", micro_batch, chunk), "pipeline", "compute");
     Tensor output = model_.forward_chunk(static_cast<std::size_t>(chunk), input,
                                          batch(micro_batch).input.shape()[1]);
     Held& held = held_[{chunk, micro_batch}];
@@ -176,9 +176,9 @@ class PipelineStep : public pp::StageWork {
   Tensor backward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& grad_output,
                   bool last) override {
     pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
-    const fsdp::Tracer::Span span(model_.sharded().tracer(),
-                                  fmt::format("backward micro-batch {} chunk {}", micro_batch, chunk),
-                                  "pipeline", "compute");
+    const fsdp::Tracer::Span span(
+        model_.sharded().tracer(),
+        fmt::format("backward micro-batch {} chunk {}", micro_batch, chunk), "pipeline", "compute");
     Held held = std::move(held_.at({chunk, micro_batch}));
     held_.erase({chunk, micro_batch});
     held.stash.restore(stage);

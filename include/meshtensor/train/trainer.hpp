@@ -255,6 +255,10 @@ void validate_config(const TrainConfig& config, const Task& task);
 /// for any strategy, mesh, rank count, micro-batch split and mode, and backend; in ordered mode the
 /// replicas are the same bits on every rank and a rerun with the same layout repeats them.
 ///
+/// With a pp mesh dim (a GPT) the blocks split into pipeline stages that run
+/// config.pipeline_schedule over config.micro_batches; the exact-mode promise holds for every pp
+/// degree, schedule and activation checkpointing too.
+///
 /// Checkpoints (config.save_dir, config.resume_dir) hold the parameters, the optimizer state,
 /// the step, the position in the data order and the seed, sharded as the run holds them; a
 /// resume loads them onto this run's layout, whatever the saving run's, and continues with the
