@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <meshtensor/comm/mpi_backend.hpp>
+#include <meshtensor/comm/peer.hpp>
 #include <meshtensor/core/error.hpp>
 
 using namespace meshtensor;
@@ -26,6 +27,16 @@ int main(int argc, char** argv) {
           } else {
             Tensor buffer({4}, DType::f32);
             world.all_reduce(buffer);
+          }
+        } else if (scenario == "peer_mismatch") {
+          // A 4-element send meets an 8-element receive on a point-to-point link: both sides
+          // named, no hang (the header travels first without check mode).
+          comm::PeerChannels links(world, {{0, 1, 0}});
+          if (world.rank() == 0) {
+            links.send(Tensor::zeros({4}, DType::f32), 1, 0, "activation 0");
+          } else {
+            Tensor wrong({8}, DType::f32);
+            links.recv(wrong, 0, 0, "activation 0");
           }
         } else if (scenario == "timeout") {
           // Rank 1 never joins the barrier.
