@@ -102,7 +102,7 @@ class ReplayedStages : public pp::StageWork {
   Tensor loss_gradient(std::int64_t, const Tensor&) override {
     return Tensor::zeros(boundary_, DType::f32);
   }
-  Tensor backward(std::int64_t, std::int64_t, const Tensor&, bool) override {
+  Tensor backward(std::int64_t, std::int64_t, const Tensor&) override {
     std::this_thread::sleep_for(backward_);
     return Tensor::zeros(boundary_, DType::f32);
   }
@@ -155,9 +155,7 @@ TrainingFigures measure_run(const train::Task& task, const std::string& name,
         const train::TrainResult result = train::train(world, task, config);
         if (world.rank() != 0) return;
         figures.step_seconds = steady_step_seconds(result.step_seconds);
-        std::vector<double> bubbles = result.pipeline.step_bubbles;
-        if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
-        figures.bubble = median(bubbles);
+        figures.bubble = steady_median(result.pipeline.step_bubbles, 1);
         figures.activation_peaks = result.activation_peaks;
         figures.digest = result.digest;
       },
@@ -315,10 +313,7 @@ void add_pp_bench(CLI::App& bench) {
       "stage's activation peak, and activation checkpointing's memory and step time");
   TrainOptions& train = options->train;
   train.model = "gpt";
-  train.steps = "6";
-  add_shared_train_options(*command, train);
-  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 6)");
-  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  add_timed_train_options(*command, train, "6");
   command->add_option("--stages", options->stages, "pp ranks (default 4)");
   command->add_option("--micro-batches", train.micro_batches,
                       "micro-batches a step (default 2 per pp rank)");

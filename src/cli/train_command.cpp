@@ -164,6 +164,14 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
   options.timeout.add_to(command);
 }
 
+void add_timed_train_options(CLI::App& command, TrainOptions& options, const std::string& steps) {
+  options.steps = steps;
+  add_shared_train_options(command, options);
+  options.steps_option =
+      command.add_option("--steps", options.steps, fmt::format("timed steps (default {})", steps));
+  options.epochs_option = command.add_option("--epochs", options.epochs, "epochs instead of steps");
+}
+
 double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
   std::sort(values.begin(), values.end());
@@ -171,10 +179,14 @@ double median(std::vector<double> values) {
 }
 
 /// The median step time after the first two (which allocate and warm the caches).
+double steady_median(const std::vector<double>& values, std::size_t warmup) {
+  if (values.empty()) return 0.0;
+  const auto skip = static_cast<std::ptrdiff_t>(std::min(warmup, values.size() - 1));
+  return median(std::vector<double>(values.begin() + skip, values.end()));
+}
+
 double steady_step_seconds(const std::vector<double>& steps) {
-  if (steps.empty()) return 0.0;
-  const auto skip = static_cast<std::ptrdiff_t>(std::min<std::size_t>(2, steps.size() - 1));
-  return median(std::vector<double>(steps.begin() + skip, steps.end()));
+  return steady_median(steps, 2);
 }
 
 namespace {
@@ -282,14 +294,6 @@ RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
   return files;
 }
 
-/// The median of the steps' measured bubbles after the first (which sets things up).
-double median_bubble(std::vector<double> bubbles) {
-  if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
-  if (bubbles.empty()) return 0.0;
-  std::sort(bubbles.begin(), bubbles.end());
-  return bubbles[bubbles.size() / 2];
-}
-
 /// The pipeline's stages and bubble, and every rank's activation peak.
 void print_pipeline(const train::TrainResult& result, const std::string& checkpointing) {
   if (result.pipeline.stages > 0) {
@@ -297,7 +301,8 @@ void print_pipeline(const train::TrainResult& result, const std::string& checkpo
     std::cout << fmt::format(
         "pipeline: {} stages, {} schedule, {} micro-batches; bubble of rank 0 {:.3f} (theory "
         "{:.3f})\n",
-        p.stages, p.schedule, p.micro_batches, median_bubble(p.step_bubbles), p.theoretical_bubble);
+        p.stages, p.schedule, p.micro_batches, steady_median(p.step_bubbles, 1),
+        p.theoretical_bubble);
     for (std::size_t s = 0; s < p.stage_units.size(); ++s)
       std::cout << fmt::format("  stage {}: {}\n", s, p.stage_units[s]);
   }
@@ -452,7 +457,7 @@ void run_train(const TrainOptions& options) {
                                       {"micro_batches", p.micro_batches},
                                       {"stage_units", p.stage_units},
                                       {"theoretical_bubble", p.theoretical_bubble},
-                                      {"measured_bubble", median_bubble(p.step_bubbles)}};
+                                      {"measured_bubble", steady_median(p.step_bubbles, 1)}};
           }
           if (options.explain_parallelism) {
             final_json["parallel_plan"] = result.parallel_plan;
@@ -1164,11 +1169,8 @@ void add_fsdp_bench(CLI::App& bench) {
       "Exposed communication of FSDP on a simulated link with and without prefetch, FSDP against "
       "DDP step time and peak memory, and one exact digest over DDP, FSDP and HSDP layouts");
   TrainOptions& train = options->train;
-  train.steps = "12";
   train.ranks = "8";
-  add_shared_train_options(*command, train);
-  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 12)");
-  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  add_timed_train_options(*command, train, "12");
   train.ranks_option = command->add_option("--ranks", train.ranks, "thread ranks (default 8)");
   command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
   options->topology.add_to(*command, /*with_link=*/false);
@@ -1188,10 +1190,7 @@ void add_tp_bench(CLI::App& bench) {
       "per step, and exact against ordered TP step time");
   TrainOptions& train = options->train;
   train.model = "gpt";
-  train.steps = "6";
-  add_shared_train_options(*command, train);
-  train.steps_option = command->add_option("--steps", train.steps, "timed steps (default 6)");
-  train.epochs_option = command->add_option("--epochs", train.epochs, "epochs instead of steps");
+  add_timed_train_options(*command, train, "6");
   command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
   options->topology.add_to(*command, /*with_link=*/false);
   command->add_option("--rounds", options->rounds,

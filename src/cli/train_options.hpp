@@ -89,10 +89,17 @@ LoadedTask load_task(const TrainOptions& options);
 /// meaning and defaults.
 void add_shared_train_options(CLI::App& command, TrainOptions& options);
 
+/// add_shared_train_options and a benchmark's --steps (default `steps`, timed) and --epochs.
+void add_timed_train_options(CLI::App& command, TrainOptions& options, const std::string& steps);
+
 /// The median of `values` (the upper one of an even count); 0 when empty.
 double median(std::vector<double> values);
 
-/// The median step time after the first steps (which warm caches up).
+/// The median of per-step figures after the first `warmup` steps (which set things up and warm
+/// caches; at least one value is kept); 0 when empty.
+double steady_median(const std::vector<double>& values, std::size_t warmup);
+
+/// steady_median of step times after the first two.
 double steady_step_seconds(const std::vector<double>& steps);
 
 }  // namespace meshtensor::cli

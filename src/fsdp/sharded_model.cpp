@@ -744,7 +744,7 @@ void ShardedModel::add_indexed_rows(const nn::Parameter& p, std::span<const std:
 }
 
 Tensor ShardedModel::forward(const Tensor& input) {
-  return nn::run_forward(root_, input);
+  return forward(root_, input);
 }
 
 Tensor ShardedModel::backward(const Tensor& grad_output, bool need_input_grad) {

@@ -409,10 +409,19 @@ void Linear::restore_saved(SavedState saved) {
   input_shape_ = std::move(saved.shapes.at(0));
 }
 
-SavedState ReLU::take_saved() {
+namespace {
+
+/// The state of a layer that keeps one tensor, moved out of it.
+SavedState take_tensor(Tensor& kept) {
   SavedState saved;
-  saved.tensors.push_back(std::exchange(input_, Tensor()));
+  saved.tensors.push_back(std::exchange(kept, Tensor()));
   return saved;
+}
+
+}  // namespace
+
+SavedState ReLU::take_saved() {
+  return take_tensor(input_);
 }
 
 void ReLU::restore_saved(SavedState saved) {
@@ -420,9 +429,7 @@ void ReLU::restore_saved(SavedState saved) {
 }
 
 SavedState GELU::take_saved() {
-  SavedState saved;
-  saved.tensors.push_back(std::exchange(input_, Tensor()));
-  return saved;
+  return take_tensor(input_);
 }
 
 void GELU::restore_saved(SavedState saved) {

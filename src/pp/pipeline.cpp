@@ -85,11 +85,7 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
   const auto start = Clock::now();
   const std::int64_t last_stage = config_.stages() - 1;
   std::map<std::int64_t, Tensor> loss_grads;  // micro-batch -> gradient of the last stage's output
-  std::size_t last_backward = 0;
-  for (std::size_t i = 0; i < actions_.size(); ++i)
-    if (actions_[i].kind == PipelineAction::Kind::backward) last_backward = i;
-  for (std::size_t i = 0; i < actions_.size(); ++i) {
-    const PipelineAction& action = actions_[i];
+  for (const PipelineAction& action : actions_) {
     const std::int64_t stage = stage_of(config_, rank_, action.chunk);
     const std::int64_t mb = action.micro_batch;
     if (action.kind == PipelineAction::Kind::forward) {
@@ -116,7 +112,7 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
         grad = receive(stage + 1, stage, mb, work.boundary_shape(mb), true);
       }
       const auto computing = Clock::now();
-      const Tensor grad_input = work.backward(action.chunk, mb, grad, i == last_backward);
+      const Tensor grad_input = work.backward(action.chunk, mb, grad);
       if (stage > 0) deliver(grad_input, stage, stage - 1, mb, true);
       stats.wait_seconds += seconds_between(waiting, computing);
       stats.busy_seconds += seconds_between(computing, Clock::now());

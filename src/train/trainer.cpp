@@ -155,9 +155,9 @@ class PipelineStep : public pp::StageWork {
   }
   Tensor forward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& input) override {
     pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
-    const fsdp::Tracer::Span span(
-        model_.sharded().tracer(),
-        fmt::format("forward micro-batch {} chunk {}", micro_batch, chunk), "pipeline", "compute");
+    const fsdp::Tracer::Span span(model_.sharded().tracer(),
+                                  action_name("forward", chunk, micro_batch), "pipeline",
+                                  "compute");
     Tensor output = model_.forward_chunk(static_cast<std::size_t>(chunk), input,
                                          batch(micro_batch).input.shape()[1]);
     Held& held = held_[{chunk, micro_batch}];
@@ -173,16 +173,15 @@ class PipelineStep : public pp::StageWork {
     correct_ += loss.correct;
     return loss.grad_logits;
   }
-  Tensor backward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& grad_output,
-                  bool last) override {
+  Tensor backward(std::int64_t chunk, std::int64_t micro_batch,
+                  const Tensor& grad_output) override {
     pp::StageModule& stage = model_.chunk(static_cast<std::size_t>(chunk));
-    const fsdp::Tracer::Span span(
-        model_.sharded().tracer(),
-        fmt::format("backward micro-batch {} chunk {}", micro_batch, chunk), "pipeline", "compute");
+    const fsdp::Tracer::Span span(model_.sharded().tracer(),
+                                  action_name("backward", chunk, micro_batch), "pipeline",
+                                  "compute");
     Held held = std::move(held_.at({chunk, micro_batch}));
     held_.erase({chunk, micro_batch});
     held.stash.restore(stage);
-    (void)last;  // the step ends after the pipeline sent every gradient (end_step)
     model_.prepare_chunk_backward(static_cast<std::size_t>(chunk), micro_batch,
                                   static_cast<std::int64_t>(batches_.size()));
     Tensor grad_input = model_.backward_chunk(static_cast<std::size_t>(chunk), grad_output,
@@ -199,6 +198,11 @@ class PipelineStep : public pp::StageWork {
     nn::ActivationStash stash;
     std::int64_t bytes = 0;
   };
+  /// The trace name of an action (formatted only while tracing).
+  std::string action_name(const char* kind, std::int64_t chunk, std::int64_t micro_batch) {
+    if (!model_.sharded().tracer().enabled()) return {};
+    return fmt::format("{} micro-batch {} chunk {}", kind, micro_batch, chunk);
+  }
   const Batch& batch(std::int64_t micro_batch) const {
     return batches_.at(static_cast<std::size_t>(micro_batch));
   }

@@ -103,6 +103,9 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
   sharded_ = std::make_unique<fsdp::ShardedModel>(*root_, *groups_, runtime);
   shard_groups();
   release_other_stages();
+  find_chunk_groups();
+  // The chunks end at different times: the step ends once the pipeline has sent every gradient.
+  if (pipeline_ != nullptr) sharded_->set_end_step_in_backward(false);
   if (!with_optimizer) return;
   if (config.optimizer == OptimizerKind::adamw) {
     optimizer_ = std::make_unique<nn::AdamW>(sharded_->optimizer_slots(), config.weight_decay);
@@ -155,9 +158,13 @@ void TrainingModel::build_stages(const TrainConfig& config) {
   const pp::ScheduleConfig schedule{config.pipeline_schedule, ranks, virtual_stages(config),
                                     config.micro_batches};
   const auto split = pp::split_blocks(gpt->config().layers, schedule.stages());
+  std::map<const nn::Parameter*, std::int64_t> owner;
   for (std::size_t s = 0; s < split.size(); ++s) {
     const auto units = units_of_stage(*gpt, split, s);
     stage_units_.push_back(describe_units(units));
+    for (const auto& unit : units)
+      for (const nn::Parameter* p : unit.second->parameters())
+        owner[p] = static_cast<std::int64_t>(s) % ranks;
     if (static_cast<std::int64_t>(s) % ranks != pp_rank) continue;
     std::vector<bool> checkpointed;
     for (const auto& [name, unit] : units) {
@@ -180,6 +187,9 @@ void TrainingModel::build_stages(const TrainConfig& config) {
     stage_root_ = std::make_unique<pp::StageChunks>(std::move(chunks));
     root_ = stage_root_.get();
   }
+  pp_rank_ = pp_rank;
+  for (const nn::Parameter* p : model_->parameters())
+    pp_owner_.push_back(owner.at(p));
   if (ranks > 1) {
     pp_group_ = groups_->group(std::vector<int>{layout_.pp_dim});
     pipeline_ = std::make_unique<pp::Pipeline>(*pp_group_, schedule);
@@ -189,14 +199,16 @@ void TrainingModel::build_stages(const TrainConfig& config) {
 /// With a pipeline: the parameters of the other ranks' stages hold nothing (their whole shapes
 /// stay in whole_shapes_).
 void TrainingModel::release_other_stages() {
-  std::set<const nn::Parameter*> local;
-  for (const nn::Parameter* p : root_->parameters())
-    local.insert(p);
-  for (nn::Parameter* p : model_->parameters()) {
-    if (local.contains(p)) continue;
-    p->value = Tensor();
-    p->grad = Tensor();
+  const std::vector<nn::Parameter*> all = model_->parameters();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (holds(i)) continue;
+    all[i]->value = Tensor();
+    all[i]->grad = Tensor();
   }
+}
+
+/// The FSDP groups of each chunk (whose flags prepare_chunk_backward sets).
+void TrainingModel::find_chunk_groups() {
   for (auto& chunk : chunks_) {
     std::set<const nn::Module*> inside;
     for (const auto& [path, module] : nn::named_modules(*chunk))
@@ -216,9 +228,7 @@ Shape TrainingModel::boundary_shape(std::int64_t rows, std::int64_t sequence) co
 }
 
 void TrainingModel::prepare_chunk_backward(std::size_t chunk, std::int64_t k, std::int64_t count) {
-  // The chunk's groups reduce (and exact sums round) after its last micro-batch; the step ends
-  // once the pipeline has sent every gradient (ShardedModel::end_step).
-  sharded_->set_end_step_in_backward(false);
+  // The chunk's groups reduce (and exact sums round) after its last micro-batch.
   sharded_->set_is_last_backward(k + 1 == count);
   for (fsdp::ShardedModule* group : chunk_groups_.at(chunk)) {
     group->set_requires_gradient_sync(k + 1 == count);
@@ -357,22 +367,12 @@ std::vector<Tensor> TrainingModel::whole_parameters() {
   for (std::size_t i = 0; i < local.size(); ++i)
     mine[local[i]] = values[i];
   const std::vector<nn::Parameter*> all = model_->parameters();
-  std::vector<int> owner(all.size(), 0);
-  for (std::size_t i = 0; i < all.size(); ++i)
-    owner[i] = mine.contains(all[i]) ? pp_group_->rank() : 0;
-  Tensor owners(Shape{static_cast<std::int64_t>(all.size())}, DType::i64);
-  for (std::size_t i = 0; i < all.size(); ++i)
-    owners.values<std::int64_t>()[i] = owner[i];
-  comm::CollectiveOptions options;
-  options.op = ReduceOp::max;
-  options.label = "parameter owners";
-  pp_group_->all_reduce(owners, options);
   std::vector<Tensor> whole;
+  comm::CollectiveOptions options;
   options.label = "whole parameters";
   for (std::size_t i = 0; i < all.size(); ++i) {
-    const auto root = static_cast<int>(owners.values<std::int64_t>()[i]);
-    Tensor value = root == pp_group_->rank() ? mine.at(all[i]).contiguous()
-                                             : Tensor(whole_shapes_[i], DType::f32);
+    const auto root = static_cast<int>(pp_owner_[i]);
+    Tensor value = holds(i) ? mine.at(all[i]).contiguous() : Tensor(whole_shapes_[i], DType::f32);
     pp_group_->broadcast(value, root, options);
     whole.push_back(std::move(value));
   }
@@ -419,12 +419,9 @@ std::vector<checkpoint::SaveItem> TrainingModel::state(const std::string& prefix
     for (const auto& [state, tensor] : optimizer_->slot_state(0))
       states.push_back(state);
   }
-  std::set<const nn::Parameter*> local;
-  for (const nn::Parameter* p : root_->parameters())
-    local.insert(p);
   const std::vector<nn::Parameter*> all = model_->parameters();
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (local.contains(all[i])) continue;
+    if (holds(i)) continue;
     const Shape& whole = whole_shapes_[i];
     std::vector<std::int64_t> none = whole.dims();
     none[0] = 0;
@@ -452,7 +449,7 @@ Tensor TrainingModel::forward_logits(const Tensor& tokens) {
       return model.forward_chunk(static_cast<std::size_t>(chunk), input, tokens.shape()[1]);
     }
     Tensor loss_gradient(std::int64_t, const Tensor&) override { return {}; }
-    Tensor backward(std::int64_t, std::int64_t, const Tensor&, bool) override { return {}; }
+    Tensor backward(std::int64_t, std::int64_t, const Tensor&) override { return {}; }
   } work(*this, tokens);
   Tensor logits = pipeline_->forward_only(work);
   nn::ActivationStash::take(*root_);  // nothing runs backward after an evaluation

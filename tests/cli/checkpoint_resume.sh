@@ -20,13 +20,7 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
-same() {
-  if [ -z "$2" ] || [ "$1" != "$2" ]; then
-    echo "FAILED: $3: digest '$2', expected '$1'"
-    exit 1
-  fi
-  echo "ok: $3: $2"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 case $case_name in
 exact_layouts)

@@ -12,14 +12,7 @@ case_name=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p"; }
-same() {
-  if [ -z "$2" ] || [ "$1" != "$2" ]; then
-    echo "FAILED: $3: '$2', expected '$1'"
-    exit 1
-  fi
-  echo "ok: $3: $2"
-}
+source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 run=(train --mode exact --model gpt:layers=2,heads=4,dim=32,context=24 --batch 8 --steps 3 --seed 4)
 case $case_name in

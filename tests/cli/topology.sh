@@ -6,7 +6,7 @@ fail() {
   echo "FAILED: $*"
   exit 1
 }
-field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" | head -1; }
+source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 # plan: seed 000's all_reduce runs in two levels on hosts of 8, and says why.
 out=$("$bin" plan --mesh 8x5 --names ddp,fsdp --from P,P --to R,R --shape 1024x1024 \

@@ -204,7 +204,7 @@ class AddStages : public StageWork {
     outputs[mb] = output.values<float>()[0];
     return Tensor::full(output.shape(), DType::f32, 1.0);
   }
-  Tensor backward(std::int64_t chunk, std::int64_t mb, const Tensor& grad, bool) override {
+  Tensor backward(std::int64_t chunk, std::int64_t mb, const Tensor& grad) override {
     Tensor out = grad.clone();
     for (float& v : out.values<float>())
       v *= 2.0F;

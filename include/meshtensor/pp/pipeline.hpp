@@ -27,9 +27,9 @@ class StageWork {
   /// On the last stage: the loss of `micro_batch`'s output; returns the output's gradient.
   virtual Tensor loss_gradient(std::int64_t micro_batch, const Tensor& output) = 0;
   /// The backward of `micro_batch` through chunk `chunk`: the gradient of its input (undefined on
-  /// stage 0). `last` is true for the rank's last backward of the step.
-  virtual Tensor backward(std::int64_t chunk, std::int64_t micro_batch, const Tensor& grad_output,
-                          bool last) = 0;
+  /// stage 0).
+  virtual Tensor backward(std::int64_t chunk, std::int64_t micro_batch,
+                          const Tensor& grad_output) = 0;
 };
 
 /// Figures of one step on one rank.

@@ -148,6 +148,9 @@ class TrainingModel {
   void shard_groups();
   void build_stages(const TrainConfig& config);
   void release_other_stages();
+  void find_chunk_groups();
+  /// Whether this rank holds parameter i of model_->parameters() (its stage runs here).
+  bool holds(std::size_t i) const { return pp_owner_.empty() || pp_owner_[i] == pp_rank_; }
   std::vector<Tensor> stage_parameters();  // whole (tp-gathered) values of root_'s parameters
 
   comm::Communicator& world_;
@@ -163,7 +166,9 @@ class TrainingModel {
   std::vector<std::string> stage_units_;
   std::shared_ptr<comm::Communicator> pp_group_;
   std::unique_ptr<pp::Pipeline> pipeline_;
-  std::vector<Shape> whole_shapes_;  // of model_->parameters(), before any is released
+  std::vector<Shape> whole_shapes_;     // of model_->parameters(), before any is released
+  std::vector<std::int64_t> pp_owner_;  // per model_->parameters(): the pp rank holding it (GPT)
+  std::int64_t pp_rank_ = 0;
   std::int64_t parameter_count_ = 0;
   std::int64_t activation_bytes_ = 0;
   std::unique_ptr<comm::MeshGroups> groups_;
