@@ -37,14 +37,33 @@ struct ServeCliOptions {
   std::string api_key;
   std::string model_name = "meshtensor-gpt";
   std::string stream_interval_ms = "10";
+  std::string max_connections = "4096";
   bool batch_variant = false;
 };
 
 /// The API key: --api-key, else the environment variable MESHTENSOR_API_KEY (empty: none).
+/// A key no client could send in a header (a control byte, spaces at an end) is refused.
 std::string api_key(const ServeCliOptions& options) {
-  if (!options.api_key.empty()) return options.api_key;
   const char* from_environment = std::getenv("MESHTENSOR_API_KEY");
-  return from_environment != nullptr ? from_environment : "";
+  const bool given = !options.api_key.empty();
+  const std::string key = given ? options.api_key : from_environment ? from_environment : "";
+  const char* source = given ? "--api-key" : "MESHTENSOR_API_KEY";
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(key[i]);
+    if (byte < 0x20 || byte == 0x7f) {
+      throw ParseError(
+          fmt::format("{}: byte {} of the key is the control character 0x{:02x}: "
+                      "no request could send it in an Authorization header",
+                      source, i, byte));
+    }
+  }
+  if (!key.empty() && (key.front() == ' ' || key.back() == ' ')) {
+    throw ParseError(
+        fmt::format("{}: the key starts or ends with a space, which HTTP drops "
+                    "from a header: no request could match it",
+                    source));
+  }
+  return key;
 }
 
 serve::ServeConfig serve_config(const ServeCliOptions& options) {
@@ -69,6 +88,7 @@ serve::ServeConfig serve_config(const ServeCliOptions& options) {
   config.model_name = options.model_name;
   config.stream_interval_ms =
       integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
+  config.max_connections = integer_option("--max-connections", options.max_connections, 1, 1 << 20);
   if (options.batch_variant) config.batch_variant = bench::openblas_linear_matmul();
   return config;
 }
@@ -186,6 +206,9 @@ void add_serve_command(CLI::App& app) {
   command->add_option("--stream-interval-ms", options->stream_interval_ms,
                       "after its first chunk, a stream writes at most once per interval, "
                       "carrying every token that arrived meanwhile (default 10; 0: every step)");
+  command->add_option("--max-connections", options->max_connections,
+                      "connections open at once; more are answered 503 and closed (default "
+                      "4096, less when the process may not open that many files)");
   add_flag(*command, "--batch-variant", options->batch_variant,
            "run the batch-variant fast path (OpenBLAS sgemm in every Linear), giving up "
            "batch invariance: for comparisons only");

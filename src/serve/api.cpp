@@ -93,6 +93,25 @@ const std::set<std::string>& known_fields() {
   return fields;
 }
 
+/// Why `body` is not valid JSON, naming the top-level field the parser stopped in (a number
+/// past the range of a double, such as 1e999, is one).
+ApiError invalid_json(std::string_view body) {
+  std::string key;
+  const json::parser_callback_t last_key = [&](int depth, json::parse_event_t event, json& value) {
+    if (depth == 1 && event == json::parse_event_t::key) key = value.get<std::string>();
+    return true;
+  };
+  try {
+    const json reparsed = json::parse(body, last_key);
+    (void)reparsed;
+  } catch (const json::out_of_range& e) {
+    return bad(key, fmt::format("'{}' is not a number the server can read: {}", key, e.what()));
+  } catch (const json::exception& e) {
+    return bad(key, fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  return bad("", "the request body is not valid JSON");
+}
+
 json parse_body(std::string_view body) {
   json doc;
   try {
@@ -100,15 +119,7 @@ json parse_body(std::string_view body) {
   } catch (const Error& e) {
     throw bad("", e.what());
   }
-  if (doc.is_discarded()) {
-    try {
-      const json reparsed = json::parse(body);
-      (void)reparsed;
-    } catch (const json::parse_error& e) {
-      throw bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
-    }
-    throw bad("", "the request body is not valid JSON");
-  }
+  if (doc.is_discarded()) throw invalid_json(body);
   if (!doc.is_object()) {
     throw bad("", fmt::format("the request body must be a JSON object, got {}", excerpt(doc)));
   }
@@ -370,7 +381,11 @@ Json logprobs_object(const CompletionParams& params, const ChoiceResult& choice,
   Json logprobs = Json::array();
   Json tops = Json::array();
   Json offsets = Json::array();
-  std::int64_t offset = 0;
+  // Offsets count bytes of the choice's whole text (the echoed prompt first), also in a
+  // stream's later chunks.
+  std::int64_t offset =
+      static_cast<std::int64_t>(from) +
+      (params.echo && !with_prompt ? static_cast<std::int64_t>(choice.prompt.size()) : 0);
   const bool top = params.logprobs.value_or(0) > 0;
   const auto add = [&](std::int64_t token, const generate::ScoredToken* scored) {
     tokens.push_back(token_label(token));

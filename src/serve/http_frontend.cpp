@@ -1,14 +1,14 @@
 #include "http_frontend.hpp"
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <deque>
-#include <httplib.h>
-#include <optional>
 #include <pthread.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 
 #include <fmt/format.h>
 
@@ -18,81 +18,34 @@ namespace meshtensor::serve {
 
 namespace {
 
-constexpr auto kWriterWait = std::chrono::milliseconds(100);
+using boost::system::error_code;
 
-/// The HTTP threads: cpp-httplib's pool, but each thread runs at a lower scheduling priority
-/// (nice +5) than the generation loop, so that parsing and writing never delay a decode step on
-/// a busy machine (the tokens they would write simply go out together).
-class LowPriorityPool : public httplib::TaskQueue {
- public:
-  explicit LowPriorityPool(std::size_t threads) {
-    for (std::size_t i = 0; i < threads; ++i)
-      threads_.emplace_back([this] { work(); });
-  }
-  ~LowPriorityPool() override {
-    shutdown();
-    for (std::thread& t : threads_)
-      if (t.joinable()) t.join();
-  }
-  void enqueue(std::function<void()> task) override {
-    {
-      const std::lock_guard lock(mutex_);
-      tasks_.push_back(std::move(task));
-    }
-    ready_.notify_one();
-  }
-  void shutdown() override {
-    {
-      const std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    ready_.notify_all();
-  }
+/// Descriptors the process keeps for itself besides its connections (files, logs, sockets).
+constexpr std::int64_t kReservedFiles = 128;
 
- private:
-  void work() {
-    // Linux keeps a nice value per thread; failing to set it only costs speed.
-    (void)setpriority(PRIO_PROCESS, 0, 5);
-    (void)pthread_setname_np(pthread_self(), "meshtensor-http");
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock lock(mutex_);
-        ready_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
+Answer error_answer(const ApiError& error) {
+  Answer answer{error.status, dump(error_body(error))};
+  if (error.status == 429 || error.status == 503) answer.headers.emplace_back("Retry-After", "1");
+  return answer;
+}
 
-  std::vector<std::thread> threads_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
-};
+Reply answer_with(Answer answer) {
+  Reply reply;
+  reply.answer = std::move(answer);
+  return reply;
+}
 
-/// cpp-httplib listens with a backlog of 5 connections: clients connecting at once beyond that
-/// wait for a SYN retry or fail. Listening again on the bound socket raises it.
-class WideBacklogServer : public httplib::Server {
- public:
-  void widen_backlog() {
-    if (::listen(svr_sock_, SOMAXCONN) != 0) {
-      throw InvalidArgument(
-          fmt::format("cannot widen the listen backlog: {}", std::strerror(errno)));
-    }
-  }
-};
+Reply json_reply(const Json& value) {
+  return answer_with({200, dump(value)});
+}
 
-void send_error(httplib::Response& response, const ApiError& error) {
-  response.status = error.status;
-  response.set_content(dump(error_body(error)), "application/json");
+/// A request target's path (the query removed).
+std::string path_of(std::string_view target) {
+  return std::string(target.substr(0, target.find('?')));
 }
 
 /// A bounded, printable excerpt of a path for messages.
-std::string shown_path(const std::string& path) {
+std::string shown_path(std::string_view path) {
   std::string shown;
   for (const char c : path.substr(0, 80))
     shown += (c >= 0x20 && c < 0x7f) ? c : '?';
@@ -120,13 +73,40 @@ const char* method_of(const std::string& path) {
   return nullptr;
 }
 
-bool same_secret(const std::string& given, const std::string& expected) {
+Answer no_route(std::string_view method, const std::string& path) {
+  if (const char* allowed = method_of(path)) {
+    return error_answer(
+        {405, fmt::format("{} is not allowed on {}: use {}", shown_path(method), path, allowed),
+         "invalid_request_error", "", ""});
+  }
+  return error_answer({404,
+                       fmt::format("No endpoint {} {}: the server has POST /v1/completions, GET "
+                                   "/v1/models, GET /health, GET /metrics and POST /admin/reload",
+                                   shown_path(method), shown_path(path)),
+                       "invalid_request_error", "", ""});
+}
+
+bool same_secret(std::string_view given, const std::string& expected) {
   // Compares every byte whatever differs first, so timing does not tell how much matched.
   unsigned char differ = given.size() == expected.size() ? 0 : 1;
   for (std::size_t i = 0; i < given.size(); ++i)
     differ |= static_cast<unsigned char>(given[i] ^
                                          expected[i % std::max<std::size_t>(expected.size(), 1)]);
   return differ == 0;
+}
+
+/// Lets the process open `wanted` files if its hard limit allows; returns how many it may.
+std::int64_t raise_file_limit(std::int64_t wanted) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return wanted;
+  if (limit.rlim_cur != RLIM_INFINITY && static_cast<std::int64_t>(limit.rlim_cur) < wanted) {
+    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY
+                         ? static_cast<rlim_t>(wanted)
+                         : std::min<rlim_t>(limit.rlim_max, static_cast<rlim_t>(wanted));
+    (void)setrlimit(RLIMIT_NOFILE, &limit);
+    (void)getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? wanted : static_cast<std::int64_t>(limit.rlim_cur);
 }
 
 }  // namespace
@@ -138,144 +118,98 @@ HttpFrontend::HttpFrontend(const ServeConfig& config, Scheduler& scheduler, Metr
       metrics_(metrics),
       model_(std::move(model)),
       random_(std::random_device{}()),
-      server_(std::make_unique<WideBacklogServer>()) {
-  add_routes();
+      io_(std::make_unique<net::io_context>()) {
+  limits_.max_body_bytes = static_cast<std::uint64_t>(config_.limits.max_body_bytes);
+  limits_.request_timeout = config_.request_timeout;
+  limits_.idle_timeout = config_.idle_timeout;
+  limits_.stream_interval = std::chrono::milliseconds(config_.stream_interval_ms);
 }
 
 HttpFrontend::~HttpFrontend() {
-  if (listener_.joinable()) {
-    server_->stop();
-    listener_.join();
+  if (!threads_.empty()) {
+    io_->stop();
+    for (std::thread& thread : threads_)
+      thread.join();
   }
 }
 
-void HttpFrontend::add_routes() {
-  httplib::Server& s = *server_;
-  const std::int64_t threads =
-      config_.http_threads > 0
-          ? config_.http_threads
-          : std::min<std::int64_t>(1024, config_.max_queue + config_.max_batch + 16);
-  s.new_task_queue = [threads] { return new LowPriorityPool(static_cast<std::size_t>(threads)); };
-  s.set_payload_max_length(static_cast<std::size_t>(config_.limits.max_body_bytes));
-  s.set_keep_alive_max_count(1000);
-  s.set_read_timeout(10, 0);
-  s.set_write_timeout(30, 0);
-  s.set_tcp_nodelay(true);
-  // cpp-httplib's default adds SO_REUSEPORT, which would let a second server share the port
-  // silently; SO_REUSEADDR alone still allows a quick restart.
-  s.set_socket_options([](socket_t sock) {
-    const int yes = 1;
-    (void)setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  // Runs before the library reads a body.
-  s.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    return authorized(request, response) && length_given(request, response)
-               ? httplib::Server::HandlerResponse::Unhandled
-               : httplib::Server::HandlerResponse::Handled;
-  });
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
+std::optional<Answer> HttpFrontend::screen(const HttpHeader& header) {
+  const std::string path = path_of(view(header.target()));
+  const bool guarded = path.rfind("/v1/", 0) == 0 || path.rfind("/admin/", 0) == 0;
+  if (!config_.api_key.empty() && guarded) {
+    const std::string_view given = view(header[http::field::authorization]);
+    const std::string_view prefix = "Bearer ";
+    if (given.empty()) {
+      return error_answer({401, "You didn't provide an API key: send 'Authorization: Bearer KEY'",
+                           "invalid_request_error", "", "invalid_api_key"});
+    }
+    if (given.substr(0, prefix.size()) != prefix ||
+        !same_secret(given.substr(prefix.size()), config_.api_key)) {
+      return error_answer(
+          {401, "Incorrect API key provided", "invalid_request_error", "", "invalid_api_key"});
+    }
+  }
+  // A body must say its length, so that it is judged against the limit before it is read.
+  if (header.method() == http::verb::post && header.count(http::field::content_length) == 0) {
+    return error_answer({411,
+                         "A POST needs a Content-Length header: bodies are checked against the "
+                         "limit before they are read (send an empty body with curl -d '')",
+                         "invalid_request_error", "", ""});
+  }
+  return std::nullopt;
+}
+
+Reply HttpFrontend::route(const HttpRequest& request, std::function<void()> on_change) {
+  const std::string path = path_of(view(request.target()));
+  const http::verb method = request.method();
+  if (method == http::verb::get && method_of(path) != nullptr &&
+      std::string_view(method_of(path)) == "GET") {
+    return get(path);
+  }
+  if (method == http::verb::post && path == "/v1/completions")
+    return completions(request, std::move(on_change));
+  if (method == http::verb::post && path == "/admin/reload") return admin_reload();
+  if (method == http::verb::post && path == "/v1/chat/completions") {
+    return answer_with(error_answer({404,
+                                     "/v1/chat/completions is not served: the model is a "
+                                     "byte-level GPT that was not tuned for chat; use "
+                                     "/v1/completions",
+                                     "invalid_request_error", "", "unsupported_endpoint"}));
+  }
+  return answer_with(no_route(view(request.method_string()), path));
+}
+
+Reply HttpFrontend::get(const std::string& path) {
+  if (path == "/health") {
     const bool draining = scheduler_.draining();
-    response.status = draining ? 503 : 200;
-    response.set_content(draining ? R"({"status":"draining"})" : R"({"status":"ok"})",
-                         "application/json");
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    response.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
-  });
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+    return answer_with(
+        {draining ? 503 : 200, draining ? R"({"status":"draining"})" : R"({"status":"ok"})"});
+  }
+  if (path == "/metrics")
+    return answer_with({200, metrics_.prometheus_text(), "text/plain; version=0.0.4"});
+  if (path == "/v1/models") {
     Json out;
     out["object"] = "list";
     out["data"] = Json::array({model_object()});
-    response.set_content(dump(out), "application/json");
-  });
-  s.Get(R"(/v1/models/(.+))", [this](const httplib::Request& request, httplib::Response& response) {
-    const std::string id = request.matches[1];
-    if (id != config_.model_name) {
-      return send_error(response,
-                        {404,
-                         fmt::format("The model '{}' does not exist: this server serves '{}'",
-                                     shown_path(id), config_.model_name),
-                         "invalid_request_error", "model", "model_not_found"});
-    }
-    response.set_content(dump(model_object()), "application/json");
-  });
-  s.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    completions(request, response);
-  });
-  s.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& response) {
-    send_error(response, {404,
-                          "/v1/chat/completions is not served: the model is a byte-level GPT that "
-                          "was not tuned for chat; use /v1/completions",
-                          "invalid_request_error", "", "unsupported_endpoint"});
-  });
-  s.Post("/admin/reload",
-         [this](const httplib::Request&, httplib::Response& response) { admin_reload(response); });
-  s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& request,
-                                                              httplib::Response& response) {
-    if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError error{response.status, "", "invalid_request_error", "", ""};
-    if (response.status == 413) {
-      error.message = "The request body is larger than the server accepts";
-    } else if (response.status == 404 && method_of(request.path) != nullptr) {
-      error.status = 405;
-      error.message = fmt::format("{} is not allowed on {}: use {}", shown_path(request.method),
-                                  request.path, method_of(request.path));
-    } else if (response.status == 404) {
-      error.message = fmt::format(
-          "No endpoint {} {}: the server has POST /v1/completions, GET /v1/models, GET "
-          "/health, GET /metrics and POST /admin/reload",
-          shown_path(request.method), shown_path(request.path));
-    } else if (response.status == 400) {
-      error.message = "The request could not be read as HTTP (a malformed request line or header)";
-    } else {
-      error.message = fmt::format("The request could not be served (HTTP {})", response.status);
-    }
-    send_error(response, error);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  s.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& response, std::exception_ptr failure) {
-        std::string what = "unknown error";
-        try {
-          std::rethrow_exception(failure);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        send_error(response, {500, "Internal error: " + what, "server_error", "", ""});
-      });
-  s.set_logger([this](const httplib::Request& request, const httplib::Response& response) {
-    metrics_.count_request(endpoint_label(request.path), response.status);
-  });
+    return json_reply(out);
+  }
+  const std::string id = path.substr(std::string("/v1/models/").size());
+  if (id != config_.model_name) {
+    return answer_with(
+        error_answer({404,
+                      fmt::format("The model '{}' does not exist: this server serves '{}'",
+                                  shown_path(id), config_.model_name),
+                      "invalid_request_error", "model", "model_not_found"}));
+  }
+  return json_reply(model_object());
 }
 
-bool HttpFrontend::length_given(const httplib::Request& request, httplib::Response& response) {
-  // The library checks a Content-Length against the limit before reading a byte, but would
-  // gather a chunked body whole before checking it: a body must say its length.
-  if (request.method != "POST" || request.has_header("Content-Length")) return true;
-  send_error(response, {411,
-                        "A POST needs a Content-Length header: bodies are checked against the "
-                        "limit before they are read (send an empty body with curl -d '')",
-                        "invalid_request_error", "", ""});
-  return false;
+void HttpFrontend::answered(const std::string& target, int status) {
+  metrics_.count_request(endpoint_label(path_of(target)), status);
 }
 
-bool HttpFrontend::authorized(const httplib::Request& request, httplib::Response& response) const {
-  if (config_.api_key.empty()) return true;
-  if (request.path.rfind("/v1/", 0) != 0 && request.path.rfind("/admin/", 0) != 0) return true;
-  const std::string header = request.get_header_value("Authorization");
-  const std::string prefix = "Bearer ";
-  if (header.empty()) {
-    send_error(response, {401, "You didn't provide an API key: send 'Authorization: Bearer KEY'",
-                          "invalid_request_error", "", "invalid_api_key"});
-    return false;
-  }
-  if (header.rfind(prefix, 0) != 0 || !same_secret(header.substr(prefix.size()), config_.api_key)) {
-    send_error(response,
-               {401, "Incorrect API key provided", "invalid_request_error", "", "invalid_api_key"});
-    return false;
-  }
-  return true;
+void HttpFrontend::abandoned(const std::shared_ptr<Job>& job) {
+  scheduler_.cancel(job);
 }
 
 Json HttpFrontend::model_object() const {
@@ -298,7 +232,7 @@ void HttpFrontend::set_model(const ServedModel& model) {
   model_ = model;
 }
 
-void HttpFrontend::completions(const httplib::Request& request, httplib::Response& response) {
+Reply HttpFrontend::completions(const HttpRequest& request, std::function<void()> on_change) {
   auto job = std::make_shared<Job>();
   nn::GptConfig config;
   std::uint64_t seed = 0;
@@ -310,154 +244,23 @@ void HttpFrontend::completions(const httplib::Request& request, httplib::Respons
   }
   try {
     job->params =
-        parse_completion_request(request.body, config_.model_name, config, config_.limits, seed);
+        parse_completion_request(request.body(), config_.model_name, config, config_.limits, seed);
     job->header.created = static_cast<std::int64_t>(std::time(nullptr));
     job->header.model = config_.model_name;
     job->header.seed = job->params.sampling.seed;
+    job->on_change = std::move(on_change);
     scheduler_.submit(job);
   } catch (const ApiError& error) {
-    send_error(response, error);
-    if (error.status == 429) response.set_header("Retry-After", "1");
-    return;
+    return answer_with(error_answer(error));
   }
   {
     const std::lock_guard lock(mutex_);
     ++active_responses_;
   }
-  if (job->params.stream) {
-    stream_job(job, response);
-  } else {
-    wait_job(job, response);
-  }
-}
-
-namespace {
-
-/// What a stream has sent of each choice.
-struct StreamState {
-  std::optional<Clock::time_point> last_write;
-  std::optional<ChunkWriter> writer;  ///< once the job's weights are known
-  std::uint64_t seen = ~std::uint64_t{0};
-  std::vector<std::size_t> sent;
-  std::vector<bool> started;
-  std::vector<bool> closed;
-  bool done = false;
-};
-
-std::string event(const Json& value) {
-  return "data: " + dump(value) + "\n\n";
-}
-
-/// The events a stream sends now: each choice's new text, its end, then usage and [DONE].
-std::string stream_events(const Job& job, StreamState& state, bool& finished) {
-  if (!job.error.empty()) {
-    finished = true;
-    return event(error_body({500, job.error, "server_error", "", ""})) + "data: [DONE]\n\n";
-  }
-  if (!job.admitted) return {};
-  if (!state.writer) state.writer.emplace(job.header);
-  const CompletionParams& params = job.params;
-  const std::size_t count = job.choices.size();
-  state.sent.resize(count, 0);
-  state.started.resize(count, false);
-  state.closed.resize(count, false);
-  std::string out;
-  for (std::size_t c = 0; c < count; ++c) {
-    const ChoiceResult& choice = job.choices[c];
-    if (state.closed[c]) continue;
-    const bool ended = !choice.finish_reason.empty();
-    const std::size_t to =
-        ended ? choice.tokens.size() : streamable_tokens(choice.tokens, params.stop);
-    const bool with_prompt = params.echo && !state.started[c];
-    if (to <= state.sent[c] && !with_prompt && !ended) continue;
-    out += event(
-        completion_chunk(job.header, params, c, choice, state.sent[c], to, with_prompt, ended));
-    state.sent[c] = to;
-    state.started[c] = true;
-    state.closed[c] = ended;
-  }
-  if (job.unfinished == 0) {
-    if (params.include_usage) {
-      Json last;
-      last["id"] = job.header.id;
-      last["object"] = "text_completion";
-      last["created"] = job.header.created;
-      last["model"] = job.header.model;
-      last["choices"] = Json::array();
-      last["usage"] = usage(params, job.choices);
-      out += event(last);
-    }
-    out += "data: [DONE]\n\n";
-    finished = true;
-  }
-  return out;
-}
-
-}  // namespace
-
-void HttpFrontend::stream_job(const std::shared_ptr<Job>& job, httplib::Response& response) {
-  auto state = std::make_shared<StreamState>();
-  response.set_header("Cache-Control", "no-cache");
-  const auto interval = std::chrono::milliseconds(config_.stream_interval_ms);
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [job, state, interval](std::size_t, httplib::DataSink& sink) {
-        std::string out;
-        bool finished = false;
-        // After a write, tokens gather for the stream interval: one wake-up and one write
-        // carry them all.
-        if (interval.count() > 0 && state->last_write) {
-          std::this_thread::sleep_until(*state->last_write + interval);
-        }
-        {
-          std::unique_lock lock(job->mutex);
-          job->changed.wait_for(lock, kWriterWait, [&] { return job->version != state->seen; });
-          state->seen = job->version;
-          out = stream_events(*job, *state, finished);
-        }
-        if (finished) {
-          if (!sink.write(out.data(), out.size())) return false;
-          state->done = true;
-          sink.done();
-          return true;
-        }
-        // A write notices a client that left; with nothing to write, ask the socket.
-        if (out.empty()) return sink.is_writable();
-        state->last_write = Clock::now();
-        return sink.write(out.data(), out.size());
-      },
-      [this, job, state](bool) {
-        if (!state->done) scheduler_.cancel(job);
-        response_ended();
-      });
-}
-
-void HttpFrontend::wait_job(const std::shared_ptr<Job>& job, httplib::Response& response) {
-  auto done = std::make_shared<bool>(false);
-  response.set_chunked_content_provider(
-      "application/json",
-      [job, done](std::size_t, httplib::DataSink& sink) {
-        std::string out;
-        {
-          std::unique_lock lock(job->mutex);
-          job->changed.wait_for(lock, kWriterWait,
-                                [&] { return job->unfinished == 0 || !job->error.empty(); });
-          if (!job->error.empty()) {
-            out = dump(error_body({500, job->error, "server_error", "", ""}));
-          } else if (job->unfinished == 0) {
-            out = dump(completion_response(job->header, job->params, job->choices));
-          }
-        }
-        if (out.empty()) return sink.is_writable();
-        if (!sink.write(out.data(), out.size())) return false;
-        *done = true;
-        sink.done();
-        return true;
-      },
-      [this, job, done](bool) {
-        if (!*done) scheduler_.cancel(job);
-        response_ended();
-      });
+  Reply reply;
+  reply.job = std::move(job);
+  reply.on_end = [this] { response_ended(); };
+  return reply;
 }
 
 void HttpFrontend::response_ended() {
@@ -468,38 +271,114 @@ void HttpFrontend::response_ended() {
   ended_.notify_all();
 }
 
-void HttpFrontend::admin_reload(httplib::Response& response) {
-  const ReloadResult result = scheduler_.reload().get();
-  if (!result.ok) {
-    return send_error(
-        response, {422, "The reload failed and the old weights are still served: " + result.error,
-                   "invalid_request_error", "", "reload_failed"});
+Reply HttpFrontend::admin_reload() {
+  Reply reply;
+  reply.poll = [result = scheduler_.reload()]() -> std::optional<Answer> {
+    if (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return std::nullopt;
+    const ReloadResult& done = result.get();
+    if (!done.ok) {
+      return error_answer({422,
+                           "The reload failed and the old weights are still served: " + done.error,
+                           "invalid_request_error", "", "reload_failed"});
+    }
+    Json out;
+    out["reloaded"] = true;
+    out["weights_step"] = done.step;
+    out["checkpoint"] = done.directory;
+    return Answer{200, dump(out)};
+  };
+  return reply;
+}
+
+void HttpFrontend::bind() {
+  const auto cannot = [&](const std::string& why) {
+    return InvalidArgument(
+        fmt::format("cannot listen on {} port {}: {}", config_.host, config_.port, why));
+  };
+  error_code ec;
+  net::ip::tcp::resolver resolver(*io_);
+  const auto endpoints = resolver.resolve(config_.host, std::to_string(config_.port),
+                                          net::ip::resolver_base::passive, ec);
+  if (ec || endpoints.empty()) {
+    throw cannot(
+        fmt::format("'{}' is neither an address nor a host name this machine resolves "
+                    "({})",
+                    config_.host, ec ? ec.message() : "no address"));
   }
-  Json out;
-  out["reloaded"] = true;
-  out["weights_step"] = result.step;
-  out["checkpoint"] = result.directory;
-  response.set_content(dump(out), "application/json");
+  const net::ip::tcp::endpoint endpoint = endpoints.begin()->endpoint();
+  acceptor_ = std::make_unique<net::ip::tcp::acceptor>(*io_);
+  // SO_REUSEADDR allows a quick restart; SO_REUSEPORT is not set, so a second server cannot
+  // share the port silently.
+  if (!acceptor_->open(endpoint.protocol(), ec) &&
+      !acceptor_->set_option(net::socket_base::reuse_address(true), ec) &&
+      !acceptor_->bind(endpoint, ec)) {
+    acceptor_->listen(net::socket_base::max_listen_connections, ec);
+  }
+  if (ec) throw cannot(ec.message());
+  const unsigned short port = acceptor_->local_endpoint().port();
+  const bool ipv6 = endpoint.address().is_v6();
+  url_ = ipv6 ? fmt::format("http://[{}]:{}", endpoint.address().to_string(), port)
+              : fmt::format("http://{}:{}", endpoint.address().to_string(), port);
+}
+
+void HttpFrontend::accept() {
+  acceptor_->async_accept(net::make_strand(*io_),
+                          [this](error_code ec, net::ip::tcp::socket socket) {
+                            if (ec == net::error::operation_aborted) return;
+                            if (ec) {
+                              // Out of descriptors, say: try again shortly rather than spin.
+                              accept_retry_->expires_after(std::chrono::milliseconds(50));
+                              accept_retry_->async_wait([this](error_code wait_ec) {
+                                if (!wait_ec) accept();
+                              });
+                              return;
+                            }
+                            admit(std::move(socket));
+                            accept();
+                          });
+}
+
+void HttpFrontend::admit(net::ip::tcp::socket socket) {
+  error_code ignored;
+  socket.set_option(net::ip::tcp::no_delay(true), ignored);
+  HttpRoutes& routes = *this;
+  if (open_connections_.fetch_add(1) >= connection_limit_) {
+    open_connections_.fetch_sub(1);
+    auto refused = std::make_shared<HttpConnection>(std::move(socket), routes, limits_, nullptr);
+    return refused->refuse(
+        error_answer({503,
+                      fmt::format("The server has {} connections open, its limit: retry shortly",
+                                  connection_limit_),
+                      "server_error", "", "too_many_connections"}));
+  }
+  std::make_shared<HttpConnection>(std::move(socket), routes, limits_, [this] {
+    open_connections_.fetch_sub(1);
+  })->start();
 }
 
 void HttpFrontend::start() {
-  int port = config_.port;
-  bool bound = false;
-  if (port == 0) {
-    port = server_->bind_to_any_port(config_.host);
-    bound = port > 0;
-  } else {
-    bound = server_->bind_to_port(config_.host, port);
+  connection_limit_ =
+      std::min(config_.max_connections,
+               raise_file_limit(config_.max_connections + kReservedFiles) - kReservedFiles);
+  if (connection_limit_ < 1) {
+    throw InvalidArgument(fmt::format(
+        "the process may open too few files to serve connections (RLIMIT_NOFILE); raise it "
+        "with ulimit -n"));
   }
-  if (!bound) {
-    throw InvalidArgument(fmt::format("cannot listen on {} port {}: {}", config_.host, config_.port,
-                                      errno != 0 ? std::strerror(errno) : "bind failed"));
+  bind();
+  accept_retry_ = std::make_unique<net::steady_timer>(*io_);
+  accept();
+  const std::int64_t count = config_.http_threads > 0 ? config_.http_threads : 2;
+  for (std::int64_t i = 0; i < count; ++i) {
+    threads_.emplace_back([this] {
+      // The event loop runs at a lower priority (nice +5) than the generation loop, so that
+      // parsing and writing never delay a decode step on a busy machine. Linux keeps a nice
+      // value per thread; failing to set it only costs speed.
+      (void)setpriority(PRIO_PROCESS, 0, 5);
+      (void)pthread_setname_np(pthread_self(), "meshtensor-http");
+      io_->run();
+    });
   }
-  static_cast<WideBacklogServer&>(*server_).widen_backlog();
-  const bool ipv6 = config_.host.find(':') != std::string::npos;
-  url_ = ipv6 ? fmt::format("http://[{}]:{}", config_.host, port)
-              : fmt::format("http://{}:{}", config_.host, port);
-  listener_ = std::thread([this] { server_->listen_after_bind(); });
 }
 
 void HttpFrontend::stop(std::chrono::seconds timeout) {
@@ -507,8 +386,14 @@ void HttpFrontend::stop(std::chrono::seconds timeout) {
     std::unique_lock lock(mutex_);
     ended_.wait_for(lock, timeout, [&] { return active_responses_ == 0; });
   }
-  server_->stop();
-  if (listener_.joinable()) listener_.join();
+  net::post(*io_, [this] {
+    error_code ignored;
+    acceptor_->close(ignored);
+  });
+  io_->stop();
+  for (std::thread& thread : threads_)
+    thread.join();
+  threads_.clear();
 }
 
 }  // namespace meshtensor::serve

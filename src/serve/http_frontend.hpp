@@ -7,16 +7,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <meshtensor/serve/metrics.hpp>
 #include <meshtensor/serve/scheduler.hpp>
 #include <meshtensor/serve/server.hpp>
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
+#include "http_connection.hpp"
 
 namespace meshtensor::serve {
 
@@ -26,46 +23,63 @@ struct ServedModel {
   std::string directory;
 };
 
-/// The HTTP server on world rank 0: routes, the API key, request parsing and validation, and
-/// the writers that stream each job's choices out. Its threads never generate.
-class HttpFrontend {
+/// The HTTP server on world rank 0: an event loop on a few threads that accepts connections
+/// (up to a limit; more are answered 503 and closed), routes requests, checks the API key,
+/// parses and validates completions, queues them and writes each job's choices out. Its
+/// threads never generate and never block on a client or on the generation loop.
+class HttpFrontend : private HttpRoutes {
  public:
   HttpFrontend(const ServeConfig& config, Scheduler& scheduler, Metrics& metrics,
                ServedModel model);
-  ~HttpFrontend();
+  ~HttpFrontend() override;
+  HttpFrontend(const HttpFrontend&) = delete;
+  HttpFrontend& operator=(const HttpFrontend&) = delete;
+
   /// Binds the address (InvalidArgument naming it when it cannot) and starts serving.
   void start();
   /// The base URL, once started.
   const std::string& url() const { return url_; }
+  /// The most connections served at once (ServeConfig::max_connections, less when the
+  /// process may not open that many files).
+  std::int64_t connection_limit() const { return connection_limit_; }
   /// The served checkpoint changed.
   void set_model(const ServedModel& model);
   /// Waits (at most `timeout`) until every accepted response has been written, then stops.
   void stop(std::chrono::seconds timeout);
 
  private:
-  void add_routes();
-  bool authorized(const httplib::Request& request, httplib::Response& response) const;
-  /// 411 for a POST without Content-Length (a chunked body would be read whole before the
-  /// size limit applies).
-  static bool length_given(const httplib::Request& request, httplib::Response& response);
-  void completions(const httplib::Request& request, httplib::Response& response);
-  void stream_job(const std::shared_ptr<Job>& job, httplib::Response& response);
-  void wait_job(const std::shared_ptr<Job>& job, httplib::Response& response);
-  void admin_reload(httplib::Response& response);
+  std::optional<Answer> screen(const HttpHeader& header) override;
+  Reply route(const HttpRequest& request, std::function<void()> on_change) override;
+  void answered(const std::string& target, int status) override;
+  void abandoned(const std::shared_ptr<Job>& job) override;
+
+  void bind();
+  void accept();
+  void admit(net::ip::tcp::socket socket);
+  Reply get(const std::string& path);
+  Reply completions(const HttpRequest& request, std::function<void()> on_change);
+  Reply admin_reload();
   Json model_object() const;
   void response_ended();
 
   const ServeConfig& config_;
   Scheduler& scheduler_;
   Metrics& metrics_;
+  HttpLimits limits_;
   mutable std::mutex mutex_;
   ServedModel model_;
   std::mt19937_64 random_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread listener_;
   std::string url_;
   std::condition_variable ended_;
   std::int64_t active_responses_ = 0;
+  std::int64_t connection_limit_ = 0;
+  std::atomic<std::int64_t> open_connections_{0};
+  // Destroyed first (in this order's reverse), while the members above still exist for the
+  // connections that end with them.
+  std::unique_ptr<net::io_context> io_;
+  std::unique_ptr<net::ip::tcp::acceptor> acceptor_;
+  std::unique_ptr<net::steady_timer> accept_retry_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace meshtensor::serve

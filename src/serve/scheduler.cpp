@@ -95,8 +95,7 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
     }
     for (std::size_t c = 0; c < count; ++c)
       waiting_.push_back({job, c, job->queued});
-    metrics_.set_load(static_cast<std::int64_t>(waiting_.size()),
-                      static_cast<std::int64_t>(running_.size()));
+    publish_load();
   }
   work_.notify_all();
 }
@@ -113,10 +112,16 @@ void Scheduler::cancel(const std::shared_ptr<Job>& job) {
         ++it;
       }
     }
+    publish_load();
     const std::lock_guard job_lock(job->mutex);
     job->cancelled = true;
   }
   work_.notify_all();
+}
+
+void Scheduler::publish_load() {
+  metrics_.set_load(static_cast<std::int64_t>(waiting_.size()),
+                    static_cast<std::int64_t>(running_.size()));
 }
 
 void Scheduler::drain() {
@@ -180,9 +185,13 @@ StepPlan Scheduler::next_plan(std::int64_t running, std::int64_t free_slots,
     const CompletionParams& params = job.params;
     if (!job.started) {
       job.started = true;
-      const std::lock_guard job_lock(job.mutex);
-      job.header.weights_step = weights_step_;
-      job.admitted = true;
+      {
+        const std::lock_guard job_lock(job.mutex);
+        job.header.weights_step = weights_step_;
+        job.admitted = true;
+        ++job.version;
+      }
+      job.notify();
     }
     const auto sample = static_cast<std::int64_t>(slot.choice) % params.n;
     generate::Request request;
@@ -197,8 +206,7 @@ StepPlan Scheduler::next_plan(std::int64_t running, std::int64_t free_slots,
     plan.add.push_back({id, std::move(request)});
     running_.emplace(id, std::move(slot));
   }
-  metrics_.set_load(static_cast<std::int64_t>(waiting_.size()),
-                    static_cast<std::int64_t>(running_.size()));
+  publish_load();
   return plan;
 }
 
@@ -243,9 +251,10 @@ void Scheduler::deliver(const std::vector<generate::StepEvent>& events) {
       }
       ++job.version;
     }
-    job.changed.notify_all();
+    job.notify();
     if (done) running_.erase(found);
   }
+  publish_load();
 }
 
 void Scheduler::reloaded(const ReloadResult& result) {
@@ -286,7 +295,7 @@ void Scheduler::fail_all(const std::string& message) {
         slot.job->error = message;
         ++slot.job->version;
       }
-      slot.job->changed.notify_all();
+      slot.job->notify();
     };
     for (Slot& slot : waiting_)
       fail(slot);
@@ -294,6 +303,7 @@ void Scheduler::fail_all(const std::string& message) {
       fail(slot);
     waiting_.clear();
     running_.clear();
+    publish_load();
     draining_ = true;
     waiters = std::exchange(reload_waiters_, {});
     reload_wanted_ = false;

@@ -9,6 +9,9 @@
 #           path tricks; the server keeps serving; SIGTERM drains a running stream and exits 0
 #   reload  a newer checkpoint under the served root is loaded by POST /admin/reload and by
 #           SIGHUP; a request running during a reload ends on the weights it started with
+#   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
+#           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
+#           on headers), 1,000 idle and trickling connections, the connection limit
 set -euo pipefail
 bin=$1
 case_name=$2
@@ -161,7 +164,8 @@ errors)
   ck="--checkpoint $dir/ckpt"
   for bad in "$ck --port $port|cannot listen on 127.0.0.1 port $port" \
              "--checkpoint $dir/none|$dir/none" "$ck --port 70000|--port" \
-             "$ck --mode native|native" "$ck --ranks 3|3" "$ck --host ::1x --port 0|::1x"; do
+             "$ck --mode native|native" "$ck --ranks 3|3" "$ck --host ::1x --port 0|::1x" \
+             "$ck --host not_a_host --port 0|'not_a_host' is neither an address"; do
     set +e
     # shellcheck disable=SC2086
     "$bin" serve ${bad%%|*} >"$dir/bad.out" 2>&1
@@ -170,6 +174,13 @@ errors)
     [ "$status" -eq 2 ] && grep -qF -- "${bad#*|}" "$dir/bad.out" ||
       fail "serve ${bad%%|*}: exit $status: $(cat "$dir/bad.out")"
   done
+  # A key no header can carry is refused, naming the byte.
+  set +e
+  "$bin" serve --checkpoint "$dir/ckpt" --port 0 --api-key $'a\nb' >"$dir/bad.out" 2>&1
+  status=$?
+  set -e
+  [ "$status" -eq 2 ] && grep -qF "control character 0x0a" "$dir/bad.out" ||
+    fail "an API key with a newline: exit $status: $(cat "$dir/bad.out")"
   grep -q 'meshtensor_requests_total{endpoint="/v1/completions",status="400"}' \
     <(curl -s "$url_one/metrics") || fail "metrics do not count the 400s"
   # A client that disconnects frees its slot: one slot, a request of 8 x 400 tokens on a larger
@@ -244,6 +255,15 @@ reload)
   [ "$(curl -s "$c" -d '{"prompt":"a","max_tokens":2}' | step_of)" = 6 ] || fail "lost step 6"
   stop_server one
   echo "ok: reloads by endpoint and SIGHUP; in-flight requests kept their weights"
+  ;;
+edges)
+  edges=(/usr/bin/python3 "$(dirname "$0")/../serve/http_edges.py")
+  start_server one "$bin" "${serve[@]}" --prefill-chunk 8
+  for part in stream_scores framing connections; do "${edges[@]}" "$part" "$url_one"; done
+  stop_server one
+  start_server few "$bin" "${serve[@]}" --max-connections 20
+  "${edges[@]}" over_limit "$url_few" 20
+  stop_server few
   ;;
 *)
   fail "unknown case $case_name"

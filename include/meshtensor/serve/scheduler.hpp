@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -36,6 +37,15 @@ struct Job {
   bool started = false;    ///< a choice has been admitted (guarded by the scheduler)
   std::string error;       ///< set when the job failed after it was queued
   std::uint64_t version = 0;
+
+  /// Called (without `mutex` held) after each change, beside `changed`: how a writer that does
+  /// not block on `changed` hears of it. Set before the job is submitted, not after.
+  std::function<void()> on_change;
+  /// Wakes whoever waits for a change (after `version` was raised under `mutex`).
+  void notify() {
+    changed.notify_all();
+    if (on_change) on_change();
+  }
 };
 
 /// A request for the generation loop's ranks to start, with its id.
@@ -112,6 +122,8 @@ class Scheduler {
     Clock::time_point last_token;
   };
   void finish_choice(Slot& slot, const std::string& reason);
+  /// The queue and batch sizes into the metrics (mutex_ held).
+  void publish_load();
   bool start_allowed() const;
 
   SchedulerOptions options_;

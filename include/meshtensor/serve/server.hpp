@@ -26,7 +26,12 @@ struct ServeConfig {
   std::string api_key;              ///< empty: no key asked for
   std::string model_name = "meshtensor-gpt";
   ApiLimits limits;
-  std::int64_t http_threads = 0;  ///< 0: enough for every queued and running request
+  std::int64_t http_threads = 0;        ///< threads of the HTTP event loop (0: 2)
+  std::int64_t max_connections = 4096;  ///< open at once; more are answered 503 and closed
+  /// One request's headers and body must arrive within this; a slower client is disconnected.
+  std::chrono::milliseconds request_timeout{30000};
+  /// A kept-alive connection with no request for this long is closed.
+  std::chrono::milliseconds idle_timeout{60000};
   /// A stream writes at most once per interval after its first write, carrying every token
   /// that arrived meanwhile (0: a write per step). Fewer, larger writes cost the machine less;
   /// 10 ms is below what a reader notices.
