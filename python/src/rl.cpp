@@ -1,4 +1,7 @@
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -13,9 +16,58 @@ namespace meshtensor::python {
 
 namespace {
 
-/// A Python reward callback as a RewardFunction: called with the GIL held (on world rank 0,
-/// where run_rl scores), its result checked to be a finite real number.
-rl::RewardFunction python_reward(const py::object& reward) {
+/// `bytes` as a Python str, losslessly: UTF-8, with each byte that is not part of a valid
+/// character as a lone surrogate U+DC80..U+DCFF (Python's 'surrogateescape' error handler), so
+/// `text.encode("utf-8", "surrogateescape")` gives the bytes back.
+py::str exact_text(const std::string& bytes) {
+  PyObject* text =
+      PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "surrogateescape");
+  if (text == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(text);
+}
+
+/// One reward call's outcome, written by the Python thread that ran it.
+struct RewardCall {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  double value = 0;
+  std::string error;
+};
+
+/// Calls `reward` (GIL held) and records the number it returned, or why there is none.
+void score(const py::object& reward, const py::str& prompt, const py::str& completion,
+           RewardCall& call) {
+  double value = 0;
+  std::string error;
+  try {
+    const py::object result = reward(prompt, completion);
+    if (py::isinstance<py::bool_>(result) ||
+        !(py::isinstance<py::float_>(result) || py::isinstance<py::int_>(result))) {
+      error = fmt::format("the reward callback returned {}, not a number", describe_value(result));
+    } else {
+      value = result.cast<double>();
+    }
+  } catch (py::error_already_set& e) {
+    const std::string kind = py::str(e.type().attr("__name__"));
+    const std::string message = py::str(e.value());
+    error = fmt::format("the reward callback raised {}: {}", kind, message);
+  }
+  {
+    const std::lock_guard lock(call.mutex);
+    call.value = value;
+    call.error = std::move(error);
+    call.done = true;
+  }
+  call.finished.notify_all();
+}
+
+/// A Python reward callback as a RewardFunction. The callback sees the prompt and completion
+/// as their exact bytes (exact_text) and runs on a daemon Python thread of its own while the
+/// rank waits for it without the GIL, checking the world: a run interrupted (Ctrl-C, another
+/// rank's failure) stops at once even while a callback blocks, which is left to finish alone.
+rl::RewardFunction python_reward(const py::object& reward,
+                                 std::shared_ptr<comm::Communicator> world) {
   if (!PyCallable_Check(reward.ptr())) {
     throw ArgumentTypeError(
         fmt::format("rl(): argument 'reward' must be a callable "
@@ -23,23 +75,26 @@ rl::RewardFunction python_reward(const py::object& reward) {
                     describe_value(reward)));
   }
   auto kept = std::make_shared<py::object>(reward);
-  return [kept](const std::string& prompt, const std::string& completion) -> double {
-    const py::gil_scoped_acquire gil;
-    py::object value;
-    try {
-      value = (*kept)(py::str(prompt.data(), prompt.size()),
-                      py::str(train::printable_text(completion)));
-    } catch (py::error_already_set& e) {
-      const std::string kind = py::str(e.type().attr("__name__"));
-      const std::string message = py::str(e.value());
-      throw DataError(fmt::format("the reward callback raised {}: {}", kind, message));
+  return [kept, world](const std::string& prompt, const std::string& completion) -> double {
+    auto call = std::make_shared<RewardCall>();
+    {
+      const py::gil_scoped_acquire gil;
+      const py::cpp_function target([kept, call, p = exact_text(prompt),
+                                     c = exact_text(completion)] { score(*kept, p, c, *call); });
+      py::module_::import("threading")
+          .attr("Thread")(py::arg("target") = target, py::arg("daemon") = true,
+                          py::arg("name") = "meshtensor-reward")
+          .attr("start")();
     }
-    if (py::isinstance<py::bool_>(value) ||
-        !(py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value))) {
-      throw DataError(
-          fmt::format("the reward callback returned {}, not a number", describe_value(value)));
+    std::unique_lock lock(call->mutex);
+    while (
+        !call->finished.wait_for(lock, std::chrono::milliseconds(20), [&] { return call->done; })) {
+      lock.unlock();
+      world->throw_if_aborted();
+      lock.lock();
     }
-    return value.cast<double>();
+    if (!call->error.empty()) throw DataError(call->error);
+    return call->value;
   };
 }
 
@@ -100,6 +155,8 @@ py::dict rl_result_dict(const rl::RlResult& result) {
   out["trainer_layout"] = result.trainer_layout;
   out["generator_layout"] = result.generator_layout;
   out["checkpoints"] = result.checkpoints;
+  out["parameters"] = result.parameters;
+  out["parameter_tensors"] = result.parameter_tensors;
   out["seconds"] = result.seconds;
   return out;
 }
@@ -236,7 +293,7 @@ py::dict run_rl(const py::object& init, const py::object& world_object, const py
   config.generator = generator_from(generator, generator_tp, world->size());
   if (config.init.empty()) config.model = nn::parse_gpt_config(model);
   rl::RlTask task = rl::builtin_task(task_name, data, dictionary, prompt_bytes);
-  if (!reward.is_none()) task.reward = python_reward(reward);
+  if (!reward.is_none()) task.reward = python_reward(reward, world);
   rl::RlCallbacks callbacks;
   if (!on_step.is_none()) {
     callbacks.on_step = [&on_step](const rl::RlStepReport& r) {
@@ -266,7 +323,8 @@ void bind_rl(py::module_& module) {
              "GRPO on a GPT as `meshtensor rl` runs it, on the calling world (call it on every "
              "rank): init= a checkpoint to start from (or model='gpt:...' for fresh weights), "
              "task='words' or 'arithmetic', reward=fn(prompt, completion) -> float to score "
-             "instead (called on rank 0; its numbers reach every rank), the trainer's layout "
+             "instead (called on rank 0 with the exact bytes as str decoded with "
+             "'surrogateescape'; its numbers reach every rank), the trainer's layout "
              "(strategy=, trainer_ranks=, mesh= with names=, sequence_parallel=) and the "
              "generator's (generator=(replicas, tp) or generator_tp=), steps=, prompts=, "
              "samples=, new_tokens=, kl=, ppo_epochs=, minibatches=, lr=, mode='exact', seed=, "

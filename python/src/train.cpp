@@ -117,6 +117,7 @@ py::dict result_dict(const train::TrainResult& result) {
   out["sample"] = train::printable_text(result.sample);
   out["steps"] = result.steps;
   out["parameters"] = result.parameters;
+  out["parameter_tensors"] = result.parameter_tensors;
   out["seconds"] = result.seconds;
   out["mesh"] = result.mesh;
   out["epochs"] = epochs;

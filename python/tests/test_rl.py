@@ -2,6 +2,10 @@
 
 import json
 import math
+import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -97,3 +101,72 @@ def test_ctrl_c_stops_a_run_at_once(checkpoint):
                                               generator=(1, 2)))
     timer.cancel()
     assert time.monotonic() - start < 30
+
+
+def english_words_reward(seen):
+    """The built-in words reward, written again from its documented rule, on the exact bytes of
+    each completion; `seen` collects the completions' bytes."""
+    with open("/usr/share/dict/words", "rb") as f:
+        dictionary = {line.rstrip(b"\r\n").lower() for line in f if line.strip()}
+
+    def reward(prompt, completion):
+        text = completion.encode("utf-8", "surrogateescape")
+        seen.append((prompt.encode("utf-8", "surrogateescape"), text))
+        words = re.findall(rb"[A-Za-z]+(?:'[A-Za-z]+)*", text)
+        if not words:
+            return 0.0
+        english = {w.lower() for w in words
+                   if (w in (b"a", b"A", b"I") if len(w) == 1 else w.lower() in dictionary)}
+        return len(english) / max(len(words), (len(text) + 5) // 6)
+    return reward
+
+
+def test_a_python_reward_sees_the_exact_bytes(checkpoint, tmp_path):
+    # Fresh weights emit control bytes and bytes that are no UTF-8; a Python reward equal to the
+    # built-in one must then give the built-in run's bits. The prompts are cut inside
+    # two-byte characters.
+    text = tmp_path / "accents.txt"
+    text.write_text("".join(f"é{'è' * (i % 4)} café número {i} ñandú\n%\n" for i in range(120)),
+                    encoding="utf-8")
+    run = dict(RUN, model="gpt:layers=1,heads=4,dim=16,context=24", data=str(text),
+               prompt_bytes=5, lr=3e-2, steps=2)
+    builtin = mt.run_threads(2, lambda world: mt.rl(**run, strategy="fsdp"))[0]
+    seen = []
+    python = mt.run_threads(2, lambda world: mt.rl(**run, strategy="fsdp",
+                                                   reward=english_words_reward(seen)))[0]
+    assert python["weights_digest"] == builtin["weights_digest"]
+    assert python["reward_mean"] == builtin["reward_mean"]
+    completions = b"".join(c for _, c in seen)
+    assert any(b < 0x20 and b not in b"\n\t" for b in completions), "no control byte drawn"
+    with pytest.raises(UnicodeDecodeError):
+        completions.decode("utf-8")
+    prompts = {p for p, _ in seen}
+    assert all(len(p) == 5 for p in prompts)
+    assert any(not p.decode("utf-8", "ignore").encode() == p for p in prompts), \
+        "no prompt was cut inside a character"
+    # embeddings 4096 + 384, a block 3280, the final norm 32, the head 4096 + 256.
+    assert python["parameters"] == 12144 and python["parameter_tensors"] == 18
+
+
+def test_ctrl_c_stops_a_run_whose_reward_blocks(checkpoint):
+    script = textwrap.dedent("""
+        import os, signal, sys, threading, time
+        import meshtensor as mt
+        sent = []
+        def blocked(prompt, completion):
+            if not sent:
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(600)
+            return 0.0
+        try:
+            mt.run_threads(2, lambda world: mt.rl(sys.argv[1], steps=2, prompts=2, samples=3,
+                                                  new_tokens=6, prompt_bytes=8, reward=blocked))
+            print("finished")
+        except KeyboardInterrupt:
+            print(f"interrupted after {time.monotonic() - sent[0]:.3f} s")
+        """)
+    done = subprocess.run([sys.executable, "-c", script, checkpoint], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "interrupted after" in done.stdout, done
+    assert float(done.stdout.split("after ")[1].split()[0]) < 1.0, done.stdout

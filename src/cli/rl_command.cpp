@@ -208,6 +208,7 @@ nlohmann::json final_json(const rl::RlResult& result, const rl::RlConfig& config
       {"joint_mesh", result.joint_mesh},
       {"mode", std::string(comm::reduction_mode_name(config.train.mode))},
       {"parameters", result.parameters},
+      {"parameter_tensors", result.parameter_tensors},
       {"samples_before", samples_json(result.before)},
       {"samples_after", samples_json(result.after)},
       {"checkpoints", result.checkpoints},
@@ -331,8 +332,9 @@ void print_summary(const rl::RlResult& result) {
     std::cout << fmt::format("saved {} checkpoint(s), the last {}\n", result.checkpoints.size(),
                              result.checkpoints.back());
   }
-  std::cout << fmt::format("weights digest {} ({} parameters, {:.1f} s)\n",
-                           digest_hex(result.weights_digest), result.parameters, result.seconds);
+  std::cout << fmt::format("weights digest {} ({} parameters in {} tensors, {:.1f} s)\n",
+                           digest_hex(result.weights_digest), result.parameters,
+                           result.parameter_tensors, result.seconds);
 }
 
 /// On mpi (one rank per process): without --ranks or --mesh the trainer takes every rank of the

@@ -432,6 +432,7 @@ void run_train(const TrainOptions& options) {
                                        {"mode", options.mode},
                                        {"steps", result.steps},
                                        {"parameters", result.parameters},
+                                       {"parameter_tensors", result.parameter_tensors},
                                        {"peak_memory_bytes", memory},
                                        {"resumed_step", result.resumed_step},
                                        {"checkpoints", result.checkpoints},
@@ -499,10 +500,11 @@ void run_train(const TrainOptions& options) {
               kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
               result.mesh);
           print_pipeline(result, options.activation_checkpointing);
-          std::cout << fmt::format("weights digest {} ({} parameters; replicas {} on {} ranks)\n",
-                                   digest_hex(result.digest), result.parameters,
-                                   result.replicas_identical ? "identical" : "DIFFER",
-                                   world.size());
+          std::cout << fmt::format(
+              "weights digest {} ({} parameters in {} tensors; replicas {} "
+              "on {} ranks)\n",
+              digest_hex(result.digest), result.parameters, result.parameter_tensors,
+              result.replicas_identical ? "identical" : "DIFFER", world.size());
           if (result.evaluated) {
             std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
                                      digest_hex(result.logits_digest));

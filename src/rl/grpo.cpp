@@ -198,7 +198,8 @@ void RlRun::build() {
     reference_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, config_.train,
                                                         config_.train.seed, false);
   }
-  result_.parameters = nn::parameter_count(policy_->module().parameters());
+  result_.parameters = policy_->parameter_count();
+  result_.parameter_tensors = policy_->parameter_tensors();
   result_.trainer_layout = policy_->layout().description;
   result_.generator_layout = config_.generator.describe();
   build_generator();

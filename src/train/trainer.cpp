@@ -289,6 +289,7 @@ void TrainingRun::build_model() {
   sharded_ = &model_->sharded();
   tp_ = model_->tp();
   result_.parameters = model_->parameter_count();
+  result_.parameter_tensors = model_->parameter_tensors();
   result_.mesh = model_->layout().description;
   if (const pp::Pipeline* pipeline = model_->pipeline()) {
     TrainResult::PipelineFigures& figures = result_.pipeline;

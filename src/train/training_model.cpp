@@ -86,9 +86,10 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
                                                config.mode, config.sequence_parallel);
   }
   plan_ = task.prepare_model(*model_, tp_.get(), config.mode);
-  parameter_count_ = nn::parameter_count(model_->parameters());
-  for (const nn::Parameter* p : model_->parameters())
+  for (const nn::Parameter* p : model_->parameters()) {
     whole_shapes_.push_back(p->global_shape());
+    parameter_count_ += whole_shapes_.back().numel();
+  }
   build_stages(config);
   const bool split = tp_ != nullptr && tp_->size() > 1;
   loss_ = {split ? tp_.get() : nullptr, task.classes(), exact_ && task.exact_loss_sums(),

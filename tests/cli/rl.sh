@@ -33,6 +33,9 @@ layouts)
   one=$("$bin" "${rl[@]}" --ranks 1)
   check_parity "1 rank" "$one"
   want=$(digest_of "$one")
+  # The whole model's scalars (2 blocks of 12 tensors, embeddings, final norm and head).
+  grep -q '"parameter_tensors":30,"parameters":43136' <<<"$one" ||
+    { echo "FAILED: parameter count: $(grep -o '"parameter[^,]*,"parameters":[0-9]*' <<<"$one")"; exit 1; }
   for trainer in "--ranks 1" "--strategy fsdp --ranks 4" \
                  "--mesh 2x2 --names fsdp,tp --sequence-parallel"; do
     for generator in "--generator-mesh 1 --generator-names dp" "--generator-mesh 2 --generator-names tp"; do

@@ -91,7 +91,8 @@ struct RlResult {
   std::string generator_layout;
   bool joint_mesh = false;  ///< the sync ran on a joint mesh of both layouts
   std::int64_t resumed_step = 0;
-  std::int64_t parameters = 0;
+  std::int64_t parameters = 0;         ///< scalar values of the whole model
+  std::int64_t parameter_tensors = 0;  ///< tensors the weights digest covers
   std::vector<std::string> checkpoints;
   std::vector<std::string> warnings;
   double seconds = 0;

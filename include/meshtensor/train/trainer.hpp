@@ -167,7 +167,8 @@ struct TrainResult {
   std::uint64_t digest = 0;         ///< of the trained weights (nn::parameters_digest)
   bool replicas_identical = false;  ///< every rank ended with the digest of rank 0
   std::int64_t steps = 0;
-  std::int64_t parameters = 0;
+  std::int64_t parameters = 0;         ///< scalar values of the whole model
+  std::int64_t parameter_tensors = 0;  ///< tensors the weights digest covers
   double seconds = 0.0;
   std::string mesh;                           ///< e.g. "2x4 (replicate x shard)"
   fsdp::MemoryTracker::Snapshot memory_peak;  ///< this rank's largest total, by kind

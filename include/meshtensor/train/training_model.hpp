@@ -70,8 +70,10 @@ class TrainingModel {
   /// What this rank runs: the whole model, or (a GPT) its stage chunks; the sharded runtime's
   /// root.
   nn::Module& local_module() { return *root_; }
-  /// Number of parameters of the whole model as this rank holds them before sharding.
+  /// Number of scalar parameters of the whole model (every stage, unsharded).
   std::int64_t parameter_count() const { return parameter_count_; }
+  /// Number of parameter tensors of the whole model.
+  std::int64_t parameter_tensors() const { return static_cast<std::int64_t>(whole_shapes_.size()); }
   /// The pipeline (null without a pp mesh dim).
   pp::Pipeline* pipeline() { return pipeline_.get(); }
   /// This rank's chunk c (a GPT; one chunk without a pipeline).
