@@ -287,6 +287,10 @@ py::dict run_training(const py::object& data, const py::object& world_object,
       config.pipeline_schedule = pp::parse_schedule(text());
     } else if (name == "virtual_stages") {
       config.virtual_stages = cast_argument<std::int64_t>(value, argument);
+      if (config.virtual_stages < 1) {
+        throw InvalidArgument(fmt::format("train(): virtual_stages must be at least 1, got {}",
+                                          config.virtual_stages));
+      }
     } else if (name == "activation_checkpointing") {
       config.activation_checkpointing = pp::parse_checkpointing(text());
     } else if (name == "clip_grad_norm") {

@@ -248,6 +248,10 @@ def test_pipeline_training_ends_on_the_one_rank_digest_in_exact_mode(text):
         mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",)))
     with pytest.raises(mt.ParseError, match="unknown activation checkpointing 'all'"):
         mt.run_threads(1, lambda world: mt.train(corpus, **run, activation_checkpointing="all"))
+    with pytest.raises(mt.InvalidArgument, match="virtual_stages must be at least 1, got 0"):
+        mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",),
+                                                 micro_batches=2, virtual_stages=0,
+                                                 pipeline_schedule="interleaved-1f1b"))
 
 
 def test_generate_matches_the_cli_and_does_not_depend_on_the_batch(cli, text, tmp_path):

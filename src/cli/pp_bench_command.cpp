@@ -228,6 +228,9 @@ void run(const PipelineBenchOptions& options) {
   // Real steps: the pipeline against one rank, then activation checkpointing on one rank.
   train::TrainConfig one = base;
   one.micro_batches = 1;
+  // One rank runs no schedule: the pipeline's settings stay with the pipelined run.
+  one.pipeline_schedule = pp::ScheduleKind::one_f_one_b;
+  one.virtual_stages = 0;
   const TrainingFigures whole = measure_run(*loaded.task, "1 rank", one, 1, options.link);
   const TrainingFigures pipelined =
       measure_run(*loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)),

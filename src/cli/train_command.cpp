@@ -60,7 +60,10 @@ train::TrainConfig parse_config(const TrainOptions& options) {
       "--eval-every", options.eval_every.empty() ? (gpt ? kGptEvalEvery : "0") : options.eval_every,
       0, kMaxCount);
   config.pipeline_schedule = pp::parse_schedule(options.pipeline_schedule);
-  config.virtual_stages = integer_option("--virtual-stages", options.virtual_stages, 0, 1 << 10);
+  // 0: the schedule's default (2 for interleaved-1f1b); an explicit value is at least 1.
+  config.virtual_stages = options.virtual_stages.empty()
+                              ? 0
+                              : integer_option("--virtual-stages", options.virtual_stages, 1, 1 << 10);
   config.activation_checkpointing = pp::parse_checkpointing(options.activation_checkpointing);
   config.optimizer = train::parse_optimizer(options.optimizer);
   config.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);

@@ -31,7 +31,7 @@ struct TrainOptions {
   std::string eval_every;     // empty: the model's default
   std::string micro_batches;  // empty: 1, or 2 per pp rank with a pipeline
   std::string pipeline_schedule = "1f1b";
-  std::string virtual_stages = "0";
+  std::string virtual_stages;  ///< empty: the schedule's default
   std::string activation_checkpointing = "none";
   std::string optimizer = "adamw";
   std::string lr = "1e-3";

@@ -54,7 +54,9 @@ std::string NamedMesh::describe() const {
 }
 
 std::int64_t virtual_stages(const TrainConfig& config) {
-  if (config.pipeline_schedule != pp::ScheduleKind::interleaved_1f1b) return 1;
+  // Without a pipeline there is nothing to interleave: the model runs as one stage.
+  const bool pipeline = config.mesh.given && config.mesh.pp > 1;
+  if (config.pipeline_schedule != pp::ScheduleKind::interleaved_1f1b || !pipeline) return 1;
   return config.virtual_stages > 0 ? config.virtual_stages : 2;
 }
 
