@@ -61,9 +61,10 @@ train::TrainConfig parse_config(const TrainOptions& options) {
       0, kMaxCount);
   config.pipeline_schedule = pp::parse_schedule(options.pipeline_schedule);
   // 0: the schedule's default (2 for interleaved-1f1b); an explicit value is at least 1.
-  config.virtual_stages = options.virtual_stages.empty()
-                              ? 0
-                              : integer_option("--virtual-stages", options.virtual_stages, 1, 1 << 10);
+  config.virtual_stages =
+      options.virtual_stages.empty()
+          ? 0
+          : integer_option("--virtual-stages", options.virtual_stages, 1, 1 << 10);
   config.activation_checkpointing = pp::parse_checkpointing(options.activation_checkpointing);
   config.optimizer = train::parse_optimizer(options.optimizer);
   config.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
@@ -870,6 +871,8 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
     return measure_training(task, name, config, world_size, with_link ? link : comm::LinkDelay());
   };
 
+  // The topology options are checked before anything is measured.
+  const Topology hosts = bench_topology(options.topology, options.link, ranks);
   train::TrainConfig timed = base;
   if (timed.steps == 0) timed.steps = 12;
   std::vector<FsdpBenchRun> runs;
@@ -886,7 +889,6 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   const FsdpBenchRun ddp_compute = measure("ddp, no link", ddp_config, ranks, false);
   const FsdpBenchRun ddp_linked = measure("ddp, link", ddp_config, ranks, true);
   std::vector<TopologyPair> on_hosts;
-  const Topology hosts = bench_topology(options.topology, options.link, ranks);
   if (options.topology.placed()) {
     on_hosts.push_back(measure_on_hosts(task, "fsdp", fsdp_config, ranks, hosts));
     if (ranks % 2 == 0) {
@@ -1108,6 +1110,8 @@ void run_tp_bench(const TpBenchOptions& options) {
     train::require_training_memory(config, task, config.mesh.ranks(), config.mesh.ranks());
     return config;
   };
+  // The topology options are checked before anything is measured.
+  const Topology hosts = bench_topology(options.topology, options.link, 8);
   std::vector<LinkedPair> layouts;
   for (const auto& [name, mesh, names, sp] :
        {std::tuple{"fsdp 8", "8", "fsdp", false},
@@ -1127,7 +1131,6 @@ void run_tp_bench(const TpBenchOptions& options) {
     exact_ms.push_back(measure_training(task, "exact tp 2", exact, 2, {}).step_seconds * 1e3);
   }
   std::vector<TopologyPair> on_hosts;
-  const Topology hosts = bench_topology(options.topology, options.link, 8);
   if (options.topology.placed()) {
     on_hosts.push_back(
         measure_on_hosts(task, "fsdp x tp 4x2", layout("4x2", "fsdp,tp", false), 8, hosts));

@@ -32,17 +32,17 @@ LinkLevels default_links(LinkFigures inside) {
 }
 
 LinkFigures parse_link_figures(std::string_view text, std::string_view what) {
-  const auto fail = [&] {
+  const auto fail = [&](std::string_view why) {
     return ParseError(fmt::format(
-        "{} '{}' is not LATENCY,GBPS (e.g. 20us,10: latency in ns, us, ms or s, bandwidth in "
-        "GB/s, both positive and finite)",
-        what, text));
+        "{} '{}': {} (LATENCY,GBPS, e.g. 20us,10: a latency with its unit ns, us, ms or s, up "
+        "to {} s, and a bandwidth in GB/s above 0 and up to {})",
+        what, text, why, kMaxLinkLatencySeconds, kMaxLinkGigabytesPerSecond));
   };
   const std::size_t comma = text.find(',');
-  if (comma == std::string_view::npos) throw fail();
+  if (comma == std::string_view::npos) throw fail("no comma between latency and bandwidth");
   std::string latency_text(text.substr(0, comma));
   const std::string bandwidth_text(text.substr(comma + 1));
-  double unit = 1e-6;  // microseconds
+  double unit = 0;
   for (const auto& [suffix, scale] :
        {std::pair{"ns", 1e-9}, std::pair{"us", 1e-6}, std::pair{"ms", 1e-3}, std::pair{"s", 1.0}}) {
     const std::string_view s(suffix);
@@ -52,18 +52,22 @@ LinkFigures parse_link_figures(std::string_view text, std::string_view what) {
       break;
     }
   }
-  const auto number = [&](const std::string& part) {
+  // A bare number would leave its scale to a guess (1e-6 could be seconds or microseconds).
+  if (unit == 0) throw fail("the latency has no unit");
+  const auto number = [&](const std::string& part, std::string_view name) {
     char* end = nullptr;
     errno = 0;
     const double value = part.empty() ? -1 : std::strtod(part.c_str(), &end);
     if (part.empty() || end != part.c_str() + part.size() || errno != 0 || !std::isfinite(value) ||
-        value < 0 || value > 1e12)
-      throw fail();
+        value < 0) {
+      throw fail(fmt::format("the {} '{}' is not a number of at least 0", name, part));
+    }
     return value;
   };
-  const double latency_s = number(latency_text) * unit;
-  const double gbps = number(bandwidth_text);
-  if (!(gbps > 0) || latency_s > 1e3) throw fail();
+  const double latency_s = number(latency_text, "latency") * unit;
+  const double gbps = number(bandwidth_text, "bandwidth");
+  if (latency_s > kMaxLinkLatencySeconds) throw fail("the latency is out of range");
+  if (!(gbps > 0) || gbps > kMaxLinkGigabytesPerSecond) throw fail("the bandwidth is out of range");
   return LinkFigures{latency_s, gbps * 1e9};
 }
 
@@ -114,8 +118,16 @@ Topology Topology::from_host_sizes(std::int64_t ranks, const std::vector<std::in
   if (ranks_per_domain < 0) {
     throw InvalidArgument(fmt::format("ranks per domain {} is negative", ranks_per_domain));
   }
+  std::int64_t listed = 0;
   for (const std::int64_t size : host_sizes) {
     if (size < 1) throw InvalidArgument(fmt::format("ranks per host {} is below 1", size));
+    listed += size;
+  }
+  // A list names every host: its sum must be the mesh (one size repeats, the last host jagged).
+  if (host_sizes.size() > 1 && listed != ranks) {
+    throw InvalidArgument(fmt::format("ranks per host {} hold {} ranks, {} than the {} of the mesh",
+                                      fmt::join(host_sizes, ","), listed,
+                                      listed < ranks ? "fewer" : "more", ranks));
   }
   std::vector<int> host_of;
   std::vector<int> domain_of;

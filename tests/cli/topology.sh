@@ -67,7 +67,7 @@ expect_error() {
 expect_error "--ranks-per-host: '0' is too small" plan --mesh 4 --from P --to R --shape 4 --ranks-per-host 0
 expect_error "--ranks-per-host: 'x' is not" plan --mesh 4 --from P --to R --shape 4 --ranks-per-host 2,x
 expect_error "ranks per host 1,1 hold 2 ranks, fewer than the 4" plan --mesh 4 --from P --to R --shape 4 --ranks-per-host 1,1
-expect_error "--link-inter 'fast' is not LATENCY,GBPS" plan --mesh 4 --from P --to R --shape 4 --ranks-per-host 2 --link-inter fast
+expect_error "--link-inter 'fast': no comma" plan --mesh 4 --from P --to R --shape 4 --ranks-per-host 2 --link-inter fast
 expect_error "--ranks-per-domain needs --ranks-per-host" plan --mesh 4 --from P --to R --shape 4 --ranks-per-domain 2
 expect_error "mpi detects its hosts" check --mesh 2 --from P --to R --shape 4 --backend mpi --ranks-per-host 1
 echo "ok: bad values named"

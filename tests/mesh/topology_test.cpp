@@ -1,4 +1,5 @@
 // Topologies as pure data: hosts and domains, levels, spreads and the two-level price.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <meshtensor/core/error.hpp>
@@ -87,14 +88,25 @@ TEST(Topology, BadValuesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_message([] {
               Topology::from_host_sizes(6, {4, 4, 4});
-            }).find("hold more ranks than the 6"),
+            }).find("ranks per host 4,4,4 hold 12 ranks, more than the 6"),
             std::string::npos);
+  // A list longer than needed is refused too, never cut to fit.
+  EXPECT_NE(error_message([] {
+              Topology::from_host_sizes(4, {2, 3});
+            }).find("ranks per host 2,3 hold 5 ranks, more than the 4"),
+            std::string::npos);
+  EXPECT_EQ(Topology::from_host_sizes(5, {2, 3}).host_sizes_text(), "2,3");
   EXPECT_NE(error_message([] {
               parse_link_figures("fast", "--link-inter");
-            }).find("--link-inter 'fast' is not LATENCY,GBPS"),
+            }).find("--link-inter 'fast': no comma"),
             std::string::npos);
-  EXPECT_NE(error_message([] { parse_link_figures("20us,0"); }).find("link '20us,0'"),
-            std::string::npos);
+  // Units must be said, and values in range.
+  for (const char* bad : {"1e-6,200", "1us,200e9", "20us,0", "11s,1", "-1us,1", "1us,nan"})
+    EXPECT_NE(error_message([&] {
+                parse_link_figures(bad, "--link-host");
+              }).find(fmt::format("--link-host '{}'", bad)),
+              std::string::npos)
+        << bad;
   const LinkFigures link = parse_link_figures("2ms,0.5");
   EXPECT_DOUBLE_EQ(link.latency_s, 2e-3);
   EXPECT_DOUBLE_EQ(link.bandwidth_bytes_s, 0.5e9);

@@ -32,9 +32,16 @@ using LinkLevels = std::array<LinkFigures, 3>;
 /// its bandwidth; between hosts `inside` plus 20 us and a twentieth of its bandwidth.
 LinkLevels default_links(LinkFigures inside = {});
 
-/// Parses "LATENCY,GBPS": a latency with a unit (ns, us, ms or s; a bare number is
-/// microseconds) and a bandwidth in GB/s (1e9 bytes), e.g. "20us,10". ParseError naming `what`
-/// and the text otherwise (a negative or non-finite latency, a bandwidth not above 0).
+/// The largest link latency accepted, in seconds.
+inline constexpr double kMaxLinkLatencySeconds = 10.0;
+/// The largest link bandwidth accepted, in GB/s (far above any link: a value past it is a unit
+/// mistake, e.g. bytes per second given as GB/s).
+inline constexpr double kMaxLinkGigabytesPerSecond = 100000.0;
+
+/// Parses "LATENCY,GBPS": a latency with its unit (ns, us, ms or s; a bare number is refused as
+/// ambiguous) and a bandwidth in GB/s (1e9 bytes), e.g. "20us,10". ParseError naming `what`,
+/// the text and the part at fault otherwise (a latency without a unit, negative, non-finite or
+/// past kMaxLinkLatencySeconds; a bandwidth not above 0 or past kMaxLinkGigabytesPerSecond).
 LinkFigures parse_link_figures(std::string_view text, std::string_view what = "link");
 
 /// Where the ranks of a job sit: ranks grouped into hosts, and optionally the ranks of a host
