@@ -1,3 +1,6 @@
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <new>
@@ -103,13 +106,26 @@ int run(int argc, char** argv) {
   }
   return meshtensor::cli::exit_status();
 }
+
+/// Standard output's fate: what a command printed must have been written (a full disk, a closed
+/// pipe's reader, /dev/full), else the run failed to deliver it.
+void check_standard_output() {
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    throw meshtensor::DataError(fmt::format("cannot write standard output: {}",
+                                            errno != 0 ? std::strerror(errno) : "write failed"));
+  }
+}
 }  // namespace
 
 /// Exit status: 0 success, 1 a check that found a mismatch, 2 bad input or a request the machine
 /// cannot serve (the message names it), 3 internal error.
 int main(int argc, char** argv) {
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);
+    check_standard_output();
+    return status;
   } catch (const meshtensor::Error& error) {
     std::cerr << "meshtensor: error: " << error.what() << '\n';
     return kBadInput;

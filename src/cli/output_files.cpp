@@ -101,6 +101,18 @@ OutputFile::OutputFile(std::string option, std::string path, bool binary)
   if (fs::is_directory(target, error)) {
     throw DataError(fmt::format("{} {}: is a directory; give a file name", option_, path_));
   }
+  // A device or a pipe (/dev/stdout, /dev/null, a FIFO) cannot be replaced by a rename: it is
+  // written in place, every write checked as for a file.
+  struct stat info {};
+  if (::stat(path_.c_str(), &info) == 0 && !S_ISREG(info.st_mode)) {
+    in_place_ = true;
+    stream_.open(path_, binary ? std::ios::out | std::ios::binary : std::ios::out);
+    if (!stream_) {
+      throw DataError(
+          fmt::format("{} {}: cannot write the file: {}", option_, path_, std::strerror(errno)));
+    }
+    return;
+  }
   std::string pattern =
       (directory / fmt::format(".{}.tmp-XXXXXX", target.filename().string())).string();
   const int fd = ::mkstemp(pattern.data());
@@ -121,12 +133,20 @@ OutputFile::OutputFile(std::string option, std::string path, bool binary)
 OutputFile::~OutputFile() {
   if (committed_) return;
   stream_.close();
-  std::remove(temporary_.c_str());
+  if (!in_place_) std::remove(temporary_.c_str());
 }
 
 void OutputFile::commit() {
+  errno = 0;
   stream_.close();
-  if (!stream_) throw DataError(fmt::format("{} {}: writing the file failed", option_, path_));
+  if (!stream_) {
+    throw DataError(fmt::format("{} {}: writing the file failed{}", option_, path_,
+                                errno != 0 ? fmt::format(": {}", std::strerror(errno)) : ""));
+  }
+  if (in_place_) {
+    committed_ = true;
+    return;
+  }
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
     throw DataError(
         fmt::format("{} {}: cannot replace the file: {}", option_, path_, std::strerror(errno)));

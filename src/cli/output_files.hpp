@@ -26,6 +26,8 @@ void check_outputs_are_not_inputs(std::span<const NamedPath> outputs,
 /// written to a temporary file of a unique name beside the target and renamed over it by
 /// commit(), so the user's file holds either what it held or the whole new output. Destroyed
 /// without commit() (a failed run), it removes the temporary and leaves the target untouched.
+/// A path that exists and is no regular file (a device such as /dev/stdout, a FIFO) is written
+/// in place.
 class OutputFile {
  public:
   /// Creates the temporary beside `path`; DataError naming `option`, the path and the reason.
@@ -46,6 +48,7 @@ class OutputFile {
   std::string path_;
   std::string temporary_;
   std::ofstream stream_;
+  bool in_place_ = false;
   bool committed_ = false;
 };
 
