@@ -31,6 +31,7 @@ struct PlanOptions {
   std::string dtype = "f32";
   bool no_merge = false;
   bool json = false;
+  bool all_ranks = false;
   TopologyOptions topology;
 };
 
@@ -155,11 +156,11 @@ void run_plan(const PlanOptions& options) {
                                           transition.shape, transition.dtype, plan_options);
   if (options.json) {
     nlohmann::json out = plan::to_json(plan);
-    out["layouts"] = layouts_json(transition);
+    out["layouts"] = layouts_json(transition, options.all_ranks);
     std::cout << out.dump(2) << '\n';
     return;
   }
-  std::cout << plan::explain(plan) << '\n' << describe_layouts(transition);
+  std::cout << plan::explain(plan) << '\n' << describe_layouts(transition, options.all_ranks);
 }
 }  // namespace
 
@@ -171,6 +172,8 @@ void add_plan_command(CLI::App& app) {
       "every rank's block under both");
   add_transition_options(*plan, *options);
   add_flag(*plan, "--json", options->json, "print JSON instead of text");
+  add_flag(*plan, "--all-ranks", options->all_ranks,
+           "list every rank's block (by default the first 4096 of a larger mesh)");
   plan->callback([options] { run_plan(*options); });
 }
 
