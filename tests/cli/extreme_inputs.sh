@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Malformed and extreme command lines against `meshtensor`: each must end within the time limit,
-# below the memory limit, with exit status 0 (it ran), 1 (a check mismatch: never expected here)
+# Malformed and extreme command lines against `meshtensor`: each must end within the time limit
+# (CPU time, two cores' worth, so that a busy machine does not fail a case that works; a case
+# that waits without computing is ended at six times the limit of wall time), below the memory
+# limit, with exit status 0 (it ran), 1 (a check mismatch: never expected here)
 # or 2 (an error in the documented form `meshtensor: error: ...`); never a crash, a hang, an
 # internal error (3) or the argument parser's own statuses.
 # Usage: extreme_inputs.sh <meshtensor binary> [seconds per case] [MiB per case]
 set -uo pipefail
 bin=$1
 limit_s=${2:-10}
+cpu_s=$((2 * limit_s))
+wall_s=$((6 * limit_s))
 limit_mib=${3:-2048}
 time_bin=$(command -v time || true)
 [ -x /usr/bin/time ] && time_bin=/usr/bin/time
@@ -111,20 +115,21 @@ failures=0
 for args in "${cases[@]}"; do
   start=$(date +%s%N)
   read -r -a argv <<<"$args"
-  if [ -n "$time_bin" ]; then
-    timeout -s KILL "$limit_s" "$time_bin" -f "%M" -o /tmp/extreme_inputs_rss.$$ "$bin" "${argv[@]}" \
+  measure=()
+  [ -n "$time_bin" ] && measure=("$time_bin" -f "%M" -o /tmp/extreme_inputs_rss.$$)
+  (
+    ulimit -t "$cpu_s"
+    exec timeout -s KILL "$wall_s" "${measure[@]}" "$bin" "${argv[@]}" \
       >/tmp/extreme_inputs_out.$$ 2>/tmp/extreme_inputs_err.$$
-  else
-    timeout -s KILL "$limit_s" "$bin" "${argv[@]}" >/tmp/extreme_inputs_out.$$ 2>/tmp/extreme_inputs_err.$$
-  fi
+  )
   status=$?
   elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
   rss_mib=0
   [ -n "$time_bin" ] && [ -s /tmp/extreme_inputs_rss.$$ ] &&
     rss_mib=$(( $(tail -1 /tmp/extreme_inputs_rss.$$ | tr -dc 0-9) / 1024 ))
   verdict=ok
-  if [ $status -eq 137 ] || [ $status -eq 124 ]; then
-    verdict="killed after ${limit_s} s"
+  if [ $status -eq 137 ] || [ $status -eq 124 ] || [ $status -eq 152 ]; then
+    verdict="killed: past ${cpu_s} s of CPU time or ${wall_s} s of wall time"
   elif [ $status -ne 0 ] && [ $status -ne 2 ]; then
     verdict="exit status $status"
   elif [ $status -eq 2 ] && ! head -1 /tmp/extreme_inputs_err.$$ | grep -q '^meshtensor: error: '; then
