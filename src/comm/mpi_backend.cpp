@@ -101,6 +101,8 @@ struct MpiShared {
   static constexpr int kQueryTag = 1;
   static constexpr int kReplyTag = 2;
   static constexpr int kReplyTextTag = 3;
+  // Separates, in a reply's text, the call on the asked group from one on another group.
+  static constexpr char kElsewhere = '\x1f';
 
   void watch() {
     std::unique_lock lock(watch_mutex_);
@@ -136,12 +138,16 @@ struct MpiShared {
       const auto found = groups_.find(static_cast<std::uint64_t>(query[0]));
       if (found != groups_.end()) reply[1] = found->second();
       std::string doing;
+      std::string elsewhere;  // a call this rank waits in on another group
       for (const auto& [id, entry] : in_flight_) {
         if (entry.group == static_cast<std::uint64_t>(query[0])) {
           doing = entry.call->match_key();
           reply[2] = entry.call->sequence;
+        } else if (elsewhere.empty()) {
+          elsewhere = entry.describe();
         }
       }
+      doing += kElsewhere + elsewhere;
       lock.unlock();
       MPI_Send(reply, 3, MPI_INT64_T, status.MPI_SOURCE, kReplyTag, control);
       MPI_Send(doing.data(), static_cast<int>(doing.size()), MPI_CHAR, status.MPI_SOURCE,
@@ -156,6 +162,7 @@ struct MpiShared {
     std::map<std::int64_t, std::int64_t> issued;  // world rank -> calls issued (-1: not a member)
     std::map<std::int64_t, std::string> doing;    // world rank -> the call it is in, if any
     std::map<std::int64_t, std::int64_t> doing_sequence;  // world rank -> that call's sequence
+    std::map<std::int64_t, std::string> waiting;  // world rank -> a call it waits in elsewhere
     for (std::int64_t member : *watch.members) {
       if (member == watch.me) continue;
       const std::int64_t query[2] = {static_cast<std::int64_t>(watch.group), watch.sequence};
@@ -181,8 +188,10 @@ struct MpiShared {
         MPI_Recv(text.data(), length, MPI_CHAR, status.MPI_SOURCE, kReplyTextTag, control,
                  MPI_STATUS_IGNORE);
         if (reply[0] == static_cast<std::int64_t>(watch.group)) {
+          const std::size_t split = text.find(kElsewhere);
           issued[status.MPI_SOURCE] = reply[1];
-          doing[status.MPI_SOURCE] = std::move(text);
+          if (split != std::string::npos) waiting[status.MPI_SOURCE] = text.substr(split + 1);
+          doing[status.MPI_SOURCE] = text.substr(0, split);
           doing_sequence[status.MPI_SOURCE] = reply[2];
         }
         continue;
@@ -222,6 +231,11 @@ struct MpiShared {
     }
     if (!missing.empty())
       add(fmt::format("world rank(s) [{}] never issued it", fmt::join(missing, ",")));
+    // A member that never issued it because it waits for a third rank: the cause is further on.
+    for (const std::int64_t member : missing) {
+      if (!waiting[member].empty())
+        add(fmt::format("world rank {} is itself waiting in {}", member, waiting[member]));
+    }
     if (!other_calls.empty())
       add(fmt::format("the ranks issued different calls: {}", fmt::join(other_calls, "; ")));
     if (!ahead.empty()) add(fmt::format("{}", fmt::join(ahead, "; ")));

@@ -58,6 +58,22 @@ struct ThreadsShared {
     const std::lock_guard lock(mutex);
     groups.push_back(group);
   }
+  // What a rank waits in, so that a timeout elsewhere can say a missing member is itself
+  // waiting for another rank. The call and ranks stay valid while the slot names them.
+  struct Waiting {
+    const CollectiveCall* call = nullptr;
+    const std::vector<std::int64_t>* group = nullptr;
+  };
+  void note_waiting(std::int64_t world_rank, Waiting waiting) {
+    const std::lock_guard lock(waits_mutex);
+    waits[static_cast<std::size_t>(world_rank)] = waiting;
+  }
+  std::string waiting_text(std::int64_t world_rank) {
+    const std::lock_guard lock(waits_mutex);
+    const Waiting& w = waits[static_cast<std::size_t>(world_rank)];
+    if (w.call == nullptr) return {};
+    return fmt::format("{} on group [{}]", w.call->to_string(), fmt::join(*w.group, ","));
+  }
 
   const int size;
   const LinkDelay link;
@@ -71,6 +87,8 @@ struct ThreadsShared {
       std::vector<std::atomic<bool>>(static_cast<std::size_t>(size));
   std::uint64_t next_group_id = 1;
   std::vector<std::weak_ptr<GroupState>> groups;
+  std::mutex waits_mutex;
+  std::vector<Waiting> waits = std::vector<Waiting>(static_cast<std::size_t>(size));
   // Groups being created by a split: key (parent id, split sequence, color) -> state and the
   // number of members still to pick it up.
   std::map<std::tuple<std::uint64_t, std::int64_t, std::int64_t>,
@@ -110,6 +128,13 @@ struct GroupState {
       cv.notify_all();
       return;
     }
+    const std::int64_t me = world_ranks[static_cast<std::size_t>(rank)];
+    world.note_waiting(me, {&call, &world_ranks});
+    struct Cleared {
+      ThreadsShared& world;
+      std::int64_t me;
+      ~Cleared() { world.note_waiting(me, {}); }
+    } const cleared{world, me};
     while (generation == generation_now) {
       if (world.aborted.load()) {
         withdraw(rank);
@@ -131,9 +156,15 @@ struct GroupState {
           generation == generation_now && !world.aborted.load()) {
         const std::vector<std::int64_t> missing = missing_members(generation_now, world, false);
         withdraw(rank);
-        const std::string message =
+        std::string message =
             fmt::format("{} on group [{}] timed out: world rank(s) [{}] never issued it",
                         call.to_string(), fmt::join(world_ranks, ","), fmt::join(missing, ","));
+        // A member that never issued it because it waits for a third rank: the cause is further.
+        for (const std::int64_t member : missing) {
+          const std::string elsewhere = world.waiting_text(member);
+          if (!elsewhere.empty())
+            message += fmt::format("; world rank {} is itself waiting in {}", member, elsewhere);
+        }
         lock.unlock();
         world.abort(message);
         throw TimeoutError(message);

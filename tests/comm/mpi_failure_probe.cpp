@@ -68,6 +68,17 @@ int main(int argc, char** argv) {
           // answer nothing, and the others' timeout must say so.
           if (world.rank() == 1) std::raise(SIGSTOP);
           world.barrier({.timeout = std::chrono::milliseconds(500)});
+        } else if (scenario == "chain") {
+          // On 3 ranks, a chain as pipeline stages make: rank 0 waits for rank 1 on {0, 1},
+          // rank 1 for rank 2 on {1, 2}, and rank 2 is stopped. Rank 0's timeout must say that
+          // rank 1 is itself waiting, on {1, 2}.
+          const comm::CollectiveOptions wait{.timeout = std::chrono::seconds(10)};
+          const int r = world.rank();
+          auto first = world.split(r == 2 ? -1 : 0, r, wait);
+          auto second = world.split(r == 0 ? -1 : 0, r, wait);
+          if (r == 2) std::raise(SIGSTOP);
+          if (r == 1) second->barrier(wait);
+          if (r == 0) first->barrier({.timeout = std::chrono::milliseconds(500)});
         } else if (scenario == "killed") {
           // Rank 1 dies: the job ends at once, not after the 5-minute default timeout.
           if (world.rank() == 1) std::raise(SIGKILL);

@@ -171,6 +171,32 @@ TEST(ThreadsFailures, AMissingRankTimesOutNamingIt) {
             1);
 }
 
+TEST(ThreadsFailures, AMissingMemberWaitingForAThirdRankIsSaidToWait) {
+  // A chain, as pipeline stages are: rank 0 waits for rank 1 on {0, 1}, rank 1 for rank 2 on
+  // {1, 2}, and rank 2 is absent. Rank 0's timeout must point past rank 1, to its own wait.
+  std::string said;
+  EXPECT_THROW(run_threads(3,
+                           [&](Communicator& world) {
+                             const CollectiveOptions options{.timeout = std::chrono::seconds(10)};
+                             const int r = world.rank();
+                             auto first = world.split(r == 2 ? -1 : 0, r, options);
+                             auto second = world.split(r == 0 ? -1 : 0, r, options);
+                             if (r == 2)
+                               return std::this_thread::sleep_for(std::chrono::milliseconds(800));
+                             if (r == 1) return second->barrier(options);
+                             try {
+                               first->barrier({.timeout = std::chrono::milliseconds(300)});
+                             } catch (const CommError& error) {
+                               said = error.what();
+                               throw;
+                             }
+                           }),
+               CommError);
+  EXPECT_THAT(said, ::testing::HasSubstr("world rank(s) [1] never issued it"));
+  EXPECT_THAT(said, ::testing::HasSubstr("world rank 1 is itself waiting in barrier"));
+  EXPECT_THAT(said, ::testing::HasSubstr("on group [1,2]"));
+}
+
 TEST(ThreadsFailures, ARankThatReturnsReleasesItsWaitersAtOnceNamingIt) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_GE(barrier_errors_naming([] {}, std::chrono::seconds(60), "world rank(s) [2] returned"),
