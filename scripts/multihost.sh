@@ -10,6 +10,8 @@
 #                                           per host (N, or N,N,... per host)
 #   scripts/multihost.sh kill DIR HOST [NAME]  kill every process of host HOST (1-based), or
 #                                           only those called NAME (the ranks, not the orted)
+#   scripts/multihost.sh unplug DIR HOST    take host HOST off the network (its link down, as a
+#                                           pulled cable or a dead switch port: no reset is sent)
 #   scripts/multihost.sh down DIR           remove the namespaces, links and bridge
 #
 # Every address is in 10.231.N.0/24 (N from the process id) on the bridge the script creates;
@@ -87,8 +89,14 @@ run() {
     TSAN_OPTIONS; do
     [ -n "${!variable:-}" ] && forward+=(-x "$variable")
   done
+  # A host that vanishes without a reset (unplugged, frozen) is noticed by TCP keepalives on
+  # mpirun's links to the remote daemons: idle 10 s, then 3 probes 2 s apart. OpenMPI's default
+  # (300 s, then 9 probes 20 s apart) leaves mpirun waiting 8 minutes for a lost daemon, even
+  # after a rank called MPI_Abort.
   exec mpirun "${root[@]}" --oversubscribe -np "$total" --host "$hostlist" \
     --mca plm_rsh_agent "$dir/agent" \
+    --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 \
+    --mca oob_tcp_keepalive_probes 3 \
     --mca btl tcp,vader,self --mca btl_tcp_if_include "$subnet.0/24" --mca mpi_yield_when_idle 1 \
     --mca oob_tcp_if_include "$subnet.0/24" \
     "${forward[@]}" "$@"
@@ -105,6 +113,13 @@ kill_host() {  # kill_host DIR HOST [NAME]: every process of the host, or those 
   done
   [ -n "$pids" ] && kill -9 $pids
   echo "killed host$host: $(echo $pids | wc -w) processes${name:+ called $name}"
+}
+
+unplug() {  # unplug DIR HOST: the host's link down on the bridge side
+  local dir=$1 host=$2 tag
+  tag=$(cat "$dir/tag")
+  ip link set "${tag}v$host" down
+  echo "unplugged host$host"
 }
 
 down() {
@@ -130,6 +145,7 @@ run)
   run "$@"
   ;;
 kill) kill_host "$2" "$3" "${4:-}" ;;
+unplug) unplug "$2" "$3" ;;
 down) down "$2" ;;
-*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | down DIR" ;;
+*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | unplug DIR HOST | down DIR" ;;
 esac

@@ -767,6 +767,42 @@ std::shared_ptr<const Topology> detect_topology() {
   if (topology.single_level()) return nullptr;
   return std::make_shared<const Topology>(std::move(topology));
 }
+
+/// Ends the process when the job's start (MPI_Init_thread and the world's first collectives)
+/// does not finish within the default collective timeout: a host lost while the others start
+/// leaves them waiting inside MPI, where no collective's timeout applies.
+class StartWatchdog {
+ public:
+  explicit StartWatchdog(std::chrono::milliseconds limit)
+      : thread_([this, limit] {
+          std::unique_lock lock(mutex_);
+          if (finished_.wait_for(lock, limit, [&] { return done_; })) return;
+          std::cerr << fmt::format(
+                           "meshtensor: error: the MPI job did not start within {:.1f} s "
+                           "(MPI_Init_thread and the world's first collectives): a host or rank "
+                           "of the job is lost, stopped or unreachable (MESHTENSOR_TIMEOUT sets "
+                           "how long to wait)",
+                           std::chrono::duration<double>(limit).count())
+                    << std::endl;
+          std::_Exit(1);
+        }) {}
+  StartWatchdog(const StartWatchdog&) = delete;
+  StartWatchdog& operator=(const StartWatchdog&) = delete;
+  ~StartWatchdog() {
+    {
+      const std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    finished_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  bool done_ = false;
+  std::thread thread_;
+};
 }  // namespace
 
 MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
@@ -774,6 +810,7 @@ MpiWorld::MpiWorld(int* argc, char*** argv, MpiOptions options) {
   MPI_Initialized(&initialized);
   if (initialized != 0)
     throw CommError("MPI is already initialised; create one MpiWorld per process");
+  const StartWatchdog watchdog(default_timeout());
   int provided = 0;
   check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   if (provided < MPI_THREAD_MULTIPLE) {

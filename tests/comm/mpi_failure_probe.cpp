@@ -2,6 +2,7 @@
 // each must end the whole job with a non-zero status and a message naming the cause.
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 #include <string_view>
@@ -15,6 +16,13 @@ using namespace meshtensor;
 
 int main(int argc, char** argv) {
   const std::string_view scenario = argc > 1 ? argv[1] : "";
+  if (scenario == "late_start") {
+    // Rank 1 is lost before it starts MPI (mpirun set its rank already): rank 0 waits inside
+    // MPI_Init_thread, and the start watchdog must end it within the timeout.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank != nullptr && std::string_view(rank) == "1")
+      std::this_thread::sleep_for(std::chrono::seconds(25));
+  }
   comm::MpiOptions options;
   options.check_collectives = scenario == "desync";
   return comm::run_mpi(
@@ -68,6 +76,8 @@ int main(int argc, char** argv) {
           // answer nothing, and the others' timeout must say so.
           if (world.rank() == 1) std::raise(SIGSTOP);
           world.barrier({.timeout = std::chrono::milliseconds(500)});
+        } else if (scenario == "late_start") {
+          world.barrier();
         } else if (scenario == "chain") {
           // On 3 ranks, a chain as pipeline stages make: rank 0 waits for rank 1 on {0, 1},
           // rank 1 for rank 2 on {1, 2}, and rank 2 is stopped. Rank 0's timeout must say that

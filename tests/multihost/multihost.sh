@@ -7,6 +7,9 @@
 #   jagged    3 hosts x 4 ranks, (ddp=4, fsdp=3): ordered training keeps replicas identical
 #   lost      2 hosts x 2 ranks: killing host 2's ranks ends the job with an error naming the host;
 #             killing the whole host (its daemon too) ends it naming the host or the lost daemon
+#   unplugged 2 hosts x 2 ranks: host 2 taken off the network (no reset reaches anyone) ends the
+#             job within 60 s naming the host (mpirun's keepalives; the collectives' timeout is
+#             longer)
 set -uo pipefail
 bin=$1
 case_name=$2
@@ -126,6 +129,26 @@ lost)
       echo "ok: host 2 lost: exit $status after ${took}s; $(grep -Eo "(Peer host|on node):? *$address|unable to reliably start one or more daemons|lost communication with a remote daemon" "$dir/out" | head -1 | tr -s ' ')"
     fi
   done
+  ;;
+unplugged)
+  hosts 2
+  address=$(sed -n 2p "$dir/hosts" | cut -d' ' -f1)
+  (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
+     --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
+  for _ in $(seq 1 60); do
+    grep -q "step" "$dir/out" 2>/dev/null && break
+    sleep 1
+  done
+  grep -q "step" "$dir/out" || fail "the job did not start"
+  start=$(date +%s)
+  bash "$multihost" unplug "$dir" 2
+  wait
+  took=$(($(date +%s) - start))
+  status=$(cat "$dir/status")
+  [ "$status" != 0 ] || fail "the job exited 0 after losing host 2"
+  [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+  grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
+  echo "ok: host 2 unplugged: exit $status after ${took}s; $(grep -m1 -o ".*$address.*" "$dir/out" | tr -s ' ' | head -c 200)"
   ;;
 *)
   echo "unknown case $case_name"
