@@ -104,6 +104,13 @@ Tensor TransformerBlock::forward(const Tensor& input) {
   return y;
 }
 
+void TransformerBlock::forward_for_backward(const Tensor& input) {
+  Tensor x = run_forward(attention_, run_forward(norm1_, input));
+  add_into(x, input);
+  run_forward_for_backward(projection_,
+                           run_forward(gelu_, run_forward(fc_, run_forward(norm2_, x))));
+}
+
 Tensor TransformerBlock::backward(const Tensor& grad_output, GradientSink& sink,
                                   bool need_input_grad) {
   const Tensor dy = grad_output.contiguous();

@@ -170,14 +170,23 @@ PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums)
   return {Tensor(), &sums, input_shape_};
 }
 
-Tensor Linear::forward(const Tensor& given) {
-  const Tensor input = split_ != nullptr ? split_->gather_input(given) : given;
+void Linear::keep_input(const Tensor& input) {
   const std::int64_t in = weight_.value.shape()[0];
-  const std::int64_t out = weight_.value.shape()[1];
   check_input(input, in, describe());
   input_shape_ = input.shape();
-  const std::int64_t rows = input.numel() / in;
-  input_ = input.contiguous().reshape(Shape{rows, in});
+  input_ = input.contiguous().reshape(Shape{input.numel() / in, in});
+}
+
+void Linear::forward_for_backward(const Tensor& given) {
+  keep_input(split_ != nullptr ? split_->gather_input(given) : given);
+  if (split_ != nullptr) split_->skip_output(with_features(input_shape_, weight_.value.shape()[1]));
+}
+
+Tensor Linear::forward(const Tensor& given) {
+  keep_input(split_ != nullptr ? split_->gather_input(given) : given);
+  const std::int64_t in = weight_.value.shape()[0];
+  const std::int64_t out = weight_.value.shape()[1];
+  const std::int64_t rows = input_.shape()[0];
   PartialSums partial;
   kernels::BinnedSums sums;
   if (in_blocks_ > 0) {

@@ -22,6 +22,17 @@ Tensor run_forward(Module& module, const Tensor& input) {
   return output;
 }
 
+void run_forward_for_backward(Module& module, const Tensor& input) {
+  if (!module.boundaries().empty()) {
+    (void)run_forward(module, input);
+    return;
+  }
+  ModuleHooks* hooks = module.hooks();
+  if (hooks != nullptr) hooks->pre_forward(module);
+  module.forward_for_backward(input);
+  if (hooks != nullptr) hooks->post_forward(module);
+}
+
 Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,
                     bool need_input_grad) {
   const auto& boundaries = module.boundaries();

@@ -72,6 +72,12 @@ Tensor Pipeline::receive(std::int64_t from_stage, std::int64_t to_stage, std::in
     local_.erase(found);
     return tensor;
   }
+  if (posted_ && posted_->key == MessageKey{from_stage, to_stage, micro_batch}) {
+    PostedReceive posted = std::move(*posted_);
+    posted_.reset();
+    posted.work.wait();
+    return posted.tensor;
+  }
   Tensor tensor(shape, DType::f32);
   channels_->recv(
       tensor, static_cast<int>(rank_of(from_stage)), link_tag(from_stage, to_stage),
@@ -80,12 +86,38 @@ Tensor Pipeline::receive(std::int64_t from_stage, std::int64_t to_stage, std::in
   return tensor;
 }
 
+std::optional<Pipeline::MessageKey> Pipeline::remote_input(std::size_t index) const {
+  const PipelineAction& action = actions_[index];
+  const std::int64_t stage = stage_of(config_, rank_, action.chunk);
+  const bool forward = action.kind == PipelineAction::Kind::forward;
+  const std::int64_t from = forward ? stage - 1 : stage + 1;
+  if (from < 0 || from >= config_.stages() || rank_of(from) == rank_) return std::nullopt;
+  return MessageKey{from, stage, action.micro_batch};
+}
+
+void Pipeline::post_next_receive(std::size_t index, StageWork& work) {
+  if (posted_) return;
+  for (std::size_t next = index + 1; next < actions_.size(); ++next) {
+    const std::optional<MessageKey> key = remote_input(next);
+    if (!key) continue;
+    const auto [from, to, micro_batch] = *key;
+    Tensor tensor(work.boundary_shape(micro_batch), DType::f32);
+    comm::Work receiving =
+        channels_->irecv(tensor, static_cast<int>(rank_of(from)), link_tag(from, to),
+                         fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
+                                     from < to ? "activation" : "gradient", micro_batch, from, to));
+    posted_ = PostedReceive{*key, std::move(tensor), std::move(receiving)};
+    return;
+  }
+}
+
 PipelineStepStats Pipeline::run_step(StageWork& work) {
   PipelineStepStats stats;
   const auto start = Clock::now();
   const std::int64_t last_stage = config_.stages() - 1;
   std::map<std::int64_t, Tensor> loss_grads;  // micro-batch -> gradient of the last stage's output
-  for (const PipelineAction& action : actions_) {
+  for (std::size_t index = 0; index < actions_.size(); ++index) {
+    const PipelineAction& action = actions_[index];
     const std::int64_t stage = stage_of(config_, rank_, action.chunk);
     const std::int64_t mb = action.micro_batch;
     if (action.kind == PipelineAction::Kind::forward) {
@@ -94,6 +126,7 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
                                ? work.first_input(mb)
                                : receive(stage - 1, stage, mb, work.boundary_shape(mb), false);
       const auto computing = Clock::now();
+      post_next_receive(index, work);
       Tensor output = work.forward(action.chunk, mb, input);
       if (stage == last_stage) {
         loss_grads[mb] = work.loss_gradient(mb, output);
@@ -112,6 +145,7 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
         grad = receive(stage + 1, stage, mb, work.boundary_shape(mb), true);
       }
       const auto computing = Clock::now();
+      post_next_receive(index, work);
       const Tensor grad_input = work.backward(action.chunk, mb, grad);
       if (stage > 0) deliver(grad_input, stage, stage - 1, mb, true);
       stats.wait_seconds += seconds_between(waiting, computing);

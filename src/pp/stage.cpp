@@ -84,7 +84,7 @@ Tensor StageModule::backward(const Tensor& grad_output, nn::GradientSink& sink,
     if (checkpointed_[i]) {
       if (!kept_inputs_[i].defined())
         throw InvalidArgument(units_[i].first + ": backward without a forward");
-      nn::run_forward(unit, std::exchange(kept_inputs_[i], Tensor()));
+      nn::run_forward_for_backward(unit, std::exchange(kept_inputs_[i], Tensor()));
       backward_peak_ = std::max(backward_peak_, nn::kept_bytes(*this));
     }
     const bool wants = i > 0 || (takes_input_grad_ && need_input_grad);

@@ -66,6 +66,12 @@ class StyleCommunication : public nn::SplitCommunication {
                             what);
   }
 
+  void skip_output(const Shape& partial_shape) override {
+    if (!partial_output_) return;
+    output_shape_ = partial_shape;
+    if (output_.is_shard()) tp_.set_sequence_length(partial_shape[output_.shard_dim()]);
+  }
+
   Tensor gather_output_grad(const Tensor& grad) override {
     if (!partial_output_ || !output_.is_shard()) return grad;
     return tp_.redistribute(grad, output_shape_, output_, Placement::replicate(), path_, "backward",

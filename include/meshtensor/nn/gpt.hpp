@@ -52,6 +52,10 @@ class TransformerBlock : public Module {
   TransformerBlock(const GptConfig& config, std::uint64_t seed);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  /// Forward up to the MLP's last projection, which only keeps its input: the block's output
+  /// (that projection's product, its communication and the residual) is what backward never
+  /// reads.
+  void forward_for_backward(const Tensor& input) override;
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   /// "norm1", "attn", "norm2", "mlp.fc", "mlp.act", "mlp.proj".

@@ -42,6 +42,8 @@ class Linear : public Module {
          double init_std = 0.0);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  /// Keeps the input (backward needs nothing else) without the product or its communication.
+  void forward_for_backward(const Tensor& input) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::string describe() const override;
   SavedState take_saved() override;
@@ -76,6 +78,8 @@ class Linear : public Module {
   bool adds_bias() const;  // false on the other members when the output holds partial sums
   void fill_bias_rows(Tensor& output) const;  // every row of [rows, out] = the bias
   PartialSums forward_sums(kernels::BinnedSums& sums) const;
+  /// Checks the input and keeps it for backward, as [rows, in].
+  void keep_input(const Tensor& input);
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
 
   Parameter weight_;

@@ -108,6 +108,9 @@ class SplitCommunication {
   /// Forward: the output from the module's partial or local result (sums completed over the
   /// group, rows scattered to this member's shard; rounded once in exact mode).
   virtual Tensor complete_output(const PartialSums& partial) = 0;
+  /// Forward without its output: keeps what complete_output would keep for backward, for an
+  /// output of `partial_shape`, and moves nothing.
+  virtual void skip_output(const Shape& partial_shape) { (void)partial_shape; }
   /// Backward of complete_output: the output gradient as the local computation needs it.
   virtual Tensor gather_output_grad(const Tensor& grad) = 0;
   /// Backward of gather_input: the input gradient from the module's partial or local result.
@@ -170,6 +173,10 @@ class Module {
   /// Reports parameter gradient sums for `grad_output` to `sink` and returns the gradient of
   /// the last forward's input (undefined when `need_input_grad` is false).
   virtual Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) = 0;
+  /// Keeps what backward needs for `input`, as forward does, but may leave out what only the
+  /// output needs (activation checkpointing's recompute: the output is not used). The default
+  /// runs forward; the same bits either way.
+  virtual void forward_for_backward(const Tensor& input) { (void)forward(input); }
   /// The module's parameters (pointers stay valid for the module's life).
   virtual std::vector<Parameter*> parameters() { return {}; }
   /// Short description, e.g. "Linear(784, 1024)".
@@ -202,6 +209,11 @@ class Module {
 /// module.forward(input) between the module's hooks and inside its boundaries, if any.
 /// Containers call their children through it.
 Tensor run_forward(Module& module, const Tensor& input);
+
+/// module.forward_for_backward(input) between the module's hooks and inside its boundaries;
+/// run_forward (its output dropped) when the module has boundaries, whose output side may keep
+/// state for backward.
+void run_forward_for_backward(Module& module, const Tensor& input);
 
 /// module.backward(...) between the module's hooks and inside its boundaries, if any.
 Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sink,

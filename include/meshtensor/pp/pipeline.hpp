@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -72,6 +73,14 @@ class Pipeline {
                  const Shape& shape, bool gradient);
   void deliver(const Tensor& tensor, std::int64_t from_stage, std::int64_t to_stage,
                std::int64_t micro_batch, bool gradient);
+  /// A message between stages: (from stage, to stage, micro-batch).
+  using MessageKey = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+  /// The message action `index` of this rank's schedule receives from another rank, if any.
+  std::optional<MessageKey> remote_input(std::size_t index) const;
+  /// Posts the receive of the next action after `index` that takes a message from another rank,
+  /// so that its transfer runs while this rank computes (one receive ahead, in the order the
+  /// links carry their messages).
+  void post_next_receive(std::size_t index, StageWork& work);
 
   comm::Communicator& group_;
   ScheduleConfig config_;
@@ -80,7 +89,14 @@ class Pipeline {
   std::unique_ptr<comm::PeerChannels> channels_;
   std::vector<comm::Work> sends_;
   // Hand-offs between two stages of this rank (one pp rank): (from stage, to stage, micro-batch).
-  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, Tensor> local_;
+  std::map<MessageKey, Tensor> local_;
+  /// The receive posted ahead.
+  struct PostedReceive {
+    MessageKey key;
+    Tensor tensor;
+    comm::Work work;
+  };
+  std::optional<PostedReceive> posted_;
 };
 
 }  // namespace meshtensor::pp
