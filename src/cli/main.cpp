@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 
 #include "commands.hpp"
 
@@ -122,6 +123,7 @@ void check_standard_output() {
 /// Exit status: 0 success, 1 a check that found a mismatch, 2 bad input or a request the machine
 /// cannot serve (the message names it), 3 internal error.
 int main(int argc, char** argv) {
+  meshtensor::keep_freed_memory_for_reuse();
   try {
     const int status = run(argc, argv);
     check_standard_output();

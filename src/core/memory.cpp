@@ -2,6 +2,7 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <malloc.h>
 #include <sstream>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -99,6 +100,13 @@ void require_memory(double bytes, std::string_view what) {
                                     format_bytes(bytes),
                                     format_bytes(static_cast<double>(available))));
   }
+}
+
+void keep_freed_memory_for_reuse() {
+  constexpr int kReusedBlockBytes = 256 << 20;
+  // Failing to set either only costs speed.
+  (void)mallopt(M_MMAP_THRESHOLD, kReusedBlockBytes);
+  (void)mallopt(M_TRIM_THRESHOLD, kReusedBlockBytes * 4);
 }
 
 }  // namespace meshtensor
