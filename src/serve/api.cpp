@@ -107,7 +107,7 @@ ApiError invalid_json(std::string_view body) {
   } catch (const json::out_of_range& e) {
     return bad(key, fmt::format("'{}' is not a number the server can read: {}", key, e.what()));
   } catch (const json::exception& e) {
-    return bad(key, fmt::format("the request body is not valid JSON: {}", e.what()));
+    return bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
   }
   return bad("", "the request body is not valid JSON");
 }

@@ -101,6 +101,9 @@ TEST(Api, BadRequestsNameTheFieldAndTheValue) {
       {R"({"prompt":"a","suffix":"z"})", 400, "suffix", "not supported"},
       {R"({"prompt":"a","model":7})", 400, "model", "string"},
       {R"({"prompt":"a","model":"gpt-4"})", 404, "model", "gpt-4"},
+      // A number no double holds is the client's error, naming its field (never a 5xx).
+      {R"({"prompt":"a","max_tokens":1e999})", 400, "max_tokens", "number overflow"},
+      {R"({"temperature":-1e400,"prompt":"a"})", 400, "temperature", "not a number the server"},
   };
   for (const Case& c : cases) {
     try {
