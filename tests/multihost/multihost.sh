@@ -52,6 +52,28 @@ mpi() {  # mpi SLOTS ARGS...: meshtensor on every host; output in $dir/out
   timeout 240 bash "$multihost" run "$dir" "$slots" -- "$bin" "$@" >"$dir/out" 2>&1
 }
 
+# lose_host_2 ACTION ARGS...: a long training job on 2 hosts x 2 ranks; once it runs,
+# `multihost.sh ACTION ARGS...` takes host 2 away. The job must end non-zero within 60 s; sets
+# status and took (seconds).
+lose_host_2() {
+  rm -f "$dir/out" "$dir/status"
+  (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
+     --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
+  for _ in $(seq 1 60); do
+    grep -q "step" "$dir/out" 2>/dev/null && break
+    sleep 1
+  done
+  grep -q "step" "$dir/out" || fail "the job did not start"
+  local start
+  start=$(date +%s)
+  bash "$multihost" "$@"
+  wait
+  took=$(($(date +%s) - start))
+  status=$(cat "$dir/status")
+  [ "$status" != 0 ] || fail "the job exited 0 after losing host 2"
+  [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+}
+
 case $case_name in
 detect)
   hosts 3
@@ -100,21 +122,7 @@ lost)
   address=$(sed -n 2p "$dir/hosts" | cut -d' ' -f1)
   # The ranks of host 2 die (kill -9), then, in a second job, the whole host (its orted too).
   for what in meshtensor ""; do
-    rm -f "$dir/out" "$dir/status"
-    (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
-       --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
-    for _ in $(seq 1 60); do
-      grep -q "step" "$dir/out" 2>/dev/null && break
-      sleep 1
-    done
-    grep -q "step" "$dir/out" || fail "the job did not start"
-    start=$(date +%s)
-    bash "$multihost" kill "$dir" 2 $what
-    wait
-    took=$(($(date +%s) - start))
-    status=$(cat "$dir/status")
-    [ "$status" != 0 ] || fail "the job exited 0 after losing host 2"
-    [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+    lose_host_2 kill "$dir" 2 $what
     if [ -n "$what" ]; then
       grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
       # Ranks 2 and 3 ran on host 2: the report names one of them and the host.
@@ -133,20 +141,7 @@ lost)
 unplugged)
   hosts 2
   address=$(sed -n 2p "$dir/hosts" | cut -d' ' -f1)
-  (mpi 2 train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 4 --steps 1000000 \
-     --backend mpi --mesh 2x2 --names dp,fsdp; echo $? >"$dir/status") &
-  for _ in $(seq 1 60); do
-    grep -q "step" "$dir/out" 2>/dev/null && break
-    sleep 1
-  done
-  grep -q "step" "$dir/out" || fail "the job did not start"
-  start=$(date +%s)
-  bash "$multihost" unplug "$dir" 2
-  wait
-  took=$(($(date +%s) - start))
-  status=$(cat "$dir/status")
-  [ "$status" != 0 ] || fail "the job exited 0 after losing host 2"
-  [ "$took" -le 60 ] || fail "the job took ${took}s to end"
+  lose_host_2 unplug "$dir" 2
   grep -q "$address" "$dir/out" || { tail -c 3000 "$dir/out"; fail "no message names host 2 ($address)"; }
   echo "ok: host 2 unplugged: exit $status after ${took}s; $(grep -m1 -o ".*$address.*" "$dir/out" | tr -s ' ' | head -c 200)"
   ;;
