@@ -238,7 +238,7 @@ void HttpConnection::follow(std::shared_ptr<Job> job) {
   head += version_ >= 11 ? "Transfer-Encoding: chunked\r\n" : "Connection: close\r\n";
   if (version_ >= 11 && !keep_alive_) head += "Connection: close\r\n";
   if (version_ < 11) keep_alive_ = false;
-  write_stream(head + "\r\n", false);
+  write_stream(head + "\r\n", false, false);
 }
 
 void HttpConnection::pump() {
@@ -264,17 +264,19 @@ void HttpConnection::pump() {
     frame = fmt::format("{:x}\r\n", frame.size()) + frame + "\r\n";
     if (out.finished) frame += "0\r\n\r\n";
   }
-  write_stream(std::move(frame), out.finished);
+  write_stream(std::move(frame), out.finished, true);
 }
 
-void HttpConnection::write_stream(std::string text, bool finished) {
+void HttpConnection::write_stream(std::string text, bool finished, bool events) {
   auto data = std::make_shared<std::string>(std::move(text));
   writing_ = true;
   stream_.expires_after(limits_.write_timeout);
   net::async_write(stream_, net::buffer(*data),
-                   [self = shared_from_this(), data, finished](error_code ec, std::size_t) {
+                   [self = shared_from_this(), data, finished, events](error_code ec, std::size_t) {
                      self->writing_ = false;
-                     self->last_write_ = Clock::now();
+                     // The stream interval starts at the first events, not at the headers: the
+                     // first tokens go out as soon as they exist.
+                     if (events) self->last_write_ = Clock::now();
                      if (ec) return self->close();
                      if (!finished) return self->pump();
                      self->end_reply();

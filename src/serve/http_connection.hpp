@@ -111,7 +111,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   void poll_later();
   void follow(std::shared_ptr<Job> job);
   void pump();
-  void write_stream(std::string text, bool finished);
+  /// Writes stream bytes: the headers, or `events` (which start the stream interval).
+  void write_stream(std::string text, bool finished, bool events);
   void check_peer();
   bool peer_gone();
   void end_reply();
