@@ -32,6 +32,8 @@ def interrupted_run(body_source, delay, tmp_path):
     script = textwrap.dedent("""
         import os, signal, sys, threading
         import meshtensor as mt
+        # A runner started in the background passes SIGINT on as ignored: take it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         corpus = mt.load_text(sys.argv[1])
         """) + textwrap.dedent(body_source) + textwrap.dedent("""
         threading.Timer(float(sys.argv[2]), lambda: os.kill(os.getpid(), signal.SIGINT)).start()

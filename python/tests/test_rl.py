@@ -152,6 +152,8 @@ def test_ctrl_c_stops_a_run_whose_reward_blocks(checkpoint):
     script = textwrap.dedent("""
         import os, signal, sys, threading, time
         import meshtensor as mt
+        # A runner started in the background passes SIGINT on as ignored: take it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sent = []
         def blocked(prompt, completion):
             if not sent:

@@ -21,6 +21,13 @@ std::int64_t link_tag(std::int64_t from, std::int64_t to) {
   return from < to ? 2 * from : 2 * to + 1;
 }
 
+/// What a message between stages is called in errors and traces: activations travel to the
+/// next stage, gradients back.
+std::string message_label(std::int64_t from, std::int64_t to, std::int64_t micro_batch) {
+  return fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
+                     from < to ? "activation" : "gradient", micro_batch, from, to);
+}
+
 }  // namespace
 
 Pipeline::Pipeline(comm::Communicator& pp_group, ScheduleConfig config)
@@ -48,20 +55,19 @@ bool Pipeline::has_last_stage() const {
 }
 
 void Pipeline::deliver(const Tensor& tensor, std::int64_t from_stage, std::int64_t to_stage,
-                       std::int64_t micro_batch, bool gradient) {
+                       std::int64_t micro_batch) {
   if (rank_of(to_stage) == rank_) {
     local_[{from_stage, to_stage, micro_batch}] = tensor;
     return;
   }
   const Tensor message = tensor.contiguous();
-  sends_.push_back(channels_->isend(
-      message, static_cast<int>(rank_of(to_stage)), link_tag(from_stage, to_stage),
-      fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
-                  gradient ? "gradient" : "activation", micro_batch, from_stage, to_stage)));
+  sends_.push_back(channels_->isend(message, static_cast<int>(rank_of(to_stage)),
+                                    link_tag(from_stage, to_stage),
+                                    message_label(from_stage, to_stage, micro_batch)));
 }
 
 Tensor Pipeline::receive(std::int64_t from_stage, std::int64_t to_stage, std::int64_t micro_batch,
-                         const Shape& shape, bool gradient) {
+                         const Shape& shape) {
   if (rank_of(from_stage) == rank_) {
     const auto found = local_.find({from_stage, to_stage, micro_batch});
     if (found == local_.end()) {
@@ -79,10 +85,8 @@ Tensor Pipeline::receive(std::int64_t from_stage, std::int64_t to_stage, std::in
     return posted.tensor;
   }
   Tensor tensor(shape, DType::f32);
-  channels_->recv(
-      tensor, static_cast<int>(rank_of(from_stage)), link_tag(from_stage, to_stage),
-      fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
-                  gradient ? "gradient" : "activation", micro_batch, from_stage, to_stage));
+  channels_->recv(tensor, static_cast<int>(rank_of(from_stage)), link_tag(from_stage, to_stage),
+                  message_label(from_stage, to_stage, micro_batch));
   return tensor;
 }
 
@@ -104,8 +108,7 @@ void Pipeline::post_next_receive(std::size_t index, StageWork& work) {
     Tensor tensor(work.boundary_shape(micro_batch), DType::f32);
     comm::Work receiving =
         channels_->irecv(tensor, static_cast<int>(rank_of(from)), link_tag(from, to),
-                         fmt::format("pipeline {} of micro-batch {}, stage {} -> {}",
-                                     from < to ? "activation" : "gradient", micro_batch, from, to));
+                         message_label(from, to, micro_batch));
     posted_ = PostedReceive{*key, std::move(tensor), std::move(receiving)};
     return;
   }
@@ -122,16 +125,15 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
     const std::int64_t mb = action.micro_batch;
     if (action.kind == PipelineAction::Kind::forward) {
       const auto waiting = Clock::now();
-      const Tensor input = stage == 0
-                               ? work.first_input(mb)
-                               : receive(stage - 1, stage, mb, work.boundary_shape(mb), false);
+      const Tensor input = stage == 0 ? work.first_input(mb)
+                                      : receive(stage - 1, stage, mb, work.boundary_shape(mb));
       const auto computing = Clock::now();
       post_next_receive(index, work);
       Tensor output = work.forward(action.chunk, mb, input);
       if (stage == last_stage) {
         loss_grads[mb] = work.loss_gradient(mb, output);
       } else {
-        deliver(output, stage, stage + 1, mb, false);
+        deliver(output, stage, stage + 1, mb);
       }
       stats.wait_seconds += seconds_between(waiting, computing);
       stats.busy_seconds += seconds_between(computing, Clock::now());
@@ -142,12 +144,12 @@ PipelineStepStats Pipeline::run_step(StageWork& work) {
         grad = std::move(loss_grads.at(mb));
         loss_grads.erase(mb);
       } else {
-        grad = receive(stage + 1, stage, mb, work.boundary_shape(mb), true);
+        grad = receive(stage + 1, stage, mb, work.boundary_shape(mb));
       }
       const auto computing = Clock::now();
       post_next_receive(index, work);
       const Tensor grad_input = work.backward(action.chunk, mb, grad);
-      if (stage > 0) deliver(grad_input, stage, stage - 1, mb, true);
+      if (stage > 0) deliver(grad_input, stage, stage - 1, mb);
       stats.wait_seconds += seconds_between(waiting, computing);
       stats.busy_seconds += seconds_between(computing, Clock::now());
     }
@@ -165,13 +167,13 @@ Tensor Pipeline::forward_only(StageWork& work) {
   Tensor result;
   for (std::int64_t chunk = 0; chunk < config_.virtual_stages; ++chunk) {
     const std::int64_t stage = stage_of(config_, rank_, chunk);
-    const Tensor input = stage == 0 ? work.first_input(0)
-                                    : receive(stage - 1, stage, 0, work.boundary_shape(0), false);
+    const Tensor input =
+        stage == 0 ? work.first_input(0) : receive(stage - 1, stage, 0, work.boundary_shape(0));
     Tensor output = work.forward(chunk, 0, input);
     if (stage == last_stage) {
       result = std::move(output);
     } else {
-      deliver(output, stage, stage + 1, 0, false);
+      deliver(output, stage, stage + 1, 0);
     }
   }
   for (const comm::Work& send : std::exchange(sends_, {}))

@@ -25,35 +25,45 @@ constexpr auto kPollInterval = std::chrono::milliseconds(20);
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr std::size_t kLingerBytes = std::size_t{4} << 20;
 
-std::string error_json(const std::string& message) {
-  return dump(error_body({400, message, "invalid_request_error", "", ""}));
+Answer bad_request(int status, const std::string& message) {
+  return error_answer({status, message, "invalid_request_error", "", ""});
+}
+
+Answer internal_error(const std::exception& e) {
+  return error_answer({500, fmt::format("Internal error: {}", e.what()), "server_error", "", ""});
 }
 
 /// The answer to a request that could not be read, or nothing (close silently).
 std::optional<Answer> unreadable(const error_code& ec, std::uint64_t max_body_bytes) {
   if (ec == http::error::body_limit) {
-    return Answer{413, dump(error_body({413,
-                                        fmt::format("The request body is larger than the server "
-                                                    "accepts ({} bytes at most)",
-                                                    max_body_bytes),
-                                        "invalid_request_error", "", ""}))};
+    return error_answer({413,
+                         fmt::format("The request body is larger than the server accepts ({} "
+                                     "bytes at most)",
+                                     max_body_bytes),
+                         "invalid_request_error", "", ""});
   }
   if (ec == http::error::header_limit) {
-    return Answer{431, error_json("The request's headers are larger than the server accepts")};
+    return bad_request(431, "The request's headers are larger than the server accepts");
   }
   if (ec == http::error::bad_content_length || ec == http::error::bad_transfer_encoding) {
-    return Answer{400, error_json("The request's Content-Length or Transfer-Encoding is "
-                                  "malformed, repeated with another value, or conflicting")};
+    return bad_request(400,
+                       "The request's Content-Length or Transfer-Encoding is malformed, repeated "
+                       "with another value, or conflicting");
   }
   if (ec.category() == make_error_code(http::error::bad_target).category() &&
       ec != http::error::end_of_stream && ec != http::error::partial_message) {
-    return Answer{
-        400, error_json(fmt::format("The request could not be read as HTTP: {}", ec.message()))};
+    return bad_request(400, fmt::format("The request could not be read as HTTP: {}", ec.message()));
   }
   return std::nullopt;
 }
 
 }  // namespace
+
+Answer error_answer(const ApiError& error) {
+  Answer answer{error.status, dump(error_body(error))};
+  if (error.status == 429 || error.status == 503) answer.headers.emplace_back("Retry-After", "1");
+  return answer;
+}
 
 struct HttpConnection::Notifier {
   std::mutex mutex;
@@ -133,8 +143,7 @@ void HttpConnection::on_header(error_code ec) {
   try {
     refused = routes_.screen(parser_->get());
   } catch (const std::exception& e) {
-    refused = Answer{500, dump(error_body({500, fmt::format("Internal error: {}", e.what()),
-                                           "server_error", "", ""}))};
+    refused = internal_error(e);
   }
   if (refused) return send(std::move(*refused), !parser_->is_done());
   if (parser_->get()[http::field::expect] == "100-continue") {
@@ -166,8 +175,7 @@ void HttpConnection::on_body(error_code ec) {
     reply = routes_.route(request, [notifier] { notifier->poke(); });
   } catch (const std::exception& e) {
     reply = {};
-    reply.answer = Answer{500, dump(error_body({500, fmt::format("Internal error: {}", e.what()),
-                                                "server_error", "", ""}))};
+    reply.answer = internal_error(e);
   }
   if (reply.job) notifier_ = std::move(notifier);
   begin_reply(std::move(reply));

@@ -58,6 +58,9 @@ struct Answer {
   std::vector<std::pair<std::string, std::string>> headers;
 };
 
+/// An OpenAI-shaped error answer (Retry-After: 1 with 429 and 503).
+Answer error_answer(const ApiError& error);
+
 /// How a route answers: at once, once `poll` returns an answer, or by following `job`.
 struct Reply {
   std::optional<Answer> answer;

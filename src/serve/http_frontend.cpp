@@ -23,12 +23,6 @@ using boost::system::error_code;
 /// Descriptors the process keeps for itself besides its connections (files, logs, sockets).
 constexpr std::int64_t kReservedFiles = 128;
 
-Answer error_answer(const ApiError& error) {
-  Answer answer{error.status, dump(error_body(error))};
-  if (error.status == 429 || error.status == 503) answer.headers.emplace_back("Retry-After", "1");
-  return answer;
-}
-
 Reply answer_with(Answer answer) {
   Reply reply;
   reply.answer = std::move(answer);

@@ -70,9 +70,9 @@ class Pipeline {
  private:
   std::int64_t rank_of(std::int64_t stage) const { return stage % config_.ranks; }
   Tensor receive(std::int64_t from_stage, std::int64_t to_stage, std::int64_t micro_batch,
-                 const Shape& shape, bool gradient);
+                 const Shape& shape);
   void deliver(const Tensor& tensor, std::int64_t from_stage, std::int64_t to_stage,
-               std::int64_t micro_batch, bool gradient);
+               std::int64_t micro_batch);
   /// A message between stages: (from stage, to stage, micro-batch).
   using MessageKey = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
   /// The message action `index` of this rank's schedule receives from another rank, if any.
