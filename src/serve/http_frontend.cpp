@@ -156,10 +156,9 @@ std::optional<Answer> HttpFrontend::screen(const HttpHeader& header) {
 Reply HttpFrontend::route(const HttpRequest& request, std::function<void()> on_change) {
   const std::string path = path_of(view(request.target()));
   const http::verb method = request.method();
-  if (method == http::verb::get && method_of(path) != nullptr &&
-      std::string_view(method_of(path)) == "GET") {
+  const char* served_by = method_of(path);
+  if (method == http::verb::get && served_by != nullptr && std::string_view(served_by) == "GET")
     return get(path);
-  }
   if (method == http::verb::post && path == "/v1/completions")
     return completions(request, std::move(on_change));
   if (method == http::verb::post && path == "/admin/reload") return admin_reload();
