@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 
+#include <meshtensor/comm/calibrate.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/dtensor/check.hpp>
 #include <meshtensor/dtensor/redistribute.hpp>
@@ -40,24 +41,12 @@ double time_once(comm::MeshGroups& groups, const plan::Plan& plan, const Tensor&
   return slowest(groups, [&] { dtensor::execute_plan(plan, groups, local, options); });
 }
 
-// The median of `repeats` runs of slowest(body).
-double slowest_median(comm::MeshGroups& groups, int repeats, const std::function<void()>& body) {
-  std::vector<double> times;
-  for (int i = 0; i < repeats; ++i)
-    times.push_back(slowest(groups, body));
-  return median(times);
-}
-
-// Start-up cost of a collective (a barrier of the whole mesh) and each rank's copy bandwidth
-// while every rank copies at once.
+// The cost model's local figures as the runtime measures them (comm::measure_local_costs).
 plan::CostModel calibrate_cost_model(comm::MeshGroups& groups) {
+  const LocalCosts local = comm::measure_local_costs(groups.world());
   plan::CostModel cost;
-  cost.collective_s = slowest_median(groups, 15, [&] { groups.world().barrier(); });
-  constexpr std::int64_t kCopyBytes = 8 << 20;
-  const Tensor from = Tensor::full({kCopyBytes / 4}, DType::f32, 1.0);
-  Tensor to({kCopyBytes / 4}, DType::f32);
-  const double copy_s = slowest_median(groups, 5, [&] { to.copy_from(from); });
-  cost.memory_bandwidth_bytes_s = static_cast<double>(kCopyBytes) / std::max(copy_s, 1e-9);
+  cost.collective_s = local.per_collective_s;
+  cost.memory_bandwidth_bytes_s = local.memory_bandwidth_bytes_s;
   return cost;
 }
 }  // namespace

@@ -32,6 +32,7 @@ struct PlanOptions {
   bool no_merge = false;
   bool json = false;
   bool all_ranks = false;
+  std::string mode = "ordered";  // plan only; check keeps its own
   TopologyOptions topology;
 };
 
@@ -152,6 +153,8 @@ void run_plan(const PlanOptions& options) {
   plan::PlanOptions plan_options;
   plan_options.merge = !options.no_merge;
   plan_options.topology = options.topology.topology(transition.mesh.size());
+  plan_options.order_sensitive =
+      comm::parse_reduction_mode(options.mode) == comm::ReductionMode::ordered;
   const plan::Plan plan = plan::make_plan(transition.mesh, transition.from, transition.to,
                                           transition.shape, transition.dtype, plan_options);
   if (options.json) {
@@ -172,6 +175,9 @@ void add_plan_command(CLI::App& app) {
       "every rank's block under both");
   add_transition_options(*plan, *options);
   add_flag(*plan, "--json", options->json, "print JSON instead of text");
+  plan->add_option("--mode", options->mode,
+                   "reduction mode the plan is for: ordered (default; ordered sums run in two "
+                   "levels only where every group splits over hosts alike), exact or native");
   add_flag(*plan, "--all-ranks", options->all_ranks,
            "list every rank's block (by default the first 4096 of a larger mesh)");
   plan->callback([options] { run_plan(*options); });

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/calibrate.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/error.hpp>
 
@@ -53,6 +54,20 @@ std::shared_ptr<Communicator> MeshGroups::group(std::span<const int> dims,
   return created;
 }
 
+bool MeshGroups::splits_alike(std::span<const int> dims) const {
+  std::vector<std::vector<int>> first;
+  for (std::int64_t r = 0; r < mesh_.size(); ++r) {
+    if (mesh_.group_position(r, dims) != 0) continue;
+    std::vector<std::vector<int>> split = unit_positions(*topology_, mesh_.group_ranks(r, dims));
+    if (first.empty()) {
+      first = std::move(split);
+    } else if (split != first) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> dims,
                                                           TwoLevelChoice choice,
                                                           const CollectiveOptions& options,
@@ -60,46 +75,46 @@ std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> d
   const std::tuple<std::vector<int>, int, int> key{std::vector<int>(dims.begin(), dims.end()),
                                                    channel, static_cast<int>(choice)};
   if (auto found = two_level_.find(key); found != two_level_.end()) return found->second;
+  if (choice == TwoLevelChoice::by_price && !topology_->single_level() && !costs_measured_) {
+    local_costs_ = measure_local_costs(*world_);
+    costs_measured_ = true;
+  }
   std::shared_ptr<Communicator> flat = group(dims, options, channel);
   const std::vector<std::int64_t> members = mesh_.group_ranks(rank(), dims);
   const GroupSpread spread = spread_of(*topology_, members);
   // Units: hosts, or the domains of one host; in topology order. Places: group order.
-  std::map<int, std::vector<int>> by_unit;
-  for (std::size_t p = 0; p < members.size(); ++p) {
-    const std::int64_t r = members[p];
-    const int unit = spread.level == LinkLevel::network ? topology_->host(r) : topology_->domain(r);
-    by_unit[unit].push_back(static_cast<int>(p));
-  }
+  const std::vector<std::vector<int>> positions = unit_positions(*topology_, members);
   int my_unit = 0;
   int my_place = 0;
-  std::vector<std::vector<int>> positions;
   const auto me = static_cast<int>(mesh_.group_position(rank(), dims));
-  for (const auto& [unit, places] : by_unit) {
+  for (std::size_t u = 0; u < positions.size(); ++u) {
+    const auto& places = positions[u];
     for (std::size_t l = 0; l < places.size(); ++l) {
       if (places[l] == me) {
-        my_unit = static_cast<int>(positions.size());
+        my_unit = static_cast<int>(u);
         my_place = static_cast<int>(l);
       }
     }
-    positions.push_back(places);
   }
   // Both splits run on every rank (the cache miss is collective); colors are the first mesh
   // rank of each new group, unique among the groups one split makes.
   const auto world_of = [&](int position) { return members[static_cast<std::size_t>(position)]; };
   const std::int64_t inner_color = world_of(positions[static_cast<std::size_t>(my_unit)].front());
   auto inner = world_->split(inner_color, my_place, options);
-  std::int64_t outer_color = -1;
-  for (const auto& places : positions) {
-    if (static_cast<std::size_t>(my_place) < places.size()) {
-      outer_color = world_of(places[static_cast<std::size_t>(my_place)]);
-      break;
-    }
+  // Outer: the members at this place on every unit; on jagged units, a private copy of the
+  // group for the exchange across units (colors stay unique: the groups along dims are disjoint).
+  std::int64_t outer_color = world_of(0);
+  std::int64_t outer_key = me;
+  if (spread.per_unit > 0) {
+    outer_color = world_of(positions.front()[static_cast<std::size_t>(my_place)]);
+    outer_key = my_unit;
   }
-  auto outer = world_->split(outer_color, my_unit, options);
+  auto outer = world_->split(outer_color, outer_key, options);
   std::shared_ptr<Communicator> made = flat;
-  if (spread.level != LinkLevel::domain && spread.units > 1 && spread.per_unit > 1) {
+  if (spread.level != LinkLevel::domain && spread.units > 1 && spread.most > 1) {
     made = std::make_shared<TwoLevelCommunicator>(flat, std::move(inner), std::move(outer),
-                                                  std::move(positions), spread, topology_, choice);
+                                                  positions, spread, topology_, choice,
+                                                  local_costs_, splits_alike(dims));
   }
   two_level_.emplace(key, made);
   return made;

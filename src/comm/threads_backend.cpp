@@ -516,7 +516,8 @@ std::int64_t link_bytes(const CollectiveCall& call, int size) {
     case CollectiveKind::broadcast:
       return call.count * element;
     case CollectiveKind::all_to_all:
-      return sum(call.recv_counts) * element * (size - 1) / size;
+      // The larger direction: a member that relays for others sends more than it receives.
+      return std::max(sum(call.send_counts), sum(call.recv_counts)) * element * (size - 1) / size;
     case CollectiveKind::barrier:
     case CollectiveKind::split:
       return 0;

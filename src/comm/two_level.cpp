@@ -1,4 +1,4 @@
-#include <set>
+#include <algorithm>
 
 #include <fmt/format.h>
 
@@ -36,6 +36,16 @@ std::vector<std::int64_t> scaled(std::vector<std::int64_t> counts, std::int64_t 
   return counts;
 }
 
+// A placed copy of `value` into `target`, or `target` combined with it.
+void add_or_copy(Tensor target, const Tensor& value, bool copy, ReduceOp op) {
+  if (target.numel() == 0) return;
+  if (copy) {
+    target.copy_from(value);
+  } else {
+    kernels::accumulate(target, value, op);
+  }
+}
+
 // The counts a call uses: the given ones, or `count` split evenly (describe_* checked that it
 // divides).
 std::vector<std::int64_t> counts_or_equal(std::vector<std::int64_t> counts, std::int64_t count,
@@ -48,33 +58,44 @@ std::vector<std::int64_t> counts_or_equal(std::vector<std::int64_t> counts, std:
 TwoLevelCommunicator::TwoLevelCommunicator(
     std::shared_ptr<Communicator> flat, std::shared_ptr<Communicator> inner,
     std::shared_ptr<Communicator> outer, std::vector<std::vector<int>> positions,
-    GroupSpread spread, std::shared_ptr<const Topology> topology, TwoLevelChoice choice)
+    GroupSpread spread, std::shared_ptr<const Topology> topology, TwoLevelChoice choice,
+    LocalCosts local, bool splits_alike)
     : flat_(std::move(flat)),
       inner_(std::move(inner)),
       outer_(std::move(outer)),
       positions_(std::move(positions)),
       spread_(spread),
       topology_(std::move(topology)),
-      choice_(choice) {
+      choice_(choice),
+      local_(local),
+      splits_alike_(splits_alike) {
   if (!flat_ || !inner_ || !outer_ || positions_.empty())
     throw InvalidArgument("a two-level group needs its flat, inner and outer groups");
-  std::set<int> seen;
-  for (const auto& unit : positions_) {
-    if (unit.size() != positions_.front().size()) {
-      throw InvalidArgument(
-          fmt::format("a two-level group needs as many members on every unit; "
-                      "units hold {} and {}",
-                      positions_.front().size(), unit.size()));
+  const auto size = static_cast<std::size_t>(flat_->size());
+  unit_of_.assign(size, -1);
+  place_of_.assign(size, -1);
+  bool uniform = true;
+  for (std::size_t u = 0; u < positions_.size(); ++u) {
+    uniform = uniform && positions_[u].size() == positions_.front().size();
+    for (std::size_t l = 0; l < positions_[u].size(); ++l) {
+      const int p = positions_[u][l];
+      if (p < 0 || static_cast<std::size_t>(p) >= size ||
+          unit_of_[static_cast<std::size_t>(p)] >= 0)
+        throw InvalidArgument(fmt::format("two-level position {} is out of range or repeated", p));
+      unit_of_[static_cast<std::size_t>(p)] = static_cast<int>(u);
+      place_of_[static_cast<std::size_t>(p)] = static_cast<int>(l);
     }
-    seen.insert(unit.begin(), unit.end());
   }
-  if (static_cast<int>(seen.size()) != flat_->size() || *seen.begin() != 0 ||
-      *seen.rbegin() != flat_->size() - 1 || inner_->size() * outer_->size() != flat_->size()) {
+  const bool covered = std::find(unit_of_.begin(), unit_of_.end(), -1) == unit_of_.end();
+  my_unit_ = unit_of_[static_cast<std::size_t>(flat_->rank())];
+  const bool inner_fits =
+      inner_->size() == static_cast<int>(positions_[static_cast<std::size_t>(my_unit_)].size());
+  if (!covered || !inner_fits || uniform != (spread_.per_unit > 0) ||
+      (uniform ? inner_->size() * outer_->size() : outer_->size()) != flat_->size()) {
     throw InvalidArgument(
-        fmt::format("two-level positions of {} units x {} do not cover a group "
-                    "of {} once (inner {}, outer {})",
-                    positions_.size(), positions_.front().size(), flat_->size(), inner_->size(),
-                    outer_->size()));
+        fmt::format("two-level positions over {} units do not cover a group of {} once as "
+                    "spread (inner {}, outer {})",
+                    positions_.size(), flat_->size(), inner_->size(), outer_->size()));
   }
 }
 
@@ -83,12 +104,17 @@ TwoLevelCommunicator::~TwoLevelCommunicator() {
 }
 
 bool TwoLevelCommunicator::two_levels(RingKind kind, const CollectiveCall& call) const {
+  // An ordered sum's bits depend on the form: its choice must not depend on a timing, and the
+  // groups along these dims must add in one order.
+  const bool form_sets_bits = kind != RingKind::all_gather && call.mode == ReductionMode::ordered &&
+                              (call.op == ReduceOp::sum || call.op == ReduceOp::avg);
+  if (form_sets_bits && !splits_alike_) return false;
   if (choice_ == TwoLevelChoice::always) return true;
   if (!topology_) return false;
   const std::int64_t count = kind == RingKind::all_reduce ? call.count : total(call.segment_counts);
   const double bytes =
       static_cast<double>(count * static_cast<std::int64_t>(dtype_size(call.dtype)));
-  const LocalCosts local;  // the planner's defaults
+  const LocalCosts local = form_sets_bits ? LocalCosts{} : local_;
   return price_two_level(*topology_, spread_, kind, bytes, local, 0,
                          bytes / local.memory_bandwidth_bytes_s)
       .cheaper();
@@ -143,8 +169,12 @@ std::pair<Tensor, Tensor> TwoLevelCommunicator::agreed_fixed_point(
   Tensor keys({values.numel()}, DType::u8);
   kernels::fixed_point_keys(values, keys);
   const CollectiveOptions max = level_options(options, ReduceOp::max, ReductionMode::ordered);
-  inner_->all_reduce(keys, max);
-  outer_->all_reduce(keys, max);
+  if (spread_.jagged()) {
+    jagged_all_reduce(keys, max);
+  } else {
+    inner_->all_reduce(keys, max);
+    outer_->all_reduce(keys, max);
+  }
   Tensor fixed({values.numel() * kernels::fixed_point_format(values.dtype()).limbs}, DType::i64);
   kernels::encode_fixed_point(values, keys, fixed);
   return {std::move(keys), std::move(fixed)};
@@ -165,6 +195,11 @@ void TwoLevelCommunicator::run_all_reduce(const Tensor& buffer, const Collective
     exact_all_reduce(buffer, options);
     return;
   }
+  if (spread_.jagged()) {
+    jagged_all_reduce(buffer.flatten(), options);
+    divide_if_avg(buffer, options);
+    return;
+  }
   const Tensor values = buffer.flatten();
   const std::vector<std::int64_t> chunks = balanced_counts(values.numel(), per_unit());
   Tensor mine({chunks[static_cast<std::size_t>(inner_->rank())]}, buffer.dtype());
@@ -181,6 +216,19 @@ void TwoLevelCommunicator::exact_all_reduce(const Tensor& buffer,
   const std::int64_t count = values.numel();
   const auto [keys, fixed] = agreed_fixed_point(values, options);
   const std::int64_t limbs = kernels::fixed_point_format(buffer.dtype()).limbs;
+  const int divisor = options.op == ReduceOp::avg ? size() : 1;
+  if (spread_.jagged()) {
+    const std::vector<std::int64_t> segments = balanced_counts(count, size());
+    const auto me = static_cast<std::size_t>(rank());
+    Tensor mine({segments[me] * limbs}, DType::i64);
+    jagged_reduce_scatter(fixed, mine, segments, limbs,
+                          level_options(options, ReduceOp::sum, ReductionMode::ordered));
+    Tensor rounded({segments[me]}, buffer.dtype());
+    kernels::decode_fixed_point(mine, keys.narrow(0, displacements(segments)[me], segments[me]),
+                                divisor, rounded);
+    jagged_all_gather(rounded, values, segments, 1, options);
+    return;
+  }
   const std::vector<std::int64_t> chunks = balanced_counts(count, per_unit());
   const auto place = static_cast<std::size_t>(inner_->rank());
   const std::int64_t first = displacements(chunks)[place];
@@ -189,8 +237,7 @@ void TwoLevelCommunicator::exact_all_reduce(const Tensor& buffer,
   inner_->reduce_scatter(fixed, mine, scaled(chunks, limbs), sum);
   outer_->all_reduce(mine, sum);
   Tensor rounded({chunks[place]}, buffer.dtype());
-  kernels::decode_fixed_point(mine, keys.narrow(0, first, chunks[place]),
-                              options.op == ReduceOp::avg ? size() : 1, rounded);
+  kernels::decode_fixed_point(mine, keys.narrow(0, first, chunks[place]), divisor, rounded);
   inner_->all_gather(rounded, values, chunks, options);
 }
 
@@ -209,11 +256,16 @@ void TwoLevelCommunicator::run_reduce_scatter(const Tensor& input, const Tensor&
     exact_reduce_scatter(input, output, counts, options);
     return;
   }
+  const CollectiveOptions sum = level_options(options, summed(options.op), options.mode);
+  if (spread_.jagged()) {
+    jagged_reduce_scatter(input.flatten(), output.flatten(), counts, 1, sum);
+    divide_if_avg(output, options);
+    return;
+  }
   Tensor placed({input.numel()}, input.dtype());
   reorder(input, placed, counts, true);
   const std::vector<std::int64_t> places = place_counts(counts);
   Tensor mid({places[static_cast<std::size_t>(inner_->rank())]}, input.dtype());
-  const CollectiveOptions sum = level_options(options, summed(options.op), options.mode);
   inner_->reduce_scatter(placed, mid, places, sum);
   outer_->reduce_scatter(mid, output.flatten(), unit_counts(counts), sum);
   divide_if_avg(output, options);
@@ -226,18 +278,23 @@ void TwoLevelCommunicator::exact_reduce_scatter(const Tensor& input, const Tenso
   const std::int64_t count = values.numel();
   const auto [keys, fixed] = agreed_fixed_point(values, options);
   const std::int64_t limbs = kernels::fixed_point_format(input.dtype()).limbs;
+  const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
+  const std::int64_t first = displacements(counts)[static_cast<std::size_t>(rank())];
+  const CollectiveOptions sum = level_options(options, ReduceOp::sum, ReductionMode::ordered);
+  const int divisor = options.op == ReduceOp::avg ? size() : 1;
+  Tensor segment({mine * limbs}, DType::i64);
+  if (spread_.jagged()) {
+    jagged_reduce_scatter(fixed, segment, counts, limbs, sum);
+    kernels::decode_fixed_point(segment, keys.narrow(0, first, mine), divisor, output.flatten());
+    return;
+  }
   Tensor placed({count * limbs}, DType::i64);
   reorder(fixed, placed, counts, true);
   const std::vector<std::int64_t> places = place_counts(counts);
   Tensor mid({places[static_cast<std::size_t>(inner_->rank())] * limbs}, DType::i64);
-  const CollectiveOptions sum = level_options(options, ReduceOp::sum, ReductionMode::ordered);
   inner_->reduce_scatter(placed, mid, scaled(places, limbs), sum);
-  const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
-  Tensor segment({mine * limbs}, DType::i64);
   outer_->reduce_scatter(mid, segment, scaled(unit_counts(counts), limbs), sum);
-  const std::int64_t first = displacements(counts)[static_cast<std::size_t>(rank())];
-  kernels::decode_fixed_point(segment, keys.narrow(0, first, mine),
-                              options.op == ReduceOp::avg ? size() : 1, output.flatten());
+  kernels::decode_fixed_point(segment, keys.narrow(0, first, mine), divisor, output.flatten());
 }
 
 void TwoLevelCommunicator::run_all_gather(const Tensor& input, const Tensor& output,
@@ -249,12 +306,166 @@ void TwoLevelCommunicator::run_all_gather(const Tensor& input, const Tensor& out
     return;
   }
   counts = counts_or_equal(std::move(counts), output.numel(), size());
+  if (spread_.jagged()) {
+    jagged_all_gather(input.flatten(), output.flatten(), counts, 1, options);
+    return;
+  }
   const std::vector<std::int64_t> units = unit_counts(counts);
   Tensor mid({total(units)}, input.dtype());
   outer_->all_gather(input.flatten(), mid, units, options);
   Tensor placed({output.numel()}, output.dtype());
   inner_->all_gather(mid, placed, place_counts(counts), options);
   reorder(placed, output, counts, false);
+}
+
+TwoLevelCommunicator::Range TwoLevelCommunicator::share(Range whole, int parts, int part) {
+  const std::vector<std::int64_t> shares = balanced_counts(whole.count, parts);
+  return {whole.from + displacements(shares)[static_cast<std::size_t>(part)],
+          shares[static_cast<std::size_t>(part)]};
+}
+
+std::vector<std::int64_t> TwoLevelCommunicator::counts_of(
+    const std::vector<std::vector<Range>>& blocks) {
+  std::vector<std::int64_t> out;
+  for (const auto& block : blocks) {
+    std::int64_t sum = 0;
+    for (const Range& range : block)
+      sum += range.count;
+    out.push_back(sum);
+  }
+  return out;
+}
+
+void TwoLevelCommunicator::copy_blocks(const Tensor& from, const Tensor& to,
+                                       const std::vector<std::vector<Range>>& blocks,
+                                       std::int64_t width, bool to_blocks) {
+  const Tensor flat_from = from.flatten();
+  const Tensor flat_to = to.flatten();
+  std::int64_t at = 0;
+  for (const auto& block : blocks) {
+    for (const Range& range : block) {
+      const std::int64_t n = range.count * width;
+      if (n == 0) continue;
+      const std::int64_t placed = range.from * width;
+      if (to_blocks) {
+        flat_to.narrow(0, at, n).copy_from(flat_from.narrow(0, placed, n));
+      } else {
+        flat_to.narrow(0, placed, n).copy_from(flat_from.narrow(0, at, n));
+      }
+      at += n;
+    }
+  }
+}
+
+std::vector<std::vector<TwoLevelCommunicator::Range>> TwoLevelCommunicator::jagged_blocks(
+    const std::vector<std::int64_t>& counts) const {
+  const std::vector<int>& unit = positions_[static_cast<std::size_t>(my_unit_)];
+  const auto k = static_cast<int>(unit.size());
+  const std::vector<std::int64_t> offsets = displacements(counts);
+  std::vector<std::vector<Range>> blocks(unit.size());
+  for (std::size_t l = 0; l < unit.size(); ++l) {
+    const auto p = static_cast<std::size_t>(unit[l]);
+    blocks[l].push_back({offsets[p], counts[p]});
+  }
+  for (std::size_t p = 0; p < counts.size(); ++p) {
+    if (unit_of_[p] == my_unit_) continue;
+    const Range whole{offsets[p], counts[p]};
+    for (int l = 0; l < k; ++l) {
+      const Range part = share(whole, k, l);
+      blocks[static_cast<std::size_t>(l)].push_back(part);
+    }
+  }
+  return blocks;
+}
+
+std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>
+TwoLevelCommunicator::relayed_and_own_shares(const std::vector<std::int64_t>& counts,
+                                             std::int64_t width) const {
+  const auto me = static_cast<std::size_t>(rank());
+  const int k = unit_size(my_unit_);
+  const int place = inner_->rank();
+  std::vector<std::int64_t> relayed(counts.size(), 0);
+  std::vector<std::int64_t> own(counts.size(), 0);
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    if (unit_of_[q] == my_unit_) continue;
+    relayed[q] = share({0, counts[q]}, k, place).count * width;
+    own[q] = share({0, counts[me]}, unit_size(unit_of_[q]), place_of_[q]).count * width;
+  }
+  return {std::move(relayed), std::move(own)};
+}
+
+void TwoLevelCommunicator::jagged_reduce_scatter(const Tensor& input, const Tensor& output,
+                                                 const std::vector<std::int64_t>& counts,
+                                                 std::int64_t width,
+                                                 const CollectiveOptions& options) {
+  // Inside the unit: every place's block summed in the members' order.
+  const std::vector<std::vector<Range>> blocks = jagged_blocks(counts);
+  Tensor placed({input.numel()}, input.dtype());
+  copy_blocks(input, placed, blocks, width, true);
+  const std::vector<std::int64_t> block_counts = counts_of(blocks);
+  const auto place = static_cast<std::size_t>(inner_->rank());
+  Tensor mid({block_counts[place] * width}, input.dtype());
+  inner_->reduce_scatter(placed, mid, scaled(block_counts, width), options);
+  // Across units: each share goes home.
+  const auto me = static_cast<std::size_t>(rank());
+  const std::int64_t own = counts[me] * width;
+  const auto [send, receive] = relayed_and_own_shares(counts, width);
+  Tensor received({total(receive)}, input.dtype());
+  outer_->all_to_all(mid.narrow(0, own, mid.numel() - own), received, send, receive, options);
+  // Each element: the units' sums in unit order.
+  const std::vector<std::int64_t> at = displacements(receive);
+  Tensor result = output.flatten();
+  for (std::size_t v = 0; v < positions_.size(); ++v) {
+    const bool first = v == 0;
+    if (static_cast<int>(v) == my_unit_) {
+      add_or_copy(result, mid.narrow(0, 0, own), first, options.op);
+      continue;
+    }
+    for (std::size_t l = 0; l < positions_[v].size(); ++l) {
+      const auto q = static_cast<std::size_t>(positions_[v][l]);
+      const Range part =
+          share({0, counts[me]}, unit_size(static_cast<int>(v)), static_cast<int>(l));
+      add_or_copy(result.narrow(0, part.from * width, part.count * width),
+                  received.narrow(0, at[q], receive[q]), first, options.op);
+    }
+  }
+}
+
+void TwoLevelCommunicator::jagged_all_gather(const Tensor& input, const Tensor& output,
+                                             const std::vector<std::int64_t>& counts,
+                                             std::int64_t width, const CollectiveOptions& options) {
+  const std::vector<std::vector<Range>> blocks = jagged_blocks(counts);
+  const std::vector<std::int64_t> block_counts = counts_of(blocks);
+  const auto place = static_cast<std::size_t>(inner_->rank());
+  const auto me = static_cast<std::size_t>(rank());
+  const std::int64_t own = counts[me] * width;
+  // Across units: this member's segment in shares, one to each place of every other unit.
+  const auto [receive, send] = relayed_and_own_shares(counts, width);
+  const Tensor segment = input.flatten();
+  Tensor outgoing({total(send)}, input.dtype());
+  std::int64_t at = 0;
+  for (std::size_t q = 0; q < counts.size(); ++q) {
+    if (send[q] == 0) continue;
+    const Range part = share({0, counts[me]}, unit_size(unit_of_[q]), place_of_[q]);
+    outgoing.narrow(0, at, send[q]).copy_from(segment.narrow(0, part.from * width, send[q]));
+    at += send[q];
+  }
+  Tensor block({block_counts[place] * width}, input.dtype());
+  if (own > 0) block.narrow(0, 0, own).copy_from(segment);
+  outer_->all_to_all(outgoing, block.narrow(0, own, block.numel() - own), send, receive, options);
+  // Inside the unit: every place's block, then each segment put back together.
+  Tensor placed({output.numel()}, output.dtype());
+  inner_->all_gather(block, placed, scaled(block_counts, width), options);
+  copy_blocks(placed, output, blocks, width, false);
+}
+
+void TwoLevelCommunicator::jagged_all_reduce(const Tensor& values,
+                                             const CollectiveOptions& options) {
+  const std::vector<std::int64_t> segments = balanced_counts(values.numel(), size());
+  Tensor mine({segments[static_cast<std::size_t>(rank())]}, values.dtype());
+  jagged_reduce_scatter(values, mine, segments, 1,
+                        level_options(options, summed(options.op), options.mode));
+  jagged_all_gather(mine, values, segments, 1, options);
 }
 
 void TwoLevelCommunicator::all_reduce(const Tensor& buffer, const CollectiveOptions& options) {

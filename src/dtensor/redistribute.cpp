@@ -517,6 +517,7 @@ plan::PlanOptions plan_options(const RedistributeOptions& options, const Topolog
   out.merge = options.merge && options.allow_flattened_groups;
   out.cost = options.cost;
   if (options.topology_aware) out.topology = topology;
+  out.order_sensitive = options.mode == comm::ReductionMode::ordered;
   return out;
 }
 

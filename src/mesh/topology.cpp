@@ -256,11 +256,30 @@ GroupSpread spread_of(const Topology& topology, std::span<const std::int64_t> ra
   spread.units = static_cast<int>(by_unit.size());
   const std::size_t first = by_unit.begin()->second.size();
   spread.per_unit = static_cast<int>(first);
+  spread.fewest = static_cast<int>(first);
+  spread.most = static_cast<int>(first);
   for (const auto& [unit, members] : by_unit) {
     if (members.size() != first) spread.per_unit = 0;
+    spread.fewest = std::min(spread.fewest, static_cast<int>(members.size()));
+    spread.most = std::max(spread.most, static_cast<int>(members.size()));
     spread.inner = std::max(spread.inner, topology.level_of(members));
   }
   return spread;
+}
+
+std::vector<std::vector<int>> unit_positions(const Topology& topology,
+                                             std::span<const std::int64_t> ranks) {
+  const LinkLevel level = topology.level_of(ranks);
+  std::map<int, std::vector<int>> by_unit;
+  for (std::size_t p = 0; p < ranks.size(); ++p) {
+    const std::int64_t r = ranks[p];
+    const int unit = level == LinkLevel::network ? topology.host(r) : topology.domain(r);
+    by_unit[unit].push_back(static_cast<int>(p));
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& [unit, positions] : by_unit)
+    out.push_back(std::move(positions));
+  return out;
 }
 
 double ring_seconds(RingKind kind, std::int64_t members, double bytes, const LinkFigures& link,
@@ -273,6 +292,33 @@ double ring_seconds(RingKind kind, std::int64_t members, double bytes, const Lin
          twice * bytes / local.memory_bandwidth_bytes_s;
 }
 
+namespace {
+// The jagged form's seconds: the inner reduce_scatter (or all_gather) of the unit with the most
+// members, then one exchange across units; once for reduce_scatter and all_gather, twice (on
+// bytes split over every member) for all_reduce.
+double jagged_seconds(const Topology& topology, const GroupSpread& spread, RingKind kind,
+                      double bytes, const LocalCosts& local, double reorder_copy_s) {
+  const LinkFigures& inner = topology.link(spread.inner);
+  const LinkFigures& outer = topology.link(spread.level);
+  const double n = static_cast<double>(spread.members);
+  const double fewest = spread.fewest;
+  // A member of the smallest unit relays 1/fewest of every other unit's segments; each member
+  // receives its own segment's share from every other unit.
+  const double sent = (bytes - bytes * fewest / n) / fewest;
+  const double received = (spread.units - 1) * bytes / n;
+  const double exchange = local.per_collective_s + outer.latency_s +
+                          std::max(sent, received) / outer.bandwidth_bytes_s +
+                          (sent + received) / local.memory_bandwidth_bytes_s;
+  const RingKind inside =
+      kind == RingKind::all_gather ? RingKind::all_gather : RingKind::reduce_scatter;
+  const double one_way =
+      ring_seconds(inside, spread.most, bytes, inner, local) + exchange + reorder_copy_s;
+  if (kind != RingKind::all_reduce) return one_way;
+  return one_way + ring_seconds(RingKind::all_gather, spread.most, bytes, inner, local) + exchange +
+         reorder_copy_s;
+}
+}  // namespace
+
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
                               double bytes, const LocalCosts& local, double flat_copy_s,
                               double reorder_copy_s) {
@@ -280,8 +326,13 @@ TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& sprea
   price.flat_s =
       ring_seconds(kind, spread.members, bytes, topology.link(spread.level), local) + flat_copy_s;
   price.two_level_s = std::numeric_limits<double>::infinity();
-  price.possible = spread.level != LinkLevel::domain && spread.units > 1 && spread.per_unit > 1;
+  price.possible = spread.level != LinkLevel::domain && spread.units > 1 && spread.most > 1;
   if (!price.possible) return price;
+  if (spread.jagged()) {
+    price.two_level_s =
+        jagged_seconds(topology, spread, kind, bytes, local, reorder_copy_s) + flat_copy_s;
+    return price;
+  }
   const LinkFigures& inner = topology.link(spread.inner);
   const LinkFigures& outer = topology.link(spread.level);
   const double across = bytes / spread.per_unit;

@@ -89,13 +89,20 @@ std::string level_detail(const Step& step) {
         link_level_name(step.level), spread, unit, human_seconds(step.two_level_cost_s),
         human_seconds(step.flat_cost_s));
   }
+  if (step.splits_differ) {
+    return fmt::format(
+        "\n       crosses: {} ({}); flat (its groups split over {}s differently: ordered sums in "
+        "two levels would give their copies different bits)",
+        link_level_name(step.level), spread, unit);
+  }
   if (step.two_level_cost_s >= 0) {
     return fmt::format("\n       crosses: {} ({}); flat, est {} vs two levels {}",
                        link_level_name(step.level), spread, human_seconds(step.flat_cost_s),
                        human_seconds(step.two_level_cost_s));
   }
-  return fmt::format("\n       crosses: {} ({}); flat (two levels need as many ranks on every {})",
-                     link_level_name(step.level), spread, unit);
+  return fmt::format(
+      "\n       crosses: {} ({}); flat (two levels need a {} holding 2 or more of its ranks)",
+      link_level_name(step.level), spread, unit);
 }
 
 std::string step_detail(const Plan& plan, const Step& step) {
@@ -190,6 +197,7 @@ nlohmann::json to_json(const Plan& plan) {
       entry["per_unit"] = step.per_unit;
       entry["flat_cost_s"] = step.flat_cost_s;
       if (step.two_level_cost_s >= 0) entry["two_level_cost_s"] = step.two_level_cost_s;
+      entry["splits_differ"] = step.splits_differ;
     }
     if (step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter) {
       entry["op"] = reduce_op_name(step.op);

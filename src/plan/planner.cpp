@@ -510,10 +510,11 @@ class Planner {
           per_collective + factor * spread * bytes / cost.bandwidth_bytes_s + flat_copy;
       return step.flat_cost_s;
     }
-    // Groups run at once: the step takes as long as its slowest group.
+    // Groups run at once: the step takes as long as its slowest group. In the two-level form a
+    // group that cannot take it (on one unit, or one member per unit) runs flat.
     double flat = 0;
     double two = 0;
-    bool possible = true;
+    bool possible = false;
     for (const GroupSpread& group : spreads(step.group)) {
       const TwoLevelPrice price =
           price_two_level(options_.topology, group, ring, bytes,
@@ -524,14 +525,39 @@ class Planner {
         step.per_unit = group.per_unit;
       }
       flat = std::max(flat, price.flat_s);
-      two = std::max(two, price.two_level_s);
-      possible = possible && price.possible;
+      two = std::max(two, price.possible ? price.two_level_s : price.flat_s);
+      possible = possible || price.possible;
       step.level = std::max(step.level, group.level);
+    }
+    if (possible && options_.order_sensitive && ring != RingKind::all_gather &&
+        !splits_alike(step.group)) {
+      possible = false;
+      step.splits_differ = true;
     }
     step.flat_cost_s = flat;
     step.two_level_cost_s = possible ? two : -1;
     step.two_level = allow_two_level && possible && two < flat;
     return step.two_level ? two : flat;
+  }
+
+  // True when every group over `dims` puts the same positions on each of its units.
+  bool splits_alike(const std::vector<int>& dims) const {
+    std::vector<int> key = dims;
+    std::sort(key.begin(), key.end());
+    if (auto found = alike_.find(key); found != alike_.end()) return found->second;
+    std::vector<std::vector<int>> first;
+    bool alike = true;
+    for (std::int64_t r = 0; r < mesh_.size() && alike; ++r) {
+      if (mesh_.group_position(r, dims) != 0) continue;
+      std::vector<std::vector<int>> split =
+          unit_positions(options_.topology, mesh_.group_ranks(r, dims));
+      if (first.empty()) {
+        first = std::move(split);
+      } else {
+        alike = split == first;
+      }
+    }
+    return alike_.emplace(std::move(key), alike).first->second;
   }
 
   // How each group over `dims` (one per position outside them) sits on the topology; the
@@ -542,13 +568,13 @@ class Planner {
     auto found = spreads_.find(key);
     if (found != spreads_.end()) return found->second;
     std::vector<GroupSpread> out;
-    std::set<std::tuple<int, std::int64_t, int, int, int>> seen;
+    std::set<std::tuple<int, std::int64_t, int, int, int, int, int>> seen;
     for (std::int64_t r = 0; r < mesh_.size(); ++r) {
       if (mesh_.group_position(r, dims) != 0) continue;
       const std::vector<std::int64_t> members = mesh_.group_ranks(r, dims);
       const GroupSpread group = spread_of(options_.topology, members);
       if (seen.emplace(static_cast<int>(group.level), group.members, group.units, group.per_unit,
-                       static_cast<int>(group.inner))
+                       group.fewest, group.most, static_cast<int>(group.inner))
               .second)
         out.push_back(group);
     }
@@ -635,6 +661,7 @@ class Planner {
   double element_bytes_;
   PlanOptions options_;
   mutable std::map<std::vector<int>, std::vector<GroupSpread>> spreads_;
+  mutable std::map<std::vector<int>, bool> alike_;
   State source_;
   State target_;
 };
@@ -854,6 +881,7 @@ std::shared_ptr<const Plan> PlanCache::get(const DeviceMesh& mesh, const Placeme
                      cost.bandwidth_bytes_s, cost.memory_bandwidth_bytes_s, cost.local_step_s,
                      cost.piece_s);
   key += options.two_level ? "|2" : "|1";
+  key += options.order_sensitive ? "o" : "x";
   std::promise<std::shared_ptr<const Plan>> made;
   std::shared_future<std::shared_ptr<const Plan>> pending;
   {

@@ -34,7 +34,19 @@ done
 echo "ok: one host gives the same plans"
 
 # check: exact digests do not depend on the topology (two levels, jagged hosts, domains).
-for spec in "8x5 P,P R,R" "8x5 P,P S0,S1" "4x3 P,P R,S0" "2x2x3 P,S0,P R,S1,R"; do
+# Jagged groups run in two levels where that pays: ordered sums when every group splits alike
+# (3 + 2 on hosts of 6), exact ones also when the groups split differently (4 + 2, 2 + 4).
+out=$("$bin" plan --mesh 5x2 --from P,R --to R,R --shape 257x33 --ranks-per-host 6 --link-inter 1us,0.01)
+grep -q "(2 hosts, unevenly); two levels" <<<"$out" || fail "jagged groups flat: $out"
+jag=(--mesh 2x6 --from R,P --to R,S0 --shape 257x33 --ranks-per-host 4 --link-inter 1us,0.01)
+out=$("$bin" plan "${jag[@]}")
+grep -q "split over hosts differently" <<<"$out" || fail "ordered jagged groups not flat: $out"
+out=$("$bin" plan "${jag[@]}" --mode exact)
+grep -q "(2 hosts, unevenly); two levels" <<<"$out" || fail "exact jagged groups flat: $out"
+out=$("$bin" check "${jag[@]}" --mode exact) || fail "exact check $out"
+grep -q "1 in two levels" <<<"$out" || fail "exact check flat: $out"
+echo "ok: jagged groups in two levels"
+for spec in "8x5 P,P R,R" "8x5 P,P S0,S1" "4x3 P,P R,S0" "2x2x3 P,S0,P R,S1,R" "2x6 R,P R,S0" "5x2 P,R R,R"; do
   read -r mesh from to <<<"$spec"
   base=$("$bin" check --mode exact --seed 7 --shape 257x33 --mesh "$mesh" --from "$from" --to "$to" | field OK)
   [ -n "$base" ] || fail "check $spec"
@@ -54,7 +66,10 @@ run=(train --mode exact --model gpt:layers=1,heads=2,dim=16,context=16 --batch 8
 base=$("$bin" "${run[@]}" --mesh 2x4 --names dp,fsdp | field "weights digest")
 got=$("$bin" "${run[@]}" --mesh 2x4 --names dp,fsdp --ranks-per-host 2 --link 1us,10 --link-inter 1us,0.01 | field "weights digest")
 [ -n "$base" ] && [ "$got" = "$base" ] || fail "training digest '$got', expected '$base'"
-echo "ok: exact training digest on 4 hosts"
+got=$("$bin" "${run[@]}" --mesh 2x6 --names dp,fsdp --ranks-per-host 4 --link-inter 1us,0.01 | field "weights digest")
+base=$("$bin" "${run[@]}" --mesh 2x6 --names dp,fsdp | field "weights digest")
+[ -n "$base" ] && [ "$got" = "$base" ] || fail "jagged training digest '$got', expected '$base'"
+echo "ok: exact training digest on 4 hosts and on jagged ones"
 
 # Bad values name the option and the value.
 expect_error() {

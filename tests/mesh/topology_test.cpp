@@ -60,6 +60,40 @@ TEST(Topology, SpreadSeesUniformAndJaggedGroups) {
   const GroupSpread jagged = spread_of(topology, fsdp);
   EXPECT_EQ(jagged.units, 2);
   EXPECT_EQ(jagged.per_unit, 0);
+  EXPECT_EQ(jagged.fewest, 2);
+  EXPECT_EQ(jagged.most, 3);
+  EXPECT_TRUE(jagged.jagged());
+  EXPECT_FALSE(whole.jagged());
+}
+
+TEST(Topology, JaggedGroupsPayOffInTwoLevelsOnSlowNetworks) {
+  // Seed 000's fsdp group {5..9} (3 + 2) on the README's links: 1 GB/s inside, 0.05 across.
+  const Topology topology = Topology::from_host_sizes(
+      40, {8}, 0,
+      {LinkFigures{10e-6, 1e9}, LinkFigures{15e-6, 0.25e9}, LinkFigures{50e-6, 0.05e9}});
+  const std::vector<std::int64_t> fsdp = {5, 6, 7, 8, 9};
+  const GroupSpread spread = spread_of(topology, fsdp);
+  for (const RingKind kind :
+       {RingKind::reduce_scatter, RingKind::all_gather, RingKind::all_reduce}) {
+    const TwoLevelPrice large = price_two_level(topology, spread, kind, 4e6, LocalCosts{}, 0, 0);
+    EXPECT_TRUE(large.possible);
+    // Across: a member of the 2-member host sends 3/10 of the buffer, not 4/5 of it.
+    EXPECT_GT(large.flat_s, 2 * large.two_level_s);
+    EXPECT_FALSE(price_two_level(topology, spread, kind, 64, LocalCosts{}, 0, 0).cheaper());
+  }
+  // One member per host: nothing to do inside a host.
+  const std::vector<std::int64_t> spread_out = {0, 8, 16};
+  EXPECT_FALSE(price_two_level(topology, spread_of(topology, spread_out), RingKind::all_reduce, 4e6,
+                               LocalCosts{}, 0, 0)
+                   .possible);
+  // Seed 000's ddp group {0,5,...,35} (2,2,1,2,1): the single-member hosts relay as much as a
+  // flat ring sends, so the model keeps it flat.
+  std::vector<std::int64_t> ddp;
+  for (std::int64_t r = 0; r < 40; r += 5)
+    ddp.push_back(r);
+  EXPECT_FALSE(price_two_level(topology, spread_of(topology, ddp), RingKind::all_reduce, 4e6,
+                               LocalCosts{}, 0, 0)
+                   .cheaper());
 }
 
 TEST(Topology, TwoLevelsPayOffForLargeBuffersOnly) {

@@ -291,18 +291,62 @@ TEST(TopologyPlanner, SmallTensorsStayFlat) {
   EXPECT_FALSE(plan.blind_differs);
 }
 
-TEST(TopologyPlanner, JaggedGroupsStayFlatAndSayWhy) {
-  // fsdp groups of 5 consecutive ranks on hosts of 8: group 5..9 has 3 ranks on one host, 2 on
-  // the next.
-  const Plan plan = topology_plan("8x5", "R,P", "R,R", "1024x1024", {8});
+Plan exact_topology_plan(const std::string& mesh, const std::string& from, const std::string& to,
+                         const std::string& shape, std::vector<std::int64_t> host_sizes) {
+  PlanOptions options;
+  const DeviceMesh parsed = parse_mesh(mesh);
+  options.topology = Topology::from_host_sizes(parsed.size(), host_sizes);
+  options.order_sensitive = false;
+  return make_plan(parsed, parse_spec(from), parse_spec(to), parse_shape(shape), DType::f32,
+                   options);
+}
+
+TEST(TopologyPlanner, JaggedGroupsRunInTwoLevelsWhereThatPays) {
+  // Mesh 5x2 on hosts of 6 (6 + 4 ranks): both groups along dim 0 sit 3 + 2. Across, a member
+  // of the 2-rank side relays 3/10 of the buffer instead of sending 4/5 of it.
+  const Plan plan = topology_plan("5x2", "P,R", "R,R", "1024x1024", {6});
   ASSERT_EQ(plan.collectives(), 1);
   const Step& step = *collectives(plan)[0];
   EXPECT_EQ(step.level, LinkLevel::network);
-  EXPECT_FALSE(step.two_level);
-  EXPECT_LT(step.two_level_cost_s, 0);
-  EXPECT_NE(explain(plan).find("flat (two levels need as many ranks on every host)"),
+  EXPECT_TRUE(step.two_level);
+  EXPECT_EQ(step.per_unit, 0);
+  EXPECT_LT(step.two_level_cost_s, step.flat_cost_s * 0.6);
+  EXPECT_NE(explain(plan).find("unevenly); two levels: inside each host, then across"),
             std::string::npos)
       << explain(plan);
+  // A small tensor: three collectives' start-up cost more than the bytes they save.
+  const Plan small = topology_plan("5x2", "P,R", "R,R", "8x8", {6});
+  EXPECT_FALSE(collectives(small)[0]->two_level);
+  EXPECT_GE(collectives(small)[0]->two_level_cost_s, collectives(small)[0]->flat_cost_s);
+  // One member of each group per host: nothing to do inside a host.
+  const Plan spread_out = topology_plan("5x8", "P,R", "R,R", "1024x1024", {8});
+  EXPECT_LT(collectives(spread_out)[0]->two_level_cost_s, 0);
+  EXPECT_NE(
+      explain(spread_out).find("flat (two levels need a host holding 2 or more of its ranks)"),
+      std::string::npos)
+      << explain(spread_out);
+}
+
+TEST(TopologyPlanner, OrderedSumsStayFlatWhereGroupsSplitDifferently) {
+  // Groups of 6 on hosts of 4 sit 4 + 2 and 2 + 4: ordered sums would add in two orders.
+  const Plan ordered = topology_plan("2x6", "R,P", "R,R", "1024x1024", {4});
+  const Step& flat = *collectives(ordered)[0];
+  EXPECT_FALSE(flat.two_level);
+  EXPECT_TRUE(flat.splits_differ);
+  EXPECT_NE(explain(ordered).find("split over hosts differently"), std::string::npos)
+      << explain(ordered);
+  // Exact sums give the same bits in any order: two levels where cheaper.
+  const Plan exact = exact_topology_plan("2x6", "R,P", "R,R", "1024x1024", {4});
+  EXPECT_TRUE(collectives(exact)[0]->two_level);
+  // Gathers have no order: two levels in either mode.
+  const Plan gather = topology_plan("2x6", "R,S0", "R,R", "1024x1024", {4});
+  EXPECT_TRUE(collectives(gather)[0]->two_level) << explain(gather);
+  // Seed 000's fsdp groups include 1 + 4 (ranks 15..19): the lone rank sends 4/5 of the
+  // buffer across in any form, so even exact sums (as slow as that group) stay flat.
+  const Plan seed = exact_topology_plan("8x5", "R,P", "R,R", "1024x1024", {8});
+  EXPECT_FALSE(collectives(seed)[0]->two_level);
+  EXPECT_NE(explain(seed).find("(2 hosts, unevenly); flat, est"), std::string::npos)
+      << explain(seed);
 }
 
 TEST(TopologyPlanner, AwarePlanNeverCostsMoreThanBlindOnRandomCases) {

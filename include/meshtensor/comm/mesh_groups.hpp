@@ -41,13 +41,24 @@ class MeshGroups {
   const Topology& topology() const { return *topology_; }
 
   /// group(dims) run in two levels (TwoLevelCommunicator): inside each host (or domain, when
-  /// the group stays on one host) and across them. The flat group when this rank's group sits
-  /// on one unit or unevenly (then two levels do not apply). Collective on first use of (dims,
-  /// channel, choice) like group(); its level groups are its own, made by two splits of the
-  /// world, so no other user's work interleaves with theirs.
+  /// the group stays on one host) and across them, also when the units hold different numbers
+  /// of its members. The flat group when this rank's group sits on one unit or holds one member
+  /// per unit (then two levels do not apply). Collective on first use of (dims, channel,
+  /// choice) like group(); its level groups are its own, made by two splits of the world, so no
+  /// other user's work interleaves with theirs. The first TwoLevelChoice::by_price group on
+  /// several hosts or domains measures local_costs() (collective on the world).
   std::shared_ptr<Communicator> two_level_group(std::span<const int> dims, TwoLevelChoice choice,
                                                 const CollectiveOptions& options = {},
                                                 int channel = 0);
+
+  /// True when every group along `dims` puts the same group positions on each of its units
+  /// (unit_positions): their two-level ordered sums then add in the same order, so results
+  /// replicated across those groups stay the same bits.
+  bool splits_alike(std::span<const int> dims) const;
+
+  /// What a collective and a copy cost here with every rank running (measure_local_costs),
+  /// once measured; the cost model's defaults before.
+  const LocalCosts& local_costs() const { return local_costs_; }
 
   /// Number of distinct communicators created so far (the world included).
   std::size_t cached_groups() const { return by_ranks_.size(); }
@@ -58,6 +69,8 @@ class MeshGroups {
   std::shared_ptr<const Topology> topology_ = std::make_shared<const Topology>();
   std::map<std::pair<std::vector<std::int64_t>, int>, std::shared_ptr<Communicator>> by_ranks_;
   std::map<std::tuple<std::vector<int>, int, int>, std::shared_ptr<Communicator>> two_level_;
+  LocalCosts local_costs_;
+  bool costs_measured_ = false;
 };
 
 }  // namespace meshtensor::comm

@@ -25,7 +25,8 @@ using LinkDelay = std::function<std::chrono::nanoseconds(const CollectiveCall& c
 
 /// Bytes one rank moves over its link for `call` on a group of `size` ranks with ring-style
 /// algorithms: all_gather and reduce_scatter (n-1)/n of the whole buffer, all_reduce twice that,
-/// broadcast the buffer, all_to_all what the rank receives from others; 0 on a single rank.
+/// broadcast the buffer, all_to_all (n-1)/n of the larger of what the rank sends and receives
+/// (the self part is not in the call; an even exchange holds 1/n there); 0 on a single rank.
 std::int64_t link_bytes(const CollectiveCall& call, int size);
 
 /// The link every group of the world sits on: `latency` per collective plus link_bytes() at

@@ -108,11 +108,21 @@ struct GroupSpread {
   std::int64_t members = 1;             ///< the group's size
   int units = 1;     ///< hosts (network level) or domains (host level) the members occupy
   int per_unit = 0;  ///< members on each of them when every one holds as many; 0 when jagged
+  int fewest = 0;    ///< members on the unit that holds the fewest
+  int most = 0;      ///< members on the unit that holds the most
   LinkLevel inner = LinkLevel::domain;  ///< outermost level crossed inside one unit
+  /// True when the units hold different numbers of members.
+  bool jagged() const { return per_unit == 0 && units > 1; }
 };
 
 /// The spread of `ranks` (a group's members) over `topology`.
 GroupSpread spread_of(const Topology& topology, std::span<const std::int64_t> ranks);
+
+/// The group positions of `ranks` (a group's members, in group order) on each unit they
+/// occupy: hosts when they cross the network, else domains; units in topology order, positions
+/// ascending. Two groups with equal lists sum in the same order in two levels.
+std::vector<std::vector<int>> unit_positions(const Topology& topology,
+                                             std::span<const std::int64_t> ranks);
 
 /// The ring collectives the cost model prices per level.
 enum class RingKind : std::uint8_t { all_reduce, reduce_scatter, all_gather };
@@ -134,7 +144,7 @@ double ring_seconds(RingKind kind, std::int64_t members, double bytes, const Lin
 struct TwoLevelPrice {
   double flat_s = 0;       ///< one collective over the group, at its outermost level
   double two_level_s = 0;  ///< inside units, across them, inside again; +inf when impossible
-  bool possible = false;   ///< the group spans several units holding as many members each
+  bool possible = false;   ///< the group spans several units, one of them holding 2 or more
   bool cheaper() const { return possible && two_level_s < flat_s; }
 };
 
@@ -144,6 +154,12 @@ struct TwoLevelPrice {
 /// levels: all_reduce = reduce_scatter inside each unit, all_reduce of one k-th across units,
 /// all_gather inside; reduce_scatter = inside, then across on one k-th, plus `reorder_copy_s`
 /// (the buffer reordered so that both splits are contiguous); all_gather the reverse.
+///
+/// Jagged groups (units holding different numbers of members): reduce_scatter = the buffer
+/// reordered into per-member blocks, reduce_scatter inside each unit (a member keeps its own
+/// segment and a 1/k share of every other unit's member's segment), then one exchange across
+/// units in which each member sends those shares home; priced at the unit with the fewest
+/// members, whose members carry the largest shares. all_gather the reverse; all_reduce both.
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
                               double bytes, const LocalCosts& local, double flat_copy_s,
                               double reorder_copy_s);

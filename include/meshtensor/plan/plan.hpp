@@ -64,9 +64,11 @@ struct Step {
   /// collective on this topology.
   bool two_level = false;
   int units = 1;                 ///< hosts (or domains) the worst group spans
-  int per_unit = 0;              ///< its members on each (0: jagged, which rules out two levels)
+  int per_unit = 0;              ///< its members on each (0: jagged, some hold more than others)
   double flat_cost_s = 0;        ///< collectives: the flat form's estimate
   double two_level_cost_s = -1;  ///< collectives: the two-level form's estimate (-1: impossible)
+  /// Ordered sums whose groups split over their units differently: two levels are ruled out.
+  bool splits_differ = false;
 };
 
 /// What a redistribute is asked to do: move a tensor of `shape` and `dtype` on `mesh` from

@@ -32,6 +32,11 @@ struct PlanOptions {
   /// two levels; on one host the plan is the same as without it.
   Topology topology;
   bool two_level = true;  ///< collectives may run in two levels (false: always flat)
+  /// The plan's sums are ordered (ReductionMode::ordered, the default): a reducing step runs in
+  /// two levels only when all its groups split over their units alike (unit_positions), since
+  /// the two-level order follows the split and the copies that different groups hold of one
+  /// tensor must be the same bits. Exact and native sums may split any way.
+  bool order_sensitive = true;
 };
 
 /// Plans the redistribute of a tensor of `shape` and `dtype` from `from` to `to` on `mesh`: the
