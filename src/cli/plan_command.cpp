@@ -150,11 +150,11 @@ void run_check_command(const CheckOptions& options) {
 
 void run_plan(const PlanOptions& options) {
   const Transition transition = parse_transition(options);
-  plan::PlanOptions plan_options;
-  plan_options.merge = !options.no_merge;
-  plan_options.topology = options.topology.topology(transition.mesh.size());
-  plan_options.order_sensitive =
-      comm::parse_reduction_mode(options.mode) == comm::ReductionMode::ordered;
+  dtensor::RedistributeOptions redistribute;
+  redistribute.mode = comm::parse_reduction_mode(options.mode);
+  redistribute.merge = !options.no_merge;
+  plan::PlanOptions plan_options = dtensor::plan_options(
+      redistribute, options.topology.topology(transition.mesh.size()), transition.dtype);
   const plan::Plan plan = plan::make_plan(transition.mesh, transition.from, transition.to,
                                           transition.shape, transition.dtype, plan_options);
   if (options.json) {

@@ -115,8 +115,14 @@ bool TwoLevelCommunicator::two_levels(RingKind kind, const CollectiveCall& call)
   const double bytes =
       static_cast<double>(count * static_cast<std::int64_t>(dtype_size(call.dtype)));
   const LocalCosts local = form_sets_bits ? LocalCosts{} : local_;
+  TwoLevelExtra extra;
+  if (call.mode == ReductionMode::exact && uses_fixed_point(call)) {
+    const double value_bytes = static_cast<double>(dtype_size(call.dtype));
+    extra.bytes_scale = 8.0 * kernels::fixed_point_format(call.dtype).limbs / value_bytes;
+    extra.key_bytes = bytes / value_bytes;
+  }
   return price_two_level(*topology_, spread_, kind, bytes, local, 0,
-                         bytes / local.memory_bandwidth_bytes_s)
+                         bytes / local.memory_bandwidth_bytes_s, extra)
       .cheaper();
 }
 

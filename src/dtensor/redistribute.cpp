@@ -512,12 +512,15 @@ void set_warning_handler(std::function<void(const std::string&)> handler) {
   warning_handler = std::move(handler);
 }
 
-plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology) {
+plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology,
+                               DType dtype) {
   plan::PlanOptions out;
   out.merge = options.merge && options.allow_flattened_groups;
   out.cost = options.cost;
   if (options.topology_aware) out.topology = topology;
   out.order_sensitive = options.mode == comm::ReductionMode::ordered;
+  if (options.mode == comm::ReductionMode::exact && is_floating(dtype))
+    out.fixed_point_bytes = 8 * kernels::fixed_point_format(dtype).limbs;
   return out;
 }
 
@@ -538,7 +541,7 @@ std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const Placeme
                                            const PlacementSpec& to, const Shape& shape, DType dtype,
                                            const RedistributeOptions& options,
                                            const Topology& topology) {
-  plan::PlanOptions plan_options = dtensor::plan_options(options, topology);
+  plan::PlanOptions plan_options = dtensor::plan_options(options, topology, dtype);
   auto plan = plan::default_plan_cache().get(mesh, from, to, shape, dtype, plan_options);
   if (options.merge && !options.allow_flattened_groups) {
     plan_options.merge = true;

@@ -319,34 +319,41 @@ double jagged_seconds(const Topology& topology, const GroupSpread& spread, RingK
 }
 }  // namespace
 
+namespace {
+// The two-level form's seconds for `bytes` per member.
+double two_level_seconds(const Topology& topology, const GroupSpread& spread, RingKind kind,
+                         double bytes, const LocalCosts& local, double reorder_copy_s) {
+  if (spread.jagged()) return jagged_seconds(topology, spread, kind, bytes, local, reorder_copy_s);
+  const LinkFigures& inner = topology.link(spread.inner);
+  const LinkFigures& outer = topology.link(spread.level);
+  const double across = bytes / spread.per_unit;
+  if (kind == RingKind::all_reduce) {
+    return ring_seconds(RingKind::reduce_scatter, spread.per_unit, bytes, inner, local) +
+           ring_seconds(RingKind::all_reduce, spread.units, across, outer, local) +
+           ring_seconds(RingKind::all_gather, spread.per_unit, bytes, inner, local);
+  }
+  // `bytes` is the whole buffer: inside a unit its k members split it, across units the h
+  // members split each k-th; the buffer is reordered once so that both splits are contiguous.
+  return ring_seconds(kind, spread.per_unit, bytes, inner, local) +
+         ring_seconds(kind, spread.units, across, outer, local) + reorder_copy_s;
+}
+}  // namespace
+
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
                               double bytes, const LocalCosts& local, double flat_copy_s,
-                              double reorder_copy_s) {
+                              double reorder_copy_s, const TwoLevelExtra& extra) {
   TwoLevelPrice price;
   price.flat_s =
       ring_seconds(kind, spread.members, bytes, topology.link(spread.level), local) + flat_copy_s;
   price.two_level_s = std::numeric_limits<double>::infinity();
   price.possible = spread.level != LinkLevel::domain && spread.units > 1 && spread.most > 1;
   if (!price.possible) return price;
-  if (spread.jagged()) {
-    price.two_level_s =
-        jagged_seconds(topology, spread, kind, bytes, local, reorder_copy_s) + flat_copy_s;
-    return price;
-  }
-  const LinkFigures& inner = topology.link(spread.inner);
-  const LinkFigures& outer = topology.link(spread.level);
-  const double across = bytes / spread.per_unit;
-  if (kind == RingKind::all_reduce) {
-    price.two_level_s =
-        ring_seconds(RingKind::reduce_scatter, spread.per_unit, bytes, inner, local) +
-        ring_seconds(RingKind::all_reduce, spread.units, across, outer, local) +
-        ring_seconds(RingKind::all_gather, spread.per_unit, bytes, inner, local);
-  } else {
-    // `bytes` is the whole buffer: inside a unit its k members split it, across units the h
-    // members split each k-th; the buffer is reordered once so that both splits are contiguous.
-    price.two_level_s = ring_seconds(kind, spread.per_unit, bytes, inner, local) +
-                        ring_seconds(kind, spread.units, across, outer, local) + flat_copy_s +
-                        reorder_copy_s;
+  price.two_level_s = two_level_seconds(topology, spread, kind, bytes * extra.bytes_scale, local,
+                                        reorder_copy_s * extra.bytes_scale) +
+                      flat_copy_s;
+  if (extra.key_bytes > 0) {
+    price.two_level_s +=
+        two_level_seconds(topology, spread, RingKind::all_reduce, extra.key_bytes, local, 0);
   }
   return price;
 }

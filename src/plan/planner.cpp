@@ -515,11 +515,16 @@ class Planner {
     double flat = 0;
     double two = 0;
     bool possible = false;
+    TwoLevelExtra extra;
+    if (options_.fixed_point_bytes > 0 && ring != RingKind::all_gather) {
+      extra.bytes_scale = options_.fixed_point_bytes / element_bytes_;
+      extra.key_bytes = bytes / element_bytes_;
+    }
     for (const GroupSpread& group : spreads(step.group)) {
       const TwoLevelPrice price =
           price_two_level(options_.topology, group, ring, bytes,
                           LocalCosts{per_collective, cost.memory_bandwidth_bytes_s}, flat_copy,
-                          copy_s(bytes) + n * cost.piece_s);
+                          copy_s(bytes) + n * cost.piece_s, extra);
       if (price.flat_s >= flat) {
         step.units = group.units;
         step.per_unit = group.per_unit;
@@ -882,6 +887,7 @@ std::shared_ptr<const Plan> PlanCache::get(const DeviceMesh& mesh, const Placeme
                      cost.piece_s);
   key += options.two_level ? "|2" : "|1";
   key += options.order_sensitive ? "o" : "x";
+  key += std::to_string(options.fixed_point_bytes);
   std::promise<std::shared_ptr<const Plan>> made;
   std::shared_future<std::shared_ptr<const Plan>> pending;
   {

@@ -35,10 +35,10 @@ echo "ok: one host gives the same plans"
 
 # check: exact digests do not depend on the topology (two levels, jagged hosts, domains).
 # Jagged groups run in two levels where that pays: ordered sums when every group splits alike
-# (3 + 2 on hosts of 6), exact ones also when the groups split differently (4 + 2, 2 + 4).
+# (3 + 2 on hosts of 6), exact ones also when the groups split differently (8 + 4, 4 + 8).
 out=$("$bin" plan --mesh 5x2 --from P,R --to R,R --shape 257x33 --ranks-per-host 6 --link-inter 1us,0.01)
 grep -q "(2 hosts, unevenly); two levels" <<<"$out" || fail "jagged groups flat: $out"
-jag=(--mesh 2x6 --from R,P --to R,S0 --shape 257x33 --ranks-per-host 4 --link-inter 1us,0.01)
+jag=(--mesh 2x12 --from R,P --to R,S0 --shape 257x33 --ranks-per-host 8 --link-inter 1us,0.01)
 out=$("$bin" plan "${jag[@]}")
 grep -q "split over hosts differently" <<<"$out" || fail "ordered jagged groups not flat: $out"
 out=$("$bin" plan "${jag[@]}" --mode exact)

@@ -5,7 +5,7 @@
 #             (with and without the same topology given to it), seed 000 scaled down (mesh 4x3)
 #   train     2 hosts x 2 ranks: exact FSDP, HSDP and TP training digests equal threads'
 #   jagged    3 hosts x 4 ranks, (ddp=4, fsdp=3): ordered training keeps replicas identical; a
-#             redistribute over groups of 6 (4 + 2 ranks) in jagged two levels: exact bits
+#             redistribute over groups of 12 (8 + 4 ranks) in jagged two levels: exact bits
 #   lost      2 hosts x 2 ranks: killing host 2's ranks ends the job with an error naming the host;
 #             killing the whole host (its daemon too) ends it naming the host or the lost daemon
 #   unplugged 2 hosts x 2 ranks: host 2 taken off the network (no reset reaches anyone) ends the
@@ -117,12 +117,14 @@ jagged)
   echo "ok: (ddp=4, fsdp=3) on 3 hosts of 4: $(grep -o 'weights digest.*' "$dir/out")"
   mpi 4 check --backend mpi --mode ordered --mesh 4x3 --from P,P --to R,R --shape 64x33 || { cat "$dir/out"; fail "check"; }
   echo "ok: ordered P,P -> R,R: $(grep -m1 "^OK" "$dir/out")"
-  # Groups of 6 on hosts of 4 (4 + 2, 2 + 4): the jagged two-level form on mpi's own groups.
-  jag=(check --seed 5 --shape 512x512 --mesh 2x6 --from R,P --to R,R)
-  mpi 4 "${jag[@]}" --backend mpi --mode exact || { cat "$dir/out"; fail "check 2x6"; }
-  same "$("$bin" "${jag[@]}" --mode exact | field OK)" "$(field OK <"$dir/out")" "exact jagged R,P -> R,R on 2x6"
-  mpi 4 "${jag[@]}" --backend mpi --mode ordered || { cat "$dir/out"; fail "ordered check 2x6"; }
-  echo "ok: ordered jagged R,P -> R,R: $(grep -m1 "^OK" "$dir/out")"
+  # Groups of 12 on 3 hosts of 8 (8 + 4, 4 + 8): the jagged two-level form on mpi's own groups
+  # in exact mode; ordered sums stay flat (the groups split differently), replicas identical.
+  jag=(check --seed 5 --shape 512x512 --mesh 2x12 --from R,P --to R,S0)
+  mpi 8 "${jag[@]}" --backend mpi --mode exact || { cat "$dir/out"; fail "check 2x12"; }
+  grep -q "1 in two levels" "$dir/out" || { cat "$dir/out"; fail "exact 2x12 ran flat"; }
+  same "$("$bin" "${jag[@]}" --mode exact | field OK)" "$(field OK <"$dir/out")" "exact jagged R,P -> R,S0 on 2x12"
+  mpi 8 "${jag[@]}" --backend mpi --mode ordered || { cat "$dir/out"; fail "ordered check 2x12"; }
+  echo "ok: ordered jagged R,P -> R,S0: $(grep -m1 "^OK" "$dir/out")"
   ;;
 lost)
   hosts 2

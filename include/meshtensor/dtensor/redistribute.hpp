@@ -35,8 +35,10 @@ struct RedistributeOptions {
   plan::CostModel cost = {};
 };
 
-/// `options` with its plans priced on the topology of `groups` (when topology-aware).
-plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology);
+/// `options` with its plans priced on the topology of `groups` (when topology-aware), for sums
+/// in its mode of `dtype` values.
+plan::PlanOptions plan_options(const RedistributeOptions& options, const Topology& topology,
+                               DType dtype);
 
 /// The (cached) plan a redistribute with `options` runs.
 std::shared_ptr<const plan::Plan> plan_for(const DeviceMesh& mesh, const PlacementSpec& from,

@@ -148,6 +148,15 @@ struct TwoLevelPrice {
   bool cheaper() const { return possible && two_level_s < flat_s; }
 };
 
+/// What the two-level form carries beyond the flat form's bytes. Exact sums in fixed point carry
+/// each value as int64 limbs (`bytes_scale`: limb bytes per value byte; the flat exact
+/// collectives reduce the values themselves) and first agree on a one-byte key per value
+/// (`key_bytes`, an all_reduce of its own in two levels).
+struct TwoLevelExtra {
+  double bytes_scale = 1;
+  double key_bytes = 0;
+};
+
 /// Prices a collective of `kind` over a group spread as `spread`, `bytes` per member (the whole
 /// buffer a member reduces or ends with), each collective paying `local` too. Flat:
 /// one ring at the group's outermost level, plus `flat_copy_s` (the packing it needs). Two
@@ -162,6 +171,6 @@ struct TwoLevelPrice {
 /// members, whose members carry the largest shares. all_gather the reverse; all_reduce both.
 TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& spread, RingKind kind,
                               double bytes, const LocalCosts& local, double flat_copy_s,
-                              double reorder_copy_s);
+                              double reorder_copy_s, const TwoLevelExtra& extra = {});
 
 }  // namespace meshtensor

@@ -37,6 +37,9 @@ struct PlanOptions {
   /// the two-level order follows the split and the copies that different groups hold of one
   /// tensor must be the same bits. Exact and native sums may split any way.
   bool order_sensitive = true;
+  /// Exact sums: the bytes one value takes as fixed-point limbs in two levels (a one-byte key
+  /// per value is agreed first); 0 for ordered and native sums, which carry the values.
+  int fixed_point_bytes = 0;
 };
 
 /// Plans the redistribute of a tensor of `shape` and `dtype` from `from` to `to` on `mesh`: the
