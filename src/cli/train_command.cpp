@@ -738,7 +738,8 @@ struct FsdpBenchOptions {
   TrainOptions train;
   std::string link = "20us,10";
   std::string exact_steps = "3";
-  TopologyOptions topology;  // --ranks-per-host: the topology runs
+  std::string hsdp_replicas = "2";  // the replicas of the topology runs' hsdp layout
+  TopologyOptions topology;         // --ranks-per-host: the topology runs
 };
 
 /// One timed training run of the fsdp bench, as world rank 0 saw it.
@@ -856,6 +857,8 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   const std::int64_t ranks =
       integer_option("--ranks", options.train.ranks, 1, comm::kMaxThreadsRanks);
   const std::int64_t exact_steps = integer_option("--exact-steps", options.exact_steps, 0, 1 << 20);
+  const std::int64_t hsdp_replicas =
+      integer_option("--hsdp-replicas", options.hsdp_replicas, 0, ranks);
   const comm::LinkDelay link = comm::parse_link(options.link);
   options.train.timeout.apply();
   const LoadedTask loaded = load_task(options.train);
@@ -891,12 +894,13 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   std::vector<TopologyPair> on_hosts;
   if (options.topology.placed()) {
     on_hosts.push_back(measure_on_hosts(task, "fsdp", fsdp_config, ranks, hosts));
-    if (ranks % 2 == 0) {
+    if (hsdp_replicas > 1 && ranks % hsdp_replicas == 0) {
       train::TrainConfig hsdp = fsdp_config;
       hsdp.strategy = train::Strategy::hsdp;
-      hsdp.replicas = 2;
-      on_hosts.push_back(
-          measure_on_hosts(task, "hsdp 2x" + std::to_string(ranks / 2), hsdp, ranks, hosts));
+      hsdp.replicas = hsdp_replicas;
+      on_hosts.push_back(measure_on_hosts(
+          task, fmt::format("hsdp {}x{}", hsdp_replicas, ranks / hsdp_replicas), hsdp, ranks,
+          hosts));
     }
   }
 
@@ -1184,6 +1188,9 @@ void add_fsdp_bench(CLI::App& bench) {
   options->topology.add_to(*command, /*with_link=*/false);
   command->add_option("--exact-steps", options->exact_steps,
                       "steps of each exact layout run (default 3; 0 skips them)");
+  command->add_option("--hsdp-replicas", options->hsdp_replicas,
+                      "replicas of the hsdp layout the topology runs time (default 2; 0 or 1 "
+                      "skips it; it must divide --ranks)");
   add_flag(*command, "--json", train.json, "print one JSON object");
   command->callback([options] { run_fsdp_bench(*options); });
 }

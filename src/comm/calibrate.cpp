@@ -25,23 +25,28 @@ double median_seconds(int repeats, const Body& body) {
 LocalCosts measure_local_costs(Communicator& world) {
   constexpr int kBarriers = 15;
   constexpr int kCopies = 5;
-  constexpr std::int64_t kCopyBytes = std::int64_t{2} << 20;
+  constexpr std::int64_t kCopyBytes = std::int64_t{4} << 20;
   world.barrier();  // every rank starts together
   const double barrier_s = median_seconds(kBarriers, [&] { world.barrier(); });
+  // Every rank copies at once and the copies end at a barrier: ranks sharing cores (threads on
+  // a small machine) see the time their copies take together, as a collective's copies do.
   const Tensor from = Tensor::full({kCopyBytes / 4}, DType::f32, 1.0);
   Tensor to({kCopyBytes / 4}, DType::f32);
-  world.barrier();
-  const double copy_s = median_seconds(kCopies, [&] { to.copy_from(from); });
+  const double copy_s = median_seconds(kCopies, [&] {
+    world.barrier();
+    to.copy_from(from);
+    world.barrier();
+  });
   Tensor slowest = Tensor::full({2}, DType::f64, 0.0);
   slowest.values<double>()[0] = barrier_s;
-  slowest.values<double>()[1] = copy_s;
+  slowest.values<double>()[1] = copy_s - 2 * barrier_s;
   CollectiveOptions max;
   max.op = ReduceOp::max;
   world.all_reduce(slowest, max);
   LocalCosts costs;
   costs.per_collective_s = slowest.values<double>()[0];
   costs.memory_bandwidth_bytes_s =
-      static_cast<double>(kCopyBytes) / std::max(slowest.values<double>()[1], 1e-9);
+      static_cast<double>(kCopyBytes) / std::max(slowest.values<double>()[1], 1e-6);
   return costs;
 }
 

@@ -352,8 +352,10 @@ TwoLevelPrice price_two_level(const Topology& topology, const GroupSpread& sprea
                                         reorder_copy_s * extra.bytes_scale) +
                       flat_copy_s;
   if (extra.key_bytes > 0) {
+    // The keys agreed, then every value encoded into limbs (read once, limbs written).
     price.two_level_s +=
-        two_level_seconds(topology, spread, RingKind::all_reduce, extra.key_bytes, local, 0);
+        two_level_seconds(topology, spread, RingKind::all_reduce, extra.key_bytes, local, 0) +
+        bytes * (1 + extra.bytes_scale) / local.memory_bandwidth_bytes_s;
   }
   return price;
 }
