@@ -898,9 +898,9 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
       train::TrainConfig hsdp = fsdp_config;
       hsdp.strategy = train::Strategy::hsdp;
       hsdp.replicas = hsdp_replicas;
-      on_hosts.push_back(measure_on_hosts(
-          task, fmt::format("hsdp {}x{}", hsdp_replicas, ranks / hsdp_replicas), hsdp, ranks,
-          hosts));
+      on_hosts.push_back(
+          measure_on_hosts(task, fmt::format("hsdp {}x{}", hsdp_replicas, ranks / hsdp_replicas),
+                           hsdp, ranks, hosts));
     }
   }
 
