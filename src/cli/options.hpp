@@ -49,7 +49,7 @@ struct TimeoutOption {
   void apply() const;
 };
 
-/// Where the ranks sit and what links join them (the README's "Topology"):
+/// Where the ranks sit and what links join them (docs/topology.md):
 ///   --ranks-per-host N | N,N,...  ranks per host in rank order (one N repeats; the last host
 ///                                 takes what is left, so a mesh that N does not divide is jagged)
 ///   --ranks-per-domain N          domains of N ranks inside each host (e.g. NVLink islands)

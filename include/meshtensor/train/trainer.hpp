@@ -125,7 +125,7 @@ std::int64_t virtual_stages(const TrainConfig& config);
 
 /// Defaults of a language-modelling run where the image defaults do not fit, for the command
 /// line and Python alike: windows per global batch, steps, warmup steps, steps between
-/// evaluations (chosen from the peer measurement in the README).
+/// evaluations (chosen from the peer measurement in docs/performance.md).
 struct LanguageDefaults {
   static constexpr std::int64_t batch = 16;
   static constexpr std::int64_t steps = 600;
