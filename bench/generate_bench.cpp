@@ -6,17 +6,14 @@
 
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/generator.hpp>
+#include <meshtensor/kernels/openblas_baseline.hpp>
 
 #include "matmul_bench.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::bench {
 
 namespace {
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 std::vector<generate::Request> requests_for(const nn::GptConfig& config, std::int64_t batch,
                                             std::int64_t prompt, std::int64_t new_tokens) {
@@ -71,7 +68,7 @@ void check_batch_invariance(nn::Gpt& model, const GenerateBenchOptions& options,
 std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
                                                  const GenerateBenchOptions& options) {
   const bool was_exact = model.exact_sums();
-  const nn::MatmulOverride blas = openblas_linear_matmul();
+  const nn::MatmulOverride blas = kernels::openblas_linear_matmul();
   std::vector<GenerateBenchRow> rows;
   for (const std::int64_t batch : options.batches) {
     std::vector<double> ordered, variant, exact;
@@ -89,11 +86,11 @@ std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
     const double tokens = static_cast<double>(batch * (options.new_tokens - 1));
     GenerateBenchRow row;
     row.batch = batch;
-    row.ordered_tokens_s = tokens / median_of(ordered);
-    row.batch_variant_tokens_s = tokens / median_of(variant);
-    row.exact_tokens_s = tokens / median_of(exact);
-    row.invariance_cost = median_of(ordered) / median_of(variant);
-    row.exact_over_ordered = median_of(exact) / median_of(ordered);
+    row.ordered_tokens_s = tokens / median(ordered);
+    row.batch_variant_tokens_s = tokens / median(variant);
+    row.exact_tokens_s = tokens / median(exact);
+    row.invariance_cost = median(ordered) / median(variant);
+    row.exact_over_ordered = median(exact) / median(ordered);
     check_batch_invariance(model, options, row);
     rows.push_back(row);
   }

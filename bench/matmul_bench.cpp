@@ -1,8 +1,6 @@
 #include "matmul_bench.hpp"
 
 #include <algorithm>
-#include <cblas.h>
-#include <dlfcn.h>
 #include <string>
 
 #include <fmt/format.h>
@@ -12,6 +10,7 @@
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/kernels/openblas_baseline.hpp>
 
 #include "timing.hpp"
 
@@ -45,57 +44,7 @@ int iterations_for(double seconds_per_call, int requested) {
   return std::clamp(static_cast<int>(0.3 / std::max(seconds_per_call, 1e-6)), 5, 200);
 }
 
-/// OpenBLAS, loaded when the benchmark runs rather than linked into the tool: no other command
-/// pays for its start-up (its thread pool) or depends on it being installed.
-struct OpenBlas {
-  decltype(&cblas_sgemm) sgemm = nullptr;
-  decltype(&openblas_set_num_threads) set_num_threads = nullptr;
-
-  static const OpenBlas& get() {
-    static const OpenBlas loaded = load();
-    return loaded;
-  }
-
- private:
-  static OpenBlas load() {
-    void* handle = nullptr;
-    std::string why;
-    for (const char* name : {"libopenblas.so.0", "libopenblas.so"}) {
-      handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);  // never closed: kept for the process
-      if (handle != nullptr) break;
-      const char* error = dlerror();
-      why += fmt::format("{}{}", why.empty() ? "" : "; ", error != nullptr ? error : name);
-    }
-    if (handle == nullptr) {
-      throw DataError(fmt::format(
-          "bench matmul measures against OpenBLAS, which could not be loaded ({}): install "
-          "libopenblas0",
-          why));
-    }
-    OpenBlas blas;
-    blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(handle, "cblas_sgemm"));
-    blas.set_num_threads = reinterpret_cast<decltype(&openblas_set_num_threads)>(
-        dlsym(handle, "openblas_set_num_threads"));
-    if (blas.sgemm == nullptr || blas.set_num_threads == nullptr)
-      throw DataError("the OpenBLAS library found has no cblas_sgemm or openblas_set_num_threads");
-    return blas;
-  }
-};
-
 }  // namespace
-
-nn::MatmulOverride openblas_linear_matmul() {
-  const OpenBlas& blas = OpenBlas::get();
-  blas.set_num_threads(1);
-  return [&blas](const Tensor& x, const Tensor& w, Tensor& y) {
-    const auto rows = static_cast<int>(x.shape()[0]);
-    const auto in = static_cast<int>(x.shape()[1]);
-    const auto out = static_cast<int>(w.shape()[1]);
-    blas.sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, out, in, 1.0f,
-               x.values<float>().data(), in, w.values<float>().data(), out, 1.0f,
-               y.values<float>().data(), out);
-  };
-}
 
 std::vector<MatmulShape> default_matmul_shapes() {
   std::vector<MatmulShape> shapes{{512, 512, 512, "x·W"}};
@@ -112,8 +61,6 @@ std::vector<MatmulShape> default_matmul_shapes() {
 
 std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes,
                                              int iterations) {
-  const OpenBlas& blas = OpenBlas::get();
-  blas.set_num_threads(1);
   std::vector<MatmulBenchRow> rows;
   for (const MatmulShape& shape : shapes) {
     const bool transpose_a = shape.form == "xᵀ·dy";
@@ -129,12 +76,9 @@ std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& sha
                       transpose_b ? kernels::Transpose::yes : kernels::Transpose::no, c);
     };
     const auto theirs = [&] {
-      blas.sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans,
-                 transpose_b ? CblasTrans : CblasNoTrans, static_cast<int>(shape.m),
-                 static_cast<int>(shape.n), static_cast<int>(shape.k), 1.0f,
-                 a.values<float>().data(), static_cast<int>(a.shape()[1]), b.values<float>().data(),
-                 static_cast<int>(b.shape()[1]), 0.0f, c_blas.values<float>().data(),
-                 static_cast<int>(shape.n));
+      kernels::openblas_matmul(a, transpose_a ? kernels::Transpose::yes : kernels::Transpose::no, b,
+                               transpose_b ? kernels::Transpose::yes : kernels::Transpose::no,
+                               c_blas, 0.0f);
     };
     ours();
     theirs();  // warm up both

@@ -45,8 +45,4 @@ struct ExactGradientRow {
 /// of x is zero, as after a ReLU or on blank pixels.
 std::vector<ExactGradientRow> run_exact_gradient_bench(double zero_fraction, int iterations);
 
-/// OpenBLAS's cblas_sgemm on one thread as Linear's batch-variant matmul (nn::MatmulOverride:
-/// y += x·W), loaded on first use; DataError when OpenBLAS cannot be loaded.
-nn::MatmulOverride openblas_linear_matmul();
-
 }  // namespace meshtensor::bench

@@ -9,15 +9,12 @@
 #include <meshtensor/dtensor/check.hpp>
 #include <meshtensor/dtensor/redistribute.hpp>
 
+#include "timing.hpp"
+
 namespace meshtensor::bench {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

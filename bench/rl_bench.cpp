@@ -5,8 +5,8 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/rl/grpo.hpp>
-#include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/training_model.hpp>
 
 #include "timing.hpp"
@@ -61,7 +61,7 @@ SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
         nn::Gpt generator(config.model);
         tp::TensorParallel tp(generator_groups.group(std::vector<int>{1}),
                               comm::ReductionMode::ordered, false);
-        if (tp.size() > 1) tp::parallelize_module(generator, tp, tp::gpt_plan(false));
+        generate::parallelize_for_generation(generator, tp);
         rl::WeightSync sync(trainer, 1, generator_groups, generator.parameters(),
                             comm::ReductionMode::ordered);
         rl::SyncStats planner;

@@ -21,6 +21,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/kernels/openblas_baseline.hpp>
 #include <meshtensor/serve/server.hpp>
 
 #include "matmul_bench.hpp"
@@ -157,7 +158,7 @@ void save_fresh_gpt(const nn::GptConfig& config, const std::string& root) {
     for (nn::Parameter* p : model.parameters())
       items.push_back({"model." + p->name, p->value.shape(), {}, p->value, true});
     checkpoint::SaveOptions options;
-    options.metadata["architecture"] = generate::architecture_text(config);
+    options.metadata["architecture"] = nn::architecture_text(config);
     checkpoint::save(world, root, 0, items, options);
   });
 }
@@ -172,7 +173,7 @@ class BenchServer {
     config_.max_batch = max_batch;
     config_.max_queue = std::max<std::int64_t>(256, 4 * clients);
     config_.stream_interval_ms = stream_interval_ms;
-    if (batch_variant) config_.batch_variant = openblas_linear_matmul();
+    if (batch_variant) config_.batch_variant = kernels::openblas_linear_matmul();
     std::promise<std::string> url;
     std::future<std::string> listening = url.get_future();
     config_.on_listening = [&url](const std::string& at) { url.set_value(at); };
@@ -343,7 +344,7 @@ void time_generator(const std::string& checkpoint, const ServeBenchConfig& confi
   comm::run_threads(1, [&](comm::Communicator& world) {
     const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, checkpoint);
     std::optional<nn::BatchVariantScope> variant;
-    if (batch_variant) variant.emplace(openblas_linear_matmul());
+    if (batch_variant) variant.emplace(kernels::openblas_linear_matmul());
     std::vector<generate::Request> requests;
     for (std::int64_t c = 0; c < config.clients; ++c)
       requests.push_back(

@@ -14,10 +14,10 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/checkpoint/checksum.hpp>
 #include <meshtensor/checkpoint/safetensors.hpp>
-#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
 
 #include "file_io.hpp"
 

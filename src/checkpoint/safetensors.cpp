@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/checkpoint/safetensors.hpp>
-#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
 
 #include "file_io.hpp"
 

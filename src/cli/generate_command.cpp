@@ -186,16 +186,11 @@ std::vector<std::string> next_window(comm::Communicator& world, PromptSource* so
 /// generates window after window of prompts; rank 0 prints each window's completions in input
 /// order as soon as they are done.
 void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, PromptSource* source) {
-  const std::unique_ptr<nn::Gpt> model = generate::load_gpt(
-      world, job.options.checkpoint, world.backend() == "threads" ? world.size() : 1);
-  model->set_exact_sums(job.mode == comm::ReductionMode::exact);
-  tp::TensorParallel tp(std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}),
-                        job.mode, false);
-  if (tp.size() > 1) {
-    tp::check_gpt_degree(model->config(), tp.size());
-    tp::parallelize_module(*model, tp, tp::gpt_plan(false));
-  }
-  generate::Generator generator(*model, job.generator, &tp);
+  const std::unique_ptr<tp::TensorParallel> tp = generate::generation_group(world, job.mode);
+  const std::unique_ptr<nn::Gpt> model =
+      generate::load_for_generation(world, job.options.checkpoint, *tp, job.mode,
+                                    world.backend() == "threads" ? world.size() : 1);
+  generate::Generator generator(*model, job.generator, tp.get());
   std::size_t first = 0;
   for (;;) {
     const std::vector<std::string> prompts = next_window(world, source, window_size(job.generator));

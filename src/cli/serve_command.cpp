@@ -9,12 +9,12 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/kernels/openblas_baseline.hpp>
 #include <meshtensor/serve/server.hpp>
 #include <meshtensor/tp/style.hpp>
 
 #include "backend.hpp"
 #include "commands.hpp"
-#include "matmul_bench.hpp"
 #include "options.hpp"
 
 namespace meshtensor::cli {
@@ -89,7 +89,7 @@ serve::ServeConfig serve_config(const ServeCliOptions& options) {
   config.stream_interval_ms =
       integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
   config.max_connections = integer_option("--max-connections", options.max_connections, 1, 1 << 20);
-  if (options.batch_variant) config.batch_variant = bench::openblas_linear_matmul();
+  if (options.batch_variant) config.batch_variant = kernels::openblas_linear_matmul();
   return config;
 }
 

@@ -176,12 +176,6 @@ void add_timed_train_options(CLI::App& command, TrainOptions& options, const std
   options.epochs_option = command.add_option("--epochs", options.epochs, "epochs instead of steps");
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 /// The median step time after the first two (which allocate and warm the caches).
 double steady_median(const std::vector<double>& values, std::size_t warmup) {
   if (values.empty()) return 0.0;

@@ -11,8 +11,11 @@
 #include <meshtensor/train/trainer.hpp>
 
 #include "options.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::cli {
+
+using bench::median;
 
 /// The options of `meshtensor train`, as given (parsed by parse_config); the training
 /// benchmarks share them.
@@ -91,9 +94,6 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options);
 
 /// add_shared_train_options and a benchmark's --steps (default `steps`, timed) and --epochs.
 void add_timed_train_options(CLI::App& command, TrainOptions& options, const std::string& steps);
-
-/// The median of `values` (the upper one of an even count); 0 when empty.
-double median(std::vector<double> values);
 
 /// The median of per-step figures after the first `warmup` steps (which set things up and warm
 /// caches; at least one value is kept); 0 when empty.

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
@@ -437,8 +438,8 @@ void ShardedModule::launch_reduce() {
     acc->shard.reserve(mine);
     Tensor rounded = Tensor::uninitialized(Shape{mine}, DType::f32);  // written whole below
     if (replicate != nullptr) {
-      reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label,
-                         acc->replica_slice);
+      comm::reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label,
+                               acc->replica_slice);
     } else {
       kernels::round_binned_sums(acc->shard.sums, divisor, rounded);
     }

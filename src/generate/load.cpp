@@ -8,64 +8,16 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/tp/style.hpp>
 
 namespace meshtensor::generate {
-
-std::string architecture_text(const nn::GptConfig& config) {
-  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
-                     config.layers, config.heads, config.dim, config.context, config.vocabulary);
-}
-
-nn::GptConfig parse_architecture(const std::string& text) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("architecture '{}' is not a byte-level GPT ({})", text, why));
-  };
-  std::istringstream words(text);
-  std::string kind;
-  words >> kind;
-  if (kind != "gpt") throw bad("it is not a gpt");
-  std::map<std::string, std::string> fields;
-  for (std::string word; words >> word;) {
-    const auto equals = word.find('=');
-    if (equals == std::string::npos) throw bad(fmt::format("'{}' is not key=value", word));
-    fields[word.substr(0, equals)] = word.substr(equals + 1);
-  }
-  if (fields["tokenizer"] != "bytes") throw bad("tokenizer '" + fields["tokenizer"] + "'");
-  nn::GptConfig config;
-  const auto number = [&](const char* key) {
-    try {
-      std::size_t used = 0;
-      const long long value = std::stoll(fields.at(key), &used);
-      if (used != fields.at(key).size() || value < 1) throw bad(key);
-      return static_cast<std::int64_t>(value);
-    } catch (const std::logic_error&) {
-      throw bad(fmt::format("no positive {}", key));
-    }
-  };
-  config.layers = number("layers");
-  config.heads = number("heads");
-  config.dim = number("dim");
-  config.context = number("context");
-  config.vocabulary = number("vocabulary");
-  if (config.vocabulary > 256)
-    throw bad(fmt::format("vocabulary {} is more than the 256 byte tokens", config.vocabulary));
-  // The command line's ranges and checks, through its parser.
-  try {
-    const std::int64_t vocabulary = config.vocabulary;
-    config = nn::parse_gpt_config(nn::gpt_config_text(config));
-    config.vocabulary = vocabulary;
-  } catch (const Error& e) {
-    throw bad(e.what());
-  }
-  return config;
-}
 
 std::string architecture_problem(const checkpoint::Index& index) {
   const auto found = index.metadata.find("architecture");
   if (found == index.metadata.end()) return "it names no model architecture";
   nn::GptConfig config;
   try {
-    config = parse_architecture(found->second);
+    config = nn::parse_architecture(found->second);
   } catch (const DataError& e) {
     return e.what();
   }
@@ -92,7 +44,7 @@ std::string architecture_problem(const checkpoint::Index& index) {
 nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::string& path) {
   if (const std::string problem = architecture_problem(index); !problem.empty())
     throw DataError(fmt::format("checkpoint {}: {}", path, problem));
-  return parse_architecture(index.metadata.at("architecture"));
+  return nn::parse_architecture(index.metadata.at("architecture"));
 }
 
 nn::GptConfig read_architecture(comm::Communicator& world, const std::string& path,
@@ -115,7 +67,7 @@ nn::GptConfig read_architecture(comm::Communicator& world, const std::string& pa
     }
   }
   comm::throw_if_any_failed(world, failure);
-  return parse_architecture(comm::broadcast_text(world, architecture, 0));
+  return nn::parse_architecture(comm::broadcast_text(world, architecture, 0));
 }
 
 std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
@@ -133,6 +85,44 @@ std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& 
   const std::vector<nn::Parameter*> parameters = model->parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i)
     parameters[i]->value.copy_from(loaded[i]);
+  return model;
+}
+
+CheckpointLocation locate_checkpoint(comm::Communicator& world, const std::string& path) {
+  CheckpointLocation location;
+  std::exception_ptr failure;
+  if (world.rank() == 0) {
+    try {
+      location.directory = checkpoint::resolve(path);
+      location.step = checkpoint::read_index(location.directory).step;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world, failure);
+  location.directory = comm::broadcast_text(world, location.directory, 0);
+  location.step = std::stoll(comm::broadcast_text(world, std::to_string(location.step), 0));
+  return location;
+}
+
+std::unique_ptr<tp::TensorParallel> generation_group(comm::Communicator& world,
+                                                     comm::ReductionMode mode) {
+  return std::make_unique<tp::TensorParallel>(
+      std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}), mode, false);
+}
+
+void parallelize_for_generation(nn::Gpt& model, tp::TensorParallel& group) {
+  if (group.size() <= 1) return;
+  tp::check_gpt_degree(model.config(), group.size());
+  tp::parallelize_module(model, group, tp::gpt_plan(false));
+}
+
+std::unique_ptr<nn::Gpt> load_for_generation(comm::Communicator& world, const std::string& path,
+                                             tp::TensorParallel& group, comm::ReductionMode mode,
+                                             std::int64_t models_in_process) {
+  std::unique_ptr<nn::Gpt> model = load_gpt(world, path, models_in_process);
+  model->set_exact_sums(mode == comm::ReductionMode::exact);
+  parallelize_for_generation(*model, group);
   return model;
 }
 

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -73,6 +74,55 @@ GptConfig parse_gpt_config(const std::string& text) {
 std::string gpt_config_text(const GptConfig& config) {
   return fmt::format("gpt:layers={},heads={},dim={},context={}", config.layers, config.heads,
                      config.dim, config.context);
+}
+
+std::string architecture_text(const GptConfig& config) {
+  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
+                     config.layers, config.heads, config.dim, config.context, config.vocabulary);
+}
+
+GptConfig parse_architecture(const std::string& text) {
+  const auto bad = [&](const std::string& why) {
+    return DataError(fmt::format("architecture '{}' is not a byte-level GPT ({})", text, why));
+  };
+  std::istringstream words(text);
+  std::string kind;
+  words >> kind;
+  if (kind != "gpt") throw bad("it is not a gpt");
+  std::map<std::string, std::string> fields;
+  for (std::string word; words >> word;) {
+    const auto equals = word.find('=');
+    if (equals == std::string::npos) throw bad(fmt::format("'{}' is not key=value", word));
+    fields[word.substr(0, equals)] = word.substr(equals + 1);
+  }
+  if (fields["tokenizer"] != "bytes") throw bad("tokenizer '" + fields["tokenizer"] + "'");
+  GptConfig config;
+  const auto number = [&](const char* key) {
+    try {
+      std::size_t used = 0;
+      const long long value = std::stoll(fields.at(key), &used);
+      if (used != fields.at(key).size() || value < 1) throw bad(key);
+      return static_cast<std::int64_t>(value);
+    } catch (const std::logic_error&) {
+      throw bad(fmt::format("no positive {}", key));
+    }
+  };
+  config.layers = number("layers");
+  config.heads = number("heads");
+  config.dim = number("dim");
+  config.context = number("context");
+  config.vocabulary = number("vocabulary");
+  if (config.vocabulary > 256)
+    throw bad(fmt::format("vocabulary {} is more than the 256 byte tokens", config.vocabulary));
+  // The command line's ranges and checks, through its parser.
+  try {
+    const std::int64_t vocabulary = config.vocabulary;
+    config = nn::parse_gpt_config(nn::gpt_config_text(config));
+    config.vocabulary = vocabulary;
+  } catch (const Error& e) {
+    throw bad(e.what());
+  }
+  return config;
 }
 
 std::int64_t gpt_parameter_count(const GptConfig& c) {

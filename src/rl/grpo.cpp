@@ -10,10 +10,10 @@
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/random.hpp>
-#include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
@@ -218,7 +218,7 @@ void RlRun::build_generator() {
   gpt.set_exact_sums(exact_generator);
   generator_tp_ = std::make_unique<tp::TensorParallel>(
       generator_groups_->group(std::vector<int>{1}), mode, false);
-  if (generator_tp_->size() > 1) tp::parallelize_module(gpt, *generator_tp_, tp::gpt_plan(false));
+  generate::parallelize_for_generation(gpt, *generator_tp_);
   generate::GeneratorOptions options;
   options.max_batch = config_.max_batch;
   options.prefill_chunk = config_.prefill_chunk;
@@ -661,7 +661,7 @@ void RlRun::learn(const Rollouts& rollouts, RlStepReport& report) {
     }
   }
   Tensor totals(Shape{kSums}, DType::f64);
-  fsdp::reduce_binned_sums(world_, sums, 1, totals, "rl step sums");
+  comm::reduce_binned_sums(world_, sums, 1, totals, "rl step sums");
   const double token_updates =
       static_cast<double>(sequences * config_.new_tokens * config_.ppo_epochs);
   report.loss = totals.values<double>()[kLoss] / token_updates;

@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/serve/api.hpp>
 
 namespace meshtensor::serve {
@@ -20,7 +20,7 @@ ApiError bad(const std::string& param, const std::string& message) {
 }
 
 std::string excerpt(const json& value) {
-  return checkpoint::json_excerpt(value);
+  return json_excerpt(value);
 }
 
 /// The field `key`, or null when absent or null (optional fields take null as absent).
@@ -115,7 +115,7 @@ ApiError invalid_json(std::string_view body) {
 json parse_body(std::string_view body) {
   json doc;
   try {
-    doc = checkpoint::parse_untrusted_json(body, "the request body");
+    doc = parse_untrusted_json(body, "the request body");
   } catch (const Error& e) {
     throw bad("", e.what());
   }

@@ -2,11 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/load.hpp>
-#include <meshtensor/tp/style.hpp>
 
 namespace meshtensor::serve {
 
@@ -23,49 +21,29 @@ generate::GeneratorOptions generator_options(const ServeConfig& config) {
 }  // namespace
 
 ModelHost::ModelHost(comm::Communicator& world, const ServeConfig& config)
-    : world_(world), config_(config) {
-  tp_ = std::make_unique<tp::TensorParallel>(
-      std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}), config.mode, false);
-  std::tie(directory_, step_) = locate();
+    : world_(world), config_(config), tp_(generate::generation_group(world, config.mode)) {
+  const generate::CheckpointLocation location =
+      generate::locate_checkpoint(world_, config_.checkpoint);
+  directory_ = location.directory;
+  step_ = location.step;
   model_ = load(directory_, 1);
   batch_ = std::make_unique<generate::ContinuousBatch>(*model_, generator_options(config),
                                                        tp_.get(), config.max_batch);
 }
 
-std::pair<std::string, std::int64_t> ModelHost::locate() {
-  std::string directory;
-  std::int64_t step = 0;
-  std::exception_ptr failure;
-  if (world_.rank() == 0) {
-    try {
-      directory = checkpoint::resolve(config_.checkpoint);
-      step = checkpoint::read_index(directory).step;
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  comm::throw_if_any_failed(world_, failure);
-  directory = comm::broadcast_text(world_, directory, 0);
-  step = std::stoll(comm::broadcast_text(world_, std::to_string(step), 0));
-  return {directory, step};
-}
-
 std::unique_ptr<nn::Gpt> ModelHost::load(const std::string& directory, std::int64_t copies) {
   const std::int64_t per_process = world_.backend() == "threads" ? world_.size() : 1;
-  std::unique_ptr<nn::Gpt> model = generate::load_gpt(world_, directory, copies * per_process);
-  model->set_exact_sums(config_.mode == comm::ReductionMode::exact);
-  if (tp_->size() > 1) {
-    tp::check_gpt_degree(model->config(), tp_->size());
-    tp::parallelize_module(*model, *tp_, tp::gpt_plan(false));
-  }
-  return model;
+  return generate::load_for_generation(world_, directory, *tp_, config_.mode, copies * per_process);
 }
 
 ReloadResult ModelHost::reload() {
   ReloadResult result;
   std::unique_ptr<nn::Gpt> fresh;
   try {
-    std::tie(result.directory, result.step) = locate();
+    const generate::CheckpointLocation location =
+        generate::locate_checkpoint(world_, config_.checkpoint);
+    result.directory = location.directory;
+    result.step = location.step;
     // The old model stays until the new one is in: two copies for a moment.
     fresh = load(result.directory, 2);
     const std::string now = nn::gpt_config_text(model_->config());

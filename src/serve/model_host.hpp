@@ -5,9 +5,9 @@
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/generate/continuous_batch.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/serve/scheduler.hpp>
 #include <meshtensor/serve/server.hpp>
-#include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::serve {
 
@@ -27,8 +27,6 @@ class ModelHost {
   const std::string& directory() const { return directory_; }
 
  private:
-  /// Rank 0 resolves the checkpoint (LATEST) and reads its step; every rank gets both.
-  std::pair<std::string, std::int64_t> locate();
   std::unique_ptr<nn::Gpt> load(const std::string& directory, std::int64_t copies);
 
   comm::Communicator& world_;

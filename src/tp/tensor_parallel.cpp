@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/dtensor/comm_debug.hpp>
 #include <meshtensor/dtensor/redistribute.hpp>
-#include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/plan/plan.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
@@ -109,7 +109,7 @@ Tensor TensorParallel::complete_exact(kernels::BinnedSums& sums, const Shape& sh
   const std::string label = module + " " + what;
   if (to.is_replicate()) {
     Tensor whole = Tensor::uninitialized(shape, DType::f32);
-    fsdp::reduce_binned_sums(*group_, sums, 1, whole, label);
+    comm::reduce_binned_sums(*group_, sums, 1, whole, label);
     note({module, phase, what, "all_reduce",
           shape.numel() * (n - 1) / n * (kBinnedElementBytes + 4)});
     return whole;
@@ -129,7 +129,7 @@ Tensor TensorParallel::complete_exact(kernels::BinnedSums& sums, const Shape& sh
   const std::int64_t held = chunk_extent(shape[dim], n, rank()).size;
   Tensor segment = Tensor::uninitialized(Shape{held, outer, inner}, DType::f32);
   kernels::BinnedSums received;
-  fsdp::reduce_scatter_binned_sums(*group_, segments, counts, 1, segment.flatten(), label,
+  comm::reduce_scatter_binned_sums(*group_, segments, counts, 1, segment.flatten(), label,
                                    received);
   note({module, phase, what, "reduce_scatter", shape.numel() * (n - 1) / n * kBinnedElementBytes});
   std::vector<std::int64_t> dims = shape.dims();
@@ -163,7 +163,7 @@ void all_reduce_values(comm::Communicator& group, std::span<double> values, Redu
 void all_reduce_binned_values(comm::Communicator& group, kernels::BinnedSums& sums,
                               std::span<double> rounded, const std::string& label) {
   Tensor out = Tensor::uninitialized(Shape{sums.count()}, DType::f64);
-  fsdp::reduce_binned_sums(group, sums, 1, out, label);
+  comm::reduce_binned_sums(group, sums, 1, out, label);
   const auto values = out.values<double>();
   std::copy(values.begin(), values.end(), rounded.begin());
 }

@@ -9,7 +9,6 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
-#include <meshtensor/generate/load.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/task.hpp>
@@ -171,7 +170,7 @@ LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus, n
 }
 
 std::string LanguageModelling::architecture() const {
-  return generate::architecture_text(model_);
+  return nn::architecture_text(model_);
 }
 
 void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {

@@ -10,11 +10,11 @@
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
-#include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
@@ -135,7 +135,7 @@ struct Totals {
 /// Sums, over the ranks of `world`, the losses collected in `losses` (exactly) and `correct`.
 Totals reduce_totals(comm::Communicator& world, kernels::BinnedSums& losses, std::int64_t correct) {
   Tensor loss_sum(Shape{1}, DType::f64);
-  fsdp::reduce_binned_sums(world, losses, 1, loss_sum);
+  comm::reduce_binned_sums(world, losses, 1, loss_sum);
   Tensor count = Tensor::full(Shape{1}, DType::f64, static_cast<double>(correct));
   world.all_reduce(count, reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
   return {loss_sum.values<double>()[0], static_cast<std::int64_t>(count.values<double>()[0])};

@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
-#include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/tp/ops.hpp>
@@ -340,7 +340,7 @@ double TrainingModel::clip_gradients(double clip) {
   }
   Tensor total = Tensor::full(Shape{1}, DType::f64, local);
   if (exact_) {
-    fsdp::reduce_binned_sums(world_, squares, 1, total, "gradient norm");
+    comm::reduce_binned_sums(world_, squares, 1, total, "gradient norm");
   } else {
     comm::CollectiveOptions options;
     options.op = ReduceOp::sum;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
@@ -428,7 +429,7 @@ TEST(Exact, ReducedBinnedSumsRoundAsTheSumsMergedInOnePlace) {
         Tensor rounded(Shape{count}, DType::f32);
         kernels::BinnedSums received;
         for (int repeat = 0; repeat < 2; ++repeat)  // the buffer reused
-          reduce_binned_sums(world, mine, 3, rounded, "test", received);
+          comm::reduce_binned_sums(world, mine, 3, rounded, "test", received);
         const std::lock_guard lock(mutex);
         results[static_cast<std::size_t>(world.rank())] = rounded;
       });

@@ -6,17 +6,9 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
-
-/// The "architecture" metadata of a byte-level GPT of `config`, as `meshtensor train` writes it
-/// and parse_architecture() reads it.
-std::string architecture_text(const nn::GptConfig& config);
-
-/// The GPT a checkpoint's "architecture" metadata describes ("gpt layers=L heads=H dim=D
-/// context=T vocabulary=V tokenizer=bytes", as `meshtensor train` writes it). DataError naming
-/// the text when it is not a byte-level GPT.
-nn::GptConfig parse_architecture(const std::string& text);
 
 /// What is wrong with a checkpoint's "architecture" metadata, or empty when it is a byte-level
 /// GPT whose parameter count is what the index's f32 "model.*" tensors hold. Untrusted metadata
@@ -42,5 +34,30 @@ nn::GptConfig read_architecture(comm::Communicator& world, const std::string& pa
 /// tensor).
 std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
                                   std::int64_t models_in_process = 1);
+
+/// Where a checkpoint path (a checkpoint directory or a root with LATEST) resolves: rank 0
+/// reads the directory and its step, every rank of `world` gets both (collective; an error on
+/// rank 0 is thrown on every rank).
+struct CheckpointLocation {
+  std::string directory;
+  std::int64_t step = 0;
+};
+CheckpointLocation locate_checkpoint(comm::Communicator& world, const std::string& path);
+
+/// The tensor-parallel group generation runs on: every rank of `world`, whose lifetime it must
+/// not outlive, in `mode`, without sequence parallelism.
+std::unique_ptr<tp::TensorParallel> generation_group(comm::Communicator& world,
+                                                     comm::ReductionMode mode);
+
+/// Splits `model` over `group` the way generation runs it (the Megatron plan without sequence
+/// parallelism, tp::gpt_plan(false)) after checking that the group's size divides its heads and
+/// widths (tp::check_gpt_degree); nothing on a group of one rank.
+void parallelize_for_generation(nn::Gpt& model, tp::TensorParallel& group);
+
+/// load_gpt(world, path, models_in_process) with exact sums in `mode` exact, split over `group`
+/// by parallelize_for_generation: the one way a checkpoint becomes a model that generates.
+std::unique_ptr<nn::Gpt> load_for_generation(comm::Communicator& world, const std::string& path,
+                                             tp::TensorParallel& group, comm::ReductionMode mode,
+                                             std::int64_t models_in_process = 1);
 
 }  // namespace meshtensor::generate

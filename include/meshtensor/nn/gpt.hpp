@@ -38,6 +38,15 @@ GptConfig parse_gpt_config(const std::string& text);
 /// "gpt:layers=4,heads=4,dim=128,context=128" for a config (what parse_gpt_config reads back).
 std::string gpt_config_text(const GptConfig& config);
 
+/// The "architecture" metadata of a byte-level GPT of `config`, as `meshtensor train` writes it
+/// and parse_architecture() reads it.
+std::string architecture_text(const GptConfig& config);
+
+/// The GPT a checkpoint's "architecture" metadata describes ("gpt layers=L heads=H dim=D
+/// context=T vocabulary=V tokenizer=bytes", as `meshtensor train` writes it). DataError naming
+/// the text when it is not a byte-level GPT.
+GptConfig parse_architecture(const std::string& text);
+
 /// Number of parameters of the model a config builds.
 std::int64_t gpt_parameter_count(const GptConfig& config);
 

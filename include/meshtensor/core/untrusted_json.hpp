@@ -1,6 +1,6 @@
 #pragma once
 
-// Parsing JSON read from files a user hands in (checkpoint indexes, safetensors headers): the
+// Parsing JSON a user hands in (checkpoint indexes, safetensors headers, HTTP request bodies): the
 // nesting depth is bounded before the parser sees the text, and error messages quote a bounded
 // excerpt of a bad value, never the whole of it.
 
@@ -9,9 +9,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace meshtensor::checkpoint {
+namespace meshtensor {
 
-/// Deepest nesting of arrays and objects a checkpoint's JSON may have (ours uses 4).
+/// Deepest nesting of arrays and objects such JSON may have (checkpoints use 4).
 inline constexpr int kMaxJsonDepth = 64;
 
 /// Parses `text` (the contents of `file`): a discarded value when it is not valid JSON;
@@ -25,4 +25,4 @@ nlohmann::json parse_untrusted_json(std::string_view text, const std::string& fi
 /// characters, arrays and objects by kind and size.
 std::string json_excerpt(const nlohmann::json& value);
 
-}  // namespace meshtensor::checkpoint
+}  // namespace meshtensor

@@ -1,10 +1,10 @@
 #include <fmt/format.h>
 
-#include <meshtensor/checkpoint/untrusted_json.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
 
-namespace meshtensor::checkpoint {
+namespace meshtensor {
 
 namespace {
 
@@ -65,4 +65,4 @@ std::string json_excerpt(const nlohmann::json& value) {
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace meshtensor::checkpoint
+}  // namespace meshtensor
