@@ -311,194 +311,220 @@ void ShardedModule::reshard() {
   model_.memory().add(MemoryKind::unsharded, -bytes);
 }
 
-void ShardedModule::launch_reduce() {
-  ShardedModel& model = model_;
-  const bool exact = model.options().mode == comm::ReductionMode::exact;
-  const int shards = shard_size();
-  const int replicas = replicate_size();
-  const double factor = divide_factor();
-  const bool all_reduce_now = replicas == 1 || requires_all_reduce_;
-  const bool last = model.is_last_backward_;
-  std::shared_ptr<StepAccumulator> acc = accumulator_;
-  // One reduction in flight at a time bounds the memory of their buffers.
-  model.last_reduce_scatter_.wait();
+// What one backward's reduction of a group carries from launch to its queued steps.
+struct ShardedModule::Reduction {
+  std::shared_ptr<nn::DenseGradients> dense;    // ordered and native: the summed gradients
+  std::shared_ptr<nn::BinnedGradients> binned;  // exact: the binned sums
+  std::shared_ptr<StepAccumulator> acc;
+  std::int64_t sink_bytes = 0;
+  std::int64_t mine = 0;  // this rank's segment
+  int replicas = 1;
+  bool fused = false;  // ordered: reduce-scatter and all-reduce divide once, after both
+  bool last = false;   // the last backward of the step
+  DType reduce_dtype = DType::f32;
+  DivideFactors rs_factors;
+  DivideFactors ar_factors;
+  std::int64_t divisor = 0;  // exact
+  std::string label;
+};
 
+std::shared_ptr<const ShardedModule::Reduction> ShardedModule::plan_reduction(bool exact,
+                                                                              bool all_reduce_now) {
+  auto job = std::make_shared<Reduction>();
+  const int shards = shard_size();
+  job->replicas = replicate_size();
+  const double factor = divide_factor();
+  job->last = model_.is_last_backward_;
+  job->acc = accumulator_;
   // Ordered: the reduce-scatter and all-reduce of one backward divide once, after both sums;
   // after earlier partial backwards, each backward divides its shard sums by factor / replicas
   // and the all-reduce by replicas (see DESIGN).
-  const bool fused = !exact && all_reduce_now && replicas > 1 && !partial_pending_;
-  const bool through_partial = !exact && replicas > 1 && !fused;
+  job->fused = !exact && all_reduce_now && job->replicas > 1 && !partial_pending_;
+  const bool through_partial = !exact && job->replicas > 1 && !job->fused;
   partial_pending_ = through_partial && !all_reduce_now;
-  const DType reduce_dtype = config_.reduce_dtype;
-  const DivideFactors rs_factors =
-      fused ? divide_factors(reduce_dtype, static_cast<std::int64_t>(shards) * replicas, factor)
-            : divide_factors(reduce_dtype, shards,
-                             replicas > 1 ? factor / static_cast<double>(replicas) : factor);
+  job->reduce_dtype = config_.reduce_dtype;
+  job->rs_factors =
+      job->fused ? divide_factors(job->reduce_dtype,
+                                  static_cast<std::int64_t>(shards) * job->replicas, factor)
+                 : divide_factors(
+                       job->reduce_dtype, shards,
+                       job->replicas > 1 ? factor / static_cast<double>(job->replicas) : factor);
+  job->ar_factors = job->fused ? job->rs_factors
+                               : divide_factors(job->reduce_dtype, job->replicas,
+                                                static_cast<double>(job->replicas));
+  job->divisor = exact ? exact_divisor(factor) : 0;
+  job->dense = std::exchange(dense_sink_, nullptr);
+  job->binned = std::exchange(binned_sink_, nullptr);
+  job->sink_bytes = std::exchange(sink_bytes_, 0);
+  job->mine = layout_.counts()[static_cast<std::size_t>(shard_rank())];
+  job->label = name_;
+  return job;
+}
 
-  std::shared_ptr<nn::DenseGradients> dense = std::exchange(dense_sink_, nullptr);
-  std::shared_ptr<nn::BinnedGradients> binned = std::exchange(binned_sink_, nullptr);
-  const std::int64_t sink_bytes = sink_bytes_;
-  sink_bytes_ = 0;
+void ShardedModule::launch_reduce() {
+  ShardedModel& model = model_;
+  const bool exact = model.options().mode == comm::ReductionMode::exact;
+  const bool all_reduce_now = replicate_size() == 1 || requires_all_reduce_;
+  // One reduction in flight at a time bounds the memory of their buffers.
+  model.last_reduce_scatter_.wait();
+  const std::shared_ptr<const Reduction> job = plan_reduction(exact, all_reduce_now);
   model.record_order(static_cast<int>(OrderKind::reduce_scatter), *this);
-  const bool runs_all_reduce = replicas > 1 && all_reduce_now;
+  const bool runs_all_reduce = job->replicas > 1 && all_reduce_now;
   if (runs_all_reduce) model.record_order(static_cast<int>(OrderKind::all_reduce), *this);
 
-  const std::string label = name_;
-  const int me = shard_rank();
-  const std::int64_t mine = layout_.counts()[static_cast<std::size_t>(me)];
-  const auto reduce_scatter = [this, dense, binned, acc, sink_bytes, exact, fused, rs_factors,
-                               reduce_dtype, replicas, label, mine] {
-    const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce",
-                            reduce_lane_->name);
-    comm::CollectiveOptions options;
-    options.op = ReduceOp::sum;
-    options.mode = model_.options().mode;
-    options.label = "reduce-scatter " + label;
-    const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
-    if (exact) {
-      kernels::BinnedSums& sums = binned->sums();
-      if (!group) {
-        acc->shard.take(sums);
-      } else {
-        options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
-        Tensor bins = sums.bins.clone();
-        comm::CollectiveOptions max_options = options;
-        max_options.op = ReduceOp::max;
-        max_options.label = "reduce-scatter bins " + label;
-        group->all_reduce(bins, max_options);
-        kernels::align_bins(sums, bins);
-        kernels::BinnedSums& slice = acc->slice;
-        if (slice.count() != mine) slice = kernels::BinnedSums::uninitialized(mine);
-        layout_.pack_segment(layout_.parameter_views(bins), shard_rank(), slice.bins);
-        reduce_scatter_digits(*group, layout_, sums, slice, options);
-        acc->shard.take(slice);  // overwritten whole by the next reduce-scatter
-      }
-      binned->clear();
-      acc->keep_spare(binned);
-    } else {
-      Tensor packed(Shape{layout_.total()}, DType::f32);
-      model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
-      layout_.pack(layout_.parameter_views(dense->sums()), packed);
-      dense->clear();
-      acc->keep_spare(dense);
-      if (rs_factors.pre != 1.0) kernels::divide(packed, rs_factors.pre);
-      const Tensor send =
-          reduce_dtype == DType::f32 ? packed : kernels::convert(packed, reduce_dtype);
-      Tensor out(Shape{mine}, reduce_dtype);
-      if (group) {
-        group->reduce_scatter(send, out, layout_.counts(), options);
-      } else {
-        out.copy_from(send);
-      }
-      model_.memory().add(MemoryKind::unsharded, -bytes_of(packed));
-      if (fused) {
-        acc->pending = out;
-      } else {
-        Tensor result = reduce_dtype == DType::f32 ? out : kernels::convert(out, DType::f32);
-        kernels::divide(result, rs_factors.post);
-        if (replicas == 1) {
-          kernels::accumulate(shard_grads_, result, ReduceOp::sum);
-        } else {
-          if (!acc->partial.defined()) {
-            acc->partial = Tensor::zeros(Shape{mine}, DType::f32);
-            model_.memory().add(MemoryKind::gradients, bytes_of(acc->partial));
-          }
-          kernels::accumulate(acc->partial, result, ReduceOp::sum);
-        }
-      }
-    }
-    model_.memory().add(MemoryKind::unsharded, -sink_bytes);
-  };
-
-  // Exact: the sums reduced over every group round once, at the last backward of the step.
-  const std::int64_t divisor = exact ? exact_divisor(factor) : 0;
-  const auto finish_exact = [this, acc, divisor, mine, label](comm::Communicator* replicate,
-                                                              bool round) {
-    if (replicate != nullptr && !round) {
-      kernels::BinnedSums& sums = acc->shard.sums;
-      Tensor bins = sums.bins.clone();
-      comm::CollectiveOptions options;
-      options.op = ReduceOp::max;
-      options.label = "all-reduce bins " + label;
-      replicate->all_reduce(bins, options);
-      kernels::align_bins(sums, bins);
-      options.op = ReduceOp::sum;
-      options.label = "all-reduce digits " + label;
-      replicate->all_reduce(sums.digits, options);
-      acc->full.take(acc->shard);
-      return;
-    }
-    if (!round) return;
-    // Sums already reduced over the replicas join on one replica only.
-    if (replicate == nullptr || replicate->rank() == 0) {
-      acc->shard.take(acc->full);
-    } else {
-      acc->full.reset();
-    }
-    acc->shard.reserve(mine);
-    Tensor rounded = Tensor::uninitialized(Shape{mine}, DType::f32);  // written whole below
-    if (replicate != nullptr) {
-      comm::reduce_binned_sums(*replicate, acc->shard.sums, divisor, rounded, "all-reduce " + label,
-                               acc->replica_slice);
-    } else {
-      kernels::round_binned_sums(acc->shard.sums, divisor, rounded);
-    }
-    kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
-    acc->shard.reset();
-  };
-
-  if (exact && acc->shard.sums.count() != mine && !acc->shard.holds_sums) {
-    acc->shard.reserve(mine);
+  if (exact && job->acc->shard.sums.count() != job->mine && !job->acc->shard.holds_sums) {
+    job->acc->shard.reserve(job->mine);
     model.memory().add(MemoryKind::gradients,
-                       bytes_of(acc->shard.sums.bins) + bytes_of(acc->shard.sums.digits));
+                       bytes_of(job->acc->shard.sums.bins) + bytes_of(job->acc->shard.sums.digits));
   }
-  comm::Work rs_work;
-  if (exact && !runs_all_reduce) {
-    rs_work = reduce_lane_->queue.submit([reduce_scatter, finish_exact, last, replicas] {
-      reduce_scatter();
-      finish_exact(nullptr, last && replicas == 1);
-    });
-  } else {
-    rs_work = reduce_lane_->queue.submit(reduce_scatter);
-  }
+  const comm::Work rs_work = reduce_lane_->queue.submit([this, job, exact, runs_all_reduce] {
+    if (exact) {
+      reduce_scatter_exact(*job);
+      // Without an all-reduce the sums round here, at the last backward of the step.
+      if (!runs_all_reduce) finish_exact(*job, nullptr, job->last && job->replicas == 1);
+    } else {
+      reduce_scatter_ordered(*job);
+    }
+  });
   model.last_reduce_scatter_ = rs_work;
   reduce_work_ = rs_work;
   if (!runs_all_reduce) return;
-
-  const DivideFactors ar_factors =
-      fused ? rs_factors : divide_factors(reduce_dtype, replicas, static_cast<double>(replicas));
-  const auto all_reduce = [this, rs_work, acc, exact, fused, ar_factors, reduce_dtype, label,
-                           finish_exact, last] {
+  reduce_work_ = replicate_lane_->queue.submit([this, job, rs_work, exact] {
     rs_work.wait();
     const Tracer::Span span(model_.tracer(), "all_reduce " + name_, "reduce",
                             replicate_lane_->name);
-    comm::Communicator& replicate = *replicate_lane_->comm;
     if (exact) {
-      finish_exact(&replicate, last);
-      return;
-    }
-    comm::CollectiveOptions options;
-    options.op = ReduceOp::sum;
-    options.mode = model_.options().mode;
-    options.label = "all-reduce " + label;
-    Tensor buffer;
-    if (fused) {
-      buffer = acc->pending;
-      acc->pending = Tensor();
+      finish_exact(*job, replicate_lane_->comm.get(), job->last);
     } else {
-      Tensor partial = acc->partial;
-      if (ar_factors.pre != 1.0) kernels::divide(partial, ar_factors.pre);
-      buffer =
-          reduce_dtype == DType::f32 ? partial.clone() : kernels::convert(partial, reduce_dtype);
-      model_.memory().add(MemoryKind::gradients, -bytes_of(acc->partial));
-      acc->partial = Tensor();
+      all_reduce_ordered(*job);
     }
-    replicate.all_reduce(buffer, options);
-    Tensor result = reduce_dtype == DType::f32 ? buffer : kernels::convert(buffer, DType::f32);
-    kernels::divide(result, ar_factors.post);
-    kernels::accumulate(shard_grads_, result, ReduceOp::sum);
-  };
-  reduce_work_ = replicate_lane_->queue.submit(all_reduce);
+  });
+}
+
+comm::CollectiveOptions ShardedModule::reduce_options(const std::string& what) const {
+  comm::CollectiveOptions options;
+  options.op = ReduceOp::sum;
+  options.mode = model_.options().mode;
+  options.label = what + " " + name_;
+  return options;
+}
+
+void ShardedModule::reduce_scatter_exact(const Reduction& job) {
+  const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce", reduce_lane_->name);
+  const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
+  kernels::BinnedSums& sums = job.binned->sums();
+  if (!group) {
+    job.acc->shard.take(sums);
+  } else {
+    comm::CollectiveOptions options = reduce_options("reduce-scatter");
+    options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
+    Tensor bins = sums.bins.clone();
+    comm::CollectiveOptions max_options = options;
+    max_options.op = ReduceOp::max;
+    max_options.label = "reduce-scatter bins " + job.label;
+    group->all_reduce(bins, max_options);
+    kernels::align_bins(sums, bins);
+    kernels::BinnedSums& slice = job.acc->slice;
+    if (slice.count() != job.mine) slice = kernels::BinnedSums::uninitialized(job.mine);
+    layout_.pack_segment(layout_.parameter_views(bins), shard_rank(), slice.bins);
+    reduce_scatter_digits(*group, layout_, sums, slice, options);
+    job.acc->shard.take(slice);  // overwritten whole by the next reduce-scatter
+  }
+  job.binned->clear();
+  job.acc->keep_spare(job.binned);
+  model_.memory().add(MemoryKind::unsharded, -job.sink_bytes);
+}
+
+void ShardedModule::reduce_scatter_ordered(const Reduction& job) {
+  const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce", reduce_lane_->name);
+  const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
+  Tensor packed(Shape{layout_.total()}, DType::f32);
+  model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
+  layout_.pack(layout_.parameter_views(job.dense->sums()), packed);
+  job.dense->clear();
+  job.acc->keep_spare(job.dense);
+  if (job.rs_factors.pre != 1.0) kernels::divide(packed, job.rs_factors.pre);
+  const Tensor send =
+      job.reduce_dtype == DType::f32 ? packed : kernels::convert(packed, job.reduce_dtype);
+  Tensor out(Shape{job.mine}, job.reduce_dtype);
+  if (group) {
+    group->reduce_scatter(send, out, layout_.counts(), reduce_options("reduce-scatter"));
+  } else {
+    out.copy_from(send);
+  }
+  model_.memory().add(MemoryKind::unsharded, -bytes_of(packed));
+  if (job.fused) {
+    job.acc->pending = out;
+  } else {
+    Tensor result = job.reduce_dtype == DType::f32 ? out : kernels::convert(out, DType::f32);
+    kernels::divide(result, job.rs_factors.post);
+    if (job.replicas == 1) {
+      kernels::accumulate(shard_grads_, result, ReduceOp::sum);
+    } else {
+      if (!job.acc->partial.defined()) {
+        job.acc->partial = Tensor::zeros(Shape{job.mine}, DType::f32);
+        model_.memory().add(MemoryKind::gradients, bytes_of(job.acc->partial));
+      }
+      kernels::accumulate(job.acc->partial, result, ReduceOp::sum);
+    }
+  }
+  model_.memory().add(MemoryKind::unsharded, -job.sink_bytes);
+}
+
+void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* replicate, bool round) {
+  StepAccumulator& acc = *job.acc;
+  if (replicate != nullptr && !round) {
+    // A partial backward: the replicas' digit sums join now, rounded at the step's last.
+    kernels::BinnedSums& sums = acc.shard.sums;
+    Tensor bins = sums.bins.clone();
+    comm::CollectiveOptions options;
+    options.op = ReduceOp::max;
+    options.label = "all-reduce bins " + job.label;
+    replicate->all_reduce(bins, options);
+    kernels::align_bins(sums, bins);
+    options.op = ReduceOp::sum;
+    options.label = "all-reduce digits " + job.label;
+    replicate->all_reduce(sums.digits, options);
+    acc.full.take(acc.shard);
+    return;
+  }
+  if (!round) return;
+  // Sums already reduced over the replicas join on one replica only.
+  if (replicate == nullptr || replicate->rank() == 0) {
+    acc.shard.take(acc.full);
+  } else {
+    acc.full.reset();
+  }
+  acc.shard.reserve(job.mine);
+  Tensor rounded = Tensor::uninitialized(Shape{job.mine}, DType::f32);  // written whole below
+  if (replicate != nullptr) {
+    comm::reduce_binned_sums(*replicate, acc.shard.sums, job.divisor, rounded,
+                             "all-reduce " + job.label, acc.replica_slice);
+  } else {
+    kernels::round_binned_sums(acc.shard.sums, job.divisor, rounded);
+  }
+  kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
+  acc.shard.reset();
+}
+
+void ShardedModule::all_reduce_ordered(const Reduction& job) {
+  StepAccumulator& acc = *job.acc;
+  Tensor buffer;
+  if (job.fused) {
+    buffer = acc.pending;
+    acc.pending = Tensor();
+  } else {
+    Tensor partial = acc.partial;
+    if (job.ar_factors.pre != 1.0) kernels::divide(partial, job.ar_factors.pre);
+    buffer = job.reduce_dtype == DType::f32 ? partial.clone()
+                                            : kernels::convert(partial, job.reduce_dtype);
+    model_.memory().add(MemoryKind::gradients, -bytes_of(acc.partial));
+    acc.partial = Tensor();
+  }
+  replicate_lane_->comm->all_reduce(buffer, reduce_options("all-reduce"));
+  Tensor result = job.reduce_dtype == DType::f32 ? buffer : kernels::convert(buffer, DType::f32);
+  kernels::divide(result, job.ar_factors.post);
+  kernels::accumulate(shard_grads_, result, ReduceOp::sum);
 }
 
 ShardedModel::ShardedModel(nn::Module& root, comm::MeshGroups& groups, RuntimeOptions options)

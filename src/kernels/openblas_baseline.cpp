@@ -48,16 +48,16 @@ struct OpenBlas {
 };
 }  // namespace
 
-void openblas_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b,
-                     Transpose transpose_b, Tensor& c, float beta) {
+void openblas_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                     Tensor& c, float beta) {
   const OpenBlas& blas = OpenBlas::get();
   const bool ta = transpose_a == Transpose::yes;
   const bool tb = transpose_b == Transpose::yes;
   const auto m = static_cast<int>(c.shape()[0]);
   const auto n = static_cast<int>(c.shape()[1]);
   const auto k = static_cast<int>(ta ? a.shape()[0] : a.shape()[1]);
-  blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-             k, 1.0f, a.values<float>().data(), static_cast<int>(a.shape()[1]),
+  blas.sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+             1.0f, a.values<float>().data(), static_cast<int>(a.shape()[1]),
              b.values<float>().data(), static_cast<int>(b.shape()[1]), beta,
              c.values<float>().data(), n);
 }

@@ -138,7 +138,17 @@ class ShardedModule {
   ShardedModule(ShardedModel& model, nn::Module& module, std::vector<nn::Parameter*> parameters,
                 const FsdpConfig& config, std::string name, std::size_t index);
 
+  struct Reduction;
+  /// Starts this backward's reduction on the reduce lane (and the replicate lane).
   void launch_reduce();
+  /// The reduction's factors, buffers and flags; takes the gradient sinks.
+  std::shared_ptr<const Reduction> plan_reduction(bool exact, bool all_reduce_now);
+  comm::CollectiveOptions reduce_options(const std::string& what) const;
+  void reduce_scatter_exact(const Reduction& job);
+  void reduce_scatter_ordered(const Reduction& job);
+  /// Exact: joins the replicas' sums (`replicate`, or none), and rounds once when `round`.
+  void finish_exact(const Reduction& job, comm::Communicator* replicate, bool round);
+  void all_reduce_ordered(const Reduction& job);
   double divide_factor() const;
 
   ShardedModel& model_;

@@ -14,8 +14,8 @@ namespace meshtensor::kernels {
 ///
 /// c = op(a)·op(b) + beta·c on f32 row-major matrices: a [m, k] ([k, m] when transposed), b
 /// [k, n] ([n, k] when transposed), c [m, n], all contiguous.
-void openblas_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b,
-                     Transpose transpose_b, Tensor& c, float beta);
+void openblas_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                     Tensor& c, float beta);
 
 /// y += x·W by openblas_matmul: the batch-variant form of Linear's product (nn::MatmulOverride),
 /// for `serve --batch-variant` and the benchmarks' batch-variant baselines.
