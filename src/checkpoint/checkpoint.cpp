@@ -889,130 +889,135 @@ constexpr std::int64_t kReadPiece = std::int64_t{1} << 20;
 
 }  // namespace
 
-std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
-                         std::span<const LoadRequest> requests, LoadStats* stats_out) {
-  LoadStats stats;
-  std::exception_ptr failure;
+namespace {
+
+// One load on one rank: the index it reads and what the verifiers' reads add up per stored
+// block (numbered in index order; first_block[t] is tensor t's first).
+struct LoadState {
   std::string directory;
+  std::string index_file;
+  std::string index_text;
   Index index;
-  std::vector<Tensor> loaded;
+  std::vector<std::size_t> first_block;
   std::vector<std::uint64_t> checksum_parts;
   std::vector<std::int64_t> bytes_parts;
-  std::vector<std::size_t> first_block;
-  std::string index_text;
-  try {
-    directory = resolve(path);
-    const std::string index_file = join_path(directory, kIndexFile);
-    index_text = io::read_text(index_file, kMaxIndexBytes);
-    index = parse_index(index_text, index_file);
-    // Stored blocks are numbered in index order; first_block[t] is tensor t's first.
-    std::size_t blocks = 0;
-    for (const StoredTensor& tensor : index.tensors) {
-      first_block.push_back(blocks);
-      blocks += tensor.blocks.size();
-    }
-    checksum_parts.assign(blocks, 0);
-    bytes_parts.assign(blocks, 0);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  comm::throw_if_any_failed(world, failure);
-  Digest64 index_digest;
-  index_digest.update(index_text);
-  comm::check_same_on_every_rank(
-      world, "the checkpoint index",
-      fmt::format("{} (index digest {})", directory, digest_hex(index_digest.finish())));
+  std::map<std::string, OpenFile> open;
+  LoadStats stats;
+};
 
-  try {
-    std::map<std::string, OpenFile> open;
-    const std::string index_file = join_path(directory, kIndexFile);
-    for (const LoadRequest& request : requests) {
-      const StoredTensor* tensor = index.find(request.name);
-      if (tensor == nullptr) {
-        throw DataError(fmt::format("checkpoint {} has no tensor '{}'", index_file, request.name));
-      }
-      if (tensor->dtype != request.dtype || tensor->shape != request.global_shape) {
-        throw DataError(fmt::format("tensor '{}' in {} is {} {}, but {} {} is expected",
-                                    request.name, index_file, dtype_name(tensor->dtype),
-                                    tensor->shape.to_string(), dtype_name(request.dtype),
-                                    request.global_shape.to_string()));
-      }
-      const std::vector<std::int64_t> offset =
-          full_offset(request.offset, request.global_shape.rank());
-      if (std::string problem = outside(request.global_shape, offset, request.shape);
-          !problem.empty()) {
-        throw InvalidArgument(fmt::format("load of tensor '{}': {}", request.name, problem));
-      }
-      const Layout target{request.shape, offset};
-      // Every element is read below (or the load fails), so the zero-fill can be skipped.
-      Tensor out = Tensor::uninitialized(request.shape, request.dtype);
-      std::byte* destination = out.numel() > 0 ? out.bytes().data() : nullptr;
-      const auto element = static_cast<std::int64_t>(dtype_size(request.dtype));
-      std::int64_t copied = 0;
-      std::size_t block_id = first_block[static_cast<std::size_t>(tensor - index.tensors.data())];
-      for (const StoredBlock& block : tensor->blocks) {
-        const Layout stored{block.shape, block.offset};
-        const Layout overlap = intersect(stored, target);
-        if (overlap.numel() > 0) {
-          OpenFile& file = open_checked(open, directory, index, block.file, stats);
-          check_entry(file, *tensor, block);
-          const std::int64_t base = file.header.data_start + block.begin;
-          for_each_overlap_run(
-              stored, target, overlap, [&](std::int64_t from, std::int64_t to, std::int64_t count) {
-                // Long runs go in pieces, each checksummed while it is still in the cache.
-                std::int64_t position = from * element;
-                std::byte* into = destination + to * element;
-                for (std::int64_t left = count * element; left > 0;) {
-                  const std::int64_t piece = std::min(left, kReadPiece);
-                  const std::span<std::byte> bytes(into, static_cast<std::size_t>(piece));
-                  file.file.read_at(base + position, bytes);
-                  ++stats.reads;
-                  if (request.verifier) {
-                    checksum_parts[block_id] +=
-                        block_checksum(bytes, static_cast<std::uint64_t>(position));
-                    bytes_parts[block_id] += piece;
-                  }
-                  position += piece;
-                  into += piece;
-                  left -= piece;
-                }
-              });
-          copied += overlap.numel();
-        }
-        ++block_id;
-      }
-      if (copied != out.numel()) {
-        throw DataError(
-            fmt::format("tensor '{}' in {}: the stored blocks hold {} of the {} "
-                        "elements of block {} at {}",
-                        request.name, index_file, copied, out.numel(), request.shape.to_string(),
-                        offset_text(offset)));
-      }
-      stats.bytes_read += copied * element;
-      loaded.push_back(std::move(out));
-    }
-  } catch (...) {
-    failure = std::current_exception();
+// Reads and parses the index of the checkpoint `path` resolves to.
+void read_load_index(const std::string& path, LoadState& state) {
+  state.directory = resolve(path);
+  state.index_file = join_path(state.directory, kIndexFile);
+  state.index_text = io::read_text(state.index_file, kMaxIndexBytes);
+  state.index = parse_index(state.index_text, state.index_file);
+  std::size_t blocks = 0;
+  for (const StoredTensor& tensor : state.index.tensors) {
+    state.first_block.push_back(blocks);
+    blocks += tensor.blocks.size();
   }
-  comm::throw_if_any_failed(world, failure);
+  state.checksum_parts.assign(blocks, 0);
+  state.bytes_parts.assign(blocks, 0);
+}
 
-  // The verifiers' reads of each block, summed over the ranks.
-  const std::size_t blocks = checksum_parts.size();
+// The stored tensor `request` names, checked against its dtype, shape and block.
+const StoredTensor& requested_tensor(const LoadRequest& request, const LoadState& state) {
+  const StoredTensor* tensor = state.index.find(request.name);
+  if (tensor == nullptr) {
+    throw DataError(
+        fmt::format("checkpoint {} has no tensor '{}'", state.index_file, request.name));
+  }
+  if (tensor->dtype != request.dtype || tensor->shape != request.global_shape) {
+    throw DataError(fmt::format("tensor '{}' in {} is {} {}, but {} {} is expected", request.name,
+                                state.index_file, dtype_name(tensor->dtype),
+                                tensor->shape.to_string(), dtype_name(request.dtype),
+                                request.global_shape.to_string()));
+  }
+  const std::vector<std::int64_t> offset = full_offset(request.offset, request.global_shape.rank());
+  if (std::string problem = outside(request.global_shape, offset, request.shape);
+      !problem.empty()) {
+    throw InvalidArgument(fmt::format("load of tensor '{}': {}", request.name, problem));
+  }
+  return *tensor;
+}
+
+// Reads the part of stored block `block_id` that overlaps `target` into `destination`; the
+// elements copied. Long runs go in pieces, each checksummed while it is still in the cache.
+std::int64_t read_overlap(const LoadRequest& request, const StoredTensor& tensor,
+                          const StoredBlock& block, std::size_t block_id, const Layout& target,
+                          std::byte* destination, LoadState& state) {
+  const Layout stored{block.shape, block.offset};
+  const Layout overlap = intersect(stored, target);
+  if (overlap.numel() == 0) return 0;
+  OpenFile& file = open_checked(state.open, state.directory, state.index, block.file, state.stats);
+  check_entry(file, tensor, block);
+  const std::int64_t base = file.header.data_start + block.begin;
+  const auto element = static_cast<std::int64_t>(dtype_size(request.dtype));
+  for_each_overlap_run(stored, target, overlap,
+                       [&](std::int64_t from, std::int64_t to, std::int64_t count) {
+                         std::int64_t position = from * element;
+                         std::byte* into = destination + to * element;
+                         for (std::int64_t left = count * element; left > 0;) {
+                           const std::int64_t piece = std::min(left, kReadPiece);
+                           const std::span<std::byte> bytes(into, static_cast<std::size_t>(piece));
+                           file.file.read_at(base + position, bytes);
+                           ++state.stats.reads;
+                           if (request.verifier) {
+                             state.checksum_parts[block_id] +=
+                                 block_checksum(bytes, static_cast<std::uint64_t>(position));
+                             state.bytes_parts[block_id] += piece;
+                           }
+                           position += piece;
+                           into += piece;
+                           left -= piece;
+                         }
+                       });
+  return overlap.numel();
+}
+
+// This rank's block of one requested tensor, read from every stored block it overlaps.
+Tensor read_request(const LoadRequest& request, LoadState& state) {
+  const StoredTensor& tensor = requested_tensor(request, state);
+  const std::vector<std::int64_t> offset = full_offset(request.offset, request.global_shape.rank());
+  const Layout target{request.shape, offset};
+  // Every element is read below (or the load fails), so the zero-fill can be skipped.
+  Tensor out = Tensor::uninitialized(request.shape, request.dtype);
+  std::byte* destination = out.numel() > 0 ? out.bytes().data() : nullptr;
+  std::int64_t copied = 0;
+  std::size_t block_id =
+      state.first_block[static_cast<std::size_t>(&tensor - state.index.tensors.data())];
+  for (const StoredBlock& block : tensor.blocks)
+    copied += read_overlap(request, tensor, block, block_id++, target, destination, state);
+  if (copied != out.numel()) {
+    throw DataError(
+        fmt::format("tensor '{}' in {}: the stored blocks hold {} of the {} "
+                    "elements of block {} at {}",
+                    request.name, state.index_file, copied, out.numel(), request.shape.to_string(),
+                    offset_text(offset)));
+  }
+  state.stats.bytes_read += copied * static_cast<std::int64_t>(dtype_size(request.dtype));
+  return out;
+}
+
+// Sums the verifiers' reads of each block over the ranks and checks every block read whole
+// against its checksum (collective).
+void verify_blocks(comm::Communicator& world, LoadState& state) {
+  const std::size_t blocks = state.checksum_parts.size();
   Tensor sums = Tensor::zeros({static_cast<std::int64_t>(blocks * kVerifyWords)}, DType::i64);
   {
     auto words = sums.values<std::int64_t>();
     for (std::size_t b = 0; b < blocks; ++b) {
-      words[b * kVerifyWords] = bytes_parts[b];
+      words[b * kVerifyWords] = state.bytes_parts[b];
       for (std::size_t limb = 0; limb < 4; ++limb)
         words[b * kVerifyWords + 1 + limb] =
-            static_cast<std::int64_t>((checksum_parts[b] >> (16 * limb)) & 0xFFFF);
+            static_cast<std::int64_t>((state.checksum_parts[b] >> (16 * limb)) & 0xFFFF);
     }
   }
   if (blocks > 0)
     world.all_reduce(sums, {.op = ReduceOp::sum, .mode = comm::ReductionMode::ordered});
   const auto words = std::as_const(sums).values<std::int64_t>();
   std::size_t b = 0;
-  for (const StoredTensor& tensor : index.tensors) {
+  for (const StoredTensor& tensor : state.index.tensors) {
     for (const StoredBlock& block : tensor.blocks) {
       const std::int64_t read = words[b * kVerifyWords];
       if (read == block.end - block.begin && read > 0) {
@@ -1023,15 +1028,44 @@ std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
           throw DataError(fmt::format(
               "checksum mismatch in {}: tensor '{}', block {} at {} reads as {}, the index "
               "records {} (the file is corrupt)",
-              join_path(directory, block.file), tensor.name, block.shape.to_string(),
+              join_path(state.directory, block.file), tensor.name, block.shape.to_string(),
               offset_text(block.offset), digest_hex(checksum), digest_hex(block.checksum)));
         }
-        ++stats.blocks_verified;
+        ++state.stats.blocks_verified;
       }
       ++b;
     }
   }
-  if (stats_out != nullptr) *stats_out = stats;
+}
+
+}  // namespace
+
+std::vector<Tensor> load(comm::Communicator& world, const std::string& path,
+                         std::span<const LoadRequest> requests, LoadStats* stats_out) {
+  LoadState state;
+  std::exception_ptr failure;
+  try {
+    read_load_index(path, state);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  comm::throw_if_any_failed(world, failure);
+  Digest64 index_digest;
+  index_digest.update(state.index_text);
+  comm::check_same_on_every_rank(
+      world, "the checkpoint index",
+      fmt::format("{} (index digest {})", state.directory, digest_hex(index_digest.finish())));
+  std::vector<Tensor> loaded;
+  try {
+    for (const LoadRequest& request : requests)
+      loaded.push_back(read_request(request, state));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  state.open.clear();  // the files close before the ranks wait for each other
+  comm::throw_if_any_failed(world, failure);
+  verify_blocks(world, state);
+  if (stats_out != nullptr) *stats_out = state.stats;
   return loaded;
 }
 
