@@ -83,12 +83,16 @@ std::string encode_safetensors_header(std::vector<SafetensorsEntry>& entries,
   return prefix + json;
 }
 
-SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std::int64_t file_bytes,
-                                           const std::string& file) {
-  const auto bad = [&file](const std::string& problem) {
-    return DataError(fmt::format("{} is not a valid safetensors file: {}", file, problem));
-  };
-  if (json.empty() || json[0] != std::byte{'{'}) throw bad("the header does not start with '{'");
+namespace {
+
+DataError not_safetensors(const std::string& file, const std::string& problem) {
+  return DataError(fmt::format("{} is not a valid safetensors file: {}", file, problem));
+}
+
+// The header's JSON object, every tensor name once.
+nlohmann::json parse_header_json(std::span<const std::byte> json, const std::string& file) {
+  if (json.empty() || json[0] != std::byte{'{'})
+    throw not_safetensors(file, "the header does not start with '{'");
   // Repeated names would be silently merged by the JSON library: refuse them while parsing.
   std::set<std::string> names;
   const nlohmann::json::parser_callback_t unique_names = [&](int depth,
@@ -96,7 +100,8 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
                                                              nlohmann::json& parsed) {
     if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
         !names.insert(parsed.get<std::string>()).second) {
-      throw bad(fmt::format("tensor '{}' appears twice in the header", parsed.get<std::string>()));
+      throw not_safetensors(
+          file, fmt::format("tensor '{}' appears twice in the header", parsed.get<std::string>()));
     }
     return true;
   };
@@ -105,68 +110,64 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
   try {
     header = parse_untrusted_json(text, file + " (header)", unique_names);
   } catch (const DataError& error) {
+    throw not_safetensors(file, error.what());
+  }
+  if (header.is_discarded() || !header.is_object())
+    throw not_safetensors(file, "the header is not a JSON object");
+  return header;
+}
+
+// One tensor's entry: dtype, shape and data offsets, checked against the file's size.
+SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& value,
+                             std::int64_t file_bytes, const std::string& file) {
+  const auto bad = [&](const std::string& problem) {
+    return not_safetensors(file, fmt::format("tensor '{}': {}", name, problem));
+  };
+  if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
+      !value.contains("shape") || !value.contains("data_offsets")) {
+    throw bad("expected exactly dtype, shape and data_offsets");
+  }
+  SafetensorsEntry entry;
+  entry.name = name;
+  if (!value["dtype"].is_string()) throw bad("dtype is not a string");
+  try {
+    entry.dtype = parse_safetensors_dtype(value["dtype"].get<std::string>());
+  } catch (const DataError& error) {
     throw bad(error.what());
   }
-  if (header.is_discarded() || !header.is_object()) throw bad("the header is not a JSON object");
-
-  SafetensorsHeader result;
-  result.data_start = 8 + static_cast<std::int64_t>(json.size());
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      if (!value.is_object()) throw bad("__metadata__ is not an object");
-      for (const auto& [key, text_value] : value.items()) {
-        if (!text_value.is_string())
-          throw bad(fmt::format("__metadata__ value of '{}' is not a string", key));
-        result.metadata[key] = text_value.get<std::string>();
-      }
-      continue;
-    }
-    if (name.empty()) throw bad("a tensor has an empty name");
-    const auto in_tensor = [&name](const std::string& problem) {
-      return fmt::format("tensor '{}': {}", name, problem);
-    };
-    if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
-        !value.contains("shape") || !value.contains("data_offsets")) {
-      throw bad(in_tensor("expected exactly dtype, shape and data_offsets"));
-    }
-    SafetensorsEntry entry;
-    entry.name = name;
-    if (!value["dtype"].is_string()) throw bad(in_tensor("dtype is not a string"));
-    try {
-      entry.dtype = parse_safetensors_dtype(value["dtype"].get<std::string>());
-    } catch (const DataError& error) {
-      throw bad(in_tensor(error.what()));
-    }
-    const nlohmann::json& shape = value["shape"];
-    if (!shape.is_array()) throw bad(in_tensor("shape is not an array"));
-    std::vector<std::int64_t> dims;
-    for (const auto& dim : shape) {
-      if (!dim.is_number_integer() || dim.get<std::int64_t>() < 0)
-        throw bad(in_tensor(fmt::format("shape entry {} is not a size >= 0", json_excerpt(dim))));
-      dims.push_back(dim.get<std::int64_t>());
-    }
-    try {
-      entry.shape = Shape(dims);
-    } catch (const InvalidArgument& error) {
-      throw bad(in_tensor(error.what()));
-    }
-    const nlohmann::json& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned()) {
-      throw bad(in_tensor("data_offsets is not [begin, end]"));
-    }
-    const auto begin = offsets[0].get<std::uint64_t>();
-    const auto end = offsets[1].get<std::uint64_t>();
-    const auto needed = static_cast<std::uint64_t>(entry.shape.numel()) * dtype_size(entry.dtype);
-    if (begin > end || end > static_cast<std::uint64_t>(file_bytes) || end - begin != needed) {
-      throw bad(in_tensor(fmt::format("data_offsets [{}, {}] do not hold the {} bytes of {} {}",
-                                      begin, end, needed, value["dtype"].get<std::string>(),
-                                      entry.shape.to_string())));
-    }
-    entry.begin = static_cast<std::int64_t>(begin);
-    entry.end = static_cast<std::int64_t>(end);
-    result.entries.push_back(std::move(entry));
+  const nlohmann::json& shape = value["shape"];
+  if (!shape.is_array()) throw bad("shape is not an array");
+  std::vector<std::int64_t> dims;
+  for (const auto& dim : shape) {
+    if (!dim.is_number_integer() || dim.get<std::int64_t>() < 0)
+      throw bad(fmt::format("shape entry {} is not a size >= 0", json_excerpt(dim)));
+    dims.push_back(dim.get<std::int64_t>());
   }
+  try {
+    entry.shape = Shape(dims);
+  } catch (const InvalidArgument& error) {
+    throw bad(error.what());
+  }
+  const nlohmann::json& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    throw bad("data_offsets is not [begin, end]");
+  }
+  const auto begin = offsets[0].get<std::uint64_t>();
+  const auto end = offsets[1].get<std::uint64_t>();
+  const auto needed = static_cast<std::uint64_t>(entry.shape.numel()) * dtype_size(entry.dtype);
+  if (begin > end || end > static_cast<std::uint64_t>(file_bytes) || end - begin != needed) {
+    throw bad(fmt::format("data_offsets [{}, {}] do not hold the {} bytes of {} {}", begin, end,
+                          needed, value["dtype"].get<std::string>(), entry.shape.to_string()));
+  }
+  entry.begin = static_cast<std::int64_t>(begin);
+  entry.end = static_cast<std::int64_t>(end);
+  return entry;
+}
+
+// Sorts the entries by position, checks that they tile the data with no gap or overlap and
+// fill the file, and indexes them by name.
+void lay_out_entries(SafetensorsHeader& result, std::int64_t file_bytes, const std::string& file) {
   std::sort(result.entries.begin(), result.entries.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
@@ -174,7 +175,8 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
   std::int64_t position = 0;
   for (const auto& entry : result.entries) {
     if (entry.begin != position) {
-      throw bad(fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})",
+      throw not_safetensors(
+          file, fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})",
                             entry.name, entry.begin, position,
                             entry.begin < position ? "overlap" : "gap"));
     }
@@ -187,11 +189,37 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std:
     return result.entries[a].name < result.entries[b].name;
   });
   if (result.data_start + result.data_bytes != file_bytes) {
-    throw bad(fmt::format(
-        "the file is {} bytes, but its header describes {} ({})", file_bytes,
-        result.data_start + result.data_bytes,
-        file_bytes < result.data_start + result.data_bytes ? "truncated" : "trailing bytes"));
+    throw not_safetensors(
+        file, fmt::format("the file is {} bytes, but its header describes {} ({})", file_bytes,
+                          result.data_start + result.data_bytes,
+                          file_bytes < result.data_start + result.data_bytes ? "truncated"
+                                                                             : "trailing bytes"));
   }
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> json, std::int64_t file_bytes,
+                                           const std::string& file) {
+  const nlohmann::json header = parse_header_json(json, file);
+  SafetensorsHeader result;
+  result.data_start = 8 + static_cast<std::int64_t>(json.size());
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      if (!value.is_object()) throw not_safetensors(file, "__metadata__ is not an object");
+      for (const auto& [key, text_value] : value.items()) {
+        if (!text_value.is_string()) {
+          throw not_safetensors(file,
+                                fmt::format("__metadata__ value of '{}' is not a string", key));
+        }
+        result.metadata[key] = text_value.get<std::string>();
+      }
+      continue;
+    }
+    if (name.empty()) throw not_safetensors(file, "a tensor has an empty name");
+    result.entries.push_back(parse_entry(name, value, file_bytes, file));
+  }
+  lay_out_entries(result, file_bytes, file);
   return result;
 }
 
