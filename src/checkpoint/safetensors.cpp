@@ -95,16 +95,15 @@ nlohmann::json parse_header_json(std::span<const std::byte> json, const std::str
     throw not_safetensors(file, "the header does not start with '{'");
   // Repeated names would be silently merged by the JSON library: refuse them while parsing.
   std::set<std::string> names;
-  const nlohmann::json::parser_callback_t unique_names = [&](int depth,
-                                                             nlohmann::json::parse_event_t event,
-                                                             nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
-        !names.insert(parsed.get<std::string>()).second) {
-      throw not_safetensors(
-          file, fmt::format("tensor '{}' appears twice in the header", parsed.get<std::string>()));
-    }
-    return true;
-  };
+  const nlohmann::json::parser_callback_t unique_names =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+            !names.insert(parsed.get<std::string>()).second) {
+          throw not_safetensors(file, fmt::format("tensor '{}' appears twice in the header",
+                                                  parsed.get<std::string>()));
+        }
+        return true;
+      };
   const std::string_view text(reinterpret_cast<const char*>(json.data()), json.size());
   nlohmann::json header;
   try {
@@ -176,9 +175,9 @@ void lay_out_entries(SafetensorsHeader& result, std::int64_t file_bytes, const s
   for (const auto& entry : result.entries) {
     if (entry.begin != position) {
       throw not_safetensors(
-          file, fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})",
-                            entry.name, entry.begin, position,
-                            entry.begin < position ? "overlap" : "gap"));
+          file,
+          fmt::format("tensor '{}' starts at byte {} of the data, expected {} ({})", entry.name,
+                      entry.begin, position, entry.begin < position ? "overlap" : "gap"));
     }
     position = entry.end;
   }

@@ -356,6 +356,46 @@ class Planner {
     return out;
   }
 
+  // Chain `t` after a move that changes the dims `changed`: the final prefix stays, then the
+  // untouched open dims in their order, then the dims that join, in the target's order.
+  std::vector<int> rebuilt_chain(const State& state, const State& after,
+                                 const std::set<int>& changed, std::size_t t) const {
+    const auto& chain = state.chains[t];
+    std::vector<int> rebuilt;
+    for (int m : chain) {
+      if (is_final(state, target_, m)) rebuilt.push_back(m);
+    }
+    for (int m : chain) {
+      if (!is_final(state, target_, m) && !changed.contains(m)) rebuilt.push_back(m);
+    }
+    for (int m : target_.chains[t]) {
+      const Placement& next = after.placements[static_cast<std::size_t>(m)];
+      if (changed.contains(m) && next.is_shard() && next.shard_dim() == static_cast<int>(t))
+        rebuilt.push_back(m);
+    }
+    return rebuilt;
+  }
+
+  // A data move's kind: a local chunk when every chain only grows from Replicate, an all_gather
+  // when every chain only shrinks to Replicate, an all_to_all otherwise.
+  static StepKind data_step_kind(const State& state, const State& after,
+                                 const std::vector<std::pair<int, Placement>>& changes) {
+    bool chunk_only = true;
+    bool gather_only = true;
+    for (std::size_t t = 0; t < state.chains.size(); ++t) {
+      chunk_only = chunk_only && is_prefix(state.chains[t], after.chains[t]);
+      gather_only = gather_only && is_prefix(after.chains[t], state.chains[t]);
+    }
+    for (const auto& [m, next] : changes) {
+      const Placement& now = state.placements[static_cast<std::size_t>(m)];
+      chunk_only = chunk_only && now.is_replicate();
+      gather_only = gather_only && next.is_replicate();
+    }
+    return chunk_only    ? StepKind::local_chunk
+           : gather_only ? StepKind::all_gather
+                         : StepKind::all_to_all;
+  }
+
   std::optional<Move> make_move(const State& state,
                                 const std::vector<std::pair<int, Placement>>& changes) const {
     // All changes must be of one class.
@@ -378,25 +418,8 @@ class Planner {
       changed.insert(m);
     }
     if (!combinable_partials(move.after.placements)) return std::nullopt;
-    // Rebuild each chain: the final prefix stays, then the untouched open dims in their order,
-    // then the dims that join, in the target's order.
-    for (std::size_t t = 0; t < state.chains.size(); ++t) {
-      const auto& chain = state.chains[t];
-      std::vector<int> rebuilt;
-      for (int m : chain) {
-        if (is_final(state, target_, m)) rebuilt.push_back(m);
-      }
-      for (int m : chain) {
-        if (!is_final(state, target_, m) && !changed.contains(m)) rebuilt.push_back(m);
-      }
-      for (int m : target_.chains[t]) {
-        if (changed.contains(m) && move.after.placements[static_cast<std::size_t>(m)].is_shard() &&
-            move.after.placements[static_cast<std::size_t>(m)].shard_dim() == static_cast<int>(t)) {
-          rebuilt.push_back(m);
-        }
-      }
-      move.after.chains[t] = std::move(rebuilt);
-    }
+    for (std::size_t t = 0; t < state.chains.size(); ++t)
+      move.after.chains[t] = rebuilt_chain(state, move.after, changed, t);
     std::set<int> group = changed;
     for (std::size_t t = 0; t < state.chains.size(); ++t) {
       const auto& before = state.chains[t];
@@ -433,20 +456,7 @@ class Planner {
         }
       }
     } else {
-      bool chunk_only = true;
-      bool gather_only = true;
-      for (std::size_t t = 0; t < state.chains.size(); ++t) {
-        chunk_only = chunk_only && is_prefix(state.chains[t], move.after.chains[t]);
-        gather_only = gather_only && is_prefix(move.after.chains[t], state.chains[t]);
-      }
-      for (const auto& [m, next] : changes) {
-        const Placement& now = state.placements[static_cast<std::size_t>(m)];
-        chunk_only = chunk_only && now.is_replicate();
-        gather_only = gather_only && next.is_replicate();
-      }
-      step.kind = chunk_only    ? StepKind::local_chunk
-                  : gather_only ? StepKind::all_gather
-                                : StepKind::all_to_all;
+      step.kind = data_step_kind(state, move.after, changes);
       if (step.kind == StepKind::all_gather) {
         step.group = ordered_group(group, state);
       } else {
@@ -746,53 +756,38 @@ std::vector<Move> cheapest_path(const Planner& planner, bool& bounded) {
 }
 }  // namespace
 
-Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const PlacementSpec& to,
-               const Shape& shape, DType dtype, const PlanOptions& options) {
-  from.validate(mesh, shape.rank());
-  to.validate(mesh, shape.rank());
-  Plan plan;
-  plan.mesh = mesh;
-  plan.from = from;
-  plan.to = to;
-  plan.shape = shape;
-  plan.dtype = dtype;
-  plan.merged = options.merge;
+namespace {
 
-  plan.topology = options.topology;
-  const bool levels = !options.topology.single_level();
-  if (levels && options.topology.ranks() != mesh.size()) {
-    throw InvalidArgument(fmt::format(
-        "a topology of {} ranks ({} per host) for mesh {} of {} ranks", options.topology.ranks(),
-        options.topology.host_sizes_text(), mesh.to_string(), mesh.size()));
-  }
-  const Planner planner(mesh, from, to, shape, dtype, options);
-  bool bounded = false;
-  const std::vector<Move> path = cheapest_path(planner, bounded);
-  plan.search_bounded = bounded;
-  if (levels) {
-    PlanOptions blind_options = options;
-    blind_options.topology = Topology();
-    const Planner blind(mesh, from, to, shape, dtype, blind_options);
-    bool blind_bounded = false;
-    const std::vector<Move> blind_path = cheapest_path(blind, blind_bounded);
-    State at = blind.source();
-    plan.blind_cost_s = 0;
-    plan.blind_differs = blind_path.size() != path.size();
-    for (std::size_t i = 0; i < blind_path.size(); ++i) {
-      const Move& move = blind_path[i];
-      plan.blind_cost_s += planner.price_flat(at, move);
-      if (is_collective(move.step.kind)) ++plan.blind_collectives;
-      if (i < path.size() &&
-          (path[i].after.key() != move.after.key() || path[i].step.kind != move.step.kind ||
-           path[i].step.group != move.step.group || path[i].step.two_level)) {
-        plan.blind_differs = true;
-      }
-      at = move.after;
+// The topology-blind plan's cost on the planner's links, its collectives, and whether `path`
+// differs from it.
+void compare_with_blind(Plan& plan, const Planner& planner, const std::vector<Move>& path,
+                        const PlanOptions& options) {
+  PlanOptions blind_options = options;
+  blind_options.topology = Topology();
+  const Planner blind(plan.mesh, plan.from, plan.to, plan.shape, plan.dtype, blind_options);
+  bool blind_bounded = false;
+  const std::vector<Move> blind_path = cheapest_path(blind, blind_bounded);
+  State at = blind.source();
+  plan.blind_cost_s = 0;
+  plan.blind_differs = blind_path.size() != path.size();
+  for (std::size_t i = 0; i < blind_path.size(); ++i) {
+    const Move& move = blind_path[i];
+    plan.blind_cost_s += planner.price_flat(at, move);
+    if (is_collective(move.step.kind)) ++plan.blind_collectives;
+    if (i < path.size() &&
+        (path[i].after.key() != move.after.key() || path[i].step.kind != move.step.kind ||
+         path[i].step.group != move.step.group || path[i].step.two_level)) {
+      plan.blind_differs = true;
     }
+    at = move.after;
   }
+}
 
+// The plan's steps for `path`, with the local packs and unpacks its collectives need; the
+// index of the last reducing step (-1 for none).
+int emit_steps(Plan& plan, const Planner& planner, const std::vector<Move>& path) {
   State state = planner.source();
-  const double full_bytes = static_cast<double>(shape.numel() * dtype_size(dtype));
+  const double full_bytes = static_cast<double>(plan.shape.numel() * dtype_size(plan.dtype));
   const bool ends_full = planner.bytes_of(planner.source()) >= full_bytes ||
                          planner.bytes_of(planner.target()) >= full_bytes;
   plan.peak_bytes_per_rank = static_cast<std::int64_t>(planner.bytes_of(state));
@@ -808,9 +803,8 @@ Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const Placemen
     const bool unpack =
         (step.kind == StepKind::all_gather && planner.needs_unpack(state, move.after, step)) ||
         step.kind == StepKind::all_to_all;
-    if (is_collective(step.kind)) {
-      step.traffic = traffic_of(mesh, step, shape, dtype_size(dtype));
-    }
+    if (is_collective(step.kind))
+      step.traffic = traffic_of(plan.mesh, step, plan.shape, dtype_size(plan.dtype));
     auto local_copy = [&](StepKind kind) {
       Step copy;
       copy.kind = kind;
@@ -821,37 +815,64 @@ Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const Placemen
     };
     if (pack) plan.steps.push_back(local_copy(StepKind::local_pack));
     Step unpack_step = local_copy(StepKind::local_unpack);
-    if (step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter) {
-      for (int m : step.group)
-        plan.reduced_dims.push_back(m);
-    }
+    const bool reduces = step.kind == StepKind::all_reduce || step.kind == StepKind::reduce_scatter;
+    if (reduces)
+      plan.reduced_dims.insert(plan.reduced_dims.end(), step.group.begin(), step.group.end());
     plan.steps.push_back(std::move(step));
-    if (plan.steps.back().kind == StepKind::all_reduce ||
-        plan.steps.back().kind == StepKind::reduce_scatter) {
-      last_reduce = static_cast<int>(plan.steps.size()) - 1;
-    }
+    if (reduces) last_reduce = static_cast<int>(plan.steps.size()) - 1;
     if (unpack) plan.steps.push_back(std::move(unpack_step));
     plan.cost_s += move.cost;
     state = move.after;
     const double held = planner.bytes_of(state);
     plan.peak_bytes_per_rank = std::max(plan.peak_bytes_per_rank, static_cast<std::int64_t>(held));
-    if (&move != &path.back() && held >= full_bytes && !ends_full && mesh.size() > 1) {
+    if (&move != &path.back() && held >= full_bytes && !ends_full && plan.mesh.size() > 1)
       plan.materializes_full_tensor = true;
-    }
   }
+  return last_reduce;
+}
+
+// avg dims divide once, right after the last reducing step (and its unpack).
+void insert_avg_scale(Plan& plan, int last_reduce) {
   std::sort(plan.reduced_dims.begin(), plan.reduced_dims.end());
-  plan.avg_divisor = avg_divisor(mesh, from, plan.reduced_dims);
-  if (plan.avg_divisor > 1) {
-    Step scale;
-    scale.kind = StepKind::scale;
-    scale.divisor = plan.avg_divisor;
-    scale.before = scale.after = plan.steps[static_cast<std::size_t>(last_reduce)].after;
-    if (plan.steps.size() > static_cast<std::size_t>(last_reduce) + 1 &&
-        plan.steps[static_cast<std::size_t>(last_reduce) + 1].kind == StepKind::local_unpack) {
-      ++last_reduce;
-    }
-    plan.steps.insert(plan.steps.begin() + last_reduce + 1, std::move(scale));
+  plan.avg_divisor = avg_divisor(plan.mesh, plan.from, plan.reduced_dims);
+  if (plan.avg_divisor <= 1) return;
+  Step scale;
+  scale.kind = StepKind::scale;
+  scale.divisor = plan.avg_divisor;
+  scale.before = scale.after = plan.steps[static_cast<std::size_t>(last_reduce)].after;
+  if (plan.steps.size() > static_cast<std::size_t>(last_reduce) + 1 &&
+      plan.steps[static_cast<std::size_t>(last_reduce) + 1].kind == StepKind::local_unpack) {
+    ++last_reduce;
   }
+  plan.steps.insert(plan.steps.begin() + last_reduce + 1, std::move(scale));
+}
+
+}  // namespace
+
+Plan make_plan(const DeviceMesh& mesh, const PlacementSpec& from, const PlacementSpec& to,
+               const Shape& shape, DType dtype, const PlanOptions& options) {
+  from.validate(mesh, shape.rank());
+  to.validate(mesh, shape.rank());
+  Plan plan;
+  plan.mesh = mesh;
+  plan.from = from;
+  plan.to = to;
+  plan.shape = shape;
+  plan.dtype = dtype;
+  plan.merged = options.merge;
+  plan.topology = options.topology;
+  const bool levels = !options.topology.single_level();
+  if (levels && options.topology.ranks() != mesh.size()) {
+    throw InvalidArgument(fmt::format(
+        "a topology of {} ranks ({} per host) for mesh {} of {} ranks", options.topology.ranks(),
+        options.topology.host_sizes_text(), mesh.to_string(), mesh.size()));
+  }
+  const Planner planner(mesh, from, to, shape, dtype, options);
+  bool bounded = false;
+  const std::vector<Move> path = cheapest_path(planner, bounded);
+  plan.search_bounded = bounded;
+  if (levels) compare_with_blind(plan, planner, path, options);
+  insert_avg_scale(plan, emit_steps(plan, planner, path));
   return plan;
 }
 
