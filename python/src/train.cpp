@@ -14,6 +14,7 @@
 #include <meshtensor/nn/optim.hpp>
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/model_state.hpp>
+#include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 #include "bindings.hpp"
@@ -93,48 +94,9 @@ train::ImageSet first_images(const train::ImageSet& set, std::int64_t count) {
   return result;
 }
 
-py::dict result_dict(const train::TrainResult& result) {
-  py::list epochs;
-  for (const train::EpochReport& report : result.epochs) {
-    py::dict epoch;
-    epoch["epoch"] = report.epoch;
-    epoch["steps"] = report.steps;
-    epoch["samples"] = report.samples;
-    epoch["train_loss"] = report.train_loss;
-    epoch["train_accuracy"] = report.train_accuracy;
-    epoch["test_loss"] = report.test_loss;
-    epoch["test_accuracy"] = report.test_accuracy;
-    epoch["samples_per_second"] = report.samples_per_second;
-    epoch["targets_per_second"] = report.targets_per_second;
-    epoch["seconds"] = report.seconds;
-    epochs.append(epoch);
-  }
-  py::dict out;
-  out["digest"] = digest_hex(result.digest);
-  out["replicas_identical"] = result.replicas_identical;
-  out["test_accuracy"] = result.test_accuracy;
-  out["test_loss"] = result.test_loss;
-  out["sample"] = train::printable_text(result.sample);
-  out["steps"] = result.steps;
-  out["parameters"] = result.parameters;
-  out["parameter_tensors"] = result.parameter_tensors;
-  out["seconds"] = result.seconds;
-  out["mesh"] = result.mesh;
-  out["epochs"] = epochs;
-  out["resumed_step"] = result.resumed_step;
-  out["checkpoints"] = result.checkpoints;
-  out["warnings"] = result.warnings;
-  out["logits_digest"] =
-      result.evaluated ? py::object(py::str(digest_hex(result.logits_digest))) : py::none();
-  out["grad_norms"] = result.grad_norms;
-  out["activation_peak_bytes"] = result.activation_peak_bytes;
-  out["pipeline_stages"] = result.pipeline.stage_units;
-  py::list plan;
-  for (const auto& [path, style] : result.parallel_plan)
-    plan.append(py::make_tuple(path, style));
-  out["parallel_plan"] = plan;
-  out["parallel_log"] = result.parallel_log;
-  return out;
+/// `json` as Python objects (dicts, lists, str, int, float, bool, None).
+py::object python_of(const nlohmann::json& json) {
+  return py::module_::import("json").attr("loads")(json.dump());
 }
 
 /// The task train() runs: the model keyword (an MLP for images, "gpt..." for text; default by
@@ -201,8 +163,8 @@ std::string join_names(const py::handle& value, const std::string& argument) {
   return text;
 }
 
-py::dict run_training(const py::object& data, const py::object& world_object,
-                      const py::kwargs& kwargs) {
+py::object run_training(const py::object& data, const py::object& world_object,
+                        const py::kwargs& kwargs) {
   const std::unique_ptr<train::Task> task = task_for(data, kwargs);
   const bool language = py::isinstance<PyText>(data);
   train::TrainConfig config;
@@ -314,16 +276,9 @@ py::dict run_training(const py::object& data, const py::object& world_object,
   (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
   train::TrainCallbacks callbacks;
   if (!on_epoch.is_none()) {
-    callbacks.on_epoch = [&on_epoch](const train::EpochReport& report) {
+    callbacks.on_epoch = [&on_epoch, &task](const train::EpochReport& report) {
       const py::gil_scoped_acquire gil;
-      py::dict epoch;
-      epoch["epoch"] = report.epoch;
-      epoch["steps"] = report.steps;
-      epoch["train_loss"] = report.train_loss;
-      epoch["train_accuracy"] = report.train_accuracy;
-      epoch["test_loss"] = report.test_loss;
-      epoch["test_accuracy"] = report.test_accuracy;
-      on_epoch(epoch);
+      on_epoch(python_of(train::epoch_json(report, *task)));
     };
   }
   std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
@@ -332,7 +287,7 @@ py::dict run_training(const py::object& data, const py::object& world_object,
     const py::gil_scoped_release release;
     result = train::train(*world, *task, config, callbacks);
   }
-  return result_dict(result);
+  return python_of(train::result_json(result, *task, config, world->size()));
 }
 
 std::shared_ptr<PyMlp> make_model(std::int64_t inputs, const std::vector<std::int64_t>& hidden,

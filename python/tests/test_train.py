@@ -204,7 +204,7 @@ def test_a_python_gpt_loop_reproduces_the_cli(cli, text):
     loop = set(mt.run_threads(2, body)) | set(mt.run_threads(3, body))
     trained = mt.run_threads(2, lambda world: mt.train(corpus, **GPT_RUN, mode="exact",
                                                        strategy="fsdp", eval_every=0))
-    assert trained[0]["sample"] and trained[0]["test_loss"] > 0
+    assert trained[0]["sample"] and trained[0]["validation_loss"] > 0
     cli_run = cli("train", "--data", text, "--ranks", 4, "--strategy", "ddp", "--mode", "exact",
                   *[a for k, v in GPT_RUN.items() for a in (f"--{k}", v)])
     assert loop == {trained[0]["digest"]} == {re.search(r"weights digest ([0-9a-f]{16})",
@@ -242,7 +242,7 @@ def test_pipeline_training_ends_on_the_one_rank_digest_in_exact_mode(text):
         pipeline_schedule="interleaved-1f1b", virtual_stages=2,
         activation_checkpointing="full"))
     assert {r["digest"] for r in piped} == {one["digest"]}
-    assert piped[0]["pipeline_stages"] == ["embed, blocks.0", "blocks.1", "blocks.2",
+    assert piped[0]["pipeline"]["stage_units"] == ["embed, blocks.0", "blocks.1", "blocks.2",
                                           "blocks.3, head"]
     with pytest.raises(mt.InvalidArgument, match="1 micro-batches is fewer than the 2 pp ranks"):
         mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",)))

@@ -19,6 +19,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 #include "backend.hpp"
@@ -230,20 +231,6 @@ std::string format_duration(double seconds) {
 
 /// The figures of a report as JSON: the evaluation's keys are named after the task's set
 /// ("test_loss" for images, "validation_loss" for text).
-nlohmann::json epoch_json(const train::EpochReport& e, const train::Task& task) {
-  const std::string eval = task.eval_name();
-  nlohmann::json out = {{"epoch", e.epoch},
-                        {"steps", e.steps},
-                        {"train_loss", e.train_loss},
-                        {"train_accuracy", e.train_accuracy},
-                        {eval + "_loss", e.test_loss},
-                        {eval + "_accuracy", e.test_accuracy},
-                        {"samples_per_second", e.samples_per_second},
-                        {"seconds", e.seconds}};
-  if (task.target_name() == "token") out["tokens_per_second"] = e.targets_per_second;
-  return out;
-}
-
 /// Draws loss and accuracy per epoch (or per report, `by_steps`) into `png`.
 void draw_plot(OutputFile& png, const std::vector<train::EpochReport>& epochs,
                const std::string& title, const std::string& eval_name, bool by_steps) {
@@ -390,7 +377,7 @@ void run_train(const TrainOptions& options) {
         };
         callbacks.on_epoch = [&](const train::EpochReport& e) {
           if (options.json) {
-            std::cout << epoch_json(e, task).dump() << '\n';
+            std::cout << train::epoch_json(e, task).dump() << '\n';
           } else {
             if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
             std::cout << report_line(e, loaded) << '\n';
@@ -413,55 +400,8 @@ void run_train(const TrainOptions& options) {
           trace_file->commit();
         }
         if (log) outputs.log->commit();
-        nlohmann::json memory;
-        for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k) {
-          memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] =
-              result.memory_peak.bytes[k];
-        }
-        memory["total"] = result.memory_peak.total();
         if (options.json) {
-          nlohmann::json final_json = {{"final", true},
-                                       {eval + "_loss", result.test_loss},
-                                       {eval + "_accuracy", result.test_accuracy},
-                                       {"digest", digest_hex(result.digest)},
-                                       {"replicas_identical", result.replicas_identical},
-                                       {"ranks", world.size()},
-                                       {"mesh", result.mesh},
-                                       {"mode", options.mode},
-                                       {"steps", result.steps},
-                                       {"parameters", result.parameters},
-                                       {"parameter_tensors", result.parameter_tensors},
-                                       {"peak_memory_bytes", memory},
-                                       {"resumed_step", result.resumed_step},
-                                       {"checkpoints", result.checkpoints},
-                                       {"warnings", result.warnings},
-                                       {"seconds", result.seconds}};
-          if (loaded.language) final_json["sample"] = train::printable_text(result.sample);
-          final_json["logits_digest"] = result.evaluated
-                                            ? nlohmann::json(digest_hex(result.logits_digest))
-                                            : nlohmann::json(nullptr);
-          if (!result.grad_norms.empty()) final_json["grad_norm"] = result.grad_norms.back();
-          if (options.verify_generator) {
-            const auto& check = result.generator_check;
-            final_json["generator_check"] = {{"tokens", check.tokens},
-                                             {"identical", check.identical},
-                                             {"largest_difference", check.largest_difference}};
-          }
-          final_json["activation_checkpointing"] = options.activation_checkpointing;
-          final_json["activation_peak_bytes"] = result.activation_peaks;
-          if (result.pipeline.stages > 0) {
-            const auto& p = result.pipeline;
-            final_json["pipeline"] = {{"stages", p.stages},
-                                      {"schedule", p.schedule},
-                                      {"micro_batches", p.micro_batches},
-                                      {"stage_units", p.stage_units},
-                                      {"theoretical_bubble", p.theoretical_bubble},
-                                      {"measured_bubble", steady_median(p.step_bubbles, 1)}};
-          }
-          if (options.explain_parallelism) {
-            final_json["parallel_plan"] = result.parallel_plan;
-            final_json["parallel_log"] = result.parallel_log;
-          }
+          const nlohmann::json final_json = train::result_json(result, task, config, world.size());
           std::cout << final_json.dump() << '\n';
         } else {
           if (!config.resume_dir.empty()) {

@@ -1,0 +1,108 @@
+#include <algorithm>
+
+#include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/digest.hpp>
+#include <meshtensor/fsdp/memory.hpp>
+#include <meshtensor/train/result_json.hpp>
+#include <meshtensor/pp/stage.hpp>
+#include <meshtensor/train/text_data.hpp>
+
+namespace meshtensor::train {
+
+namespace {
+// The median bubble after the first step (which sets things up).
+double steady_bubble(std::vector<double> bubbles) {
+  if (bubbles.empty()) return 0.0;
+  if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
+  std::sort(bubbles.begin(), bubbles.end());
+  const std::size_t n = bubbles.size();
+  return n % 2 == 1 ? bubbles[n / 2] : 0.5 * (bubbles[n / 2 - 1] + bubbles[n / 2]);
+}
+
+nlohmann::json memory_json(const fsdp::MemoryTracker::Snapshot& peak) {
+  nlohmann::json memory;
+  for (std::size_t k = 0; k < fsdp::kMemoryKinds; ++k)
+    memory[fsdp::memory_kind_name(static_cast<fsdp::MemoryKind>(k))] = peak.bytes[k];
+  memory["total"] = peak.total();
+  return memory;
+}
+
+nlohmann::json pipeline_json(const TrainResult& result) {
+  if (result.pipeline.stages == 0) return nullptr;
+  const auto& p = result.pipeline;
+  return {{"stages", p.stages},
+          {"schedule", p.schedule},
+          {"micro_batches", p.micro_batches},
+          {"stage_units", p.stage_units},
+          {"theoretical_bubble", p.theoretical_bubble},
+          {"measured_bubble", steady_bubble(p.step_bubbles)}};
+}
+}  // namespace
+
+nlohmann::json epoch_json(const EpochReport& e, const Task& task) {
+  const std::string eval = task.eval_name();
+  nlohmann::json out = {{"epoch", e.epoch},
+                        {"steps", e.steps},
+                        {"train_loss", e.train_loss},
+                        {"train_accuracy", e.train_accuracy},
+                        {eval + "_loss", e.test_loss},
+                        {eval + "_accuracy", e.test_accuracy},
+                        {"samples_per_second", e.samples_per_second},
+                        {"seconds", e.seconds}};
+  if (task.target_name() == "token") out["tokens_per_second"] = e.targets_per_second;
+  return out;
+}
+
+nlohmann::json result_json(const TrainResult& result, const Task& task, const TrainConfig& config,
+                           std::int64_t ranks) {
+  const std::string eval = task.eval_name();
+  nlohmann::json epochs = nlohmann::json::array();
+  for (const EpochReport& report : result.epochs)
+    epochs.push_back(epoch_json(report, task));
+  nlohmann::json plan = nlohmann::json::array();
+  for (const auto& [module, style] : result.parallel_plan)
+    plan.push_back({module, style});
+  nlohmann::json out = {
+      {"final", true},
+      {"eval_set", eval},
+      {eval + "_loss", result.test_loss},
+      {eval + "_accuracy", result.test_accuracy},
+      {"digest", digest_hex(result.digest)},
+      {"replicas_identical", result.replicas_identical},
+      {"ranks", ranks},
+      {"mesh", result.mesh},
+      {"mode", comm::reduction_mode_name(config.mode)},
+      {"steps", result.steps},
+      {"parameters", result.parameters},
+      {"parameter_tensors", result.parameter_tensors},
+      {"peak_memory_bytes", memory_json(result.memory_peak)},
+      {"resumed_step", result.resumed_step},
+      {"checkpoints", result.checkpoints},
+      {"warnings", result.warnings},
+      {"seconds", result.seconds},
+      {"epochs", epochs},
+      {"sample", task.target_name() == "token" ? nlohmann::json(printable_text(result.sample))
+                                               : nlohmann::json(nullptr)},
+      {"logits_digest", result.evaluated ? nlohmann::json(digest_hex(result.logits_digest))
+                                         : nlohmann::json(nullptr)},
+      {"grad_norms", result.grad_norms},
+      {"grad_norm", result.grad_norms.empty() ? nlohmann::json(nullptr)
+                                              : nlohmann::json(result.grad_norms.back())},
+      {"activation_checkpointing", pp::checkpointing_name(config.activation_checkpointing)},
+      {"activation_peak_bytes", result.activation_peaks.empty()
+                                    ? std::vector<std::int64_t>{result.activation_peak_bytes}
+                                    : result.activation_peaks},
+      {"pipeline", pipeline_json(result)},
+      {"parallel_plan", plan},
+      {"parallel_log", result.parallel_log}};
+  out["generator_check"] = nullptr;
+  if (config.verify_generator) {
+    const auto& check = result.generator_check;
+    out["generator_check"] = {{"tokens", check.tokens},
+                              {"identical", check.identical},
+                              {"largest_difference", check.largest_difference}};
+  }
+  return out;
+}
+
+}  // namespace meshtensor::train
