@@ -3,8 +3,8 @@
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/fsdp/memory.hpp>
-#include <meshtensor/train/result_json.hpp>
 #include <meshtensor/pp/stage.hpp>
+#include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::train {

@@ -11,19 +11,13 @@
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::generate {
 namespace {
 
 nn::GptConfig config() {
-  nn::GptConfig c;
-  c.layers = 2;
-  c.heads = 2;
-  c.dim = 16;
-  c.context = 24;
-  c.vocabulary = 29;
-  c.seed = 3;
-  c.init_std = 0.3;
-  return c;
+  return testing::tiny_gpt({.context = 24, .vocabulary = 29, .seed = 3, .init_std = 0.3});
 }
 
 std::vector<std::int64_t> prompt(std::int64_t length, std::uint64_t seed) {

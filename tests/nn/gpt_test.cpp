@@ -16,20 +16,13 @@
 #include <meshtensor/nn/gradients.hpp>
 
 #include "support/exact_sum_reference.hpp"
+#include "support/tiny_gpt.hpp"
 
 namespace meshtensor::nn {
 namespace {
 
 GptConfig tiny_config() {
-  GptConfig config;
-  config.layers = 2;
-  config.heads = 2;
-  config.dim = 8;
-  config.context = 6;
-  config.vocabulary = 11;
-  config.seed = 5;
-  config.init_std = 0.4;
-  return config;
+  return testing::tiny_gpt({.dim = 8, .context = 6, .vocabulary = 11, .seed = 5, .init_std = 0.4});
 }
 
 /// Token ids [batch, length] drawn from `seed`.

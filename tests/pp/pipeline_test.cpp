@@ -16,6 +16,8 @@
 #include <meshtensor/pp/schedule.hpp>
 #include <meshtensor/pp/stage.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::pp {
 namespace {
 
@@ -246,14 +248,7 @@ TEST(Pipeline, EverySchedulePassesActivationsAndGradientsThroughEveryStage) {
 }
 
 nn::GptConfig tiny_gpt() {
-  nn::GptConfig config;
-  config.layers = 2;
-  config.heads = 2;
-  config.dim = 16;
-  config.context = 8;
-  config.vocabulary = 32;
-  config.seed = 5;
-  return config;
+  return testing::tiny_gpt({.vocabulary = 32, .seed = 5});
 }
 
 Tensor tokens(std::uint64_t seed) {

@@ -9,19 +9,13 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/rl/grpo.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::rl {
 namespace {
 
 nn::GptConfig tiny_gpt() {
-  nn::GptConfig c;
-  c.layers = 2;
-  c.heads = 4;
-  c.dim = 16;
-  c.context = 16;
-  c.vocabulary = 256;
-  c.seed = 9;
-  c.init_std = 0.3;
-  return c;
+  return testing::tiny_gpt({.heads = 4, .context = 16, .seed = 9, .init_std = 0.3});
 }
 
 RlConfig tiny_run(train::TrainConfig trainer, GeneratorLayout generator,

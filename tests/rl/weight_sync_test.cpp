@@ -12,6 +12,8 @@
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/training_model.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::rl {
 namespace {
 
@@ -42,15 +44,9 @@ TEST(JointMesh, SpecOnlyWhereChunksNest) {
 }
 
 nn::GptConfig small_gpt(std::int64_t heads = 4) {
-  nn::GptConfig c;
-  c.layers = 2;
-  c.heads = heads;
-  c.dim = 4 * heads;
-  c.context = 10;  // 10 position rows: uneven over 4 ranks, and not nested as 2x2
-  c.vocabulary = 256;
-  c.seed = 5;
-  c.init_std = 0.2;
-  return c;
+  // 10 position rows: uneven over 4 ranks, and not nested as 2x2.
+  return testing::tiny_gpt(
+      {.heads = heads, .dim = 4 * heads, .context = 10, .seed = 5, .init_std = 0.2});
 }
 
 struct Layouts {

@@ -4,17 +4,13 @@
 
 #include <meshtensor/serve/api.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::serve {
 namespace {
 
 nn::GptConfig config() {
-  nn::GptConfig c;
-  c.layers = 1;
-  c.heads = 2;
-  c.dim = 8;
-  c.context = 32;
-  c.vocabulary = 256;
-  return c;
+  return testing::tiny_gpt({.layers = 1, .dim = 8, .context = 32});
 }
 
 CompletionParams parse(const std::string& body) {

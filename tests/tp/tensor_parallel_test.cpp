@@ -11,18 +11,14 @@
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/tp/style.hpp>
 
+#include "support/tiny_gpt.hpp"
+
 namespace meshtensor::tp {
 namespace {
 
 nn::GptConfig small_config() {
-  nn::GptConfig config;
-  config.layers = 2;
-  config.heads = 4;
-  config.dim = 32;
-  config.context = 12;
-  config.vocabulary = 61;  // splits unevenly over 2, 3 and 4 ranks
-  config.seed = 7;
-  return config;
+  // A vocabulary of 61 splits unevenly over 2, 3 and 4 ranks.
+  return testing::tiny_gpt({.heads = 4, .dim = 32, .context = 12, .vocabulary = 61, .seed = 7});
 }
 
 Tensor tokens(std::int64_t batch, std::int64_t length, std::int64_t vocabulary) {

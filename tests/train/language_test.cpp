@@ -15,6 +15,7 @@
 #include <meshtensor/train/text_data.hpp>
 #include <meshtensor/train/trainer.hpp>
 
+#include "support/tiny_gpt.hpp"
 #include "support/train_on_threads.hpp"
 
 namespace meshtensor::train {
@@ -117,12 +118,7 @@ TEST(TextData, ErrorsNameTheFileAndTheProblem) {
 
 /// A tiny GPT on synthetic text: every layer and parameter kind, a few milliseconds a step.
 nn::GptConfig tiny_gpt() {
-  nn::GptConfig model;
-  model.layers = 2;
-  model.heads = 2;
-  model.dim = 16;
-  model.context = 8;
-  return model;
+  return testing::tiny_gpt();
 }
 
 std::shared_ptr<const TextCorpus> synthetic_text() {
