@@ -6,13 +6,13 @@
 # was never stopped.
 # Usage: checkpoint_crash.sh <meshtensor binary> points|random|mpi [mpirun command...]
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 mode=$2
 shift 2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
 
 # The first 6000 training and 1000 test images of Fashion-MNIST as plain IDX files: every run
 # below starts a process, and reading the whole set each time would dominate the test.
@@ -33,7 +33,7 @@ for name, count in (("train", 6000), ("t10k", 1000)):
 PY
 run=(train --data "$dir/data" --model mlp:32,16 --batch 1000 --steps 16 --seed 5 --strategy fsdp --ranks 4)
 "$bin" "${run[@]}" --stop-after 4 --save "$dir/base" >/dev/null
-whole=$("$bin" "${run[@]}" | digest)
+whole=$("$bin" "${run[@]}" | field "weights digest")
 
 # After a crash: the root verifies, LATEST names what it should, and (unless told "quick") what
 # LATEST names resumes to the same end.
@@ -51,7 +51,7 @@ check_root() {
     return
   fi
   local resumed
-  resumed=$("$bin" "${run[@]}" --resume "$root" | digest)
+  resumed=$("$bin" "${run[@]}" --resume "$root" | field "weights digest")
   if [ "$resumed" != "$whole" ]; then
     echo "FAILED: $label: resumed from $latest to digest '$resumed', expected $whole"
     exit 1

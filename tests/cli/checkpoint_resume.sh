@@ -13,14 +13,13 @@
 #   mpi            exact mode: saved by 4 mpi processes (FSDP), resumed on 2 thread ranks (DDP)
 #   errors         bad checkpoints and mismatched runs: clear errors, exit 2 (verify: 1)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 shift 2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-digest() { sed -n 's/.*weights digest \([0-9a-f]*\).*/\1/p'; }
-source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 case $case_name in
 exact_layouts)
@@ -28,9 +27,9 @@ exact_layouts)
   "$bin" "${run[@]}" --strategy fsdp --ranks 8 --stop-after 2 --save "$dir" >"$dir/first.txt"
   grep -q "saved 1 checkpoint(s), the last $dir/step-00000120" "$dir/first.txt"
   "$bin" checkpoint verify "$dir"
-  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | digest)
+  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | field "weights digest")
   grep -q "resumed from $dir at step 120" "$dir/second.txt"
-  whole=$("$bin" "${run[@]}" --strategy ddp --ranks 3 | digest)
+  whole=$("$bin" "${run[@]}" --strategy ddp --ranks 3 | field "weights digest")
   same "$whole" "$resumed" "fsdp 8 (2 epochs) -> hsdp 2x2 (2 epochs) vs ddp 3 (4 epochs)"
   ;;
 gpt_layouts)
@@ -38,9 +37,9 @@ gpt_layouts)
        --seed 5)
   "$bin" "${run[@]}" --strategy fsdp --ranks 4 --stop-after 3 --save "$dir" >"$dir/first.txt"
   grep -q "saved 1 checkpoint(s), the last $dir/step-00000003" "$dir/first.txt"
-  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | digest)
+  resumed=$("$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir" | tee "$dir/second.txt" | field "weights digest")
   grep -q "resumed from $dir at step 3" "$dir/second.txt"
-  whole=$("$bin" "${run[@]}" --ranks 1 | digest)
+  whole=$("$bin" "${run[@]}" --ranks 1 | field "weights digest")
   same "$whole" "$resumed" "gpt: fsdp 4 (3 steps) -> hsdp 2x2 (3 steps) vs 1 rank (6 steps)"
   set +e
   other=$("$bin" train --mode exact --model gpt:layers=1,heads=4,dim=32,context=32 --batch 6 \
@@ -55,8 +54,8 @@ exact_chain)
   "$bin" "${run[@]}" --strategy fsdp --ranks 8 --stop-after 10 --save "$dir/a" >/dev/null
   "$bin" "${run[@]}" --strategy hsdp --mesh 2x2 --resume "$dir/a" --stop-after 20 --save "$dir/b" >/dev/null
   "$bin" "${run[@]}" --strategy ddp --ranks 3 --resume "$dir/b" --stop-after 30 --save "$dir/c" >/dev/null
-  resumed=$("$bin" "${run[@]}" --ranks 1 --resume "$dir/c" | digest)
-  whole=$("$bin" "${run[@]}" --mesh 4x2 | digest)
+  resumed=$("$bin" "${run[@]}" --ranks 1 --resume "$dir/c" | field "weights digest")
+  whole=$("$bin" "${run[@]}" --mesh 4x2 | field "weights digest")
   same "$whole" "$resumed" "fsdp 8 -> hsdp 2x2 -> ddp 3 -> 1 rank vs hsdp 4x2"
   ;;
 ordered_same)
@@ -65,23 +64,22 @@ ordered_same)
   ls "$dir"
   [ "$(ls -d "$dir"/step-* | wc -l)" = 3 ] || { echo "FAILED: --keep-checkpoints 3"; exit 1; }
   [ "$(cat "$dir/LATEST")" = step-00000030 ] || { echo "FAILED: LATEST"; exit 1; }
-  whole=$("$bin" "${run[@]}" | digest)
+  whole=$("$bin" "${run[@]}" | field "weights digest")
   for checkpoint in "$dir"/step-*; do
-    resumed=$("$bin" "${run[@]}" --resume "$checkpoint" | digest)
+    resumed=$("$bin" "${run[@]}" --resume "$checkpoint" | field "weights digest")
     same "$whole" "$resumed" "ordered resume from $(basename "$checkpoint")"
   done
   ;;
 mpi)
   run=(train --mode exact --model mlp:16 --batch 500 --steps 30 --seed 2)
   "$@" -np 4 "$bin" "${run[@]}" --backend mpi --strategy fsdp --stop-after 11 --save "$dir" >/dev/null
-  resumed=$("$bin" "${run[@]}" --ranks 2 --resume "$dir" | digest)
-  whole=$("$bin" "${run[@]}" --ranks 1 | digest)
+  resumed=$("$bin" "${run[@]}" --ranks 2 --resume "$dir" | field "weights digest")
+  whole=$("$bin" "${run[@]}" --ranks 1 | field "weights digest")
   same "$whole" "$resumed" "mpi fsdp 4 -> threads ddp 2 vs 1 rank"
   ;;
 errors)
   run=(train --model mlp:16 --batch 500 --steps 6 --seed 2 --strategy fsdp --ranks 2)
   "$bin" "${run[@]}" --save "$dir" >/dev/null
-  source "$(dirname "$0")/expect.sh"
   expect 0 '"step": 6' "$bin" checkpoint inspect "$dir" --json
   expect 0 "model.0.weight  *F32  *\[784, 16\]  *2" "$bin" checkpoint inspect "$dir"
   expect 2 "batch 500 over 60000 samples; this run has batch 400" \

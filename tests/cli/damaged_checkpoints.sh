@@ -4,12 +4,11 @@
 # removes only checkpoints a save wrote.
 # Usage: damaged_checkpoints.sh <meshtensor binary> <python3>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 python=${2:-python3}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-
-source "$(dirname "$0")/expect.sh"
 
 run=(train --model mlp:16 --batch 500 --steps 2 --strategy fsdp --ranks 2)
 "$bin" "${run[@]}" --save "$dir/good" >/dev/null

@@ -7,6 +7,7 @@
 # internal error (3) or the argument parser's own statuses.
 # Usage: extreme_inputs.sh <meshtensor binary> [seconds per case] [MiB per case]
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 limit_s=${2:-10}
 cpu_s=$((2 * limit_s))

@@ -7,6 +7,7 @@
 #           follows the case), a batch of prompts at once
 #   errors  bad input exits 2 naming the value, and prints no completion
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 dir=$(mktemp -d)

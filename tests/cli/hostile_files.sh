@@ -5,11 +5,10 @@
 # name without any of it reaching gnuplot as a command.
 # Usage: hostile_files.sh <meshtensor binary>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-
-source "$(dirname "$0")/expect.sh"
 
 # A data set of 100 images whose image file goes on with 512 MiB of zeros (a 500 KiB download).
 data=$dir/data

@@ -8,12 +8,12 @@
 #   ordered        ordered mode: replicas identical on pp x dp x tp
 #   mpi            exact mode: 4 mpi processes on pp 2 x tp 2 end on the 1-rank digest
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 run=(train --mode exact --model gpt:layers=4,heads=2,dim=32,context=16 --batch 8 --seed 4)
 case $case_name in

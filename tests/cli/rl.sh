@@ -8,6 +8,7 @@
 #            the run never stopped; ordered mode reports parity without stopping
 #   errors   bad input exits 2 naming the value, and loses nothing
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 dir=$(mktemp -d)

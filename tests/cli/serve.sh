@@ -13,6 +13,7 @@
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
 #           on headers), 1,000 idle and trickling connections, the connection limit
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 scratch=$3
@@ -25,10 +26,6 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
 
 train() {  # train <root> <stop after step> [resume]
   "$bin" train --mode exact --model gpt:layers=2,heads=4,dim=32,context=64 --batch 8 \

@@ -7,12 +7,12 @@
 #   ordered        ordered mode: replicas identical on 2x2x2 with sequence parallelism
 #   mpi            exact mode: 8 mpi processes on 2x2x2 end on the threads digest
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
 case_name=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
-source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 run=(train --mode exact --model gpt:layers=2,heads=4,dim=32,context=24 --batch 8 --steps 3 --seed 4)
 case $case_name in

@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
 # Topologies from the command line. Usage: topology.sh <meshtensor>
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
-fail() {
-  echo "FAILED: $*"
-  exit 1
-}
-source "$(dirname "${BASH_SOURCE[0]}")/digests.sh"
 
 # plan: seed 000's all_reduce runs in two levels on hosts of 8, and says why.
 out=$("$bin" plan --mesh 8x5 --names ddp,fsdp --from P,P --to R,R --shape 1024x1024 \

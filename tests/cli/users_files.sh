@@ -4,14 +4,14 @@
 # as it was when the run fails, are written whole when it succeeds, and may not be an input.
 # Usage: users_files.sh <meshtensor binary>
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-source "$(dirname "$0")/expect.sh"
 cd "$dir"
 
 train=("$bin" train --model mlp:8 --steps 2)
-same() {  # same <file> <text>: the file still holds exactly the text
+holds() {  # holds <file> <text>: the file still holds exactly the text
   [ "$(cat "$1")" = "$2" ] || { echo "FAILED: $1 changed: $(head -c 200 "$1")"; exit 1; }
 }
 
@@ -24,7 +24,7 @@ echo keep > ck/.tmp-step-00000001-1-0000abcd/notes.txt
 echo keep > ck/README
 "${train[@]}" --save ck >/dev/null
 for f in ck/.tmp-notes ck/.tmp-mine/data ck/LATEST.tmp ck/.tmp-step-00000001-1-0000abcd/notes.txt ck/README; do
-  same "$f" keep
+  holds "$f" keep
 done
 grep -qx "step-00000002" ck/LATEST || { echo "FAILED: no LATEST"; exit 1; }
 echo "ok: a save keeps every entry it did not write"
@@ -39,10 +39,10 @@ echo "ok: an interrupted save's leftover is removed"
 # A LATEST the user wrote, an index.json in the root, a file as the root: refused before training.
 mkdir user-latest && echo "my notes" > user-latest/LATEST
 expect 2 "user-latest/LATEST is not a pointer a save wrote" "${train[@]}" --save user-latest
-same user-latest/LATEST "my notes"
+holds user-latest/LATEST "my notes"
 mkdir user-index && echo "user text" > user-index/index.json
 expect 2 "user-index/index.json is in the way" "${train[@]}" --save user-index
-same user-index/index.json "user text"
+holds user-index/index.json "user text"
 [ "$(ls user-index)" = index.json ] || { echo "FAILED: user-index was written into"; exit 1; }
 echo "a file" > plain
 expect 2 "checkpoint root plain exists and is not a directory" "${train[@]}" --save plain
@@ -51,9 +51,9 @@ expect 2 "checkpoint root plain exists and is not a directory" "${train[@]}" --s
 for option in --log --plot --trace; do
   echo precious > out.txt
   expect 2 "not-a-model" "$bin" train --model not-a-model $option out.txt
-  same out.txt precious
+  holds out.txt precious
   expect 2 "missing.*no such file" "$bin" train --model mlp:8 --data missing $option out.txt
-  same out.txt precious
+  holds out.txt precious
 done
 ls -a | grep -q '\.out\.txt\.tmp-' && { echo "FAILED: a temporary was left behind"; exit 1; }
 echo "ok: failed runs leave --log, --plot and --trace files untouched"

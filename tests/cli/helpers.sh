@@ -1,0 +1,36 @@
+# The shared helpers of the command-line test scripts (sourced by every one of them).
+
+# fail MESSAGE...: ends the script with "FAILED: MESSAGE".
+fail() {
+  echo "FAILED: $*"
+  exit 1
+}
+
+# expect <status> <pattern> <command...>: runs the command and fails the script unless it exits
+# <status> with a line matching <pattern>.
+expect() {
+  local status=$1 pattern=$2
+  shift 2
+  set +e
+  out=$("$@" 2>&1)
+  got=$?
+  set -e
+  if [ "$got" != "$status" ] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAILED: $*: exit $got (expected $status), output:"
+    head -c 2000 <<<"$out"
+    exit 1
+  fi
+  echo "ok: exit $got: $(grep -- "$pattern" <<<"$out" | head -1 | cut -c1-200)"
+}
+
+# field NAME: the first hex value after "NAME " in standard input ("weights digest", "OK", ...).
+field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" | head -1; }
+
+# same EXPECTED GOT WHAT: fails the test unless GOT is EXPECTED (and not empty).
+same() {
+  if [ -z "$2" ] || [ "$1" != "$2" ]; then
+    echo "FAILED: $3: '$2', expected '$1'"
+    exit 1
+  fi
+  echo "ok: $3: $2"
+}
