@@ -298,6 +298,127 @@ void print_pipeline(const train::TrainResult& result, const std::string& checkpo
                            checkpointing, fmt::join(peaks, ", "));
 }
 
+/// What every rank must agree on before training: the run's settings as one line.
+std::string run_fingerprint(const TrainOptions& options, const train::TrainConfig& config,
+                            const std::string& data) {
+  return fmt::format(
+             "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} "
+             "micro={} "
+             "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} "
+             "strategy={} "
+             "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
+             "save_every={} keep={} resume={} stop_after={},{} eval_every={}",
+             data, options.model, options.activation, options.layernorm, config.epochs,
+             config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
+             options.weight_decay, options.momentum, config.schedule.warmup_steps, options.schedule,
+             options.mode, config.seed, static_cast<int>(config.strategy), config.replicas,
+             config.reshard_after_forward, config.prefetch, options.param_dtype,
+             options.reduce_dtype, options.micro_batch_mode, config.trace, config.save_dir,
+             config.save_every, config.keep_checkpoints, config.resume_dir, config.stop_after,
+             config.stop_after_epochs, config.eval_every) +
+         fmt::format(" pipeline={} virtual={} checkpointing={}", options.pipeline_schedule,
+                     config.virtual_stages, options.activation_checkpointing);
+}
+
+/// The progress bar (on a terminal), the per-epoch lines or JSON, and the CSV log.
+train::TrainCallbacks progress_callbacks(const TrainOptions& options, const LoadedTask& loaded,
+                                         bool terminal, std::ofstream* log) {
+  const train::Task* task = loaded.task.get();  // outlives the run, like `options` and `loaded`
+  train::TrainCallbacks callbacks;
+  callbacks.on_step = [task, terminal](const train::StepProgress& p) {
+    if (!terminal) return;
+    constexpr int kWidth = 30;
+    const auto filled =
+        static_cast<int>(kWidth * p.samples_done / std::max<std::int64_t>(1, p.samples_total));
+    const auto per_sample = static_cast<double>(task->targets_per_sample());
+    std::cout << fmt::format("\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} {}s/s loss {:.4f} ETA {}  ",
+                             p.epoch, std::string(static_cast<std::size_t>(filled), '#'),
+                             std::string(static_cast<std::size_t>(kWidth - filled), ' '),
+                             p.samples_done, p.samples_total, p.samples_per_second * per_sample,
+                             task->target_name(), p.loss, format_duration(p.eta_seconds));
+    std::cout.flush();
+  };
+  callbacks.on_epoch = [&options, &loaded, task, terminal, log](const train::EpochReport& e) {
+    if (options.json) {
+      std::cout << train::epoch_json(e, *task).dump() << '\n';
+    } else {
+      if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
+      std::cout << report_line(e, loaded) << '\n';
+    }
+    std::cout.flush();
+    if (log) {
+      *log << fmt::format("{},{},{},{},{},{},{},{}{}\n", e.epoch, e.steps, e.train_loss,
+                          e.train_accuracy, e.test_loss, e.test_accuracy, e.samples_per_second,
+                          loaded.language ? fmt::format("{},", e.targets_per_second) : "",
+                          e.seconds);
+      log->flush();
+    }
+  };
+  return callbacks;
+}
+
+/// The end of a run in words: resume, checkpoints, evaluation, sample, memory, digests.
+void print_result_text(const train::TrainResult& result, const TrainOptions& options,
+                       const train::TrainConfig& config, const LoadedTask& loaded,
+                       std::int64_t ranks, bool traced) {
+  const std::string eval = loaded.task->eval_name();
+  if (!config.resume_dir.empty()) {
+    std::cout << fmt::format("resumed from {} at step {}{}\n", config.resume_dir,
+                             result.resumed_step,
+                             result.resumed_step == result.steps
+                                 ? " (nothing left: give the whole run's --epochs or --steps)"
+                                 : "");
+  }
+  if (!result.checkpoints.empty()) {
+    std::cout << fmt::format("saved {} checkpoint(s), the last {}\n", result.checkpoints.size(),
+                             result.checkpoints.back());
+  }
+  if (result.evaluated) {
+    std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n", eval,
+                             result.test_loss, result.test_accuracy, result.steps, result.seconds);
+  } else {
+    std::cout << fmt::format("no {} set; {} steps ({:.1f} s)\n", eval, result.steps,
+                             result.seconds);
+  }
+  if (loaded.language) {
+    std::cout << fmt::format("sample (temperature {}):\n", train::kSampleTemperature)
+              << train::printable_text(result.sample) << "\n-- end of sample\n";
+  }
+  const auto kind = [&](fsdp::MemoryKind k) {
+    return format_bytes(static_cast<double>(result.memory_peak.of(k)));
+  };
+  std::cout << fmt::format(
+      "peak memory of rank 0: {} (parameters {}, gradients {}, optimizer {}, unsharded {}) "
+      "on mesh {}\n",
+      format_bytes(static_cast<double>(result.memory_peak.total())),
+      kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
+      kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded), result.mesh);
+  print_pipeline(result, options.activation_checkpointing);
+  std::cout << fmt::format(
+      "weights digest {} ({} parameters in {} tensors; replicas {} "
+      "on {} ranks)\n",
+      digest_hex(result.digest), result.parameters, result.parameter_tensors,
+      result.replicas_identical ? "identical" : "DIFFER", ranks);
+  if (result.evaluated) {
+    std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
+                             digest_hex(result.logits_digest));
+  }
+  if (options.verify_generator && result.evaluated) {
+    const auto& check = result.generator_check;
+    std::cout << fmt::format(
+        "generator check: {} tokens generated on 1 rank, scored by the trainer on this "
+        "layout: {} with the same log-probability bits, largest difference {:.3g}\n",
+        check.tokens, check.identical, check.largest_difference);
+  }
+  if (options.explain_parallelism) {
+    std::cout << "tensor-parallel plan:\n";
+    for (const auto& [module, style] : result.parallel_plan)
+      std::cout << fmt::format("  {:<22} {}\n", module, style);
+    std::cout << "tensor-parallel collectives of the first step (rank 0):\n" << result.parallel_log;
+  }
+  if (traced) std::cout << fmt::format("trace written to {}\n", options.trace);
+}
+
 void run_train(const TrainOptions& options) {
   train::TrainConfig config = parse_config(options);
   const Backend backend = parse_backend(options.backend);
@@ -317,22 +438,7 @@ void run_train(const TrainOptions& options) {
   OutputFile* const trace_file = outputs.trace.get();
   OutputFile* const plot = outputs.plot.get();
   std::ofstream* const log = outputs.log ? &outputs.log->stream() : nullptr;
-  const std::string command =
-      fmt::format(
-          "train data={} model={} activation={} layernorm={} epochs={} steps={} batch={} micro={} "
-          "optimizer={} lr={} wd={} momentum={} warmup={} schedule={} mode={} seed={} strategy={} "
-          "replicas={} reshard={} prefetch={} param={} reduce={} micro_mode={} trace={} save={} "
-          "save_every={} keep={} resume={} stop_after={},{} eval_every={}",
-          loaded.data, options.model, options.activation, options.layernorm, config.epochs,
-          config.steps, config.batch, config.micro_batches, options.optimizer, options.lr,
-          options.weight_decay, options.momentum, config.schedule.warmup_steps, options.schedule,
-          options.mode, config.seed, static_cast<int>(config.strategy), config.replicas,
-          config.reshard_after_forward, config.prefetch, options.param_dtype, options.reduce_dtype,
-          options.micro_batch_mode, config.trace, config.save_dir, config.save_every,
-          config.keep_checkpoints, config.resume_dir, config.stop_after, config.stop_after_epochs,
-          config.eval_every) +
-      fmt::format(" pipeline={} virtual={} checkpointing={}", options.pipeline_schedule,
-                  config.virtual_stages, options.activation_checkpointing);
+  const std::string command = run_fingerprint(options, config, loaded.data);
   const bool terminal = isatty(STDOUT_FILENO) != 0 && !options.json;
   const std::string eval = task.eval_name();
   if (log) {
@@ -360,37 +466,7 @@ void run_train(const TrainOptions& options) {
               options.mode, config.batch, config.micro_batches, loaded.data);
           std::cout.flush();
         }
-        train::TrainCallbacks callbacks;
-        callbacks.on_step = [&](const train::StepProgress& p) {
-          if (!terminal) return;
-          constexpr int kWidth = 30;
-          const auto filled = static_cast<int>(kWidth * p.samples_done /
-                                               std::max<std::int64_t>(1, p.samples_total));
-          const auto per_sample = static_cast<double>(task.targets_per_sample());
-          std::cout << fmt::format(
-              "\repoch {:>3} [{}{}] {:>6}/{} {:>7.0f} {}s/s loss {:.4f} ETA {}  ", p.epoch,
-              std::string(static_cast<std::size_t>(filled), '#'),
-              std::string(static_cast<std::size_t>(kWidth - filled), ' '), p.samples_done,
-              p.samples_total, p.samples_per_second * per_sample, task.target_name(), p.loss,
-              format_duration(p.eta_seconds));
-          std::cout.flush();
-        };
-        callbacks.on_epoch = [&](const train::EpochReport& e) {
-          if (options.json) {
-            std::cout << train::epoch_json(e, task).dump() << '\n';
-          } else {
-            if (terminal) std::cout << '\r' << std::string(100, ' ') << '\r';
-            std::cout << report_line(e, loaded) << '\n';
-          }
-          std::cout.flush();
-          if (log) {
-            *log << fmt::format(
-                "{},{},{},{},{},{},{},{}{}\n", e.epoch, e.steps, e.train_loss, e.train_accuracy,
-                e.test_loss, e.test_accuracy, e.samples_per_second,
-                loaded.language ? fmt::format("{},", e.targets_per_second) : "", e.seconds);
-            log->flush();
-          }
-        };
+        const train::TrainCallbacks callbacks = progress_callbacks(options, loaded, terminal, log);
         const train::TrainResult result = train::train(world, task, config, callbacks);
         if (!leader) return;
         for (const std::string& warning : result.warnings)
@@ -404,64 +480,7 @@ void run_train(const TrainOptions& options) {
           const nlohmann::json final_json = train::result_json(result, task, config, world.size());
           std::cout << final_json.dump() << '\n';
         } else {
-          if (!config.resume_dir.empty()) {
-            std::cout << fmt::format(
-                "resumed from {} at step {}{}\n", config.resume_dir, result.resumed_step,
-                result.resumed_step == result.steps
-                    ? " (nothing left: give the whole run's --epochs or --steps)"
-                    : "");
-          }
-          if (!result.checkpoints.empty()) {
-            std::cout << fmt::format("saved {} checkpoint(s), the last {}\n",
-                                     result.checkpoints.size(), result.checkpoints.back());
-          }
-          if (result.evaluated) {
-            std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n",
-                                     eval, result.test_loss, result.test_accuracy, result.steps,
-                                     result.seconds);
-          } else {
-            std::cout << fmt::format("no {} set; {} steps ({:.1f} s)\n", eval, result.steps,
-                                     result.seconds);
-          }
-          if (loaded.language) {
-            std::cout << fmt::format("sample (temperature {}):\n", train::kSampleTemperature)
-                      << train::printable_text(result.sample) << "\n-- end of sample\n";
-          }
-          const auto kind = [&](fsdp::MemoryKind k) {
-            return format_bytes(static_cast<double>(result.memory_peak.of(k)));
-          };
-          std::cout << fmt::format(
-              "peak memory of rank 0: {} (parameters {}, gradients {}, optimizer {}, unsharded {}) "
-              "on mesh {}\n",
-              format_bytes(static_cast<double>(result.memory_peak.total())),
-              kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
-              kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded),
-              result.mesh);
-          print_pipeline(result, options.activation_checkpointing);
-          std::cout << fmt::format(
-              "weights digest {} ({} parameters in {} tensors; replicas {} "
-              "on {} ranks)\n",
-              digest_hex(result.digest), result.parameters, result.parameter_tensors,
-              result.replicas_identical ? "identical" : "DIFFER", world.size());
-          if (result.evaluated) {
-            std::cout << fmt::format("logits digest {} (the first evaluation windows)\n",
-                                     digest_hex(result.logits_digest));
-          }
-          if (options.verify_generator && result.evaluated) {
-            const auto& check = result.generator_check;
-            std::cout << fmt::format(
-                "generator check: {} tokens generated on 1 rank, scored by the trainer on this "
-                "layout: {} with the same log-probability bits, largest difference {:.3g}\n",
-                check.tokens, check.identical, check.largest_difference);
-          }
-          if (options.explain_parallelism) {
-            std::cout << "tensor-parallel plan:\n";
-            for (const auto& [module, style] : result.parallel_plan)
-              std::cout << fmt::format("  {:<22} {}\n", module, style);
-            std::cout << "tensor-parallel collectives of the first step (rank 0):\n"
-                      << result.parallel_log;
-          }
-          if (trace_file) std::cout << fmt::format("trace written to {}\n", options.trace);
+          print_result_text(result, options, config, loaded, world.size(), trace_file != nullptr);
         }
         std::cout.flush();
         if (plot) {
