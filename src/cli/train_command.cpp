@@ -803,15 +803,138 @@ void print_topology_pairs(const std::vector<TopologyPair>& pairs, const Topology
   }
 }
 
+// Exposed communication: the compute thread's extra wait per step once the link charges time,
+// over the link time the step's collectives take (the measure does not depend on how fast this
+// machine computes). The step-time difference is beside it.
+double exposed(const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
+  return linked.link_seconds > 0
+             ? std::max(0.0, linked.wait_seconds - compute.wait_seconds) / linked.link_seconds
+             : 0.0;
+}
+double exposed_by_step(const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
+  return linked.link_seconds > 0
+             ? std::max(0.0, linked.step_seconds - compute.step_seconds) / linked.link_seconds
+             : 0.0;
+}
+
+/// Everything `bench fsdp` measured.
+struct FsdpBenchFigures {
+  std::int64_t ranks = 0;
+  std::int64_t steps = 0;
+  std::int64_t batch = 0;
+  FsdpBenchRun fsdp_compute, fsdp_linked, bare_compute, bare_linked, ddp_compute, ddp_linked;
+  std::vector<TopologyPair> on_hosts;
+  std::vector<FsdpBenchRun> exact_runs;
+  bool digests_agree = true;
+  bool replicas_agree = true;
+  double fsdp_over_ddp() const { return fsdp_linked.step_seconds / ddp_linked.step_seconds; }
+};
+
+/// Exact mode over DDP, FSDP, HSDP and micro-batch layouts and 1 rank: one digest expected.
+std::vector<FsdpBenchRun> exact_layout_runs(const train::Task& task, train::TrainConfig exact,
+                                            std::int64_t steps) {
+  std::vector<FsdpBenchRun> runs;
+  exact.mode = comm::ReductionMode::exact;
+  exact.steps = steps;
+  using train::MicroBatchMode;
+  using train::Strategy;
+  const auto layout = [&](const std::string& name, Strategy strategy, std::int64_t world_size,
+                          std::int64_t replicas, std::int64_t micro, MicroBatchMode mode) {
+    train::TrainConfig config = exact;
+    config.strategy = strategy;
+    config.replicas = replicas;
+    config.micro_batches = micro;
+    config.micro_batch_mode = mode;
+    runs.push_back(measure_training(task, name, config, world_size, comm::LinkDelay()));
+  };
+  layout("ddp 8", Strategy::ddp, 8, 0, 1, MicroBatchMode::no_sync);
+  layout("fsdp 8", Strategy::fsdp, 8, 0, 1, MicroBatchMode::no_sync);
+  layout("hsdp 2x4", Strategy::hsdp, 8, 2, 1, MicroBatchMode::no_sync);
+  layout("hsdp 4x2, 4 micro-batches (no-sync)", Strategy::hsdp, 8, 4, 4, MicroBatchMode::no_sync);
+  layout("hsdp 4x2, 4 micro-batches (reduce-scatter)", Strategy::hsdp, 8, 4, 4,
+         MicroBatchMode::reduce_scatter);
+  layout("1 rank", Strategy::fsdp, 1, 0, 1, MicroBatchMode::no_sync);
+  return runs;
+}
+
+void print_fsdp_json(const FsdpBenchFigures& f, const FsdpBenchOptions& options,
+                     const Topology& hosts) {
+  nlohmann::json out = {
+      {"ranks", f.ranks},
+      {"link", options.link},
+      {"steps", f.steps},
+      {"link_ms_per_step", f.fsdp_linked.link_seconds * 1e3},
+      {"exposed_communication_prefetch", exposed(f.fsdp_compute, f.fsdp_linked)},
+      {"exposed_communication_no_prefetch", exposed(f.bare_compute, f.bare_linked)},
+      {"exposed_by_step_time_prefetch", exposed_by_step(f.fsdp_compute, f.fsdp_linked)},
+      {"exposed_by_step_time_no_prefetch", exposed_by_step(f.bare_compute, f.bare_linked)},
+      {"fsdp_step_ms", f.fsdp_linked.step_seconds * 1e3},
+      {"ddp_step_ms", f.ddp_linked.step_seconds * 1e3},
+      {"fsdp_over_ddp_step_time", f.fsdp_over_ddp()},
+      {"fsdp_peak_bytes", f.fsdp_linked.peak_bytes},
+      {"ddp_peak_bytes", f.ddp_linked.peak_bytes},
+      {"fsdp_sharded_state_bytes", f.fsdp_linked.sharded_bytes},
+      {"ddp_state_bytes", f.ddp_linked.sharded_bytes},
+      {"ordered_replicas_identical", f.replicas_agree},
+      {"exact_digests_identical", f.digests_agree}};
+  nlohmann::json layouts = nlohmann::json::array();
+  for (const FsdpBenchRun& r : f.exact_runs)
+    layouts.push_back({{"layout", r.name}, {"digest", digest_hex(r.digest)}});
+  out["exact_layouts"] = layouts;
+  print_topology_pairs(f.on_hosts, hosts, true, &out);
+  std::cout << out.dump() << '\n';
+}
+
+void print_fsdp_text(const FsdpBenchFigures& f, const FsdpBenchOptions& options,
+                     const Topology& hosts) {
+  std::cout << fmt::format(
+      "fsdp bench: {} thread ranks, model {}, global batch {}, {} steps, simulated link {}\n",
+      f.ranks, options.train.model, f.batch, f.steps, options.link);
+  std::cout << fmt::format("{:<28} {:>10} {:>12} {:>12} {:>12}\n", "run", "step ms", "wait ms/step",
+                           "link ms/step", "peak memory");
+  for (const FsdpBenchRun* r : {&f.fsdp_compute, &f.fsdp_linked, &f.bare_compute, &f.bare_linked,
+                                &f.ddp_compute, &f.ddp_linked}) {
+    std::cout << fmt::format("{:<28} {:>10.2f} {:>12.2f} {:>12.2f} {:>12}\n", r->name,
+                             r->step_seconds * 1e3, r->wait_seconds * 1e3, r->link_seconds * 1e3,
+                             format_bytes(static_cast<double>(r->peak_bytes)));
+  }
+  std::cout << fmt::format(
+      "exposed communication (extra compute wait / link time): {:.3f} with prefetch, {:.3f} "
+      "without (goal <= 0.10 with prefetch)\n",
+      exposed(f.fsdp_compute, f.fsdp_linked), exposed(f.bare_compute, f.bare_linked));
+  std::cout << fmt::format(
+      "exposed communication by step time ((step - compute-only step) / link time): {:.3f} "
+      "with prefetch, {:.3f} without\n",
+      exposed_by_step(f.fsdp_compute, f.fsdp_linked),
+      exposed_by_step(f.bare_compute, f.bare_linked));
+  std::cout << fmt::format("fsdp / ddp step time on the link: {:.3f} (goal <= 1.1)\n",
+                           f.fsdp_over_ddp());
+  std::cout << fmt::format(
+      "peak memory per rank: fsdp {} against ddp {} ({:.2f}x); sharded state {} against {}\n",
+      format_bytes(static_cast<double>(f.fsdp_linked.peak_bytes)),
+      format_bytes(static_cast<double>(f.ddp_linked.peak_bytes)),
+      static_cast<double>(f.fsdp_linked.peak_bytes) / static_cast<double>(f.ddp_linked.peak_bytes),
+      format_bytes(static_cast<double>(f.fsdp_linked.sharded_bytes)),
+      format_bytes(static_cast<double>(f.ddp_linked.sharded_bytes)));
+  print_topology_pairs(f.on_hosts, hosts, false, nullptr);
+  std::cout << fmt::format("ordered replicas identical: {}\n", f.replicas_agree ? "yes" : "NO");
+  for (const FsdpBenchRun& r : f.exact_runs)
+    std::cout << fmt::format("exact {:<44} digest {}\n", r.name, digest_hex(r.digest));
+  if (!f.exact_runs.empty()) {
+    std::cout << fmt::format("exact digests over {} layouts: {}\n", f.exact_runs.size(),
+                             f.digests_agree ? "identical" : "DIFFER");
+  }
+}
+
 void run_fsdp_bench(const FsdpBenchOptions& options) {
   print_machine_line(options.train.json);
   train::TrainConfig base = parse_config(options.train);
   base.sample = false;
-  const std::int64_t ranks =
-      integer_option("--ranks", options.train.ranks, 1, comm::kMaxThreadsRanks);
+  FsdpBenchFigures f;
+  f.ranks = integer_option("--ranks", options.train.ranks, 1, comm::kMaxThreadsRanks);
   const std::int64_t exact_steps = integer_option("--exact-steps", options.exact_steps, 0, 1 << 20);
   const std::int64_t hsdp_replicas =
-      integer_option("--hsdp-replicas", options.hsdp_replicas, 0, ranks);
+      integer_option("--hsdp-replicas", options.hsdp_replicas, 0, f.ranks);
   const comm::LinkDelay link = comm::parse_link(options.link);
   options.train.timeout.apply();
   const LoadedTask loaded = load_task(options.train);
@@ -820,158 +943,55 @@ void run_fsdp_bench(const FsdpBenchOptions& options) {
   largest.mode = comm::ReductionMode::exact;
   largest.strategy = train::Strategy::ddp;  // the most memory of the layouts it runs
   train::validate_config(largest, task);
-  train::require_training_memory(largest, task, ranks, ranks);
+  train::require_training_memory(largest, task, f.ranks, f.ranks);
+  // The topology options are checked before anything is measured.
+  const Topology hosts = bench_topology(options.topology, options.link, f.ranks);
 
   const auto measure = [&](const std::string& name, const train::TrainConfig& config,
-                           std::int64_t world_size, bool with_link) {
-    return measure_training(task, name, config, world_size, with_link ? link : comm::LinkDelay());
+                           bool with_link) {
+    return measure_training(task, name, config, f.ranks, with_link ? link : comm::LinkDelay());
   };
-
-  // The topology options are checked before anything is measured.
-  const Topology hosts = bench_topology(options.topology, options.link, ranks);
-  train::TrainConfig timed = base;
-  if (timed.steps == 0) timed.steps = 12;
-  std::vector<FsdpBenchRun> runs;
-  train::TrainConfig fsdp_config = timed;
+  train::TrainConfig fsdp_config = base;
+  if (fsdp_config.steps == 0) fsdp_config.steps = 12;
+  f.steps = fsdp_config.steps;
+  f.batch = fsdp_config.batch;
   fsdp_config.strategy = train::Strategy::fsdp;
-  train::TrainConfig ddp_config = timed;
+  train::TrainConfig ddp_config = fsdp_config;
   ddp_config.strategy = train::Strategy::ddp;
   train::TrainConfig no_prefetch = fsdp_config;
   no_prefetch.prefetch = 0;
-  const FsdpBenchRun fsdp_compute = measure("fsdp, no link", fsdp_config, ranks, false);
-  const FsdpBenchRun fsdp_linked = measure("fsdp, link", fsdp_config, ranks, true);
-  const FsdpBenchRun bare_compute = measure("fsdp no prefetch, no link", no_prefetch, ranks, false);
-  const FsdpBenchRun bare_linked = measure("fsdp no prefetch, link", no_prefetch, ranks, true);
-  const FsdpBenchRun ddp_compute = measure("ddp, no link", ddp_config, ranks, false);
-  const FsdpBenchRun ddp_linked = measure("ddp, link", ddp_config, ranks, true);
-  std::vector<TopologyPair> on_hosts;
+  f.fsdp_compute = measure("fsdp, no link", fsdp_config, false);
+  f.fsdp_linked = measure("fsdp, link", fsdp_config, true);
+  f.bare_compute = measure("fsdp no prefetch, no link", no_prefetch, false);
+  f.bare_linked = measure("fsdp no prefetch, link", no_prefetch, true);
+  f.ddp_compute = measure("ddp, no link", ddp_config, false);
+  f.ddp_linked = measure("ddp, link", ddp_config, true);
   if (options.topology.placed()) {
-    on_hosts.push_back(measure_on_hosts(task, "fsdp", fsdp_config, ranks, hosts));
-    if (hsdp_replicas > 1 && ranks % hsdp_replicas == 0) {
+    f.on_hosts.push_back(measure_on_hosts(task, "fsdp", fsdp_config, f.ranks, hosts));
+    if (hsdp_replicas > 1 && f.ranks % hsdp_replicas == 0) {
       train::TrainConfig hsdp = fsdp_config;
       hsdp.strategy = train::Strategy::hsdp;
       hsdp.replicas = hsdp_replicas;
-      on_hosts.push_back(
-          measure_on_hosts(task, fmt::format("hsdp {}x{}", hsdp_replicas, ranks / hsdp_replicas),
-                           hsdp, ranks, hosts));
+      f.on_hosts.push_back(
+          measure_on_hosts(task, fmt::format("hsdp {}x{}", hsdp_replicas, f.ranks / hsdp_replicas),
+                           hsdp, f.ranks, hosts));
     }
   }
-
-  // Exposed communication: the compute thread's extra wait per step once the link charges
-  // time, over the link time the step's collectives take (the measure does not depend on how
-  // fast this machine computes). The step-time difference is beside it.
-  const auto exposed = [](const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
-    return linked.link_seconds > 0
-               ? std::max(0.0, linked.wait_seconds - compute.wait_seconds) / linked.link_seconds
-               : 0.0;
-  };
-  const auto exposed_by_step = [](const FsdpBenchRun& compute, const FsdpBenchRun& linked) {
-    return linked.link_seconds > 0
-               ? std::max(0.0, linked.step_seconds - compute.step_seconds) / linked.link_seconds
-               : 0.0;
-  };
-
-  // Exact mode over the layouts of the issue: one digest.
-  std::vector<FsdpBenchRun> exact_runs;
-  if (exact_steps > 0) {
-    train::TrainConfig exact = base;
-    exact.mode = comm::ReductionMode::exact;
-    exact.steps = exact_steps;
-    const auto layout = [&](const std::string& name, train::Strategy strategy,
-                            std::int64_t world_size, std::int64_t replicas, std::int64_t micro,
-                            train::MicroBatchMode mode) {
-      train::TrainConfig config = exact;
-      config.strategy = strategy;
-      config.replicas = replicas;
-      config.micro_batches = micro;
-      config.micro_batch_mode = mode;
-      exact_runs.push_back(measure(name, config, world_size, false));
-    };
-    using train::MicroBatchMode;
-    using train::Strategy;
-    layout("ddp 8", Strategy::ddp, 8, 0, 1, MicroBatchMode::no_sync);
-    layout("fsdp 8", Strategy::fsdp, 8, 0, 1, MicroBatchMode::no_sync);
-    layout("hsdp 2x4", Strategy::hsdp, 8, 2, 1, MicroBatchMode::no_sync);
-    layout("hsdp 4x2, 4 micro-batches (no-sync)", Strategy::hsdp, 8, 4, 4, MicroBatchMode::no_sync);
-    layout("hsdp 4x2, 4 micro-batches (reduce-scatter)", Strategy::hsdp, 8, 4, 4,
-           MicroBatchMode::reduce_scatter);
-    layout("1 rank", Strategy::fsdp, 1, 0, 1, MicroBatchMode::no_sync);
+  if (exact_steps > 0) f.exact_runs = exact_layout_runs(task, base, exact_steps);
+  for (const FsdpBenchRun& r : f.exact_runs)
+    f.digests_agree = f.digests_agree && r.digest == f.exact_runs.front().digest;
+  for (const FsdpBenchRun* r : {&f.fsdp_linked, &f.ddp_linked, &f.bare_linked})
+    f.replicas_agree = f.replicas_agree && r->replicas_identical;
+  for (const TopologyPair& pair : f.on_hosts) {
+    f.replicas_agree =
+        f.replicas_agree && pair.aware.replicas_identical && pair.blind.replicas_identical;
   }
-  bool digests_agree = true;
-  for (const FsdpBenchRun& r : exact_runs)
-    digests_agree = digests_agree && r.digest == exact_runs.front().digest;
-  bool replicas_agree = true;
-  for (const FsdpBenchRun* r : {&fsdp_linked, &ddp_linked, &bare_linked})
-    replicas_agree = replicas_agree && r->replicas_identical;
-  for (const TopologyPair& pair : on_hosts)
-    replicas_agree =
-        replicas_agree && pair.aware.replicas_identical && pair.blind.replicas_identical;
-
-  const double fsdp_over_ddp = fsdp_linked.step_seconds / ddp_linked.step_seconds;
   if (options.train.json) {
-    nlohmann::json out = {
-        {"ranks", ranks},
-        {"link", options.link},
-        {"steps", timed.steps},
-        {"link_ms_per_step", fsdp_linked.link_seconds * 1e3},
-        {"exposed_communication_prefetch", exposed(fsdp_compute, fsdp_linked)},
-        {"exposed_communication_no_prefetch", exposed(bare_compute, bare_linked)},
-        {"exposed_by_step_time_prefetch", exposed_by_step(fsdp_compute, fsdp_linked)},
-        {"exposed_by_step_time_no_prefetch", exposed_by_step(bare_compute, bare_linked)},
-        {"fsdp_step_ms", fsdp_linked.step_seconds * 1e3},
-        {"ddp_step_ms", ddp_linked.step_seconds * 1e3},
-        {"fsdp_over_ddp_step_time", fsdp_over_ddp},
-        {"fsdp_peak_bytes", fsdp_linked.peak_bytes},
-        {"ddp_peak_bytes", ddp_linked.peak_bytes},
-        {"fsdp_sharded_state_bytes", fsdp_linked.sharded_bytes},
-        {"ddp_state_bytes", ddp_linked.sharded_bytes},
-        {"ordered_replicas_identical", replicas_agree},
-        {"exact_digests_identical", digests_agree}};
-    nlohmann::json layouts = nlohmann::json::array();
-    for (const FsdpBenchRun& r : exact_runs)
-      layouts.push_back({{"layout", r.name}, {"digest", digest_hex(r.digest)}});
-    out["exact_layouts"] = layouts;
-    print_topology_pairs(on_hosts, hosts, true, &out);
-    std::cout << out.dump() << '\n';
+    print_fsdp_json(f, options, hosts);
   } else {
-    std::cout << fmt::format(
-        "fsdp bench: {} thread ranks, model {}, global batch {}, {} steps, simulated link {}\n",
-        ranks, options.train.model, timed.batch, timed.steps, options.link);
-    std::cout << fmt::format("{:<28} {:>10} {:>12} {:>12} {:>12}\n", "run", "step ms",
-                             "wait ms/step", "link ms/step", "peak memory");
-    for (const FsdpBenchRun* r :
-         {&fsdp_compute, &fsdp_linked, &bare_compute, &bare_linked, &ddp_compute, &ddp_linked}) {
-      std::cout << fmt::format("{:<28} {:>10.2f} {:>12.2f} {:>12.2f} {:>12}\n", r->name,
-                               r->step_seconds * 1e3, r->wait_seconds * 1e3, r->link_seconds * 1e3,
-                               format_bytes(static_cast<double>(r->peak_bytes)));
-    }
-    std::cout << fmt::format(
-        "exposed communication (extra compute wait / link time): {:.3f} with prefetch, {:.3f} "
-        "without (goal <= 0.10 with prefetch)\n",
-        exposed(fsdp_compute, fsdp_linked), exposed(bare_compute, bare_linked));
-    std::cout << fmt::format(
-        "exposed communication by step time ((step - compute-only step) / link time): {:.3f} "
-        "with prefetch, {:.3f} without\n",
-        exposed_by_step(fsdp_compute, fsdp_linked), exposed_by_step(bare_compute, bare_linked));
-    std::cout << fmt::format("fsdp / ddp step time on the link: {:.3f} (goal <= 1.1)\n",
-                             fsdp_over_ddp);
-    std::cout << fmt::format(
-        "peak memory per rank: fsdp {} against ddp {} ({:.2f}x); sharded state {} against {}\n",
-        format_bytes(static_cast<double>(fsdp_linked.peak_bytes)),
-        format_bytes(static_cast<double>(ddp_linked.peak_bytes)),
-        static_cast<double>(fsdp_linked.peak_bytes) / static_cast<double>(ddp_linked.peak_bytes),
-        format_bytes(static_cast<double>(fsdp_linked.sharded_bytes)),
-        format_bytes(static_cast<double>(ddp_linked.sharded_bytes)));
-    print_topology_pairs(on_hosts, hosts, false, nullptr);
-    std::cout << fmt::format("ordered replicas identical: {}\n", replicas_agree ? "yes" : "NO");
-    for (const FsdpBenchRun& r : exact_runs)
-      std::cout << fmt::format("exact {:<44} digest {}\n", r.name, digest_hex(r.digest));
-    if (!exact_runs.empty()) {
-      std::cout << fmt::format("exact digests over {} layouts: {}\n", exact_runs.size(),
-                               digests_agree ? "identical" : "DIFFER");
-    }
+    print_fsdp_text(f, options, hosts);
   }
-  if (!digests_agree || !replicas_agree) set_exit_status(1);
+  if (!f.digests_agree || !f.replicas_agree) set_exit_status(1);
 }
 
 /// `meshtensor bench tp`: the shared train options, the simulated link, the exact rounds.
