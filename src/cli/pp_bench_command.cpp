@@ -201,6 +201,85 @@ nlohmann::json run_json(const TrainingFigures& f) {
           {"digest", fmt::format("{:016x}", f.digest)}};
 }
 
+/// Everything `bench pp` measured.
+struct PpBenchFigures {
+  const nn::GptConfig& gpt;
+  comm::ReductionMode mode;
+  pp::ScheduleConfig schedule;
+  std::int64_t rows;  // windows per micro-batch
+  const std::string& link;
+  const ReplayFigures& replay;
+  const TrainingFigures& whole;
+  const TrainingFigures& pipelined;
+  const std::vector<TrainingFigures>& checkpointing;  // none first
+  double memory_ratio(const TrainingFigures& f) const {
+    return static_cast<double>(checkpointing[0].activation_peaks.at(0)) /
+           static_cast<double>(f.activation_peaks.at(0));
+  }
+  double time_ratio(const TrainingFigures& f) const {
+    return f.step_seconds / checkpointing[0].step_seconds;
+  }
+};
+
+void print_pp_json(const PpBenchFigures& f) {
+  const ReplayFigures& replay = f.replay;
+  nlohmann::json out = {{"model", nn::gpt_config_text(f.gpt)},
+                        {"mode", comm::reduction_mode_name(f.mode)},
+                        {"stages", f.schedule.ranks},
+                        {"schedule", pp::schedule_name(f.schedule.kind)},
+                        {"virtual_stages", f.schedule.virtual_stages},
+                        {"micro_batches", f.schedule.micro_batches},
+                        {"link", f.link},
+                        {"replay",
+                         {{"forward_seconds", replay.forward_seconds},
+                          {"backward_seconds", replay.backward_seconds},
+                          {"step_seconds", replay.step_seconds},
+                          {"bubble", replay.bubble},
+                          {"theoretical_bubble", replay.theory},
+                          {"bubble_over_theory", replay.bubble / replay.theory}}},
+                        {"one_rank", run_json(f.whole)},
+                        {"pipelined", run_json(f.pipelined)},
+                        {"checkpointing", nlohmann::json::array()}};
+  for (const TrainingFigures& run : f.checkpointing) {
+    nlohmann::json row = run_json(run);
+    row["memory_reduction"] = f.memory_ratio(run);
+    row["step_time_ratio"] = f.time_ratio(run);
+    out["checkpointing"].push_back(row);
+  }
+  std::cout << out.dump() << '\n';
+}
+
+void print_pp_text(const PpBenchFigures& f) {
+  const ReplayFigures& replay = f.replay;
+  std::cout << fmt::format(
+      "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
+      "micro-batches of {} window(s), link {}\n",
+      nn::gpt_config_text(f.gpt), comm::reduction_mode_name(f.mode), f.schedule.ranks,
+      pp::schedule_name(f.schedule.kind), f.schedule.virtual_stages, f.schedule.micro_batches,
+      f.rows, f.link);
+  std::cout << fmt::format(
+      "schedule on the runtime, compute replayed (forward {:.2f} ms, backward {:.2f} ms a "
+      "stage, measured on 1 rank): step {:.1f} ms, bubble {:.3f} against theory {:.3f}: "
+      "{:.2f}x\n",
+      replay.forward_seconds * 1e3, replay.backward_seconds * 1e3, replay.step_seconds * 1e3,
+      replay.bubble, replay.theory, replay.bubble / replay.theory);
+  std::cout << fmt::format(
+      "real steps ({} ranks share this machine's {} cores): 1 rank {:.1f} ms; {} {:.1f} ms, "
+      "bubble of rank 0 {:.3f}, digests {}\n",
+      f.schedule.ranks, std::thread::hardware_concurrency(), f.whole.step_seconds * 1e3,
+      f.pipelined.name, f.pipelined.step_seconds * 1e3, f.pipelined.bubble,
+      f.whole.digest == f.pipelined.digest ? "equal" : "DIFFER");
+  std::cout << fmt::format("activation peak per stage: {}\n",
+                           peaks_text(f.pipelined.activation_peaks));
+  for (const TrainingFigures& run : f.checkpointing) {
+    std::cout << fmt::format(
+        "{:<24} step {:>7.1f} ms ({:.2f}x)  activations {:>10} ({:.2f}x less)  digest "
+        "{:016x}\n",
+        run.name, run.step_seconds * 1e3, f.time_ratio(run), peaks_text(run.activation_peaks),
+        f.memory_ratio(run), run.digest);
+  }
+}
+
 void run(const PipelineBenchOptions& options) {
   print_machine_line(options.train.json);
   train::TrainConfig base = parse_config(options.train);
@@ -237,67 +316,12 @@ void run(const PipelineBenchOptions& options) {
                   piped, stages, options.link);
   const std::vector<TrainingFigures> checkpointing =
       measure_checkpointing(*loaded.task, one, options.link, checkpointing_rounds);
-  const double bubble_ratio = replay.bubble / replay.theory;
-  const auto memory_ratio = [&](const TrainingFigures& f) {
-    return static_cast<double>(checkpointing[0].activation_peaks.at(0)) /
-           static_cast<double>(f.activation_peaks.at(0));
-  };
-  const auto time_ratio = [&](const TrainingFigures& f) {
-    return f.step_seconds / checkpointing[0].step_seconds;
-  };
+  const PpBenchFigures figures{gpt,    base.mode, schedule,  rows,         options.link,
+                               replay, whole,     pipelined, checkpointing};
   if (options.train.json) {
-    nlohmann::json out = {{"model", nn::gpt_config_text(gpt)},
-                          {"mode", comm::reduction_mode_name(base.mode)},
-                          {"stages", stages},
-                          {"schedule", pp::schedule_name(schedule.kind)},
-                          {"virtual_stages", schedule.virtual_stages},
-                          {"micro_batches", schedule.micro_batches},
-                          {"link", options.link},
-                          {"replay",
-                           {{"forward_seconds", replay.forward_seconds},
-                            {"backward_seconds", replay.backward_seconds},
-                            {"step_seconds", replay.step_seconds},
-                            {"bubble", replay.bubble},
-                            {"theoretical_bubble", replay.theory},
-                            {"bubble_over_theory", bubble_ratio}}},
-                          {"one_rank", run_json(whole)},
-                          {"pipelined", run_json(pipelined)},
-                          {"checkpointing", nlohmann::json::array()}};
-    for (const TrainingFigures& f : checkpointing) {
-      nlohmann::json row = run_json(f);
-      row["memory_reduction"] = memory_ratio(f);
-      row["step_time_ratio"] = time_ratio(f);
-      out["checkpointing"].push_back(row);
-    }
-    std::cout << out.dump() << '\n';
+    print_pp_json(figures);
   } else {
-    std::cout << fmt::format(
-        "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
-        "micro-batches of {} window(s), link {}\n",
-        nn::gpt_config_text(gpt), comm::reduction_mode_name(base.mode), stages,
-        pp::schedule_name(schedule.kind), schedule.virtual_stages, schedule.micro_batches, rows,
-        options.link);
-    std::cout << fmt::format(
-        "schedule on the runtime, compute replayed (forward {:.2f} ms, backward {:.2f} ms a "
-        "stage, measured on 1 rank): step {:.1f} ms, bubble {:.3f} against theory {:.3f}: "
-        "{:.2f}x\n",
-        replay.forward_seconds * 1e3, replay.backward_seconds * 1e3, replay.step_seconds * 1e3,
-        replay.bubble, replay.theory, bubble_ratio);
-    std::cout << fmt::format(
-        "real steps ({} ranks share this machine's {} cores): 1 rank {:.1f} ms; {} {:.1f} ms, "
-        "bubble of rank 0 {:.3f}, digests {}\n",
-        stages, std::thread::hardware_concurrency(), whole.step_seconds * 1e3, pipelined.name,
-        pipelined.step_seconds * 1e3, pipelined.bubble,
-        whole.digest == pipelined.digest ? "equal" : "DIFFER");
-    std::cout << fmt::format("activation peak per stage: {}\n",
-                             peaks_text(pipelined.activation_peaks));
-    for (const TrainingFigures& f : checkpointing) {
-      std::cout << fmt::format(
-          "{:<24} step {:>7.1f} ms ({:.2f}x)  activations {:>10} ({:.2f}x less)  digest "
-          "{:016x}\n",
-          f.name, f.step_seconds * 1e3, time_ratio(f), peaks_text(f.activation_peaks),
-          memory_ratio(f), f.digest);
-    }
+    print_pp_text(figures);
   }
   bool same = whole.digest == pipelined.digest;
   for (const TrainingFigures& f : checkpointing)

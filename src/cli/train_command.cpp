@@ -578,6 +578,45 @@ TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agr
   return combined;
 }
 
+/// The timed runs of `bench train` as JSON rows.
+nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const LoadedTask& loaded) {
+  const train::Task& task = *loaded.task;
+  nlohmann::json rows = nlohmann::json::array();
+  const std::string eval = task.eval_name();
+  for (const TrainBenchRun& r : runs) {
+    nlohmann::json row = {{"mode", r.mode},
+                          {"ranks", r.layout.ranks},
+                          {"micro_batches", r.layout.micro_batches},
+                          {"samples_per_second", r.samples_per_second},
+                          {"step_seconds", r.step_seconds},
+                          {eval + "_loss", r.test_loss},
+                          {eval + "_accuracy", r.test_accuracy},
+                          {"digest", digest_hex(r.digest)},
+                          {"replicas_identical", r.replicas_identical}};
+    if (loaded.language) {
+      row["tokens_per_second"] =
+          r.samples_per_second * static_cast<double>(task.targets_per_sample());
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+/// The timed runs of `bench train` as a table.
+void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task) {
+  const auto per_sample = static_cast<double>(task.targets_per_sample());
+  std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9} {:>9}  {}\n", "mode", "ranks",
+                           "micro", fmt::format("{}s/s", task.target_name()), "step ms",
+                           task.eval_name().substr(0, 4) + " loss", "acc", "digest");
+  for (const TrainBenchRun& r : runs) {
+    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f} {:>9.4f}  {}{}\n",
+                             r.mode, r.layout.ranks, r.layout.micro_batches,
+                             r.samples_per_second * per_sample, r.step_seconds * 1e3, r.test_loss,
+                             r.test_accuracy, digest_hex(r.digest),
+                             r.replicas_identical ? "" : "  (replicas DIFFER)");
+  }
+}
+
 void run_train_bench(const TrainBenchOptions& options) {
   print_machine_line(options.train.json);
   TrainOptions train_options = options.train;
@@ -633,48 +672,18 @@ void run_train_bench(const TrainBenchOptions& options) {
     if (r.mode == "exact") digests_agree = digests_agree && r.digest == runs[1].digest;
   }
   if (train_options.json) {
-    nlohmann::json rows = nlohmann::json::array();
-    const std::string eval = task.eval_name();
-    for (const TrainBenchRun& r : runs) {
-      nlohmann::json row = {{"mode", r.mode},
-                            {"ranks", r.layout.ranks},
-                            {"micro_batches", r.layout.micro_batches},
-                            {"samples_per_second", r.samples_per_second},
-                            {"step_seconds", r.step_seconds},
-                            {eval + "_loss", r.test_loss},
-                            {eval + "_accuracy", r.test_accuracy},
-                            {"digest", digest_hex(r.digest)},
-                            {"replicas_identical", r.replicas_identical}};
-      if (loaded.language) {
-        row["tokens_per_second"] =
-            r.samples_per_second * static_cast<double>(task.targets_per_sample());
-      }
-      rows.push_back(row);
-    }
-    nlohmann::json out = {{"model", train_options.model},
-                          {"batch", config.batch},
-                          {"runs", rows},
-                          {"exact_digests_identical", digests_agree},
-                          {"reruns_identical", reruns_agree},
-                          {"exact_over_ordered_step_time", ratio},
-                          {"exact_over_ordered_rounds", ratios}};
+    nlohmann::json out = {
+        {"model", train_options.model},           {"batch", config.batch},
+        {"runs", train_bench_rows(runs, loaded)}, {"exact_digests_identical", digests_agree},
+        {"reruns_identical", reruns_agree},       {"exact_over_ordered_step_time", ratio},
+        {"exact_over_ordered_rounds", ratios}};
     std::cout << out.dump(2) << '\n';
   } else {
     std::cout << fmt::format("training {} (global batch {}, {}) on threads\n", train_options.model,
                              config.batch,
                              config.steps > 0 ? fmt::format("{} steps", config.steps)
                                               : fmt::format("{} epochs", config.epochs));
-    const auto per_sample = static_cast<double>(task.targets_per_sample());
-    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9} {:>9}  {}\n", "mode", "ranks",
-                             "micro", fmt::format("{}s/s", task.target_name()), "step ms",
-                             task.eval_name().substr(0, 4) + " loss", "acc", "digest");
-    for (const TrainBenchRun& r : runs) {
-      std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f} {:>9.4f}  {}{}\n",
-                               r.mode, r.layout.ranks, r.layout.micro_batches,
-                               r.samples_per_second * per_sample, r.step_seconds * 1e3, r.test_loss,
-                               r.test_accuracy, digest_hex(r.digest),
-                               r.replicas_identical ? "" : "  (replicas DIFFER)");
-    }
+    print_train_bench_rows(runs, task);
     std::cout << fmt::format(
         "exact / ordered step time on {} ranks: {:.2f}x, median of {} alternated rounds ({:.2f}) "
         "(goal: at most 3x)\n",
