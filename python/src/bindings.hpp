@@ -37,6 +37,11 @@ class ArgumentTypeError : public InvalidArgument {
 /// A Python value as a message shows it: its type and its repr, cut to a bounded length.
 std::string describe_value(const py::handle& value);
 
+/// `message` (a library error or warning) with each setting it names as `field_name` given as
+/// Python names it: the keyword argument field_name (the library names settings by their fields,
+/// each front end by its own names).
+std::string with_keyword_names(std::string_view message);
+
 /// What a message says an argument of type T must be ("an int", "a sequence of str", ...).
 template <class T>
 constexpr std::string_view expected_type() {

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <meshtensor/core/error.hpp>
 
 #include "bindings.hpp"
@@ -59,28 +61,47 @@ void bind_exceptions(py::module_& module) {
     try {
       std::rethrow_exception(pointer);
     } catch (const DesyncError& error) {
-      PyErr_SetString(g_exceptions.desync, error.what());
+      PyErr_SetString(g_exceptions.desync, with_keyword_names(error.what()).c_str());
     } catch (const TimeoutError& error) {
-      PyErr_SetString(g_exceptions.timeout, error.what());
+      PyErr_SetString(g_exceptions.timeout, with_keyword_names(error.what()).c_str());
     } catch (const CommError& error) {
-      PyErr_SetString(g_exceptions.comm, error.what());
+      PyErr_SetString(g_exceptions.comm, with_keyword_names(error.what()).c_str());
     } catch (const ArgumentTypeError& error) {
-      PyErr_SetString(g_exceptions.argument_type, error.what());
+      PyErr_SetString(g_exceptions.argument_type, with_keyword_names(error.what()).c_str());
     } catch (const ParseError& error) {
-      PyErr_SetString(g_exceptions.parse, error.what());
+      PyErr_SetString(g_exceptions.parse, with_keyword_names(error.what()).c_str());
     } catch (const InvalidArgument& error) {
-      PyErr_SetString(g_exceptions.invalid, error.what());
+      PyErr_SetString(g_exceptions.invalid, with_keyword_names(error.what()).c_str());
     } catch (const ResourceError& error) {
-      PyErr_SetString(g_exceptions.resource, error.what());
+      PyErr_SetString(g_exceptions.resource, with_keyword_names(error.what()).c_str());
     } catch (const DataError& error) {
-      PyErr_SetString(g_exceptions.data, error.what());
+      PyErr_SetString(g_exceptions.data, with_keyword_names(error.what()).c_str());
     } catch (const Error& error) {
-      PyErr_SetString(g_exceptions.error, error.what());
+      PyErr_SetString(g_exceptions.error, with_keyword_names(error.what()).c_str());
     }
   });
 }
 
 }  // namespace
+
+std::string with_keyword_names(std::string_view message) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < message.size()) {
+    const std::size_t open = message.find('`', at);
+    const std::size_t close = open == std::string_view::npos ? open : message.find('`', open + 1);
+    if (close == std::string_view::npos) break;
+    const std::string_view name = message.substr(open + 1, close - open - 1);
+    const bool field = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    });
+    out.append(message.substr(at, open - at));
+    out.append(field ? name : message.substr(open, close - open + 1));
+    at = close + 1;
+  }
+  out.append(message.substr(std::min(at, message.size())));
+  return out;
+}
 
 std::string describe_value(const py::handle& value) {
   constexpr std::size_t kShown = 80;

@@ -287,7 +287,10 @@ py::object run_training(const py::object& data, const py::object& world_object,
     const py::gil_scoped_release release;
     result = train::train(*world, *task, config, callbacks);
   }
-  return python_of(train::result_json(result, *task, config, world->size()));
+  nlohmann::json out = train::result_json(result, *task, config, world->size());
+  for (auto& warning : out["warnings"])
+    warning = with_keyword_names(warning.get<std::string>());
+  return python_of(out);
 }
 
 std::shared_ptr<PyMlp> make_model(std::int64_t inputs, const std::vector<std::int64_t>& hidden,

@@ -13,6 +13,7 @@
 #include <meshtensor/core/memory.hpp>
 
 #include "commands.hpp"
+#include "options.hpp"
 
 namespace meshtensor::cli {
 namespace {
@@ -129,7 +130,7 @@ int main(int argc, char** argv) {
     check_standard_output();
     return status;
   } catch (const meshtensor::Error& error) {
-    std::cerr << "meshtensor: error: " << error.what() << '\n';
+    std::cerr << "meshtensor: error: " << meshtensor::cli::with_flag_names(error.what()) << '\n';
     return kBadInput;
   } catch (const std::bad_alloc&) {
     std::cerr << "meshtensor: error: out of memory (std::bad_alloc): the request needs more "

@@ -87,4 +87,9 @@ struct TopologyOptions {
 /// it was measured on.
 void print_machine_line(bool json);
 
+/// `message` (a library error or warning) with each setting it names as `field_name` given as
+/// this tool's flag, --field-name: the library names settings by their fields, each front end
+/// by its own names.
+std::string with_flag_names(std::string_view message);
+
 }  // namespace meshtensor::cli

@@ -470,14 +470,16 @@ void run_train(const TrainOptions& options) {
         const train::TrainResult result = train::train(world, task, config, callbacks);
         if (!leader) return;
         for (const std::string& warning : result.warnings)
-          std::cerr << "meshtensor: warning: " << warning << '\n';
+          std::cerr << "meshtensor: warning: " << with_flag_names(warning) << '\n';
         if (trace_file) {
           trace_file->stream() << result.trace << '\n';
           trace_file->commit();
         }
         if (log) outputs.log->commit();
         if (options.json) {
-          const nlohmann::json final_json = train::result_json(result, task, config, world.size());
+          nlohmann::json final_json = train::result_json(result, task, config, world.size());
+          for (auto& warning : final_json["warnings"])
+            warning = with_flag_names(warning.get<std::string>());
           std::cout << final_json.dump() << '\n';
         } else {
           print_result_text(result, options, config, loaded, world.size(), trace_file != nullptr);

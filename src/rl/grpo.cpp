@@ -269,7 +269,7 @@ void RlRun::resume() {
     if (kind == index.metadata.end() || kind->second != "rl") {
       problem = fmt::format(
           "checkpoint {} was not saved by an RL run (resume it with train, or "
-          "start from it with --init)",
+          "start from it with `init`)",
           path);
     } else if (architecture == index.metadata.end() ||
                architecture->second != language_->architecture()) {
@@ -279,7 +279,7 @@ void RlRun::resume() {
                                            index.metadata.at("reference") == "yes")) {
       problem = fmt::format(
           "checkpoint {} was saved {} a KL reference model, and this run has {} (give the same "
-          "--kl > 0 or = 0 as the saving run)",
+          "`kl` > 0 or = 0 as the saving run)",
           path, reference_ != nullptr ? "without" : "with", reference_ != nullptr ? "one" : "none");
     }
   }

@@ -18,7 +18,7 @@ namespace meshtensor::train {
 void Task::check_tensor_parallel(std::int64_t degree) const {
   if (degree != 1) {
     throw InvalidArgument(fmt::format(
-        "the model '{}' has no tensor-parallel plan: a tp mesh dim of {} needs a GPT (--model gpt)",
+        "the model '{}' has no tensor-parallel plan: a tp mesh dim of {} needs a GPT (`model` gpt)",
         architecture(), degree));
   }
 }

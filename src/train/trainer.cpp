@@ -68,7 +68,7 @@ NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
     const std::string& name = parsed.names()[static_cast<std::size_t>(d)];
     if (name != "pp" && name != "dp" && name != "fsdp" && name != "tp") {
       throw ParseError(fmt::format(
-          "--names: unknown mesh dim name '{}' (expected pp, dp, fsdp and tp, each at most once)",
+          "`names`: unknown mesh dim name '{}' (expected pp, dp, fsdp and tp, each at most once)",
           name));
     }
     (name == "pp"     ? mesh.pp
@@ -407,7 +407,7 @@ void TrainingRun::resume() {
   if (saved_by != "train") {
     throw InvalidArgument(fmt::format(
         "checkpoint {} was saved by meshtensor {}, not by train: it holds no training position "
-        "(start rl from it with --init, or generate from it)",
+        "(start rl from it with `init`, or generate from it)",
         config_.resume_dir, saved_by));
   }
   std::vector<checkpoint::SaveItem> state = training_state();
@@ -437,8 +437,8 @@ void TrainingRun::resume() {
       world_, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
   if (!architecture.empty() && architecture != task_.architecture()) {
     throw InvalidArgument(
-        fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (--model, "
-                    "--activation and --layernorm must match the saving run's)",
+        fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (`model`, "
+                    "`activation` and `layernorm` must match the saving run's)",
                     config_.resume_dir, architecture, task_.architecture()));
   }
   restore_model_state(state, loaded, model_->optimizer());
@@ -447,7 +447,7 @@ void TrainingRun::resume() {
     result_.warnings.push_back(fmt::format(
         "the checkpoint's run had the learning-rate schedule '{}', this run has '{}': the "
         "weights will differ from one uninterrupted run (give both runs the whole run's "
-        "--epochs or --steps, and stop the first with --stop-after)",
+        "`epochs` or `steps`, and stop the first with `stop_after`)",
         saved->second, schedule_text(config_.schedule)));
   }
   step_ = scalar(0);
@@ -735,7 +735,7 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
       config.micro_batches < config.mesh.pp) {
     throw InvalidArgument(fmt::format(
         "{} keeps every pipeline rank busy with one micro-batch each: {} micro-batches is fewer "
-        "than the {} pp ranks (give --micro-batches {} or more, or the gpipe schedule)",
+        "than the {} pp ranks (give `micro_batches` {} or more, or the gpipe schedule)",
         pp::schedule_name(config.pipeline_schedule), config.micro_batches, config.mesh.pp,
         config.mesh.pp));
   }
@@ -743,7 +743,7 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
   if (config.micro_batch_mode != MicroBatchMode::no_sync) {
     throw InvalidArgument(
         "a pipeline reduces each stage's gradients once, after its last micro-batch: the "
-        "reduce-scatter micro-batch mode does not apply (leave --micro-batch-mode no-sync)");
+        "reduce-scatter micro-batch mode does not apply (leave `micro_batch_mode` no-sync)");
   }
 }
 
@@ -755,7 +755,7 @@ void validate_config(const TrainConfig& config, const Task& task) {
   };
   if (config.verify_generator && dynamic_cast<const LanguageModelling*>(&task) == nullptr) {
     throw InvalidArgument(fmt::format(
-        "--verify-generator checks a GPT's generator; this run trains '{}'", task.architecture()));
+        "`verify_generator` checks a GPT's generator; this run trains '{}'", task.architecture()));
   }
   positive(config.batch, "the batch");
   positive(config.micro_batches, "the number of micro-batches");
@@ -814,7 +814,7 @@ void validate_config(const TrainConfig& config, const Task& task) {
   if (config.sequence_parallel && !config.mesh.has_tp) {
     throw InvalidArgument(fmt::format(
         "sequence parallelism splits the sequence over the tp mesh dim, and the mesh {} has "
-        "none: name a tp dim (e.g. --mesh 2x2 --names fsdp,tp) or leave it off",
+        "none: name a tp dim (e.g. `mesh` 2x2 and `names` fsdp,tp) or leave it off",
         config.mesh.given ? config.mesh.describe() : std::string("of this run")));
   }
   validate_pipeline(config, task);
