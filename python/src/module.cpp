@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include <meshtensor/core/error.hpp>
 
 #include "bindings.hpp"
@@ -85,22 +83,7 @@ void bind_exceptions(py::module_& module) {
 }  // namespace
 
 std::string with_keyword_names(std::string_view message) {
-  std::string out;
-  std::size_t at = 0;
-  while (at < message.size()) {
-    const std::size_t open = message.find('`', at);
-    const std::size_t close = open == std::string_view::npos ? open : message.find('`', open + 1);
-    if (close == std::string_view::npos) break;
-    const std::string_view name = message.substr(open + 1, close - open - 1);
-    const bool field = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    });
-    out.append(message.substr(at, open - at));
-    out.append(field ? name : message.substr(open, close - open + 1));
-    at = close + 1;
-  }
-  out.append(message.substr(std::min(at, message.size())));
-  return out;
+  return with_setting_names(message, [](std::string_view field) { return std::string(field); });
 }
 
 std::string describe_value(const py::handle& value) {

@@ -152,28 +152,11 @@ void TopologyOptions::check_backend(bool mpi) const {
 }
 
 std::string with_flag_names(std::string_view message) {
-  std::string out;
-  std::size_t at = 0;
-  while (at < message.size()) {
-    const std::size_t open = message.find('`', at);
-    const std::size_t close = open == std::string_view::npos ? open : message.find('`', open + 1);
-    if (close == std::string_view::npos) break;
-    const std::string_view name = message.substr(open + 1, close - open - 1);
-    const bool field = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-    });
-    out.append(message.substr(at, open - at));
-    if (field) {
-      std::string flag = "--" + std::string(name);
-      std::replace(flag.begin() + 2, flag.end(), '_', '-');
-      out += flag;
-    } else {
-      out.append(message.substr(open, close - open + 1));
-    }
-    at = close + 1;
-  }
-  out.append(message.substr(std::min(at, message.size())));
-  return out;
+  return with_setting_names(message, [](std::string_view field) {
+    std::string flag = "--" + std::string(field);
+    std::replace(flag.begin() + 2, flag.end(), '_', '-');
+    return flag;
+  });
 }
 
 }  // namespace meshtensor::cli

@@ -1,9 +1,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace meshtensor {
 
@@ -64,5 +66,12 @@ class DesyncError : public CommError {
 /// A bounded excerpt of a list for a message: the first `shown` values joined by ",", then
 /// ", ... and N more" when there are more (a message never grows with its input).
 std::string list_excerpt(std::span<const std::int64_t> values, std::size_t shown = 16);
+
+/// Library messages name a setting by its field in backquotes (`micro_batches`); each front end
+/// gives it by its own name (the command line's --micro-batches, Python's micro_batches).
+/// `message` with every backquoted field name (lower case, digits, '_') replaced by
+/// name_of(field); other text, other backquoted text included, unchanged.
+std::string with_setting_names(std::string_view message,
+                               const std::function<std::string(std::string_view)>& name_of);
 
 }  // namespace meshtensor
