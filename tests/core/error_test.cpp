@@ -18,10 +18,9 @@ std::string as_flag(std::string_view field) {
 TEST(SettingNames, BackquotedFieldsTakeTheFrontEndsNames) {
   EXPECT_EQ(with_setting_names("give `micro_batches` 2 or more, or `mesh` 2x2", as_flag),
             "give --micro-batches 2 or more, or --mesh 2x2");
-  EXPECT_EQ(with_setting_names("`names`: unknown", [](std::string_view f) {
-              return std::string(f);
-            }),
-            "names: unknown");
+  EXPECT_EQ(
+      with_setting_names("`names`: unknown", [](std::string_view f) { return std::string(f); }),
+      "names: unknown");
 }
 
 TEST(SettingNames, OtherTextIsUnchanged) {
