@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <vector>
 
 namespace meshtensor::bench {
@@ -14,6 +15,24 @@ inline double median(std::vector<double> values) {
   const std::size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
+
+/// The median of per-step figures after the first `warmup` steps (which set things up and warm
+/// caches; at least one value is kept); 0 when empty.
+inline double steady_median(const std::vector<double>& values, std::size_t warmup) {
+  if (values.empty()) return 0.0;
+  const auto skip = static_cast<std::ptrdiff_t>(std::min(warmup, values.size() - 1));
+  return median(std::vector<double>(values.begin() + skip, values.end()));
+}
+
+/// steady_median of step times after the first two (which allocate and warm the caches).
+inline double steady_step_seconds(const std::vector<double>& steps) {
+  return steady_median(steps, 2);
+}
+
+/// Prints "machine: <cpu model>, N hardware threads, kernels <level>" before a benchmark's text
+/// output (nothing with `json`, whose objects carry it as "machine", nor on mpi ranks other than
+/// 0): every figure names the CPU it was measured on.
+void print_machine_line(bool json);
 
 /// Seconds one call of `fn` takes.
 template <class Fn>

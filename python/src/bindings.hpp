@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
@@ -41,6 +42,15 @@ std::string describe_value(const py::handle& value);
 /// Python names it: the keyword argument field_name (the library names settings by their fields,
 /// each front end by its own names).
 std::string with_keyword_names(std::string_view message);
+
+/// `json` as Python objects (dicts, lists, str, int, float, bool, None): results keep the
+/// library's one JSON schema.
+py::object python_of(const nlohmann::json& json);
+
+/// A keyword argument's value as the text a settings table reads (train::TrainSettings): True
+/// and False as true and false, a sequence of sizes joined by 'x' ((2, 2) is "2x2"), of names
+/// by ',', a float by its shortest round-trip form (the same double), anything else by str().
+std::string setting_text(const py::handle& value, std::string_view argument);
 
 /// What a message says an argument of type T must be ("an int", "a sequence of str", ...).
 template <class T>

@@ -86,6 +86,33 @@ std::string with_keyword_names(std::string_view message) {
   return with_setting_names(message, [](std::string_view field) { return std::string(field); });
 }
 
+py::object python_of(const nlohmann::json& json) {
+  return py::module_::import("json").attr("loads")(json.dump());
+}
+
+std::string setting_text(const py::handle& value, std::string_view argument) {
+  if (py::isinstance<py::bool_>(value)) return value.cast<bool>() ? "true" : "false";
+  if (py::isinstance<py::str>(value)) return value.cast<std::string>();
+  if (py::hasattr(value, "__index__"))
+    return py::str(py::int_(py::reinterpret_borrow<py::object>(value))).cast<std::string>();
+  if (py::hasattr(value, "__float__"))
+    return py::repr(py::float_(py::reinterpret_borrow<py::object>(value))).cast<std::string>();
+  if (py::isinstance<py::sequence>(value)) {
+    std::string text;
+    for (const auto& item : value.cast<py::sequence>()) {
+      const bool size = py::isinstance<py::int_>(item) && !py::isinstance<py::bool_>(item);
+      if (!size && !py::isinstance<py::str>(item)) {
+        throw ArgumentTypeError(
+            fmt::format("{} must hold sizes or names, got {}", argument, describe_value(value)));
+      }
+      text += (text.empty() ? "" : (size ? "x" : ",")) + py::str(item).cast<std::string>();
+    }
+    return text;
+  }
+  throw ArgumentTypeError(fmt::format("{} must be a number, a string, a bool or a sequence, got {}",
+                                      argument, describe_value(value)));
+}
+
 std::string describe_value(const py::handle& value) {
   constexpr std::size_t kShown = 80;
   std::string repr;

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -8,6 +10,8 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/rl/grpo.hpp>
+#include <meshtensor/rl/result_json.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 #include "bindings.hpp"
@@ -98,69 +102,6 @@ rl::RewardFunction python_reward(const py::object& reward,
   };
 }
 
-py::list samples_list(const std::vector<rl::RlSample>& samples) {
-  py::list out;
-  for (const rl::RlSample& s : samples) {
-    py::dict d;
-    d["prompt"] = train::printable_text(s.prompt);
-    d["completion"] = train::printable_text(s.completion);
-    d["reward"] = s.reward;
-    out.append(d);
-  }
-  return out;
-}
-
-py::dict rl_result_dict(const rl::RlResult& result) {
-  py::dict out;
-  py::list reward_mean;
-  py::list kl_mean;
-  py::list sync_seconds;
-  py::list generate_seconds;
-  py::list train_seconds;
-  py::list steps;
-  for (const rl::RlStepReport& r : result.steps) {
-    reward_mean.append(r.reward_mean);
-    kl_mean.append(r.kl_mean);
-    sync_seconds.append(r.sync_seconds);
-    generate_seconds.append(r.generate_seconds);
-    train_seconds.append(r.train_seconds);
-    py::dict step;
-    step["step"] = r.step;
-    step["reward_mean"] = r.reward_mean;
-    step["tokens"] = r.tokens;
-    step["identical"] = r.identical;
-    step["max_abs_diff"] = r.max_abs_diff;
-    step["kl_mean"] = r.kl_mean;
-    step["loss"] = r.loss;
-    step["sync_collectives"] = r.sync.collectives;
-    step["sync_bytes_per_rank"] = r.sync.bytes_per_rank;
-    steps.append(step);
-  }
-  out["weights_digest"] = digest_hex(result.weights_digest);
-  out["steps"] = result.resumed_step + static_cast<std::int64_t>(result.steps.size());
-  out["resumed_step"] = result.resumed_step;
-  out["reward_mean"] = reward_mean;
-  out["kl_mean"] = kl_mean;
-  py::dict parity;
-  parity["tokens"] = result.tokens;
-  parity["identical"] = result.identical;
-  parity["max_abs_diff"] = result.max_abs_diff;
-  out["parity"] = parity;
-  out["sync_seconds"] = sync_seconds;
-  out["generate_seconds"] = generate_seconds;
-  out["train_seconds"] = train_seconds;
-  out["step_reports"] = steps;
-  out["samples_before"] = samples_list(result.before);
-  out["samples_after"] = samples_list(result.after);
-  out["trainer_layout"] = result.trainer_layout;
-  out["generator_layout"] = result.generator_layout;
-  out["checkpoints"] = result.checkpoints;
-  out["parameters"] = result.parameters;
-  out["parameter_tensors"] = result.parameter_tensors;
-  out["seconds"] = result.seconds;
-  return out;
-}
-
 /// (replicas, tp) from generator=(R, T) or generator_tp=T (replicas fill the world).
 rl::GeneratorLayout generator_from(const py::object& value, std::int64_t tp,
                                    std::int64_t world_ranks) {
@@ -174,137 +115,124 @@ rl::GeneratorLayout generator_from(const py::object& value, std::int64_t tp,
   return {sizes[0], sizes[1]};
 }
 
-py::dict run_rl(const py::object& init, const py::object& world_object, const py::kwargs& kwargs) {
-  std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
-  rl::RlConfig config;
-  config.train.mode = comm::ReductionMode::exact;
-  config.train.schedule.base = 3e-4;
-  config.train.clip_grad_norm = 1.0;
-  config.kl = 0.05;
-  config.init = init.is_none() ? "" : py::str(init).cast<std::string>();
-  std::string task_name = "words";
+/// The trainer's settings rl() takes by keyword (train::TrainSettings reads them), and rl's
+/// defaults where they differ from train()'s: the command line's `meshtensor rl` takes the same.
+const std::vector<std::string> kTrainerFields = {"lr",
+                                                 "warmup",
+                                                 "schedule",
+                                                 "optimizer",
+                                                 "weight_decay",
+                                                 "clip_grad_norm",
+                                                 "micro_batches",
+                                                 "mode",
+                                                 "seed",
+                                                 "strategy",
+                                                 "mesh",
+                                                 "names",
+                                                 "sequence_parallel",
+                                                 "save",
+                                                 "save_every",
+                                                 "keep_checkpoints",
+                                                 "resume"};
+
+/// rl()'s own keywords: the task, the generator, the callbacks, and the GRPO figures.
+struct RlKeywords {
+  std::string task = "words";
   std::string data = train::kDefaultTextDir;
   std::string dictionary = rl::kDefaultDictionary;
   std::int64_t prompt_bytes = 16;
   std::string model = "gpt";
-  std::string mesh_shape;
-  std::string mesh_names;
   std::int64_t generator_tp = 1;
   py::object generator = py::none();
   py::object reward = py::none();
   py::object on_step = py::none();
+};
+
+/// Reads one of rl()'s own keywords into `config` or `own`; false when `name` is none of them.
+bool read_rl_keyword(const std::string& name, const py::handle& value, rl::RlConfig& config,
+                     RlKeywords& own) {
+  const std::string argument = fmt::format("rl() argument '{}'", name);
+  const auto text = [&] { return cast_argument<std::string>(value, argument); };
+  const std::map<std::string, std::int64_t*> integers = {{"steps", &config.steps},
+                                                         {"prompts", &config.prompts},
+                                                         {"samples", &config.samples},
+                                                         {"new_tokens", &config.new_tokens},
+                                                         {"top_k", &config.top_k},
+                                                         {"ppo_epochs", &config.ppo_epochs},
+                                                         {"minibatches", &config.minibatches},
+                                                         {"max_batch", &config.max_batch},
+                                                         {"trainer_ranks", &config.trainer_ranks},
+                                                         {"stop_after", &config.train.stop_after},
+                                                         {"prompt_bytes", &own.prompt_bytes},
+                                                         {"generator_tp", &own.generator_tp}};
+  const std::map<std::string, double*> reals = {
+      {"temperature", &config.temperature}, {"clip_ratio", &config.clip_ratio}, {"kl", &config.kl}};
+  const std::map<std::string, std::string*> texts = {{"task", &own.task},
+                                                     {"data", &own.data},
+                                                     {"dictionary", &own.dictionary},
+                                                     {"model", &own.model}};
+  const std::map<std::string, py::object*> objects = {
+      {"generator", &own.generator}, {"reward", &own.reward}, {"on_step", &own.on_step}};
+  if (const auto at = integers.find(name); at != integers.end()) {
+    *at->second = cast_argument<std::int64_t>(value, argument);
+  } else if (const auto real = reals.find(name); real != reals.end()) {
+    *real->second = cast_argument<double>(value, argument);
+  } else if (const auto string = texts.find(name); string != texts.end()) {
+    *string->second = text();
+  } else if (const auto object = objects.find(name); object != objects.end()) {
+    *object->second = py::reinterpret_borrow<py::object>(value);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// The RlConfig and own keywords of rl()'s arguments; InvalidArgument naming an unknown one.
+rl::RlConfig rl_config(const py::object& init, const py::kwargs& kwargs, RlKeywords& own) {
+  train::TrainSettings trainer;
+  for (const auto& [name, text] : {std::pair{"lr", "3e-4"},
+                                   {"schedule", "constant"},
+                                   {"mode", "exact"},
+                                   {"clip_grad_norm", "1"}})
+    trainer.set_default(name, text);
+  rl::RlConfig config;
+  config.kl = 0.05;
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();
-    const std::string argument = fmt::format("rl() argument '{}'", name);
-    const auto text = [&] { return cast_argument<std::string>(value, argument); };
-    const auto integer = [&] { return cast_argument<std::int64_t>(value, argument); };
-    const auto real = [&] { return cast_argument<double>(value, argument); };
-    if (name == "task")
-      task_name = text();
-    else if (name == "data")
-      data = text();
-    else if (name == "dictionary")
-      dictionary = text();
-    else if (name == "prompt_bytes")
-      prompt_bytes = integer();
-    else if (name == "model")
-      model = text();
-    else if (name == "steps")
-      config.steps = integer();
-    else if (name == "prompts")
-      config.prompts = integer();
-    else if (name == "samples")
-      config.samples = integer();
-    else if (name == "new_tokens")
-      config.new_tokens = integer();
-    else if (name == "temperature")
-      config.temperature = real();
-    else if (name == "top_k")
-      config.top_k = integer();
-    else if (name == "clip_ratio")
-      config.clip_ratio = real();
-    else if (name == "kl")
-      config.kl = real();
-    else if (name == "ppo_epochs")
-      config.ppo_epochs = integer();
-    else if (name == "minibatches")
-      config.minibatches = integer();
-    else if (name == "max_batch")
-      config.max_batch = integer();
-    else if (name == "lr")
-      config.train.schedule.base = real();
-    else if (name == "warmup")
-      config.train.schedule.warmup_steps = integer();
-    else if (name == "schedule")
-      config.train.schedule.kind = nn::parse_schedule_kind(text());
-    else if (name == "optimizer")
-      config.train.optimizer = train::parse_optimizer(text());
-    else if (name == "weight_decay")
-      config.train.weight_decay = real();
-    else if (name == "clip_grad_norm")
-      config.train.clip_grad_norm = real();
-    else if (name == "micro_batches")
-      config.train.micro_batches = integer();
-    else if (name == "mode")
-      config.train.mode = mode_from(text());
-    else if (name == "seed")
-      config.train.seed = cast_argument<std::uint64_t>(value, argument);
-    else if (name == "strategy")
-      config.train.strategy = train::parse_strategy(text());
-    else if (name == "trainer_ranks")
-      config.trainer_ranks = integer();
-    else if (name == "mesh")
-      mesh_shape = text();
-    else if (name == "names")
-      mesh_names = text();
-    else if (name == "sequence_parallel")
-      config.train.sequence_parallel = cast_argument<bool>(value, argument);
-    else if (name == "generator")
-      generator = py::reinterpret_borrow<py::object>(value);
-    else if (name == "generator_tp")
-      generator_tp = integer();
-    else if (name == "save")
-      config.train.save_dir = value.is_none() ? "" : text();
-    else if (name == "save_every")
-      config.train.save_every = integer();
-    else if (name == "keep_checkpoints")
-      config.train.keep_checkpoints = cast_argument<int>(value, argument);
-    else if (name == "resume")
-      config.train.resume_dir = value.is_none() ? "" : text();
-    else if (name == "stop_after")
-      config.train.stop_after = integer();
-    else if (name == "reward")
-      reward = py::reinterpret_borrow<py::object>(value);
-    else if (name == "on_step")
-      on_step = py::reinterpret_borrow<py::object>(value);
-    else
+    if (std::ranges::find(kTrainerFields, name) != kTrainerFields.end()) {
+      if (!value.is_none())
+        trainer.set(name, setting_text(value, fmt::format("rl() argument '{}'", name)));
+    } else if (!read_rl_keyword(name, value, config, own)) {
       throw InvalidArgument(fmt::format("rl: unknown option '{}'", name));
+    }
   }
+  const std::int64_t given_stop = config.train.stop_after;
+  config.train = trainer.config(/*language=*/false);
+  config.train.stop_after = given_stop;
+  config.init = init.is_none() ? "" : py::str(init).cast<std::string>();
   if (config.train.mode == comm::ReductionMode::native)
     throw InvalidArgument("rl(): mode='native': RL runs in 'exact' (default) or 'ordered' mode");
-  if (generator_tp < 1)
+  if (own.generator_tp < 1) {
     throw InvalidArgument(
-        fmt::format("rl(): generator_tp must be at least 1, got {}", generator_tp));
-  if (!mesh_names.empty())
-    config.train.mesh = train::parse_named_mesh(mesh_shape, mesh_names);
-  else if (!mesh_shape.empty())
-    throw InvalidArgument(
-        fmt::format("rl: mesh={} needs names= (dims dp, fsdp and tp)", mesh_shape));
-  config.generator = generator_from(generator, generator_tp, world->size());
-  if (config.init.empty()) config.model = nn::parse_gpt_config(model);
-  rl::RlTask task = rl::builtin_task(task_name, data, dictionary, prompt_bytes);
-  if (!reward.is_none()) task.reward = python_reward(reward, world);
+        fmt::format("rl(): generator_tp must be at least 1, got {}", own.generator_tp));
+  }
+  if (config.init.empty()) config.model = nn::parse_gpt_config(own.model);
+  return config;
+}
+
+py::object run_rl(const py::object& init, const py::object& world_object,
+                  const py::kwargs& kwargs) {
+  std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
+  RlKeywords own;
+  rl::RlConfig config = rl_config(init, kwargs, own);
+  config.generator = generator_from(own.generator, own.generator_tp, world->size());
+  rl::RlTask task = rl::builtin_task(own.task, own.data, own.dictionary, own.prompt_bytes);
+  if (!own.reward.is_none()) task.reward = python_reward(own.reward, world);
   rl::RlCallbacks callbacks;
-  if (!on_step.is_none()) {
-    callbacks.on_step = [&on_step](const rl::RlStepReport& r) {
+  if (!own.on_step.is_none()) {
+    callbacks.on_step = [&own](const rl::RlStepReport& r) {
       const py::gil_scoped_acquire gil;
-      py::dict step;
-      step["step"] = r.step;
-      step["reward_mean"] = r.reward_mean;
-      step["tokens"] = r.tokens;
-      step["identical"] = r.identical;
-      step["kl_mean"] = r.kl_mean;
-      on_step(step);
+      own.on_step(python_of(rl::step_json(r)));
     };
   }
   rl::RlResult result;
@@ -312,7 +240,7 @@ py::dict run_rl(const py::object& init, const py::object& world_object, const py
     const py::gil_scoped_release release;
     result = rl::run_rl(*world, task, config, callbacks);
   }
-  return rl_result_dict(result);
+  return python_of(rl::result_json(result, config));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/result_json.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/trainer.hpp>
 
 #include "bindings.hpp"
@@ -94,11 +95,6 @@ train::ImageSet first_images(const train::ImageSet& set, std::int64_t count) {
   return result;
 }
 
-/// `json` as Python objects (dicts, lists, str, int, float, bool, None).
-py::object python_of(const nlohmann::json& json) {
-  return py::module_::import("json").attr("loads")(json.dump());
-}
-
 /// The task train() runs: the model keyword (an MLP for images, "gpt..." for text; default by
 /// the data) and the data.
 std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& kwargs) {
@@ -147,134 +143,33 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
   return std::make_unique<train::ImageClassification>(*data.cast<const PyDataset&>().data, mlp);
 }
 
-/// "2x2x2" from a sequence of sizes.
-std::string join_sizes(const py::handle& value, const std::string& argument) {
-  std::string text;
-  for (const auto& size : value.cast<py::sequence>())
-    text += (text.empty() ? "" : "x") + std::to_string(cast_argument<std::int64_t>(size, argument));
-  return text;
+/// The keywords of train() that are neither a training setting nor read by task_for.
+bool python_only_keyword(const std::string& name) {
+  return name == "model" || name == "hidden" || name == "activation" || name == "layernorm" ||
+         name == "on_epoch";
 }
 
-/// "dp,fsdp,tp" from a sequence of names.
-std::string join_names(const py::handle& value, const std::string& argument) {
-  std::string text;
-  for (const auto& name : value.cast<py::sequence>())
-    text += (text.empty() ? "" : ",") + cast_argument<std::string>(name, argument);
-  return text;
+/// The training settings train()'s keyword arguments give (train::TrainSettings reads them
+/// as the command line's do); InvalidArgument naming an unknown keyword.
+train::TrainSettings train_settings(const py::kwargs& kwargs) {
+  train::TrainSettings settings;
+  for (const auto& [key, value] : kwargs) {
+    const auto name = key.cast<std::string>();  // keyword names are str
+    if (python_only_keyword(name)) continue;
+    if (!train::TrainSettings::has_field(name))
+      throw InvalidArgument(fmt::format("train: unknown option '{}'", name));
+    if (value.is_none()) continue;  // save=None, resume=None: the default
+    settings.set(name, setting_text(value, fmt::format("train() argument '{}'", name)));
+  }
+  return settings;
 }
 
 py::object run_training(const py::object& data, const py::object& world_object,
                         const py::kwargs& kwargs) {
   const std::unique_ptr<train::Task> task = task_for(data, kwargs);
-  const bool language = py::isinstance<PyText>(data);
-  train::TrainConfig config;
-  config.epochs = 8;
-  config.schedule.kind = nn::LrSchedule::Kind::cosine;
-  if (language) {
-    config.batch = train::LanguageDefaults::batch;
-    config.steps = train::LanguageDefaults::steps;
-    config.schedule.warmup_steps = train::LanguageDefaults::warmup;
-    config.eval_every = train::LanguageDefaults::eval_every;
-  }
-  py::object on_epoch = py::none();
-  std::int64_t stop_after = 0;
-  std::string mesh_shape;
-  std::string mesh_names;
-  for (const auto& [key, value] : kwargs) {
-    const auto name = key.cast<std::string>();  // keyword names are str
-    const std::string argument = fmt::format("train() argument '{}'", name);
-    const auto text = [&] { return py::str(value).cast<std::string>(); };
-    if (name == "model" || name == "hidden" || name == "activation" || name == "layernorm") {
-      continue;  // task_for read them
-    } else if (name == "eval_every") {
-      config.eval_every = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "sample") {
-      config.sample = cast_argument<bool>(value, argument);
-    } else if (name == "epochs") {
-      if (language) config.steps = 0;
-      config.epochs = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "steps") {
-      config.steps = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "batch") {
-      config.batch = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "micro_batches") {
-      config.micro_batches = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "optimizer") {
-      config.optimizer = train::parse_optimizer(text());
-    } else if (name == "lr") {
-      config.schedule.base = cast_argument<double>(value, argument);
-    } else if (name == "warmup") {
-      config.schedule.warmup_steps = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "schedule") {
-      config.schedule.kind = nn::parse_schedule_kind(text());
-    } else if (name == "weight_decay") {
-      config.weight_decay = cast_argument<double>(value, argument);
-    } else if (name == "momentum") {
-      config.momentum = cast_argument<double>(value, argument);
-    } else if (name == "mode") {
-      config.mode = mode_from(text());
-    } else if (name == "seed") {
-      config.seed = cast_argument<std::uint64_t>(value, argument);
-    } else if (name == "strategy") {
-      config.strategy = train::parse_strategy(text());
-    } else if (name == "replicas") {
-      config.replicas = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "reshard_after_forward") {
-      config.reshard_after_forward = cast_argument<bool>(value, argument);
-    } else if (name == "prefetch") {
-      config.prefetch = cast_argument<int>(value, argument);
-    } else if (name == "param_dtype") {
-      config.param_dtype = parse_dtype(text());
-    } else if (name == "reduce_dtype") {
-      config.reduce_dtype = parse_dtype(text());
-    } else if (name == "micro_batch_mode") {
-      config.micro_batch_mode = train::parse_micro_batch_mode(text());
-    } else if (name == "save") {
-      config.save_dir = value.is_none() ? "" : text();
-    } else if (name == "save_every") {
-      config.save_every = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "keep_checkpoints") {
-      config.keep_checkpoints = cast_argument<int>(value, argument);
-    } else if (name == "resume") {
-      config.resume_dir = value.is_none() ? "" : text();
-    } else if (name == "stop_after") {
-      stop_after = cast_argument<std::int64_t>(value, argument);
-    } else if (name == "mesh") {
-      mesh_shape = py::isinstance<py::str>(value) ? text() : join_sizes(value, argument);
-    } else if (name == "names") {
-      mesh_names = py::isinstance<py::str>(value) ? text() : join_names(value, argument);
-    } else if (name == "sequence_parallel") {
-      config.sequence_parallel = cast_argument<bool>(value, argument);
-    } else if (name == "pipeline_schedule") {
-      config.pipeline_schedule = pp::parse_schedule(text());
-    } else if (name == "virtual_stages") {
-      config.virtual_stages = cast_argument<std::int64_t>(value, argument);
-      if (config.virtual_stages < 1) {
-        throw InvalidArgument(fmt::format("train(): virtual_stages must be at least 1, got {}",
-                                          config.virtual_stages));
-      }
-    } else if (name == "activation_checkpointing") {
-      config.activation_checkpointing = pp::parse_checkpointing(text());
-    } else if (name == "clip_grad_norm") {
-      config.clip_grad_norm = cast_argument<double>(value, argument);
-    } else if (name == "on_epoch") {
-      on_epoch = py::reinterpret_borrow<py::object>(value);
-    } else {
-      throw InvalidArgument(fmt::format("train: unknown option '{}'", name));
-    }
-  }
-  if (stop_after < 0)
-    throw InvalidArgument(fmt::format("stop_after must be at least 0, got {}", stop_after));
-  if (!mesh_names.empty()) {
-    if (mesh_shape.empty())
-      throw InvalidArgument("train: names= names the dims of mesh=; give mesh=");
-    config.mesh = train::parse_named_mesh(mesh_shape, mesh_names);
-  } else if (!mesh_shape.empty()) {
-    throw InvalidArgument(
-        fmt::format("train: mesh={} needs names= (dims named dp, fsdp and tp)", mesh_shape));
-  }
-  (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
+  const train::TrainConfig config = train_settings(kwargs).config(py::isinstance<PyText>(data));
   train::TrainCallbacks callbacks;
+  py::object on_epoch = kwargs.contains("on_epoch") ? py::object(kwargs["on_epoch"]) : py::none();
   if (!on_epoch.is_none()) {
     callbacks.on_epoch = [&on_epoch, &task](const train::EpochReport& report) {
       const py::gil_scoped_acquire gil;

@@ -153,16 +153,21 @@ def test_training_errors_name_the_value(data_dir):
         mt.run_threads(1, lambda w: mt.train(data, epoch=2))
     with pytest.raises(mt.ParseError, match="'sdg'"):
         mt.run_threads(1, lambda w: mt.train(data, optimizer="sdg"))
-    # The command line's ranges hold here too, each refused by name before any training.
-    for options, message in [(dict(momentum=2), "momentum must be within \\[0, 1\\], got 2"),
-                             (dict(epochs=0), "number of epochs must be at least 1, got 0"),
-                             (dict(warmup=-1), "warmup must be at least 0 steps, got -1"),
-                             (dict(replicas=-1), "replicas must be at least 1"),
-                             (dict(lr=float("nan")), "learning rate must be within"),
-                             (dict(prefetch=65), "prefetch must be within \\[0, 64\\], got 65"),
-                             (dict(micro_batches=600, batch=500), "600 micro-batches")]:
-        with pytest.raises(mt.InvalidArgument, match=message):
+    # The command line's settings path (train::TrainSettings): the same ranges and messages,
+    # each refused by its keyword before any training.
+    for options, message in [(dict(momentum=2), "momentum 2 is outside \\[0, 1\\]"),
+                             (dict(epochs=0), "epochs and steps exclude each other"),
+                             (dict(warmup=-1), "warmup: '-1' is not a non-negative integer"),
+                             (dict(replicas=-1), "replicas: '-1' is not a non-negative"),
+                             (dict(lr=float("nan")), "lr 'nan' is not a number"),
+                             (dict(prefetch=65), "prefetch: '65' is too large \\(at most 64\\)"),
+                             (dict(sequence_parallel="maybe"), "'maybe' is not true or false")]:
+        with pytest.raises(mt.ParseError, match=message):
             mt.run_threads(1, lambda w: mt.train(data, steps=1, **options))
+    with pytest.raises(mt.ParseError, match="epochs: '0' is too small"):
+        mt.run_threads(1, lambda w: mt.train(data, epochs=0))
+    with pytest.raises(mt.InvalidArgument, match="600 micro-batches"):
+        mt.run_threads(1, lambda w: mt.train(data, steps=1, micro_batches=600, batch=500))
     with pytest.raises(mt.InvalidArgument, match="fully_shard"):
         mt.MLP(4, [3], 2).forward(np.zeros((1, 4), np.float32))
 
@@ -228,7 +233,8 @@ def test_tensor_parallel_training_ends_on_the_fsdp_digest_in_exact_mode(text):
     assert "reduce_scatter" in tp[0]["parallel_log"]
     with pytest.raises(mt.InvalidArgument, match="does not divide the model's 4 heads"):
         mt.run_threads(3, lambda world: mt.train(corpus, **run, mesh=(3,), names=("tp",)))
-    with pytest.raises(mt.InvalidArgument, match="needs names="):
+    # A mesh without dim names is hsdp's replicas x shards, as on the command line.
+    with pytest.raises(mt.ParseError, match="mesh '1' is not RxS"):
         mt.train(corpus, **run, mesh=(1,))
 
 
@@ -247,10 +253,15 @@ def test_pipeline_training_ends_on_the_one_rank_digest_in_exact_mode(text):
     # The library names the setting; Python gives it as its keyword (the CLI as --micro-batches).
     with pytest.raises(mt.InvalidArgument, match=r"1 micro-batches is fewer than the 2 pp ranks "
                        r"\(give micro_batches 2 or more"):
-        mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",)))
+        mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",),
+                                                 micro_batches=1))
+    # The command line's default: two micro-batches per pp rank (at most the batch).
+    default = mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",)))
+    assert default[0]["pipeline"]["micro_batches"] == 4
+    assert default[0]["digest"] == one["digest"]
     with pytest.raises(mt.ParseError, match="unknown activation checkpointing 'all'"):
         mt.run_threads(1, lambda world: mt.train(corpus, **run, activation_checkpointing="all"))
-    with pytest.raises(mt.InvalidArgument, match="virtual_stages must be at least 1, got 0"):
+    with pytest.raises(mt.ParseError, match="virtual_stages: .0. is too small \\(at least 1\\)"):
         mt.run_threads(2, lambda world: mt.train(corpus, **run, mesh=(2,), names=("pp",),
                                                  micro_batches=2, virtual_stages=0,
                                                  pipeline_schedule="interleaved-1f1b"))

@@ -7,6 +7,7 @@
 #include "checkpoint_bench.hpp"
 #include "commands.hpp"
 #include "options.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::cli {
 
@@ -33,11 +34,11 @@ nlohmann::json timing_json(const bench::CheckpointTiming& t) {
 }
 
 void run(const CheckpointBenchOptions& options) {
-  print_machine_line(options.json);
+  bench::print_machine_line(options.json);
   bench::CheckpointBenchConfig config;
-  config.ranks = static_cast<int>(integer_option("--ranks", options.ranks, 2, 64));
-  config.megabytes = integer_option("--mib", options.megabytes, 1, 1 << 20);
-  config.repeats = static_cast<int>(integer_option("--repeats", options.repeats, 1, 100));
+  config.ranks = static_cast<int>(integer_setting("--ranks", options.ranks, 2, 64));
+  config.megabytes = integer_setting("--mib", options.megabytes, 1, 1 << 20);
+  config.repeats = static_cast<int>(integer_setting("--repeats", options.repeats, 1, 100));
   config.directory = options.directory;
   const bench::CheckpointBenchResult r = bench::run_checkpoint_bench(config);
   const double save_ratio = r.baseline_write.seconds / r.save.seconds;

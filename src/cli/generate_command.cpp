@@ -23,6 +23,7 @@
 #include "commands.hpp"
 #include "generate_bench.hpp"
 #include "options.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::cli {
 
@@ -231,19 +232,19 @@ void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
 
 void run_generate(const GenerateOptions& options) {
   GenerateJob job{options, comm::ReductionMode::ordered, {}, {}, 0};
-  job.sampling.temperature = real_option("--temperature", options.temperature, 0.0, 1e6);
-  job.sampling.top_k = integer_option("--top-k", options.top_k, 0, 1 << 30);
-  job.sampling.seed = seed_option("--seed", options.seed);
-  job.new_tokens = integer_option("--max-new-tokens", options.max_new_tokens, 1, 1 << 30);
+  job.sampling.temperature = real_setting("--temperature", options.temperature, 0.0, 1e6);
+  job.sampling.top_k = integer_setting("--top-k", options.top_k, 0, 1 << 30);
+  job.sampling.seed = seed_setting("--seed", options.seed);
+  job.new_tokens = integer_setting("--max-new-tokens", options.max_new_tokens, 1, 1 << 30);
   job.mode = comm::parse_reduction_mode(options.mode);
   if (job.mode == comm::ReductionMode::native) {
     throw ParseError(
         "--mode native: generation runs in ordered or exact mode (the trainer's bits need one of "
         "them)");
   }
-  job.generator.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
+  job.generator.max_batch = integer_setting("--max-batch", options.max_batch, 1, 4096);
   job.generator.prefill_chunk =
-      integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
+      integer_setting("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
   job.generator.exact_logprobs = job.mode == comm::ReductionMode::exact;
   const Backend backend = parse_backend(options.backend);
   const std::int64_t given =
@@ -309,7 +310,7 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
               << '\n';
     return;
   }
-  print_machine_line(json);
+  bench::print_machine_line(json);
   std::cout << fmt::format(
       "generate bench: {}, prompts of {} tokens, {} new tokens each, greedy, 1 thread; decode "
       "tokens/s (prefill excluded), medians of {} alternated rounds\n",
@@ -331,12 +332,12 @@ void run_generate_bench(const GenerateBenchCliOptions& options) {
   apply_simd_option(options.simd);
   bench::GenerateBenchOptions bench_options;
   bench_options.prompt_tokens =
-      integer_option("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
-  bench_options.new_tokens = integer_option("--new-tokens", options.new_tokens, 2, 1 << 20);
-  bench_options.rounds = static_cast<int>(integer_option("--rounds", options.rounds, 1, 100));
+      integer_setting("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
+  bench_options.new_tokens = integer_setting("--new-tokens", options.new_tokens, 2, 1 << 20);
+  bench_options.rounds = static_cast<int>(integer_setting("--rounds", options.rounds, 1, 100));
   bench_options.batches.clear();
-  for (const std::string& b : list_option("--batches", options.batches))
-    bench_options.batches.push_back(integer_option("--batches", b, 1, 4096));
+  for (const std::string& b : list_setting("--batches", options.batches))
+    bench_options.batches.push_back(integer_setting("--batches", b, 1, 4096));
   run_ranks(Backend::threads, 1, "bench generate", [&](comm::Communicator& world) {
     std::unique_ptr<nn::Gpt> model =
         options.checkpoint.empty() ? std::make_unique<nn::Gpt>(nn::parse_gpt_config(options.model))

@@ -8,26 +8,10 @@
 #include <CLI/CLI.hpp>
 
 #include <meshtensor/comm/threads_backend.hpp>
+#include <meshtensor/core/setting_text.hpp>
 #include <meshtensor/mesh/topology.hpp>
 
 namespace meshtensor::cli {
-
-// Option values are taken as text and parsed here, strictly: CLI11's own conversions accept an
-// empty value as 0 and wrap "-1" and values past 2^64. Errors are ParseErrors naming the option
-// and the text.
-
-/// An integer in [min, max]: digits only.
-std::int64_t integer_option(std::string_view option, const std::string& text, std::int64_t min,
-                            std::int64_t max);
-
-/// A finite decimal number in [min, max] ("1e-3", "0.5").
-double real_option(std::string_view option, const std::string& text, double min, double max);
-
-/// A seed: any unsigned 64-bit integer, digits only.
-std::uint64_t seed_option(std::string_view option, const std::string& text);
-
-/// A comma-separated list of non-empty entries.
-std::vector<std::string> list_option(std::string_view option, const std::string& text);
 
 /// The tensor-parallel degree of a command that runs on a 1-D tp mesh: `--ranks N`, or
 /// `--mesh N --names tp` (0 when neither is given). ParseError naming the options otherwise.
@@ -81,11 +65,6 @@ struct TopologyOptions {
   /// links are real, so none of these options apply.
   void check_backend(bool mpi) const;
 };
-
-/// Prints "machine: <cpu model>, N hardware threads, kernels <level>" before a benchmark's text
-/// output (nothing with --json, whose objects carry it as "machine"): every figure names the CPU
-/// it was measured on.
-void print_machine_line(bool json);
 
 /// `message` (a library error or warning) with each setting it names as `field_name` given as
 /// this tool's flag, --field-name: the library names settings by their fields, each front end

@@ -98,7 +98,7 @@ void run_check_command(const CheckOptions& options) {
   dtensor::CheckConfig config;
   static_cast<plan::Redistribution&>(config) = parse_transition(options.plan);
   config.mode = comm::parse_reduction_mode(options.mode);
-  config.seed = seed_option("--seed", options.seed);
+  config.seed = seed_setting("--seed", options.seed);
   config.merge = !options.plan.no_merge;
   const Backend backend = parse_backend(options.backend);
   options.plan.topology.check_backend(backend == Backend::mpi);

@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "options.hpp"
 #include "rl_bench.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::cli {
 
@@ -97,17 +98,17 @@ void add_rl_bench(CLI::App& bench) {
   command->add_option("--steps", options->steps, "RL steps per setting (default 4)");
   add_flag(*command, "--json", options->json, "one JSON object");
   command->callback([options] {
-    print_machine_line(options->json);
+    bench::print_machine_line(options->json);
     bench::RlBenchConfig config;
-    config.ranks = static_cast<int>(integer_option("--ranks", options->ranks, 2, 64));
+    config.ranks = static_cast<int>(integer_setting("--ranks", options->ranks, 2, 64));
     if (config.ranks % 2 != 0) {
       throw ParseError(
           fmt::format("--ranks {}: the layouts compared need an even count", config.ranks));
     }
     config.link = options->link;
     config.model = nn::parse_gpt_config(options->model);
-    config.repeats = static_cast<int>(integer_option("--repeats", options->repeats, 1, 1000));
-    config.steps = static_cast<int>(integer_option("--steps", options->steps, 2, 1000));
+    config.repeats = static_cast<int>(integer_setting("--repeats", options->repeats, 1, 1000));
+    config.steps = static_cast<int>(integer_setting("--steps", options->steps, 2, 1000));
     const bench::RlBenchResult result = bench::run_rl_bench(config);
     if (options->json) {
       std::cout << to_json(result).dump() << '\n';

@@ -15,6 +15,7 @@
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/rl/grpo.hpp>
+#include <meshtensor/rl/result_json.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 #include "backend.hpp"
@@ -22,7 +23,7 @@
 #include "options.hpp"
 #include "output_files.hpp"
 #include "plot.hpp"
-#include "train_layout.hpp"
+#include "setting_options.hpp"
 
 namespace meshtensor::cli {
 
@@ -48,34 +49,43 @@ struct RlOptions {
   std::string kl = "0.05";
   std::string ppo_epochs = "1";
   std::string minibatches = "1";
-  std::string lr = "3e-4";
-  std::string warmup = "0";
-  std::string schedule = "constant";
-  std::string optimizer = "adamw";
-  std::string weight_decay = "0";
-  std::string clip_grad_norm = "1";
-  std::string micro_batches = "1";
-  std::string mode = "exact";
-  std::string seed = "0";
   std::string ranks = "1";
   CLI::Option* ranks_option = nullptr;
-  TrainerLayoutOptions layout;
   std::string generator_mesh;
   std::string generator_names;
   std::string max_batch = "32";
   std::string backend = "threads";
   std::string link;
   TimeoutOption timeout;
-  std::string save;
-  std::string save_every = "0";
-  std::string keep_checkpoints = "0";
-  std::string resume;
   std::string stop_after = "0";
   std::string log;
   std::string plot;
   bool json = false;
   bool compare_naive_sync = false;
+  SettingOptions trainer;  // the trainer's fields of train::TrainSettings
 };
+
+/// The trainer's settings `meshtensor rl` takes, by field name, and its defaults where they
+/// differ from `meshtensor train`'s.
+const std::vector<std::string_view> kTrainerFields = {"lr",
+                                                      "warmup",
+                                                      "schedule",
+                                                      "optimizer",
+                                                      "weight_decay",
+                                                      "clip_grad_norm",
+                                                      "micro_batches",
+                                                      "mode",
+                                                      "seed",
+                                                      "strategy",
+                                                      "mesh",
+                                                      "names",
+                                                      "sequence_parallel",
+                                                      "save",
+                                                      "save_every",
+                                                      "keep_checkpoints",
+                                                      "resume"};
+const std::map<std::string, std::string> kTrainerDefaults = {
+    {"lr", "3e-4"}, {"schedule", "constant"}, {"mode", "exact"}, {"clip_grad_norm", "1"}};
 
 /// --generator-mesh / --generator-names: dims dp and tp, dp first (either may be left out);
 /// without them the generator has one replica per trainer rank.
@@ -109,17 +119,33 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
   return {size_of("dp"), size_of("tp")};
 }
 
+/// The trainer's settings: train::TrainSettings with rl's defaults.
+train::TrainSettings trainer_settings(const RlOptions& options) {
+  train::TrainSettings settings;
+  for (const auto& [name, text] : kTrainerDefaults)
+    settings.set_default(name, text);
+  options.trainer.apply_to(settings);
+  return settings;
+}
+
 rl::RlConfig parse_rl_config(const RlOptions& options) {
   rl::RlConfig config;
+  const train::TrainSettings settings = trainer_settings(options);
+  config.train = settings.config(/*language=*/false);
   train::TrainConfig& trainer = config.train;
-  parse_trainer_layout(options.layout, trainer);
   if (trainer.mesh.given && trainer.mesh.pp > 1) {
     throw ParseError(fmt::format(
         "--mesh {} --names {}: rl's trainer holds every parameter on every rank for the weight "
         "sync; it takes dp, fsdp and tp dims, not pp",
-        options.layout.mesh, options.layout.names));
+        options.trainer.value("mesh"), options.trainer.value("names")));
   }
-  config.trainer_ranks = layout_ranks(options.ranks, options.ranks_option, options.layout.mesh);
+  const std::int64_t ranks = integer_setting("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
+  const std::int64_t from_mesh = settings.mesh_ranks();
+  if (from_mesh > 0 && options.ranks_option->count() > 0 && from_mesh != ranks) {
+    throw ParseError(fmt::format("--mesh {} has {} ranks but --ranks is {}",
+                                 options.trainer.value("mesh"), from_mesh, ranks));
+  }
+  config.trainer_ranks = from_mesh > 0 ? from_mesh : ranks;
   config.generator = parse_generator_layout(options, config.trainer_ranks);
   config.init = options.init;
   if (!options.init.empty() && !options.model.empty()) {
@@ -127,39 +153,23 @@ rl::RlConfig parse_rl_config(const RlOptions& options) {
                                  options.init, options.model));
   }
   config.model = nn::parse_gpt_config(options.model.empty() ? "gpt" : options.model);
-  config.steps = integer_option("--steps", options.steps, 1, kMaxCount);
-  config.prompts = integer_option("--prompts", options.prompts, 1, kMaxCount);
-  config.samples = integer_option("--samples", options.samples, 0, kMaxCount);
-  config.new_tokens = integer_option("--new-tokens", options.new_tokens, 1, kMaxCount);
-  config.temperature = real_option("--temperature", options.temperature, 0.0, 1e3);
-  config.top_k = integer_option("--top-k", options.top_k, 0, kMaxCount);
-  config.clip_ratio = real_option("--clip-ratio", options.clip_ratio, 0.0, 1.0);
-  config.kl = real_option("--kl", options.kl, -1e6, 1e6);
-  config.ppo_epochs = integer_option("--ppo-epochs", options.ppo_epochs, 1, kMaxCount);
-  config.minibatches = integer_option("--minibatches", options.minibatches, 1, kMaxCount);
-  config.max_batch = integer_option("--max-batch", options.max_batch, 1, 1 << 16);
-  trainer.schedule.base = real_option("--lr", options.lr, 0.0, 1e6);
-  trainer.schedule.warmup_steps = integer_option("--warmup", options.warmup, 0, kMaxCount);
-  trainer.schedule.kind = nn::parse_schedule_kind(options.schedule);
-  trainer.optimizer = train::parse_optimizer(options.optimizer);
-  trainer.weight_decay = real_option("--weight-decay", options.weight_decay, 0.0, 1e6);
-  trainer.clip_grad_norm = real_option("--clip-grad-norm", options.clip_grad_norm, 0.0, 1e6);
-  trainer.micro_batches = integer_option("--micro-batches", options.micro_batches, 1, kMaxCount);
-  trainer.mode = comm::parse_reduction_mode(options.mode);
+  config.steps = integer_setting("--steps", options.steps, 1, kMaxCount);
+  config.prompts = integer_setting("--prompts", options.prompts, 1, kMaxCount);
+  config.samples = integer_setting("--samples", options.samples, 0, kMaxCount);
+  config.new_tokens = integer_setting("--new-tokens", options.new_tokens, 1, kMaxCount);
+  config.temperature = real_setting("--temperature", options.temperature, 0.0, 1e3);
+  config.top_k = integer_setting("--top-k", options.top_k, 0, kMaxCount);
+  config.clip_ratio = real_setting("--clip-ratio", options.clip_ratio, 0.0, 1.0);
+  config.kl = real_setting("--kl", options.kl, -1e6, 1e6);
+  config.ppo_epochs = integer_setting("--ppo-epochs", options.ppo_epochs, 1, kMaxCount);
+  config.minibatches = integer_setting("--minibatches", options.minibatches, 1, kMaxCount);
+  config.max_batch = integer_setting("--max-batch", options.max_batch, 1, 1 << 16);
   if (trainer.mode == comm::ReductionMode::native) {
     throw ParseError(
         "--mode native: the generator's log-probabilities would not be the trainer's; use exact "
         "(the default) or ordered");
   }
-  trainer.seed = seed_option("--seed", options.seed);
-  trainer.save_dir = options.save;
-  trainer.resume_dir = options.resume;
-  trainer.save_every = integer_option("--save-every", options.save_every, 0, kMaxCount);
-  trainer.keep_checkpoints =
-      static_cast<int>(integer_option("--keep-checkpoints", options.keep_checkpoints, 0, 1 << 20));
-  if (options.save.empty() && (trainer.save_every > 0 || trainer.keep_checkpoints > 0))
-    throw ParseError("--save-every and --keep-checkpoints need --save DIR");
-  trainer.stop_after = integer_option("--stop-after", options.stop_after, 0, kMaxCount);
+  trainer.stop_after = integer_setting("--stop-after", options.stop_after, 0, kMaxCount);
   config.compare_naive_sync = options.compare_naive_sync;
   return config;
 }
@@ -171,7 +181,7 @@ rl::RlTask load_rl_task(const RlOptions& options) {
     throw ParseError(
         fmt::format("--data is the text of the words task, not of task {}", options.task));
   return rl::builtin_task(options.task, data, options.dictionary,
-                          integer_option("--prompt-bytes", options.prompt_bytes, 1, 1 << 16));
+                          integer_setting("--prompt-bytes", options.prompt_bytes, 1, 1 << 16));
 }
 
 std::string step_line(const rl::RlStepReport& r) {
@@ -181,62 +191,6 @@ std::string step_line(const rl::RlStepReport& r) {
       r.step, r.reward_mean, r.identical, r.tokens, r.max_abs_diff, r.kl_mean, r.loss,
       r.generate_seconds, r.train_seconds, r.sync_seconds, r.sync.collectives,
       format_bytes(static_cast<double>(r.sync.bytes_per_rank)));
-}
-
-nlohmann::json samples_json(const std::vector<rl::RlSample>& samples) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const rl::RlSample& s : samples) {
-    out.push_back({{"prompt", train::printable_text(s.prompt)},
-                   {"completion", train::printable_text(s.completion)},
-                   {"reward", s.reward}});
-  }
-  return out;
-}
-
-nlohmann::json final_json(const rl::RlResult& result, const rl::RlConfig& config) {
-  nlohmann::json out = {
-      {"final", true},
-      {"weights_digest", digest_hex(result.weights_digest)},
-      {"steps", result.resumed_step + static_cast<std::int64_t>(result.steps.size())},
-      {"resumed_step", result.resumed_step},
-      {"parity",
-       {{"tokens", result.tokens},
-        {"identical", result.identical},
-        {"max_abs_diff", result.max_abs_diff}}},
-      {"trainer_layout", result.trainer_layout},
-      {"generator_layout", result.generator_layout},
-      {"joint_mesh", result.joint_mesh},
-      {"mode", std::string(comm::reduction_mode_name(config.train.mode))},
-      {"parameters", result.parameters},
-      {"parameter_tensors", result.parameter_tensors},
-      {"samples_before", samples_json(result.before)},
-      {"samples_after", samples_json(result.after)},
-      {"checkpoints", result.checkpoints},
-      {"seconds", result.seconds}};
-  const std::vector<std::pair<const char*, double rl::RlStepReport::*>> series{
-      {"reward_mean", &rl::RlStepReport::reward_mean},
-      {"kl_mean", &rl::RlStepReport::kl_mean},
-      {"loss", &rl::RlStepReport::loss},
-      {"sync_seconds", &rl::RlStepReport::sync_seconds},
-      {"generate_seconds", &rl::RlStepReport::generate_seconds},
-      {"train_seconds", &rl::RlStepReport::train_seconds}};
-  for (const auto& [name, field] : series) {
-    nlohmann::json values = nlohmann::json::array();
-    for (const rl::RlStepReport& r : result.steps)
-      values.push_back(r.*field);
-    out[name] = values;
-  }
-  if (!result.steps.empty()) {
-    out["sync"] = {{"collectives", result.steps.back().sync.collectives},
-                   {"bytes_per_rank", result.steps.back().sync.bytes_per_rank}};
-  }
-  if (config.compare_naive_sync) {
-    nlohmann::json naive = nlohmann::json::array();
-    for (const rl::RlStepReport& r : result.steps)
-      naive.push_back(r.naive_sync_seconds);
-    out["naive_sync_seconds"] = naive;
-  }
-  return out;
 }
 
 void print_samples(const char* when, const std::vector<rl::RlSample>& samples) {
@@ -270,11 +224,11 @@ struct RlOutputs {
 
 RlOutputs open_rl_outputs(const RlOptions& options, const rl::RlConfig& config) {
   const NamedPath outputs[] = {{"--log", options.log}, {"--plot", options.plot}};
-  const NamedPath roots[] = {{"--save", options.save}};
+  const NamedPath roots[] = {{"--save", options.trainer.value("save")}};
   const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
   const NamedPath inputs[] = {{"--data", options.task == "words" ? data : ""},
                               {"--init", options.init},
-                              {"--resume", options.resume},
+                              {"--resume", options.trainer.value("resume")},
                               {"--dictionary", options.dictionary}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   if (!config.train.save_dir.empty()) checkpoint::check_save_root(config.train.save_dir);
@@ -294,19 +248,13 @@ RlOutputs open_rl_outputs(const RlOptions& options, const rl::RlConfig& config) 
 std::string canonical_command(const RlOptions& options, const rl::RlConfig& config) {
   return fmt::format(
       "rl init={} model={} task={} data={} dictionary={} prompt_bytes={} steps={} prompts={} "
-      "samples={} new={} temperature={} top_k={} clip={} kl={} epochs={} minibatches={} lr={} "
-      "warmup={} schedule={} optimizer={} wd={} clip_norm={} micro={} mode={} seed={} ranks={} "
-      "strategy={} mesh={} names={} sp={} generator={} max_batch={} save={} every={} keep={} "
-      "resume={} stop={} naive={}",
+      "samples={} new={} temperature={} top_k={} clip={} kl={} epochs={} minibatches={} ranks={} "
+      "generator={} max_batch={} stop={} naive={} trainer={}",
       options.init, options.model, options.task, options.data, options.dictionary,
       options.prompt_bytes, config.steps, config.prompts, config.samples, config.new_tokens,
       config.temperature, config.top_k, config.clip_ratio, config.kl, config.ppo_epochs,
-      config.minibatches, options.lr, options.warmup, options.schedule, options.optimizer,
-      options.weight_decay, options.clip_grad_norm, config.train.micro_batches, options.mode,
-      config.train.seed, config.trainer_ranks, options.layout.strategy, options.layout.mesh,
-      options.layout.names, options.layout.sequence_parallel, config.generator.describe(),
-      config.max_batch, options.save, options.save_every, options.keep_checkpoints, options.resume,
-      options.stop_after, options.compare_naive_sync);
+      config.minibatches, config.trainer_ranks, config.generator.describe(), config.max_batch,
+      options.stop_after, options.compare_naive_sync, train::settings_json(config.train).dump());
 }
 
 void log_step(OutputFile& log, const rl::RlStepReport& r) {
@@ -342,7 +290,7 @@ void print_summary(const rl::RlResult& result) {
 /// layouts must fit the job (InvalidArgument naming both counts).
 void fit_to_mpi_job(const RlOptions& options, std::int64_t job_ranks, const rl::RlTask& task,
                     rl::RlConfig& config) {
-  if (options.ranks_option->count() == 0 && options.layout.mesh.empty()) {
+  if (options.ranks_option->count() == 0 && !options.trainer.given("mesh")) {
     config.trainer_ranks = job_ranks;
     if (options.generator_mesh.empty()) config.generator = {job_ranks, 1};
   }
@@ -380,8 +328,9 @@ void run_rl_command(const RlOptions& options) {
               "GRPO on task {} ({} prompts): {} prompts x {} samples x {} tokens a step, {} "
               "steps, mode {}, trainer on {} rank(s), generator {}, {} {} rank(s)\n",
               task.name, task.prompts.size(), config.prompts, config.samples, config.new_tokens,
-              config.steps, options.mode, config.trainer_ranks, config.generator.describe(),
-              world.size(), backend == Backend::threads ? "threads" : "mpi");
+              config.steps, comm::reduction_mode_name(config.train.mode), config.trainer_ranks,
+              config.generator.describe(), world.size(),
+              backend == Backend::threads ? "threads" : "mpi");
           std::cout.flush();
         }
         rl::RlCallbacks callbacks;
@@ -393,14 +342,15 @@ void run_rl_command(const RlOptions& options) {
         if (!leader) return;
         if (outputs.log) outputs.log->commit();
         if (options.json) {
-          std::cout << final_json(result, config).dump() << '\n';
+          std::cout << rl::result_json(result, config).dump() << '\n';
         } else {
           print_summary(result);
         }
         std::cout.flush();
         if (outputs.plot) {
           draw_reward_plot(*outputs.plot, result.steps,
-                           fmt::format("meshtensor rl, task {}, mode {}", task.name, options.mode));
+                           fmt::format("meshtensor rl, task {}, mode {}", task.name,
+                                       comm::reduction_mode_name(config.train.mode)));
         }
       },
       link);
@@ -439,23 +389,23 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--kl", options->kl, "k3 KL coefficient to the frozen start (default 0.05)");
   command->add_option("--ppo-epochs", options->ppo_epochs, "passes over each rollout batch");
   command->add_option("--minibatches", options->minibatches, "optimizer steps per pass");
-  command->add_option("--lr", options->lr, "learning rate (default 3e-4)");
-  command->add_option("--warmup", options->warmup, "warmup updates (default 0)");
-  command->add_option("--schedule", options->schedule, "constant (default) or cosine");
-  command->add_option("--optimizer", options->optimizer, "adamw (default) or sgd");
-  command->add_option("--weight-decay", options->weight_decay, "weight decay (default 0)");
-  command->add_option("--clip-grad-norm", options->clip_grad_norm,
-                      "gradient norm clip (default 1)");
-  command->add_option("--micro-batches", options->micro_batches, "micro-batches per rank");
-  command->add_option("--mode", options->mode, "exact (default) or ordered");
-  command->add_option("--seed", options->seed, "seed of the prompts' order and the sampling");
+  options->trainer.add_to(
+      *command, train::TrainSettings::fields(), kTrainerFields,
+      {{"lr", "learning rate (default 3e-4)"},
+       {"schedule", "constant (default) or cosine"},
+       {"clip_grad_norm", "gradient norm clip (default 1)"},
+       {"mode", "exact (default) or ordered"},
+       {"seed", "seed of the prompts' order and the sampling"},
+       {"strategy", "trainer: ddp, fsdp or hsdp"},
+       {"mesh", "trainer mesh, e.g. 2x2 (with `names`)"},
+       {"names", "trainer mesh dims: dp, fsdp, tp"},
+       {"sequence_parallel", "trainer: norms and residuals on sequence shards over tp"},
+       {"save", "checkpoint root: the whole RL state"},
+       {"save_every", "steps between saves (0: at the end)"},
+       {"keep_checkpoints", "keep the newest N"},
+       {"resume", "RL checkpoint to go on from (any layouts)"}});
   options->ranks_option = command->add_option(
       "--ranks", options->ranks, "trainer ranks (default 1; on mpi: every rank of the job)");
-  command->add_option("--strategy", options->layout.strategy, "trainer: ddp, fsdp or hsdp");
-  command->add_option("--mesh", options->layout.mesh, "trainer mesh, e.g. 2x2 (with --names)");
-  command->add_option("--names", options->layout.names, "trainer mesh dims: dp, fsdp, tp");
-  add_flag(*command, "--sequence-parallel", options->layout.sequence_parallel,
-           "trainer: norms and residuals on sequence shards over tp");
   command->add_option("--generator-mesh", options->generator_mesh,
                       "generator mesh, e.g. 2x2 (default: one replica per trainer rank)");
   command->add_option("--generator-names", options->generator_names,
@@ -465,10 +415,6 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
   command->add_option("--link", options->link, "simulated network for threads, e.g. 20us,10");
   options->timeout.add_to(*command);
-  command->add_option("--save", options->save, "checkpoint root: the whole RL state");
-  command->add_option("--save-every", options->save_every, "steps between saves (0: at the end)");
-  command->add_option("--keep-checkpoints", options->keep_checkpoints, "keep the newest N");
-  command->add_option("--resume", options->resume, "RL checkpoint to go on from (any layouts)");
   command->add_option("--stop-after", options->stop_after, "stop after this many steps in total");
   command->add_option("--log", options->log, "CSV of every step");
   command->add_option("--plot", options->plot, "PNG of the reward curve (gnuplot)");

@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "options.hpp"
 #include "serve_bench.hpp"
+#include "timing.hpp"
 
 namespace meshtensor::cli {
 
@@ -52,13 +53,13 @@ void run_serve_bench_command(const ServeBenchCliOptions& options) {
   bench::ServeBenchConfig config;
   config.checkpoint = options.checkpoint;
   config.model = nn::parse_gpt_config(options.model);
-  config.clients = integer_option("--clients", options.clients, 1, 1024);
-  config.seconds = real_option("--seconds", options.seconds, 0.1, 3600);
-  config.prompt_tokens = integer_option("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
-  config.new_tokens = integer_option("--new-tokens", options.new_tokens, 2, 1 << 20);
-  config.max_batch = integer_option("--max-batch", options.max_batch, 0, 4096);
+  config.clients = integer_setting("--clients", options.clients, 1, 1024);
+  config.seconds = real_setting("--seconds", options.seconds, 0.1, 3600);
+  config.prompt_tokens = integer_setting("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);
+  config.new_tokens = integer_setting("--new-tokens", options.new_tokens, 2, 1 << 20);
+  config.max_batch = integer_setting("--max-batch", options.max_batch, 0, 4096);
   config.stream_interval_ms =
-      integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
+      integer_setting("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
   const bench::ServeBenchResult r = bench::run_serve_bench(config);
   const double http_cost = r.generator_tokens_per_second / r.invariant.tokens_per_second;
   const double determinism_cost = r.batch_variant.tokens_per_second / r.invariant.tokens_per_second;
@@ -83,7 +84,7 @@ void run_serve_bench_command(const ServeBenchCliOptions& options) {
               << '\n';
     return;
   }
-  print_machine_line(false);
+  bench::print_machine_line(false);
   std::cout << fmt::format(
       "serve bench: {}, {} streaming clients for {} s per server (3 alternating rounds), "
       "prompts of {} tokens, {} new tokens, stream interval {} ms (greedy; client 0 sends a "

@@ -71,24 +71,25 @@ serve::ServeConfig serve_config(const ServeCliOptions& options) {
   config.checkpoint = options.checkpoint;
   if (options.host.empty()) throw ParseError("--host is empty");
   config.host = options.host;
-  config.port = static_cast<int>(integer_option("--port", options.port, 0, 65535));
+  config.port = static_cast<int>(integer_setting("--port", options.port, 0, 65535));
   config.mode = comm::parse_reduction_mode(options.mode);
   if (config.mode == comm::ReductionMode::native) {
     throw ParseError(
         "--mode native: the server runs in ordered or exact mode (the trainer's bits "
         "need one of them)");
   }
-  config.max_batch = integer_option("--max-batch", options.max_batch, 1, 4096);
-  config.max_queue = integer_option("--max-queue", options.max_queue, 1, 1 << 20);
-  config.prefill_chunk = integer_option("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
+  config.max_batch = integer_setting("--max-batch", options.max_batch, 1, 4096);
+  config.max_queue = integer_setting("--max-queue", options.max_queue, 1, 1 << 20);
+  config.prefill_chunk = integer_setting("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
   config.limits.max_body_bytes =
-      integer_option("--max-body-bytes", options.max_body_bytes, 1024, std::int64_t{1} << 30);
+      integer_setting("--max-body-bytes", options.max_body_bytes, 1024, std::int64_t{1} << 30);
   config.api_key = api_key(options);
   if (options.model_name.empty()) throw ParseError("--model-name is empty");
   config.model_name = options.model_name;
   config.stream_interval_ms =
-      integer_option("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
-  config.max_connections = integer_option("--max-connections", options.max_connections, 1, 1 << 20);
+      integer_setting("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
+  config.max_connections =
+      integer_setting("--max-connections", options.max_connections, 1, 1 << 20);
   if (options.batch_variant) config.batch_variant = kernels::openblas_linear_matmul();
   return config;
 }

@@ -5,6 +5,7 @@
 #include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/pp/stage.hpp>
 #include <meshtensor/train/result_json.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::train {
@@ -80,6 +81,7 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
       {"checkpoints", result.checkpoints},
       {"warnings", result.warnings},
       {"seconds", result.seconds},
+      {"settings", settings_json(config)},
       {"epochs", epochs},
       {"sample", task.target_name() == "token" ? nlohmann::json(printable_text(result.sample))
                                                : nlohmann::json(nullptr)},

@@ -23,6 +23,7 @@
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/trainer.hpp>
 #include <meshtensor/train/training_model.hpp>
 
@@ -33,6 +34,18 @@ Strategy parse_strategy(const std::string& text) {
   if (text == "fsdp") return Strategy::fsdp;
   if (text == "hsdp") return Strategy::hsdp;
   throw ParseError(fmt::format("unknown strategy '{}' (expected ddp, fsdp or hsdp)", text));
+}
+
+const char* strategy_name(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::ddp:
+      return "ddp";
+    case Strategy::fsdp:
+      return "fsdp";
+    case Strategy::hsdp:
+      return "hsdp";
+  }
+  return "?";
 }
 
 MicroBatchMode parse_micro_batch_mode(const std::string& text) {
@@ -94,18 +107,6 @@ comm::CollectiveOptions reduce_options(ReduceOp op, comm::ReductionMode mode) {
   options.op = op;
   options.mode = mode;
   return options;
-}
-
-const char* strategy_text(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::ddp:
-      return "ddp";
-    case Strategy::fsdp:
-      return "fsdp";
-    case Strategy::hsdp:
-      return "hsdp";
-  }
-  return "?";
 }
 
 /// The samples of the first `steps` steps of the run.
@@ -466,7 +467,7 @@ void TrainingRun::save_checkpoint() {
   const std::vector<checkpoint::SaveItem> state = training_state();
   checkpoint::SaveOptions options;
   options.keep = config_.keep_checkpoints;
-  options.metadata = {{"strategy", strategy_text(config_.strategy)},
+  options.metadata = {{"strategy", strategy_name(config_.strategy)},
                       {"mesh", model_->layout().description},
                       {"mode", mode_text(config_.mode)},
                       {"architecture", task_.architecture()},
@@ -861,25 +862,11 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
 
 namespace {
 
-/// What every rank of a run must agree on: the model, the data's size and everything in the
-/// config that shapes the computation (paths are compared as given).
-std::string run_description(const TrainConfig& c, const Task& task) {
-  return fmt::format(
-      "model {}, {} samples; epochs {} steps {} batch {} micro {} optimizer {} lr {} warmup {} "
-      "schedule {} wd {} momentum {} mode {} seed {} strategy {} mesh {} (given {}, tp dim {}) "
-      "sp {} clip {} replicas {} reshard {} prefetch {} param {} reduce {} micro_mode {} save "
-      "'{}' every {} keep {} resume '{}' stop {},{} eval {} sample {} verify {} trace {} "
-      "pipeline {} virtual {} checkpointing {}",
-      task.architecture(), task.samples(), c.epochs, c.steps, c.batch, c.micro_batches,
-      static_cast<int>(c.optimizer), c.schedule.base, c.schedule.warmup_steps,
-      static_cast<int>(c.schedule.kind), c.weight_decay, c.momentum,
-      comm::reduction_mode_name(c.mode), c.seed, static_cast<int>(c.strategy), c.mesh.describe(),
-      c.mesh.given, c.mesh.has_tp, c.sequence_parallel, c.clip_grad_norm, c.replicas,
-      c.reshard_after_forward, c.prefetch, dtype_name(c.param_dtype), dtype_name(c.reduce_dtype),
-      static_cast<int>(c.micro_batch_mode), c.save_dir, c.save_every, c.keep_checkpoints,
-      c.resume_dir, c.stop_after, c.stop_after_epochs, c.eval_every, c.sample, c.verify_generator,
-      c.trace, pp::schedule_name(c.pipeline_schedule), c.virtual_stages,
-      pp::checkpointing_name(c.activation_checkpointing));
+/// What every rank of a run must agree on: the model, the data's size and every setting
+/// (paths are compared as given).
+std::string run_description(const TrainConfig& config, const Task& task) {
+  return fmt::format("{}, {} samples; {}", task.architecture(), task.samples(),
+                     settings_json(config).dump());
 }
 
 }  // namespace
@@ -892,13 +879,30 @@ void require_training_memory(const TrainConfig& config, const Task& task,
                              task.architecture(), process_ranks, format_bytes(per_rank)));
 }
 
+CheckedConfig check_config(TrainConfig config, const Task& task, std::int64_t process_ranks,
+                           std::int64_t ranks) {
+  validate_config(config, task);
+  require_training_memory(config, task, process_ranks, ranks);
+  return {std::move(config), ranks};
+}
+
+TrainResult train(comm::Communicator& world, const Task& task, const CheckedConfig& checked,
+                  const TrainCallbacks& callbacks) {
+  if (checked.ranks() != world.size()) {
+    throw InvalidArgument(fmt::format("the config was checked for {} ranks, but the run has {}",
+                                      checked.ranks(), world.size()));
+  }
+  comm::check_same_on_every_rank(world, "train()'s model, data and configuration",
+                                 run_description(checked.config(), task));
+  TrainingRun run(world, task, checked.config(), callbacks);
+  return run.run();
+}
+
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
                   const TrainCallbacks& callbacks) {
   validate_config(config, task);
-  comm::check_same_on_every_rank(world, "train()'s model, data and configuration",
-                                 run_description(config, task));
-  // Every caller (the command line, Python) is refused a run too big for this process before
-  // any rank builds its model; a threads world's ranks all live in this process.
+  // Every caller is refused a run too big for this process before any rank builds its model; a
+  // threads world's ranks all live in this process.
   std::exception_ptr failure;
   if (world.rank() == 0) {
     try {
@@ -909,8 +913,8 @@ TrainResult train(comm::Communicator& world, const Task& task, TrainConfig confi
     }
   }
   comm::throw_if_any_failed(world, failure);
-  TrainingRun run(world, task, std::move(config), callbacks);
-  return run.run();
+  const CheckedConfig checked(std::move(config), world.size());
+  return train(world, task, checked, callbacks);
 }
 
 }  // namespace meshtensor::train

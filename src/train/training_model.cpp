@@ -133,6 +133,20 @@ std::vector<std::pair<std::string, nn::Module*>> units_of_stage(
   return units;
 }
 
+/// Which of units_of_stage(.., stage) recompute their forward in backward: blocks only, all of
+/// them (full) or those of even index (selective).
+std::vector<bool> recomputed_units(const std::vector<std::pair<std::int64_t, std::int64_t>>& split,
+                                   std::size_t stage, pp::Checkpointing kind) {
+  std::vector<bool> recomputed;
+  if (stage == 0) recomputed.push_back(false);  // the embedding
+  for (std::int64_t b = split[stage].first; b < split[stage].second; ++b) {
+    recomputed.push_back(kind == pp::Checkpointing::full ||
+                         (kind == pp::Checkpointing::selective && b % 2 == 0));
+  }
+  if (stage + 1 == split.size()) recomputed.push_back(false);  // the head
+  return recomputed;
+}
+
 std::string describe_units(const std::vector<std::pair<std::string, nn::Module*>>& units) {
   std::vector<std::string> names;
   for (const auto& unit : units)
@@ -167,17 +181,8 @@ void TrainingModel::build_stages(const TrainConfig& config) {
       for (const nn::Parameter* p : unit.second->parameters())
         owner[p] = static_cast<std::int64_t>(s) % ranks;
     if (static_cast<std::int64_t>(s) % ranks != pp_rank) continue;
-    std::vector<bool> checkpointed;
-    for (const auto& [name, unit] : units) {
-      const bool block = name.starts_with("blocks.");
-      const std::int64_t index = block ? std::stoll(name.substr(7)) : 0;
-      checkpointed.push_back(
-          block &&
-          (config.activation_checkpointing == pp::Checkpointing::full ||
-           (config.activation_checkpointing == pp::Checkpointing::selective && index % 2 == 0)));
-    }
     chunks_.push_back(std::make_unique<pp::StageModule>(units, s > 0));
-    chunks_.back()->set_checkpointed(std::move(checkpointed));
+    chunks_.back()->set_checkpointed(recomputed_units(split, s, config.activation_checkpointing));
   }
   if (chunks_.size() == 1) {
     root_ = chunks_.front().get();

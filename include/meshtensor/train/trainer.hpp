@@ -54,6 +54,8 @@ enum class Strategy : std::uint8_t {
 
 /// "ddp", "fsdp" or "hsdp"; ParseError naming the text otherwise.
 Strategy parse_strategy(const std::string& text);
+/// The name parse_strategy reads.
+const char* strategy_name(Strategy strategy);
 
 /// How micro-batches of one step reduce (FSDP2's two controls).
 enum class MicroBatchMode : std::uint8_t {
@@ -267,6 +269,37 @@ void validate_config(const TrainConfig& config, const Task& task);
 /// same layout). The learning-rate schedule is this run's: give the resumed run the same
 /// --epochs / --steps as the whole run for a cosine schedule to continue unchanged.
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
+                  const TrainCallbacks& callbacks = {});
+
+/// A TrainConfig that validate_config and require_training_memory passed for one task on a
+/// number of ranks: what a front end checks once, before it starts the ranks, and hands to
+/// train() (which then checks nothing twice).
+class CheckedConfig {
+ public:
+  /// The config checked.
+  const TrainConfig& config() const { return config_; }
+  /// The ranks it was checked for.
+  std::int64_t ranks() const { return ranks_; }
+
+ private:
+  friend CheckedConfig check_config(TrainConfig config, const Task& task,
+                                    std::int64_t process_ranks, std::int64_t ranks);
+  friend TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
+                           const TrainCallbacks& callbacks);
+  CheckedConfig(TrainConfig config, std::int64_t ranks)
+      : config_(std::move(config)), ranks_(ranks) {}
+  TrainConfig config_;
+  std::int64_t ranks_ = 0;
+};
+
+/// validate_config, then require_training_memory for `process_ranks` of `ranks` ranks in this
+/// process.
+CheckedConfig check_config(TrainConfig config, const Task& task, std::int64_t process_ranks,
+                           std::int64_t ranks);
+
+/// train() of a config checked for `task` on world.size() ranks (InvalidArgument for another
+/// count).
+TrainResult train(comm::Communicator& world, const Task& task, const CheckedConfig& checked,
                   const TrainCallbacks& callbacks = {});
 
 }  // namespace meshtensor::train

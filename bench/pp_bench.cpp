@@ -1,5 +1,7 @@
 // `meshtensor bench pp`: the pipeline schedules' measured bubble against their theory on the
 // simulated link, real pipelined training steps, and activation checkpointing's memory and time.
+#include "pp_bench.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -18,24 +20,13 @@
 #include <meshtensor/pp/pipeline.hpp>
 #include <meshtensor/pp/stage.hpp>
 
-#include "backend.hpp"
-#include "commands.hpp"
-#include "options.hpp"
-#include "train_options.hpp"
+#include "timing.hpp"
 
-namespace meshtensor::cli {
+namespace meshtensor::bench {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct PipelineBenchOptions {
-  TrainOptions train;
-  std::string stages = "4";
-  std::string link = "20us,10";
-  std::string rounds = "5";
-  std::string checkpointing_rounds = "3";
-};
 
 /// What the bench measured.
 struct ReplayFigures {
@@ -123,8 +114,8 @@ ReplayFigures replay_on_link(const train::Task& task, const nn::GptConfig& gpt,
   figures.theory = pp::theoretical_bubble(schedule);
   std::vector<std::vector<double>> bubbles(static_cast<std::size_t>(schedule.ranks));
   std::vector<double> steps;
-  run_ranks(
-      Backend::threads, schedule.ranks, "bench pp",
+  comm::run_threads(
+      static_cast<int>(schedule.ranks),
       [&](comm::Communicator& world) {
         pp::Pipeline pipeline(world, schedule);
         ReplayedStages work(Shape{rows, gpt.context, gpt.dim}, forward, backward);
@@ -149,8 +140,8 @@ TrainingFigures measure_run(const train::Task& task, const std::string& name,
   figures.name = name;
   train::validate_config(config, task);
   train::require_training_memory(config, task, ranks, ranks);
-  run_ranks(
-      Backend::threads, ranks, "bench pp",
+  comm::run_threads(
+      static_cast<int>(ranks),
       [&](comm::Communicator& world) {
         const train::TrainResult result = train::train(world, task, config);
         if (world.rank() != 0) return;
@@ -280,45 +271,44 @@ void print_pp_text(const PpBenchFigures& f) {
   }
 }
 
-void run(const PipelineBenchOptions& options) {
-  print_machine_line(options.train.json);
-  train::TrainConfig base = parse_config(options.train);
+}  // namespace
+
+int run_pp_bench(const PipelineBenchConfig& options) {
+  print_machine_line(options.input.json);
+  train::TrainConfig base = options.input.config;
   base.sample = false;
   base.eval_every = 0;
   if (base.steps == 0) base.steps = 6;
-  const std::int64_t stages = integer_option("--stages", options.stages, 2, 64);
-  const std::int64_t rounds = integer_option("--rounds", options.rounds, 1, 100);
-  const std::int64_t checkpointing_rounds =
-      integer_option("--checkpointing-rounds", options.checkpointing_rounds, 1, 100);
-  options.train.timeout.apply();
-  const LoadedTask loaded = load_task(options.train);
-  const auto* language = dynamic_cast<const train::LanguageModelling*>(loaded.task.get());
+  const std::int64_t stages = options.stages;
+  const std::int64_t rounds = options.rounds;
+  const std::int64_t checkpointing_rounds = options.checkpointing_rounds;
+  const train::Task& task = *options.input.task;
+  const auto* language = dynamic_cast<const train::LanguageModelling*>(&task);
   if (language == nullptr) throw ParseError("bench pp splits a GPT: give --model gpt[:...]");
   const nn::GptConfig& gpt = language->model();
   train::TrainConfig piped = base;
   piped.mesh = train::parse_named_mesh(std::to_string(stages), "pp");
-  if (options.train.micro_batches.empty()) piped.micro_batches = 2 * stages;
-  train::validate_config(piped, *loaded.task);
+  if (!options.micro_batches_given) piped.micro_batches = 2 * stages;
+  train::validate_config(piped, task);
   const pp::ScheduleConfig schedule{piped.pipeline_schedule, stages, train::virtual_stages(piped),
                                     piped.micro_batches};
   const std::int64_t rows = std::max<std::int64_t>(1, base.batch / piped.micro_batches);
-  const ReplayFigures replay =
-      replay_on_link(*loaded.task, gpt, schedule, rows, options.link, rounds);
+  const ReplayFigures replay = replay_on_link(task, gpt, schedule, rows, options.link, rounds);
   // Real steps: the pipeline against one rank, then activation checkpointing on one rank.
   train::TrainConfig one = base;
   one.micro_batches = 1;
   // One rank runs no schedule: the pipeline's settings stay with the pipelined run.
   one.pipeline_schedule = pp::ScheduleKind::one_f_one_b;
   one.virtual_stages = 0;
-  const TrainingFigures whole = measure_run(*loaded.task, "1 rank", one, 1, options.link);
+  const TrainingFigures whole = measure_run(task, "1 rank", one, 1, options.link);
   const TrainingFigures pipelined =
-      measure_run(*loaded.task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)),
-                  piped, stages, options.link);
+      measure_run(task, fmt::format("pp {} {}", stages, pp::schedule_name(schedule.kind)), piped,
+                  stages, options.link);
   const std::vector<TrainingFigures> checkpointing =
-      measure_checkpointing(*loaded.task, one, options.link, checkpointing_rounds);
+      measure_checkpointing(task, one, options.link, checkpointing_rounds);
   const PpBenchFigures figures{gpt,    base.mode, schedule,  rows,         options.link,
                                replay, whole,     pipelined, checkpointing};
-  if (options.train.json) {
+  if (options.input.json) {
     print_pp_json(figures);
   } else {
     print_pp_text(figures);
@@ -326,35 +316,7 @@ void run(const PipelineBenchOptions& options) {
   bool same = whole.digest == pipelined.digest;
   for (const TrainingFigures& f : checkpointing)
     same = same && f.digest == checkpointing[0].digest;
-  if (!same && base.mode == comm::ReductionMode::exact) set_exit_status(1);
+  return !same && base.mode == comm::ReductionMode::exact ? 1 : 0;
 }
 
-}  // namespace
-
-void add_pp_bench(CLI::App& bench) {
-  auto options = std::make_shared<PipelineBenchOptions>();
-  CLI::App* command = bench.add_subcommand(
-      "pp",
-      "Pipeline parallelism: each schedule's measured bubble against its theory on the "
-      "simulated link (compute replayed from one rank's timing), real pipelined steps and each "
-      "stage's activation peak, and activation checkpointing's memory and step time");
-  TrainOptions& train = options->train;
-  train.model = "gpt";
-  add_timed_train_options(*command, train, "6");
-  command->add_option("--stages", options->stages, "pp ranks (default 4)");
-  command->add_option("--micro-batches", train.micro_batches,
-                      "micro-batches a step (default 2 per pp rank)");
-  command->add_option("--pipeline-schedule", train.pipeline_schedule,
-                      "gpipe, 1f1b (default) or interleaved-1f1b");
-  command->add_option("--virtual-stages", train.virtual_stages,
-                      "chunks per rank for interleaved-1f1b (default 2)");
-  command->add_option("--mode", train.mode, "ordered (default) or exact");
-  command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
-  command->add_option("--rounds", options->rounds, "replayed steps timed (default 5)");
-  command->add_option("--checkpointing-rounds", options->checkpointing_rounds,
-                      "alternated runs of each activation checkpointing (default 3)");
-  add_flag(*command, "--json", train.json, "print one JSON object");
-  command->callback([options] { run(*options); });
-}
-
-}  // namespace meshtensor::cli
+}  // namespace meshtensor::bench
