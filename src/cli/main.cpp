@@ -15,18 +15,6 @@
 #include "commands.hpp"
 #include "options.hpp"
 
-namespace meshtensor::cli {
-namespace {
-int status = 0;
-}  // namespace
-void set_exit_status(int value) {
-  status = value;
-}
-int exit_status() {
-  return status;
-}
-}  // namespace meshtensor::cli
-
 namespace {
 
 constexpr int kBadInput = 2;

@@ -17,6 +17,18 @@
 
 namespace meshtensor::cli {
 
+namespace {
+int status = 0;
+}  // namespace
+
+void set_exit_status(int value) {
+  status = value;
+}
+
+int exit_status() {
+  return status;
+}
+
 CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,
                       const std::string& description) {
   return command.add_flag(name, target, description)->disable_flag_override();

@@ -13,6 +13,12 @@
 
 namespace meshtensor::cli {
 
+/// Sets the status `meshtensor` exits with after a command that ran to the end (e.g. 1 when a
+/// check found a mismatch).
+void set_exit_status(int status);
+/// The status set so far (0 by default).
+int exit_status();
+
 /// The tensor-parallel degree of a command that runs on a 1-D tp mesh: `--ranks N`, or
 /// `--mesh N --names tp` (0 when neither is given). ParseError naming the options otherwise.
 std::int64_t tensor_parallel_option(const std::string& ranks, const std::string& mesh,

@@ -27,92 +27,12 @@
 #include "options.hpp"
 #include "output_files.hpp"
 #include "plot.hpp"
+#include "timing.hpp"
 #include "train_options.hpp"
 
 namespace meshtensor::cli {
 
-train::TrainSettings train_settings(const TrainOptions& options) {
-  train::TrainSettings settings;
-  for (const auto& [name, text] : options.defaults)
-    settings.set_default(name, text);
-  options.settings.apply_to(settings);
-  if (options.settings.given("reshard_after_forward") && options.no_reshard_after_forward)
-    throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
-  if (options.no_reshard_after_forward) settings.set("reshard_after_forward", "false");
-  if (!options.trace.empty()) settings.set("trace", "true");
-  return settings;
-}
-
-train::TrainConfig parse_config(const TrainOptions& options) {
-  return train_settings(options).config(nn::is_gpt_model(options.model));
-}
-
-std::int64_t layout_ranks(const TrainOptions& options, const train::TrainSettings& settings) {
-  const std::int64_t ranks = integer_setting("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-  const std::int64_t from_mesh = settings.mesh_ranks();
-  if (from_mesh > 0 && options.ranks_option != nullptr && options.ranks_option->count() > 0 &&
-      from_mesh != ranks) {
-    throw ParseError(fmt::format("--mesh {} has {} ranks but --ranks is {}",
-                                 options.settings.value("mesh"), from_mesh, ranks));
-  }
-  return from_mesh > 0 ? from_mesh : ranks;
-}
-
-std::string strategy_text(const TrainOptions& options) {
-  return options.settings.given("strategy") ? options.settings.value("strategy")
-                                            : (options.settings.given("mesh") ? "hsdp" : "ddp");
-}
-
-/// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or
-/// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
-LoadedTask load_task(const TrainOptions& options) {
-  LoadedTask loaded;
-  if (nn::is_gpt_model(options.model)) {
-    const nn::GptConfig gpt = nn::parse_gpt_config(options.model);
-    if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
-        options.layernorm) {
-      throw ParseError(fmt::format(
-          "--activation and --layernorm shape an mlp; model {} has its own (GELU, pre-norm)",
-          options.model));
-    }
-    loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
-    auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
-    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), gpt);
-    loaded.language = true;
-    return loaded;
-  }
-  nn::MlpConfig mlp;
-  mlp.hidden = nn::parse_mlp_hidden(options.model);
-  mlp.activation = nn::parse_activation(options.activation);
-  mlp.layernorm = options.layernorm;
-  loaded.data = options.data.empty() ? train::kDefaultDataDir : options.data;
-  loaded.images = std::make_unique<train::Dataset>(train::load_dataset(loaded.data));
-  loaded.task = std::make_unique<train::ImageClassification>(*loaded.images, mlp);
-  return loaded;
-}
-
-/// Registers the options `meshtensor train` and `meshtensor bench train` share, with the same
-/// meaning and defaults.
-void add_shared_train_options(CLI::App& command, TrainOptions& options) {
-  command.add_option("--data", options.data,
-                     "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
-                     "text file or directory of them (default Debian's fortunes)");
-  command.add_option("--model", options.model,
-                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
-                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
-                         nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
-  options.settings.add_to(command, train::TrainSettings::fields(),
-                          {"batch", "optimizer", "lr", "seed"});
-  options.timeout.add_to(command);
-}
-
-void add_timed_train_options(CLI::App& command, TrainOptions& options, const std::string& steps) {
-  options.defaults["steps"] = steps;
-  add_shared_train_options(command, options);
-  options.settings.add_to(command, train::TrainSettings::fields(), {"steps", "epochs"},
-                          {{"steps", fmt::format("timed steps (default {})", steps)},
-                           {"epochs", "whole epochs instead of `steps`"}});
-}
+using bench::steady_median;
 
 namespace {
 

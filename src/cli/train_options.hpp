@@ -13,13 +13,8 @@
 
 #include "options.hpp"
 #include "setting_options.hpp"
-#include "timing.hpp"
 
 namespace meshtensor::cli {
-
-using bench::median;
-using bench::steady_median;
-using bench::steady_step_seconds;
 
 /// The options of `meshtensor train`, as given; the training benchmarks share them. The
 /// training settings themselves go to train::TrainSettings by field name (parse_config).

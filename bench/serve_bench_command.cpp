@@ -5,7 +5,7 @@
 
 #include <meshtensor/kernels/simd.hpp>
 
-#include "commands.hpp"
+#include "bench_commands.hpp"
 #include "options.hpp"
 #include "serve_bench.hpp"
 #include "timing.hpp"

@@ -4,7 +4,7 @@
 
 #include <meshtensor/comm/threads_backend.hpp>
 
-#include "commands.hpp"
+#include "bench_commands.hpp"
 #include "options.hpp"
 #include "pp_bench.hpp"
 #include "train_bench.hpp"

@@ -6,7 +6,7 @@
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/nn/gpt.hpp>
 
-#include "commands.hpp"
+#include "bench_commands.hpp"
 #include "options.hpp"
 #include "rl_bench.hpp"
 #include "timing.hpp"

@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_commands.hpp"
 #include "checkpoint_bench.hpp"
-#include "commands.hpp"
 #include "options.hpp"
 #include "timing.hpp"
 
