@@ -91,16 +91,11 @@ double time_ranks(comm::Communicator& world, const std::function<void()>& body) 
 
 }  // namespace
 
-CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) {
-  if (config.ranks < 2 || config.ranks % 2 != 0)
-    throw InvalidArgument(
-        fmt::format("bench checkpoint needs an even number of ranks >= 2, not {}", config.ranks));
-  if (config.megabytes < 1)
-    throw InvalidArgument(fmt::format("--mib {} is below 1", config.megabytes));
-  const std::vector<Shape> shapes = state_shapes(config.megabytes);
-  std::int64_t total = 0;
-  for (const Shape& shape : shapes)
-    total += shape.numel() * 4;
+namespace {
+
+/// Creates a fresh directory for the run under config.directory (default: the temporary
+/// directory), after checking that memory and disk hold `total` bytes as the run needs them.
+std::string make_bench_directory(const CheckpointBenchConfig& config, std::int64_t total) {
   std::random_device entropy;
   const std::string root =
       (std::filesystem::path(config.directory.empty()
@@ -118,127 +113,175 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) 
                                 std::filesystem::path(root).parent_path().string(),
                                 error.message()));
   }
-  const auto cleanup = std::unique_ptr<const std::string, void (*)(const std::string*)>(
-      &root, [](const std::string* path) {
-        std::error_code ignored;
-        std::filesystem::remove_all(*path, ignored);
-      });
   const std::filesystem::space_info space = std::filesystem::space(root, error);
   if (!error && static_cast<double>(space.available) < 2.0 * static_cast<double>(total)) {
+    std::filesystem::remove_all(root, error);
     throw ResourceError(
         fmt::format("bench checkpoint --mib {} writes about {} to {}, but only {} is free there",
                     config.megabytes, format_bytes(2.0 * static_cast<double>(total)), root,
                     format_bytes(static_cast<double>(space.available))));
   }
+  return root;
+}
 
-  CheckpointBenchResult result;
-  result.tensors = static_cast<std::int64_t>(shapes.size());
-  const DeviceMesh flat({config.ranks});
-  const DeviceMesh hsdp({2, config.ranks / 2});
-  const PlacementSpec shard0 = parse_spec("S0");
-  const PlacementSpec shard1 = parse_spec("S1");
-  const PlacementSpec replicate_shard0 = parse_spec("R,S0");
-  const PlacementSpec nested_shard0 = parse_spec("S0,S0");
+/// This rank's Shard(0) blocks of every tensor, filled with a pattern (the values do not
+/// matter).
+std::vector<checkpoint::SaveItem> shard_items(const std::vector<Shape>& shapes,
+                                              const DeviceMesh& flat, int rank) {
+  std::vector<checkpoint::SaveItem> items;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    const Layout block = local_layout(flat, parse_spec("S0"), shapes[t], rank);
+    Tensor data = Tensor::uninitialized(block.local_shape, DType::f32);
+    auto values = data.values<float>();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = static_cast<float>((i * 2654435761u + t) % 1000003u);
+    items.push_back({fmt::format("state.{}", t), shapes[t], block.global_offset, data, true});
+  }
+  return items;
+}
 
-  std::vector<double> write_s, read_s, fresh_s, discard_s, save_s, same_s, nested_s, other_s,
-      hsdp_s;
-  std::mutex mutex;
-  const auto requests_for = [&](const DeviceMesh& mesh, const PlacementSpec& spec, int rank) {
+/// The rounds of `bench checkpoint`: each saves the state and loads it onto four layouts, with
+/// the sequential baselines on rank 0; medians at the end.
+class CheckpointBenchRun {
+ public:
+  CheckpointBenchRun(const CheckpointBenchConfig& config, std::vector<Shape> shapes,
+                     std::int64_t total, std::string root)
+      : config_(config),
+        shapes_(std::move(shapes)),
+        total_(total),
+        root_(std::move(root)),
+        flat_({config.ranks}),
+        hsdp_({2, config.ranks / 2}) {}
+
+  /// One round on every rank of `world`.
+  void round(comm::Communicator& world, int repeat) {
+    const int rank = world.rank();
+    std::vector<checkpoint::SaveItem> items = shard_items(shapes_, flat_, rank);
+    if (rank == 0) time_baselines(items.front().data.bytes());
+    world.barrier();
+    const std::string directory = root_ + fmt::format("/run-{}", repeat);
+    const double saved = time_ranks(world, [&] { checkpoint::save(world, directory, 1, items); });
+    items.clear();  // the loads below allocate their own
+    // One untimed load first: every timed load then finds its memory in the allocator, as the
+    // baseline read finds its buffer touched.
+    checkpoint::load(world, directory, requests_for(flat_, parse_spec("S0"), rank));
+    const double same = timed_load(world, directory, flat_, "S0", result_.load_same);
+    const double nested = timed_load(world, directory, hsdp_, "S0,S0", result_.load_nested);
+    const double other = timed_load(world, directory, flat_, "S1", result_.load_other_dim);
+    const double mesh2 = timed_load(world, directory, hsdp_, "R,S0", result_.load_hsdp);
+    if (rank != 0) return;
+    save_s_.push_back(saved);
+    same_s_.push_back(same);
+    nested_s_.push_back(nested);
+    other_s_.push_back(other);
+    hsdp_s_.push_back(mesh2);
+    std::filesystem::remove_all(directory);
+  }
+
+  /// The medians of every round.
+  CheckpointBenchResult finish() {
+    result_.tensors = static_cast<std::int64_t>(shapes_.size());
+    const auto set = [&](CheckpointTiming& timing, const char* name,
+                         const std::vector<double>& seconds, std::int64_t bytes) {
+      timing.name = name;
+      timing.seconds = median(seconds);
+      timing.bytes = bytes;
+    };
+    set(result_.baseline_write, "sequential write + fsync (dd)", write_s_, total_);
+    set(result_.baseline_read, "sequential read into touched memory", read_s_, total_);
+    set(result_.baseline_fresh, "sequential read into new memory", fresh_s_, total_);
+    set(result_.baseline_discard, "sequential read, discarded (dd)", discard_s_, total_);
+    set(result_.save, "save (a file per rank, fsync, rename)", save_s_, total_);
+    set(result_.load_same, "load, same layout", same_s_, total_);
+    set(result_.load_nested, "load onto 2 x n (S0, S0): uneven", nested_s_, total_);
+    set(result_.load_other_dim, "load onto Shard(1)", other_s_, total_);
+    std::int64_t hsdp_bytes = 0;
+    for (const std::int64_t b : result_.load_hsdp.bytes_read_per_rank)
+      hsdp_bytes += b;
+    set(result_.load_hsdp, "load onto 2 x n (R, S0)", hsdp_s_, hsdp_bytes);
+    return result_;
+  }
+
+ private:
+  /// The sequential baselines: rank 0's first block written over and over, as dd would, then
+  /// read back into touched memory, into new memory and into one reused buffer.
+  void time_baselines(std::span<const std::byte> source) {
+    const std::string file = root_ + "/baseline.bin";
+    write_s_.push_back(
+        baseline_write(file, source.first(std::min(source.size(), kBaselineChunk)), total_));
+    // Memory already touched, as the loads find theirs after a first untimed load.
+    Tensor memory = Tensor::zeros(Shape{total_}, DType::u8);
+    read_s_.push_back(baseline_read(file, total_, memory.bytes()));
+    fresh_s_.push_back(
+        baseline_read(file, total_, Tensor::uninitialized(Shape{total_}, DType::u8).bytes()));
+    discard_s_.push_back(baseline_read(file, total_, memory.bytes().first(kBaselineChunk)));
+    std::filesystem::remove(file);
+  }
+
+  std::vector<checkpoint::LoadRequest> requests_for(const DeviceMesh& mesh,
+                                                    const PlacementSpec& spec, int rank) const {
     std::vector<checkpoint::LoadRequest> requests;
-    for (std::size_t t = 0; t < shapes.size(); ++t)
-      requests.push_back(checkpoint::load_request(fmt::format("state.{}", t), mesh, spec, shapes[t],
-                                                  DType::f32, rank));
+    for (std::size_t t = 0; t < shapes_.size(); ++t) {
+      requests.push_back(checkpoint::load_request(fmt::format("state.{}", t), mesh, spec,
+                                                  shapes_[t], DType::f32, rank));
+    }
     return requests;
-  };
-  const auto record_reads = [&](CheckpointTiming& timing, int rank,
-                                const checkpoint::LoadStats& stats,
-                                const std::vector<checkpoint::LoadRequest>& requests) {
+  }
+
+  /// Loads the checkpoint onto `spec` over `mesh` on every rank; the seconds it took, and the
+  /// bytes each rank read against those it holds in `timing`.
+  double timed_load(comm::Communicator& world, const std::string& directory, const DeviceMesh& mesh,
+                    const char* spec, CheckpointTiming& timing) {
+    const int rank = world.rank();
+    const auto requests = requests_for(mesh, parse_spec(spec), rank);
+    checkpoint::LoadStats stats;
+    const double seconds =
+        time_ranks(world, [&] { checkpoint::load(world, directory, requests, &stats); });
     std::int64_t target = 0;
     for (const auto& r : requests)
       target += r.shape.numel() * 4;
-    const std::lock_guard lock(mutex);
-    timing.bytes_read_per_rank.resize(static_cast<std::size_t>(config.ranks));
-    timing.target_bytes_per_rank.resize(static_cast<std::size_t>(config.ranks));
+    const std::lock_guard lock(mutex_);
+    timing.bytes_read_per_rank.resize(static_cast<std::size_t>(config_.ranks));
+    timing.target_bytes_per_rank.resize(static_cast<std::size_t>(config_.ranks));
     timing.bytes_read_per_rank[static_cast<std::size_t>(rank)] = stats.bytes_read;
     timing.target_bytes_per_rank[static_cast<std::size_t>(rank)] = target;
-  };
-
-  for (int repeat = 0; repeat < config.repeats; ++repeat) {
-    comm::run_threads(config.ranks, [&](comm::Communicator& world) {
-      const int rank = world.rank();
-      // This rank's Shard(0) blocks, filled with a pattern (the values do not matter).
-      std::vector<checkpoint::SaveItem> items;
-      for (std::size_t t = 0; t < shapes.size(); ++t) {
-        const Layout block = local_layout(flat, shard0, shapes[t], rank);
-        Tensor data = Tensor::uninitialized(block.local_shape, DType::f32);
-        auto values = data.values<float>();
-        for (std::size_t i = 0; i < values.size(); ++i)
-          values[i] = static_cast<float>((i * 2654435761u + t) % 1000003u);
-        items.push_back({fmt::format("state.{}", t), shapes[t], block.global_offset, data, true});
-      }
-      if (rank == 0) {
-        // The sequential baseline writes rank 0's first block over and over, as dd would.
-        const std::string file = root + "/baseline.bin";
-        const auto source = items.front().data.bytes();
-        write_s.push_back(
-            baseline_write(file, source.first(std::min(source.size(), kBaselineChunk)), total));
-        // Memory already touched, as the loads below find theirs after a first untimed load.
-        Tensor memory = Tensor::zeros(Shape{total}, DType::u8);
-        read_s.push_back(baseline_read(file, total, memory.bytes()));
-        fresh_s.push_back(
-            baseline_read(file, total, Tensor::uninitialized(Shape{total}, DType::u8).bytes()));
-        discard_s.push_back(baseline_read(file, total, memory.bytes().first(kBaselineChunk)));
-        std::filesystem::remove(file);
-      }
-      world.barrier();
-      const std::string directory = root + fmt::format("/run-{}", repeat);
-      const double saved = time_ranks(world, [&] { checkpoint::save(world, directory, 1, items); });
-      items.clear();  // the loads below allocate their own
-      const auto timed_load = [&](const DeviceMesh& mesh, const PlacementSpec& spec,
-                                  CheckpointTiming& timing) {
-        const auto requests = requests_for(mesh, spec, rank);
-        checkpoint::LoadStats stats;
-        const double seconds =
-            time_ranks(world, [&] { checkpoint::load(world, directory, requests, &stats); });
-        record_reads(timing, rank, stats, requests);
-        return seconds;
-      };
-      // One untimed load first: every timed load then finds its memory in the allocator, as the
-      // baseline read finds its buffer touched.
-      checkpoint::load(world, directory, requests_for(flat, shard0, rank));
-      const double same = timed_load(flat, shard0, result.load_same);
-      const double nested = timed_load(hsdp, nested_shard0, result.load_nested);
-      const double other = timed_load(flat, shard1, result.load_other_dim);
-      const double mesh2 = timed_load(hsdp, replicate_shard0, result.load_hsdp);
-      if (rank == 0) {
-        save_s.push_back(saved);
-        same_s.push_back(same);
-        nested_s.push_back(nested);
-        other_s.push_back(other);
-        hsdp_s.push_back(mesh2);
-        std::filesystem::remove_all(directory);
-      }
-    });
+    return seconds;
   }
-  const auto finish = [&](CheckpointTiming& timing, const char* name,
-                          const std::vector<double>& seconds, std::int64_t bytes) {
-    timing.name = name;
-    timing.seconds = median(seconds);
-    timing.bytes = bytes;
-  };
-  finish(result.baseline_write, "sequential write + fsync (dd)", write_s, total);
-  finish(result.baseline_read, "sequential read into touched memory", read_s, total);
-  finish(result.baseline_fresh, "sequential read into new memory", fresh_s, total);
-  finish(result.baseline_discard, "sequential read, discarded (dd)", discard_s, total);
-  finish(result.save, "save (a file per rank, fsync, rename)", save_s, total);
-  finish(result.load_same, "load, same layout", same_s, total);
-  finish(result.load_nested, "load onto 2 x n (S0, S0): uneven", nested_s, total);
-  finish(result.load_other_dim, "load onto Shard(1)", other_s, total);
-  std::int64_t hsdp_bytes = 0;
-  for (const std::int64_t b : result.load_hsdp.bytes_read_per_rank)
-    hsdp_bytes += b;
-  finish(result.load_hsdp, "load onto 2 x n (R, S0)", hsdp_s, hsdp_bytes);
-  return result;
+
+  const CheckpointBenchConfig& config_;
+  std::vector<Shape> shapes_;
+  std::int64_t total_ = 0;
+  std::string root_;
+  DeviceMesh flat_;
+  DeviceMesh hsdp_;
+  CheckpointBenchResult result_;
+  std::mutex mutex_;
+  std::vector<double> write_s_, read_s_, fresh_s_, discard_s_, save_s_, same_s_, nested_s_,
+      other_s_, hsdp_s_;
+};
+
+}  // namespace
+
+CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchConfig& config) {
+  if (config.ranks < 2 || config.ranks % 2 != 0)
+    throw InvalidArgument(
+        fmt::format("bench checkpoint needs an even number of ranks >= 2, not {}", config.ranks));
+  if (config.megabytes < 1)
+    throw InvalidArgument(fmt::format("--mib {} is below 1", config.megabytes));
+  std::vector<Shape> shapes = state_shapes(config.megabytes);
+  std::int64_t total = 0;
+  for (const Shape& shape : shapes)
+    total += shape.numel() * 4;
+  const std::string root = make_bench_directory(config, total);
+  const auto cleanup = std::unique_ptr<const std::string, void (*)(const std::string*)>(
+      &root, [](const std::string* path) {
+        std::error_code ignored;
+        std::filesystem::remove_all(*path, ignored);
+      });
+  CheckpointBenchRun run(config, std::move(shapes), total, root);
+  for (int repeat = 0; repeat < config.repeats; ++repeat)
+    comm::run_threads(config.ranks, [&](comm::Communicator& world) { run.round(world, repeat); });
+  return run.finish();
 }
 
 }  // namespace meshtensor::bench
