@@ -560,8 +560,8 @@ int run_tp_bench(const TpBenchConfig& options) {
     config.mesh = train::parse_named_mesh(mesh, names);
     config.sequence_parallel = sequence_parallel;
     train::validate_config(config, task);
-    task.check_tensor_parallel(config.mesh.tp);
-    train::require_training_memory(config, task, config.mesh.ranks(), config.mesh.ranks());
+    task.check_tensor_parallel(train::mesh_dim(config, "tp"));
+    train::require_training_memory(config, task, config.mesh->size(), config.mesh->size());
     return config;
   };
   const Topology& hosts = options.hosts;

@@ -133,7 +133,7 @@ rl::RlConfig parse_rl_config(const RlOptions& options) {
   const train::TrainSettings settings = trainer_settings(options);
   config.train = settings.config(/*language=*/false);
   train::TrainConfig& trainer = config.train;
-  if (trainer.mesh.given && trainer.mesh.pp > 1) {
+  if (train::mesh_dim(trainer, "pp") > 1) {
     throw ParseError(fmt::format(
         "--mesh {} --names {}: rl's trainer holds every parameter on every rank for the weight "
         "sync; it takes dp, fsdp and tp dims, not pp",

@@ -21,6 +21,7 @@
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 #include <meshtensor/train/training_model.hpp>
 
@@ -735,22 +736,20 @@ RlResult RlRun::run() {
 std::string rl_description(const RlConfig& c, const RlTask& task) {
   return fmt::format(
       "task {} ({} prompts) init '{}' model {} steps {} P {} G {} new {} temp {} top_k {} clip {} "
-      "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} lr {} mode {} "
-      "seed {} mesh {} strategy {} sp {} micro {} save '{}' resume '{}' stop {} generator mode {}",
+      "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} generator "
+      "mode {} trainer {}",
       task.name, task.prompts.size(), c.init, nn::gpt_config_text(c.model), c.steps, c.prompts,
       c.samples, c.new_tokens, c.temperature, c.top_k, c.clip_ratio, c.kl, c.ppo_epochs,
       c.minibatches, c.advantage_eps, c.max_batch, c.prefill_chunk, c.generator.describe(),
-      c.compare_naive_sync, c.train.schedule.base, comm::reduction_mode_name(c.train.mode),
-      c.train.seed, c.train.mesh.describe(), static_cast<int>(c.train.strategy),
-      c.train.sequence_parallel, c.train.micro_batches, c.train.save_dir, c.train.resume_dir,
-      c.train.stop_after,
-      c.generator_mode ? comm::reduction_mode_name(*c.generator_mode) : "as the trainer");
+      c.compare_naive_sync,
+      c.generator_mode ? comm::reduction_mode_name(*c.generator_mode) : "as the trainer",
+      train::settings_json(c.train).dump());
 }
 
 }  // namespace
 
 std::int64_t trainer_rank_count(const RlConfig& config, std::int64_t world_ranks) {
-  if (config.train.mesh.given) return config.train.mesh.ranks();
+  if (config.train.mesh) return config.train.mesh->size();
   return config.trainer_ranks > 0 ? config.trainer_ranks : world_ranks;
 }
 
@@ -810,10 +809,10 @@ void validate_layouts(const RlConfig& config, std::int64_t world_ranks) {
   const GeneratorLayout& g = config.generator;
   if (g.replicas < 1 || g.tp < 1)
     throw InvalidArgument(fmt::format("the generator layout {} has no rank", g.describe()));
-  if (config.train.mesh.given && config.trainer_ranks > 0 &&
-      config.trainer_ranks != config.train.mesh.ranks()) {
+  if (config.train.mesh && config.trainer_ranks > 0 &&
+      config.trainer_ranks != config.train.mesh->size()) {
     throw InvalidArgument(fmt::format("the trainer's mesh {} has {} ranks, not {}",
-                                      config.train.mesh.describe(), config.train.mesh.ranks(),
+                                      train::mesh_text(config.train), config.train.mesh->size(),
                                       config.trainer_ranks));
   }
   const std::int64_t t = trainer_rank_count(config, world_ranks);

@@ -191,7 +191,7 @@ void TrainSettings::parse_layout(TrainConfig& config) const {
                       names, strategy));
     }
     config.mesh = parse_named_mesh(mesh, names);
-    if (config.mesh.ranks() > comm::kMaxThreadsRanks) {
+    if (config.mesh->size() > comm::kMaxThreadsRanks) {
       throw ParseError(
           fmt::format("`mesh` {} has more than {} ranks", mesh, comm::kMaxThreadsRanks));
     }
@@ -223,7 +223,7 @@ void TrainSettings::parse_sharding(TrainConfig& config) const {
           : 0;
   config.activation_checkpointing =
       pp::parse_checkpointing(text("activation_checkpointing", "none"));
-  const std::int64_t pipeline_ranks = config.mesh.given ? config.mesh.pp : 1;
+  const std::int64_t pipeline_ranks = mesh_dim(config, "pp");
   const std::int64_t micro_default =
       pipeline_ranks > 1 ? std::min<std::int64_t>(2 * pipeline_ranks, config.batch) : 1;
   config.micro_batches = integer_setting(
@@ -289,8 +289,8 @@ nlohmann::json settings_json(const TrainConfig& c) {
       {"mode", comm::reduction_mode_name(c.mode)},
       {"seed", c.seed},
       {"strategy", strategy_name(c.strategy)},
-      {"mesh", c.mesh.given ? c.mesh.describe() : ""},
-      {"tp_dim", c.mesh.has_tp},
+      {"mesh", c.mesh ? mesh_text(c) : ""},
+      {"tp_dim", has_mesh_dim(c, "tp")},
       {"replicas", c.replicas},
       {"sequence_parallel", c.sequence_parallel},
       {"clip_grad_norm", c.clip_grad_norm},

@@ -61,35 +61,45 @@ OptimizerKind parse_optimizer(const std::string& text) {
   throw ParseError(fmt::format("unknown optimizer '{}' (expected adamw or sgd)", text));
 }
 
-std::string NamedMesh::describe() const {
-  if (has_pp) return fmt::format("{}x{}x{}x{} (pp x dp x fsdp x tp)", pp, dp, fsdp, tp);
-  return fmt::format("{}x{}x{} (dp x fsdp x tp)", dp, fsdp, tp);
+std::int64_t mesh_dim(const TrainConfig& config, std::string_view name) {
+  if (!config.mesh) return 1;
+  const auto& names = config.mesh->names();
+  const auto at = std::find(names.begin(), names.end(), name);
+  return at == names.end() ? 1 : config.mesh->size(static_cast<int>(at - names.begin()));
+}
+
+bool has_mesh_dim(const TrainConfig& config, std::string_view name) {
+  return config.mesh && std::ranges::find(config.mesh->names(), name) != config.mesh->names().end();
+}
+
+std::int64_t data_ranks(const TrainConfig& config) {
+  return mesh_dim(config, "dp") * mesh_dim(config, "fsdp");
+}
+
+std::string mesh_text(const TrainConfig& c) {
+  if (has_mesh_dim(c, "pp")) {
+    return fmt::format("{}x{}x{}x{} (pp x dp x fsdp x tp)", mesh_dim(c, "pp"), mesh_dim(c, "dp"),
+                       mesh_dim(c, "fsdp"), mesh_dim(c, "tp"));
+  }
+  return fmt::format("{}x{}x{} (dp x fsdp x tp)", mesh_dim(c, "dp"), mesh_dim(c, "fsdp"),
+                     mesh_dim(c, "tp"));
 }
 
 std::int64_t virtual_stages(const TrainConfig& config) {
   // Without a pipeline there is nothing to interleave: the model runs as one stage.
-  const bool pipeline = config.mesh.given && config.mesh.pp > 1;
+  const bool pipeline = mesh_dim(config, "pp") > 1;
   if (config.pipeline_schedule != pp::ScheduleKind::interleaved_1f1b || !pipeline) return 1;
   return config.virtual_stages > 0 ? config.virtual_stages : 2;
 }
 
-NamedMesh parse_named_mesh(const std::string& shape, const std::string& names) {
-  const DeviceMesh parsed = parse_mesh(shape, names);  // sizes, name count, repeated names
-  NamedMesh mesh;
-  mesh.given = true;
-  for (int d = 0; d < parsed.ndim(); ++d) {
-    const std::string& name = parsed.names()[static_cast<std::size_t>(d)];
+DeviceMesh parse_named_mesh(const std::string& shape, const std::string& names) {
+  DeviceMesh mesh = parse_mesh(shape, names);  // sizes, name count, repeated names
+  for (const std::string& name : mesh.names()) {
     if (name != "pp" && name != "dp" && name != "fsdp" && name != "tp") {
       throw ParseError(fmt::format(
           "`names`: unknown mesh dim name '{}' (expected pp, dp, fsdp and tp, each at most once)",
           name));
     }
-    (name == "pp"     ? mesh.pp
-     : name == "dp"   ? mesh.dp
-     : name == "fsdp" ? mesh.fsdp
-                      : mesh.tp) = parsed.size(d);
-    mesh.has_tp = mesh.has_tp || name == "tp";
-    mesh.has_pp = mesh.has_pp || name == "pp";
   }
   return mesh;
 }
@@ -712,7 +722,7 @@ namespace {
 /// The pipeline and activation-checkpointing parts of validate_config.
 void validate_pipeline(const TrainConfig& config, const Task& task) {
   const auto* language = dynamic_cast<const LanguageModelling*>(&task);
-  const bool pipeline = config.mesh.given && config.mesh.pp > 1;
+  const bool pipeline = mesh_dim(config, "pp") > 1;
   if (language == nullptr &&
       (pipeline || config.activation_checkpointing != pp::Checkpointing::none)) {
     throw InvalidArgument(fmt::format("{} splits a GPT's blocks; this run trains '{}'",
@@ -728,17 +738,17 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
     return;
   }
   const pp::ScheduleConfig schedule{
-      config.pipeline_schedule, config.mesh.pp,
+      config.pipeline_schedule, mesh_dim(config, "pp"),
       config.virtual_stages > 0 ? config.virtual_stages : virtual_stages(config),
       config.micro_batches};
   pp::check_schedule(schedule);
   if (config.pipeline_schedule != pp::ScheduleKind::gpipe &&
-      config.micro_batches < config.mesh.pp) {
+      config.micro_batches < mesh_dim(config, "pp")) {
     throw InvalidArgument(fmt::format(
         "{} keeps every pipeline rank busy with one micro-batch each: {} micro-batches is fewer "
         "than the {} pp ranks (give `micro_batches` {} or more, or the gpipe schedule)",
-        pp::schedule_name(config.pipeline_schedule), config.micro_batches, config.mesh.pp,
-        config.mesh.pp));
+        pp::schedule_name(config.pipeline_schedule), config.micro_batches, mesh_dim(config, "pp"),
+        mesh_dim(config, "pp")));
   }
   pp::split_blocks(language->model().layers, schedule.stages());
   if (config.micro_batch_mode != MicroBatchMode::no_sync) {
@@ -799,7 +809,7 @@ void validate_config(const TrainConfig& config, const Task& task) {
         config.batch, task.targets_per_sample(), kernels::kMaxBinnedAddends));
   }
   if (task.samples() == 0) throw InvalidArgument("the training set is empty");
-  if (config.mesh.given) task.check_tensor_parallel(config.mesh.tp);
+  if (config.mesh) task.check_tensor_parallel(mesh_dim(config, "tp"));
   if (!(config.clip_grad_norm >= 0.0 && config.clip_grad_norm <= 1e6)) {
     throw InvalidArgument(fmt::format("the gradient clip norm must be within [0, 1e6], got {}",
                                       config.clip_grad_norm));
@@ -812,11 +822,11 @@ void validate_config(const TrainConfig& config, const Task& task) {
         "{} micro-batches is more than the {} sample(s) of the global batch: give at most {}",
         config.micro_batches, config.batch, config.batch));
   }
-  if (config.sequence_parallel && !config.mesh.has_tp) {
+  if (config.sequence_parallel && !has_mesh_dim(config, "tp")) {
     throw InvalidArgument(fmt::format(
         "sequence parallelism splits the sequence over the tp mesh dim, and the mesh {} has "
         "none: name a tp dim (e.g. `mesh` 2x2 and `names` fsdp,tp) or leave it off",
-        config.mesh.given ? config.mesh.describe() : std::string("of this run")));
+        config.mesh ? mesh_text(config) : std::string("of this run")));
   }
   validate_pipeline(config, task);
   if (!config.save_dir.empty()) checkpoint::check_save_root(config.save_dir);

@@ -23,22 +23,23 @@ TrainingLayout training_layout(const TrainConfig& config, std::int64_t ranks) {
   shard.reshard_after_forward = config.reshard_after_forward;
   shard.param_dtype = config.param_dtype;
   shard.reduce_dtype = config.reduce_dtype;
-  if (config.mesh.given) {
-    if (config.mesh.ranks() != ranks) {
+  if (config.mesh) {
+    if (config.mesh->size() != ranks) {
       throw InvalidArgument(fmt::format("the mesh {} has {} ranks, but the run has {}",
-                                        config.mesh.describe(), config.mesh.ranks(), ranks));
+                                        mesh_text(config), config.mesh->size(), ranks));
     }
-    if (config.mesh.has_pp) {
+    const std::int64_t dp = mesh_dim(config, "dp");
+    const std::int64_t fsdp = mesh_dim(config, "fsdp");
+    const std::int64_t tp = mesh_dim(config, "tp");
+    if (has_mesh_dim(config, "pp")) {
       shard.replicate_mesh_dims = {1};
       shard.shard_mesh_dims = {2};
-      return {DeviceMesh({config.mesh.pp, config.mesh.dp, config.mesh.fsdp, config.mesh.tp},
-                         {"pp", "dp", "fsdp", "tp"}),
-              shard, config.mesh.describe(), 3, 0};
+      return {DeviceMesh({mesh_dim(config, "pp"), dp, fsdp, tp}, {"pp", "dp", "fsdp", "tp"}), shard,
+              mesh_text(config), 3, 0};
     }
     shard.replicate_mesh_dims = {0};
     shard.shard_mesh_dims = {1};
-    return {DeviceMesh({config.mesh.dp, config.mesh.fsdp, config.mesh.tp}, {"dp", "fsdp", "tp"}),
-            shard, config.mesh.describe(), 2};
+    return {DeviceMesh({dp, fsdp, tp}, {"dp", "fsdp", "tp"}), shard, mesh_text(config), 2};
   }
   switch (config.strategy) {
     case Strategy::ddp:
@@ -71,11 +72,11 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
       exact_(config.mode == comm::ReductionMode::exact) {
   data_ranks_ = world.size();
   data_rank_ = world.rank();
-  if (config.mesh.given) {
+  if (config.mesh) {
     const std::vector<std::int64_t> at = layout_.mesh.coordinates(world.rank());
-    const std::size_t dp_dim = config.mesh.has_pp ? 1 : 0;
-    data_ranks_ = config.mesh.data_ranks();
-    data_rank_ = at[dp_dim] * config.mesh.fsdp + at[dp_dim + 1];
+    const std::size_t dp_dim = has_mesh_dim(config, "pp") ? 1 : 0;
+    data_ranks_ = train::data_ranks(config);
+    data_rank_ = at[dp_dim] * mesh_dim(config, "fsdp") + at[dp_dim + 1];
   }
   model_ = task.make_model(seed);
   // MeshGroups shares the world communicator; the caller owns it.

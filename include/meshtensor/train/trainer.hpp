@@ -3,11 +3,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/fsdp/memory.hpp>
+#include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/nn/optim.hpp>
 #include <meshtensor/pp/schedule.hpp>
 #include <meshtensor/pp/stage.hpp>
@@ -21,29 +23,12 @@ enum class OptimizerKind : std::uint8_t { adamw, sgd };
 /// "adamw" or "sgd"; ParseError naming the text otherwise.
 OptimizerKind parse_optimizer(const std::string& text);
 
-/// A device mesh of named dims: `pp` (pipeline stages), `dp` (replicate), `fsdp` (shard the
-/// parameters) and `tp` (tensor parallelism), in that order whatever order the names came in;
-/// dims not named have size 1.
-struct NamedMesh {
-  std::int64_t pp = 1;
-  std::int64_t dp = 1;
-  std::int64_t fsdp = 1;
-  std::int64_t tp = 1;
-  bool given = false;   ///< false: the strategy decides the mesh
-  bool has_tp = false;  ///< a dim named tp was given (of any size)
-  bool has_pp = false;  ///< a dim named pp was given (of any size)
-  /// pp * dp * fsdp * tp.
-  std::int64_t ranks() const { return pp * dp * fsdp * tp; }
-  /// Ranks that see different data (dp * fsdp).
-  std::int64_t data_ranks() const { return dp * fsdp; }
-  /// E.g. "2x2x2 (dp x fsdp x tp)", or "2x1x2x2 (pp x dp x fsdp x tp)" with a pp dim.
-  std::string describe() const;
-};
-
-/// Parses `--mesh` ("2x2x2") with `--names` ("dp,fsdp,tp"): one name per dim, each of pp, dp,
-/// fsdp and tp at most once. ParseError naming the bad value: an unknown or repeated name, a count
-/// of names that differs from the mesh's dims, a size that is not a positive integer.
-NamedMesh parse_named_mesh(const std::string& shape, const std::string& names);
+/// Parses a training mesh: sizes ("2x2x2") and dim names ("dp,fsdp,tp"), one name per dim, each
+/// of pp (pipeline stages), dp (replicate), fsdp (shard the parameters) and tp (tensor
+/// parallelism) at most once, in any order. ParseError naming the bad value: an unknown or
+/// repeated name, a count of names that differs from the mesh's dims, a size that is not a
+/// positive integer.
+DeviceMesh parse_named_mesh(const std::string& shape, const std::string& names);
 
 /// How the model is spread over the ranks.
 enum class Strategy : std::uint8_t {
@@ -80,8 +65,9 @@ struct TrainConfig {
   comm::ReductionMode mode = comm::ReductionMode::ordered;
   std::uint64_t seed = 0;  ///< initial weights and the data order
   Strategy strategy = Strategy::ddp;
-  /// When given, the mesh by names (dp, fsdp, tp) replaces `strategy` and `replicas`.
-  NamedMesh mesh;
+  /// The ranks' mesh by dim names (parse_named_mesh); when given it replaces `strategy` and
+  /// `replicas`. Dims it does not name have size 1.
+  std::optional<DeviceMesh> mesh;
   /// With a tp dim: norms and the residual stream on sequence shards (see tp::gpt_plan).
   bool sequence_parallel = false;
   /// Scales the gradients when their global L2 norm exceeds this (0: no clipping). The norm is
@@ -121,6 +107,20 @@ struct TrainConfig {
   /// Which GPT blocks recompute their forward in backward instead of keeping its activations.
   pp::Checkpointing activation_checkpointing = pp::Checkpointing::none;
 };
+
+/// The size of the mesh dim `name` (pp, dp, fsdp or tp): 1 when the mesh does not name it or
+/// there is no mesh.
+std::int64_t mesh_dim(const TrainConfig& config, std::string_view name);
+
+/// True when the mesh names a dim `name` (of any size).
+bool has_mesh_dim(const TrainConfig& config, std::string_view name);
+
+/// Ranks that see different data: dp x fsdp of the mesh.
+std::int64_t data_ranks(const TrainConfig& config);
+
+/// The mesh in canonical order, e.g. "2x2x2 (dp x fsdp x tp)", or "2x1x2x2 (pp x dp x fsdp x
+/// tp)" with a pp dim; "1x1x1 (dp x fsdp x tp)" without a mesh.
+std::string mesh_text(const TrainConfig& config);
 
 /// Virtual stages per pp rank `config` runs with (TrainConfig::virtual_stages resolved).
 std::int64_t virtual_stages(const TrainConfig& config);
