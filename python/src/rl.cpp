@@ -11,7 +11,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/rl/result_json.hpp>
-#include <meshtensor/train/settings.hpp>
+#include <meshtensor/rl/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 #include "bindings.hpp"
@@ -115,26 +115,6 @@ rl::GeneratorLayout generator_from(const py::object& value, std::int64_t tp,
   return {sizes[0], sizes[1]};
 }
 
-/// The trainer's settings rl() takes by keyword (train::TrainSettings reads them), and rl's
-/// defaults where they differ from train()'s: the command line's `meshtensor rl` takes the same.
-const std::vector<std::string> kTrainerFields = {"lr",
-                                                 "warmup",
-                                                 "schedule",
-                                                 "optimizer",
-                                                 "weight_decay",
-                                                 "clip_grad_norm",
-                                                 "micro_batches",
-                                                 "mode",
-                                                 "seed",
-                                                 "strategy",
-                                                 "mesh",
-                                                 "names",
-                                                 "sequence_parallel",
-                                                 "save",
-                                                 "save_every",
-                                                 "keep_checkpoints",
-                                                 "resume"};
-
 /// rl()'s own keywords: the task, the generator, the callbacks, and the GRPO figures.
 struct RlKeywords {
   std::string task = "words";
@@ -199,7 +179,7 @@ rl::RlConfig rl_config(const py::object& init, const py::kwargs& kwargs, RlKeywo
   config.kl = 0.05;
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();
-    if (std::ranges::find(kTrainerFields, name) != kTrainerFields.end()) {
+    if (rl::is_trainer_setting(name)) {
       if (!value.is_none())
         trainer.set(name, setting_text(value, fmt::format("rl() argument '{}'", name)));
     } else if (!read_rl_keyword(name, value, config, own)) {

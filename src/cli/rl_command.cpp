@@ -16,6 +16,7 @@
 #include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/rl/result_json.hpp>
+#include <meshtensor/rl/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 #include "backend.hpp"
@@ -65,28 +66,6 @@ struct RlOptions {
   SettingOptions trainer;  // the trainer's fields of train::TrainSettings
 };
 
-/// The trainer's settings `meshtensor rl` takes, by field name, and its defaults where they
-/// differ from `meshtensor train`'s.
-const std::vector<std::string_view> kTrainerFields = {"lr",
-                                                      "warmup",
-                                                      "schedule",
-                                                      "optimizer",
-                                                      "weight_decay",
-                                                      "clip_grad_norm",
-                                                      "micro_batches",
-                                                      "mode",
-                                                      "seed",
-                                                      "strategy",
-                                                      "mesh",
-                                                      "names",
-                                                      "sequence_parallel",
-                                                      "save",
-                                                      "save_every",
-                                                      "keep_checkpoints",
-                                                      "resume"};
-const std::map<std::string, std::string> kTrainerDefaults = {
-    {"lr", "3e-4"}, {"schedule", "constant"}, {"mode", "exact"}, {"clip_grad_norm", "1"}};
-
 /// --generator-mesh / --generator-names: dims dp and tp, dp first (either may be left out);
 /// without them the generator has one replica per trainer rank.
 rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_t trainer_ranks) {
@@ -121,9 +100,7 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
 
 /// The trainer's settings: train::TrainSettings with rl's defaults.
 train::TrainSettings trainer_settings(const RlOptions& options) {
-  train::TrainSettings settings;
-  for (const auto& [name, text] : kTrainerDefaults)
-    settings.set_default(name, text);
+  train::TrainSettings settings = rl::trainer_settings();
   options.trainer.apply_to(settings);
   return settings;
 }
@@ -390,7 +367,9 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--ppo-epochs", options->ppo_epochs, "passes over each rollout batch");
   command->add_option("--minibatches", options->minibatches, "optimizer steps per pass");
   options->trainer.add_to(
-      *command, train::TrainSettings::fields(), kTrainerFields,
+      *command, train::TrainSettings::fields(),
+      std::vector<std::string_view>(std::begin(rl::kTrainerSettingFields),
+                                    std::end(rl::kTrainerSettingFields)),
       {{"lr", "learning rate (default 3e-4)"},
        {"schedule", "constant (default) or cosine"},
        {"clip_grad_norm", "gradient norm clip (default 1)"},

@@ -43,10 +43,9 @@ TEST(TrainSettings, APipelineTakesTwoMicroBatchesPerStageRankByDefault) {
   EXPECT_EQ(mesh_text(piped), "3x1x2x1 (pp x dp x fsdp x tp)");
   // Never more than the batch has samples; a given count wins.
   EXPECT_EQ(given({{"mesh", "4"}, {"names", "pp"}, {"batch", "5"}}).config(true).micro_batches, 5);
-  EXPECT_EQ(given({{"mesh", "2"}, {"names", "pp"}, {"micro_batches", "3"}})
-                .config(true)
-                .micro_batches,
-            3);
+  EXPECT_EQ(
+      given({{"mesh", "2"}, {"names", "pp"}, {"micro_batches", "3"}}).config(true).micro_batches,
+      3);
   EXPECT_EQ(TrainSettings().config(true).micro_batches, 1);
 }
 
@@ -80,8 +79,9 @@ TEST(TrainSettings, ErrorsNameTheFieldInBackquotes) {
   EXPECT_EQ(message(given({{"mode", "exact"}, {"reduce_dtype", "bf16"}})),
             "`reduce_dtype` bf16 with `mode` exact: exact mode reduces gradients exactly (use "
             "ordered or native)");
-  EXPECT_EQ(message(given({{"mesh", "2x2"}, {"names", "dp,cp"}})),
-            "`names`: unknown mesh dim name 'cp' (expected pp, dp, fsdp and tp, each at most once)");
+  EXPECT_EQ(
+      message(given({{"mesh", "2x2"}, {"names", "dp,cp"}})),
+      "`names`: unknown mesh dim name 'cp' (expected pp, dp, fsdp and tp, each at most once)");
   EXPECT_EQ(message(given({{"trace", "maybe"}})), "`trace` 'maybe' is not true or false");
   EXPECT_THROW(TrainSettings().set("learning_rate", "1"), InvalidArgument);
 }
@@ -105,7 +105,8 @@ TEST(TrainSettings, EveryFieldHasHelpAndTheJsonNamesEverySetting) {
     EXPECT_FALSE(field.help.empty()) << field.name;
     EXPECT_TRUE(TrainSettings::has_field(field.name));
   }
-  const nlohmann::json json = settings_json(given({{"lr", "0.25"}, {"mode", "exact"}}).config(false));
+  const nlohmann::json json =
+      settings_json(given({{"lr", "0.25"}, {"mode", "exact"}}).config(false));
   EXPECT_EQ(json["lr"], 0.25);
   EXPECT_EQ(json["mode"], "exact");
   EXPECT_EQ(json["micro_batch_mode"], "no-sync");
