@@ -145,7 +145,7 @@ void add_pp_bench(CLI::App& bench) {
   train.model = "gpt";
   add_timed_train_options(*command, train, "6");
   command->add_option("--stages", options->stages, "pp ranks (default 4)");
-  train.settings.add_to(*command, train::TrainSettings::fields(),
+  train.settings.add_to(*command, train::TrainSettings::table(),
                         {"micro_batches", "pipeline_schedule", "virtual_stages", "mode"},
                         {{"micro_batches", "micro-batches a step (default 2 per pp rank)"},
                          {"pipeline_schedule", "gpipe, 1f1b (default) or interleaved-1f1b"},

@@ -2,7 +2,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -115,98 +114,54 @@ rl::GeneratorLayout generator_from(const py::object& value, std::int64_t tp,
   return {sizes[0], sizes[1]};
 }
 
-/// rl()'s own keywords: the task, the generator, the callbacks, and the GRPO figures.
+/// rl()'s keywords that are not settings: the launch (trainer ranks, the generator's layout)
+/// and the callbacks.
 struct RlKeywords {
-  std::string task = "words";
-  std::string data = train::kDefaultTextDir;
-  std::string dictionary = rl::kDefaultDictionary;
-  std::int64_t prompt_bytes = 16;
-  std::string model = "gpt";
+  std::int64_t trainer_ranks = 0;
   std::int64_t generator_tp = 1;
   py::object generator = py::none();
   py::object reward = py::none();
   py::object on_step = py::none();
 };
 
-/// Reads one of rl()'s own keywords into `config` or `own`; false when `name` is none of them.
-bool read_rl_keyword(const std::string& name, const py::handle& value, rl::RlConfig& config,
-                     RlKeywords& own) {
-  const std::string argument = fmt::format("rl() argument '{}'", name);
-  const auto text = [&] { return cast_argument<std::string>(value, argument); };
-  const std::map<std::string, std::int64_t*> integers = {{"steps", &config.steps},
-                                                         {"prompts", &config.prompts},
-                                                         {"samples", &config.samples},
-                                                         {"new_tokens", &config.new_tokens},
-                                                         {"top_k", &config.top_k},
-                                                         {"ppo_epochs", &config.ppo_epochs},
-                                                         {"minibatches", &config.minibatches},
-                                                         {"max_batch", &config.max_batch},
-                                                         {"trainer_ranks", &config.trainer_ranks},
-                                                         {"stop_after", &config.train.stop_after},
-                                                         {"prompt_bytes", &own.prompt_bytes},
-                                                         {"generator_tp", &own.generator_tp}};
-  const std::map<std::string, double*> reals = {
-      {"temperature", &config.temperature}, {"clip_ratio", &config.clip_ratio}, {"kl", &config.kl}};
-  const std::map<std::string, std::string*> texts = {{"task", &own.task},
-                                                     {"data", &own.data},
-                                                     {"dictionary", &own.dictionary},
-                                                     {"model", &own.model}};
-  const std::map<std::string, py::object*> objects = {
-      {"generator", &own.generator}, {"reward", &own.reward}, {"on_step", &own.on_step}};
-  if (const auto at = integers.find(name); at != integers.end()) {
-    *at->second = cast_argument<std::int64_t>(value, argument);
-  } else if (const auto real = reals.find(name); real != reals.end()) {
-    *real->second = cast_argument<double>(value, argument);
-  } else if (const auto string = texts.find(name); string != texts.end()) {
-    *string->second = text();
-  } else if (const auto object = objects.find(name); object != objects.end()) {
-    *object->second = py::reinterpret_borrow<py::object>(value);
-  } else {
-    return false;
-  }
-  return true;
-}
-
-/// The RlConfig and own keywords of rl()'s arguments; InvalidArgument naming an unknown one.
-rl::RlConfig rl_config(const py::object& init, const py::kwargs& kwargs, RlKeywords& own) {
-  train::TrainSettings trainer;
-  for (const auto& [name, text] : {std::pair{"lr", "3e-4"},
-                                   {"schedule", "constant"},
-                                   {"mode", "exact"},
-                                   {"clip_grad_norm", "1"}})
-    trainer.set_default(name, text);
-  rl::RlConfig config;
-  config.kl = 0.05;
+/// The settings of rl()'s arguments (rl::RlSettings reads them as the command line's flags) and
+/// its other keywords in `own`; InvalidArgument naming an unknown keyword.
+rl::RlSettings rl_settings(const py::object& init, const py::kwargs& kwargs, RlKeywords& own) {
+  rl::RlSettings settings;
+  if (!init.is_none()) settings.set("init", py::str(init).cast<std::string>());
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();
-    if (rl::is_trainer_setting(name)) {
-      if (!value.is_none())
-        trainer.set(name, setting_text(value, fmt::format("rl() argument '{}'", name)));
-    } else if (!read_rl_keyword(name, value, config, own)) {
+    const std::string argument = fmt::format("rl() argument '{}'", name);
+    if (name == "trainer_ranks") {
+      own.trainer_ranks = cast_argument<std::int64_t>(value, argument);
+    } else if (name == "generator_tp") {
+      own.generator_tp = cast_argument<std::int64_t>(value, argument);
+    } else if (name == "generator" || name == "reward" || name == "on_step") {
+      (name == "generator" ? own.generator
+       : name == "reward"  ? own.reward
+                           : own.on_step) = py::reinterpret_borrow<py::object>(value);
+    } else if (name == "init" || !settings.has_field(name)) {
       throw InvalidArgument(fmt::format("rl: unknown option '{}'", name));
+    } else if (!value.is_none()) {
+      settings.set(name, setting_text(value, argument));
     }
   }
-  const std::int64_t given_stop = config.train.stop_after;
-  config.train = trainer.config(/*language=*/false);
-  config.train.stop_after = given_stop;
-  config.init = init.is_none() ? "" : py::str(init).cast<std::string>();
-  if (config.train.mode == comm::ReductionMode::native)
-    throw InvalidArgument("rl(): mode='native': RL runs in 'exact' (default) or 'ordered' mode");
   if (own.generator_tp < 1) {
     throw InvalidArgument(
         fmt::format("rl(): generator_tp must be at least 1, got {}", own.generator_tp));
   }
-  if (config.init.empty()) config.model = nn::parse_gpt_config(own.model);
-  return config;
+  return settings;
 }
 
 py::object run_rl(const py::object& init, const py::object& world_object,
                   const py::kwargs& kwargs) {
   std::shared_ptr<comm::Communicator> world = world_or_current(world_object);
   RlKeywords own;
-  rl::RlConfig config = rl_config(init, kwargs, own);
+  const rl::RlSettings settings = rl_settings(init, kwargs, own);
+  rl::RlConfig config = settings.config();
+  config.trainer_ranks = own.trainer_ranks;
   config.generator = generator_from(own.generator, own.generator_tp, world->size());
-  rl::RlTask task = rl::builtin_task(own.task, own.data, own.dictionary, own.prompt_bytes);
+  rl::RlTask task = settings.task();
   if (!own.reward.is_none()) task.reward = python_reward(own.reward, world);
   rl::RlCallbacks callbacks;
   if (!own.on_step.is_none()) {

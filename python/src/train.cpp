@@ -156,7 +156,7 @@ train::TrainSettings train_settings(const py::kwargs& kwargs) {
   for (const auto& [key, value] : kwargs) {
     const auto name = key.cast<std::string>();  // keyword names are str
     if (python_only_keyword(name)) continue;
-    if (!train::TrainSettings::has_field(name))
+    if (!train::TrainSettings().has_field(name))
       throw InvalidArgument(fmt::format("train: unknown option '{}'", name));
     if (value.is_none()) continue;  // save=None, resume=None: the default
     settings.set(name, setting_text(value, fmt::format("train() argument '{}'", name)));

@@ -73,9 +73,9 @@ def test_bad_settings_name_the_value(checkpoint):
     bad = [
         (dict(samples=1), "at least 2 samples per prompt, got 1"),
         (dict(kl=-1.0), "got -1"),
-        (dict(prompts=0), "at least 1, got 0"),
+        (dict(prompts=0), "prompts: .0. is too small \\(at least 1\\)"),
         (dict(generator=(1, 2)), "do not share a world of 1 ranks"),
-        (dict(mode="native"), "mode='native'"),
+        (dict(mode="native"), "mode native: the generator's log-probabilities"),
         (dict(reward=42), "must be a callable"),
     ]
     for change, words in bad:

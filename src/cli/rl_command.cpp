@@ -30,40 +30,19 @@ namespace meshtensor::cli {
 
 namespace {
 
-constexpr std::int64_t kMaxCount = std::int64_t{1} << 30;
-
-/// `meshtensor rl`'s options, as text until parsed into rl::RlConfig.
+/// `meshtensor rl`'s options: the launch here, the run's settings as rl::RlSettings fields.
 struct RlOptions {
-  std::string init;
-  std::string model;  // without --init
-  std::string task = "words";
-  std::string data;
-  std::string dictionary = rl::kDefaultDictionary;
-  std::string prompt_bytes = "16";
-  std::string steps = "20";
-  std::string prompts = "8";
-  std::string samples = "4";
-  std::string new_tokens = "24";
-  std::string temperature = "1";
-  std::string top_k = "0";
-  std::string clip_ratio = "0.2";
-  std::string kl = "0.05";
-  std::string ppo_epochs = "1";
-  std::string minibatches = "1";
   std::string ranks = "1";
   CLI::Option* ranks_option = nullptr;
   std::string generator_mesh;
   std::string generator_names;
-  std::string max_batch = "32";
   std::string backend = "threads";
   std::string link;
   TimeoutOption timeout;
-  std::string stop_after = "0";
   std::string log;
   std::string plot;
   bool json = false;
-  bool compare_naive_sync = false;
-  SettingOptions trainer;  // the trainer's fields of train::TrainSettings
+  SettingOptions settings;  // the fields of rl::RlSettings
 };
 
 /// --generator-mesh / --generator-names: dims dp and tp, dp first (either may be left out);
@@ -98,67 +77,24 @@ rl::GeneratorLayout parse_generator_layout(const RlOptions& options, std::int64_
   return {size_of("dp"), size_of("tp")};
 }
 
-/// The trainer's settings: train::TrainSettings with rl's defaults.
-train::TrainSettings trainer_settings(const RlOptions& options) {
-  train::TrainSettings settings = rl::trainer_settings();
-  options.trainer.apply_to(settings);
+rl::RlSettings rl_settings(const RlOptions& options) {
+  rl::RlSettings settings;
+  options.settings.apply_to(settings);
   return settings;
 }
 
 rl::RlConfig parse_rl_config(const RlOptions& options) {
-  rl::RlConfig config;
-  const train::TrainSettings settings = trainer_settings(options);
-  config.train = settings.config(/*language=*/false);
-  train::TrainConfig& trainer = config.train;
-  if (train::mesh_dim(trainer, "pp") > 1) {
-    throw ParseError(fmt::format(
-        "--mesh {} --names {}: rl's trainer holds every parameter on every rank for the weight "
-        "sync; it takes dp, fsdp and tp dims, not pp",
-        options.trainer.value("mesh"), options.trainer.value("names")));
-  }
+  const rl::RlSettings settings = rl_settings(options);
+  rl::RlConfig config = settings.config();
   const std::int64_t ranks = integer_setting("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-  const std::int64_t from_mesh = settings.mesh_ranks();
+  const std::int64_t from_mesh = settings.trainer().mesh_ranks();
   if (from_mesh > 0 && options.ranks_option->count() > 0 && from_mesh != ranks) {
     throw ParseError(fmt::format("--mesh {} has {} ranks but --ranks is {}",
-                                 options.trainer.value("mesh"), from_mesh, ranks));
+                                 options.settings.value("mesh"), from_mesh, ranks));
   }
   config.trainer_ranks = from_mesh > 0 ? from_mesh : ranks;
   config.generator = parse_generator_layout(options, config.trainer_ranks);
-  config.init = options.init;
-  if (!options.init.empty() && !options.model.empty()) {
-    throw ParseError(fmt::format("--init {} brings its own model; --model {} does not apply",
-                                 options.init, options.model));
-  }
-  config.model = nn::parse_gpt_config(options.model.empty() ? "gpt" : options.model);
-  config.steps = integer_setting("--steps", options.steps, 1, kMaxCount);
-  config.prompts = integer_setting("--prompts", options.prompts, 1, kMaxCount);
-  config.samples = integer_setting("--samples", options.samples, 0, kMaxCount);
-  config.new_tokens = integer_setting("--new-tokens", options.new_tokens, 1, kMaxCount);
-  config.temperature = real_setting("--temperature", options.temperature, 0.0, 1e3);
-  config.top_k = integer_setting("--top-k", options.top_k, 0, kMaxCount);
-  config.clip_ratio = real_setting("--clip-ratio", options.clip_ratio, 0.0, 1.0);
-  config.kl = real_setting("--kl", options.kl, -1e6, 1e6);
-  config.ppo_epochs = integer_setting("--ppo-epochs", options.ppo_epochs, 1, kMaxCount);
-  config.minibatches = integer_setting("--minibatches", options.minibatches, 1, kMaxCount);
-  config.max_batch = integer_setting("--max-batch", options.max_batch, 1, 1 << 16);
-  if (trainer.mode == comm::ReductionMode::native) {
-    throw ParseError(
-        "--mode native: the generator's log-probabilities would not be the trainer's; use exact "
-        "(the default) or ordered");
-  }
-  trainer.stop_after = integer_setting("--stop-after", options.stop_after, 0, kMaxCount);
-  config.compare_naive_sync = options.compare_naive_sync;
   return config;
-}
-
-/// The task's prompts and reward, with the data they need.
-rl::RlTask load_rl_task(const RlOptions& options) {
-  const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
-  if (options.task != "words" && !options.data.empty())
-    throw ParseError(
-        fmt::format("--data is the text of the words task, not of task {}", options.task));
-  return rl::builtin_task(options.task, data, options.dictionary,
-                          integer_setting("--prompt-bytes", options.prompt_bytes, 1, 1 << 16));
 }
 
 std::string step_line(const rl::RlStepReport& r) {
@@ -201,12 +137,16 @@ struct RlOutputs {
 
 RlOutputs open_rl_outputs(const RlOptions& options, const rl::RlConfig& config) {
   const NamedPath outputs[] = {{"--log", options.log}, {"--plot", options.plot}};
-  const NamedPath roots[] = {{"--save", options.trainer.value("save")}};
-  const std::string data = options.data.empty() ? train::kDefaultTextDir : options.data;
-  const NamedPath inputs[] = {{"--data", options.task == "words" ? data : ""},
-                              {"--init", options.init},
-                              {"--resume", options.trainer.value("resume")},
-                              {"--dictionary", options.dictionary}};
+  const SettingOptions& given = options.settings;
+  const NamedPath roots[] = {{"--save", given.value("save")}};
+  const std::string data = given.given("data") ? given.value("data") : train::kDefaultTextDir;
+  const bool words = !given.given("task") || given.value("task") == "words";
+  const NamedPath inputs[] = {
+      {"--data", words ? data : ""},
+      {"--init", given.value("init")},
+      {"--resume", given.value("resume")},
+      {"--dictionary", given.given("dictionary") ? given.value("dictionary")
+                                                 : std::string(rl::kDefaultDictionary)}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   if (!config.train.save_dir.empty()) checkpoint::check_save_root(config.train.save_dir);
   RlOutputs files;
@@ -223,15 +163,13 @@ RlOutputs open_rl_outputs(const RlOptions& options, const rl::RlConfig& config) 
 
 /// The run's settings as one text: every mpi rank must have been started with the same.
 std::string canonical_command(const RlOptions& options, const rl::RlConfig& config) {
-  return fmt::format(
-      "rl init={} model={} task={} data={} dictionary={} prompt_bytes={} steps={} prompts={} "
-      "samples={} new={} temperature={} top_k={} clip={} kl={} epochs={} minibatches={} ranks={} "
-      "generator={} max_batch={} stop={} naive={} trainer={}",
-      options.init, options.model, options.task, options.data, options.dictionary,
-      options.prompt_bytes, config.steps, config.prompts, config.samples, config.new_tokens,
-      config.temperature, config.top_k, config.clip_ratio, config.kl, config.ppo_epochs,
-      config.minibatches, config.trainer_ranks, config.generator.describe(), config.max_batch,
-      options.stop_after, options.compare_naive_sync, train::settings_json(config.train).dump());
+  std::string given;
+  for (const SettingField& field : rl::RlSettings::table()) {
+    if (options.settings.given(field.name))
+      given += fmt::format(" {}={}", field.name, options.settings.value(field.name));
+  }
+  return fmt::format("rl ranks={} generator={}{}", config.trainer_ranks,
+                     config.generator.describe(), given);
 }
 
 void log_step(OutputFile& log, const rl::RlStepReport& r) {
@@ -267,7 +205,7 @@ void print_summary(const rl::RlResult& result) {
 /// layouts must fit the job (InvalidArgument naming both counts).
 void fit_to_mpi_job(const RlOptions& options, std::int64_t job_ranks, const rl::RlTask& task,
                     rl::RlConfig& config) {
-  if (options.ranks_option->count() == 0 && !options.trainer.given("mesh")) {
+  if (options.ranks_option->count() == 0 && !options.settings.given("mesh")) {
     config.trainer_ranks = job_ranks;
     if (options.generator_mesh.empty()) config.generator = {job_ranks, 1};
   }
@@ -288,7 +226,7 @@ void run_rl_command(const RlOptions& options) {
   if (!options.link.empty() && backend == Backend::mpi)
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
-  const rl::RlTask task = load_rl_task(options);
+  const rl::RlTask task = rl_settings(options).task();
   if (!config.init.empty()) {
     config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
   }
@@ -343,46 +281,43 @@ void add_rl_command(CLI::App& app) {
       "the trainer (its own layout) updates the policy; weights move between the layouts in "
       "memory by redistribute, and every token's log-probability is checked against the "
       "trainer's (exact mode: the same bits, or the run stops)");
-  command->add_option("--init", options->init,
-                      "checkpoint whose model starts the policy (e.g. one meshtensor train saved)");
-  command->add_option("--model", options->model,
-                      "without --init: fresh weights of gpt:layers=L,heads=H,dim=D,context=T");
-  command->add_option("--task", options->task,
-                      "words (default: English words from openings of held-out fortunes) or "
-                      "arithmetic (A+B= with two-digit numbers)");
-  command->add_option("--data", options->data,
-                      "text of the words task (default Debian's fortunes)");
-  command->add_option("--dictionary", options->dictionary,
-                      "word list of the words task (default /usr/share/dict/words, wamerican)");
-  command->add_option("--prompt-bytes", options->prompt_bytes,
-                      "bytes of each fortune's opening used as a prompt (default 16)");
-  command->add_option("--steps", options->steps, "rollout steps (default 20)");
-  command->add_option("--prompts", options->prompts, "prompts per step (default 8)");
-  command->add_option("--samples", options->samples, "completions per prompt, >= 2 (default 4)");
-  command->add_option("--new-tokens", options->new_tokens, "tokens per completion (default 24)");
-  command->add_option("--temperature", options->temperature, "sampling temperature (default 1)");
-  command->add_option("--top-k", options->top_k, "sample among the k largest logits (0: all)");
-  command->add_option("--clip-ratio", options->clip_ratio, "PPO clip epsilon (default 0.2)");
-  command->add_option("--kl", options->kl, "k3 KL coefficient to the frozen start (default 0.05)");
-  command->add_option("--ppo-epochs", options->ppo_epochs, "passes over each rollout batch");
-  command->add_option("--minibatches", options->minibatches, "optimizer steps per pass");
-  options->trainer.add_to(
-      *command, train::TrainSettings::fields(),
-      std::vector<std::string_view>(std::begin(rl::kTrainerSettingFields),
-                                    std::end(rl::kTrainerSettingFields)),
-      {{"lr", "learning rate (default 3e-4)"},
-       {"schedule", "constant (default) or cosine"},
-       {"clip_grad_norm", "gradient norm clip (default 1)"},
-       {"mode", "exact (default) or ordered"},
-       {"seed", "seed of the prompts' order and the sampling"},
-       {"strategy", "trainer: ddp, fsdp or hsdp"},
-       {"mesh", "trainer mesh, e.g. 2x2 (with `names`)"},
-       {"names", "trainer mesh dims: dp, fsdp, tp"},
-       {"sequence_parallel", "trainer: norms and residuals on sequence shards over tp"},
-       {"save", "checkpoint root: the whole RL state"},
-       {"save_every", "steps between saves (0: at the end)"},
-       {"keep_checkpoints", "keep the newest N"},
-       {"resume", "RL checkpoint to go on from (any layouts)"}});
+  options->settings.add_to(*command, rl::RlSettings::table(),
+                           {"init",
+                            "model",
+                            "task",
+                            "data",
+                            "dictionary",
+                            "prompt_bytes",
+                            "steps",
+                            "prompts",
+                            "samples",
+                            "new_tokens",
+                            "temperature",
+                            "top_k",
+                            "clip_ratio",
+                            "kl",
+                            "ppo_epochs",
+                            "minibatches",
+                            "lr",
+                            "warmup",
+                            "schedule",
+                            "optimizer",
+                            "weight_decay",
+                            "clip_grad_norm",
+                            "micro_batches",
+                            "mode",
+                            "seed",
+                            "strategy",
+                            "mesh",
+                            "names",
+                            "sequence_parallel",
+                            "max_batch",
+                            "save",
+                            "save_every",
+                            "keep_checkpoints",
+                            "resume",
+                            "stop_after",
+                            "compare_naive_sync"});
   options->ranks_option = command->add_option(
       "--ranks", options->ranks, "trainer ranks (default 1; on mpi: every rank of the job)");
   command->add_option("--generator-mesh", options->generator_mesh,
@@ -390,16 +325,12 @@ void add_rl_command(CLI::App& app) {
   command->add_option("--generator-names", options->generator_names,
                       "generator mesh dims: dp (replicas) then tp (default: tp for one dim, "
                       "dp,tp for two)");
-  command->add_option("--max-batch", options->max_batch, "generator slots (default 32)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
   command->add_option("--link", options->link, "simulated network for threads, e.g. 20us,10");
   options->timeout.add_to(*command);
-  command->add_option("--stop-after", options->stop_after, "stop after this many steps in total");
   command->add_option("--log", options->log, "CSV of every step");
   command->add_option("--plot", options->plot, "PNG of the reward curve (gnuplot)");
   add_flag(*command, "--json", options->json, "one final JSON object");
-  add_flag(*command, "--compare-naive-sync", options->compare_naive_sync,
-           "also time a gather-on-rank-0-then-broadcast sync every step (same rank counts)");
   command->callback([options] { run_rl_command(*options); });
 }
 

@@ -11,34 +11,28 @@
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/openblas_baseline.hpp>
 #include <meshtensor/serve/server.hpp>
+#include <meshtensor/serve/settings.hpp>
 #include <meshtensor/tp/style.hpp>
 
 #include "backend.hpp"
 #include "commands.hpp"
 #include "options.hpp"
+#include "setting_options.hpp"
 
 namespace meshtensor::cli {
 
 namespace {
 
+/// `meshtensor serve`'s options: the launch here, the server's settings as serve::ServeSettings
+/// fields.
 struct ServeCliOptions {
-  std::string checkpoint;
-  std::string host = "127.0.0.1";
-  std::string port = "8000";
-  std::string mode = "ordered";
   std::string ranks;
   std::string mesh;
   std::string names;
   std::string backend = "threads";
-  std::string max_batch = "16";
-  std::string max_queue = "256";
-  std::string prefill_chunk = "64";
-  std::string max_body_bytes = "1048576";
   std::string api_key;
-  std::string model_name = "meshtensor-gpt";
-  std::string stream_interval_ms = "10";
-  std::string max_connections = "4096";
   bool batch_variant = false;
+  SettingOptions settings;
 };
 
 /// The API key: --api-key, else the environment variable MESHTENSOR_API_KEY (empty: none).
@@ -67,29 +61,10 @@ std::string api_key(const ServeCliOptions& options) {
 }
 
 serve::ServeConfig serve_config(const ServeCliOptions& options) {
-  serve::ServeConfig config;
-  config.checkpoint = options.checkpoint;
-  if (options.host.empty()) throw ParseError("--host is empty");
-  config.host = options.host;
-  config.port = static_cast<int>(integer_setting("--port", options.port, 0, 65535));
-  config.mode = comm::parse_reduction_mode(options.mode);
-  if (config.mode == comm::ReductionMode::native) {
-    throw ParseError(
-        "--mode native: the server runs in ordered or exact mode (the trainer's bits "
-        "need one of them)");
-  }
-  config.max_batch = integer_setting("--max-batch", options.max_batch, 1, 4096);
-  config.max_queue = integer_setting("--max-queue", options.max_queue, 1, 1 << 20);
-  config.prefill_chunk = integer_setting("--prefill-chunk", options.prefill_chunk, 1, 1 << 20);
-  config.limits.max_body_bytes =
-      integer_setting("--max-body-bytes", options.max_body_bytes, 1024, std::int64_t{1} << 30);
+  serve::ServeSettings settings;
+  options.settings.apply_to(settings);
+  serve::ServeConfig config = settings.config();
   config.api_key = api_key(options);
-  if (options.model_name.empty()) throw ParseError("--model-name is empty");
-  config.model_name = options.model_name;
-  config.stream_interval_ms =
-      integer_setting("--stream-interval-ms", options.stream_interval_ms, 0, 10000);
-  config.max_connections =
-      integer_setting("--max-connections", options.max_connections, 1, 1 << 20);
   if (options.batch_variant) config.batch_variant = kernels::openblas_linear_matmul();
   return config;
 }
@@ -145,8 +120,8 @@ void run_serve(const ServeCliOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
   // The checkpoint and the layout are checked before any rank starts.
-  const nn::GptConfig model = generate::checked_architecture(
-      checkpoint::read_index(options.checkpoint), options.checkpoint);
+  const nn::GptConfig model =
+      generate::checked_architecture(checkpoint::read_index(base.checkpoint), base.checkpoint);
   if (given > 1) tp::check_gpt_degree(model, given);
   serve::ServeControl control;
   const SignalWatcher signals(control);
@@ -180,36 +155,21 @@ void add_serve_command(CLI::App& app) {
       "Serve a GPT checkpoint over an OpenAI-compatible HTTP API (POST /v1/completions, GET "
       "/v1/models, /health, /metrics): continuous batching, and the same bits for a request "
       "under any load");
-  command
-      ->add_option("--checkpoint", options->checkpoint,
-                   "checkpoint directory, or a root whose LATEST names one (reloads re-read it)")
-      ->required();
-  command->add_option("--host", options->host, "address to listen on (default 127.0.0.1)");
-  command->add_option("--port", options->port, "port (default 8000; 0: any free port)");
-  command->add_option("--mode", options->mode, "ordered (default) or exact");
+  options->settings.add_to(*command, serve::ServeSettings::table(),
+                           {"checkpoint", "host", "port", "mode"});
+  options->settings.option("checkpoint")->required();
   command->add_option("--ranks", options->ranks,
                       "ranks serving together, the model split over them by tensor parallelism");
   command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
   command->add_option("--names", options->names, "tp (the only dim serving takes)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
-  command->add_option("--max-batch", options->max_batch, "choices generated together (default 16)");
-  command->add_option("--max-queue", options->max_queue,
-                      "choices that may wait for a slot; more answer 429 (default 256)");
-  command->add_option("--prefill-chunk", options->prefill_chunk,
-                      "prompt tokens a choice feeds per step (default 64)");
-  command->add_option("--max-body-bytes", options->max_body_bytes,
-                      "largest request body; larger answer 413 (default 1048576)");
+  options->settings.add_to(*command, serve::ServeSettings::table(),
+                           {"max_batch", "max_queue", "prefill_chunk", "max_body_bytes"});
   command->add_option("--api-key", options->api_key,
                       "require 'Authorization: Bearer KEY' on /v1 and /admin (default: the "
                       "environment variable MESHTENSOR_API_KEY, else none)");
-  command->add_option("--model-name", options->model_name,
-                      "the model's id in the API (default meshtensor-gpt)");
-  command->add_option("--stream-interval-ms", options->stream_interval_ms,
-                      "after its first chunk, a stream writes at most once per interval, "
-                      "carrying every token that arrived meanwhile (default 10; 0: every step)");
-  command->add_option("--max-connections", options->max_connections,
-                      "connections open at once; more are answered 503 and closed (default "
-                      "4096, less when the process may not open that many files)");
+  options->settings.add_to(*command, serve::ServeSettings::table(),
+                           {"model_name", "stream_interval_ms", "max_connections"});
   add_flag(*command, "--batch-variant", options->batch_variant,
            "run the batch-variant fast path (OpenBLAS sgemm in every Linear), giving up "
            "batch invariance: for comparisons only");

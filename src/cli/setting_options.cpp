@@ -8,11 +8,11 @@
 
 namespace meshtensor::cli {
 
-void SettingOptions::add_to(CLI::App& command, std::span<const train::SettingField> fields,
+void SettingOptions::add_to(CLI::App& command, std::span<const SettingField> fields,
                             const std::vector<std::string_view>& names,
                             const std::map<std::string_view, std::string>& help) {
   for (const std::string_view name : names) {
-    const auto field = std::ranges::find(fields, name, &train::SettingField::name);
+    const auto field = std::ranges::find(fields, name, &SettingField::name);
     if (field == fields.end()) throw std::logic_error("no setting field " + std::string(name));
     const std::string flag = with_flag_names(fmt::format("`{}`", name));
     const auto own = help.find(name);
@@ -34,7 +34,7 @@ std::string SettingOptions::value(std::string_view name) const {
   return found != values_.end() ? found->second : std::string("true");
 }
 
-void SettingOptions::apply_to(train::TrainSettings& settings) const {
+void SettingOptions::apply_to(Settings& settings) const {
   for (const auto& [name, option] : options_) {
     if (option->count() == 0) continue;
     const auto value = values_.find(name);

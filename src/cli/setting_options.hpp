@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <meshtensor/train/settings.hpp>
+#include <meshtensor/core/settings.hpp>
 
 namespace meshtensor::cli {
 
@@ -19,15 +19,17 @@ class SettingOptions {
  public:
   /// Registers the fields of `fields` named in `names` on `command`; `help` replaces the
   /// table's text of some (a benchmark's own defaults).
-  void add_to(CLI::App& command, std::span<const train::SettingField> fields,
+  void add_to(CLI::App& command, std::span<const SettingField> fields,
               const std::vector<std::string_view>& names,
               const std::map<std::string_view, std::string>& help = {});
   /// True when the option of field `name` was given.
   bool given(std::string_view name) const;
+  /// The option of field `name` (registered by add_to).
+  CLI::Option* option(std::string_view name) const { return options_.find(name)->second; }
   /// The text given for field `name` (empty when not given).
   std::string value(std::string_view name) const;
   /// Sets every field given on `settings`.
-  void apply_to(train::TrainSettings& settings) const;
+  void apply_to(Settings& settings) const;
 
  private:
   std::map<std::string, std::string, std::less<>> values_;

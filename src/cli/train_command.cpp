@@ -344,7 +344,7 @@ void add_train_command(CLI::App& app) {
   options->activation_option =
       command->add_option("--activation", options->activation, "mlp: relu or gelu (default relu)");
   add_flag(*command, "--layernorm", options->layernorm, "mlp: LayerNorm after each hidden Linear");
-  options->settings.add_to(*command, train::TrainSettings::fields(),
+  options->settings.add_to(*command, train::TrainSettings::table(),
                            {"epochs",
                             "steps",
                             "micro_batches",

@@ -79,7 +79,7 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
                      "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
                      "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
                          nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
-  options.settings.add_to(command, train::TrainSettings::fields(),
+  options.settings.add_to(command, train::TrainSettings::table(),
                           {"batch", "optimizer", "lr", "seed"});
   options.timeout.add_to(command);
 }
@@ -87,7 +87,7 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
 void add_timed_train_options(CLI::App& command, TrainOptions& options, const std::string& steps) {
   options.defaults["steps"] = steps;
   add_shared_train_options(command, options);
-  options.settings.add_to(command, train::TrainSettings::fields(), {"steps", "epochs"},
+  options.settings.add_to(command, train::TrainSettings::table(), {"steps", "epochs"},
                           {{"steps", fmt::format("timed steps (default {})", steps)},
                            {"epochs", "whole epochs instead of `steps`"}});
 }

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <meshtensor/train/dataset.hpp>
+#include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/task.hpp>
 #include <meshtensor/train/trainer.hpp>
 

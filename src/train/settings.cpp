@@ -91,39 +91,10 @@ std::vector<std::int64_t> mesh_sizes(const std::string& mesh) {
   return sizes;
 }
 
-/// `name` in backquotes, as the library's messages name fields.
-std::string quoted(std::string_view name) {
-  return fmt::format("`{}`", name);
-}
-
 }  // namespace
 
-std::span<const SettingField> TrainSettings::fields() {
+std::span<const SettingField> TrainSettings::table() {
   return kFields;
-}
-
-bool TrainSettings::has_field(std::string_view name) {
-  return std::ranges::any_of(kFields, [&](const SettingField& f) { return f.name == name; });
-}
-
-void TrainSettings::set(std::string_view name, std::string text) {
-  if (!has_field(name)) throw InvalidArgument(fmt::format("unknown training setting '{}'", name));
-  given_.insert_or_assign(std::string(name), std::move(text));
-}
-
-void TrainSettings::set_default(std::string_view name, std::string text) {
-  if (!has_field(name)) throw InvalidArgument(fmt::format("unknown training setting '{}'", name));
-  defaults_.insert_or_assign(std::string(name), std::move(text));
-}
-
-bool TrainSettings::given(std::string_view name) const {
-  return given_.contains(name);
-}
-
-std::string TrainSettings::text(std::string_view name, std::string_view fallback) const {
-  if (const auto found = given_.find(name); found != given_.end()) return found->second;
-  if (const auto found = defaults_.find(name); found != defaults_.end()) return found->second;
-  return std::string(fallback);
 }
 
 std::int64_t TrainSettings::mesh_ranks() const {
@@ -140,36 +111,31 @@ void TrainSettings::parse_length(TrainConfig& config, bool language) const {
     throw ParseError("`epochs` and `steps` exclude each other: give one");
   const bool by_epochs = given("epochs");
   const std::string language_steps = language ? std::to_string(LanguageDefaults::steps) : "0";
-  config.steps = integer_setting(
-      quoted("steps"), by_epochs ? std::string("0") : text("steps", language_steps), 0, kMaxCount);
-  config.epochs = integer_setting(quoted("epochs"), text("epochs", "8"), 1, 1 << 20);
+  config.steps =
+      integer_setting(field_name("steps"),
+                      by_epochs ? std::string("0") : text("steps", language_steps), 0, kMaxCount);
+  config.epochs = integer("epochs", "8", 1, 1 << 20);
   if (given("steps") && config.steps == 0) throw ParseError("`steps` 0: give at least one step");
-  config.batch = integer_setting(
-      quoted("batch"), text("batch", language ? std::to_string(LanguageDefaults::batch) : "256"), 1,
-      1 << 21);
-  config.eval_every = integer_setting(
-      quoted("eval_every"),
-      text("eval_every", language ? std::to_string(LanguageDefaults::eval_every) : "0"), 0,
-      kMaxCount);
-  config.sample = bool_setting(quoted("sample"), text("sample", "true"));
-  config.verify_generator =
-      bool_setting(quoted("verify_generator"), text("verify_generator", "false"));
-  config.trace = bool_setting(quoted("trace"), text("trace", "false"));
+  config.batch =
+      integer("batch", language ? std::to_string(LanguageDefaults::batch) : "256", 1, 1 << 21);
+  config.eval_every = integer(
+      "eval_every", language ? std::to_string(LanguageDefaults::eval_every) : "0", 0, kMaxCount);
+  config.sample = flag("sample", true);
+  config.verify_generator = flag("verify_generator", false);
+  config.trace = flag("trace", false);
 }
 
 void TrainSettings::parse_optimizer(TrainConfig& config, bool language) const {
   config.optimizer = train::parse_optimizer(text("optimizer", "adamw"));
-  config.schedule.base = real_setting(quoted("lr"), text("lr", "1e-3"), 0.0, 1e6);
+  config.schedule.base = real("lr", "1e-3", 0.0, 1e6);
   config.schedule.kind = nn::parse_schedule_kind(text("schedule", "cosine"));
-  config.schedule.warmup_steps = integer_setting(
-      quoted("warmup"), text("warmup", language ? std::to_string(LanguageDefaults::warmup) : "0"),
-      0, kMaxCount);
-  config.weight_decay = real_setting(quoted("weight_decay"), text("weight_decay", "0"), 0.0, 1e6);
-  config.momentum = real_setting(quoted("momentum"), text("momentum", "0.9"), 0.0, 1.0);
+  config.schedule.warmup_steps =
+      integer("warmup", language ? std::to_string(LanguageDefaults::warmup) : "0", 0, kMaxCount);
+  config.weight_decay = real("weight_decay", "0", 0.0, 1e6);
+  config.momentum = real("momentum", "0.9", 0.0, 1.0);
   config.mode = comm::parse_reduction_mode(text("mode", "ordered"));
-  config.seed = seed_setting(quoted("seed"), text("seed", "0"));
-  config.clip_grad_norm =
-      real_setting(quoted("clip_grad_norm"), text("clip_grad_norm", "0"), 0.0, 1e6);
+  config.seed = seed_setting(field_name("seed"), text("seed", "0"));
+  config.clip_grad_norm = real("clip_grad_norm", "0", 0.0, 1e6);
 }
 
 /// The mesh by dim names, or the strategy with an hsdp mesh RxS; sequence parallelism.
@@ -177,11 +143,9 @@ void TrainSettings::parse_layout(TrainConfig& config) const {
   const std::string mesh = text("mesh", "");
   const std::string names = text("names", "");
   const std::string strategy = text("strategy", "");
-  config.sequence_parallel =
-      bool_setting(quoted("sequence_parallel"), text("sequence_parallel", "false"));
+  config.sequence_parallel = flag("sequence_parallel", false);
   if (given("replicas")) {
-    config.replicas =
-        integer_setting(quoted("replicas"), text("replicas", "0"), 1, comm::kMaxThreadsRanks);
+    config.replicas = integer("replicas", "0", 1, comm::kMaxThreadsRanks);
   }
   if (!names.empty()) {
     if (mesh.empty()) throw ParseError("`names` names the dims of `mesh`; give `mesh` too");
@@ -217,22 +181,16 @@ void TrainSettings::parse_layout(TrainConfig& config) const {
 void TrainSettings::parse_sharding(TrainConfig& config) const {
   config.pipeline_schedule = pp::parse_schedule(text("pipeline_schedule", "1f1b"));
   // 0: the schedule's default (2 for interleaved-1f1b); an explicit value is at least 1.
-  config.virtual_stages =
-      given("virtual_stages")
-          ? integer_setting(quoted("virtual_stages"), text("virtual_stages", ""), 1, 1 << 10)
-          : 0;
+  config.virtual_stages = given("virtual_stages") ? integer("virtual_stages", "", 1, 1 << 10) : 0;
   config.activation_checkpointing =
       pp::parse_checkpointing(text("activation_checkpointing", "none"));
   const std::int64_t pipeline_ranks = mesh_dim(config, "pp");
   const std::int64_t micro_default =
       pipeline_ranks > 1 ? std::min<std::int64_t>(2 * pipeline_ranks, config.batch) : 1;
-  config.micro_batches = integer_setting(
-      quoted("micro_batches"), text("micro_batches", std::to_string(micro_default)), 1, 1 << 21);
+  config.micro_batches = integer("micro_batches", std::to_string(micro_default), 1, 1 << 21);
   config.micro_batch_mode = parse_micro_batch_mode(text("micro_batch_mode", "no-sync"));
-  config.reshard_after_forward =
-      bool_setting(quoted("reshard_after_forward"), text("reshard_after_forward", "true"));
-  config.prefetch =
-      static_cast<int>(integer_setting(quoted("prefetch"), text("prefetch", "1"), 0, 64));
+  config.reshard_after_forward = flag("reshard_after_forward", true);
+  config.prefetch = static_cast<int>(integer("prefetch", "1", 0, 64));
   config.param_dtype = parse_dtype(text("param_dtype", "f32"));
   config.reduce_dtype = parse_dtype(text("reduce_dtype", "f32"));
   for (const auto& [name, dtype] :
@@ -253,14 +211,12 @@ void TrainSettings::parse_sharding(TrainConfig& config) const {
 void TrainSettings::parse_checkpoints(TrainConfig& config) const {
   config.save_dir = text("save", "");
   config.resume_dir = text("resume", "");
-  config.save_every = integer_setting(quoted("save_every"), text("save_every", "0"), 0, kMaxCount);
-  config.keep_checkpoints = static_cast<int>(
-      integer_setting(quoted("keep_checkpoints"), text("keep_checkpoints", "0"), 0, 1 << 20));
+  config.save_every = integer("save_every", "0", 0, kMaxCount);
+  config.keep_checkpoints = static_cast<int>(integer("keep_checkpoints", "0", 0, 1 << 20));
   if (config.save_dir.empty() && (config.save_every > 0 || config.keep_checkpoints > 0))
     throw ParseError("`save_every` and `keep_checkpoints` need `save` DIR");
   // `stop_after` counts what the run's length counts: steps with `steps`, else epochs.
-  const std::int64_t stop_after =
-      integer_setting(quoted("stop_after"), text("stop_after", "0"), 0, kMaxCount);
+  const std::int64_t stop_after = integer("stop_after", "0", 0, kMaxCount);
   (config.steps > 0 ? config.stop_after : config.stop_after_epochs) = stop_after;
 }
 

@@ -101,9 +101,9 @@ TEST(TrainSettings, ACallersDefaultGivesWayToWhatTheUserGave) {
 }
 
 TEST(TrainSettings, EveryFieldHasHelpAndTheJsonNamesEverySetting) {
-  for (const SettingField& field : TrainSettings::fields()) {
+  for (const SettingField& field : TrainSettings::table()) {
     EXPECT_FALSE(field.help.empty()) << field.name;
-    EXPECT_TRUE(TrainSettings::has_field(field.name));
+    EXPECT_TRUE(TrainSettings().has_field(field.name));
   }
   const nlohmann::json json =
       settings_json(given({{"lr", "0.25"}, {"mode", "exact"}}).config(false));
