@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/generate/request_wire.hpp>
 #include <meshtensor/serve/scheduler.hpp>
 
 namespace meshtensor::serve {
@@ -19,14 +20,8 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 std::string encode_plan(const StepPlan& plan) {
   nlohmann::json add = nlohmann::json::array();
-  for (const Admission& a : plan.add) {
-    const generate::Request& r = a.request;
-    // Doubles travel as their bits, so every rank samples with the same values.
-    add.push_back({a.id, r.prompt, r.max_new_tokens,
-                   std::bit_cast<std::uint64_t>(r.sampling.temperature), r.sampling.top_k,
-                   r.sampling.seed, std::bit_cast<std::uint64_t>(r.sampling.top_p), r.score_prompt,
-                   r.top_logprobs});
-  }
+  for (const Admission& a : plan.add)
+    add.push_back({{"id", a.id}, {"request", generate::request_to_json(a.request)}});
   return nlohmann::json{
       {"remove", plan.remove}, {"add", add}, {"reload", plan.reload}, {"exit", plan.exit}}
       .dump();
@@ -36,20 +31,9 @@ StepPlan decode_plan(const std::string& text) {
   const nlohmann::json doc = nlohmann::json::parse(text);
   StepPlan plan;
   plan.remove = doc.at("remove").get<std::vector<std::uint64_t>>();
-  for (const nlohmann::json& a : doc.at("add")) {
-    Admission admission;
-    admission.id = a.at(0).get<std::uint64_t>();
-    generate::Request& r = admission.request;
-    r.prompt = a.at(1).get<std::vector<std::int64_t>>();
-    r.max_new_tokens = a.at(2).get<std::int64_t>();
-    r.sampling.temperature = std::bit_cast<double>(a.at(3).get<std::uint64_t>());
-    r.sampling.top_k = a.at(4).get<std::int64_t>();
-    r.sampling.seed = a.at(5).get<std::uint64_t>();
-    r.sampling.top_p = std::bit_cast<double>(a.at(6).get<std::uint64_t>());
-    r.score_prompt = a.at(7).get<bool>();
-    r.top_logprobs = a.at(8).get<std::int64_t>();
-    plan.add.push_back(std::move(admission));
-  }
+  for (const nlohmann::json& a : doc.at("add"))
+    plan.add.push_back(
+        {a.at("id").get<std::uint64_t>(), generate::request_from_json(a.at("request"))});
   plan.reload = doc.at("reload").get<bool>();
   plan.exit = doc.at("exit").get<bool>();
   return plan;
