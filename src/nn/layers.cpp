@@ -12,8 +12,6 @@
 
 namespace meshtensor::nn {
 
-namespace {
-
 void check_input(const Tensor& input, std::int64_t features, const std::string& module) {
   if (!input.defined() || input.rank() < 2 || input.dtype() != DType::f32 ||
       input.shape()[input.rank() - 1] != features) {
@@ -23,6 +21,8 @@ void check_input(const Tensor& input, std::int64_t features, const std::string& 
                                       input.defined() ? input.shape().to_string() : ""));
   }
 }
+
+namespace {
 
 /// `shape` with its last dim replaced by `features`.
 Shape with_features(const Shape& shape, std::int64_t features) {

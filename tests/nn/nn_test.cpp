@@ -71,6 +71,25 @@ TEST(Modules, LayerNormGradientsMatchFiniteDifferences) {
   check_gradients(norm, Tensor::random_normal(Shape{3, 6}, DType::f32, 5), 3e-2);
 }
 
+TEST(Modules, RmsNormGradientsMatchFiniteDifferences) {
+  RMSNorm norm(6, 1e-6);
+  norm.parameters()[0]->value.copy_from(Tensor::random_normal(Shape{6}, DType::f32, 3));
+  check_gradients(norm, Tensor::random_normal(Shape{3, 6}, DType::f32, 5), 3e-2);
+}
+
+TEST(Modules, RmsNormDividesEachRowByItsRootMeanSquare) {
+  RMSNorm norm(4, 1e-6);
+  const Tensor x =
+      Tensor::from_values(Shape{2, 4}, DType::f32, std::vector<double>{1, 2, 3, 4, -2, 0, 0, 2});
+  const Tensor y = norm.forward(x);
+  const double rms0 = std::sqrt((1 + 4 + 9 + 16) / 4.0 + 1e-6);
+  const double rms1 = std::sqrt(8 / 4.0 + 1e-6);
+  EXPECT_FLOAT_EQ(y.values<float>()[2], static_cast<float>(3 / rms0));
+  EXPECT_FLOAT_EQ(y.values<float>()[4], static_cast<float>(-2 / rms1));
+  EXPECT_EQ(norm.parameters().size(), 1u);  // a scale, no shift
+  EXPECT_THROW(RMSNorm(0), InvalidArgument);
+}
+
 TEST(Modules, GeluAndReluGradientsMatchFiniteDifferences) {
   GELU gelu;
   check_gradients(gelu, Tensor::random_normal(Shape{3, 4}, DType::f32, 6), 2e-2);

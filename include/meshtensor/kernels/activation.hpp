@@ -40,4 +40,13 @@ void gelu_forward(const float* x, float* y, std::int64_t count);
 /// dx[i] = dy[i] · GELU'(x[i]) for the form of gelu_forward (f32, the same bits everywhere).
 void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t count);
 
+/// SwiGLU's gating, elementwise: y[i] = SiLU(gate[i]) · up[i], SiLU(x) = x / (1 + e^-x) with
+/// exp_f32 (the same bits on every SIMD level). NaN in `gate` gives NaN.
+void swiglu_forward(const float* gate, const float* up, float* y, std::int64_t count);
+
+/// The gradients of swiglu_forward: d_gate[i] = dy[i] · up[i] · SiLU'(gate[i]) and d_up[i] =
+/// dy[i] · SiLU(gate[i]), SiLU'(x) = σ(x)·(1 + x·(1 - σ(x))).
+void swiglu_backward(const float* gate, const float* up, const float* dy, float* d_gate,
+                     float* d_up, std::int64_t count);
+
 }  // namespace meshtensor::kernels

@@ -32,6 +32,9 @@ class BatchVariantScope {
   const BatchVariantScope* outer_;
 };
 
+/// InvalidArgument naming `module` unless `input` is f32 [..., rows, features].
+void check_input(const Tensor& input, std::int64_t features, const std::string& module);
+
 /// y = x·W + b with W [in, out] and b [out], over the last dim of x ([..., in] -> [..., out]).
 /// W starts as normal samples scaled by `init_std`, or by sqrt(2 / in) when it is 0 (He
 /// initialisation); seeded and platform-independent. b starts as zeros.
@@ -142,6 +145,32 @@ class LayerNorm : public Module {
   double epsilon_;
   Tensor normalized_;                // x̂, f32 [rows, features]
   std::vector<double> inverse_std_;  // per row
+};
+
+/// RMS normalisation of each row of `x` (f32 [rows, n]): x / sqrt(mean(x²) + epsilon), the mean
+/// of squares in f64 in a fixed order and each normalised value rounded once to f32, then ·
+/// gamma (f32 [n]). Also writes the normalised values into `normalized` ([rows, n]) and each
+/// row's 1 / rms into `inverse_rms` when given (what backward needs).
+Tensor rms_norm_rows(const Tensor& x, const Tensor& gamma, double epsilon,
+                     Tensor* normalized = nullptr, std::vector<double>* inverse_rms = nullptr);
+
+/// RMSNorm (Llama's): per-row RMS normalisation over the features (the last dim) and a learned
+/// scale (weight, ones); no mean, no shift. Row statistics in f64 in a fixed order.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(std::int64_t features, double epsilon = 1e-5);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override { return {&weight_}; }
+  std::string describe() const override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
+
+ private:
+  Parameter weight_;
+  double epsilon_;
+  Tensor normalized_;                // x / rms, f32 [rows, features]
+  std::vector<double> inverse_rms_;  // per row
 };
 
 }  // namespace meshtensor::nn

@@ -1,0 +1,21 @@
+#pragma once
+
+// Elementary functions in f64 from additions, multiplications, divisions and power-of-two
+// scalings only (no C library call), so their bits are the same on every platform and SIMD
+// level: what tables the model computes once (rotary angles, frequencies) are built from. Each is
+// within a few units in the last place of the true value, for the ranges documented.
+
+namespace meshtensor::kernels {
+
+/// e^x for |x| <= 700.
+double portable_exp(double x);
+
+/// The natural logarithm of x > 0 (finite, normal).
+double portable_log(double x);
+
+/// sin x and cos x for |x| <= 2^20 (reduced by pi/2 in three exact parts).
+double portable_sin(double x);
+/// cos x, as portable_sin.
+double portable_cos(double x);
+
+}  // namespace meshtensor::kernels

@@ -1,0 +1,130 @@
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include <meshtensor/kernels/portable_math.hpp>
+
+namespace meshtensor::kernels {
+
+namespace {
+
+/// 2^k for a normal result, by building the exponent field.
+double power_of_two(std::int64_t k) {
+  return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52);
+}
+
+/// round(x) for |x| < 2^51 by the 1.5 * 2^52 trick (exact under round-to-nearest).
+double round_nearest(double x) {
+  constexpr double kRound = 6755399441055744.0;
+  return (x + kRound) - kRound;
+}
+
+// ln 2 in two parts: the high part has 32 significant bits, so k · high is exact for |k| < 2^21.
+constexpr double kLn2High = 0.6931471803691238;
+constexpr double kLn2Low = 1.9082149292705877e-10;
+
+/// sin r and cos r for |r| <= pi/4 by their Taylor series (terms to r^25: below 2^-60 there).
+double sin_series(double r) {
+  const double r2 = r * r;
+  double term = r;
+  double sum = r;
+  for (int n = 3; n <= 25; n += 2) {
+    term = term * -r2 / static_cast<double>((n - 1) * n);
+    sum = sum + term;
+  }
+  return sum;
+}
+
+double cos_series(double r) {
+  const double r2 = r * r;
+  double term = 1.0;
+  double sum = 1.0;
+  for (int n = 2; n <= 26; n += 2) {
+    term = term * -r2 / static_cast<double>((n - 1) * n);
+    sum = sum + term;
+  }
+  return sum;
+}
+
+/// x - k pi/2 (k = round(x · 2/pi)) in three parts of pi/2, the first two of 31 significant bits
+/// so that k times them is exact for |k| < 2^22; the quadrant k mod 4 in `quadrant`.
+double reduce_half_pi(double x, int& quadrant) {
+  constexpr double kTwoOverPi = 0.636619772367581343076;
+  constexpr double kHalfPi1 = 1.5707963267341256;     // 31 significant bits
+  constexpr double kHalfPi2 = 6.07710050359346e-11;   // the next 31
+  constexpr double kHalfPi3 = 2.912732056093356e-20;  // the rest
+  const double k = round_nearest(x * kTwoOverPi);
+  quadrant = static_cast<int>(static_cast<std::int64_t>(k) & 3);
+  return ((x - k * kHalfPi1) - k * kHalfPi2) - k * kHalfPi3;
+}
+
+}  // namespace
+
+double portable_exp(double x) {
+  const double k = round_nearest(x * 1.44269504088896338700);
+  const double r = (x - k * kLn2High) - k * kLn2Low;
+  // e^r for |r| <= ln(2)/2 by its Taylor series to r^18 (below 2^-60).
+  double term = 1.0;
+  double sum = 1.0;
+  for (int n = 1; n <= 18; ++n) {
+    term = term * r / static_cast<double>(n);
+    sum = sum + term;
+  }
+  const auto exponent = static_cast<std::int64_t>(k);
+  // Two scalings keep each factor normal near the ends of the range.
+  return sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+}
+
+double portable_log(double x) {
+  // x = m · 2^e with m in [sqrt(1/2), sqrt(2)).
+  const auto bits = std::bit_cast<std::uint64_t>(x);
+  std::int64_t e = static_cast<std::int64_t>((bits >> 52) & 0x7ff) - 1023;
+  double m = std::bit_cast<double>((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);
+  if (m > 1.41421356237309504880) {
+    m = m * 0.5;
+    e = e + 1;
+  }
+  // log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716: the series to s^41.
+  const double s = (m - 1.0) / (m + 1.0);
+  const double s2 = s * s;
+  double power = s;
+  double sum = s;
+  for (int n = 3; n <= 41; n += 2) {
+    power = power * s2;
+    sum = sum + power / static_cast<double>(n);
+  }
+  const auto k = static_cast<double>(e);
+  return (k * kLn2High + 2.0 * sum) + k * kLn2Low;
+}
+
+double portable_sin(double x) {
+  int quadrant = 0;
+  const double r = reduce_half_pi(x, quadrant);
+  switch (quadrant) {
+    case 0:
+      return sin_series(r);
+    case 1:
+      return cos_series(r);
+    case 2:
+      return -sin_series(r);
+    default:
+      return -cos_series(r);
+  }
+}
+
+double portable_cos(double x) {
+  int quadrant = 0;
+  const double r = reduce_half_pi(x, quadrant);
+  switch (quadrant) {
+    case 0:
+      return cos_series(r);
+    case 1:
+      return -sin_series(r);
+    case 2:
+      return -cos_series(r);
+    default:
+      return sin_series(r);
+  }
+}
+
+}  // namespace meshtensor::kernels
