@@ -43,7 +43,8 @@ void check_grad(const Tensor& grad, const Tensor& kept, const std::string& modul
 }  // namespace
 
 Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed,
-               double init_std) {
+               double init_std, bool bias)
+    : has_bias_(bias) {
   if (in_features <= 0 || out_features <= 0) {
     throw InvalidArgument(
         fmt::format("Linear needs positive sizes, got {} -> {}", in_features, out_features));
@@ -58,9 +59,15 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
   for (std::size_t i = 0; i < w.size(); ++i)
     w[i] = static_cast<float>(normal_sample(seed, i) * scale);
   weight_.grad = Tensor(weight_.value.shape(), DType::f32);
+  if (!has_bias_) return;
   bias_.name = "bias";
   bias_.value = Tensor(Shape{out_features}, DType::f32);
   bias_.grad = Tensor(bias_.value.shape(), DType::f32);
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  if (!has_bias_) return {&weight_};
+  return {&weight_, &bias_};
 }
 
 void Linear::set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks) {
@@ -120,6 +127,7 @@ const BatchVariantScope* BatchVariantScope::active() {
 }
 
 bool Linear::adds_bias() const {
+  if (!has_bias_) return false;
   return split_ == nullptr || !split_->output_is_partial() || split_->is_first();
 }
 
@@ -236,7 +244,7 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
   const std::int64_t sample_rows =
       input_shape_.rank() >= 3 && input_shape_[0] > 0 ? input_.shape()[0] / input_shape_[0] : 1;
   sink.add_sample_outer_products(weight_, input_, dy, sample_rows);
-  sink.add_column_sums(bias_, dy);
+  if (has_bias_) sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {
     PartialSums partial;
@@ -256,7 +264,8 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
 }
 
 std::string Linear::describe() const {
-  return fmt::format("Linear({}, {})", weight_.value.shape()[0], weight_.value.shape()[1]);
+  return fmt::format("Linear({}, {}{})", weight_.value.shape()[0], weight_.value.shape()[1],
+                     has_bias_ ? "" : ", bias=false");
 }
 
 Tensor ReLU::forward(const Tensor& input) {

@@ -252,7 +252,7 @@ std::string ColwiseParallel::apply(nn::Module& module, const std::string& path,
                     tp.rank(), tp.size()));
   }
   keep_chunk(linear.weight(), 1, chunk);
-  keep_chunk(linear.bias(), 0, chunk);
+  if (linear.has_bias()) keep_chunk(linear.bias(), 0, chunk);
   linear.set_exact_blocks(in_blocks, local);
   linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
       tp, path, strategy.output.at(0).is_partial(), input_, strategy.output.at(0))));
@@ -291,7 +291,7 @@ std::string RowwiseParallel::apply(nn::Module& module, const std::string& path,
   const auto [in_blocks, out_blocks] = linear.exact_blocks();
   const std::int64_t local = local_blocks(in_blocks, in, tp, path);
   keep_chunk(linear.weight(), 0, chunk_extent(in, tp.size(), tp.rank()));
-  keep_whole(linear.bias(), tp, false);
+  if (linear.has_bias()) keep_whole(linear.bias(), tp, false);
   linear.set_exact_blocks(local, out_blocks);
   linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
       tp, path, strategy.output.at(0).is_partial(), Placement::shard(2), output_)));

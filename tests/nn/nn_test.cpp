@@ -63,6 +63,18 @@ TEST(Modules, LinearGradientsMatchFiniteDifferences) {
   check_gradients(linear, Tensor::random_normal(Shape{4, 5}, DType::f32, 2), 2e-2);
 }
 
+TEST(Modules, ALinearWithoutBiasHasOnlyItsWeight) {
+  Linear linear(5, 3, 1, 0.0, /*bias=*/false);
+  ASSERT_EQ(linear.parameters().size(), 1u);
+  EXPECT_FALSE(linear.has_bias());
+  EXPECT_EQ(linear.describe(), "Linear(5, 3, bias=false)");
+  check_gradients(linear, Tensor::random_normal(Shape{4, 5}, DType::f32, 2), 2e-2);
+  // The same weights with a zero bias give the same bits.
+  Linear with_bias(5, 3, 1);
+  const Tensor x = Tensor::random_normal(Shape{4, 5}, DType::f32, 9);
+  EXPECT_EQ(linear.forward(x).digest(), with_bias.forward(x).digest());
+}
+
 TEST(Modules, LayerNormGradientsMatchFiniteDifferences) {
   LayerNorm norm(6);
   // Non-trivial scale and shift.

@@ -37,26 +37,30 @@ void check_input(const Tensor& input, std::int64_t features, const std::string& 
 
 /// y = x·W + b with W [in, out] and b [out], over the last dim of x ([..., in] -> [..., out]).
 /// W starts as normal samples scaled by `init_std`, or by sqrt(2 / in) when it is 0 (He
-/// initialisation); seeded and platform-independent. b starts as zeros.
+/// initialisation); seeded and platform-independent. b starts as zeros; without `bias` there is
+/// none (y = x·W, the Llama family's projections).
 class Linear : public Module {
  public:
   /// `seed` makes the initial weights; the same seed gives the same bits everywhere.
   Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_t seed,
-         double init_std = 0.0);
+         double init_std = 0.0, bool bias = true);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   /// Keeps the input (backward needs nothing else) without the product or its communication.
   void forward_for_backward(const Tensor& input) override;
-  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  /// The weight, and the bias when the layer has one.
+  std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   SavedState take_saved() override;
   void restore_saved(SavedState saved) override;
   SplitCommunication* split_communication() const override { return split_; }
+  /// False for a layer built without a bias.
+  bool has_bias() const { return has_bias_; }
   /// The weight parameter ([in, out]).
   Parameter& weight() { return weight_; }
   /// The weight parameter ([in, out]).
   const Parameter& weight() const { return weight_; }
-  /// The bias parameter ([out]).
+  /// The bias parameter ([out]); undefined values without a bias (has_bias()).
   Parameter& bias() { return bias_; }
 
   /// Exact sums over blocks (exact mode's tensor-parallel invariance): with `in_blocks` > 0 the
@@ -85,6 +89,7 @@ class Linear : public Module {
   void keep_input(const Tensor& input);
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
 
+  bool has_bias_ = true;
   Parameter weight_;
   Parameter bias_;
   Tensor input_;  // [rows, in]

@@ -1,0 +1,91 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <meshtensor/kernels/rotary.hpp>
+#include <meshtensor/nn/layers.hpp>
+
+namespace meshtensor::nn {
+
+/// The shape of a GroupedQueryAttention layer.
+struct GroupedAttentionConfig {
+  std::int64_t dim = 128;
+  std::int64_t heads = 4;     ///< query heads H
+  std::int64_t kv_heads = 2;  ///< key/value heads K (K divides H; K = H is multi-head)
+  std::int64_t context = 128;
+  double rope_theta = 10000.0;
+  bool qk_norm = false;  ///< Qwen3: an RMSNorm over each head's queries and keys
+  double norm_eps = 1e-5;
+};
+
+/// Causal self-attention of the Llama family over f32 [batch, sequence, dim]: grouped-query
+/// attention (K key/value heads, each shared by G = H / K query heads), rotary position
+/// embeddings on queries and keys (kernels::rotary_forward, position t for row t), an optional
+/// RMSNorm of each head's queries and keys before the rotation (Qwen3), no biases.
+///
+/// Queries, keys and values come from one Linear `qkv` laid out group after group: for group g
+/// its G query heads, then its key head, then its value head (head_dim = dim / H columns each),
+/// so a column-parallel split along whole groups keeps each group on one rank (a GPT's per-head
+/// q, k, v layout is the case K = H). A key or value gradient is the sum of its group's query
+/// heads' in ascending order, on one rank. Every sequence and head is computed on its own in a
+/// fixed order: a sequence's output never depends on the batch it is in.
+class GroupedQueryAttention : public Module {
+ public:
+  /// Weights start as normal samples times `init_std`, the output projection's times
+  /// `projection_std`. InvalidArgument naming the values: K not dividing H, dim not a multiple
+  /// of H, an odd head dim (rotary pairs), a context below 1.
+  GroupedQueryAttention(const GroupedAttentionConfig& config, std::uint64_t seed, double init_std,
+                        double projection_std);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+  /// "qkv", "q_norm", "k_norm" (with qk_norm), "proj".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
+  /// Exact-mode sums over whole groups and heads (Linear::set_exact_blocks): the output
+  /// projection's sums over the query heads' outputs, qkv's input-gradient sums over the groups'
+  /// columns.
+  void set_exact_blocks(bool on);
+  /// Values per head.
+  std::int64_t head_dim() const { return config_.dim / config_.heads; }
+  /// Query heads per key/value head.
+  std::int64_t group_size() const { return config_.heads / config_.kv_heads; }
+  /// Groups (key/value heads) this rank computes: all unless a tensor-parallel split holds part
+  /// of qkv.
+  std::int64_t local_groups() const;
+  /// The layer's shape.
+  const GroupedAttentionConfig& config() const { return config_; }
+
+ private:
+  /// Splits qkv's output [rows, local qkv columns] into queries [rows, local heads · head_dim],
+  /// keys and values [rows, local groups · head_dim], then normalises (qk_norm) and rotates the
+  /// queries and keys at each row's position.
+  void prepare_heads(const Tensor& qkv, std::int64_t batch, std::int64_t length);
+  /// The heads' outputs [batch, length, local heads · head_dim], probabilities kept.
+  Tensor attend(std::int64_t batch, std::int64_t length);
+  /// Gradients of the rotated queries, keys and values from the heads' output gradient.
+  void attend_backward(const Tensor& grad_attended, std::int64_t batch, std::int64_t length,
+                       Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) const;
+  /// qkv's output gradient from the queries', keys' and values' (undoing the rotation and the
+  /// norms), in the group layout.
+  Tensor merge_heads(Tensor& grad_q, Tensor& grad_k, const Tensor& grad_v, GradientSink& sink,
+                     std::int64_t batch, std::int64_t length);
+
+  GroupedAttentionConfig config_;
+  kernels::RotaryTable rotary_;
+  Linear qkv_;
+  Linear projection_;
+  std::unique_ptr<RMSNorm> q_norm_;
+  std::unique_ptr<RMSNorm> k_norm_;
+  Tensor queries_;        // f32 [rows, local heads · head_dim], normalised and rotated
+  Tensor keys_;           // f32 [rows, local groups · head_dim], normalised and rotated
+  Tensor values_;         // f32 [rows, local groups · head_dim]
+  Tensor probabilities_;  // f32 [batch, local heads, length, length]
+};
+
+}  // namespace meshtensor::nn

@@ -1,0 +1,317 @@
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/kernels/attention.hpp>
+#include <meshtensor/nn/grouped_attention.hpp>
+
+namespace meshtensor::nn {
+
+namespace {
+
+/// Columns [column, column + width) of rows [0, length) of a row-major matrix with `stride`
+/// columns into `out` as [length, width], or transposed as [width, length].
+void gather_columns(const float* matrix, std::int64_t stride, std::int64_t column,
+                    std::int64_t length, std::int64_t width, bool transpose, float* out) {
+  for (std::int64_t i = 0; i < length; ++i) {
+    const float* row = matrix + i * stride + column;
+    for (std::int64_t d = 0; d < width; ++d)
+      (transpose ? out[d * length + i] : out[i * width + d]) = row[d];
+  }
+}
+
+/// Writes (or, with `add`, adds) [length, width] `block` into columns [column, column + width)
+/// of a row-major matrix with `stride` columns.
+void scatter_columns(const float* block, std::int64_t length, std::int64_t width, float* matrix,
+                     std::int64_t stride, std::int64_t column, bool add) {
+  for (std::int64_t i = 0; i < length; ++i) {
+    float* row = matrix + i * stride + column;
+    for (std::int64_t d = 0; d < width; ++d)
+      row[d] = add ? row[d] + block[i * width + d] : block[i * width + d];
+  }
+}
+
+/// Position t for row t of each of `batch` sequences of `length` rows.
+std::vector<std::int64_t> row_positions(std::int64_t batch, std::int64_t length) {
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(batch * length));
+  for (std::size_t r = 0; r < positions.size(); ++r)
+    positions[r] = static_cast<std::int64_t>(r) % length;
+  return positions;
+}
+
+void check_config(const GroupedAttentionConfig& c) {
+  if (c.heads < 1 || c.kv_heads < 1 || c.heads % c.kv_heads != 0) {
+    throw InvalidArgument(fmt::format(
+        "attention: {} key/value heads do not divide the {} query heads", c.kv_heads, c.heads));
+  }
+  if (c.dim < 1 || c.dim % c.heads != 0)
+    throw InvalidArgument(
+        fmt::format("attention: dim {} does not split into {} heads", c.dim, c.heads));
+  if ((c.dim / c.heads) % 2 != 0) {
+    throw InvalidArgument(fmt::format(
+        "attention: the head dim {} (dim {} / {} heads) must be even for rotary embeddings",
+        c.dim / c.heads, c.dim, c.heads));
+  }
+  if (c.context < 1)
+    throw InvalidArgument(fmt::format("attention: context {} is below 1", c.context));
+}
+
+}  // namespace
+
+GroupedQueryAttention::GroupedQueryAttention(const GroupedAttentionConfig& config,
+                                             std::uint64_t seed, double init_std,
+                                             double projection_std)
+    : config_((check_config(config), config)),
+      rotary_(kernels::rotary_table(config.dim / config.heads, config.context, config.rope_theta)),
+      qkv_(config.dim, (config.heads + 2 * config.kv_heads) * (config.dim / config.heads),
+           mix64(seed ^ 0x716b76ULL), init_std, /*bias=*/false),
+      projection_(config.dim, config.dim, mix64(seed ^ 0x70726f6aULL), projection_std,
+                  /*bias=*/false) {
+  prefix_parameter_names(qkv_, "qkv");
+  prefix_parameter_names(projection_, "proj");
+  if (config.qk_norm) {
+    q_norm_ = std::make_unique<RMSNorm>(head_dim(), config.norm_eps);
+    k_norm_ = std::make_unique<RMSNorm>(head_dim(), config.norm_eps);
+    prefix_parameter_names(*q_norm_, "q_norm");
+    prefix_parameter_names(*k_norm_, "k_norm");
+  }
+}
+
+std::vector<Parameter*> GroupedQueryAttention::parameters() {
+  std::vector<Parameter*> all = {&qkv_.weight()};
+  if (q_norm_) all.insert(all.end(), {q_norm_->parameters()[0], k_norm_->parameters()[0]});
+  all.push_back(&projection_.weight());
+  return all;
+}
+
+std::string GroupedQueryAttention::describe() const {
+  return fmt::format("GroupedQueryAttention({}, heads={}, kv_heads={}{})", config_.dim,
+                     config_.heads, config_.kv_heads, config_.qk_norm ? ", qk_norm" : "");
+}
+
+std::vector<std::pair<std::string, Module*>> GroupedQueryAttention::children() {
+  std::vector<std::pair<std::string, Module*>> all = {{"qkv", &qkv_}};
+  if (q_norm_) all.insert(all.end(), {{"q_norm", q_norm_.get()}, {"k_norm", k_norm_.get()}});
+  all.emplace_back("proj", &projection_);
+  return all;
+}
+
+std::int64_t GroupedQueryAttention::local_groups() const {
+  return qkv_.weight().value.shape()[1] / ((group_size() + 2) * head_dim());
+}
+
+void GroupedQueryAttention::set_exact_blocks(bool on) {
+  qkv_.set_exact_blocks(0, on ? config_.kv_heads : 0);
+  projection_.set_exact_blocks(on ? config_.heads : 0, 0);
+}
+
+void GroupedQueryAttention::prepare_heads(const Tensor& qkv, std::int64_t batch,
+                                          std::int64_t length) {
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t rows = batch * length;
+  const std::int64_t stride = groups * (group + 2) * hd;
+  queries_ = Tensor::uninitialized(Shape{rows, groups * group * hd}, DType::f32);
+  keys_ = Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32);
+  values_ = Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32);
+  const float* in = qkv.values<float>().data();
+  float* q = queries_.values<float>().data();
+  float* k = keys_.values<float>().data();
+  float* v = values_.values<float>().data();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * stride;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const float* source = row + g * (group + 2) * hd;
+      std::copy_n(source, group * hd, q + (r * groups + g) * group * hd);
+      std::copy_n(source + group * hd, hd, k + (r * groups + g) * hd);
+      std::copy_n(source + (group + 1) * hd, hd, v + (r * groups + g) * hd);
+    }
+  }
+  if (q_norm_) {
+    queries_ = run_forward(*q_norm_, queries_.reshape(Shape{rows * groups * group, hd}))
+                   .reshape(queries_.shape());
+    keys_ = run_forward(*k_norm_, keys_.reshape(Shape{rows * groups, hd})).reshape(keys_.shape());
+  }
+  const std::vector<std::int64_t> positions = row_positions(batch, length);
+  kernels::rotary_forward(queries_.values<float>().data(), rows, groups * group, positions.data(),
+                          rotary_);
+  kernels::rotary_forward(keys_.values<float>().data(), rows, groups, positions.data(), rotary_);
+}
+
+Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t heads = groups * group;
+  probabilities_ = Tensor::uninitialized(Shape{batch, heads, length, length}, DType::f32);
+  Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * hd}, DType::f32);
+  std::vector<float> keys_t(static_cast<std::size_t>(hd * length));
+  std::vector<float> values(static_cast<std::size_t>(length * hd));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float* q = queries_.values<float>().data();
+  float* probabilities = probabilities_.values<float>().data();
+  float* out = attended.values<float>().data();
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const std::int64_t first = b * length;
+      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                     length, hd, true, keys_t.data());
+      gather_columns(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                     length, hd, false, values.data());
+      const kernels::HeadCache cache{keys_t.data(), values.data(), length, hd};
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        float* head_probabilities = probabilities + (b * heads + h) * length * length;
+        for (std::int64_t i = 0; i < length; ++i) {
+          kernels::attention_row(q + (first + i) * heads * hd + h * hd, cache, i + 1, scale,
+                                 head_probabilities + i * length,
+                                 out + (first + i) * heads * hd + h * hd);
+        }
+      }
+    }
+  }
+  return attended;
+}
+
+Tensor GroupedQueryAttention::forward(const Tensor& input) {
+  if (!input.defined() || input.rank() != 3 || input.dtype() != DType::f32 ||
+      input.shape()[2] != config_.dim) {
+    throw InvalidArgument(fmt::format("{} needs f32 [batch, sequence, {}], got {}", describe(),
+                                      config_.dim,
+                                      input.defined() ? input.shape().to_string() : "none"));
+  }
+  const std::int64_t batch = input.shape()[0];
+  const std::int64_t length = input.shape()[1];
+  if (length > config_.context) {
+    throw InvalidArgument(fmt::format("{}: a sequence of {} is longer than the context {}",
+                                      describe(), length, config_.context));
+  }
+  const Tensor qkv = run_forward(qkv_, input);
+  prepare_heads(qkv.reshape(Shape{batch * length, qkv.shape()[2]}), batch, length);
+  return run_forward(projection_, attend(batch, length));
+}
+
+void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::int64_t batch,
+                                            std::int64_t length, Tensor& grad_q, Tensor& grad_k,
+                                            Tensor& grad_v) const {
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t heads = groups * group;
+  const auto block = static_cast<std::size_t>(length * hd);
+  std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
+  std::vector<float> head_q(block), head_k(block), head_v(block);
+  grad_q = Tensor::uninitialized(queries_.shape(), DType::f32);
+  grad_k = Tensor::uninitialized(keys_.shape(), DType::f32);
+  grad_v = Tensor::uninitialized(values_.shape(), DType::f32);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t first = b * length;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                     length, hd, false, keys.data());
+      gather_columns(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                     length, hd, true, values_t.data());
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        gather_columns(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
+                       length, hd, false, queries.data());
+        gather_columns(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
+                       h * hd, length, hd, false, grad_out.data());
+        kernels::HeadGradientInputs in;
+        in.queries = queries.data();
+        in.keys = keys.data();
+        in.values_t = values_t.data();
+        in.probabilities =
+            probabilities_.values<float>().data() + (b * heads + h) * length * length;
+        in.grad_output = grad_out.data();
+        in.length = length;
+        in.head_dim = hd;
+        in.scale = scale;
+        kernels::attention_backward(in, head_q.data(), head_k.data(), head_v.data());
+        const bool first_of_group = h == g * group;
+        scatter_columns(head_q.data(), length, hd,
+                        grad_q.values<float>().data() + first * heads * hd, heads * hd, h * hd,
+                        false);
+        // The group's query heads add into its key and value in ascending order.
+        scatter_columns(head_k.data(), length, hd,
+                        grad_k.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                        !first_of_group);
+        scatter_columns(head_v.data(), length, hd,
+                        grad_v.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                        !first_of_group);
+      }
+    }
+  }
+}
+
+Tensor GroupedQueryAttention::merge_heads(Tensor& grad_q, Tensor& grad_k, const Tensor& grad_v,
+                                          GradientSink& sink, std::int64_t batch,
+                                          std::int64_t length) {
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t rows = batch * length;
+  const std::vector<std::int64_t> positions = row_positions(batch, length);
+  kernels::rotary_backward(grad_q.values<float>().data(), rows, groups * group, positions.data(),
+                           rotary_);
+  kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(), rotary_);
+  if (q_norm_) {
+    grad_q = run_backward(*q_norm_, grad_q.reshape(Shape{rows * groups * group, hd}), sink, true)
+                 .reshape(grad_q.shape());
+    grad_k = run_backward(*k_norm_, grad_k.reshape(Shape{rows * groups, hd}), sink, true)
+                 .reshape(grad_k.shape());
+  }
+  const std::int64_t stride = groups * (group + 2) * hd;
+  Tensor grad_qkv = Tensor::uninitialized(Shape{batch, length, stride}, DType::f32);
+  float* out = grad_qkv.values<float>().data();
+  const float* dq = grad_q.values<float>().data();
+  const float* dk = grad_k.values<float>().data();
+  const float* dv = grad_v.values<float>().data();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t g = 0; g < groups; ++g) {
+      float* target = out + r * stride + g * (group + 2) * hd;
+      std::copy_n(dq + (r * groups + g) * group * hd, group * hd, target);
+      std::copy_n(dk + (r * groups + g) * hd, hd, target + group * hd);
+      std::copy_n(dv + (r * groups + g) * hd, hd, target + (group + 1) * hd);
+    }
+  }
+  return grad_qkv;
+}
+
+Tensor GroupedQueryAttention::backward(const Tensor& grad_output, GradientSink& sink,
+                                       bool need_input_grad) {
+  if (!probabilities_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
+  const std::int64_t batch = probabilities_.shape()[0];
+  const std::int64_t length = probabilities_.shape()[2];
+  const Tensor grad_attended = run_backward(projection_, grad_output, sink, true).contiguous();
+  Tensor grad_q;
+  Tensor grad_k;
+  Tensor grad_v;
+  attend_backward(grad_attended, batch, length, grad_q, grad_k, grad_v);
+  const Tensor grad_qkv = merge_heads(grad_q, grad_k, grad_v, sink, batch, length);
+  queries_ = Tensor();
+  keys_ = Tensor();
+  values_ = Tensor();
+  probabilities_ = Tensor();
+  return run_backward(qkv_, grad_qkv, sink, need_input_grad);
+}
+
+SavedState GroupedQueryAttention::take_saved() {
+  SavedState saved;
+  for (Tensor* kept : {&queries_, &keys_, &values_, &probabilities_})
+    saved.tensors.push_back(std::exchange(*kept, Tensor()));
+  return saved;
+}
+
+void GroupedQueryAttention::restore_saved(SavedState saved) {
+  queries_ = std::move(saved.tensors.at(0));
+  keys_ = std::move(saved.tensors.at(1));
+  values_ = std::move(saved.tensors.at(2));
+  probabilities_ = std::move(saved.tensors.at(3));
+}
+
+}  // namespace meshtensor::nn

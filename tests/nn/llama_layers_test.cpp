@@ -1,0 +1,112 @@
+// The Llama family's layers: grouped-query attention with rotary embeddings (and QK-norm).
+#include <cmath>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/nn/grouped_attention.hpp>
+
+namespace meshtensor::nn {
+namespace {
+
+GroupedAttentionConfig tiny(std::int64_t heads, std::int64_t kv_heads, bool qk_norm) {
+  GroupedAttentionConfig config;
+  config.dim = 4 * heads;
+  config.heads = heads;
+  config.kv_heads = kv_heads;
+  config.context = 6;
+  config.rope_theta = 100.0;
+  config.qk_norm = qk_norm;
+  return config;
+}
+
+/// L = sum(module(x) · g).
+double objective(Module& module, const Tensor& x, const Tensor& g) {
+  const Tensor y = module.forward(x);
+  double total = 0.0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(y.numel()); ++i)
+    total += static_cast<double>(y.values<float>()[i]) * g.values<float>()[i];
+  return total;
+}
+
+/// Backward's input and parameter gradients against central differences.
+void check_gradients(Module& module, const Tensor& x, double tolerance) {
+  const Tensor g = Tensor::random_normal(module.forward(x).shape(), DType::f32, 77);
+  DenseGradients sink(module.parameters());
+  sink.clear();
+  module.forward(x);
+  const Tensor dx = module.backward(g, sink, true);
+  sink.finish(1);
+  const float h = 1e-2f;
+  const auto numeric = [&](float& value, const Tensor& input) {
+    const float saved = value;
+    value = saved + h;
+    const double up = objective(module, input, g);
+    value = saved - h;
+    const double down = objective(module, input, g);
+    value = saved;
+    return (up - down) / (2 * h);
+  };
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    Tensor probe = x.clone();
+    const double expected = numeric(probe.values<float>()[static_cast<std::size_t>(i)], probe);
+    EXPECT_NEAR(dx.values<float>()[static_cast<std::size_t>(i)], expected, tolerance)
+        << "input " << i;
+  }
+  for (Parameter* p : module.parameters()) {
+    for (std::int64_t i = 0; i < p->value.numel(); i += 3) {
+      const double expected = numeric(p->value.values<float>()[static_cast<std::size_t>(i)], x);
+      EXPECT_NEAR(p->grad.values<float>()[static_cast<std::size_t>(i)], expected, tolerance)
+          << p->name << " " << i;
+    }
+  }
+}
+
+TEST(GroupedQueryAttention, GradientsMatchFiniteDifferences) {
+  for (const bool qk_norm : {false, true}) {
+    for (const auto& [heads, kv_heads] : {std::pair{2, 1}, {4, 2}, {2, 2}}) {
+      GroupedQueryAttention attention(tiny(heads, kv_heads, qk_norm), 11, 0.5, 0.5);
+      check_gradients(attention, Tensor::random_normal(Shape{2, 5, 4 * heads}, DType::f32, 5),
+                      2e-2);
+    }
+  }
+}
+
+TEST(GroupedQueryAttention, EachPositionSeesOnlyItsPastAndNotItsBatch) {
+  GroupedQueryAttention attention(tiny(4, 2, true), 3, 0.3, 0.3);
+  const Tensor x = Tensor::random_normal(Shape{3, 6, 16}, DType::f32, 8);
+  const Tensor all = attention.forward(x);
+  // The second sequence alone: the same bits.
+  const Tensor alone = attention.forward(x.narrow(0, 1, 1).contiguous());
+  EXPECT_EQ(alone.digest(), all.narrow(0, 1, 1).contiguous().digest());
+  // Its first four positions alone: the same bits (causal).
+  const Tensor prefix = attention.forward(x.narrow(0, 1, 1).narrow(1, 0, 4).contiguous());
+  EXPECT_EQ(prefix.digest(), all.narrow(0, 1, 1).narrow(1, 0, 4).contiguous().digest());
+}
+
+TEST(GroupedQueryAttention, HoldsKeyValueHeadsNotQueryHeads) {
+  GroupedQueryAttention gqa(tiny(4, 1, false), 1, 0.02, 0.02);
+  // qkv: 4 query heads, 1 key and 1 value head of 4 values; no biases.
+  EXPECT_EQ(gqa.parameters().size(), 2u);
+  EXPECT_EQ(gqa.parameters()[0]->value.shape(), Shape({16, 24}));
+  EXPECT_EQ(gqa.group_size(), 4);
+  EXPECT_EQ(gqa.local_groups(), 1);
+  GroupedQueryAttention normed(tiny(4, 2, true), 1, 0.02, 0.02);
+  EXPECT_EQ(normed.parameters().size(), 4u);  // qkv, q_norm, k_norm, proj
+}
+
+TEST(GroupedQueryAttention, RefusesShapesThatDoNotSplit) {
+  GroupedAttentionConfig config = tiny(4, 3, false);
+  EXPECT_THROW(GroupedQueryAttention(config, 1, 0.02, 0.02), InvalidArgument);
+  config = tiny(4, 2, false);
+  config.dim = 12;  // head dim 3: no rotary pairs
+  EXPECT_THROW(GroupedQueryAttention(config, 1, 0.02, 0.02), InvalidArgument);
+  GroupedQueryAttention attention(tiny(2, 1, false), 1, 0.02, 0.02);
+  EXPECT_THROW(attention.forward(Tensor::random_normal(Shape{1, 7, 8}, DType::f32, 1)),
+               InvalidArgument);  // longer than the context
+}
+
+}  // namespace
+}  // namespace meshtensor::nn
