@@ -20,14 +20,6 @@ double residual_std(const GptConfig& config) {
   return config.init_std / std::sqrt(2.0 * static_cast<double>(config.layers));
 }
 
-/// Adds b into a (same shape, f32).
-void add_into(Tensor& a, const Tensor& b) {
-  auto x = a.values<float>();
-  const auto y = b.values<float>();
-  for (std::size_t i = 0; i < x.size(); ++i)
-    x[i] += y[i];
-}
-
 }  // namespace
 
 bool is_gpt_model(const std::string& text) {

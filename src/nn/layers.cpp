@@ -22,6 +22,13 @@ void check_input(const Tensor& input, std::int64_t features, const std::string& 
   }
 }
 
+void add_into(Tensor& a, const Tensor& b) {
+  auto x = a.values<float>();
+  const auto y = b.values<float>();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] += y[i];
+}
+
 namespace {
 
 /// `shape` with its last dim replaced by `features`.

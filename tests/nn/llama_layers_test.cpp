@@ -7,6 +7,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
+#include <meshtensor/nn/llama.hpp>
 
 namespace meshtensor::nn {
 namespace {
@@ -106,6 +107,59 @@ TEST(GroupedQueryAttention, RefusesShapesThatDoNotSplit) {
   GroupedQueryAttention attention(tiny(2, 1, false), 1, 0.02, 0.02);
   EXPECT_THROW(attention.forward(Tensor::random_normal(Shape{1, 7, 8}, DType::f32, 1)),
                InvalidArgument);  // longer than the context
+}
+
+TEST(SwiGLU, PairsEachBlocksGateWithItsUpColumns) {
+  SwiGLU gate(2);
+  // One row, two blocks of (gate 2, up 2): [g0 g1 u0 u1 | g2 g3 u2 u3].
+  const Tensor x =
+      Tensor::from_values(Shape{1, 8}, DType::f32, std::vector<double>{1, -1, 2, 3, 0.5, 4, -2, 1});
+  const Tensor y = gate.forward(x);
+  ASSERT_EQ(y.shape(), Shape({1, 4}));
+  const auto silu = [](double v) { return v / (1 + std::exp(-v)); };
+  const std::vector<double> expected = {silu(1) * 2, silu(-1) * 3, silu(0.5) * -2, silu(4) * 1};
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_NEAR(y.values<float>()[i], expected[i], 1e-6);
+  check_gradients(gate, Tensor::random_normal(Shape{2, 3, 8}, DType::f32, 4), 1e-2);
+  EXPECT_THROW(gate.forward(Tensor::random_normal(Shape{1, 6}, DType::f32, 1)), InvalidArgument);
+}
+
+LlamaConfig tiny_llama(bool qk_norm) {
+  LlamaConfig config;
+  config.layers = 2;
+  config.heads = 2;
+  config.kv_heads = 1;
+  config.dim = 8;
+  config.ffn = 12;
+  config.context = 6;
+  config.rope_theta = 500.0;
+  config.qk_norm = qk_norm;
+  config.init_std = 0.4;
+  return config;
+}
+
+TEST(LlamaBlock, GradientsMatchFiniteDifferences) {
+  for (const bool qk_norm : {false, true}) {
+    LlamaBlock block(tiny_llama(qk_norm), 21);
+    check_gradients(block, Tensor::random_normal(Shape{2, 4, 8}, DType::f32, 6), 3e-2);
+  }
+}
+
+TEST(LlamaBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
+  LlamaBlock block(tiny_llama(true), 5);
+  for (const Parameter* p : block.parameters())
+    EXPECT_EQ(p->name.find("bias"), std::string::npos) << p->name;
+  const Tensor x = Tensor::random_normal(Shape{2, 5, 8}, DType::f32, 7);
+  const Tensor ordered = block.forward(x);
+  block.set_exact_blocks(true);
+  const Tensor exact = block.forward(x);
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    EXPECT_NEAR(exact.values<float>()[static_cast<std::size_t>(i)],
+                ordered.values<float>()[static_cast<std::size_t>(i)], 1e-5);
+  }
+  LlamaConfig uneven = tiny_llama(false);
+  uneven.ffn = 9;
+  EXPECT_THROW(LlamaBlock(uneven, 1), InvalidArgument);
 }
 
 }  // namespace

@@ -32,6 +32,9 @@ class BatchVariantScope {
   const BatchVariantScope* outer_;
 };
 
+/// Adds `b` into `a` elementwise (f32 tensors of one shape, contiguous): a residual connection.
+void add_into(Tensor& a, const Tensor& b);
+
 /// InvalidArgument naming `module` unless `input` is f32 [..., rows, features].
 void check_input(const Tensor& input, std::int64_t features, const std::string& module);
 
@@ -123,6 +126,25 @@ class GELU : public Module {
 
  private:
   Tensor input_;
+};
+
+/// SwiGLU's gate over features laid out in blocks of `block_width` gate columns followed by as
+/// many up columns ([..., 2·n] -> [..., n]): y = SiLU(gate)·up (kernels::swiglu_forward). The
+/// blocks are fixed by the model, so a column-parallel split of the layer before it along whole
+/// blocks leaves every rank pairs of its own.
+class SwiGLU : public Module {
+ public:
+  explicit SwiGLU(std::int64_t block_width);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::string describe() const override;
+  SavedState take_saved() override;
+  void restore_saved(SavedState saved) override;
+
+ private:
+  std::int64_t block_width_;
+  Tensor input_;  // f32 [rows, 2·n]
+  Shape input_shape_;
 };
 
 /// Layer normalisation of each row of `x` (f32 [rows, n]): (x - mean) / sqrt(variance + epsilon),
