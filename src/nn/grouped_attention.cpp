@@ -109,20 +109,20 @@ void GroupedQueryAttention::set_exact_blocks(bool on) {
   projection_.set_exact_blocks(on ? config_.heads : 0, 0);
 }
 
-void GroupedQueryAttention::prepare_heads(const Tensor& qkv, std::int64_t batch,
-                                          std::int64_t length) {
+GroupedQueryAttention::Heads GroupedQueryAttention::prepare_heads(
+    const Tensor& qkv, const std::vector<std::int64_t>& positions) {
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
-  const std::int64_t rows = batch * length;
+  const auto rows = static_cast<std::int64_t>(positions.size());
   const std::int64_t stride = groups * (group + 2) * hd;
-  queries_ = Tensor::uninitialized(Shape{rows, groups * group * hd}, DType::f32);
-  keys_ = Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32);
-  values_ = Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32);
+  Heads heads{Tensor::uninitialized(Shape{rows, groups * group * hd}, DType::f32),
+              Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32),
+              Tensor::uninitialized(Shape{rows, groups * hd}, DType::f32)};
   const float* in = qkv.values<float>().data();
-  float* q = queries_.values<float>().data();
-  float* k = keys_.values<float>().data();
-  float* v = values_.values<float>().data();
+  float* q = heads.queries.values<float>().data();
+  float* k = heads.keys.values<float>().data();
+  float* v = heads.values.values<float>().data();
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * stride;
     for (std::int64_t g = 0; g < groups; ++g) {
@@ -133,14 +133,16 @@ void GroupedQueryAttention::prepare_heads(const Tensor& qkv, std::int64_t batch,
     }
   }
   if (q_norm_) {
-    queries_ = run_forward(*q_norm_, queries_.reshape(Shape{rows * groups * group, hd}))
-                   .reshape(queries_.shape());
-    keys_ = run_forward(*k_norm_, keys_.reshape(Shape{rows * groups, hd})).reshape(keys_.shape());
+    heads.queries = run_forward(*q_norm_, heads.queries.reshape(Shape{rows * groups * group, hd}))
+                        .reshape(heads.queries.shape());
+    heads.keys = run_forward(*k_norm_, heads.keys.reshape(Shape{rows * groups, hd}))
+                     .reshape(heads.keys.shape());
   }
-  const std::vector<std::int64_t> positions = row_positions(batch, length);
-  kernels::rotary_forward(queries_.values<float>().data(), rows, groups * group, positions.data(),
+  kernels::rotary_forward(heads.queries.values<float>().data(), rows, groups * group,
+                          positions.data(), rotary_);
+  kernels::rotary_forward(heads.keys.values<float>().data(), rows, groups, positions.data(),
                           rotary_);
-  kernels::rotary_forward(keys_.values<float>().data(), rows, groups, positions.data(), rotary_);
+  return heads;
 }
 
 Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
@@ -177,6 +179,62 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
   return attended;
 }
 
+void GroupedQueryAttention::set_decode(const DecodeRows* rows, KeyValueCache* cache) {
+  if (rows != nullptr && (cache == nullptr || cache->heads() != local_groups() ||
+                          cache->head_dim() != head_dim() || cache->context() > config_.context)) {
+    throw InvalidArgument(
+        fmt::format("{}: decoding needs a cache of {} key/value heads of {} values, of at most {} "
+                    "positions",
+                    describe(), local_groups(), head_dim(), config_.context));
+  }
+  decode_rows_ = rows;
+  cache_ = rows != nullptr ? cache : nullptr;
+}
+
+Tensor GroupedQueryAttention::forward_decode(const Tensor& input) {
+  const DecodeRows& rows = *decode_rows_;
+  if (input.shape()[0] != 1 || input.shape()[1] != rows.size()) {
+    throw InvalidArgument(fmt::format("{}: decoding takes [1, {}, {}], got {}", describe(),
+                                      rows.size(), config_.dim, input.shape().to_string()));
+  }
+  const Tensor qkv = run_forward(qkv_, input);
+  const Heads heads =
+      prepare_heads(qkv.reshape(Shape{rows.size(), qkv.shape()[2]}), rows.positions);
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t context = cache_->context();
+  // Every row's keys and values first: rows of one slot see the earlier rows of this call.
+  for (std::int64_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
+    const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const float* key = heads.keys.values<float>().data() + (r * groups + g) * hd;
+      float* keys_t = cache_->keys_t(slot, g);
+      for (std::int64_t d = 0; d < hd; ++d)
+        keys_t[d * context + position] = key[d];
+      std::copy_n(heads.values.values<float>().data() + (r * groups + g) * hd, hd,
+                  cache_->values(slot, g) + position * hd);
+    }
+  }
+  Tensor attended = Tensor::uninitialized(Shape{1, rows.size(), groups * group * hd}, DType::f32);
+  std::vector<float> probabilities(static_cast<std::size_t>(context));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  const float* q = heads.queries.values<float>().data();
+  float* out = attended.values<float>().data();
+  for (std::int64_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
+    const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    for (std::int64_t h = 0; h < groups * group; ++h) {
+      const kernels::HeadCache cache{cache_->keys_t(slot, h / group),
+                                     cache_->values(slot, h / group), context, hd};
+      kernels::attention_row(q + (r * groups * group + h) * hd, cache, position + 1, scale,
+                             probabilities.data(), out + (r * groups * group + h) * hd);
+    }
+  }
+  return run_forward(projection_, attended);
+}
+
 Tensor GroupedQueryAttention::forward(const Tensor& input) {
   if (!input.defined() || input.rank() != 3 || input.dtype() != DType::f32 ||
       input.shape()[2] != config_.dim) {
@@ -186,12 +244,17 @@ Tensor GroupedQueryAttention::forward(const Tensor& input) {
   }
   const std::int64_t batch = input.shape()[0];
   const std::int64_t length = input.shape()[1];
+  if (decode_rows_ != nullptr) return forward_decode(input);
   if (length > config_.context) {
     throw InvalidArgument(fmt::format("{}: a sequence of {} is longer than the context {}",
                                       describe(), length, config_.context));
   }
   const Tensor qkv = run_forward(qkv_, input);
-  prepare_heads(qkv.reshape(Shape{batch * length, qkv.shape()[2]}), batch, length);
+  Heads heads = prepare_heads(qkv.reshape(Shape{batch * length, qkv.shape()[2]}),
+                              row_positions(batch, length));
+  queries_ = std::move(heads.queries);
+  keys_ = std::move(heads.keys);
+  values_ = std::move(heads.values);
   return run_forward(projection_, attend(batch, length));
 }
 

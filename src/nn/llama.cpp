@@ -76,16 +76,15 @@ Tensor LlamaBlock::backward(const Tensor& grad_output, GradientSink& sink, bool 
 
 std::vector<Parameter*> LlamaBlock::parameters() {
   std::vector<Parameter*> all;
-  for (Module* m :
-       std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &gate_up_, &down_})
+  for (Module* m : std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &gate_up_, &down_})
     for (Parameter* p : m->parameters())
       all.push_back(p);
   return all;
 }
 
 std::vector<std::pair<std::string, Module*>> LlamaBlock::children() {
-  return {{"norm1", &norm1_},         {"attn", &attention_},   {"norm2", &norm2_},
-          {"mlp.gate_up", &gate_up_}, {"mlp.act", &swiglu_},   {"mlp.down", &down_}};
+  return {{"norm1", &norm1_},         {"attn", &attention_}, {"norm2", &norm2_},
+          {"mlp.gate_up", &gate_up_}, {"mlp.act", &swiglu_}, {"mlp.down", &down_}};
 }
 
 void LlamaBlock::set_exact_blocks(bool on) {

@@ -18,7 +18,8 @@ std::string SwiGLU::describe() const {
 }
 
 Tensor SwiGLU::forward(const Tensor& input) {
-  const std::int64_t width = input.defined() && input.rank() >= 2 ? input.shape()[input.rank() - 1] : 0;
+  const std::int64_t width =
+      input.defined() && input.rank() >= 2 ? input.shape()[input.rank() - 1] : 0;
   if (!input.defined() || input.dtype() != DType::f32 || width % (2 * block_width_) != 0 ||
       width == 0) {
     throw InvalidArgument(fmt::format("{} needs f32 [..., blocks of 2 x {}], got {}", describe(),
@@ -37,8 +38,8 @@ Tensor SwiGLU::forward(const Tensor& input) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t b = 0; b < blocks; ++b) {
       const float* gate = in + r * width + 2 * b * block_width_;
-      kernels::swiglu_forward(gate, gate + block_width_,
-                              out + r * (width / 2) + b * block_width_, block_width_);
+      kernels::swiglu_forward(gate, gate + block_width_, out + r * (width / 2) + b * block_width_,
+                              block_width_);
     }
   }
   return output;
@@ -48,8 +49,8 @@ Tensor SwiGLU::backward(const Tensor& grad_output, GradientSink&, bool need_inpu
   if (!input_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
   const std::int64_t width = input_.shape()[1];
   if (!grad_output.defined() || grad_output.numel() * 2 != input_.numel()) {
-    throw InvalidArgument(fmt::format("{}: the gradient must have {} values", describe(),
-                                      input_.numel() / 2));
+    throw InvalidArgument(
+        fmt::format("{}: the gradient must have {} values", describe(), input_.numel() / 2));
   }
   Tensor grad_input;
   if (need_input_grad) {

@@ -87,6 +87,48 @@ TEST(GroupedQueryAttention, EachPositionSeesOnlyItsPastAndNotItsBatch) {
   EXPECT_EQ(prefix.digest(), all.narrow(0, 1, 1).narrow(1, 0, 4).contiguous().digest());
 }
 
+TEST(GroupedQueryAttention, DecodingFromAKeyValueCacheGivesTheForwardsBits) {
+  GroupedQueryAttention attention(tiny(4, 2, true), 9, 0.3, 0.3);
+  const Tensor a = Tensor::random_normal(Shape{1, 6, 16}, DType::f32, 1);
+  const Tensor b = Tensor::random_normal(Shape{1, 6, 16}, DType::f32, 2);
+  const Tensor whole_a = attention.forward(a);
+  const Tensor whole_b = attention.forward(b);
+  KeyValueCache cache(2, attention.local_groups(), attention.head_dim(), 6);
+  // Chunks of a (slot 0) and b (slot 1) interleaved in the same calls.
+  const auto decode = [&](std::int64_t from, std::int64_t to) {
+    DecodeRows rows;
+    std::vector<Tensor> pieces;
+    for (std::int64_t p = from; p < to; ++p) {
+      rows.slots.insert(rows.slots.end(), {0, 1});
+      rows.positions.insert(rows.positions.end(), {p, p});
+    }
+    Tensor input = Tensor::uninitialized(Shape{1, rows.size(), 16}, DType::f32);
+    for (std::int64_t r = 0; r < rows.size(); ++r) {
+      const Tensor& source = r % 2 == 0 ? a : b;
+      std::copy_n(source.values<float>().data() + rows.positions[static_cast<std::size_t>(r)] * 16,
+                  16, input.values<float>().data() + r * 16);
+    }
+    attention.set_decode(&rows, &cache);
+    const Tensor out = attention.forward(input);
+    attention.set_decode(nullptr, nullptr);
+    for (std::int64_t r = 0; r < rows.size(); ++r) {
+      const Tensor& whole = r % 2 == 0 ? whole_a : whole_b;
+      const std::int64_t p = rows.positions[static_cast<std::size_t>(r)];
+      for (std::int64_t d = 0; d < 16; ++d) {
+        EXPECT_EQ(out.values<float>()[static_cast<std::size_t>(r * 16 + d)],
+                  whole.values<float>()[static_cast<std::size_t>(p * 16 + d)])
+            << "row " << r << " position " << p;
+      }
+    }
+  };
+  decode(0, 4);
+  decode(4, 5);
+  decode(5, 6);
+  KeyValueCache wrong(2, 4, attention.head_dim(), 6);  // query heads, not key/value heads
+  DecodeRows rows{{0}, {0}};
+  EXPECT_THROW(attention.set_decode(&rows, &wrong), InvalidArgument);
+}
+
 TEST(GroupedQueryAttention, HoldsKeyValueHeadsNotQueryHeads) {
   GroupedQueryAttention gqa(tiny(4, 1, false), 1, 0.02, 0.02);
   // qkv: 4 query heads, 1 key and 1 value head of 4 values; no biases.

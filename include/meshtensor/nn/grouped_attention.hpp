@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <meshtensor/kernels/rotary.hpp>
+#include <meshtensor/nn/decode.hpp>
 #include <meshtensor/nn/layers.hpp>
 
 namespace meshtensor::nn {
@@ -60,12 +61,24 @@ class GroupedQueryAttention : public Module {
   std::int64_t local_groups() const;
   /// The layer's shape.
   const GroupedAttentionConfig& config() const { return config_; }
+  /// Incremental decoding (null `rows`: back to whole sequences): forward takes [1, rows, dim],
+  /// stores each row's rotated key and its value in `cache` (K heads: one per group) at its
+  /// slot and position, and each query head attends over its group's positions up to its own,
+  /// with the kernels of the whole-sequence forward: a row's output has the bits it has there.
+  /// Forward only.
+  void set_decode(const DecodeRows* rows, KeyValueCache* cache);
 
  private:
-  /// Splits qkv's output [rows, local qkv columns] into queries [rows, local heads · head_dim],
-  /// keys and values [rows, local groups · head_dim], then normalises (qk_norm) and rotates the
-  /// queries and keys at each row's position.
-  void prepare_heads(const Tensor& qkv, std::int64_t batch, std::int64_t length);
+  /// Queries [rows, local heads · head_dim], keys and values [rows, local groups · head_dim].
+  struct Heads {
+    Tensor queries;
+    Tensor keys;
+    Tensor values;
+  };
+  /// Splits qkv's output [rows, local qkv columns] into the heads, then normalises (qk_norm)
+  /// and rotates the queries and keys at each row's position.
+  Heads prepare_heads(const Tensor& qkv, const std::vector<std::int64_t>& positions);
+  Tensor forward_decode(const Tensor& input);
   /// The heads' outputs [batch, length, local heads · head_dim], probabilities kept.
   Tensor attend(std::int64_t batch, std::int64_t length);
   /// Gradients of the rotated queries, keys and values from the heads' output gradient.
@@ -86,6 +99,8 @@ class GroupedQueryAttention : public Module {
   Tensor keys_;           // f32 [rows, local groups · head_dim], normalised and rotated
   Tensor values_;         // f32 [rows, local groups · head_dim]
   Tensor probabilities_;  // f32 [batch, local heads, length, length]
+  const DecodeRows* decode_rows_ = nullptr;
+  KeyValueCache* cache_ = nullptr;
 };
 
 }  // namespace meshtensor::nn
