@@ -8,6 +8,8 @@
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
 #include <meshtensor/nn/llama.hpp>
+#include <meshtensor/nn/loss.hpp>
+#include <meshtensor/nn/optim.hpp>
 
 namespace meshtensor::nn {
 namespace {
@@ -202,6 +204,97 @@ TEST(LlamaBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
   LlamaConfig uneven = tiny_llama(false);
   uneven.ffn = 9;
   EXPECT_THROW(LlamaBlock(uneven, 1), InvalidArgument);
+}
+
+TEST(Llama, ConfigTextRoundTripsAndBadShapesAreNamed) {
+  const LlamaConfig config = parse_llama_config(
+      "llama:layers=2,heads=8,kv_heads=2,dim=64,ffn=96,rope_theta=500000,qk_norm=1");
+  EXPECT_EQ(config.kv_heads, 2);
+  EXPECT_EQ(config.rope_theta, 500000.0);
+  EXPECT_TRUE(config.qk_norm);
+  EXPECT_EQ(parse_llama_config(llama_config_text(config)).ffn, 96);
+  EXPECT_EQ(llama_config_text(parse_llama_config(llama_config_text(config))),
+            llama_config_text(config));
+  const auto message = [](const std::string& text) {
+    try {
+      parse_llama_config(text);
+    } catch (const ParseError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("llama:heads=4,kv_heads=3").find("3 kv_heads do not divide the 4 heads"),
+            std::string::npos);
+  EXPECT_NE(message("llama:heads=5,kv_heads=1,dim=24,ffn=100").find("dim 24 does not split"),
+            std::string::npos);
+  EXPECT_NE(message("llama:heads=4,dim=20").find("the head dim 5 is odd"), std::string::npos);
+  EXPECT_NE(message("llama:ffn=102").find("ffn 102 is not a multiple"), std::string::npos);
+  EXPECT_NE(message("llama:layers=2,layers=3").find("twice"), std::string::npos);
+  EXPECT_NE(message("llama:bias=1").find("'bias=1'"), std::string::npos);
+  EXPECT_NE(message("llama:qk_norm=2").find("not true or false"), std::string::npos);
+  EXPECT_TRUE(is_llama_model("llama"));
+  EXPECT_FALSE(is_llama_model("gpt"));
+}
+
+LlamaConfig small_llama() {
+  LlamaConfig config =
+      parse_llama_config("llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=24,context=8,qk_norm=1");
+  config.vocabulary = 32;
+  config.seed = 4;
+  return config;
+}
+
+TEST(Llama, CountsItsParametersAndHasNoBiases) {
+  Llama model(small_llama());
+  std::int64_t total = 0;
+  for (const Parameter* p : model.parameters()) {
+    total += p->value.numel();
+    EXPECT_EQ(p->name.find("bias"), std::string::npos) << p->name;
+  }
+  EXPECT_EQ(total, llama_parameter_count(small_llama()));
+  EXPECT_EQ(model.units().size(), 4u);  // embed, 2 blocks, head
+  // The default costs about what the default GPT does: 12·dim² a block.
+  const LlamaConfig defaults;
+  EXPECT_EQ(llama_parameter_count(defaults) - 2 * 256 * 128 - 128, 4 * (12 * 128 * 128 + 2 * 128));
+}
+
+TEST(Llama, DecodingGivesTheForwardsBitsAndTrainingLowersTheLoss) {
+  Llama model(small_llama());
+  model.set_exact_sums(true);
+  const Tensor tokens =
+      Tensor::from_values(Shape{1, 8}, DType::i64, std::vector<double>{3, 1, 4, 1, 5, 9, 2, 6});
+  const Tensor whole = model.forward(tokens);
+  std::vector<KeyValueCache> caches = model.make_caches(1);
+  ASSERT_EQ(caches.front().heads(), 2);  // key/value heads, not the 4 query heads
+  for (std::int64_t p = 0; p < 8; ++p) {
+    DecodeRows rows{{0}, {p}};
+    const Tensor logits =
+        model.decode(tokens.narrow(1, p, 1).contiguous().reshape(Shape{1}), rows, caches);
+    for (std::int64_t v = 0; v < 32; ++v) {
+      EXPECT_EQ(logits.values<float>()[static_cast<std::size_t>(v)],
+                whole.values<float>()[static_cast<std::size_t>(p * 32 + v)])
+          << "position " << p;
+    }
+  }
+  // Next-token prediction of one sequence: a few AdamW steps lower the loss.
+  std::vector<std::int32_t> labels = {1, 4, 1, 5, 9, 2, 6, 5};
+  DenseGradients sink(model.parameters());
+  AdamW optimizer(slots_of(model.parameters()), 0.0);
+  double first = 0;
+  double last = 0;
+  for (int step = 0; step < 20; ++step) {
+    sink.clear();
+    const Tensor logits = model.forward(tokens);
+    const CrossEntropyResult loss = softmax_cross_entropy(logits.reshape(Shape{8, 32}), labels);
+    model.backward(loss.grad_logits.reshape(logits.shape()), sink, false);
+    sink.finish(8);
+    optimizer.step(1e-2);
+    double total = 0;
+    for (const double value : loss.losses.values<double>())
+      total += value;
+    (step == 0 ? first : last) = total;
+  }
+  EXPECT_LT(last, first * 0.5);
 }
 
 }  // namespace

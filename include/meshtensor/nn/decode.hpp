@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <meshtensor/core/tensor.hpp>
+
 namespace meshtensor::nn {
 
 /// Where the rows of an incremental forward lie: the activations are [1, rows, features], and
@@ -44,5 +46,10 @@ class KeyValueCache {
   std::vector<float> keys_;
   std::vector<float> values_;
 };
+
+/// Checks the rows of a decode call against one cache per block: i64 tokens [rows], slots in
+/// range, positions inside the context; InvalidArgument naming the first bad row.
+void check_decode_rows(const Tensor& tokens, const DecodeRows& rows,
+                       const std::vector<KeyValueCache>& caches, std::size_t layers);
 
 }  // namespace meshtensor::nn

@@ -1,15 +1,20 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include <meshtensor/nn/decode.hpp>
+#include <meshtensor/nn/embedding.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
 #include <meshtensor/nn/layers.hpp>
 
 namespace meshtensor::nn {
 
 /// A Llama-family decoder's shape (Llama 3, Qwen 2/3, Mistral): RMSNorm, rotary embeddings,
-/// grouped-query attention, a SwiGLU MLP, no biases, an optionally tied head and (Qwen3) an
-/// RMSNorm of each head's queries and keys.
+/// grouped-query attention, a SwiGLU MLP, no biases and (Qwen3) an RMSNorm of each head's
+/// queries and keys. The defaults cost about what the default GPT's do (12·dim² a block).
 struct LlamaConfig {
   std::int64_t layers = 4;
   std::int64_t heads = 4;
@@ -20,7 +25,6 @@ struct LlamaConfig {
   std::int64_t vocabulary = 256;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
-  bool tie = false;      ///< the head uses the token embedding's table
   bool qk_norm = false;  ///< Qwen3's RMSNorm of queries and keys
   std::uint64_t seed = 0;
   double init_std = 0.02;
@@ -55,6 +59,75 @@ class LlamaBlock : public Module {
   Linear gate_up_;
   SwiGLU swiglu_;
   Linear down_;
+};
+
+/// True for the model texts parse_llama_config reads ("llama", "llama:...").
+bool is_llama_model(const std::string& text);
+
+/// Parses "llama" or "llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,
+/// norm_eps=E,qk_norm=0|1" (any subset of the keys, in any order). ParseError naming the bad
+/// part: an unknown or repeated key, a value out of range, K not dividing H, dim not a multiple
+/// of H, an odd head dim, ffn not a multiple of H.
+LlamaConfig parse_llama_config(const std::string& text);
+
+/// The text parse_llama_config reads back (every key).
+std::string llama_config_text(const LlamaConfig& config);
+
+/// Number of parameters of the model a config builds.
+std::int64_t llama_parameter_count(const LlamaConfig& config);
+
+/// The final RMSNorm and the language-model head (no bias): f32 [batch, sequence, dim] ->
+/// logits [batch, sequence, vocabulary].
+class LlamaHead : public Module {
+ public:
+  LlamaHead(const LlamaConfig& config, std::uint64_t seed);
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+  /// "norm", "output".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// The input gradient as the exact sum over the vocabulary's products.
+  void set_exact_blocks(bool on);
+
+ private:
+  RMSNorm norm_;
+  Linear output_;
+};
+
+/// The whole Llama-family decoder: i64 tokens [batch, sequence] (sequence at most context) ->
+/// f32 logits [batch, sequence, vocabulary]; positions enter through the rotary embeddings of
+/// every block's attention. The same units and methods as Gpt: its children are called through
+/// run_forward / run_backward, so a sharded runtime can make each one a parameter group.
+class Llama : public Module {
+ public:
+  /// The same config gives the same initial bits everywhere.
+  explicit Llama(const LlamaConfig& config);
+  Tensor forward(const Tensor& tokens) override;
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
+  std::vector<Parameter*> parameters() override;
+  std::string describe() const override;
+  /// The embedding, every block and the head, in forward order.
+  std::vector<Module*> units();
+  /// "embed", "blocks.0", ..., "head".
+  std::vector<std::pair<std::string, Module*>> children() override;
+  /// The config the model was built from.
+  const LlamaConfig& config() const { return config_; }
+  /// Exact mode's sums over whole groups, heads, MLP blocks and the vocabulary (see
+  /// Gpt::set_exact_sums).
+  void set_exact_sums(bool on);
+  /// One key/value cache per block for `slots` sequences of the whole context, of the key/value
+  /// heads this rank computes (K, not H).
+  std::vector<KeyValueCache> make_caches(std::int64_t slots);
+  /// Incremental forward of the rows `rows` places (as Gpt::decode): each row's logits are the
+  /// bits forward() gives that position of its whole sequence.
+  Tensor decode(const Tensor& tokens, const DecodeRows& rows, std::vector<KeyValueCache>& caches);
+
+ private:
+  LlamaConfig config_;
+  Embedding embedding_;
+  std::vector<std::unique_ptr<LlamaBlock>> blocks_;
+  LlamaHead head_;
 };
 
 }  // namespace meshtensor::nn

@@ -1,0 +1,251 @@
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
+#include <meshtensor/core/random.hpp>
+#include <meshtensor/core/setting_text.hpp>
+#include <meshtensor/core/shape.hpp>
+#include <meshtensor/nn/llama.hpp>
+
+namespace meshtensor::nn {
+
+namespace {
+
+constexpr std::string_view kLlamaUsage =
+    "llama or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,norm_eps=E,"
+    "qk_norm=0|1";
+
+/// Sets one key of `config` from its text; false for an unknown key.
+bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string& value,
+                   const std::string& what) {
+  const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> integers = {
+      {"layers", {&config.layers, 256}},     {"heads", {&config.heads, 256}},
+      {"kv_heads", {&config.kv_heads, 256}}, {"dim", {&config.dim, 8192}},
+      {"ffn", {&config.ffn, 65536}},         {"context", {&config.context, 8192}}};
+  if (const auto entry = integers.find(key); entry != integers.end()) {
+    *entry->second.first = integer_setting(what, value, 1, entry->second.second);
+  } else if (key == "rope_theta") {
+    config.rope_theta = real_setting(what, value, 1.0 + 1e-9, 1e9);
+  } else if (key == "norm_eps") {
+    config.norm_eps = real_setting(what, value, 1e-12, 0.1);
+  } else if (key == "qk_norm") {
+    config.qk_norm = bool_setting(what, value);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// ParseError naming `text` unless the shape splits as the layers need.
+void check_llama_shape(const LlamaConfig& c, const std::string& text) {
+  if (c.heads % c.kv_heads != 0) {
+    throw ParseError(fmt::format("model '{}': {} kv_heads do not divide the {} heads", text,
+                                 c.kv_heads, c.heads));
+  }
+  if (c.dim % c.heads != 0) {
+    throw ParseError(
+        fmt::format("model '{}': dim {} does not split into {} heads", text, c.dim, c.heads));
+  }
+  if ((c.dim / c.heads) % 2 != 0) {
+    throw ParseError(
+        fmt::format("model '{}': the head dim {} is odd; rotary embeddings turn pairs of values",
+                    text, c.dim / c.heads));
+  }
+  if (c.ffn % c.heads != 0) {
+    throw ParseError(
+        fmt::format("model '{}': ffn {} is not a multiple of the {} heads", text, c.ffn, c.heads));
+  }
+}
+
+/// `config` once it is a valid Llama whose parameters fit in memory.
+const LlamaConfig& checked_llama_config(const LlamaConfig& config) {
+  check_llama_shape(config, llama_config_text(config));
+  if (config.vocabulary < 1)
+    throw InvalidArgument(fmt::format("llama: vocabulary {} is below 1", config.vocabulary));
+  require_memory(2.0 * 4.0 * static_cast<double>(llama_parameter_count(config)),
+                 fmt::format("the Llama {} ({} parameters)", llama_config_text(config),
+                             llama_parameter_count(config)));
+  return config;
+}
+
+}  // namespace
+
+bool is_llama_model(const std::string& text) {
+  return text == "llama" || text.rfind("llama:", 0) == 0;
+}
+
+LlamaConfig parse_llama_config(const std::string& text) {
+  LlamaConfig config;
+  if (text == "llama") return config;
+  if (!is_llama_model(text))
+    throw ParseError(fmt::format("model '{}' is not a llama (expected {})", text, kLlamaUsage));
+  std::map<std::string_view, bool> seen;
+  for (std::string_view part : split(std::string_view(text).substr(6), ',')) {
+    const auto equals = part.find('=');
+    const std::string_view key = part.substr(0, equals);
+    if (equals == std::string_view::npos ||
+        !set_llama_key(config, key, std::string(part.substr(equals + 1)),
+                       fmt::format("model '{}': {}", text, key))) {
+      throw ParseError(
+          fmt::format("'{}' in model '{}' is not a key=value of {}", part, text, kLlamaUsage));
+    }
+    if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
+    seen[key] = true;
+  }
+  check_llama_shape(config, text);
+  return config;
+}
+
+std::string llama_config_text(const LlamaConfig& c) {
+  return fmt::format(
+      "llama:layers={},heads={},kv_heads={},dim={},ffn={},context={},rope_theta={},norm_eps={},"
+      "qk_norm={}",
+      c.layers, c.heads, c.kv_heads, c.dim, c.ffn, c.context, c.rope_theta, c.norm_eps,
+      c.qk_norm ? 1 : 0);
+}
+
+std::int64_t llama_parameter_count(const LlamaConfig& c) {
+  const std::int64_t head_dim = c.dim / std::max<std::int64_t>(c.heads, 1);
+  const std::int64_t attention = c.dim * (c.heads + 2 * c.kv_heads) * head_dim + c.dim * c.dim +
+                                 (c.qk_norm ? 2 * head_dim : 0);
+  const std::int64_t block = 2 * c.dim + attention + 3 * c.dim * c.ffn;
+  return c.vocabulary * c.dim + c.layers * block + c.dim + c.dim * c.vocabulary;
+}
+
+LlamaHead::LlamaHead(const LlamaConfig& config, std::uint64_t seed)
+    : norm_(config.dim, config.norm_eps),
+      output_(config.dim, config.vocabulary, seed, config.init_std, /*bias=*/false) {
+  prefix_parameter_names(norm_, "norm");
+  prefix_parameter_names(output_, "output");
+}
+
+Tensor LlamaHead::forward(const Tensor& input) {
+  return run_forward(output_, run_forward(norm_, input));
+}
+
+Tensor LlamaHead::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
+  return run_backward(norm_, run_backward(output_, grad_output, sink, true), sink, need_input_grad);
+}
+
+std::vector<Parameter*> LlamaHead::parameters() {
+  return {norm_.parameters()[0], &output_.weight()};
+}
+
+std::string LlamaHead::describe() const {
+  return fmt::format("LlamaHead({})", output_.describe());
+}
+
+std::vector<std::pair<std::string, Module*>> LlamaHead::children() {
+  return {{"norm", &norm_}, {"output", &output_}};
+}
+
+void LlamaHead::set_exact_blocks(bool on) {
+  output_.set_exact_blocks(0, on ? Linear::kEveryColumn : 0);
+}
+
+Llama::Llama(const LlamaConfig& config)
+    : config_(checked_llama_config(config)),
+      embedding_(config.vocabulary, config.dim, mix64(config.seed ^ 0x656d62ULL), config.init_std),
+      head_(config, mix64(config.seed ^ 0x68656164ULL)) {
+  prefix_parameter_names(embedding_, "embed.token");
+  for (std::int64_t i = 0; i < config.layers; ++i) {
+    auto block = std::make_unique<LlamaBlock>(
+        config, mix64(config.seed ^ mix64(static_cast<std::uint64_t>(i) + 1)));
+    prefix_parameter_names(*block, fmt::format("blocks.{}", i));
+    blocks_.push_back(std::move(block));
+  }
+  prefix_parameter_names(head_, "head");
+}
+
+Tensor Llama::forward(const Tensor& tokens) {
+  if (!tokens.defined() || tokens.dtype() != DType::i64 || tokens.rank() != 2) {
+    throw InvalidArgument(fmt::format("{} takes i64 tokens [batch, sequence], got {}", describe(),
+                                      tokens.defined() ? tokens.shape().to_string() : "none"));
+  }
+  Tensor x = run_forward(embedding_, tokens);
+  for (auto& block : blocks_)
+    x = run_forward(*block, x);
+  return run_forward(head_, x);
+}
+
+Tensor Llama::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+  Tensor grad = run_backward(head_, grad_output, sink, true);
+  for (std::size_t i = blocks_.size(); i-- > 0;)
+    grad = run_backward(*blocks_[i], grad, sink, true);
+  run_backward(embedding_, grad, sink, false);
+  return {};
+}
+
+std::vector<KeyValueCache> Llama::make_caches(std::int64_t slots) {
+  double bytes = 0;  // keys and values, f32, of every layer's local key/value heads
+  for (auto& block : blocks_) {
+    const GroupedQueryAttention& attention = block->attention();
+    bytes += 2.0 * 4.0 * static_cast<double>(slots) *
+             static_cast<double>(attention.local_groups() * attention.head_dim()) *
+             static_cast<double>(config_.context);
+  }
+  require_memory(bytes, fmt::format("key/value caches for {} sequence(s) of {} positions", slots,
+                                    config_.context));
+  std::vector<KeyValueCache> caches;
+  for (auto& block : blocks_) {
+    GroupedQueryAttention& attention = block->attention();
+    caches.emplace_back(slots, attention.local_groups(), attention.head_dim(), config_.context);
+  }
+  return caches;
+}
+
+Tensor Llama::decode(const Tensor& tokens, const DecodeRows& rows,
+                     std::vector<KeyValueCache>& caches) {
+  check_decode_rows(tokens, rows, caches, blocks_.size());
+  // Back to whole sequences however this call ends.
+  struct Restore {
+    Llama& llama;
+    ~Restore() {
+      for (auto& block : llama.blocks_)
+        block->attention().set_decode(nullptr, nullptr);
+    }
+  } restore{*this};
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->attention().set_decode(&rows, &caches[i]);
+  const Tensor logits = forward(tokens.reshape(Shape{1, rows.size()}));
+  return logits.reshape(Shape{rows.size(), logits.shape()[2]});
+}
+
+std::vector<Module*> Llama::units() {
+  std::vector<Module*> all{&embedding_};
+  for (auto& block : blocks_)
+    all.push_back(block.get());
+  all.push_back(&head_);
+  return all;
+}
+
+std::vector<std::pair<std::string, Module*>> Llama::children() {
+  std::vector<std::pair<std::string, Module*>> all{{"embed", &embedding_}};
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    all.emplace_back(fmt::format("blocks.{}", i), blocks_[i].get());
+  all.emplace_back("head", &head_);
+  return all;
+}
+
+void Llama::set_exact_sums(bool on) {
+  for (auto& block : blocks_)
+    block->set_exact_blocks(on);
+  head_.set_exact_blocks(on);
+}
+
+std::vector<Parameter*> Llama::parameters() {
+  std::vector<Parameter*> all;
+  for (Module* unit : units())
+    for (Parameter* p : unit->parameters())
+      all.push_back(p);
+  return all;
+}
+
+std::string Llama::describe() const {
+  return fmt::format("Llama({}, vocabulary={})", llama_config_text(config_), config_.vocabulary);
+}
+
+}  // namespace meshtensor::nn
