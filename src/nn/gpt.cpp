@@ -342,6 +342,10 @@ std::vector<Parameter*> Gpt::parameters() {
   return all;
 }
 
+std::string Gpt::config_text() const {
+  return gpt_config_text(config_);
+}
+
 std::string Gpt::describe() const {
   return fmt::format("Gpt({}, vocabulary={})", gpt_config_text(config_), config_.vocabulary);
 }

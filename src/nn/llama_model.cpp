@@ -234,6 +234,7 @@ void Llama::set_exact_sums(bool on) {
   for (auto& block : blocks_)
     block->set_exact_blocks(on);
   head_.set_exact_blocks(on);
+  exact_sums_ = on;
 }
 
 std::vector<Parameter*> Llama::parameters() {

@@ -9,6 +9,7 @@
 #include <meshtensor/nn/grouped_attention.hpp>
 #include <meshtensor/nn/llama.hpp>
 #include <meshtensor/nn/loss.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/nn/optim.hpp>
 
 namespace meshtensor::nn {
@@ -295,6 +296,31 @@ TEST(Llama, DecodingGivesTheForwardsBitsAndTrainingLowersTheLoss) {
     (step == 0 ? first : last) = total;
   }
   EXPECT_LT(last, first * 0.5);
+}
+
+TEST(Decoder, BothFamiliesDecodeWithTheForwardsBitsThroughOneInterface) {
+  for (const std::string text : {"gpt:layers=1,heads=2,dim=8,context=6",
+                                 "llama:layers=2,heads=4,kv_heads=1,dim=16,ffn=8,context=6"}) {
+    const DecoderConfig config = parse_decoder_config(text);
+    EXPECT_EQ(decoder_config_text(parse_decoder_config(decoder_config_text(config))),
+              decoder_config_text(config));
+    std::unique_ptr<Decoder> model = make_decoder(config);
+    std::int64_t total = 0;
+    for (const Parameter* p : model->parameters())
+      total += p->value.numel();
+    EXPECT_EQ(total, decoder_parameter_count(config)) << text;
+    model->set_exact_sums(true);
+    EXPECT_TRUE(model->exact_sums());
+    const Tensor tokens =
+        Tensor::from_values(Shape{1, 6}, DType::i64, std::vector<double>{7, 0, 255, 3, 3, 9});
+    const Tensor whole = model->forward(tokens);
+    std::vector<KeyValueCache> caches = model->make_caches(2);
+    DecodeRows rows{{1, 1, 1, 1, 1, 1}, {0, 1, 2, 3, 4, 5}};
+    const Tensor decoded = model->decode(tokens.reshape(Shape{6}), rows, caches);
+    EXPECT_EQ(decoded.digest(), whole.reshape(Shape{6, model->vocabulary()}).digest()) << text;
+    EXPECT_EQ(model->context(), 6);
+  }
+  EXPECT_THROW(parse_decoder_config("mlp:16"), ParseError);
 }
 
 }  // namespace

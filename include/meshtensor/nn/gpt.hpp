@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <meshtensor/nn/attention.hpp>
+#include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/nn/embedding.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -107,7 +108,7 @@ class LanguageModelHead : public Module {
 /// [batch, sequence, vocabulary]; the logits of position t depend on tokens 0..t of their own
 /// sequence only. Its children (units()) are called through run_forward / run_backward, so a
 /// sharded runtime can make each one a parameter group.
-class Gpt : public Module {
+class Gpt : public Decoder {
  public:
   /// The same config gives the same initial bits everywhere.
   explicit Gpt(const GptConfig& config);
@@ -116,7 +117,7 @@ class Gpt : public Module {
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   /// The embedding, every block and the head, in forward order: the natural parameter groups.
-  std::vector<Module*> units();
+  std::vector<Module*> units() override;
   /// The config the model was built from.
   const GptConfig& config() const { return config_; }
   /// "embed", "blocks.0", ..., "head".
@@ -127,18 +128,24 @@ class Gpt : public Module {
   /// projection: one per heads-many equal blocks of the hidden features; the input gradients of
   /// qkv and the MLP's first layer: likewise per head and block; the LM head's input gradient:
   /// the exact sum of its products over the vocabulary. Off: ordered f32 products throughout.
-  void set_exact_sums(bool on);
+  void set_exact_sums(bool on) override;
   /// Whether set_exact_sums is on.
-  bool exact_sums() const { return exact_sums_; }
+  bool exact_sums() const override { return exact_sums_; }
 
   /// One key/value cache per block for `slots` sequences of the whole context, sized for the
   /// heads this rank computes.
-  std::vector<KeyValueCache> make_caches(std::int64_t slots);
+  std::vector<KeyValueCache> make_caches(std::int64_t slots) override;
   /// Incremental forward of the rows `rows` places (i64 tokens [rows]; see DecodeRows) with the
   /// keys and values of earlier positions in `caches` (make_caches; this call's rows are added):
   /// logits [rows, vocabulary]. Every module runs as in forward(), so each row's logits are the
   /// bits forward() gives that position of its whole sequence.
-  Tensor decode(const Tensor& tokens, const DecodeRows& rows, std::vector<KeyValueCache>& caches);
+  Tensor decode(const Tensor& tokens, const DecodeRows& rows,
+                std::vector<KeyValueCache>& caches) override;
+  std::int64_t context() const override { return config_.context; }
+  std::int64_t vocabulary() const override { return config_.vocabulary; }
+  std::int64_t layers() const override { return config_.layers; }
+  /// gpt_config_text of its config.
+  std::string config_text() const override;
 
  private:
   GptConfig config_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <meshtensor/nn/decode.hpp>
+#include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/nn/embedding.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
 #include <meshtensor/nn/layers.hpp>
@@ -99,7 +100,7 @@ class LlamaHead : public Module {
 /// f32 logits [batch, sequence, vocabulary]; positions enter through the rotary embeddings of
 /// every block's attention. The same units and methods as Gpt: its children are called through
 /// run_forward / run_backward, so a sharded runtime can make each one a parameter group.
-class Llama : public Module {
+class Llama : public Decoder {
  public:
   /// The same config gives the same initial bits everywhere.
   explicit Llama(const LlamaConfig& config);
@@ -108,23 +109,32 @@ class Llama : public Module {
   std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   /// The embedding, every block and the head, in forward order.
-  std::vector<Module*> units();
+  std::vector<Module*> units() override;
   /// "embed", "blocks.0", ..., "head".
   std::vector<std::pair<std::string, Module*>> children() override;
   /// The config the model was built from.
   const LlamaConfig& config() const { return config_; }
   /// Exact mode's sums over whole groups, heads, MLP blocks and the vocabulary (see
   /// Gpt::set_exact_sums).
-  void set_exact_sums(bool on);
+  void set_exact_sums(bool on) override;
+  /// Whether set_exact_sums is on.
+  bool exact_sums() const override { return exact_sums_; }
   /// One key/value cache per block for `slots` sequences of the whole context, of the key/value
   /// heads this rank computes (K, not H).
-  std::vector<KeyValueCache> make_caches(std::int64_t slots);
+  std::vector<KeyValueCache> make_caches(std::int64_t slots) override;
   /// Incremental forward of the rows `rows` places (as Gpt::decode): each row's logits are the
   /// bits forward() gives that position of its whole sequence.
-  Tensor decode(const Tensor& tokens, const DecodeRows& rows, std::vector<KeyValueCache>& caches);
+  Tensor decode(const Tensor& tokens, const DecodeRows& rows,
+                std::vector<KeyValueCache>& caches) override;
+  std::int64_t context() const override { return config_.context; }
+  std::int64_t vocabulary() const override { return config_.vocabulary; }
+  std::int64_t layers() const override { return config_.layers; }
+  /// llama_config_text of its config.
+  std::string config_text() const override { return llama_config_text(config_); }
 
  private:
   LlamaConfig config_;
+  bool exact_sums_ = false;
   Embedding embedding_;
   std::vector<std::unique_ptr<LlamaBlock>> blocks_;
   LlamaHead head_;

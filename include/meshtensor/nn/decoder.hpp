@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <meshtensor/nn/decode.hpp>
+#include <meshtensor/nn/module.hpp>
+
+namespace meshtensor::nn {
+
+struct GptConfig;
+struct LlamaConfig;
+
+/// What training, generation and the parallel plans need of a decoder-only language model over
+/// i64 tokens [batch, sequence] -> f32 logits [batch, sequence, vocabulary], whatever its family
+/// (Gpt, Llama). Its units are the natural parameter groups and pipeline pieces: the embedding,
+/// every block and the head, in forward order.
+class Decoder : public Module {
+ public:
+  /// The embedding, every block and the head, in forward order.
+  virtual std::vector<Module*> units() = 0;
+  /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree (Gpt::
+  /// set_exact_sums).
+  virtual void set_exact_sums(bool on) = 0;
+  /// Whether set_exact_sums is on.
+  virtual bool exact_sums() const = 0;
+  /// One key/value cache per block for `slots` sequences of the whole context, sized for the
+  /// key/value heads this rank computes.
+  virtual std::vector<KeyValueCache> make_caches(std::int64_t slots) = 0;
+  /// Incremental forward of the rows `rows` places with the keys and values of earlier
+  /// positions in `caches`: logits [rows, vocabulary], each row's the bits forward() gives that
+  /// position of its whole sequence.
+  virtual Tensor decode(const Tensor& tokens, const DecodeRows& rows,
+                        std::vector<KeyValueCache>& caches) = 0;
+  /// Longest sequence.
+  virtual std::int64_t context() const = 0;
+  /// Tokens of the vocabulary.
+  virtual std::int64_t vocabulary() const = 0;
+  /// Blocks.
+  virtual std::int64_t layers() const = 0;
+  /// The model text its config parses from ("gpt:...", "llama:...").
+  virtual std::string config_text() const = 0;
+};
+
+}  // namespace meshtensor::nn
