@@ -11,52 +11,10 @@
 #include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/optim.hpp>
 
+#include "support/finite_differences.hpp"
+
 namespace meshtensor::nn {
 namespace {
-
-/// L = sum(module(x) * g): its gradient with respect to the output is g.
-double objective(Module& module, const Tensor& x, const Tensor& g) {
-  const Tensor y = module.forward(x);
-  double total = 0.0;
-  for (std::size_t i = 0; i < static_cast<std::size_t>(y.numel()); ++i)
-    total += static_cast<double>(y.values<float>()[i]) * g.values<float>()[i];
-  return total;
-}
-
-/// Checks backward's input and parameter gradients against central differences of the objective.
-void check_gradients(Module& module, const Tensor& x, double tolerance) {
-  const Tensor g =
-      Tensor::random_normal(Shape{x.shape()[0], module.forward(x).shape()[1]}, DType::f32, 77);
-  DenseGradients sink(module.parameters());
-  sink.clear();
-  module.forward(x);
-  const Tensor dx = module.backward(g, sink, true);
-  sink.finish(1);
-  const float h = 1e-2f;
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    Tensor plus = x.clone();
-    Tensor minus = x.clone();
-    plus.values<float>()[static_cast<std::size_t>(i)] += h;
-    minus.values<float>()[static_cast<std::size_t>(i)] -= h;
-    const double numeric = (objective(module, plus, g) - objective(module, minus, g)) / (2 * h);
-    EXPECT_NEAR(dx.values<float>()[static_cast<std::size_t>(i)], numeric, tolerance)
-        << "input " << i;
-  }
-  for (Parameter* p : module.parameters()) {
-    for (std::int64_t i = 0; i < p->value.numel(); ++i) {
-      float& value = p->value.values<float>()[static_cast<std::size_t>(i)];
-      const float saved = value;
-      value = saved + h;
-      const double up = objective(module, x, g);
-      value = saved - h;
-      const double down = objective(module, x, g);
-      value = saved;
-      EXPECT_NEAR(p->grad.values<float>()[static_cast<std::size_t>(i)], (up - down) / (2 * h),
-                  tolerance)
-          << p->name << " " << i;
-    }
-  }
-}
 
 TEST(Modules, LinearGradientsMatchFiniteDifferences) {
   Linear linear(5, 3, 1);
