@@ -59,6 +59,17 @@ std::int64_t tensor_parallel_option(const std::string& ranks, const std::string&
   return ranks.empty() ? 0 : integer_setting("--ranks", ranks, 1, comm::kMaxThreadsRanks);
 }
 
+std::int64_t mesh_or_ranks(const std::string& ranks_text, const CLI::Option* ranks_option,
+                           std::int64_t mesh_ranks, const std::string& mesh) {
+  const std::int64_t ranks = integer_setting("--ranks", ranks_text, 1, comm::kMaxThreadsRanks);
+  if (mesh_ranks > 0 && ranks_option != nullptr && ranks_option->count() > 0 &&
+      mesh_ranks != ranks) {
+    throw ParseError(
+        fmt::format("--mesh {} has {} ranks but --ranks is {}", mesh, mesh_ranks, ranks));
+  }
+  return mesh_ranks > 0 ? mesh_ranks : ranks;
+}
+
 void TopologyOptions::add_to(CLI::App& command, bool with_link) {
   command.add_option("--ranks-per-host", ranks_per_host,
                      "ranks per host, in rank order: N (repeated; the last host may hold fewer) "

@@ -24,6 +24,11 @@ int exit_status();
 std::int64_t tensor_parallel_option(const std::string& ranks, const std::string& mesh,
                                     const std::string& names, std::string_view command);
 
+/// The ranks of a run: `mesh_ranks` (the product of --mesh, 0 without one), which --ranks must
+/// equal when given, else --ranks. ParseError naming both when they differ.
+std::int64_t mesh_or_ranks(const std::string& ranks_text, const CLI::Option* ranks_option,
+                           std::int64_t mesh_ranks, const std::string& mesh);
+
 /// Adds a flag that takes no value: `--json=yes` and `--json=` are errors.
 CLI::Option* add_flag(CLI::App& command, const std::string& name, bool& target,
                       const std::string& description);

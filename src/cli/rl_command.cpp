@@ -86,13 +86,9 @@ rl::RlSettings rl_settings(const RlOptions& options) {
 rl::RlConfig parse_rl_config(const RlOptions& options) {
   const rl::RlSettings settings = rl_settings(options);
   rl::RlConfig config = settings.config();
-  const std::int64_t ranks = integer_setting("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-  const std::int64_t from_mesh = settings.trainer().mesh_ranks();
-  if (from_mesh > 0 && options.ranks_option->count() > 0 && from_mesh != ranks) {
-    throw ParseError(fmt::format("--mesh {} has {} ranks but --ranks is {}",
-                                 options.settings.value("mesh"), from_mesh, ranks));
-  }
-  config.trainer_ranks = from_mesh > 0 ? from_mesh : ranks;
+  config.trainer_ranks =
+      mesh_or_ranks(options.ranks, options.ranks_option, settings.trainer().mesh_ranks(),
+                    options.settings.value("mesh"));
   config.generator = parse_generator_layout(options, config.trainer_ranks);
   return config;
 }
@@ -281,43 +277,7 @@ void add_rl_command(CLI::App& app) {
       "the trainer (its own layout) updates the policy; weights move between the layouts in "
       "memory by redistribute, and every token's log-probability is checked against the "
       "trainer's (exact mode: the same bits, or the run stops)");
-  options->settings.add_to(*command, rl::RlSettings::table(),
-                           {"init",
-                            "model",
-                            "task",
-                            "data",
-                            "dictionary",
-                            "prompt_bytes",
-                            "steps",
-                            "prompts",
-                            "samples",
-                            "new_tokens",
-                            "temperature",
-                            "top_k",
-                            "clip_ratio",
-                            "kl",
-                            "ppo_epochs",
-                            "minibatches",
-                            "lr",
-                            "warmup",
-                            "schedule",
-                            "optimizer",
-                            "weight_decay",
-                            "clip_grad_norm",
-                            "micro_batches",
-                            "mode",
-                            "seed",
-                            "strategy",
-                            "mesh",
-                            "names",
-                            "sequence_parallel",
-                            "max_batch",
-                            "save",
-                            "save_every",
-                            "keep_checkpoints",
-                            "resume",
-                            "stop_after",
-                            "compare_naive_sync"});
+  options->settings.add_all(*command, rl::RlSettings::table());
   options->ranks_option = command->add_option(
       "--ranks", options->ranks, "trainer ranks (default 1; on mpi: every rank of the job)");
   command->add_option("--generator-mesh", options->generator_mesh,

@@ -23,6 +23,13 @@ void SettingOptions::add_to(CLI::App& command, std::span<const SettingField> fie
   }
 }
 
+void SettingOptions::add_all(CLI::App& command, std::span<const SettingField> fields) {
+  std::vector<std::string_view> names;
+  for (const SettingField& field : fields)
+    names.push_back(field.name);
+  add_to(command, fields, names);
+}
+
 bool SettingOptions::given(std::string_view name) const {
   const auto found = options_.find(name);
   return found != options_.end() && found->second->count() > 0;

@@ -22,6 +22,8 @@ class SettingOptions {
   void add_to(CLI::App& command, std::span<const SettingField> fields,
               const std::vector<std::string_view>& names,
               const std::map<std::string_view, std::string>& help = {});
+  /// Registers every field of `fields`, in the table's order.
+  void add_all(CLI::App& command, std::span<const SettingField> fields);
   /// True when the option of field `name` was given.
   bool given(std::string_view name) const;
   /// The option of field `name` (registered by add_to).

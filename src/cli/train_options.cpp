@@ -26,14 +26,8 @@ train::TrainConfig parse_config(const TrainOptions& options) {
 }
 
 std::int64_t layout_ranks(const TrainOptions& options, const train::TrainSettings& settings) {
-  const std::int64_t ranks = integer_setting("--ranks", options.ranks, 1, comm::kMaxThreadsRanks);
-  const std::int64_t from_mesh = settings.mesh_ranks();
-  if (from_mesh > 0 && options.ranks_option != nullptr && options.ranks_option->count() > 0 &&
-      from_mesh != ranks) {
-    throw ParseError(fmt::format("--mesh {} has {} ranks but --ranks is {}",
-                                 options.settings.value("mesh"), from_mesh, ranks));
-  }
-  return from_mesh > 0 ? from_mesh : ranks;
+  return mesh_or_ranks(options.ranks, options.ranks_option, settings.mesh_ranks(),
+                       options.settings.value("mesh"));
 }
 
 std::string strategy_text(const TrainOptions& options) {

@@ -180,21 +180,10 @@ Tensor Llama::backward(const Tensor& grad_output, GradientSink& sink, bool) {
 }
 
 std::vector<KeyValueCache> Llama::make_caches(std::int64_t slots) {
-  double bytes = 0;  // keys and values, f32, of every layer's local key/value heads
-  for (auto& block : blocks_) {
-    const GroupedQueryAttention& attention = block->attention();
-    bytes += 2.0 * 4.0 * static_cast<double>(slots) *
-             static_cast<double>(attention.local_groups() * attention.head_dim()) *
-             static_cast<double>(config_.context);
-  }
-  require_memory(bytes, fmt::format("key/value caches for {} sequence(s) of {} positions", slots,
-                                    config_.context));
-  std::vector<KeyValueCache> caches;
-  for (auto& block : blocks_) {
-    GroupedQueryAttention& attention = block->attention();
-    caches.emplace_back(slots, attention.local_groups(), attention.head_dim(), config_.context);
-  }
-  return caches;
+  std::vector<std::int64_t> heads;  // key/value heads: one per group
+  for (auto& block : blocks_)
+    heads.push_back(block->attention().local_groups());
+  return make_layer_caches(slots, heads, config_.dim / config_.heads, config_.context);
 }
 
 Tensor Llama::decode(const Tensor& tokens, const DecodeRows& rows,
@@ -235,14 +224,6 @@ void Llama::set_exact_sums(bool on) {
     block->set_exact_blocks(on);
   head_.set_exact_blocks(on);
   exact_sums_ = on;
-}
-
-std::vector<Parameter*> Llama::parameters() {
-  std::vector<Parameter*> all;
-  for (Module* unit : units())
-    for (Parameter* p : unit->parameters())
-      all.push_back(p);
-  return all;
 }
 
 std::string Llama::describe() const {

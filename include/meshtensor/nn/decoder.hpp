@@ -22,6 +22,8 @@ class Decoder : public Module {
  public:
   /// The embedding, every block and the head, in forward order.
   virtual std::vector<Module*> units() = 0;
+  /// Every unit's parameters, in units() order.
+  std::vector<Parameter*> parameters() override;
   /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree (Gpt::
   /// set_exact_sums).
   virtual void set_exact_sums(bool on) = 0;
@@ -44,5 +46,12 @@ class Decoder : public Module {
   /// The model text its config parses from ("gpt:...", "llama:...").
   virtual std::string config_text() const = 0;
 };
+
+/// One key/value cache per layer for `slots` sequences of `context` positions, layer l holding
+/// heads[l] heads of `head_dim` values; ResourceError naming the caches when they do not fit in
+/// memory, before any is allocated.
+std::vector<KeyValueCache> make_layer_caches(std::int64_t slots,
+                                             const std::vector<std::int64_t>& heads,
+                                             std::int64_t head_dim, std::int64_t context);
 
 }  // namespace meshtensor::nn

@@ -114,7 +114,6 @@ class Gpt : public Decoder {
   explicit Gpt(const GptConfig& config);
   Tensor forward(const Tensor& tokens) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
-  std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   /// The embedding, every block and the head, in forward order: the natural parameter groups.
   std::vector<Module*> units() override;

@@ -106,7 +106,6 @@ class Llama : public Decoder {
   explicit Llama(const LlamaConfig& config);
   Tensor forward(const Tensor& tokens) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
-  std::vector<Parameter*> parameters() override;
   std::string describe() const override;
   /// The embedding, every block and the head, in forward order.
   std::vector<Module*> units() override;
