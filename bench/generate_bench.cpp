@@ -15,28 +15,29 @@ namespace meshtensor::bench {
 
 namespace {
 
-std::vector<generate::Request> requests_for(const nn::GptConfig& config, std::int64_t batch,
+std::vector<generate::Request> requests_for(std::int64_t vocabulary, std::int64_t batch,
                                             std::int64_t prompt, std::int64_t new_tokens) {
   std::vector<generate::Request> requests;
   for (std::int64_t r = 0; r < batch; ++r) {
     std::vector<std::int64_t> tokens;
     for (std::int64_t i = 0; i < prompt; ++i)
       tokens.push_back(uniform_int_sample(static_cast<std::uint64_t>(r) + 1,
-                                          static_cast<std::uint64_t>(i), 0, config.vocabulary - 1));
+                                          static_cast<std::uint64_t>(i), 0, vocabulary - 1));
     requests.push_back({tokens, new_tokens, {}});
   }
   return requests;
 }
 
 /// Seconds of decode steps: a run of `new_tokens` less a run of one token.
-double decode_seconds(nn::Gpt& model, std::int64_t batch, const GenerateBenchOptions& options,
+double decode_seconds(nn::Decoder& model, std::int64_t batch, const GenerateBenchOptions& options,
                       bool exact) {
   generate::GeneratorOptions generator_options;
   generator_options.max_batch = batch;
   generator_options.exact_logprobs = exact;
   generate::Generator generator(model, generator_options);
   const auto timed = [&](std::int64_t new_tokens) {
-    const auto requests = requests_for(model.config(), batch, options.prompt_tokens, new_tokens);
+    const auto requests =
+        requests_for(model.vocabulary(), batch, options.prompt_tokens, new_tokens);
     const auto start = std::chrono::steady_clock::now();
     generator.generate(requests);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -46,10 +47,10 @@ double decode_seconds(nn::Gpt& model, std::int64_t batch, const GenerateBenchOpt
 
 /// Generates the batch together and each request alone: `row` gets the prompts, the tokens and
 /// whether every request got the same bits both ways.
-void check_batch_invariance(nn::Gpt& model, const GenerateBenchOptions& options,
+void check_batch_invariance(nn::Decoder& model, const GenerateBenchOptions& options,
                             GenerateBenchRow& row) {
   const auto requests =
-      requests_for(model.config(), row.batch, options.prompt_tokens, options.new_tokens);
+      requests_for(model.vocabulary(), row.batch, options.prompt_tokens, options.new_tokens);
   generate::Generator together(model, {row.batch, 64, false});
   const auto batched = together.generate(requests);
   generate::Generator alone(model, {1, 64, false});
@@ -65,7 +66,7 @@ void check_batch_invariance(nn::Gpt& model, const GenerateBenchOptions& options,
 
 }  // namespace
 
-std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
+std::vector<GenerateBenchRow> run_generate_bench(nn::Decoder& model,
                                                  const GenerateBenchOptions& options) {
   const bool was_exact = model.exact_sums();
   const nn::MatmulOverride blas = kernels::openblas_linear_matmul();

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::bench {
 
@@ -33,7 +33,7 @@ struct GenerateBenchRow {
 
 /// Times `model`'s generator (greedy, one slot per request) for each batch size. The model's
 /// exact sums are restored as they were.
-std::vector<GenerateBenchRow> run_generate_bench(nn::Gpt& model,
+std::vector<GenerateBenchRow> run_generate_bench(nn::Decoder& model,
                                                  const GenerateBenchOptions& options);
 
 }  // namespace meshtensor::bench

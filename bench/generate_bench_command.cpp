@@ -7,7 +7,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/simd.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 
 #include "backend.hpp"
 #include "bench_commands.hpp"
@@ -42,7 +42,7 @@ void apply_simd_option(const std::string& text) {
 }
 
 void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
-                          const bench::GenerateBenchOptions& options, const nn::GptConfig& config,
+                          const bench::GenerateBenchOptions& options, const std::string& model,
                           bool json) {
   if (json) {
     nlohmann::json out = nlohmann::json::array();
@@ -58,7 +58,7 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
                      {"tokens", r.tokens}});
     }
     std::cout << nlohmann::json{{"machine", kernels::machine_description()},
-                                {"model", nn::gpt_config_text(config)},
+                                {"model", model},
                                 {"prompt_tokens", options.prompt_tokens},
                                 {"new_tokens", options.new_tokens},
                                 {"rows", out}}
@@ -70,7 +70,7 @@ void print_generate_bench(const std::vector<bench::GenerateBenchRow>& rows,
   std::cout << fmt::format(
       "generate bench: {}, prompts of {} tokens, {} new tokens each, greedy, 1 thread; decode "
       "tokens/s (prefill excluded), medians of {} alternated rounds\n",
-      nn::gpt_config_text(config), options.prompt_tokens, options.new_tokens, options.rounds);
+      model, options.prompt_tokens, options.new_tokens, options.rounds);
   std::cout << fmt::format("{:>6} {:>14} {:>16} {:>12} {:>16} {:>15} {:>10}\n", "batch",
                            "invariant", "batch-variant", "exact", "invariance cost",
                            "exact/ordered", "invariant");
@@ -95,17 +95,16 @@ void run_generate_bench(const GenerateBenchCliOptions& options) {
   for (const std::string& b : list_setting("--batches", options.batches))
     bench_options.batches.push_back(integer_setting("--batches", b, 1, 4096));
   run_ranks(Backend::threads, 1, "bench generate", [&](comm::Communicator& world) {
-    std::unique_ptr<nn::Gpt> model =
-        options.checkpoint.empty() ? std::make_unique<nn::Gpt>(nn::parse_gpt_config(options.model))
-                                   : generate::load_gpt(world, options.checkpoint);
-    const nn::GptConfig& config = model->config();
-    if (bench_options.prompt_tokens + bench_options.new_tokens > config.context) {
+    std::unique_ptr<nn::Decoder> model =
+        options.checkpoint.empty() ? nn::make_decoder(nn::parse_decoder_config(options.model))
+                                   : generate::load_decoder(world, options.checkpoint);
+    if (bench_options.prompt_tokens + bench_options.new_tokens > model->context()) {
       throw ParseError(
           fmt::format("--prompt-tokens {} plus --new-tokens {} exceed the model's context of {}",
-                      bench_options.prompt_tokens, bench_options.new_tokens, config.context));
+                      bench_options.prompt_tokens, bench_options.new_tokens, model->context()));
     }
-    print_generate_bench(bench::run_generate_bench(*model, bench_options), bench_options, config,
-                         options.json);
+    print_generate_bench(bench::run_generate_bench(*model, bench_options), bench_options,
+                         model->config_text(), options.json);
   });
 }
 

@@ -15,8 +15,8 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
-#include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/gradients.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/pp/pipeline.hpp>
 #include <meshtensor/pp/stage.hpp>
 
@@ -51,18 +51,18 @@ double seconds_since(Clock::time_point start) {
 
 /// Forward and backward seconds of one micro-batch (`rows` windows) through the blocks one of
 /// `stages` stages holds (a middle stage: its blocks only), measured here on one rank.
-std::pair<double, double> stage_seconds(const train::Task& task, const nn::GptConfig& gpt,
-                                        std::int64_t stages, std::int64_t rows) {
-  std::unique_ptr<nn::Module> model = task.make_model(0);
-  auto& whole = dynamic_cast<nn::Gpt&>(*model);
+std::pair<double, double> stage_seconds(const train::Task& task, std::int64_t stages,
+                                        std::int64_t rows) {
+  std::unique_ptr<nn::Module> built = task.make_model(0);
+  auto& whole = dynamic_cast<nn::Decoder&>(*built);
   const auto children = whole.children();
-  const auto split = pp::split_blocks(gpt.layers, stages);
+  const auto split = pp::split_blocks(whole.layers(), stages);
   std::vector<std::pair<std::string, nn::Module*>> units;
   for (std::int64_t b = split.back().first; b < split.back().second; ++b)
     units.push_back(children[static_cast<std::size_t>(b) + 1]);
   pp::StageModule stage(units, true);
   nn::DenseGradients sink(stage.parameters());
-  const Tensor input = Tensor::random_normal({rows, gpt.context, gpt.dim}, DType::f32, 1);
+  const Tensor input = Tensor::random_normal({rows, whole.context(), whole.dim()}, DType::f32, 1);
   std::vector<double> forward;
   std::vector<double> backward;
   for (int i = 0; i < 5; ++i) {
@@ -104,11 +104,11 @@ class ReplayedStages : public pp::StageWork {
   std::chrono::duration<double> backward_;
 };
 
-ReplayFigures replay_on_link(const train::Task& task, const nn::GptConfig& gpt,
+ReplayFigures replay_on_link(const train::Task& task, const nn::DecoderConfig& model,
                              const pp::ScheduleConfig& schedule, std::int64_t rows,
                              const std::string& link, std::int64_t rounds) {
   ReplayFigures figures;
-  const auto [forward, backward] = stage_seconds(task, gpt, schedule.stages(), rows);
+  const auto [forward, backward] = stage_seconds(task, schedule.stages(), rows);
   figures.forward_seconds = forward;
   figures.backward_seconds = backward;
   figures.theory = pp::theoretical_bubble(schedule);
@@ -118,7 +118,8 @@ ReplayFigures replay_on_link(const train::Task& task, const nn::GptConfig& gpt,
       static_cast<int>(schedule.ranks),
       [&](comm::Communicator& world) {
         pp::Pipeline pipeline(world, schedule);
-        ReplayedStages work(Shape{rows, gpt.context, gpt.dim}, forward, backward);
+        ReplayedStages work(Shape{rows, nn::decoder_context(model), nn::decoder_dim(model)},
+                            forward, backward);
         for (std::int64_t r = 0; r <= rounds; ++r) {
           const pp::PipelineStepStats stats = pipeline.run_step(work);
           if (r == 0) continue;  // the links' first messages start their threads
@@ -194,7 +195,7 @@ nlohmann::json run_json(const TrainingFigures& f) {
 
 /// Everything `bench pp` measured.
 struct PpBenchFigures {
-  const nn::GptConfig& gpt;
+  const nn::DecoderConfig& model;
   comm::ReductionMode mode;
   pp::ScheduleConfig schedule;
   std::int64_t rows;  // windows per micro-batch
@@ -214,7 +215,7 @@ struct PpBenchFigures {
 
 void print_pp_json(const PpBenchFigures& f) {
   const ReplayFigures& replay = f.replay;
-  nlohmann::json out = {{"model", nn::gpt_config_text(f.gpt)},
+  nlohmann::json out = {{"model", nn::decoder_config_text(f.model)},
                         {"mode", comm::reduction_mode_name(f.mode)},
                         {"stages", f.schedule.ranks},
                         {"schedule", pp::schedule_name(f.schedule.kind)},
@@ -245,7 +246,7 @@ void print_pp_text(const PpBenchFigures& f) {
   std::cout << fmt::format(
       "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
       "micro-batches of {} window(s), link {}\n",
-      nn::gpt_config_text(f.gpt), comm::reduction_mode_name(f.mode), f.schedule.ranks,
+      nn::decoder_config_text(f.model), comm::reduction_mode_name(f.mode), f.schedule.ranks,
       pp::schedule_name(f.schedule.kind), f.schedule.virtual_stages, f.schedule.micro_batches,
       f.rows, f.link);
   std::cout << fmt::format(
@@ -284,8 +285,9 @@ int run_pp_bench(const PipelineBenchConfig& options) {
   const std::int64_t checkpointing_rounds = options.checkpointing_rounds;
   const train::Task& task = *options.input.task;
   const auto* language = dynamic_cast<const train::LanguageModelling*>(&task);
-  if (language == nullptr) throw ParseError("bench pp splits a GPT: give --model gpt[:...]");
-  const nn::GptConfig& gpt = language->model();
+  if (language == nullptr)
+    throw ParseError("bench pp splits a decoder: give --model gpt[:...] or llama[:...]");
+  const nn::DecoderConfig& model = language->model();
   train::TrainConfig piped = base;
   piped.mesh = train::parse_named_mesh(std::to_string(stages), "pp");
   if (!options.micro_batches_given) piped.micro_batches = 2 * stages;
@@ -293,7 +295,7 @@ int run_pp_bench(const PipelineBenchConfig& options) {
   const pp::ScheduleConfig schedule{piped.pipeline_schedule, stages, train::virtual_stages(piped),
                                     piped.micro_batches};
   const std::int64_t rows = std::max<std::int64_t>(1, base.batch / piped.micro_batches);
-  const ReplayFigures replay = replay_on_link(task, gpt, schedule, rows, options.link, rounds);
+  const ReplayFigures replay = replay_on_link(task, model, schedule, rows, options.link, rounds);
   // Real steps: the pipeline against one rank, then activation checkpointing on one rank.
   train::TrainConfig one = base;
   one.micro_batches = 1;
@@ -306,7 +308,7 @@ int run_pp_bench(const PipelineBenchConfig& options) {
                   stages, options.link);
   const std::vector<TrainingFigures> checkpointing =
       measure_checkpointing(task, one, options.link, checkpointing_rounds);
-  const PpBenchFigures figures{gpt,    base.mode, schedule,  rows,         options.link,
+  const PpBenchFigures figures{model,  base.mode, schedule,  rows,         options.link,
                                replay, whole,     pipelined, checkpointing};
   if (options.input.json) {
     print_pp_json(figures);

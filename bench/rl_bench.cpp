@@ -1,5 +1,6 @@
 #include "rl_bench.hpp"
 
+#include <memory>
 #include <mutex>
 
 #include <meshtensor/comm/threads_backend.hpp>
@@ -7,6 +8,7 @@
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/rl/grpo.hpp>
+#include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/training_model.hpp>
 
 #include "timing.hpp"
@@ -58,11 +60,11 @@ SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
         comm::MeshGroups generator_groups(
             pair.generator.mesh(),
             std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));
-        nn::Gpt generator(config.model);
+        const std::unique_ptr<nn::Decoder> generator = nn::make_decoder(config.model);
         tp::TensorParallel tp(generator_groups.group(std::vector<int>{1}),
                               comm::ReductionMode::ordered, false);
-        generate::parallelize_for_generation(generator, tp);
-        rl::WeightSync sync(trainer, 1, generator_groups, generator.parameters(),
+        generate::parallelize_for_generation(*generator, tp);
+        rl::WeightSync sync(trainer, 1, generator_groups, generator->parameters(),
                             comm::ReductionMode::ordered);
         rl::SyncStats planner;
         rl::SyncStats naive;
@@ -72,7 +74,7 @@ SyncComparison compare_sync(const RlBenchConfig& config, const LayoutPair& pair,
         for (int r = 0; r < config.repeats; ++r) {
           planner_times.push_back(timed(world, [&] { planner = sync.run(); }));
           naive_times.push_back(timed(world, [&] {
-            naive = rl::naive_weight_sync(trainer, pair.generator.mesh(), generator.parameters());
+            naive = rl::naive_weight_sync(trainer, pair.generator.mesh(), generator->parameters());
           }));
         }
         const double planner_s = median(planner_times);
@@ -137,7 +139,8 @@ rl::RlConfig default_setting(const RlBenchConfig& config) {
 /// and batch), on a fresh model.
 double generator_alone(const RlBenchConfig& config, const rl::RlTask& task,
                        const rl::RlConfig& rl_config, int repeats) {
-  nn::Gpt model(config.model);
+  const std::unique_ptr<nn::Decoder> decoder = nn::make_decoder(config.model);
+  nn::Decoder& model = *decoder;
   model.set_exact_sums(true);
   generate::GeneratorOptions options;
   options.max_batch = rl_config.max_batch;
@@ -159,6 +162,16 @@ double generator_alone(const RlBenchConfig& config, const rl::RlTask& task,
          median(seconds);
 }
 
+/// Whether a model of `model` splits over `degree` tensor-parallel ranks.
+bool splits_over(const nn::DecoderConfig& model, std::int64_t degree) {
+  try {
+    tp::check_decoder_degree(model, degree);
+    return true;
+  } catch (const InvalidArgument&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 RlBenchResult run_rl_bench(const RlBenchConfig& config) {
@@ -167,7 +180,7 @@ RlBenchResult run_rl_bench(const RlBenchConfig& config) {
       rl::builtin_task("words", train::kDefaultTextDir, rl::kDefaultDictionary, 16);
   const train::LanguageModelling task(words.corpus, config.model);
   for (const LayoutPair& pair : layout_pairs(config.ranks)) {
-    if (config.model.heads % pair.generator.tp != 0) continue;
+    if (!splits_over(config.model, pair.generator.tp)) continue;
     result.syncs.push_back(compare_sync(config, pair, task));
   }
   const rl::RlConfig one = default_setting(config);

@@ -150,15 +150,15 @@ std::string request_body(const std::string& prompt, std::int64_t new_tokens, boo
   return body.dump();
 }
 
-/// A fresh GPT of `config` saved as a checkpoint under `root` (what `train` writes).
-void save_fresh_gpt(const nn::GptConfig& config, const std::string& root) {
+/// A fresh decoder of `config` saved as a checkpoint under `root` (what `train` writes).
+void save_fresh_decoder(const nn::DecoderConfig& config, const std::string& root) {
   comm::run_threads(1, [&](comm::Communicator& world) {
-    nn::Gpt model(config);
+    const std::unique_ptr<nn::Decoder> model = nn::make_decoder(config);
     std::vector<checkpoint::SaveItem> items;
-    for (nn::Parameter* p : model.parameters())
+    for (nn::Parameter* p : model->parameters())
       items.push_back({"model." + p->name, p->value.shape(), {}, p->value, true});
     checkpoint::SaveOptions options;
-    options.metadata["architecture"] = nn::architecture_text(config);
+    options.metadata["architecture"] = nn::decoder_architecture_text(config);
     checkpoint::save(world, root, 0, items, options);
   });
 }
@@ -342,7 +342,7 @@ LoadSamples measure_server(const std::string& checkpoint, const ServeBenchConfig
 void time_generator(const std::string& checkpoint, const ServeBenchConfig& config,
                     bool batch_variant, std::vector<double>& rates) {
   comm::run_threads(1, [&](comm::Communicator& world) {
-    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(world, checkpoint);
+    const std::unique_ptr<nn::Decoder> model = generate::load_decoder(world, checkpoint);
     std::optional<nn::BatchVariantScope> variant;
     if (batch_variant) variant.emplace(kernels::openblas_linear_matmul());
     std::vector<generate::Request> requests;
@@ -371,21 +371,21 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
   if (checkpoint.empty()) {
     temporary = std::filesystem::temp_directory_path() /
                 fmt::format("meshtensor-bench-serve-{}", std::random_device{}());
-    save_fresh_gpt(config.model, temporary.string());
+    save_fresh_decoder(config.model, temporary.string());
     checkpoint = temporary.string();
   }
   ServeBenchResult result;
   try {
-    nn::GptConfig served;
+    nn::DecoderConfig served;
     comm::run_threads(1, [&](comm::Communicator& world) {
       served = generate::read_architecture(world, checkpoint);
     });
-    if (config.prompt_tokens + config.new_tokens > served.context) {
+    if (config.prompt_tokens + config.new_tokens > nn::decoder_context(served)) {
       throw InvalidArgument(fmt::format(
           "bench serve: --prompt-tokens {} plus --new-tokens {} exceed the model's context of {}",
-          config.prompt_tokens, config.new_tokens, served.context));
+          config.prompt_tokens, config.new_tokens, nn::decoder_context(served)));
     }
-    result.model = nn::gpt_config_text(served);
+    result.model = nn::decoder_config_text(served);
     // The servers run in alternating rounds, with the generator timed before, between and
     // after them, so that a machine whose speed drifts during the run favours none of them.
     std::vector<double> rates;

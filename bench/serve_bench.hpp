@@ -3,14 +3,14 @@
 #include <cstdint>
 #include <string>
 
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::bench {
 
 /// What `meshtensor bench serve` runs.
 struct ServeBenchConfig {
   std::string checkpoint;  ///< the served checkpoint (empty: a fresh `model` saved to a temp dir)
-  nn::GptConfig model;
+  nn::DecoderConfig model;
   std::int64_t clients = 32;             ///< concurrent streaming clients
   double seconds = 10;                   ///< load time of each server, in 3 alternating rounds
   std::int64_t prompt_tokens = 16;       ///< each request's prompt

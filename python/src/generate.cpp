@@ -47,7 +47,7 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
   std::vector<generate::Completion> completions;
   {
     const py::gil_scoped_release release;
-    const std::unique_ptr<nn::Gpt> model = generate::load_gpt(*world, checkpoint);
+    const std::unique_ptr<nn::Decoder> model = generate::load_decoder(*world, checkpoint);
     model->set_exact_sums(reduction == comm::ReductionMode::exact);
     generate::Generator generator(*model, options);
     generator.check_between_steps([&world] { world->throw_if_aborted(); });  // Ctrl-C stops it

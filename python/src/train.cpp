@@ -8,9 +8,9 @@
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
-#include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/nn/mlp.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/nn/optim.hpp>
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/model_state.hpp>
@@ -123,7 +123,7 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
       mlp_keys = true;
     }
   }
-  const bool gpt = nn::is_gpt_model(model);
+  const bool gpt = nn::is_decoder_model(model);
   if (gpt != text) {
     throw InvalidArgument(fmt::format("train: model '{}' trains on {}; give {}", model,
                                       gpt ? "text" : "images",
@@ -132,7 +132,7 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
   if (gpt) {
     if (mlp_keys) throw InvalidArgument("train: hidden, activation and layernorm shape an MLP");
     return std::make_unique<train::LanguageModelling>(data.cast<const PyText&>().corpus,
-                                                      nn::parse_gpt_config(model));
+                                                      nn::parse_decoder_config(model));
   }
   if (kwargs.contains("model") && kwargs.contains("hidden")) {
     throw InvalidArgument(
@@ -264,8 +264,8 @@ std::shared_ptr<PyModel> shard_model(const std::shared_ptr<PyModel>& model,
   options.mode = mode_from(mode);
   options.prefetch = prefetch;
   // Exact mode's GPT sums (the trainer's choice): bits independent of any tensor-parallel split.
-  if (auto* gpt = dynamic_cast<nn::Gpt*>(model->module.get()))
-    gpt->set_exact_sums(options.mode == comm::ReductionMode::exact);
+  if (auto* decoder = dynamic_cast<nn::Decoder*>(model->module.get()))
+    decoder->set_exact_sums(options.mode == comm::ReductionMode::exact);
   std::unique_ptr<fsdp::ShardedModel> sharded;
   {
     const py::gil_scoped_release release;  // making the groups is collective

@@ -188,7 +188,7 @@ std::vector<std::string> next_window(comm::Communicator& world, PromptSource* so
 /// order as soon as they are done.
 void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, PromptSource* source) {
   const std::unique_ptr<tp::TensorParallel> tp = generate::generation_group(world, job.mode);
-  const std::unique_ptr<nn::Gpt> model =
+  const std::unique_ptr<nn::Decoder> model =
       generate::load_for_generation(world, job.options.checkpoint, *tp, job.mode,
                                     world.backend() == "threads" ? world.size() : 1);
   generate::Generator generator(*model, job.generator, tp.get());
@@ -199,7 +199,7 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       requests.push_back({generate::byte_tokens(prompts[i]), job.new_tokens, job.sampling});
-      generate::check_request(requests.back(), first + i, model->config());
+      generate::check_request(requests.back(), first + i, model->decoder_config());
     }
     const std::vector<generate::Completion> completions = generator.generate(requests);
     if (world.rank() == 0) print_completions(prompts, completions, job.options.json, first);
@@ -209,17 +209,17 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
 
 /// The architecture of the checkpoint, checked against its tensors, and the layout against it,
 /// before any rank starts or allocates.
-nn::GptConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
+nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
   const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
-  const nn::GptConfig config = generate::checked_architecture(index, options.checkpoint);
-  if (degree > 1) tp::check_gpt_degree(config, degree);
+  const nn::DecoderConfig config = generate::checked_architecture(index, options.checkpoint);
+  if (degree > 1) tp::check_decoder_degree(config, degree);
   return config;
 }
 
 /// Every prompt of a regular file checked before anything is generated, so a bad line is an
 /// error with no output; other sources (a pipe) are checked window by window.
 void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
-                         const nn::GptConfig& config) {
+                         const nn::DecoderConfig& config) {
   if (options.prompts_option->count() == 0 || !std::filesystem::is_regular_file(options.prompts)) {
     return;
   }
@@ -250,7 +250,7 @@ void run_generate(const GenerateOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "generate");
   PromptSource source(options);
-  const nn::GptConfig config =
+  const nn::DecoderConfig config =
       check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
   check_prompts_ahead(options, job, config);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "generate", [&](comm::Communicator& world) {

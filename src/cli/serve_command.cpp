@@ -120,9 +120,9 @@ void run_serve(const ServeCliOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
   // The checkpoint and the layout are checked before any rank starts.
-  const nn::GptConfig model =
+  const nn::DecoderConfig model =
       generate::checked_architecture(checkpoint::read_index(base.checkpoint), base.checkpoint);
-  if (given > 1) tp::check_gpt_degree(model, given);
+  if (given > 1) tp::check_decoder_degree(model, given);
   serve::ServeControl control;
   const SignalWatcher signals(control);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "serve", [&](comm::Communicator& world) {
@@ -136,7 +136,7 @@ void run_serve(const ServeCliOptions& options) {
       std::cout << fmt::format(
                        "meshtensor serve: listening on {} (model {}: {}, {} mode, {} rank{}; "
                        "pid {})",
-                       url, config.model_name, nn::gpt_config_text(model),
+                       url, config.model_name, nn::decoder_config_text(model),
                        comm::reduction_mode_name(config.mode), world.size(),
                        world.size() == 1 ? "" : "s", getpid())
                 << std::endl;

@@ -43,7 +43,7 @@ std::string describe_task(const LoadedTask& loaded) {
     const train::TextCorpus& corpus = task.corpus();
     return fmt::format(
         "{} parameters; {} training and {} validation bytes from {} file(s), {} records",
-        nn::gpt_parameter_count(task.model()), corpus.train.size(), corpus.validation.size(),
+        nn::decoder_parameter_count(task.model()), corpus.train.size(), corpus.validation.size(),
         corpus.files, corpus.records);
   }
   const auto& task = dynamic_cast<const train::ImageClassification&>(*loaded.task);
@@ -252,7 +252,7 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
 
 void run_train(const TrainOptions& options) {
   const train::TrainSettings settings = train_settings(options);
-  const train::TrainConfig config = settings.config(nn::is_gpt_model(options.model));
+  const train::TrainConfig config = settings.config(nn::is_decoder_model(options.model));
   const Backend backend = parse_backend(options.backend);
   const std::int64_t ranks = layout_ranks(options, settings);
   if (!options.link.empty() && backend == Backend::mpi)

@@ -4,7 +4,7 @@
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::cli {
@@ -22,7 +22,7 @@ train::TrainSettings train_settings(const TrainOptions& options) {
 }
 
 train::TrainConfig parse_config(const TrainOptions& options) {
-  return train_settings(options).config(nn::is_gpt_model(options.model));
+  return train_settings(options).config(nn::is_decoder_model(options.model));
 }
 
 std::int64_t layout_ranks(const TrainOptions& options, const train::TrainSettings& settings) {
@@ -39,17 +39,17 @@ std::string strategy_text(const TrainOptions& options) {
 /// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
 LoadedTask load_task(const TrainOptions& options) {
   LoadedTask loaded;
-  if (nn::is_gpt_model(options.model)) {
-    const nn::GptConfig gpt = nn::parse_gpt_config(options.model);
+  if (nn::is_decoder_model(options.model)) {
+    const nn::DecoderConfig decoder = nn::parse_decoder_config(options.model);
     if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
         options.layernorm) {
       throw ParseError(fmt::format(
-          "--activation and --layernorm shape an mlp; model {} has its own (GELU, pre-norm)",
+          "--activation and --layernorm shape an mlp; model {} has its own activation and norms",
           options.model));
     }
     loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
     auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
-    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), gpt);
+    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), decoder);
     loaded.language = true;
     return loaded;
   }
@@ -70,9 +70,12 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
                      "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
                      "text file or directory of them (default Debian's fortunes)");
   command.add_option("--model", options.model,
-                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024), or gpt / "
-                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default gpt:" +
-                         nn::gpt_config_text(nn::GptConfig{}).substr(4) + ")");
+                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024); gpt / "
+                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default " +
+                         nn::gpt_config_text(nn::GptConfig{}) +
+                         "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
+                         "rope_theta=R,norm_eps=E,qk_norm=0|1 (default " +
+                         nn::llama_config_text(nn::LlamaConfig{}) + ")");
   options.settings.add_to(command, train::TrainSettings::table(),
                           {"batch", "optimizer", "lr", "seed"});
   options.timeout.add_to(command);

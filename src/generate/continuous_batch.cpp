@@ -21,8 +21,8 @@ std::vector<std::int64_t> top_classes(std::span<const float> logits, std::int64_
   return order;
 }
 
-ContinuousBatch::ContinuousBatch(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp,
-                                 std::int64_t slots)
+ContinuousBatch::ContinuousBatch(nn::Decoder& model, GeneratorOptions options,
+                                 tp::TensorParallel* tp, std::int64_t slots)
     : model_(model), options_(options), tp_(tp) {
   if (slots < 1 || options_.prefill_chunk < 1) {
     throw InvalidArgument(
@@ -35,7 +35,7 @@ ContinuousBatch::ContinuousBatch(nn::Gpt& model, GeneratorOptions options, tp::T
 }
 
 void ContinuousBatch::add(std::uint64_t id, Request request, std::size_t index) {
-  check_request(request, index, model_.config());
+  check_request(request, index, model_.decoder_config());
   if (free_.empty()) throw InvalidArgument(fmt::format("request {}: no cache slot is free", index));
   if (std::any_of(running_.begin(), running_.end(), [&](const Running& r) { return r.id == id; }))
     throw InvalidArgument(fmt::format("request {}: id {} is already running", index, id));
@@ -109,7 +109,7 @@ std::vector<ScoredToken> ContinuousBatch::score(const Tensor& logits,
                                                 std::vector<RowToScore>& rows) {
   const auto count = static_cast<std::int64_t>(rows.size());
   const std::int64_t local = logits.shape()[1];
-  const std::int64_t vocabulary = model_.config().vocabulary;
+  const std::int64_t vocabulary = model_.vocabulary();
   Tensor picked = Tensor::uninitialized(Shape{count, local}, DType::f32);
   for (std::int64_t i = 0; i < count; ++i)
     picked.narrow(0, i, 1).copy_from(logits.narrow(0, rows[static_cast<std::size_t>(i)].row, 1));

@@ -11,34 +11,36 @@
 
 namespace meshtensor::generate {
 
-void check_request(const Request& request, std::size_t index, const nn::GptConfig& config) {
+void check_request(const Request& request, std::size_t index, const nn::DecoderConfig& model) {
+  const std::int64_t vocabulary = nn::decoder_vocabulary(model);
+  const std::int64_t context = nn::decoder_context(model);
   const auto bad = [&](const std::string& what) {
     return InvalidArgument(fmt::format("request {}: {}", index, what));
   };
   if (request.prompt.empty()) throw bad("the prompt is empty (give at least one token)");
   for (std::size_t i = 0; i < request.prompt.size(); ++i) {
     const std::int64_t token = request.prompt[i];
-    if (token < 0 || token >= config.vocabulary) {
+    if (token < 0 || token >= vocabulary) {
       throw bad(fmt::format("token {} at prompt position {} is outside the vocabulary of {}", token,
-                            i, config.vocabulary));
+                            i, vocabulary));
     }
   }
   if (request.max_new_tokens < 1)
     throw bad(fmt::format("max_new_tokens {} is below 1", request.max_new_tokens));
   const auto length = static_cast<std::int64_t>(request.prompt.size());
-  if (length + request.max_new_tokens > config.context) {
+  if (length + request.max_new_tokens > context) {
     throw bad(fmt::format(
         "a prompt of {} tokens plus {} new tokens is longer than the model's context of {}", length,
-        request.max_new_tokens, config.context));
+        request.max_new_tokens, context));
   }
   const Sampling& s = request.sampling;
   if (!std::isfinite(s.temperature) || s.temperature < 0)
     throw bad(fmt::format("temperature {} is not a finite value >= 0", s.temperature));
   if (s.top_k < 0) throw bad(fmt::format("top_k {} is negative", s.top_k));
   if (!(s.top_p >= 0 && s.top_p <= 1)) throw bad(fmt::format("top_p {} is not in [0, 1]", s.top_p));
-  if (request.top_logprobs < 0 || request.top_logprobs > config.vocabulary) {
+  if (request.top_logprobs < 0 || request.top_logprobs > vocabulary) {
     throw bad(fmt::format("top_logprobs {} is not between 0 and the vocabulary of {}",
-                          request.top_logprobs, config.vocabulary));
+                          request.top_logprobs, vocabulary));
   }
 }
 
@@ -105,7 +107,7 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
   return order.back();
 }
 
-Generator::Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp)
+Generator::Generator(nn::Decoder& model, GeneratorOptions options, tp::TensorParallel* tp)
     : model_(model), options_(options), tp_(tp) {
   if (options_.max_batch < 1 || options_.prefill_chunk < 1) {
     throw InvalidArgument(fmt::format("generator: max_batch {} and prefill_chunk {} must be >= 1",
@@ -114,8 +116,9 @@ Generator::Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParalle
 }
 
 std::vector<Completion> Generator::generate(const std::vector<Request>& requests) {
+  const nn::DecoderConfig config = model_.decoder_config();
   for (std::size_t i = 0; i < requests.size(); ++i)
-    check_request(requests[i], i, model_.config());
+    check_request(requests[i], i, config);
   const std::int64_t slots =
       std::min<std::int64_t>(options_.max_batch, std::max<std::size_t>(requests.size(), 1));
   ContinuousBatch batch(model_, options_, tp_, slots);

@@ -15,9 +15,9 @@ namespace meshtensor::generate {
 std::string architecture_problem(const checkpoint::Index& index) {
   const auto found = index.metadata.find("architecture");
   if (found == index.metadata.end()) return "it names no model architecture";
-  nn::GptConfig config;
+  nn::DecoderConfig config;
   try {
-    config = nn::parse_architecture(found->second);
+    config = nn::parse_decoder_architecture(found->second);
   } catch (const DataError& e) {
     return e.what();
   }
@@ -31,7 +31,7 @@ std::string architecture_problem(const checkpoint::Index& index) {
     stored += tensor.shape.numel();
     ++tensors;
   }
-  const std::int64_t expected = nn::gpt_parameter_count(config);
+  const std::int64_t expected = nn::decoder_parameter_count(config);
   if (stored != expected) {
     return fmt::format(
         "its architecture '{}' has {} parameters, but its {} model tensor(s) hold {}: the "
@@ -41,14 +41,14 @@ std::string architecture_problem(const checkpoint::Index& index) {
   return {};
 }
 
-nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::string& path) {
+nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std::string& path) {
   if (const std::string problem = architecture_problem(index); !problem.empty())
     throw DataError(fmt::format("checkpoint {}: {}", path, problem));
-  return nn::parse_architecture(index.metadata.at("architecture"));
+  return nn::parse_decoder_architecture(index.metadata.at("architecture"));
 }
 
-nn::GptConfig read_architecture(comm::Communicator& world, const std::string& path,
-                                std::int64_t models_in_process) {
+nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,
+                                    std::int64_t models_in_process) {
   // Rank 0 reads the index and checks its architecture against its tensors and this process's
   // memory before anything is allocated; every rank then builds the model it names.
   std::string architecture;
@@ -56,23 +56,24 @@ nn::GptConfig read_architecture(comm::Communicator& world, const std::string& pa
   if (world.rank() == 0) {
     try {
       const checkpoint::Index index = checkpoint::read_index(path);
-      const nn::GptConfig config = checked_architecture(index, path);
-      require_memory(
-          nn::gpt_model_bytes(config) * static_cast<double>(models_in_process),
-          fmt::format("{} cop{} of the model of checkpoint {} ({} parameters)", models_in_process,
-                      models_in_process == 1 ? "y" : "ies", path, nn::gpt_parameter_count(config)));
+      const nn::DecoderConfig config = checked_architecture(index, path);
+      require_memory(nn::decoder_model_bytes(config) * static_cast<double>(models_in_process),
+                     fmt::format("{} cop{} of the model of checkpoint {} ({} parameters)",
+                                 models_in_process, models_in_process == 1 ? "y" : "ies", path,
+                                 nn::decoder_parameter_count(config)));
       architecture = index.metadata.at("architecture");
     } catch (...) {
       failure = std::current_exception();
     }
   }
   comm::throw_if_any_failed(world, failure);
-  return nn::parse_architecture(comm::broadcast_text(world, architecture, 0));
+  return nn::parse_decoder_architecture(comm::broadcast_text(world, architecture, 0));
 }
 
-std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
-                                  std::int64_t models_in_process) {
-  auto model = std::make_unique<nn::Gpt>(read_architecture(world, path, models_in_process));
+std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::string& path,
+                                          std::int64_t models_in_process) {
+  std::unique_ptr<nn::Decoder> model =
+      nn::make_decoder(read_architecture(world, path, models_in_process));
   std::vector<checkpoint::LoadRequest> requests;
   for (nn::Parameter* p : model->parameters())
     requests.push_back({"model." + p->name,
@@ -111,16 +112,18 @@ std::unique_ptr<tp::TensorParallel> generation_group(comm::Communicator& world,
       std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}), mode, false);
 }
 
-void parallelize_for_generation(nn::Gpt& model, tp::TensorParallel& group) {
+void parallelize_for_generation(nn::Decoder& model, tp::TensorParallel& group) {
   if (group.size() <= 1) return;
-  tp::check_gpt_degree(model.config(), group.size());
-  tp::parallelize_module(model, group, tp::gpt_plan(false));
+  const nn::DecoderConfig config = model.decoder_config();
+  tp::check_decoder_degree(config, group.size());
+  tp::parallelize_module(model, group, tp::decoder_plan(config, false));
 }
 
-std::unique_ptr<nn::Gpt> load_for_generation(comm::Communicator& world, const std::string& path,
-                                             tp::TensorParallel& group, comm::ReductionMode mode,
-                                             std::int64_t models_in_process) {
-  std::unique_ptr<nn::Gpt> model = load_gpt(world, path, models_in_process);
+std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, const std::string& path,
+                                                 tp::TensorParallel& group,
+                                                 comm::ReductionMode mode,
+                                                 std::int64_t models_in_process) {
+  std::unique_ptr<nn::Decoder> model = load_decoder(world, path, models_in_process);
   model->set_exact_sums(mode == comm::ReductionMode::exact);
   parallelize_for_generation(*model, group);
   return model;

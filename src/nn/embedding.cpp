@@ -63,11 +63,13 @@ Tensor Embedding::forward(const Tensor& indices) {
       std::fill_n(row, dim, 0.0f);
     }
   }
-  return output;
+  // Each element has one non-zero term over the ranks: any reduction mode gives its bits.
+  return split_ != nullptr ? split_->complete_output({output, nullptr, output.shape()}) : output;
 }
 
-Tensor Embedding::backward(const Tensor& grad_output, GradientSink& sink, bool) {
+Tensor Embedding::backward(const Tensor& given, GradientSink& sink, bool) {
   if (output_shape_.rank() == 0) throw InvalidArgument(describe() + ": backward without a forward");
+  const Tensor grad_output = split_ != nullptr ? split_->gather_output_grad(given) : given;
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != output_shape_) {
     throw InvalidArgument(

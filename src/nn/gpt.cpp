@@ -9,6 +9,7 @@
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::nn {
 
@@ -321,6 +322,10 @@ void Gpt::set_exact_sums(bool on) {
     block->set_exact_blocks(on);
   head_.set_exact_blocks(on);
   exact_sums_ = on;
+}
+
+DecoderConfig Gpt::decoder_config() const {
+  return config_;
 }
 
 std::string Gpt::config_text() const {

@@ -242,14 +242,15 @@ Tensor GroupedQueryAttention::forward(const Tensor& input) {
                                       config_.dim,
                                       input.defined() ? input.shape().to_string() : "none"));
   }
-  const std::int64_t batch = input.shape()[0];
-  const std::int64_t length = input.shape()[1];
   if (decode_rows_ != nullptr) return forward_decode(input);
+  // qkv's output has the whole sequence, also when the input is a sequence shard.
+  const Tensor qkv = run_forward(qkv_, input);
+  const std::int64_t batch = qkv.shape()[0];
+  const std::int64_t length = qkv.shape()[1];
   if (length > config_.context) {
     throw InvalidArgument(fmt::format("{}: a sequence of {} is longer than the context {}",
                                       describe(), length, config_.context));
   }
-  const Tensor qkv = run_forward(qkv_, input);
   Heads heads = prepare_heads(qkv.reshape(Shape{batch * length, qkv.shape()[2]}),
                               row_positions(batch, length));
   queries_ = std::move(heads.queries);

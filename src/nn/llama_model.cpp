@@ -9,6 +9,7 @@
 #include <meshtensor/core/setting_text.hpp>
 #include <meshtensor/core/shape.hpp>
 #include <meshtensor/nn/llama.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::nn {
 
@@ -224,6 +225,10 @@ void Llama::set_exact_sums(bool on) {
     block->set_exact_blocks(on);
   head_.set_exact_blocks(on);
   exact_sums_ = on;
+}
+
+DecoderConfig Llama::decoder_config() const {
+  return config_;
 }
 
 std::string Llama::describe() const {

@@ -1,4 +1,9 @@
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/nn/models.hpp>
@@ -24,6 +29,82 @@ std::string decoder_config_text(const DecoderConfig& config) {
 std::int64_t decoder_parameter_count(const DecoderConfig& config) {
   if (const auto* gpt = std::get_if<GptConfig>(&config)) return gpt_parameter_count(*gpt);
   return llama_parameter_count(std::get<LlamaConfig>(config));
+}
+
+std::string decoder_architecture_text(const DecoderConfig& config) {
+  if (const auto* gpt = std::get_if<GptConfig>(&config)) return architecture_text(*gpt);
+  const auto& llama = std::get<LlamaConfig>(config);
+  std::string keys = llama_config_text(llama).substr(6);  // after "llama:"
+  std::replace(keys.begin(), keys.end(), ',', ' ');
+  return fmt::format("llama {} vocabulary={} tokenizer=bytes", keys, llama.vocabulary);
+}
+
+namespace {
+
+/// The Llama of a "llama k=v ... vocabulary=V tokenizer=bytes" architecture text.
+LlamaConfig parse_llama_architecture(const std::string& text) {
+  std::istringstream words(text);
+  std::string word;
+  words >> word;  // "llama"
+  std::vector<std::string> keys;
+  std::string vocabulary;
+  std::string tokenizer;
+  while (words >> word) {
+    if (word.rfind("vocabulary=", 0) == 0) {
+      vocabulary = word.substr(11);
+    } else if (word.rfind("tokenizer=", 0) == 0) {
+      tokenizer = word.substr(10);
+    } else {
+      keys.push_back(word);
+    }
+  }
+  const auto bad = [&](const std::string& why) {
+    return DataError(fmt::format("architecture '{}' is not a byte-level Llama ({})", text, why));
+  };
+  if (tokenizer != "bytes") throw bad(fmt::format("tokenizer '{}'", tokenizer));
+  if (vocabulary != "256") throw bad(fmt::format("vocabulary '{}'", vocabulary));
+  try {
+    return parse_llama_config(fmt::format("llama:{}", fmt::join(keys, ",")));
+  } catch (const ParseError& e) {
+    throw bad(e.what());
+  }
+}
+
+}  // namespace
+
+DecoderConfig parse_decoder_architecture(const std::string& text) {
+  const std::string family = text.substr(0, text.find(' '));
+  if (family == "llama") return parse_llama_architecture(text);
+  if (family == "gpt") return parse_architecture(text);
+  throw DataError(
+      fmt::format("architecture '{}' is not a byte-level decoder: its family '{}' is neither gpt "
+                  "nor llama",
+                  text, family));
+}
+
+double decoder_model_bytes(const DecoderConfig& config) {
+  return 2.0 * 4.0 * static_cast<double>(decoder_parameter_count(config));
+}
+
+std::int64_t decoder_context(const DecoderConfig& config) {
+  return std::visit([](const auto& c) { return c.context; }, config);
+}
+
+std::int64_t decoder_layers(const DecoderConfig& config) {
+  return std::visit([](const auto& c) { return c.layers; }, config);
+}
+
+std::int64_t decoder_dim(const DecoderConfig& config) {
+  return std::visit([](const auto& c) { return c.dim; }, config);
+}
+
+std::int64_t decoder_vocabulary(const DecoderConfig& config) {
+  return std::visit([](const auto& c) { return c.vocabulary; }, config);
+}
+
+DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed) {
+  std::visit([seed](auto& c) { c.seed = seed; }, config);
+  return config;
 }
 
 std::unique_ptr<Decoder> make_decoder(const DecoderConfig& config) {

@@ -179,7 +179,7 @@ void RlRun::build() {
       // The trainer's peak, its reference model, and the generator's copy of the model.
       const double process_ranks = world_.backend() == "threads" ? world_.size() : 1.0;
       const double per_rank = train::estimate_rank_bytes(trainer, *language_, trainer_ranks_) +
-                              nn::gpt_model_bytes(config_.model) * (config_.kl > 0 ? 2.0 : 1.0);
+                              nn::decoder_model_bytes(config_.model) * (config_.kl > 0 ? 2.0 : 1.0);
       require_memory(per_rank * process_ranks,
                      fmt::format("GRPO on model {} with {} rank(s) in this process ({} a rank)",
                                  language_->architecture(), process_ranks, format_bytes(per_rank)));
@@ -213,21 +213,21 @@ void RlRun::build_generator() {
   generator_groups_ = std::make_shared<comm::MeshGroups>(
       held.mesh(), std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
   generator_model_ = language_->make_model(config_.train.seed);
-  auto& gpt = dynamic_cast<nn::Gpt&>(*generator_model_);
+  auto& decoder = dynamic_cast<nn::Decoder&>(*generator_model_);
   const comm::ReductionMode mode = config_.generator_mode.value_or(config_.train.mode);
   const bool exact_generator = mode == comm::ReductionMode::exact;
-  gpt.set_exact_sums(exact_generator);
+  decoder.set_exact_sums(exact_generator);
   generator_tp_ = std::make_unique<tp::TensorParallel>(
       generator_groups_->group(std::vector<int>{1}), mode, false);
-  generate::parallelize_for_generation(gpt, *generator_tp_);
+  generate::parallelize_for_generation(decoder, *generator_tp_);
   generate::GeneratorOptions options;
   options.max_batch = config_.max_batch;
   options.prefill_chunk = config_.prefill_chunk;
   options.exact_logprobs = exact_generator;
-  generator_ = std::make_unique<generate::Generator>(gpt, options, generator_tp_.get());
+  generator_ = std::make_unique<generate::Generator>(decoder, options, generator_tp_.get());
   generator_->check_between_steps([this] { world_.throw_if_aborted(); });
   sync_ = std::make_unique<WeightSync>(*policy_, trainer_copies_, *generator_groups_,
-                                       gpt.parameters(), config_.train.mode);
+                                       decoder.parameters(), config_.train.mode);
   result_.joint_mesh = sync_->joint();
 }
 
@@ -680,7 +680,7 @@ RlStepReport RlRun::step() {
       config_.generator.ranks() == world_.size()) {
     report.naive_sync_seconds =
         naive_weight_sync(*policy_, config_.generator.mesh(),
-                          dynamic_cast<nn::Gpt&>(*generator_model_).parameters())
+                          dynamic_cast<nn::Decoder&>(*generator_model_).parameters())
             .seconds;
   }
   Rollouts rollouts;
@@ -738,7 +738,7 @@ std::string rl_description(const RlConfig& c, const RlTask& task) {
       "task {} ({} prompts) init '{}' model {} steps {} P {} G {} new {} temp {} top_k {} clip {} "
       "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} generator "
       "mode {} trainer {}",
-      task.name, task.prompts.size(), c.init, nn::gpt_config_text(c.model), c.steps, c.prompts,
+      task.name, task.prompts.size(), c.init, nn::decoder_config_text(c.model), c.steps, c.prompts,
       c.samples, c.new_tokens, c.temperature, c.top_k, c.clip_ratio, c.kl, c.ppo_epochs,
       c.minibatches, c.advantage_eps, c.max_batch, c.prefill_chunk, c.generator.describe(),
       c.compare_naive_sync,
@@ -824,7 +824,7 @@ void validate_layouts(const RlConfig& config, std::int64_t world_ranks) {
         "divides it",
         t, g.describe(), g.ranks(), world_ranks));
   }
-  tp::check_gpt_degree(config.model, g.tp);
+  tp::check_decoder_degree(config.model, g.tp);
 }
 
 }  // namespace
@@ -839,10 +839,10 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
                                         i, task.prompts[i].size(), prompt));
     }
   }
-  if (prompt + config.new_tokens > config.model.context) {
+  if (prompt + config.new_tokens > nn::decoder_context(config.model)) {
     throw InvalidArgument(
         fmt::format("a prompt of {} tokens and {} new tokens do not fit the model's context of {}",
-                    prompt, config.new_tokens, config.model.context));
+                    prompt, config.new_tokens, nn::decoder_context(config.model)));
   }
   validate_layouts(config, world_ranks);
 }

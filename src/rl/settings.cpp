@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/rl/settings.hpp>
 #include <meshtensor/train/text_data.hpp>
 
@@ -17,7 +17,9 @@ constexpr std::int64_t kMaxCount = std::int64_t{1} << 30;
 
 constexpr std::array kOwnFields = {
     SettingField{"init", "checkpoint whose model starts the policy (e.g. one `train` saved)"},
-    SettingField{"model", "without `init`: fresh weights of gpt:layers=L,heads=H,dim=D,context=T"},
+    SettingField{
+        "model",
+        "without `init`: fresh weights of gpt:layers=L,heads=H,dim=D,context=T or llama:..."},
     SettingField{"task",
                  "words (default: English words from openings of held-out fortunes) or "
                  "arithmetic (A+B= with two-digit numbers)"},
@@ -96,7 +98,7 @@ RlConfig RlSettings::config() const {
     throw ParseError(fmt::format("`init` {} brings its own model; `model` {} does not apply",
                                  config.init, text("model", "")));
   }
-  config.model = nn::parse_gpt_config(text("model", "gpt"));
+  config.model = nn::parse_decoder_config(text("model", "gpt"));
   config.steps = integer("steps", "20", 1, kMaxCount);
   config.prompts = integer("prompts", "8", 1, kMaxCount);
   config.samples = integer("samples", "4", 0, kMaxCount);

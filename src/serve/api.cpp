@@ -134,17 +134,18 @@ json parse_body(std::string_view body) {
 }
 
 std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
-                                       const nn::GptConfig& config) {
+                                       const nn::DecoderConfig& config) {
   std::vector<std::int64_t> prompt;
   for (const json& token : tokens) {
     const std::string key = fmt::format("prompt[{}]", index);
-    prompt.push_back(integer_value(token, key, 0, config.vocabulary - 1));
+    prompt.push_back(integer_value(token, key, 0, nn::decoder_vocabulary(config) - 1));
   }
   return prompt;
 }
 
 /// string | [string, ...] | [token, ...] | [[token, ...], ...]
-std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc, const nn::GptConfig& config) {
+std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
+                                                     const nn::DecoderConfig& config) {
   const json* value = field(doc, "prompt");
   if (value == nullptr) throw bad("prompt", "'prompt' is required");
   std::vector<std::vector<std::int64_t>> prompts;
@@ -174,21 +175,21 @@ std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc, const nn::
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty())
       throw bad("prompt", fmt::format("prompt {} is empty: give at least one token", i));
-    if (static_cast<std::int64_t>(prompts[i].size()) >= config.context) {
+    if (static_cast<std::int64_t>(prompts[i].size()) >= nn::decoder_context(config)) {
       throw bad("prompt", fmt::format("prompt {} is {} tokens, but the model's context is {} "
                                       "(it must leave room for a new token)",
-                                      i, prompts[i].size(), config.context));
+                                      i, prompts[i].size(), nn::decoder_context(config)));
     }
   }
   return prompts;
 }
 
 std::int64_t parse_max_tokens(const json& doc, const CompletionParams& params,
-                              const nn::GptConfig& config) {
+                              const nn::DecoderConfig& config) {
   std::int64_t longest = 0;
   for (const auto& prompt : params.prompts)
     longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(prompt.size()));
-  const std::int64_t room = config.context - longest;
+  const std::int64_t room = nn::decoder_context(config) - longest;
   const json* value = field(doc, "max_tokens");
   if (value == nullptr) return std::min<std::int64_t>(16, room);
   const std::int64_t max_tokens =
@@ -197,7 +198,7 @@ std::int64_t parse_max_tokens(const json& doc, const CompletionParams& params,
     throw bad("max_tokens",
               fmt::format("'max_tokens': {} new tokens after a prompt of {} tokens is more than "
                           "the model's context of {} (at most {} here)",
-                          max_tokens, longest, config.context, room));
+                          max_tokens, longest, nn::decoder_context(config), room));
   }
   return max_tokens;
 }
@@ -306,7 +307,7 @@ Json error_body(const ApiError& error) {
 }
 
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::GptConfig& config, const ApiLimits& limits,
+                                          const nn::DecoderConfig& config, const ApiLimits& limits,
                                           std::uint64_t default_seed) {
   const json doc = parse_body(body);
   if (const json* model = field(doc, "model")) {

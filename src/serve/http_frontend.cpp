@@ -212,8 +212,8 @@ Json HttpFrontend::model_object() const {
   model["object"] = "model";
   model["created"] = 0;
   model["owned_by"] = "meshtensor";
-  model["architecture"] = nn::gpt_config_text(model_.config);
-  model["context"] = model_.config.context;
+  model["architecture"] = nn::decoder_config_text(model_.config);
+  model["context"] = nn::decoder_context(model_.config);
   model["checkpoint"] = model_.directory;
   model["weights_step"] = scheduler_.weights_step();
   model["mode"] = std::string(comm::reduction_mode_name(config_.mode));
@@ -227,7 +227,7 @@ void HttpFrontend::set_model(const ServedModel& model) {
 
 Reply HttpFrontend::completions(const HttpRequest& request, std::function<void()> on_change) {
   auto job = std::make_shared<Job>();
-  nn::GptConfig config;
+  nn::DecoderConfig config;
   std::uint64_t seed = 0;
   {
     const std::lock_guard lock(mutex_);

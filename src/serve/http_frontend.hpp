@@ -19,7 +19,7 @@ namespace meshtensor::serve {
 
 /// What the HTTP side knows of the served model.
 struct ServedModel {
-  nn::GptConfig config;
+  nn::DecoderConfig config;
   std::string directory;
 };
 

@@ -31,14 +31,14 @@ ModelHost::ModelHost(comm::Communicator& world, const ServeConfig& config)
                                                        tp_.get(), config.max_batch);
 }
 
-std::unique_ptr<nn::Gpt> ModelHost::load(const std::string& directory, std::int64_t copies) {
+std::unique_ptr<nn::Decoder> ModelHost::load(const std::string& directory, std::int64_t copies) {
   const std::int64_t per_process = world_.backend() == "threads" ? world_.size() : 1;
   return generate::load_for_generation(world_, directory, *tp_, config_.mode, copies * per_process);
 }
 
 ReloadResult ModelHost::reload() {
   ReloadResult result;
-  std::unique_ptr<nn::Gpt> fresh;
+  std::unique_ptr<nn::Decoder> fresh;
   try {
     const generate::CheckpointLocation location =
         generate::locate_checkpoint(world_, config_.checkpoint);
@@ -46,8 +46,8 @@ ReloadResult ModelHost::reload() {
     result.step = location.step;
     // The old model stays until the new one is in: two copies for a moment.
     fresh = load(result.directory, 2);
-    const std::string now = nn::gpt_config_text(model_->config());
-    const std::string next = nn::gpt_config_text(fresh->config());
+    const std::string now = model_->config_text();
+    const std::string next = fresh->config_text();
     if (now != next) {
       throw DataError(fmt::format(
           "checkpoint {} holds another model ({}) than the one served ({}): restart the server "

@@ -22,17 +22,17 @@ class ModelHost {
   /// are reported, on every rank.
   ReloadResult reload();
   generate::ContinuousBatch& batch() { return *batch_; }
-  const nn::GptConfig& config() const { return model_->config(); }
+  nn::DecoderConfig config() const { return model_->decoder_config(); }
   std::int64_t step() const { return step_; }
   const std::string& directory() const { return directory_; }
 
  private:
-  std::unique_ptr<nn::Gpt> load(const std::string& directory, std::int64_t copies);
+  std::unique_ptr<nn::Decoder> load(const std::string& directory, std::int64_t copies);
 
   comm::Communicator& world_;
   const ServeConfig& config_;
   std::unique_ptr<tp::TensorParallel> tp_;
-  std::unique_ptr<nn::Gpt> model_;
+  std::unique_ptr<nn::Decoder> model_;
   std::unique_ptr<generate::ContinuousBatch> batch_;
   std::int64_t step_ = 0;
   std::string directory_;

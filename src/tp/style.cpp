@@ -267,8 +267,11 @@ std::string RowwiseParallel::describe() const {
 
 std::string RowwiseParallel::apply(nn::Module& module, const std::string& path,
                                    TensorParallel& tp) const {
-  if (auto* embedding = dynamic_cast<nn::TokenPositionEmbedding*>(&module)) {
-    nn::Parameter& table = embedding->token().weight();
+  auto* with_positions = dynamic_cast<nn::TokenPositionEmbedding*>(&module);
+  auto* embedding =
+      with_positions != nullptr ? &with_positions->token() : dynamic_cast<nn::Embedding*>(&module);
+  if (embedding != nullptr) {
+    nn::Parameter& table = embedding->weight();
     const std::int64_t rows = table.value.shape()[0];
     const Shape ids{1, 1};
     const dtensor::OpStrategy strategy = propagate(
@@ -276,11 +279,16 @@ std::string RowwiseParallel::apply(nn::Module& module, const std::string& path,
         dtensor::embedding_strategies(table.value.shape(), ids));
     const Chunk chunk = chunk_extent(rows, tp.size(), tp.rank());
     keep_chunk(table, 0, chunk);
-    embedding->token().set_row_range(chunk.offset, rows);
-    for (nn::Parameter* p : embedding->parameters())
+    embedding->set_row_range(chunk.offset, rows);
+    for (nn::Parameter* p : module.parameters())
       if (p != &table) keep_whole(*p, tp, false);
-    embedding->set_split(&tp.keep(std::make_unique<StyleCommunication>(
-        tp, path, strategy.output.at(0).is_partial(), Placement::replicate(), output_)));
+    auto& split = tp.keep(std::make_unique<StyleCommunication>(
+        tp, path, strategy.output.at(0).is_partial(), Placement::replicate(), output_));
+    if (with_positions != nullptr) {
+      with_positions->set_split(&split);
+    } else {
+      embedding->set_split(&split);
+    }
     return strategy_text("embedding", strategy);
   }
   nn::Linear& linear = as_linear(module, path, "RowwiseParallel");
@@ -300,17 +308,28 @@ std::string RowwiseParallel::apply(nn::Module& module, const std::string& path,
 
 std::string SequenceParallel::apply(nn::Module& module, const std::string& path,
                                     TensorParallel& tp) const {
-  if (dynamic_cast<nn::LayerNorm*>(&module) == nullptr) {
-    throw InvalidArgument(fmt::format("SequenceParallel applies to a LayerNorm; '{}' is {}", path,
-                                      module.describe()));
+  const bool layer_norm = dynamic_cast<nn::LayerNorm*>(&module) != nullptr;
+  if (!layer_norm && dynamic_cast<nn::RMSNorm*>(&module) == nullptr) {
+    throw InvalidArgument(fmt::format("{} applies to a LayerNorm or an RMSNorm; '{}' is {}",
+                                      describe(), path, module.describe()));
   }
-  for (nn::Parameter* p : module.parameters())
+  // Activations [batch, sequence, dim], or [batch, sequence, heads, head_dim] for a head norm.
+  const Shape x = rows_dim_ == 1 ? Shape{1, 1, 1} : Shape{1, 1, 1, 1};
+  std::vector<Shape> shapes{x};
+  std::vector<Placement> given{Placement::shard(rows_dim_)};
+  for (nn::Parameter* p : module.parameters()) {
     keep_whole(*p, tp, true);
-  return "layer_norm " +
-         propagate(tp, "layer_norm", {Shape{1, 1, 1}, Shape{1}, Shape{1}},
-                   {Placement::shard(1), Placement::replicate(), Placement::replicate()},
-                   dtensor::row_strategies(Shape{1, 1, 1}, 2))
-             .to_string();
+    shapes.emplace_back(Shape{1});
+    given.push_back(Placement::replicate());
+  }
+  const std::string op = layer_norm ? "layer_norm" : "rms_norm";
+  const auto params = static_cast<int>(shapes.size() - 1);
+  return op + " " +
+         propagate(tp, op, shapes, given, dtensor::row_strategies(x, params)).to_string();
+}
+
+std::string SequenceParallel::describe() const {
+  return rows_dim_ == 1 ? "SequenceParallel" : "HeadParallel";
 }
 
 PrepareModuleInput::PrepareModuleInput(Placement input_layout, Placement desired_input_layout)
@@ -422,6 +441,59 @@ void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree) {
   if (config.vocabulary < degree) {
     throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
                                       degree, config.vocabulary));
+  }
+}
+
+ParallelizePlan llama_plan(bool sequence_parallel) {
+  const Placement activations = sequence_parallel ? Placement::shard(1) : Placement::replicate();
+  const auto colwise = std::make_shared<ColwiseParallel>(activations);
+  const auto rowwise = std::make_shared<RowwiseParallel>(activations);
+  ParallelizePlan plan{{"embed", rowwise},
+                       {"blocks.*.attn.qkv", colwise},
+                       {"blocks.*.attn.proj", rowwise},
+                       {"blocks.*.mlp.gate_up", colwise},
+                       {"blocks.*.mlp.down", rowwise},
+                       {"head.output", colwise}};
+  if (sequence_parallel) {
+    const auto sequence = std::make_shared<SequenceParallel>();
+    for (const char* norm : {"blocks.*.norm1", "blocks.*.norm2", "head.norm"})
+      plan.emplace_back(norm, sequence);
+  }
+  return plan;
+}
+
+void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree) {
+  if (degree < 1)
+    throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
+  if (config.kv_heads % degree != 0) {
+    throw InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the model's {} key/value heads (each rank "
+        "computes whole groups of query heads with their key/value head; key/value heads are not "
+        "replicated: choose a degree that divides {}, or kv_heads=...)",
+        degree, config.kv_heads, config.kv_heads));
+  }
+  if (config.vocabulary < degree) {
+    throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
+                                      degree, config.vocabulary));
+  }
+}
+
+ParallelizePlan decoder_plan(const nn::DecoderConfig& config, bool sequence_parallel) {
+  if (std::holds_alternative<nn::GptConfig>(config)) return gpt_plan(sequence_parallel);
+  ParallelizePlan plan = llama_plan(sequence_parallel);
+  if (std::get<nn::LlamaConfig>(config).qk_norm) {
+    const auto heads = std::make_shared<SequenceParallel>(2);
+    plan.emplace_back("blocks.*.attn.q_norm", heads);
+    plan.emplace_back("blocks.*.attn.k_norm", heads);
+  }
+  return plan;
+}
+
+void check_decoder_degree(const nn::DecoderConfig& config, std::int64_t degree) {
+  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
+    check_gpt_degree(*gpt, degree);
+  } else {
+    check_llama_degree(std::get<nn::LlamaConfig>(config), degree);
   }
 }
 

@@ -17,9 +17,10 @@ namespace meshtensor::train {
 
 void Task::check_tensor_parallel(std::int64_t degree) const {
   if (degree != 1) {
-    throw InvalidArgument(fmt::format(
-        "the model '{}' has no tensor-parallel plan: a tp mesh dim of {} needs a GPT (`model` gpt)",
-        architecture(), degree));
+    throw InvalidArgument(
+        fmt::format("the model '{}' has no tensor-parallel plan: a tp mesh dim of {} needs a "
+                    "decoder (`model` gpt or llama)",
+                    architecture(), degree));
   }
 }
 
@@ -150,88 +151,14 @@ ModelFootprint ImageClassification::footprint() const {
   return footprint;
 }
 
-LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::GptConfig model)
-    : corpus_(std::move(corpus)), model_(model) {
-  if (model_.vocabulary != kByteVocabulary) {
-    throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
-                                      kByteVocabulary, model_.vocabulary));
-  }
-  if (model_.context < 1) {
-    throw InvalidArgument(
-        fmt::format("a context of {} tokens is not a window: give at least 1", model_.context));
-  }
-  const auto length = static_cast<std::int64_t>(corpus_->train.size());
-  if (length < model_.context + 1) {
-    throw InvalidArgument(fmt::format(
-        "context={} needs windows of {} tokens, but the training text has only {} (give a "
-        "smaller context or more text)",
-        model_.context, model_.context + 1, length));
-  }
-}
+namespace {
 
-std::string LanguageModelling::architecture() const {
-  return nn::architecture_text(model_);
-}
-
-void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {
-  tp::check_gpt_degree(model_, degree);
-}
-
-std::vector<std::pair<std::string, std::string>> LanguageModelling::prepare_model(
-    nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const {
-  auto& gpt = dynamic_cast<nn::Gpt&>(model);
-  gpt.set_exact_sums(mode == comm::ReductionMode::exact);
-  if (tp == nullptr || tp->size() == 1) return {};
-  check_tensor_parallel(tp->size());
-  return tp::parallelize_module(gpt, *tp, tp::gpt_plan(tp->sequence_parallel()));
-}
-
-std::unique_ptr<nn::Module> LanguageModelling::make_model(std::uint64_t seed) const {
-  nn::GptConfig config = model_;
-  config.seed = seed;
-  return std::make_unique<nn::Gpt>(config);
-}
-
-std::vector<nn::Module*> LanguageModelling::units(nn::Module& model) const {
-  return dynamic_cast<nn::Gpt&>(model).units();
-}
-
-std::int64_t LanguageModelling::samples() const {
-  return std::max<std::int64_t>(
-      1, (static_cast<std::int64_t>(corpus_->train.size()) - 1) / model_.context);
-}
-
-Batch LanguageModelling::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
-                                     std::int64_t count) const {
-  const std::int64_t last_start =
-      static_cast<std::int64_t>(corpus_->train.size()) - model_.context - 1;
-  const std::uint64_t stream =
-      mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
-  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
-  for (std::int64_t r = 0; r < count; ++r)
-    starts[static_cast<std::size_t>(r)] =
-        uniform_int_sample(stream, static_cast<std::uint64_t>(first + r), 0, last_start);
-  return gather_windows(corpus_->train, starts, model_.context);
-}
-
-std::int64_t LanguageModelling::eval_samples() const {
-  const auto length = static_cast<std::int64_t>(corpus_->validation.size());
-  return std::min(kMaxEvalWindows, std::max<std::int64_t>(0, (length - 1) / model_.context));
-}
-
-Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) const {
-  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
-  for (std::int64_t r = 0; r < count; ++r)
-    starts[static_cast<std::size_t>(r)] = (first + r) * model_.context;
-  return gather_windows(corpus_->validation, starts, model_.context);
-}
-
-ModelFootprint LanguageModelling::footprint() const {
-  const auto d = static_cast<double>(model_.dim);
-  const auto t = static_cast<double>(model_.context);
-  const auto v = static_cast<double>(model_.vocabulary);
+ModelFootprint gpt_footprint(const nn::GptConfig& model) {
+  const auto d = static_cast<double>(model.dim);
+  const auto t = static_cast<double>(model.context);
+  const auto v = static_cast<double>(model.vocabulary);
   ModelFootprint footprint;
-  footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model_));
+  footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model));
   footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
   // Per token and layer, kept for backward: the normalised inputs, qkv, one row of
   // probabilities per head, the attention output, the MLP's input, GELU input and output (4 dim
@@ -239,13 +166,121 @@ ModelFootprint LanguageModelling::footprint() const {
   // the layer in flight. Measured peaks (long contexts, where the probabilities dominate) stay
   // below 24 dim and twice the probabilities. Then the logits with their gradient and
   // probabilities.
-  const double per_layer = 24.0 * d + 2.0 * static_cast<double>(model_.heads) * t;
+  const double per_layer = 24.0 * d + 2.0 * static_cast<double>(model.heads) * t;
   footprint.activation_floats =
-      t * (static_cast<double>(model_.layers) * per_layer + 3.0 * v + 4.0 * d);
+      t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
   footprint.exact_scratch_bytes =
       t * std::max({16.0 * 4 * d + 8.0 * d, 16.0 * d + 8.0 * 4 * d, 16.0 * d + 8.0 * v});
   return footprint;
+}
+
+ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
+  const auto d = static_cast<double>(model.dim);
+  const auto t = static_cast<double>(model.context);
+  const auto v = static_cast<double>(model.vocabulary);
+  const auto f = static_cast<double>(model.ffn);
+  const auto kv = static_cast<double>(2 * model.kv_heads * (model.dim / model.heads));
+  ModelFootprint footprint;
+  footprint.parameters = static_cast<double>(nn::llama_parameter_count(model));
+  const double block = 2.0 * d + d * (2.0 * d + kv) + 3.0 * d * f;
+  footprint.largest_unit = std::max({block, d * v, d * v + d});
+  // Per token and layer, kept for backward: the normalised inputs (2 dim), qkv and its rotated
+  // queries, keys and values (2 dim + 2 kv), one row of probabilities per head, the attention
+  // output, gate/up (2 ffn), SwiGLU's output (ffn), the residual streams; plus backward's
+  // temporaries of the layer in flight, counted as the GPT's (twice what is kept).
+  const double per_layer =
+      2.0 * (6.0 * d + 2.0 * kv + 3.0 * f) + 2.0 * static_cast<double>(model.heads) * t;
+  footprint.activation_floats =
+      t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
+  footprint.input_floats = 2.0 * t;
+  footprint.exact_scratch_bytes =
+      t * std::max({16.0 * 2 * f + 8.0 * d, 16.0 * f + 8.0 * d, 16.0 * d + 8.0 * v});
+  return footprint;
+}
+
+}  // namespace
+
+LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
+                                     nn::DecoderConfig model)
+    : corpus_(std::move(corpus)),
+      model_(std::move(model)),
+      context_(nn::decoder_context(model_)),
+      vocabulary_(nn::decoder_vocabulary(model_)) {
+  if (vocabulary_ != kByteVocabulary) {
+    throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
+                                      kByteVocabulary, vocabulary_));
+  }
+  if (context_ < 1) {
+    throw InvalidArgument(
+        fmt::format("a context of {} tokens is not a window: give at least 1", context_));
+  }
+  const auto length = static_cast<std::int64_t>(corpus_->train.size());
+  if (length < context_ + 1) {
+    throw InvalidArgument(fmt::format(
+        "context={} needs windows of {} tokens, but the training text has only {} (give a "
+        "smaller context or more text)",
+        context_, context_ + 1, length));
+  }
+}
+
+std::string LanguageModelling::architecture() const {
+  return nn::decoder_architecture_text(model_);
+}
+
+void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {
+  tp::check_decoder_degree(model_, degree);
+}
+
+std::vector<std::pair<std::string, std::string>> LanguageModelling::prepare_model(
+    nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const {
+  auto& decoder = dynamic_cast<nn::Decoder&>(model);
+  decoder.set_exact_sums(mode == comm::ReductionMode::exact);
+  if (tp == nullptr || tp->size() == 1) return {};
+  check_tensor_parallel(tp->size());
+  return tp::parallelize_module(decoder, *tp, tp::decoder_plan(model_, tp->sequence_parallel()));
+}
+
+std::unique_ptr<nn::Module> LanguageModelling::make_model(std::uint64_t seed) const {
+  return nn::make_decoder(nn::with_seed(model_, seed));
+}
+
+std::vector<nn::Module*> LanguageModelling::units(nn::Module& model) const {
+  return dynamic_cast<nn::Decoder&>(model).units();
+}
+
+std::int64_t LanguageModelling::samples() const {
+  return std::max<std::int64_t>(1,
+                                (static_cast<std::int64_t>(corpus_->train.size()) - 1) / context_);
+}
+
+Batch LanguageModelling::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
+                                     std::int64_t count) const {
+  const std::int64_t last_start = static_cast<std::int64_t>(corpus_->train.size()) - context_ - 1;
+  const std::uint64_t stream =
+      mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
+  for (std::int64_t r = 0; r < count; ++r)
+    starts[static_cast<std::size_t>(r)] =
+        uniform_int_sample(stream, static_cast<std::uint64_t>(first + r), 0, last_start);
+  return gather_windows(corpus_->train, starts, context_);
+}
+
+std::int64_t LanguageModelling::eval_samples() const {
+  const auto length = static_cast<std::int64_t>(corpus_->validation.size());
+  return std::min(kMaxEvalWindows, std::max<std::int64_t>(0, (length - 1) / context_));
+}
+
+Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) const {
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
+  for (std::int64_t r = 0; r < count; ++r)
+    starts[static_cast<std::size_t>(r)] = (first + r) * context_;
+  return gather_windows(corpus_->validation, starts, context_);
+}
+
+ModelFootprint LanguageModelling::footprint() const {
+  if (const auto* gpt = std::get_if<nn::GptConfig>(&model_)) return gpt_footprint(*gpt);
+  return llama_footprint(std::get<nn::LlamaConfig>(model_));
 }
 
 namespace {
@@ -304,8 +339,7 @@ std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>
   const std::string& source = corpus_->validation.empty() ? corpus_->train : corpus_->validation;
   std::string prompt = source.substr(0, std::min<std::size_t>(source.find('\n') + 1, 40));
   if (prompt.empty()) prompt = "\n";
-  return prompt +
-         continuation(forward, prompt, kSampleTokens, model_.context, kSampleTemperature, seed);
+  return prompt + continuation(forward, prompt, kSampleTokens, context_, kSampleTemperature, seed);
 }
 
 }  // namespace meshtensor::train

@@ -345,22 +345,22 @@ std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
     const std::vector<generate::Request>& requests) {
   const std::vector<Tensor> values = model_->whole_parameters();
   std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
-  auto& gpt = dynamic_cast<nn::Gpt&>(*built);
-  const std::vector<nn::Parameter*> whole = gpt.parameters();
+  auto& decoder = dynamic_cast<nn::Decoder&>(*built);
+  const std::vector<nn::Parameter*> whole = decoder.parameters();
   for (std::size_t i = 0; i < whole.size(); ++i)
     whole[i]->value.copy_from(values[i]);
   const bool exact = config_.mode == comm::ReductionMode::exact;
-  gpt.set_exact_sums(exact);
+  decoder.set_exact_sums(exact);
   generate::GeneratorOptions options;
   options.exact_logprobs = exact;
-  return generate::Generator(gpt, options).generate(requests);
+  return generate::Generator(decoder, options).generate(requests);
 }
 
 /// TrainConfig::verify_generator: the generator on one rank continues the first validation
 /// windows' openings, then this run's forward and loss on its own layout score the same tokens.
 /// Collective.
 void TrainingRun::verify_generator() {
-  const std::int64_t context = dynamic_cast<nn::Gpt&>(model_->module()).config().context;
+  const std::int64_t context = dynamic_cast<nn::Decoder&>(model_->module()).context();
   const std::vector<generate::Request> requests = opening_requests(task_, context, config_.seed);
   const std::vector<generate::Completion> made = generate_on_one_rank(requests);
   const auto count = static_cast<std::int64_t>(requests.size());
@@ -421,6 +421,18 @@ void TrainingRun::resume() {
         "(start rl from it with `init`, or generate from it)",
         config_.resume_dir, saved_by));
   }
+  // Every rank checks the architecture before any tensor is read.
+  const auto saved_architecture = index.metadata.find("architecture");
+  const std::string architecture = comm::broadcast_text(
+      world_, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
+  if (!architecture.empty() && architecture != task_.architecture()) {
+    const auto family = [](const std::string& text) { return text.substr(0, text.find(' ')); };
+    throw InvalidArgument(fmt::format(
+        "checkpoint {} holds a {} model '{}', but this run trains a {} model '{}' (`model`, "
+        "`activation` and `layernorm` must match the saving run's)",
+        config_.resume_dir, family(architecture), architecture, family(task_.architecture()),
+        task_.architecture()));
+  }
   std::vector<checkpoint::SaveItem> state = training_state();
   const std::vector<Tensor> loaded =
       checkpoint::load(world_, config_.resume_dir, load_requests(state));
@@ -441,16 +453,6 @@ void TrainingRun::resume() {
     throw InvalidArgument(fmt::format("checkpoint {} is at step {}, past the {} steps of this run",
                                       config_.resume_dir, loaded_scalar("train.step"),
                                       total_steps_));
-  }
-  // Every rank checks the architecture.
-  const auto saved_architecture = index.metadata.find("architecture");
-  const std::string architecture = comm::broadcast_text(
-      world_, saved_architecture == index.metadata.end() ? "" : saved_architecture->second, 0);
-  if (!architecture.empty() && architecture != task_.architecture()) {
-    throw InvalidArgument(
-        fmt::format("checkpoint {} holds a model '{}', but this run trains '{}' (`model`, "
-                    "`activation` and `layernorm` must match the saving run's)",
-                    config_.resume_dir, architecture, task_.architecture()));
   }
   restore_model_state(state, loaded, model_->optimizer());
   if (const auto saved = index.metadata.find("schedule");
@@ -750,7 +752,7 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
         pp::schedule_name(config.pipeline_schedule), config.micro_batches, mesh_dim(config, "pp"),
         mesh_dim(config, "pp")));
   }
-  pp::split_blocks(language->model().layers, schedule.stages());
+  pp::split_blocks(nn::decoder_layers(language->model()), schedule.stages());
   if (config.micro_batch_mode != MicroBatchMode::no_sync) {
     throw InvalidArgument(
         "a pipeline reduces each stage's gradients once, after its last micro-batch: the "
@@ -765,8 +767,9 @@ void validate_config(const TrainConfig& config, const Task& task) {
     if (value < 1) throw InvalidArgument(fmt::format("{} must be at least 1, got {}", what, value));
   };
   if (config.verify_generator && dynamic_cast<const LanguageModelling*>(&task) == nullptr) {
-    throw InvalidArgument(fmt::format(
-        "`verify_generator` checks a GPT's generator; this run trains '{}'", task.architecture()));
+    throw InvalidArgument(
+        fmt::format("`verify_generator` checks a language model's generator; this run trains '{}'",
+                    task.architecture()));
   }
   positive(config.batch, "the batch");
   positive(config.micro_batches, "the number of micro-batches");

@@ -11,7 +11,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/mesh/layout.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/tp/ops.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/training_model.hpp>
@@ -119,13 +119,13 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
   sharded_->memory().add(fsdp::MemoryKind::optimizer_state, optimizer_bytes_);
 }
 
-/// The pipeline stage `stage` of a GPT split into `split`'s blocks: its units by name.
 namespace {
 
+/// The pipeline stage `stage` of a decoder split into `split`'s blocks: its units by name.
 std::vector<std::pair<std::string, nn::Module*>> units_of_stage(
-    nn::Gpt& gpt, const std::vector<std::pair<std::int64_t, std::int64_t>>& split,
+    nn::Decoder& decoder, const std::vector<std::pair<std::int64_t, std::int64_t>>& split,
     std::size_t stage) {
-  const auto children = gpt.children();  // embed, blocks.0, ..., head
+  const auto children = decoder.children();  // embed, blocks.0, ..., head
   std::vector<std::pair<std::string, nn::Module*>> units;
   if (stage == 0) units.push_back(children.front());
   for (std::int64_t b = split[stage].first; b < split[stage].second; ++b)
@@ -157,12 +157,12 @@ std::string describe_units(const std::vector<std::pair<std::string, nn::Module*>
 
 }  // namespace
 
-/// A GPT's chunks: every rank runs the stages s with s % pp == its pp coordinate (one stage
+/// A decoder's chunks: every rank runs the stages s with s % pp == its pp coordinate (one stage
 /// without a pipeline: the whole model), each block checkpointed as the config says. Other
 /// models run whole.
 void TrainingModel::build_stages(const TrainConfig& config) {
-  auto* gpt = dynamic_cast<nn::Gpt*>(model_.get());
-  if (gpt == nullptr) {
+  auto* decoder = dynamic_cast<nn::Decoder*>(model_.get());
+  if (decoder == nullptr) {
     root_ = model_.get();
     return;
   }
@@ -173,10 +173,10 @@ void TrainingModel::build_stages(const TrainConfig& config) {
           : 0;
   const pp::ScheduleConfig schedule{config.pipeline_schedule, ranks, virtual_stages(config),
                                     config.micro_batches};
-  const auto split = pp::split_blocks(gpt->config().layers, schedule.stages());
+  const auto split = pp::split_blocks(decoder->layers(), schedule.stages());
   std::map<const nn::Parameter*, std::int64_t> owner;
   for (std::size_t s = 0; s < split.size(); ++s) {
-    const auto units = units_of_stage(*gpt, split, s);
+    const auto units = units_of_stage(*decoder, split, s);
     stage_units_.push_back(describe_units(units));
     for (const auto& unit : units)
       for (const nn::Parameter* p : unit.second->parameters())
@@ -228,10 +228,10 @@ void TrainingModel::find_chunk_groups() {
 }
 
 Shape TrainingModel::boundary_shape(std::int64_t rows, std::int64_t sequence) const {
-  const auto& gpt = dynamic_cast<const nn::Gpt&>(*model_);
+  const auto& decoder = dynamic_cast<const nn::Decoder&>(*model_);
   if (tp_ != nullptr && tp_->sequence_parallel() && tp_->size() > 1)
     sequence = chunk_extent(sequence, tp_->size(), tp_->rank()).size;
-  return Shape{rows, sequence, gpt.config().dim};
+  return Shape{rows, sequence, decoder.dim()};
 }
 
 void TrainingModel::prepare_chunk_backward(std::size_t chunk, std::int64_t k, std::int64_t count) {

@@ -96,7 +96,7 @@ errors)
   expect "give --prompt TEXT or --prompts FILE" "${gen[@]}"
   expect "no checkpoint at" "${gen[@]/$dir\/ckpt/$dir/none}" --prompt "a"
   "$bin" train --model mlp:8 --steps 1 --save "$dir/mlp" >/dev/null
-  expect "is not a byte-level GPT" generate --checkpoint "$dir/mlp" --prompt "a"
+  expect "is not a byte-level decoder" generate --checkpoint "$dir/mlp" --prompt "a"
   cp -r "$dir/ckpt" "$dir/damaged"
   index=$(ls "$dir"/damaged/step-*/index.json | tail -1)
   cp "$index" "$dir/index.good"

@@ -32,15 +32,15 @@ struct StepEvent {
 
 /// The engine under Generator, one decode step at a time, for callers whose requests arrive and
 /// leave while others run (a server): requests are added and removed between steps, and each
-/// step() runs Gpt::decode once on the next rows of every running request. Every row has the bits
-/// the trainer's forward gives its position, and sampling depends on the request alone, so what a
-/// request gets never depends on when it was added or what else runs. With a tensor-parallel
+/// step() runs Decoder::decode once on the next rows of every running request. Every row has the
+/// bits the trainer's forward gives its position, and sampling depends on the request alone, so
+/// what a request gets never depends on when it was added or what else runs. With a tensor-parallel
 /// group, every member makes the same calls in the same order.
 class ContinuousBatch {
  public:
   /// Over `model` (which must outlive it) with `slots` cache slots (at most `slots` requests
   /// running). `tp` as for Generator. InvalidArgument for slots or prefill_chunk below 1.
-  ContinuousBatch(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp,
+  ContinuousBatch(nn::Decoder& model, GeneratorOptions options, tp::TensorParallel* tp,
                   std::int64_t slots);
   /// Requests running now.
   std::int64_t size() const { return static_cast<std::int64_t>(running_.size()); }
@@ -78,7 +78,7 @@ class ContinuousBatch {
   };
   std::vector<ScoredToken> score(const Tensor& logits, std::vector<RowToScore>& rows);
 
-  nn::Gpt& model_;
+  nn::Decoder& model_;
   GeneratorOptions options_;
   tp::TensorParallel* tp_;
   std::vector<nn::KeyValueCache> caches_;

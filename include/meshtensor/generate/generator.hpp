@@ -9,7 +9,7 @@
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
@@ -63,21 +63,21 @@ struct GeneratorStats {
 /// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in [0, 1] and
 /// top_logprobs from 0 to the vocabulary. generate() checks every request with it before
 /// generating anything.
-void check_request(const Request& request, std::size_t index, const nn::GptConfig& config);
+void check_request(const Request& request, std::size_t index, const nn::DecoderConfig& config);
 
-/// Generates with continuous batching over a GPT: requests join the running batch as slots free
-/// up and leave when done; prompts are fed in chunks; each step runs Gpt::decode on the rows of
-/// every running request. Every row has the bits the trainer's forward gives that position of its
-/// sequence, and sampling depends on the request alone, so a request's tokens and
+/// Generates with continuous batching over a decoder (any family): requests join the running batch
+/// as slots free up and leave when done; prompts are fed in chunks; each step runs Decoder::decode
+/// on the rows of every running request. Every row has the bits the trainer's forward gives that
+/// position of its sequence, and sampling depends on the request alone, so a request's tokens and
 /// log-probabilities are the same bits alone or in any batch, at any chunk size.
 class Generator {
  public:
   /// Over `model` (which must outlive the generator). With `tp`, the model is split over that
-  /// tensor-parallel group (tp::parallelize_module with tp::gpt_plan(false)); every member calls
-  /// generate() with the same requests, gets the whole logits for sampling and computes the
+  /// tensor-parallel group (tp::parallelize_module with tp::decoder_plan(.., false)); every member
+  /// calls generate() with the same requests, gets the whole logits for sampling and computes the
   /// log-probabilities with the vocabulary-parallel loss, as the trainer does on that layout.
   /// InvalidArgument for a max_batch or prefill_chunk below 1.
-  Generator(nn::Gpt& model, GeneratorOptions options, tp::TensorParallel* tp = nullptr);
+  Generator(nn::Decoder& model, GeneratorOptions options, tp::TensorParallel* tp = nullptr);
   /// The completions of `requests`, in their order. InvalidArgument naming the request and the
   /// value for an empty prompt, a token outside the vocabulary, a prompt plus max_new_tokens
   /// longer than the context, or a bad sampling setting; nothing is generated then.
@@ -89,7 +89,7 @@ class Generator {
   void check_between_steps(std::function<void()> check) { between_steps_ = std::move(check); }
 
  private:
-  nn::Gpt& model_;
+  nn::Decoder& model_;
   GeneratorOptions options_;
   tp::TensorParallel* tp_;
   GeneratorStats stats_;

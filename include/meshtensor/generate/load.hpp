@@ -5,35 +5,36 @@
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/communicator.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
 
 /// What is wrong with a checkpoint's "architecture" metadata, or empty when it is a byte-level
-/// GPT whose parameter count is what the index's f32 "model.*" tensors hold. Untrusted metadata
-/// is checked against the tensors this way before a model is built from it.
+/// decoder (nn::parse_decoder_architecture) whose parameter count is what the index's f32 "model.*"
+/// tensors hold. Untrusted metadata is checked against the tensors this way before a model is built
+/// from it.
 std::string architecture_problem(const checkpoint::Index& index);
 
-/// The GPT a checkpoint's index describes, once architecture_problem() found nothing; DataError
+/// The decoder a checkpoint's index describes, once architecture_problem() found nothing; DataError
 /// naming `path` and the problem otherwise.
-nn::GptConfig checked_architecture(const checkpoint::Index& index, const std::string& path);
+nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std::string& path);
 
 /// The architecture of the checkpoint `path` on every rank of `world` (collective): rank 0 reads
 /// the index, checks it (checked_architecture()) and `models_in_process` copies of the model
 /// against the memory available (ResourceError), and broadcasts it.
-nn::GptConfig read_architecture(comm::Communicator& world, const std::string& path,
-                                std::int64_t models_in_process = 1);
+nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,
+                                    std::int64_t models_in_process = 1);
 
-/// The GPT saved in the checkpoint `path` (a checkpoint directory or a root with LATEST), whole
+/// The decoder saved in the checkpoint `path` (a checkpoint directory or a root with LATEST), whole
 /// on every rank of `world` (collective): built from the checkpoint's architecture and loaded
 /// from its "model.<name>" tensors, whatever layout saved them. The architecture is checked
 /// against the tensors (checked_architecture()) and `models_in_process` copies of the model
 /// against the memory available (ResourceError) before anything is allocated. DataError naming
 /// the checkpoint for a checkpoint of another model (an MLP, another architecture, a missing
 /// tensor).
-std::unique_ptr<nn::Gpt> load_gpt(comm::Communicator& world, const std::string& path,
-                                  std::int64_t models_in_process = 1);
+std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::string& path,
+                                          std::int64_t models_in_process = 1);
 
 /// Where a checkpoint path (a checkpoint directory or a root with LATEST) resolves: rank 0
 /// reads the directory and its step, every rank of `world` gets both (collective; an error on
@@ -50,14 +51,15 @@ std::unique_ptr<tp::TensorParallel> generation_group(comm::Communicator& world,
                                                      comm::ReductionMode mode);
 
 /// Splits `model` over `group` the way generation runs it (the Megatron plan without sequence
-/// parallelism, tp::gpt_plan(false)) after checking that the group's size divides its heads and
-/// widths (tp::check_gpt_degree); nothing on a group of one rank.
-void parallelize_for_generation(nn::Gpt& model, tp::TensorParallel& group);
+/// parallelism, tp::decoder_plan(.., false)) after checking that the group's size divides its
+/// heads and widths (tp::check_decoder_degree); nothing on a group of one rank.
+void parallelize_for_generation(nn::Decoder& model, tp::TensorParallel& group);
 
-/// load_gpt(world, path, models_in_process) with exact sums in `mode` exact, split over `group`
+/// load_decoder(world, path, models_in_process) with exact sums in `mode` exact, split over `group`
 /// by parallelize_for_generation: the one way a checkpoint becomes a model that generates.
-std::unique_ptr<nn::Gpt> load_for_generation(comm::Communicator& world, const std::string& path,
-                                             tp::TensorParallel& group, comm::ReductionMode mode,
-                                             std::int64_t models_in_process = 1);
+std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, const std::string& path,
+                                                 tp::TensorParallel& group,
+                                                 comm::ReductionMode mode,
+                                                 std::int64_t models_in_process = 1);
 
 }  // namespace meshtensor::generate

@@ -14,6 +14,9 @@ namespace meshtensor::nn {
 struct GptConfig;
 struct LlamaConfig;
 
+/// A decoder's config, by family (nn/models.hpp has what reads and writes it).
+using DecoderConfig = std::variant<GptConfig, LlamaConfig>;
+
 /// What training, generation and the parallel plans need of a decoder-only language model over
 /// i64 tokens [batch, sequence] -> f32 logits [batch, sequence, vocabulary], whatever its family
 /// (Gpt, Llama). Its units are the natural parameter groups and pipeline pieces: the embedding,
@@ -43,6 +46,10 @@ class Decoder : public Module {
   virtual std::int64_t vocabulary() const = 0;
   /// Blocks.
   virtual std::int64_t layers() const = 0;
+  /// Features of the residual stream.
+  virtual std::int64_t dim() const = 0;
+  /// The config the model was built from.
+  virtual DecoderConfig decoder_config() const = 0;
   /// The model text its config parses from ("gpt:...", "llama:...").
   virtual std::string config_text() const = 0;
 };

@@ -32,9 +32,14 @@ class Embedding : public Module {
   void set_row_range(std::int64_t offset, std::int64_t total);
   /// Rows of the whole table.
   std::int64_t total_rows() const { return total_rows_; }
+  /// Installs the communication of a parallel style (null: none): the output, of the rows this
+  /// rank holds, is completed by `split`. It must outlive the module.
+  void set_split(SplitCommunication* split) { split_ = split; }
+  SplitCommunication* split_communication() const override { return split_; }
 
  private:
   Parameter weight_;
+  SplitCommunication* split_ = nullptr;
   std::int64_t row_offset_ = 0;
   std::int64_t total_rows_ = 0;
   std::vector<std::int64_t> indices_;

@@ -143,6 +143,8 @@ class Gpt : public Decoder {
   std::int64_t context() const override { return config_.context; }
   std::int64_t vocabulary() const override { return config_.vocabulary; }
   std::int64_t layers() const override { return config_.layers; }
+  std::int64_t dim() const override { return config_.dim; }
+  DecoderConfig decoder_config() const override;
   /// gpt_config_text of its config.
   std::string config_text() const override;
 

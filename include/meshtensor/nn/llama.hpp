@@ -128,6 +128,8 @@ class Llama : public Decoder {
   std::int64_t context() const override { return config_.context; }
   std::int64_t vocabulary() const override { return config_.vocabulary; }
   std::int64_t layers() const override { return config_.layers; }
+  std::int64_t dim() const override { return config_.dim; }
+  DecoderConfig decoder_config() const override;
   /// llama_config_text of its config.
   std::string config_text() const override { return llama_config_text(config_); }
 

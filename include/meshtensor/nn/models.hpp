@@ -11,9 +11,6 @@
 
 namespace meshtensor::nn {
 
-/// A decoder's config, by family.
-using DecoderConfig = std::variant<GptConfig, LlamaConfig>;
-
 /// True for a model text of a decoder family ("gpt", "gpt:...", "llama", "llama:...").
 bool is_decoder_model(const std::string& text);
 
@@ -26,6 +23,34 @@ std::string decoder_config_text(const DecoderConfig& config);
 
 /// Parameters of the model `config` builds.
 std::int64_t decoder_parameter_count(const DecoderConfig& config);
+
+/// The "architecture" metadata of a byte-level decoder of `config`, as `meshtensor train` writes
+/// it: the family, then its keys as key=value words, the vocabulary and the tokenizer ("gpt
+/// layers=4 heads=4 dim=128 context=128 vocabulary=256 tokenizer=bytes", "llama layers=4 heads=4
+/// kv_heads=2 ... vocabulary=256 tokenizer=bytes").
+std::string decoder_architecture_text(const DecoderConfig& config);
+
+/// The decoder a checkpoint's "architecture" metadata describes; DataError naming the text when
+/// it is not a byte-level decoder of a known family, or its keys do not parse.
+DecoderConfig parse_decoder_architecture(const std::string& text);
+
+/// Bytes the model of `config` allocates when built (its parameters' values and gradients).
+double decoder_model_bytes(const DecoderConfig& config);
+
+/// The config's longest sequence.
+std::int64_t decoder_context(const DecoderConfig& config);
+
+/// The config's blocks.
+std::int64_t decoder_layers(const DecoderConfig& config);
+
+/// The config's residual-stream features.
+std::int64_t decoder_dim(const DecoderConfig& config);
+
+/// The config's vocabulary.
+std::int64_t decoder_vocabulary(const DecoderConfig& config);
+
+/// `config` with its initial weights drawn from `seed`.
+DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed);
 
 /// The model `config` builds (the same bits everywhere for the same config).
 std::unique_ptr<Decoder> make_decoder(const DecoderConfig& config);

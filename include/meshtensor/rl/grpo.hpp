@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/rl/rewards.hpp>
 #include <meshtensor/rl/weight_sync.hpp>
 #include <meshtensor/train/trainer.hpp>
@@ -31,7 +31,7 @@ struct RlConfig {
   /// reference); "": fresh weights of `model` from the seed.
   std::string init;
   /// The policy's architecture when there is no `init` (with one, the checkpoint's).
-  nn::GptConfig model;
+  nn::DecoderConfig model;
   std::int64_t steps = 20;       ///< rollout batches (each: generate, score, update)
   std::int64_t prompts = 8;      ///< P: prompts per step
   std::int64_t samples = 4;      ///< G: completions per prompt (at least 2: a group)

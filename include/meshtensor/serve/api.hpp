@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/generate/continuous_batch.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::serve {
 
@@ -61,7 +61,7 @@ struct CompletionParams {
 /// as OpenAI does), a value out of range, a prompt past the context or a limit passed; 404
 /// (model_not_found) for another model. `default_seed` is used when the request has none.
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::GptConfig& config, const ApiLimits& limits,
+                                          const nn::DecoderConfig& config, const ApiLimits& limits,
                                           std::uint64_t default_seed);
 
 /// One choice as generated so far: the prompt, its scores (echo with logprobs) and its tokens.

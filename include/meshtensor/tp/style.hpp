@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <meshtensor/mesh/placement.hpp>
-#include <meshtensor/nn/gpt.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/nn/module.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
@@ -54,12 +54,18 @@ class RowwiseParallel : public ParallelStyle {
   Placement output_;
 };
 
-/// A module computed on sequence shards (a norm): parameters replicated, their gradient sums
-/// partial over the group (reduced over it with the data-parallel reduction).
+/// A norm (LayerNorm, RMSNorm) computed on row shards: parameters replicated, their gradient sums
+/// partial over the group (reduced over it with the data-parallel reduction). Rows are
+/// sequence positions (dim 1, "SequenceParallel") or, for a norm of each head's queries or
+/// keys, the heads each rank computes (dim 2, "HeadParallel").
 class SequenceParallel : public ParallelStyle {
  public:
+  explicit SequenceParallel(int rows_dim = 1) : rows_dim_(rows_dim) {}
   std::string apply(nn::Module& module, const std::string& path, TensorParallel& tp) const override;
-  std::string describe() const override { return "SequenceParallel"; }
+  std::string describe() const override;
+
+ private:
+  int rows_dim_;
 };
 
 /// Moves a module's input from `input_layout` to `desired_input_layout` before its forward, and
@@ -114,5 +120,24 @@ ParallelizePlan gpt_plan(bool sequence_parallel);
 /// InvalidArgument naming both numbers unless a GPT of `config` splits over `degree` ranks (the
 /// degree must divide the heads; the vocabulary must have a row per rank).
 void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree);
+
+/// Megatron's plan for the Llama family: the token embedding split by vocabulary rows, qkv
+/// (whole groups of query heads with their key/value head) and the MLP's gate/up projection
+/// column-parallel, the attention output and the MLP's down projection row-parallel, the LM head
+/// column-parallel over the vocabulary; with sequence parallelism the RMSNorms run on sequence
+/// shards.
+ParallelizePlan llama_plan(bool sequence_parallel);
+
+/// InvalidArgument naming both numbers unless a Llama of `config` splits over `degree` ranks:
+/// the degree must divide the key/value heads (key/value heads are never replicated), and so
+/// the query heads; the vocabulary must have a row per rank.
+void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree);
+
+/// The plan of the decoder's family (gpt_plan, llama_plan; with QK-norm the query and key norms
+/// run on each rank's heads, HeadParallel).
+ParallelizePlan decoder_plan(const nn::DecoderConfig& config, bool sequence_parallel);
+
+/// check_gpt_degree or check_llama_degree by family.
+void check_decoder_degree(const nn::DecoderConfig& config, std::int64_t degree);
 
 }  // namespace meshtensor::tp

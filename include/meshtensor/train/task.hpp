@@ -8,8 +8,8 @@
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
-#include <meshtensor/nn/gpt.hpp>
 #include <meshtensor/nn/mlp.hpp>
+#include <meshtensor/nn/models.hpp>
 #include <meshtensor/nn/module.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 #include <meshtensor/train/dataset.hpp>
@@ -126,12 +126,12 @@ class LanguageModelling : public Task {
   static constexpr std::int64_t kMaxEvalWindows = 64;
   /// InvalidArgument naming the context and the text's length when the training text is shorter
   /// than one window (context + 1 tokens), or the model's vocabulary is not the tokenizer's.
-  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::GptConfig model);
+  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model);
   std::string architecture() const override;
   std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
   std::vector<nn::Module*> units(nn::Module& model) const override;
   std::int64_t samples() const override;
-  std::int64_t targets_per_sample() const override { return model_.context; }
+  std::int64_t targets_per_sample() const override { return context_; }
   Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
                     std::int64_t count) const override;
   std::int64_t eval_samples() const override;
@@ -141,19 +141,23 @@ class LanguageModelling : public Task {
                      std::uint64_t seed) const override;
   std::string eval_name() const override { return "validation"; }
   std::string target_name() const override { return "token"; }
-  std::int64_t classes() const override { return model_.vocabulary; }
+  std::int64_t classes() const override { return vocabulary_; }
   void check_tensor_parallel(std::int64_t degree) const override;
   std::vector<std::pair<std::string, std::string>> prepare_model(
       nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const override;
   bool exact_loss_sums() const override { return true; }
-  /// The GPT's config.
-  const nn::GptConfig& model() const { return model_; }
+  /// The decoder's config.
+  const nn::DecoderConfig& model() const { return model_; }
+  /// The decoder's longest sequence (a window's length).
+  std::int64_t context() const { return context_; }
   /// The corpus.
   const TextCorpus& corpus() const { return *corpus_; }
 
  private:
   std::shared_ptr<const TextCorpus> corpus_;
-  nn::GptConfig model_;
+  nn::DecoderConfig model_;
+  std::int64_t context_;
+  std::int64_t vocabulary_;
 };
 
 /// Bytes the sample at the end of a language run generates after its prompt.
