@@ -45,3 +45,11 @@ def chunk(length, parts, index):
     size = -(-length // parts) if parts else 0
     offset = min(index * size, length)
     return offset, min(size, length - offset)
+
+
+@pytest.fixture
+def text(tmp_path):
+    """A small text of 80 fortune-shaped records."""
+    path = tmp_path / "text.txt"
+    path.write_text("".join(f"fortune {i}: {'ab' * (i % 5)} the end\n%\n" for i in range(80)))
+    return str(path)

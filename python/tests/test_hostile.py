@@ -19,13 +19,6 @@ import meshtensor as mt
 SMALL_GPT = dict(model="gpt:layers=1,heads=2,dim=16,context=16", steps=2, batch=4, eval_every=0)
 
 
-@pytest.fixture
-def text(tmp_path):
-    path = tmp_path / "text.txt"
-    path.write_text("".join(f"fortune {i}: {'ab' * (i % 5)} the end\n%\n" for i in range(80)))
-    return str(path)
-
-
 def interrupted_run(body_source, delay, tmp_path):
     """Runs `body_source` (defines body(world)) on 2 thread ranks in a fresh interpreter that
     SIGINT interrupts after `delay` seconds; returns the finished process."""

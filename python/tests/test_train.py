@@ -176,13 +176,6 @@ GPT_RUN = dict(model="gpt:layers=1,heads=2,dim=16,context=16", steps=3, batch=6,
                warmup=1)
 
 
-@pytest.fixture
-def text(tmp_path):
-    path = tmp_path / "text.txt"
-    path.write_text("".join(f"fortune {i}: {'ab' * (i % 5)} the end\n%\n" for i in range(80)))
-    return str(path)
-
-
 def test_a_python_gpt_loop_reproduces_the_cli(cli, text):
     corpus = mt.load_text(text)
     context, batch, steps, seed, lr = 16, GPT_RUN["batch"], GPT_RUN["steps"], GPT_RUN["seed"], GPT_RUN["lr"]
