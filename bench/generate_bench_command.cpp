@@ -117,8 +117,9 @@ void add_generate_bench(CLI::App& bench) {
       "Decode tokens/s of the batch-invariant generator at several batch sizes against a "
       "batch-variant path (OpenBLAS sgemm in every Linear) and exact mode, in the same run");
   command->add_option("--checkpoint", options->checkpoint,
-                      "a GPT checkpoint (default: a fresh --model)");
-  command->add_option("--model", options->model, "gpt:... when no checkpoint (default gpt)");
+                      "a gpt or llama checkpoint (default: a fresh --model)");
+  command->add_option("--model", options->model,
+                      "gpt:... or llama:... when no checkpoint (default gpt)");
   command->add_option("--prompt-tokens", options->prompt_tokens, "prompt length (default 16)");
   command->add_option("--new-tokens", options->new_tokens, "tokens per request (default 64)");
   command->add_option("--batches", options->batches, "batch sizes (default 1,16)");

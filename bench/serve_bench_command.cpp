@@ -117,7 +117,8 @@ void add_serve_bench(CLI::App& bench) {
       "server, in the same run");
   command->add_option("--checkpoint", options->checkpoint,
                       "the served checkpoint (default: a fresh --model)");
-  command->add_option("--model", options->model, "gpt:... when no checkpoint (default gpt)");
+  command->add_option("--model", options->model,
+                      "gpt:... or llama:... when no checkpoint (default gpt)");
   command->add_option("--clients", options->clients, "concurrent streaming clients (default 32)");
   command->add_option("--seconds", options->seconds, "seconds of each load phase (default 10)");
   command->add_option("--prompt-tokens", options->prompt_tokens, "prompt length (default 16)");

@@ -1,5 +1,5 @@
-"""PyTorch side of scripts/bench-peer-gpt.sh: trains the GPT `meshtensor train --model gpt:...`
-trains, on the same batches, with the same initialisation scheme, optimizer and schedule, in one
+"""PyTorch side of scripts/bench-peer-gpt.sh: trains the model `meshtensor train --model ...`
+trains (a GPT here, a Llama-family decoder from peer_llama.py), on the same batches, with the same initialisation scheme, optimizer and schedule, in one
 process, and prints one JSON object: training tokens/s (evaluation excluded) and the validation
 loss after each evaluation.
 
@@ -7,8 +7,9 @@ The batches come from meshtensor itself (Text.windows), so both trainers see the
 the same text in the same order; the validation loss is the mean cross-entropy over the same
 validation windows (consecutive windows of the validation text, at most 64).
 
-Usage: python3 peer_gpt.py --data PATH --layers L --heads H --dim D --context T --batch B
-                           --steps S --lr LR --warmup W --eval-every E --seed N --threads K
+Usage: python3 peer_gpt.py --data PATH --architecture TEXT --batch B --steps S --lr LR
+                           --warmup W --eval-every E --seed N --threads K
+(TEXT: a checkpoint's architecture metadata, "gpt layers=4 heads=4 ..." or "llama ...")
 """
 import argparse
 import json
@@ -88,17 +89,37 @@ def validation_windows(text, context):
     return torch.from_numpy(tokens), torch.from_numpy(targets)
 
 
+def architecture(text):
+    """(family, {key: number}) of a checkpoint's architecture metadata."""
+    family, *words = text.split()
+    keys = {}
+    for word in words:
+        key, value = word.split("=")
+        if key != "tokenizer":
+            keys[key] = float(value) if "." in value or "e" in value else int(value)
+    return family, keys
+
+
+def make_model(text):
+    family, keys = architecture(text)
+    if family == "llama":
+        from peer_llama import Llama
+        return Llama(**{k: v for k, v in keys.items() if k != "vocabulary"})
+    return Gpt(keys["layers"], keys["heads"], keys["dim"], keys["context"])
+
+
 def main():
     parser = argparse.ArgumentParser()
-    for name, kind in [("data", str), ("layers", int), ("heads", int), ("dim", int),
-                       ("context", int), ("batch", int), ("steps", int), ("lr", float),
-                       ("warmup", int), ("eval_every", int), ("seed", int), ("threads", int)]:
+    for name, kind in [("data", str), ("architecture", str), ("batch", int), ("steps", int),
+                       ("lr", float), ("warmup", int), ("eval_every", int), ("seed", int),
+                       ("threads", int)]:
         parser.add_argument("--" + name.replace("_", "-"), type=kind, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     text = mt.load_text(args.data)
-    model = Gpt(args.layers, args.heads, args.dim, args.context)
+    model = make_model(args.architecture)
+    args.context = architecture(args.architecture)[1]["context"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
     val_tokens, val_targets = validation_windows(text, args.context)

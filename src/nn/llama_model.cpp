@@ -17,7 +17,7 @@ namespace {
 
 constexpr std::string_view kLlamaUsage =
     "llama or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,norm_eps=E,"
-    "qk_norm=0|1";
+    "qk_norm=0|1,tie=0";
 
 /// Sets one key of `config` from its text; false for an unknown key.
 bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string& value,
@@ -34,6 +34,13 @@ bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string&
     config.norm_eps = real_setting(what, value, 1e-12, 0.1);
   } else if (key == "qk_norm") {
     config.qk_norm = bool_setting(what, value);
+  } else if (key == "tie") {
+    if (bool_setting(what, value)) {
+      throw ParseError(fmt::format(
+          "{} {}: a head tied to the token embedding is not supported (the table would be one "
+          "parameter of two FSDP groups and two pipeline stages); give tie=0, an untied head",
+          what, value));
+    }
   } else {
     return false;
   }

@@ -85,6 +85,7 @@ errors)
   expect 2 "tensor-parallel degree 4 does not divide the model's 2 key/value heads" \
     "$bin" train --model "$model" --mesh 4 --names tp --steps 1
   expect 2 "rope_theta" "$bin" train --model llama:rope_theta=0 --steps 1
+  expect 2 "tie 1: a head tied to the token embedding is not supported" "$bin" train --model llama:tie=1 --steps 1
   expect 2 "ffn 100 is not a multiple of the 8 heads" "$bin" train --model llama:heads=8,ffn=100 --steps 1
   "$bin" "${run[@]}" --ranks 1 --save "$dir/ckpt" >/dev/null
   expect 2 "tensor-parallel degree 4 does not divide the model's 2 key/value heads" \
