@@ -1,6 +1,7 @@
-"""An independent float64 PyTorch forward of the Llama family (Llama 3; Qwen3 with QK-norm),
-written from the published equations, reads a checkpoint that meshtensor trained and scores
-what mt.generate produced: every position's log-probability agrees to 1e-5 relative.
+"""An independent float64 PyTorch forward of the Llama family (Llama 3; Qwen3 with QK-norm; a
+head tied to the token table), written from the published equations, reads a checkpoint that
+meshtensor trained and scores what mt.generate produced: every position's log-probability
+agrees to 1e-5 relative.
 
 The reference knows the checkpoint format (index.json blocks in safetensors files) and how the
 fused projections lay out their columns; everything else is the paper's equations."""
@@ -105,7 +106,9 @@ def log_probabilities(w, c, tokens):
         p = f"blocks.{b}."
         h = h + attention(rms_norm(h, w[p + "norm1.weight"], c["norm_eps"]), w, p + "attn.", c)
         h = h + swiglu_mlp(rms_norm(h, w[p + "norm2.weight"], c["norm_eps"]), w, p + "mlp.", c)
-    logits = rms_norm(h, w["head.norm.weight"], c["norm_eps"]) @ w["head.output.weight"]
+    # A tied head is the token table itself (Hugging Face's tie_word_embeddings).
+    head = w["embed.token.weight"].T if c["tie"] else w["head.output.weight"]
+    logits = rms_norm(h, w["head.norm.weight"], c["norm_eps"]) @ head
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -114,7 +117,7 @@ def architecture(directory):
     words = dict(word.split("=") for word in text.split()[1:])
     config = {key: int(words[key]) for key in ("layers", "heads", "kv_heads", "dim", "context")}
     config.update(rope_theta=float(words["rope_theta"]), norm_eps=float(words["norm_eps"]),
-                  qk_norm=words["qk_norm"] == "1")
+                  qk_norm=words["qk_norm"] == "1", tie=words["tie"] == "1")
     return config
 
 
@@ -122,6 +125,7 @@ def architecture(directory):
     "llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=40",
     "llama:layers=2,heads=4,kv_heads=1,dim=32,ffn=64,context=40,qk_norm=1,rope_theta=500000",
     "llama:layers=1,heads=2,kv_heads=2,dim=16,ffn=32,context=40,norm_eps=1e-6",
+    "llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=40,qk_norm=1,tie=1",
 ])
 def test_generate_agrees_with_a_float64_reference(tmp_path, model):
     save = str(tmp_path / "ckpt")

@@ -135,11 +135,11 @@ struct ShardedModule::StepAccumulator {
   std::shared_ptr<nn::DenseGradients> dense_;
 };
 
-ShardedModule::ShardedModule(ShardedModel& model, nn::Module& module,
+ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> members,
                              std::vector<nn::Parameter*> parameters, const FsdpConfig& config,
                              std::string name, std::size_t index)
     : model_(model),
-      module_(module),
+      members_(std::move(members)),
       parameters_(std::move(parameters)),
       config_(config),
       name_(std::move(name)),
@@ -536,7 +536,8 @@ ShardedModel::ShardedModel(nn::Module& root, comm::MeshGroups& groups, RuntimeOp
 
 ShardedModel::~ShardedModel() {
   for (auto& module : modules_)
-    module->module().set_hooks(nullptr);
+    for (nn::Module* member : module->members())
+      member->set_hooks(nullptr);
   modules_.clear();  // before the lanes their work runs on
   lanes_.clear();
 }
@@ -563,12 +564,21 @@ std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& 
 
 ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& config,
                                          std::string name) {
+  return fully_shard(std::vector<nn::Module*>{&module}, config, std::move(name));
+}
+
+ShardedModule& ShardedModel::fully_shard(const std::vector<nn::Module*>& members,
+                                         const FsdpConfig& config, std::string name) {
   if (order_recorded_ || !forward_order_.empty())
     throw InvalidArgument("fully_shard must be called before the first forward");
-  if (by_module_.count(&module) != 0) {
-    throw InvalidArgument(
-        fmt::format("module '{}' is already sharded", by_module_.at(&module)->name()));
+  if (members.empty()) throw InvalidArgument("fully_shard of no module");
+  for (const nn::Module* module : members) {
+    if (by_module_.count(module) != 0) {
+      throw InvalidArgument(
+          fmt::format("module '{}' is already sharded", by_module_.at(module)->name()));
+    }
   }
+  nn::Module& module = *members.front();
   const DeviceMesh& mesh = groups_.mesh();
   FsdpConfig resolved = config;
   std::vector<bool> used(static_cast<std::size_t>(mesh.ndim()), false);
@@ -600,8 +610,11 @@ ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& c
         dtype_name(resolved.reduce_dtype)));
   }
   std::vector<nn::Parameter*> parameters;
-  for (nn::Parameter* p : module.parameters())
-    if (by_parameter_.count(p) == 0) parameters.push_back(p);
+  for (nn::Module* member : members)
+    for (nn::Parameter* p : member->parameters())
+      if (by_parameter_.count(p) == 0 &&
+          std::find(parameters.begin(), parameters.end(), p) == parameters.end())
+        parameters.push_back(p);
   if (parameters.empty()) {
     throw InvalidArgument(
         fmt::format("module {} has no parameters that are not already sharded", module.describe()));
@@ -611,12 +624,14 @@ ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& c
     name = prefix.empty() ? module.describe() : fmt::format("{}: {}", prefix, module.describe());
   }
   modules_.push_back(std::unique_ptr<ShardedModule>(
-      new ShardedModule(*this, module, parameters, resolved, std::move(name), modules_.size())));
+      new ShardedModule(*this, members, parameters, resolved, std::move(name), modules_.size())));
   ShardedModule& created = *modules_.back();
-  by_module_[&module] = &created;
+  for (nn::Module* member : members) {
+    by_module_[member] = &created;
+    member->set_hooks(this);
+  }
   for (std::size_t p = 0; p < parameters.size(); ++p)
     by_parameter_[parameters[p]] = {&created, p};
-  module.set_hooks(this);
   return created;
 }
 
@@ -704,7 +719,8 @@ void ShardedModel::pre_backward(nn::Module& module) {
     group.sink_bytes_ = bytes;
     memory_.add(MemoryKind::unsharded, bytes);
   }
-  std::fill(group.received_.begin(), group.received_.end(), false);
+  // A group of several members collects all their backwards before it reduces.
+  if (group.members_done_ == 0) std::fill(group.received_.begin(), group.received_.end(), false);
   group.compute_begin_ = std::chrono::steady_clock::now();
 }
 
@@ -714,6 +730,11 @@ void ShardedModel::post_backward(nn::Module& module) {
     tracer_.record("backward " + group.name(), "compute", "compute", group.compute_begin_,
                    std::chrono::steady_clock::now());
   }
+  if (++group.members_done_ < group.members_.size()) {
+    group.reshard();  // the gradients stay in the sink for the next member's backward
+    return;
+  }
+  group.members_done_ = 0;
   if (!group.step_started_) {
     group.step_received_ = group.received_;
     group.step_started_ = true;

@@ -5,6 +5,13 @@
 
 namespace meshtensor::nn {
 
+std::vector<std::vector<Module*>> Decoder::parameter_groups() {
+  std::vector<std::vector<Module*>> groups;
+  for (Module* unit : units())
+    groups.push_back({unit});
+  return groups;
+}
+
 std::vector<Parameter*> Decoder::parameters() {
   std::vector<Parameter*> all;
   for (Module* unit : units())

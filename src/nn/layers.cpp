@@ -73,6 +73,7 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
 }
 
 std::vector<Parameter*> Linear::parameters() {
+  if (tied_ != nullptr) return {};
   if (!has_bias_) return {&weight_};
   return {&weight_, &bias_};
 }
@@ -133,6 +134,28 @@ const BatchVariantScope* BatchVariantScope::active() {
   return innermost_batch_variant;
 }
 
+void Linear::tie_weight_to(Parameter& table) {
+  const Shape& w = weight_.value.shape();
+  if (has_bias_ || table.value.rank() != 2 || table.value.shape()[0] != w[1] ||
+      table.value.shape()[1] != w[0]) {
+    throw InvalidArgument(
+        fmt::format("{}: only a layer without a bias ties to a table of [{}, {}], "
+                    "not '{}' {}",
+                    describe(), w[1], w[0], table.name, table.value.shape().to_string()));
+  }
+  tied_ = &table;
+  weight_.grad = Tensor();
+  refresh_tied_weight();
+}
+
+void Linear::refresh_tied_weight() {
+  if (tied_ == nullptr) return;
+  if (!tied_->value.defined())
+    throw InvalidArgument(
+        fmt::format("{}: the tied table '{}' holds no values", describe(), tied_->name));
+  weight_.value = transposed(tied_->value);
+}
+
 bool Linear::adds_bias() const {
   if (!has_bias_) return false;
   return split_ == nullptr || !split_->output_is_partial() || split_->is_first();
@@ -186,6 +209,7 @@ PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums)
 }
 
 void Linear::keep_input(const Tensor& input) {
+  if (tied_ != nullptr) refresh_tied_weight();
   const std::int64_t in = weight_.value.shape()[0];
   check_input(input, in, describe());
   input_shape_ = input.shape();
@@ -250,7 +274,11 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
   // Rows come in samples of the positions of one sequence ([batch, sequence, in] inputs).
   const std::int64_t sample_rows =
       input_shape_.rank() >= 3 && input_shape_[0] > 0 ? input_.shape()[0] / input_shape_[0] : 1;
-  sink.add_sample_outer_products(weight_, input_, dy, sample_rows);
+  if (tied_ != nullptr) {
+    sink.add_sample_outer_products(*tied_, dy, input_, sample_rows);  // grad(table) += dyᵀ·x
+  } else {
+    sink.add_sample_outer_products(weight_, input_, dy, sample_rows);
+  }
   if (has_bias_) sink.add_column_sums(bias_, dy);
   Tensor grad_input;
   if (need_input_grad) {
@@ -271,8 +299,8 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
 }
 
 std::string Linear::describe() const {
-  return fmt::format("Linear({}, {}{})", weight_.value.shape()[0], weight_.value.shape()[1],
-                     has_bias_ ? "" : ", bias=false");
+  return fmt::format("Linear({}, {}{}{})", weight_.value.shape()[0], weight_.value.shape()[1],
+                     has_bias_ ? "" : ", bias=false", tied_ != nullptr ? ", tied" : "");
 }
 
 Tensor ReLU::forward(const Tensor& input) {

@@ -17,7 +17,7 @@ namespace {
 
 constexpr std::string_view kLlamaUsage =
     "llama or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,norm_eps=E,"
-    "qk_norm=0|1,tie=0";
+    "qk_norm=0|1,tie=0|1";
 
 /// Sets one key of `config` from its text; false for an unknown key.
 bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string& value,
@@ -35,12 +35,7 @@ bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string&
   } else if (key == "qk_norm") {
     config.qk_norm = bool_setting(what, value);
   } else if (key == "tie") {
-    if (bool_setting(what, value)) {
-      throw ParseError(fmt::format(
-          "{} {}: a head tied to the token embedding is not supported (the table would be one "
-          "parameter of two FSDP groups and two pipeline stages); give tie=0, an untied head",
-          what, value));
-    }
+    config.tie = bool_setting(what, value);
   } else {
     return false;
   }
@@ -110,9 +105,9 @@ LlamaConfig parse_llama_config(const std::string& text) {
 std::string llama_config_text(const LlamaConfig& c) {
   return fmt::format(
       "llama:layers={},heads={},kv_heads={},dim={},ffn={},context={},rope_theta={},norm_eps={},"
-      "qk_norm={}",
+      "qk_norm={},tie={}",
       c.layers, c.heads, c.kv_heads, c.dim, c.ffn, c.context, c.rope_theta, c.norm_eps,
-      c.qk_norm ? 1 : 0);
+      c.qk_norm ? 1 : 0, c.tie ? 1 : 0);
 }
 
 std::int64_t llama_parameter_count(const LlamaConfig& c) {
@@ -120,14 +115,15 @@ std::int64_t llama_parameter_count(const LlamaConfig& c) {
   const std::int64_t attention = c.dim * (c.heads + 2 * c.kv_heads) * head_dim + c.dim * c.dim +
                                  (c.qk_norm ? 2 * head_dim : 0);
   const std::int64_t block = 2 * c.dim + attention + 3 * c.dim * c.ffn;
-  return c.vocabulary * c.dim + c.layers * block + c.dim + c.dim * c.vocabulary;
+  return c.vocabulary * c.dim + c.layers * block + c.dim + (c.tie ? 0 : c.dim * c.vocabulary);
 }
 
-LlamaHead::LlamaHead(const LlamaConfig& config, std::uint64_t seed)
+LlamaHead::LlamaHead(const LlamaConfig& config, std::uint64_t seed, Parameter* tied_table)
     : norm_(config.dim, config.norm_eps),
       output_(config.dim, config.vocabulary, seed, config.init_std, /*bias=*/false) {
   prefix_parameter_names(norm_, "norm");
   prefix_parameter_names(output_, "output");
+  if (tied_table != nullptr) output_.tie_weight_to(*tied_table);
 }
 
 Tensor LlamaHead::forward(const Tensor& input) {
@@ -139,7 +135,10 @@ Tensor LlamaHead::backward(const Tensor& grad_output, GradientSink& sink, bool n
 }
 
 std::vector<Parameter*> LlamaHead::parameters() {
-  return {norm_.parameters()[0], &output_.weight()};
+  std::vector<Parameter*> all = norm_.parameters();
+  for (Parameter* p : output_.parameters())
+    all.push_back(p);
+  return all;
 }
 
 std::string LlamaHead::describe() const {
@@ -157,7 +156,8 @@ void LlamaHead::set_exact_blocks(bool on) {
 Llama::Llama(const LlamaConfig& config)
     : config_(checked_llama_config(config)),
       embedding_(config.vocabulary, config.dim, mix64(config.seed ^ 0x656d62ULL), config.init_std),
-      head_(config, mix64(config.seed ^ 0x68656164ULL)) {
+      head_(config, mix64(config.seed ^ 0x68656164ULL),
+            config.tie ? &embedding_.weight() : nullptr) {
   prefix_parameter_names(embedding_, "embed.token");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     auto block = std::make_unique<LlamaBlock>(
@@ -217,6 +217,15 @@ std::vector<Module*> Llama::units() {
     all.push_back(block.get());
   all.push_back(&head_);
   return all;
+}
+
+std::vector<std::vector<Module*>> Llama::parameter_groups() {
+  if (!config_.tie) return Decoder::parameter_groups();
+  // The tied table is read by the embedding and the head: one group holds both.
+  std::vector<std::vector<Module*>> groups{{&embedding_, &head_}};
+  for (auto& block : blocks_)
+    groups.push_back({block.get()});
+  return groups;
 }
 
 std::vector<std::pair<std::string, Module*>> Llama::children() {

@@ -239,6 +239,7 @@ std::string ColwiseParallel::describe() const {
 std::string ColwiseParallel::apply(nn::Module& module, const std::string& path,
                                    TensorParallel& tp) const {
   nn::Linear& linear = as_linear(module, path, "ColwiseParallel");
+  if (linear.tied_table() != nullptr) return apply_tied(linear, path, tp);
   // The input arrives gathered (Replicate); the weight is split by columns.
   const dtensor::OpStrategy strategy =
       linear_strategy(tp, linear, Placement::replicate(), Placement::shard(1));
@@ -257,6 +258,34 @@ std::string ColwiseParallel::apply(nn::Module& module, const std::string& path,
   linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
       tp, path, strategy.output.at(0).is_partial(), input_, strategy.output.at(0))));
   return strategy_text("matmul nn", strategy);
+}
+
+/// A Linear tied to an embedding table that RowwiseParallel split by rows (the vocabulary): the
+/// table's rows are the layer's output columns, so the split is already the column split; only
+/// the communication is installed.
+std::string ColwiseParallel::apply_tied(nn::Linear& linear, const std::string& path,
+                                        TensorParallel& tp) const {
+  const nn::Parameter& table = *linear.tied_table();
+  const std::int64_t out = table.split.global_shape.rank() == 2 ? table.split.global_shape[0] : 0;
+  const Chunk chunk = chunk_extent(out, tp.size(), tp.rank());
+  if (out == 0 || table.split.offset.at(0) != chunk.offset ||
+      table.value.shape()[0] != chunk.size) {
+    throw InvalidArgument(fmt::format(
+        "{}: its weight is the table '{}', which must be split by rows over the group first "
+        "(RowwiseParallel on the embedding, earlier in the plan)",
+        path, table.name));
+  }
+  linear.refresh_tied_weight();
+  const Shape w{table.value.shape()[1], out};
+  const Shape x{1, 1, w[0]};
+  const dtensor::OpStrategy strategy =
+      propagate(tp, "matmul", {x, w}, {Placement::replicate(), Placement::shard(1)},
+                dtensor::matmul_strategies(x, w, dtensor::MatmulForm::nn));
+  const auto [in_blocks, out_blocks] = linear.exact_blocks();
+  linear.set_exact_blocks(in_blocks, local_blocks(out_blocks, out, tp, path));
+  linear.set_split(&tp.keep(std::make_unique<StyleCommunication>(
+      tp, path, strategy.output.at(0).is_partial(), input_, strategy.output.at(0))));
+  return strategy_text("matmul nn (tied)", strategy);
 }
 
 RowwiseParallel::RowwiseParallel(Placement output) : output_(output) {}

@@ -112,12 +112,13 @@ std::unique_ptr<nn::Module> ImageClassification::make_model(std::uint64_t seed) 
   return nn::make_mlp(config);
 }
 
-std::vector<nn::Module*> ImageClassification::units(nn::Module& model) const {
+std::vector<std::vector<nn::Module*>> ImageClassification::parameter_groups(
+    nn::Module& model) const {
   auto& sequential = dynamic_cast<nn::Sequential&>(model);
-  std::vector<nn::Module*> units;
+  std::vector<std::vector<nn::Module*>> groups;
   for (std::size_t i = 0; i < sequential.size(); ++i)
-    if (!sequential.at(i).parameters().empty()) units.push_back(&sequential.at(i));
-  return units;
+    if (!sequential.at(i).parameters().empty()) groups.push_back({&sequential.at(i)});
+  return groups;
 }
 
 Batch ImageClassification::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
@@ -245,8 +246,8 @@ std::unique_ptr<nn::Module> LanguageModelling::make_model(std::uint64_t seed) co
   return nn::make_decoder(nn::with_seed(model_, seed));
 }
 
-std::vector<nn::Module*> LanguageModelling::units(nn::Module& model) const {
-  return dynamic_cast<nn::Decoder&>(model).units();
+std::vector<std::vector<nn::Module*>> LanguageModelling::parameter_groups(nn::Module& model) const {
+  return dynamic_cast<nn::Decoder&>(model).parameter_groups();
 }
 
 std::int64_t LanguageModelling::samples() const {

@@ -731,6 +731,15 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
                                       pipeline ? "a pp mesh dim" : "activation checkpointing",
                                       task.architecture()));
   }
+  if (pipeline) {
+    if (const auto* llama = std::get_if<nn::LlamaConfig>(&language->model()); llama && llama->tie) {
+      throw InvalidArgument(fmt::format(
+          "model {}: the tied head reads the token embedding's table, which a pp mesh dim of {} "
+          "would put on the first and the last stage; train a tied model without a pp dim, or "
+          "give tie=0",
+          nn::llama_config_text(*llama), mesh_dim(config, "pp")));
+    }
+  }
   if (!pipeline) {
     if (config.virtual_stages > 1) {
       throw InvalidArgument(

@@ -279,8 +279,17 @@ void TrainingModel::shard_groups() {
   std::set<const nn::Module*> local;
   for (const auto& [path, module] : nn::named_modules(*root_))
     local.insert(module);
-  for (nn::Module* unit : task_.units(*model_))
-    if (local.contains(unit)) sharded_->fully_shard(*unit, layout_.fsdp);
+  for (const std::vector<nn::Module*>& group : task_.parameter_groups(*model_)) {
+    const auto held = std::count_if(group.begin(), group.end(),
+                                    [&](const nn::Module* m) { return local.contains(m); });
+    if (held == static_cast<std::ptrdiff_t>(group.size())) {
+      sharded_->fully_shard(group, layout_.fsdp);
+    } else if (held > 0) {
+      throw InvalidArgument(fmt::format(
+          "the modules of one parameter group ({}, ...) are on different pipeline stages",
+          group.front()->describe()));
+    }
+  }
 }
 
 void TrainingModel::prepare_micro_batch(std::int64_t k, std::int64_t count, MicroBatchMode mode) {

@@ -283,5 +283,54 @@ TEST(Decoder, BothFamiliesDecodeWithTheForwardsBitsThroughOneInterface) {
   EXPECT_THROW(parse_decoder_config("mlp:16"), ParseError);
 }
 
+/// A LlamaHead tied to a table this module owns: its gradient check covers the table's.
+class TiedHeadProbe : public Module {
+ public:
+  explicit TiedHeadProbe(const LlamaConfig& config)
+      : table_(make_table(config)), head_(config, 3, &table_) {}
+  Tensor forward(const Tensor& input) override { return head_.forward(input); }
+  Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override {
+    return head_.backward(grad_output, sink, need_input_grad);
+  }
+  std::vector<Parameter*> parameters() override {
+    std::vector<Parameter*> all{&table_};
+    for (Parameter* p : head_.parameters())
+      all.push_back(p);
+    return all;
+  }
+  std::string describe() const override { return "TiedHeadProbe"; }
+
+ private:
+  static Parameter make_table(const LlamaConfig& config) {
+    Parameter table;
+    table.name = "table";
+    table.value = Tensor::random_normal(Shape{config.vocabulary, config.dim}, DType::f32, 9);
+    table.grad = Tensor(table.value.shape(), DType::f32);
+    return table;
+  }
+
+  Parameter table_;
+  LlamaHead head_;
+};
+
+TEST(Llama, ATiedHeadReadsTheTableAndSendsItsGradientThere) {
+  LlamaConfig config = small_llama();
+  config.tie = true;
+  TiedHeadProbe probe(config);
+  ASSERT_EQ(probe.parameters().size(), 2u);  // the table and the norm: the head owns no weight
+  check_gradients(probe, Tensor::random_normal(Shape{2, 3, 16}, DType::f32, 5), 2e-2);
+
+  Llama tied(config);
+  EXPECT_EQ(llama_parameter_count(config), llama_parameter_count(small_llama()) - 16 * 32);
+  std::int64_t total = 0;
+  for (const Parameter* p : tied.parameters())
+    total += p->value.numel();
+  EXPECT_EQ(total, llama_parameter_count(config));
+  const auto groups = tied.parameter_groups();
+  ASSERT_EQ(groups.size(), 3u);  // {embed, head}, then each block
+  EXPECT_EQ(groups.front().size(), 2u);
+  EXPECT_EQ(parse_llama_config(llama_config_text(config)).tie, true);
+}
+
 }  // namespace
 }  // namespace meshtensor::nn

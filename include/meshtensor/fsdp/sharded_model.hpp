@@ -82,8 +82,10 @@ class ShardedModule {
 
   /// The group's name: the module's position and description, e.g. "0: Linear(784, 1024)".
   const std::string& name() const { return name_; }
-  /// The module.
-  nn::Module& module() { return module_; }
+  /// The module (the first member of a group of several).
+  nn::Module& module() { return *members_.front(); }
+  /// The modules whose parameters the group holds (fully_shard of several modules).
+  const std::vector<nn::Module*>& members() const { return members_; }
   /// The parameters of the group (their values are the full tensors while unsharded, undefined
   /// while sharded).
   const std::vector<nn::Parameter*>& parameters() const { return parameters_; }
@@ -135,8 +137,9 @@ class ShardedModule {
   friend class ShardedModel;
   struct Lane;
   struct StepAccumulator;
-  ShardedModule(ShardedModel& model, nn::Module& module, std::vector<nn::Parameter*> parameters,
-                const FsdpConfig& config, std::string name, std::size_t index);
+  ShardedModule(ShardedModel& model, std::vector<nn::Module*> members,
+                std::vector<nn::Parameter*> parameters, const FsdpConfig& config, std::string name,
+                std::size_t index);
 
   struct Reduction;
   /// Starts this backward's reduction on the reduce lane (and the replicate lane).
@@ -152,7 +155,8 @@ class ShardedModule {
   double divide_factor() const;
 
   ShardedModel& model_;
-  nn::Module& module_;
+  std::vector<nn::Module*> members_;
+  std::size_t members_done_ = 0;  // members whose backward ended since the group's last reduction
   std::vector<nn::Parameter*> parameters_;
   FsdpConfig config_;
   std::string name_;
@@ -205,6 +209,12 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   /// module's description. InvalidArgument for a module already sharded, mesh dims that are out
   /// of range or overlap, or a module with no parameters left.
   ShardedModule& fully_shard(nn::Module& module, const FsdpConfig& config = {},
+                             std::string name = {});
+  /// One group of the parameters of several modules (FSDP2's fully_shard of a list), e.g. a
+  /// token embedding and a head that reads its table: each member's forward gathers the group,
+  /// and the gradients of all members' backwards are summed into one reduction, launched when
+  /// the last member's backward of the micro-batch ends. Errors as for one module.
+  ShardedModule& fully_shard(const std::vector<nn::Module*>& members, const FsdpConfig& config = {},
                              std::string name = {});
   /// The groups, in the order they were made.
   const std::vector<std::unique_ptr<ShardedModule>>& modules() const { return modules_; }

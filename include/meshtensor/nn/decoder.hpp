@@ -27,6 +27,10 @@ class Decoder : public Module {
   virtual std::vector<Module*> units() = 0;
   /// Every unit's parameters, in units() order.
   std::vector<Parameter*> parameters() override;
+  /// The units as parameter groups (FSDP groups): modules whose parameters must gather, reduce
+  /// and step together because they share one (a tied head and the embedding) form one group.
+  /// By default every unit alone.
+  virtual std::vector<std::vector<Module*>> parameter_groups();
   /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree (Gpt::
   /// set_exact_sums).
   virtual void set_exact_sums(bool on) = 0;

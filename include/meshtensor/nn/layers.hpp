@@ -83,6 +83,16 @@ class Linear : public Module {
 
   /// Blocks of one column each (set_exact_blocks).
   static constexpr std::int64_t kEveryColumn = -1;
+  /// Ties the weight to `table` ([out, in], an embedding table, which must outlive the layer):
+  /// from now on W is tableᵀ, read at every forward, and W's gradient goes to `table`; the layer
+  /// has no parameter of its own. InvalidArgument for a layer with a bias or a table of another
+  /// shape.
+  void tie_weight_to(Parameter& table);
+  /// The table the weight is tied to, or null.
+  Parameter* tied_table() const { return tied_; }
+  /// For a tied layer: W again from the table's current local rows (a tensor-parallel split of
+  /// the table changes them).
+  void refresh_tied_weight();
 
  private:
   bool adds_bias() const;  // false on the other members when the output holds partial sums
@@ -93,7 +103,8 @@ class Linear : public Module {
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
 
   bool has_bias_ = true;
-  Parameter weight_;
+  Parameter weight_;  // a tied layer: tableᵀ, copied at each forward, no gradient
+  Parameter* tied_ = nullptr;
   Parameter bias_;
   Tensor input_;  // [rows, in]
   Shape input_shape_;

@@ -27,6 +27,7 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool qk_norm = false;  ///< Qwen3's RMSNorm of queries and keys
+  bool tie = false;      ///< the head's weight is the token embedding table (transposed)
   std::uint64_t seed = 0;
   double init_std = 0.02;
 };
@@ -66,8 +67,8 @@ class LlamaBlock : public Module {
 bool is_llama_model(const std::string& text);
 
 /// Parses "llama" or "llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,
-/// norm_eps=E,qk_norm=0|1" (any subset of the keys, in any order). ParseError naming the bad
-/// part: an unknown or repeated key, a value out of range, K not dividing H, dim not a multiple
+/// norm_eps=E,qk_norm=0|1,tie=0|1" (any subset of the keys, in any order). ParseError naming the
+/// bad part: an unknown or repeated key, a value out of range, K not dividing H, dim not a multiple
 /// of H, an odd head dim, ffn not a multiple of H.
 LlamaConfig parse_llama_config(const std::string& text);
 
@@ -81,7 +82,10 @@ std::int64_t llama_parameter_count(const LlamaConfig& config);
 /// logits [batch, sequence, vocabulary].
 class LlamaHead : public Module {
  public:
-  LlamaHead(const LlamaConfig& config, std::uint64_t seed);
+  /// With `tied_table` (the token embedding's [vocabulary, dim], which must outlive it) the head's
+  /// weight is that table transposed (Linear::tie_weight_to) and the head's only parameter is its
+  /// norm's.
+  LlamaHead(const LlamaConfig& config, std::uint64_t seed, Parameter* tied_table = nullptr);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
@@ -111,6 +115,9 @@ class Llama : public Decoder {
   std::vector<Module*> units() override;
   /// "embed", "blocks.0", ..., "head".
   std::vector<std::pair<std::string, Module*>> children() override;
+  /// With a tied head: the embedding and the head as one group (they share the table), then
+  /// each block; otherwise each unit alone.
+  std::vector<std::vector<Module*>> parameter_groups() override;
   /// The config the model was built from.
   const LlamaConfig& config() const { return config_; }
   /// Exact mode's sums over whole groups, heads, MLP blocks and the vocabulary (see

@@ -38,6 +38,7 @@ class ColwiseParallel : public ParallelStyle {
   std::string describe() const override;
 
  private:
+  std::string apply_tied(nn::Linear& linear, const std::string& path, TensorParallel& tp) const;
   Placement input_;
 };
 

@@ -47,8 +47,9 @@ class Task {
   virtual std::string architecture() const = 0;
   /// A fresh model; the same seed gives the same bits everywhere.
   virtual std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const = 0;
-  /// The modules of `model` (made by make_model) that become parameter groups, in forward order.
-  virtual std::vector<nn::Module*> units(nn::Module& model) const = 0;
+  /// The parameter groups of `model` (made by make_model), in forward order: the modules of
+  /// each group (one, or several that share a parameter).
+  virtual std::vector<std::vector<nn::Module*>> parameter_groups(nn::Module& model) const = 0;
   /// Training samples in one epoch.
   virtual std::int64_t samples() const = 0;
   /// Output rows (targets) of one sample: 1 for an image, the context for a text window.
@@ -96,7 +97,7 @@ class ImageClassification : public Task {
   ImageClassification(const Dataset& data, nn::MlpConfig model);
   std::string architecture() const override;
   std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
-  std::vector<nn::Module*> units(nn::Module& model) const override;
+  std::vector<std::vector<nn::Module*>> parameter_groups(nn::Module& model) const override;
   std::int64_t samples() const override { return data_.train.count; }
   std::int64_t targets_per_sample() const override { return 1; }
   Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
@@ -129,7 +130,7 @@ class LanguageModelling : public Task {
   LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model);
   std::string architecture() const override;
   std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
-  std::vector<nn::Module*> units(nn::Module& model) const override;
+  std::vector<std::vector<nn::Module*>> parameter_groups(nn::Module& model) const override;
   std::int64_t samples() const override;
   std::int64_t targets_per_sample() const override { return context_; }
   Batch train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
