@@ -428,7 +428,7 @@ void TrainingRun::resume() {
   if (!architecture.empty() && architecture != task_.architecture()) {
     const auto family = [](const std::string& text) { return text.substr(0, text.find(' ')); };
     throw InvalidArgument(fmt::format(
-        "checkpoint {} holds a {} model '{}', but this run trains a {} model '{}' (`model`, "
+        "checkpoint {} holds the {} model '{}', but this run trains the {} model '{}' (`model`, "
         "`activation` and `layernorm` must match the saving run's)",
         config_.resume_dir, family(architecture), architecture, family(task_.architecture()),
         task_.architecture()));

@@ -46,7 +46,7 @@ gpt_layouts)
     --steps 6 --seed 5 --resume "$dir" 2>&1)
   status=$?
   set -e
-  [ "$status" = 2 ] && grep -q "holds a model 'gpt layers=1 heads=2" <<<"$other" ||
+  [ "$status" = 2 ] && grep -q "holds the gpt model 'gpt layers=1 heads=2" <<<"$other" ||
     { echo "FAILED: a resume with other heads: exit $status: $other"; exit 1; }
   ;;
 exact_chain)
@@ -84,14 +84,14 @@ errors)
   expect 0 "model.0.weight  *F32  *\[784, 16\]  *2" "$bin" checkpoint inspect "$dir"
   expect 2 "batch 500 over 60000 samples; this run has batch 400" \
     "$bin" train --model mlp:16 --batch 400 --steps 6 --resume "$dir"
-  expect 2 "tensor 'model.0.weight' in .*index.json is f32 784x16, but f32 784x17 is expected" \
+  expect 2 "holds the mlp model 'mlp hidden=16 .*', but this run trains the mlp model 'mlp hidden=17" \
     "$bin" train --model mlp:17 --batch 500 --steps 6 --resume "$dir"
   expect 2 "has no tensor 'optimizer.0.weight.momentum_buffer'" \
     "$bin" train --model mlp:16 --batch 500 --steps 6 --optimizer sgd --resume "$dir"
   expect 0 "warning: the checkpoint's run had the learning-rate schedule 'cosine base=0.001 warmup=0 total_steps=6', this run has 'cosine base=0.001 warmup=0 total_steps=9'" \
     "$bin" train --model mlp:16 --batch 500 --steps 9 --seed 2 --strategy fsdp --ranks 2 --resume "$dir"
   expect 2 "no checkpoint at $dir/nothing" "$bin" "${run[@]}" --resume "$dir/nothing"
-  expect 2 "holds a model 'mlp hidden=16 activation=relu layernorm=no', but this run trains 'mlp hidden=16 activation=gelu layernorm=no'" \
+  expect 2 "holds the mlp model 'mlp hidden=16 activation=relu layernorm=no', but this run trains the mlp model 'mlp hidden=16 activation=gelu layernorm=no'" \
     "$bin" "${run[@]}" --activation gelu --resume "$dir"
   file=$(ls "$dir"/step-*/rank-00001.safetensors)
   cp "$file" "$dir/saved"

@@ -74,7 +74,7 @@ resume)
   "$bin" "${run[@]}" --mesh 2 --names tp --save "$dir/ckpt" --save-every 2 --stop-after 2 >/dev/null
   same "$whole" "$(digests "$bin" "${run[@]}" --mesh 3 --names fsdp --resume "$dir/ckpt")" \
     "tp 2 resumed on fsdp 3 vs uninterrupted"
-  expect 2 "holds a llama model .* this run trains a gpt model" \
+  expect 2 "holds the llama model .* this run trains the gpt model" \
     "$bin" train --model gpt:layers=2,heads=4,dim=32,context=24 --batch 12 --steps 4 \
     --resume "$dir/ckpt"
   expect 0 "architecture: llama layers=2 heads=4 kv_heads=2" "$bin" checkpoint inspect "$dir/ckpt"
