@@ -115,7 +115,7 @@ class SignalWatcher {
 };
 
 void run_serve(const ServeCliOptions& options) {
-  const serve::ServeConfig base = serve_config(options);
+  serve::ServeConfig base = serve_config(options);
   const Backend backend = parse_backend(options.backend);
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
@@ -123,6 +123,9 @@ void run_serve(const ServeCliOptions& options) {
   const nn::DecoderConfig model =
       generate::checked_architecture(checkpoint::read_index(base.checkpoint), base.checkpoint);
   if (given > 1) tp::check_decoder_degree(model, given);
+  // The default id names the model's family: meshtensor-gpt, meshtensor-llama.
+  if (!options.settings.given("model_name"))
+    base.model_name = "meshtensor-" + nn::decoder_family(model);
   serve::ServeControl control;
   const SignalWatcher signals(control);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "serve", [&](comm::Communicator& world) {

@@ -74,7 +74,7 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
                      "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default " +
                          nn::gpt_config_text(nn::GptConfig{}) +
                          "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
-                         "rope_theta=R,norm_eps=E,qk_norm=0|1 (default " +
+                         "rope_theta=R,norm_eps=E,qk_norm=0|1,tie=0|1 (default " +
                          nn::llama_config_text(nn::LlamaConfig{}) + ")");
   options.settings.add_to(command, train::TrainSettings::table(),
                           {"batch", "optimizer", "lr", "seed"});

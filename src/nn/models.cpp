@@ -86,6 +86,10 @@ double decoder_model_bytes(const DecoderConfig& config) {
   return 2.0 * 4.0 * static_cast<double>(decoder_parameter_count(config));
 }
 
+std::string decoder_family(const DecoderConfig& config) {
+  return std::holds_alternative<GptConfig>(config) ? "gpt" : "llama";
+}
+
 std::int64_t decoder_context(const DecoderConfig& config) {
   return std::visit([](const auto& c) { return c.context; }, config);
 }

@@ -17,7 +17,9 @@ constexpr std::array kFields = {
     SettingField{"max_queue", "choices that may wait for a slot; more answer 429 (default 256)"},
     SettingField{"prefill_chunk", "prompt tokens a choice feeds per step (default 64)"},
     SettingField{"max_body_bytes", "largest request body; larger answer 413 (default 1048576)"},
-    SettingField{"model_name", "the model's id in the API (default meshtensor-gpt)"},
+    SettingField{"model_name",
+                 "the model's id in the API (default meshtensor-FAMILY: meshtensor-gpt, "
+                 "meshtensor-llama)"},
     SettingField{"stream_interval_ms",
                  "after its first chunk, a stream writes at most once per interval, carrying "
                  "every token that arrived meanwhile (default 10; 0: every step)"},

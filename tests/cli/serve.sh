@@ -9,6 +9,8 @@
 #           path tricks; the server keeps serving; SIGTERM drains a running stream and exits 0
 #   reload  a newer checkpoint under the served root is loaded by POST /admin/reload and by
 #           SIGHUP; a request running during a reload ends on the weights it started with
+#   llama   curl: a tied Llama-family checkpoint served on tp 2 is `meshtensor-llama`, with its
+#           architecture, and completes with `generate --json`'s tokens and log-probabilities
 #   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
 #           on headers), 1,000 idle and trickling connections, the connection limit
@@ -68,6 +70,28 @@ train "$dir/ckpt" 3
 serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
 
 case $case_name in
+llama)
+  "$bin" train --mode exact --model llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=64,tie=1 \
+    --batch 8 --steps 3 --seed 4 --eval-every 0 --save "$dir/llama" >/dev/null
+  "$bin" generate --checkpoint "$dir/llama" --mode exact --prompt "The fortune" \
+    --max-new-tokens 12 --temperature 0.9 --top-k 20 --seed 7 --json >"$dir/generated"
+  start_server llama "$bin" serve --checkpoint "$dir/llama" --mode exact --port 0 --ranks 2
+  curl -s "$url_llama/v1/models" >"$dir/models"
+  grep -q '"id":"meshtensor-llama"' "$dir/models" && grep -q '"architecture":"llama:' "$dir/models" ||
+    fail "models: $(cat "$dir/models")"
+  curl -s "$url_llama/v1/completions" -H 'Content-Type: application/json' -d '{"model":
+    "meshtensor-llama", "prompt": "The fortune", "max_tokens": 12, "temperature": 0.9,
+    "top_k": 20, "seed": 7, "logprobs": 0}' >"$dir/completion"
+  /usr/bin/python3 - "$dir/generated" "$dir/completion" <<'PY' || fail "$(cat "$dir/completion")"
+import json, sys
+generated = json.load(open(sys.argv[1]))
+choice = json.load(open(sys.argv[2]))["choices"][0]
+assert choice["token_ids"] == generated["tokens"], (choice["token_ids"], generated["tokens"])
+assert choice["logprobs"]["token_logprobs"] == generated["logprobs"]
+PY
+  echo "ok: the Llama server on tp 2 completes with generate's bits"
+  stop_server llama
+  ;;
 openai)
   command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
   if [ ! -d "$scratch/node_modules/openai" ]; then

@@ -37,6 +37,9 @@ DecoderConfig parse_decoder_architecture(const std::string& text);
 /// Bytes the model of `config` allocates when built (its parameters' values and gradients).
 double decoder_model_bytes(const DecoderConfig& config);
 
+/// The family's name: "gpt" or "llama".
+std::string decoder_family(const DecoderConfig& config);
+
 /// The config's longest sequence.
 std::int64_t decoder_context(const DecoderConfig& config);
 
