@@ -562,23 +562,7 @@ std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& 
   return slot;
 }
 
-ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& config,
-                                         std::string name) {
-  return fully_shard(std::vector<nn::Module*>{&module}, config, std::move(name));
-}
-
-ShardedModule& ShardedModel::fully_shard(const std::vector<nn::Module*>& members,
-                                         const FsdpConfig& config, std::string name) {
-  if (order_recorded_ || !forward_order_.empty())
-    throw InvalidArgument("fully_shard must be called before the first forward");
-  if (members.empty()) throw InvalidArgument("fully_shard of no module");
-  for (const nn::Module* module : members) {
-    if (by_module_.count(module) != 0) {
-      throw InvalidArgument(
-          fmt::format("module '{}' is already sharded", by_module_.at(module)->name()));
-    }
-  }
-  nn::Module& module = *members.front();
+FsdpConfig ShardedModel::resolve_config(const FsdpConfig& config) const {
   const DeviceMesh& mesh = groups_.mesh();
   FsdpConfig resolved = config;
   std::vector<bool> used(static_cast<std::size_t>(mesh.ndim()), false);
@@ -609,6 +593,27 @@ ShardedModule& ShardedModel::fully_shard(const std::vector<nn::Module*>& members
         "modes only",
         dtype_name(resolved.reduce_dtype)));
   }
+  return resolved;
+}
+
+ShardedModule& ShardedModel::fully_shard(nn::Module& module, const FsdpConfig& config,
+                                         std::string name) {
+  return fully_shard(std::vector<nn::Module*>{&module}, config, std::move(name));
+}
+
+ShardedModule& ShardedModel::fully_shard(const std::vector<nn::Module*>& members,
+                                         const FsdpConfig& config, std::string name) {
+  if (order_recorded_ || !forward_order_.empty())
+    throw InvalidArgument("fully_shard must be called before the first forward");
+  if (members.empty()) throw InvalidArgument("fully_shard of no module");
+  for (const nn::Module* module : members) {
+    if (by_module_.count(module) != 0) {
+      throw InvalidArgument(
+          fmt::format("module '{}' is already sharded", by_module_.at(module)->name()));
+    }
+  }
+  nn::Module& module = *members.front();
+  const FsdpConfig resolved = resolve_config(config);
   std::vector<nn::Parameter*> parameters;
   for (nn::Module* member : members)
     for (nn::Parameter* p : member->parameters())

@@ -443,19 +443,32 @@ std::vector<std::pair<std::string, std::string>> parallelize_module(nn::Module& 
   return applied;
 }
 
-ParallelizePlan gpt_plan(bool sequence_parallel) {
+namespace {
+
+/// Megatron's plan for a decoder whose blocks have the two projections `mlp_in` (column-parallel)
+/// and `mlp_out` (row-parallel): the rest is the same for every family.
+ParallelizePlan megatron_plan(bool sequence_parallel, const char* mlp_in, const char* mlp_out) {
   const Placement activations = sequence_parallel ? Placement::shard(1) : Placement::replicate();
   const auto colwise = std::make_shared<ColwiseParallel>(activations);
   const auto rowwise = std::make_shared<RowwiseParallel>(activations);
-  ParallelizePlan plan{
-      {"embed", rowwise},           {"blocks.*.attn.qkv", colwise}, {"blocks.*.attn.proj", rowwise},
-      {"blocks.*.mlp.fc", colwise}, {"blocks.*.mlp.proj", rowwise}, {"head.output", colwise}};
+  ParallelizePlan plan{{"embed", rowwise},
+                       {"blocks.*.attn.qkv", colwise},
+                       {"blocks.*.attn.proj", rowwise},
+                       {fmt::format("blocks.*.mlp.{}", mlp_in), colwise},
+                       {fmt::format("blocks.*.mlp.{}", mlp_out), rowwise},
+                       {"head.output", colwise}};
   if (sequence_parallel) {
     const auto sequence = std::make_shared<SequenceParallel>();
     for (const char* norm : {"blocks.*.norm1", "blocks.*.norm2", "head.norm"})
       plan.emplace_back(norm, sequence);
   }
   return plan;
+}
+
+}  // namespace
+
+ParallelizePlan gpt_plan(bool sequence_parallel) {
+  return megatron_plan(sequence_parallel, "fc", "proj");
 }
 
 void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree) {
@@ -474,21 +487,7 @@ void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree) {
 }
 
 ParallelizePlan llama_plan(bool sequence_parallel) {
-  const Placement activations = sequence_parallel ? Placement::shard(1) : Placement::replicate();
-  const auto colwise = std::make_shared<ColwiseParallel>(activations);
-  const auto rowwise = std::make_shared<RowwiseParallel>(activations);
-  ParallelizePlan plan{{"embed", rowwise},
-                       {"blocks.*.attn.qkv", colwise},
-                       {"blocks.*.attn.proj", rowwise},
-                       {"blocks.*.mlp.gate_up", colwise},
-                       {"blocks.*.mlp.down", rowwise},
-                       {"head.output", colwise}};
-  if (sequence_parallel) {
-    const auto sequence = std::make_shared<SequenceParallel>();
-    for (const char* norm : {"blocks.*.norm1", "blocks.*.norm2", "head.norm"})
-      plan.emplace_back(norm, sequence);
-  }
-  return plan;
+  return megatron_plan(sequence_parallel, "gate_up", "down");
 }
 
 void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree) {

@@ -294,6 +294,9 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   nn::GradientSink& sink_of(const nn::Parameter& p);
   std::shared_ptr<ShardedModule::Lane> lane(const std::vector<int>& dims, int channel,
                                             const std::string& role);
+  /// `config` with its shard dims filled in (every dim not replicated over); InvalidArgument for
+  /// dims out of range or named twice, a negative shard dim, or dtypes the mode does not take.
+  FsdpConfig resolve_config(const FsdpConfig& config) const;
   void record_order(int kind, const ShardedModule& module);
   void prefetch(const std::vector<ShardedModule*>& order, ShardedModule& current,
                 const std::optional<std::vector<ShardedModule*>>& explicit_list);
