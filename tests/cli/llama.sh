@@ -7,7 +7,8 @@
 #                  with sequence parallelism and pp 2 x fsdp 2
 #   tie            a head tied to the embedding: one digest on 1 rank, fsdp 3, tp 2 with sequence
 #                  parallelism, hsdp 2x2 with 3 micro-batches, fsdp 2 with full checkpointing;
-#                  generate on tp 2 gives the 1-rank bits; the checkpoint holds one table
+#                  generate on tp 2 gives the 1-rank bits; the checkpoint holds one table;
+#                  ordered mode on fsdp x tp with QK-norm: replicas identical
 #   resume         a tp 2 checkpoint resumed on fsdp 3 ends on the uninterrupted bits; a GPT run
 #                  refuses it by family
 #   generate       generate on tp 2 gives the 1-rank tokens and log-probabilities; the trainer
@@ -67,6 +68,9 @@ tie)
   grep -q "tie=1" <<<"$inspected" || fail "the architecture does not say tie=1"
   ! grep -q "model.head.output.weight" <<<"$inspected" || fail "a tied checkpoint holds a head weight"
   echo "ok: the checkpoint holds the table once"
+  # Ordered mode: every replica holds the same bits.
+  expect 0 "replicas identical on 4 ranks" "$bin" train --model "$model,tie=1,qk_norm=1" \
+    --batch 12 --steps 3 --mesh 2x2 --names fsdp,tp --sequence-parallel
   ;;
 resume)
   run=(train --mode exact --model "$model" --batch 12 --steps 4 --seed 4)

@@ -332,5 +332,35 @@ TEST(Llama, ATiedHeadReadsTheTableAndSendsItsGradientThere) {
   EXPECT_EQ(parse_llama_config(llama_config_text(config)).tie, true);
 }
 
+TEST(Decoder, ArchitectureTextsRoundTripAndOtherModelsAreNamed) {
+  LlamaConfig llama = small_llama();
+  llama.vocabulary = 256;
+  llama.tie = true;
+  for (const DecoderConfig& config : {DecoderConfig{GptConfig{}}, DecoderConfig{llama}}) {
+    const std::string text = decoder_architecture_text(config);
+    EXPECT_EQ(decoder_architecture_text(parse_decoder_architecture(text)), text);
+    EXPECT_EQ(text.rfind(decoder_family(config) + " ", 0), 0u) << text;
+  }
+  EXPECT_THROW(
+      {
+        try {
+          parse_decoder_architecture("mlp hidden=16 activation=relu layernorm=no");
+        } catch (const DataError& e) {
+          EXPECT_NE(std::string(e.what()).find("its family 'mlp' is neither gpt nor llama"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      DataError);
+  const std::string words = decoder_architecture_text(llama);
+  EXPECT_THROW(
+      parse_decoder_architecture(words.substr(0, words.find(" tokenizer")) + " tokenizer=bpe"),
+      DataError);
+  EXPECT_THROW(parse_decoder_architecture("llama layers=2 heads=3 kv_heads=2 vocabulary=256 "
+                                          "tokenizer=bytes"),
+               DataError);  // 2 key/value heads do not divide 3 heads
+}
+
 }  // namespace
 }  // namespace meshtensor::nn
