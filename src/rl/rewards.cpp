@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
 #include <meshtensor/rl/rewards.hpp>
 
 namespace meshtensor::rl {
@@ -46,7 +47,7 @@ std::shared_ptr<const Dictionary> Dictionary::load(const std::string& path) {
       path == kDefaultDictionary ? " (install Debian's word list: apt-get install wamerican)" : "";
   std::string text;
   try {
-    text = train::read_regular_file(path, kMaxDictionaryBytes, "a word list");
+    text = read_regular_file(path, kMaxDictionaryBytes, "a word list");
   } catch (const DataError& e) {
     throw DataError(
         fmt::format("cannot read the word list {}: {}{}", path, e.what(), package_hint));

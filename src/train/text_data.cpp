@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/core/utf8.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::train {
@@ -15,47 +17,15 @@ namespace {
 
 constexpr std::int64_t kValidationEvery = 20;
 
-/// The length of the valid UTF-8 sequence starting at bytes[i] (1 to 4), or 0 if none starts
-/// there (overlong forms, surrogates and code points above U+10FFFF are invalid).
+/// The length of the UTF-8 text sequence starting at bytes[i] (1 to 4), or 0 if none starts
+/// there: NUL is not text.
 int sequence_length(std::string_view bytes, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(bytes[k]); };
-  const unsigned char lead = byte(i);
-  if (lead < 0x80) return lead == 0 ? 0 : 1;
-  int length = 0;
-  unsigned low = 0x80, high = 0xBF;  // the range of the second byte
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) low = 0xA0;
-    if (lead == 0xED) high = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) low = 0x90;
-    if (lead == 0xF4) high = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + static_cast<std::size_t>(length) > bytes.size()) return 0;
-  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
-  for (int k = 2; k < length; ++k)
-    if ((byte(i + static_cast<std::size_t>(k)) & 0xC0) != 0x80) return 0;
-  return length;
+  char32_t code_point = 0;
+  return bytes[i] == '\0' ? 0 : utf8_sequence(bytes, i, code_point);
 }
 
 std::string read_file(const std::filesystem::path& path) {
   return read_regular_file(path.string(), kMaxTextBytes, "text a corpus reads");
-}
-
-/// "FIFO", "character device", ... for a path that is not a regular file or a directory.
-const char* special_file_kind(const std::filesystem::file_status& status) {
-  namespace fs = std::filesystem;
-  return fs::is_fifo(status)             ? "FIFO"
-         : fs::is_character_file(status) ? "character device"
-         : fs::is_block_file(status)     ? "block device"
-         : fs::is_socket(status)         ? "socket"
-         : fs::is_directory(status)      ? "directory"
-                                         : "special file";
 }
 
 /// True when `line` (without its newline) is fortune's record separator.
@@ -76,31 +46,6 @@ void reserve_corpus(const std::string& path, std::uintmax_t bytes, TextCorpus& c
 }
 
 }  // namespace
-
-std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
-                              std::string_view what) {
-  std::error_code error;
-  const auto status = std::filesystem::status(path, error);
-  if (error || !std::filesystem::exists(status))
-    throw DataError(fmt::format("{}: cannot read the file: {}", path,
-                                error ? error.message() : std::string("no such file")));
-  if (!std::filesystem::is_regular_file(status))
-    throw DataError(
-        fmt::format("{}: not a regular file (it is a {})", path, special_file_kind(status)));
-  const auto size = std::filesystem::file_size(path, error);
-  if (error) throw DataError(fmt::format("{}: cannot read the file: {}", path, error.message()));
-  if (size > static_cast<std::uintmax_t>(max_bytes)) {
-    throw DataError(
-        fmt::format("{}: {} bytes is more than the {} bytes of {}", path, size, max_bytes, what));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open the file", path));
-  std::string text(static_cast<std::size_t>(size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(size));
-  if (in.gcount() != static_cast<std::streamsize>(size))
-    throw DataError(fmt::format("{}: reading the file failed", path));
-  return text;
-}
 
 std::int64_t first_non_text_byte(std::string_view bytes) {
   for (std::size_t i = 0; i < bytes.size();) {

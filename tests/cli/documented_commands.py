@@ -51,10 +51,10 @@ def help_of(path):
 def subcommand_path(words):
     path = []
     for word in words:
-        if not re.fullmatch(r"[a-z][a-z-]*", word):
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", word):
             break
         code, text = help_of(tuple(path))
-        listed = re.findall(r"^  ([a-z][a-z-]*)\s", text, re.M)
+        listed = re.findall(r"^  ([a-z][a-z0-9-]*)\s", text, re.M)
         if word not in listed:
             break
         path.append(word)
@@ -73,7 +73,7 @@ for file in files:
             continue
         code, text = help_of(path)
         rest = words[len(path)] if len(words) > len(path) else ""
-        if "Subcommands:" in text and re.fullmatch(r"[a-z][a-z-]*", rest):
+        if "Subcommands:" in text and re.fullmatch(r"[a-z][a-z0-9-]*", rest):
             failures.append(f"{where}: `{' '.join(path)}` has no subcommand {rest}")
             continue
         if code != 0:

@@ -42,12 +42,6 @@ struct TextCorpus {
 /// no text file, more than kMaxTextBytes.
 TextCorpus load_text(const std::string& path);
 
-/// The whole of the regular file `path`, at most `max_bytes` long. DataError naming the path:
-/// missing or unreadable, a FIFO, device, socket or directory (never opened: a FIFO would block
-/// and a device never end), more than `max_bytes` (`what` says what the bytes are for).
-std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
-                              std::string_view what);
-
 /// Splits `text` into records and assigns them to `corpus` by the rule of TextCorpus, numbering
 /// from corpus.records.
 void add_text_records(std::string_view text, TextCorpus& corpus);

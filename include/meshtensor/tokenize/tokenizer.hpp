@@ -1,0 +1,80 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <meshtensor/tokenize/split_pattern.hpp>
+
+namespace meshtensor::tokenize {
+
+/// A token matched in the text before pre-tokenization (Hugging Face's added tokens), such as the
+/// special `<|endoftext|>`: its exact content always encodes to its id.
+struct AddedToken {
+  std::string content;
+  std::int64_t id = 0;
+  bool special = true;
+};
+
+/// A byte-level BPE tokenizer (GPT-2, Llama 3, Qwen): added tokens are cut out of the text first;
+/// the rest is split by the pre-tokenizer's pattern, each piece's bytes become GPT-2's byte
+/// symbols, and the merges apply by rank (the lowest-ranked adjacent pair first, the leftmost of
+/// equal pairs). Reads and writes Hugging Face's `tokenizer.json`; encodes as Hugging Face's
+/// implementation does.
+class Tokenizer {
+ public:
+  /// Parses the text of a `tokenizer.json` (`source` names it in errors). DataError naming the
+  /// part: a model that is not BPE, a pre-tokenizer or normalizer that is not byte-level, a
+  /// merge of tokens the vocabulary lacks (or whose result it lacks), ids repeated or negative,
+  /// a byte symbol missing from the vocabulary.
+  static Tokenizer from_json(std::string_view text, const std::string& source);
+  /// Reads and parses the `tokenizer.json` file `path` (a regular file of at most 256 MiB).
+  static Tokenizer load(const std::string& path);
+  /// GPT-2's own files as a tokenizer: `encoder` (the text of encoder.json: byte symbols -> id)
+  /// and `merges` (the text of vocab.bpe: a "#version" line, then one "left right" merge a
+  /// line, by rank), GPT-2's pre-tokenizer, and `<|endoftext|>` as the special token it names.
+  static Tokenizer from_gpt2(std::string_view encoder, std::string_view merges,
+                             const std::string& source);
+  /// A `tokenizer.json` Hugging Face's implementations read back as this tokenizer.
+  std::string to_json() const;
+  /// The ids of `text` (invalid UTF-8 is first replaced by U+FFFD, as a JavaScript string
+  /// decoded from the bytes would be).
+  std::vector<std::int64_t> encode(std::string_view text) const;
+  /// The bytes of `ids`, concatenated (added tokens by their content). InvalidArgument naming an
+  /// id outside the vocabulary.
+  std::string decode(std::span<const std::int64_t> ids) const;
+  /// The bytes of one token.
+  std::string token_bytes(std::int64_t id) const;
+  /// Ids from 0 to vocabulary() - 1.
+  std::int64_t vocabulary() const { return static_cast<std::int64_t>(tokens_.size()); }
+  /// The added tokens.
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+  /// The id of a token given by its text (an added token's content, or a token's bytes).
+  std::optional<std::int64_t> token_id(std::string_view text) const;
+
+ private:
+  Tokenizer() = default;
+  /// The ids of one pre-tokenized piece.
+  void encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const;
+  /// The ids of text without added tokens.
+  void encode_ordinary(std::string_view text, std::vector<std::int64_t>& out) const;
+
+  std::vector<std::string> tokens_;  // id -> byte symbols (UTF-8); an added token: its content
+  std::vector<bool> is_added_;
+  std::unordered_map<std::string, std::int64_t> ids_;           // byte symbols -> id
+  std::unordered_map<std::uint64_t, std::int64_t> merge_rank_;  // (left, right) -> rank
+  std::vector<std::pair<std::int64_t, std::int64_t>> merges_;   // by rank: (left, right)
+  std::vector<std::int64_t> merged_;                            // by rank: the merged id
+  std::vector<AddedToken> added_;
+  std::optional<SplitPattern> pattern_;  // none: the whole text is one piece
+  bool gpt2_byte_level_regex_ = false;   // pattern_ came from ByteLevel's use_regex
+  bool add_prefix_space_ = false;
+  bool ignore_merges_ = false;
+  std::int64_t byte_ids_[256] = {};
+};
+
+}  // namespace meshtensor::tokenize

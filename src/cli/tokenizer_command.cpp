@@ -1,0 +1,125 @@
+#include <iostream>
+#include <iterator>
+#include <limits>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
+#include <meshtensor/core/setting_text.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
+
+#include "commands.hpp"
+#include "options.hpp"
+#include "output_files.hpp"
+
+namespace meshtensor::cli {
+
+namespace {
+
+/// Most bytes `tokenizer encode` and `decode` read from standard input.
+constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
+
+struct TokenizerOptions {
+  std::string tokenizer;
+  bool json = false;
+  std::string encoder;
+  std::string merges;
+  std::string out;
+};
+
+/// All of standard input; DataError past kMaxInputBytes.
+std::string read_input() {
+  std::string text;
+  char buffer[1 << 16];
+  while (std::cin.read(buffer, sizeof(buffer)) || std::cin.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(std::cin.gcount()));
+    if (text.size() > kMaxInputBytes) {
+      throw DataError(
+          fmt::format("standard input: more than the {} bytes a tokenizer reads", kMaxInputBytes));
+    }
+  }
+  return text;
+}
+
+void encode(const TokenizerOptions& options) {
+  const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
+  const std::vector<std::int64_t> ids = tokenizer.encode(read_input());
+  if (options.json) {
+    std::cout << nlohmann::json(ids).dump() << '\n';
+  } else {
+    std::cout << fmt::format("{}\n", fmt::join(ids, " "));
+  }
+}
+
+/// Ids from standard input: a JSON array, an object with "ids", or numbers between spaces.
+std::vector<std::int64_t> read_ids(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (text[first] == '[' || text[first] == '{')) {
+    nlohmann::json doc = parse_untrusted_json(text, "standard input");
+    if (doc.is_object() && doc.contains("ids")) doc = doc["ids"];
+    if (!doc.is_array()) throw DataError("standard input: not a JSON array of token ids");
+    std::vector<std::int64_t> ids;
+    for (const auto& id : doc) {
+      if (!id.is_number_integer())
+        throw DataError(fmt::format("standard input: {} is not a token id", json_excerpt(id)));
+      ids.push_back(id.get<std::int64_t>());
+    }
+    return ids;
+  }
+  std::vector<std::int64_t> ids;
+  std::size_t at = 0;
+  while ((at = text.find_first_not_of(" \t\r\n", at)) != std::string::npos) {
+    const std::size_t end = std::min(text.find_first_of(" \t\r\n", at), text.size());
+    ids.push_back(integer_setting("standard input", text.substr(at, end - at),
+                                  std::numeric_limits<std::int64_t>::min(),
+                                  std::numeric_limits<std::int64_t>::max()));
+    at = end;
+  }
+  return ids;
+}
+
+void decode(const TokenizerOptions& options) {
+  const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
+  const std::string bytes = tokenizer.decode(read_ids(read_input()));
+  std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void from_gpt2(const TokenizerOptions& options) {
+  const auto tokenizer = tokenize::Tokenizer::from_gpt2(
+      read_regular_file(options.encoder, std::int64_t{256} << 20, "an encoder.json"),
+      read_regular_file(options.merges, std::int64_t{256} << 20, "a vocab.bpe"), options.encoder);
+  OutputFile out("--out", options.out);
+  out.stream() << tokenizer.to_json() << '\n';
+  out.commit();
+  std::cout << fmt::format("wrote {}: {} tokens\n", options.out, tokenizer.vocabulary());
+}
+
+}  // namespace
+
+void add_tokenizer_command(CLI::App& app) {
+  CLI::App* command = app.add_subcommand("tokenizer", "byte-level BPE tokenizers (tokenizer.json)");
+  command->require_subcommand(1);
+  const auto options = std::make_shared<TokenizerOptions>();
+  CLI::App* encode_command =
+      command->add_subcommand("encode", "print the token ids of all of standard input");
+  encode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
+  add_flag(*encode_command, "--json", options->json, "print one JSON array");
+  encode_command->callback([options] { encode(*options); });
+  CLI::App* decode_command = command->add_subcommand(
+      "decode", "write the bytes of the token ids on standard input (JSON or between spaces)");
+  decode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
+  decode_command->callback([options] { decode(*options); });
+  CLI::App* gpt2_command = command->add_subcommand(
+      "from-gpt2", "write the tokenizer.json of GPT-2's encoder.json and vocab.bpe");
+  gpt2_command->add_option("--encoder", options->encoder, "encoder.json")->required();
+  gpt2_command->add_option("--merges", options->merges, "vocab.bpe")->required();
+  gpt2_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
+  gpt2_command->callback([options] { from_gpt2(*options); });
+}
+
+}  // namespace meshtensor::cli

@@ -1,0 +1,46 @@
+#include <fstream>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
+
+namespace meshtensor {
+
+const char* special_file_kind(const std::filesystem::file_status& status) {
+  namespace fs = std::filesystem;
+  return fs::is_fifo(status)             ? "FIFO"
+         : fs::is_character_file(status) ? "character device"
+         : fs::is_block_file(status)     ? "block device"
+         : fs::is_socket(status)         ? "socket"
+         : fs::is_directory(status)      ? "directory"
+                                         : "special file";
+}
+
+std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
+                              std::string_view what) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (error || !std::filesystem::exists(status))
+    throw DataError(fmt::format("{}: cannot read the file: {}", path,
+                                error ? error.message() : std::string("no such file")));
+  if (!std::filesystem::is_regular_file(status))
+    throw DataError(
+        fmt::format("{}: not a regular file (it is a {})", path, special_file_kind(status)));
+  const auto size = std::filesystem::file_size(path, error);
+  if (error) throw DataError(fmt::format("{}: cannot read the file: {}", path, error.message()));
+  if (size > static_cast<std::uintmax_t>(max_bytes)) {
+    throw DataError(
+        fmt::format("{}: {} bytes is more than the {} bytes of {}", path, size, max_bytes, what));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open the file", path));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (in.gcount() != static_cast<std::streamsize>(size))
+    throw DataError(fmt::format("{}: reading the file failed", path));
+  return text;
+}
+
+}  // namespace meshtensor
