@@ -227,9 +227,10 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<std::int64_t>& 
   out.insert(out.end(), word.begin(), word.end());
 }
 
-void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>& out) const {
+void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>& out,
+                                PieceCache& cache) const {
   if (text.empty()) return;
-  std::string prefixed;
+  std::string prefixed;  // the pieces of a prefixed copy die with it: they are not cached
   if (add_prefix_space_ && text.front() != ' ') {
     prefixed = " " + std::string(text);
     text = prefixed;
@@ -238,13 +239,21 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>
     encode_piece(text, out);
     return;
   }
-  for (const std::string_view piece : pattern_->pieces(text))
-    encode_piece(piece, out);
+  for (const std::string_view piece : pattern_->pieces(text)) {
+    if (!prefixed.empty()) {
+      encode_piece(piece, out);
+      continue;
+    }
+    auto [entry, fresh] = cache.try_emplace(piece);
+    if (fresh) encode_piece(piece, entry->second);
+    out.insert(out.end(), entry->second.begin(), entry->second.end());
+  }
 }
 
 std::vector<std::int64_t> Tokenizer::encode(std::string_view given) const {
   const std::string text = valid_utf8(given);
   std::vector<std::int64_t> out;
+  PieceCache cache;
   std::size_t at = 0;
   while (at < text.size()) {
     // The leftmost added token, the longest of those starting there.
@@ -258,7 +267,8 @@ std::vector<std::int64_t> Tokenizer::encode(std::string_view given) const {
         match = &token;
       }
     }
-    encode_ordinary(std::string_view(text).substr(at, std::min(first, text.size()) - at), out);
+    encode_ordinary(std::string_view(text).substr(at, std::min(first, text.size()) - at), out,
+                    cache);
     if (match == nullptr) break;
     out.push_back(match->id);
     at = first + match->content.size();

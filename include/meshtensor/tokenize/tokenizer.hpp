@@ -60,8 +60,11 @@ class Tokenizer {
   Tokenizer() = default;
   /// The ids of one pre-tokenized piece.
   void encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const;
-  /// The ids of text without added tokens.
-  void encode_ordinary(std::string_view text, std::vector<std::int64_t>& out) const;
+  /// The ids of pieces seen before in one encode() call.
+  using PieceCache = std::unordered_map<std::string_view, std::vector<std::int64_t>>;
+  /// The ids of text without added tokens (pieces of `text` key `cache`: it must outlive it).
+  void encode_ordinary(std::string_view text, std::vector<std::int64_t>& out,
+                       PieceCache& cache) const;
 
   std::vector<std::string> tokens_;  // id -> byte symbols (UTF-8); an added token: its content
   std::vector<bool> is_added_;
