@@ -169,12 +169,7 @@ Tensor TransformerBlock::backward(const Tensor& grad_output, GradientSink& sink,
 }
 
 std::vector<Parameter*> TransformerBlock::parameters() {
-  std::vector<Parameter*> all;
-  for (Module* m :
-       std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &fc_, &projection_})
-    for (Parameter* p : m->parameters())
-      all.push_back(p);
-  return all;
+  return parameters_of({&norm1_, &attention_, &norm2_, &fc_, &projection_});
 }
 
 std::vector<std::pair<std::string, Module*>> TransformerBlock::children() {

@@ -75,11 +75,7 @@ Tensor LlamaBlock::backward(const Tensor& grad_output, GradientSink& sink, bool 
 }
 
 std::vector<Parameter*> LlamaBlock::parameters() {
-  std::vector<Parameter*> all;
-  for (Module* m : std::initializer_list<Module*>{&norm1_, &attention_, &norm2_, &gate_up_, &down_})
-    for (Parameter* p : m->parameters())
-      all.push_back(p);
-  return all;
+  return parameters_of({&norm1_, &attention_, &norm2_, &gate_up_, &down_});
 }
 
 std::vector<std::pair<std::string, Module*>> LlamaBlock::children() {

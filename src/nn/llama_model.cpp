@@ -135,10 +135,7 @@ Tensor LlamaHead::backward(const Tensor& grad_output, GradientSink& sink, bool n
 }
 
 std::vector<Parameter*> LlamaHead::parameters() {
-  std::vector<Parameter*> all = norm_.parameters();
-  for (Parameter* p : output_.parameters())
-    all.push_back(p);
-  return all;
+  return parameters_of({&norm_, &output_});
 }
 
 std::string LlamaHead::describe() const {

@@ -49,6 +49,14 @@ Tensor run_backward(Module& module, const Tensor& grad_output, GradientSink& sin
   return grad_input;
 }
 
+std::vector<Parameter*> parameters_of(std::initializer_list<Module*> modules) {
+  std::vector<Parameter*> all;
+  for (Module* m : modules)
+    for (Parameter* p : m->parameters())
+      all.push_back(p);
+  return all;
+}
+
 void prefix_parameter_names(Module& module, const std::string& prefix) {
   for (Parameter* p : module.parameters())
     p->name = fmt::format("{}.{}", prefix, p->name);

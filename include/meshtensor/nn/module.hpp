@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -264,6 +265,10 @@ std::int64_t kept_bytes(Module& root);
 
 /// Prepends "<prefix>." to the names of `module`'s parameters (a container naming its children).
 void prefix_parameter_names(Module& module, const std::string& prefix);
+
+/// The parameters of `modules`, in order: what a module made of sub-modules returns from
+/// parameters().
+std::vector<Parameter*> parameters_of(std::initializer_list<Module*> modules);
 
 /// Every module under `root` with its dotted path ("blocks.0.attn.qkv"), `root` first (path
 /// ""), parents before children.
