@@ -1,3 +1,4 @@
+#include <chrono>
 #include <iostream>
 #include <iterator>
 #include <limits>
@@ -11,7 +12,9 @@
 #include <meshtensor/core/file.hpp>
 #include <meshtensor/core/setting_text.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/tokenize/bpe_trainer.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
+#include <meshtensor/train/text_data.hpp>
 
 #include "commands.hpp"
 #include "options.hpp"
@@ -30,6 +33,8 @@ struct TokenizerOptions {
   std::string encoder;
   std::string merges;
   std::string out;
+  std::string data = train::kDefaultTextDir;
+  tokenize::BpeTrainerConfig trainer;
 };
 
 /// All of standard input; DataError past kMaxInputBytes.
@@ -99,6 +104,35 @@ void from_gpt2(const TokenizerOptions& options) {
   std::cout << fmt::format("wrote {}: {} tokens\n", options.out, tokenizer.vocabulary());
 }
 
+/// Trains on the training records of the text `train` reads from the same path, so a model's
+/// validation text is text the tokenizer never saw.
+void train_tokenizer(const TokenizerOptions& options) {
+  const std::vector<NamedPath> outputs{{"--out", options.out}};
+  const std::vector<NamedPath> inputs{{"--data", options.data}};
+  check_outputs_are_not_inputs(outputs, {}, inputs);
+  tokenize::pattern_of(options.trainer.pattern);
+  const train::TextCorpus corpus = train::load_text(options.data);
+  const auto start = std::chrono::steady_clock::now();
+  tokenize::BpeTrainerReport report;
+  const auto tokenizer = tokenize::train_bpe(corpus.train, options.trainer, &report);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  OutputFile out("--out", options.out);
+  out.stream() << tokenizer.to_json() << '\n';
+  out.commit();
+  std::cout << fmt::format(
+      "trained {} tokens ({} merges, {} special) on {} bytes of training text ({} records of {} "
+      "files; {} pieces, {} distinct) in {:.2f} s\n",
+      tokenizer.vocabulary(), report.merges, options.trainer.special_tokens.size(),
+      corpus.train.size(), corpus.records, corpus.files, report.pieces, report.distinct_pieces,
+      seconds);
+  if (report.exhausted) {
+    std::cout << fmt::format("stopped below the {} tokens asked: no pair occurs twice any more\n",
+                             options.trainer.vocabulary);
+  }
+  std::cout << fmt::format("wrote {}\n", options.out);
+}
+
 }  // namespace
 
 void add_tokenizer_command(CLI::App& app) {
@@ -120,6 +154,20 @@ void add_tokenizer_command(CLI::App& app) {
   gpt2_command->add_option("--merges", options->merges, "vocab.bpe")->required();
   gpt2_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
   gpt2_command->callback([options] { from_gpt2(*options); });
+  CLI::App* train_command = command->add_subcommand(
+      "train", "learn byte-level BPE merges from the training records of a text");
+  train_command->add_option("--data", options->data, "a UTF-8 text file or a directory of them")
+      ->capture_default_str();
+  train_command->add_option("--vocab", options->trainer.vocabulary, "tokens in all")
+      ->capture_default_str();
+  train_command->add_option("--pattern", options->trainer.pattern, "pre-tokenizer: gpt2|llama3")
+      ->capture_default_str();
+  train_command
+      ->add_option("--special", options->trainer.special_tokens,
+                   "special tokens, given the last ids (repeat the option for more)")
+      ->capture_default_str();
+  train_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
+  train_command->callback([options] { train_tokenizer(*options); });
 }
 
 }  // namespace meshtensor::cli

@@ -1,3 +1,4 @@
+#include <map>
 #include <string>
 #include <vector>
 
@@ -6,6 +7,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/utf8.hpp>
+#include <meshtensor/tokenize/bpe_trainer.hpp>
 #include <meshtensor/tokenize/byte_level.hpp>
 #include <meshtensor/tokenize/split_pattern.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
@@ -81,6 +83,123 @@ TEST(Tokenizer, MergesByRankAndRefusesBrokenFiles) {
   // A merge whose result the vocabulary lacks, and one of an unknown token.
   EXPECT_THROW(Tokenizer::from_json(small_tokenizer({"b c"}), "bad"), DataError);
   EXPECT_THROW(Tokenizer::from_json(small_tokenizer({"a zz"}), "bad"), DataError);
+}
+
+namespace trainer_check {
+
+/// The merges a plain BPE trainer learns: recount every pair of every piece at each step.
+std::vector<std::pair<std::string, std::string>> naive_merges(const std::string& text,
+                                                              std::int64_t merges) {
+  std::map<std::string, std::int64_t> pieces;
+  for (const std::string_view piece : SplitPattern(std::string(kGpt2Pattern)).pieces(text))
+    ++pieces[std::string(piece)];
+  std::vector<std::pair<std::vector<std::string>, std::int64_t>> words;
+  for (const auto& [piece, count] : pieces) {
+    std::vector<std::string> word;
+    for (const char byte : piece)
+      word.push_back(bytes_to_symbols(std::string(1, byte)));
+    words.emplace_back(word, count);
+  }
+  std::map<std::string, std::int64_t> ids;  // the trainer's ids decide ties
+  for (int byte = 0; byte < 256; ++byte)
+    ids[bytes_to_symbols(std::string(1, static_cast<char>(byte)))] = byte;
+  std::vector<std::pair<std::string, std::string>> out;
+  while (static_cast<std::int64_t>(out.size()) < merges) {
+    std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> counts;
+    for (const auto& [word, count] : words)
+      for (std::size_t i = 0; i + 1 < word.size(); ++i)
+        counts[{ids[word[i]], ids[word[i + 1]]}] += count;
+    std::pair<std::int64_t, std::int64_t> best{-1, -1};
+    std::int64_t best_count = 1;
+    for (const auto& [pair, count] : counts) {
+      if (count > best_count) {  // the map's order: the smallest pair wins a tie
+        best = pair;
+        best_count = count;
+      }
+    }
+    if (best.first < 0) break;
+    std::string left, right;
+    for (const auto& [symbols, id] : ids) {
+      if (id == best.first) left = symbols;
+      if (id == best.second) right = symbols;
+    }
+    out.emplace_back(left, right);
+    ids.try_emplace(left + right, static_cast<std::int64_t>(ids.size()));
+    for (auto& [word, count] : words) {
+      std::vector<std::string> merged;
+      for (std::size_t i = 0; i < word.size(); ++i) {
+        if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
+          merged.push_back(left + right);
+          ++i;
+        } else {
+          merged.push_back(word[i]);
+        }
+      }
+      word = merged;
+    }
+  }
+  return out;
+}
+
+}  // namespace trainer_check
+
+TEST(BpeTrainer, LearnsThePlainAlgorithmsMergesWithItsTieRule) {
+  std::string text;
+  for (int i = 0; i < 40; ++i)
+    text += "the theme of these three thin threads; aaaa aaa bananas, Ça été été! 東京 東京\n";
+  BpeTrainerConfig config;
+  config.vocabulary = 256 + 60 + 1;
+  BpeTrainerReport report;
+  const Tokenizer tokenizer = train_bpe(text, config, &report);
+  const auto doc = nlohmann::json::parse(tokenizer.to_json());
+  const auto expected = trainer_check::naive_merges(text, 60);
+  ASSERT_EQ(report.merges, static_cast<std::int64_t>(expected.size()));
+  ASSERT_EQ(doc["model"]["merges"].size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(doc["model"]["merges"][i][0].get<std::string>(), expected[i].first) << "merge " << i;
+    EXPECT_EQ(doc["model"]["merges"][i][1].get<std::string>(), expected[i].second) << "merge " << i;
+  }
+  // Ids: the bytes first, then the merges, the special token last; a text round-trips.
+  EXPECT_EQ(tokenizer.token_bytes(65), "A");
+  EXPECT_EQ(tokenizer.token_id("<|endoftext|>"), tokenizer.vocabulary() - 1);
+  const std::string sample = "these threads<|endoftext|>東京 bananas";
+  const std::vector<std::int64_t> ids = tokenizer.encode(sample);
+  EXPECT_EQ(tokenizer.decode(ids), sample);
+  EXPECT_LT(ids.size(), sample.size() / 2);
+  // Same text, same bits.
+  EXPECT_EQ(train_bpe(text, config).to_json(), tokenizer.to_json());
+}
+
+TEST(BpeTrainer, StopsWhenNoPairRepeatsAndNeverMergesAcrossSpecialTokens) {
+  BpeTrainerConfig config;
+  config.vocabulary = 1000;
+  BpeTrainerReport report;
+  const Tokenizer tokenizer = train_bpe("ab<|endoftext|>ab", config, &report);
+  EXPECT_TRUE(report.exhausted);
+  EXPECT_EQ(report.merges, 1);  // "ab" twice; "b<" never counted
+  EXPECT_EQ(tokenizer.vocabulary(), 258);
+  EXPECT_EQ(tokenizer.encode("ab").size(), 1U);
+}
+
+TEST(BpeTrainer, RefusesBadSettingsByName) {
+  BpeTrainerConfig config;
+  config.vocabulary = 200;
+  EXPECT_THROW(
+      {
+        try {
+          train_bpe("text", config);
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find("vocabulary 200"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidArgument);
+  config.vocabulary = 300;
+  config.pattern = "gpt3";
+  EXPECT_THROW(train_bpe("text", config), InvalidArgument);
+  config.pattern = "llama3";
+  config.special_tokens = {"<s>", "<s>"};
+  EXPECT_THROW(train_bpe("text", config), InvalidArgument);
 }
 
 }  // namespace
