@@ -1,3 +1,4 @@
+#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 
@@ -7,13 +8,15 @@ namespace meshtensor::python {
 
 namespace {
 
-/// A prompt as token ids: a str or bytes as its UTF-8 bytes, or a sequence of ints.
-std::vector<std::int64_t> prompt_tokens(const py::handle& prompt) {
+/// A prompt as token ids: a str (UTF-8) or bytes encoded by the model's tokenizer, or a
+/// sequence of its ids.
+std::vector<std::int64_t> prompt_tokens(const py::handle& prompt,
+                                        const tokenize::Tokenizer& tokenizer) {
   if (py::isinstance<py::str>(prompt) || py::isinstance<py::bytes>(prompt)) {
     const std::string bytes = py::isinstance<py::str>(prompt)
                                   ? prompt.cast<std::string>()
                                   : std::string(prompt.cast<py::bytes>());
-    return generate::byte_tokens(bytes);
+    return tokenizer.encode(bytes);
   }
   std::vector<std::int64_t> tokens;
   for (const auto& token : prompt.cast<py::sequence>())
@@ -26,12 +29,15 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
                       std::uint64_t seed, const std::string& mode, std::int64_t max_batch,
                       std::int64_t prefill_chunk, const py::object& world_object) {
   const bool single = py::isinstance<py::str>(prompts) || py::isinstance<py::bytes>(prompts);
+  const tokenize::Tokenizer tokenizer =
+      generate::checkpoint_tokenizer(checkpoint::read_index(checkpoint), checkpoint);
   std::vector<generate::Request> requests;
   if (single) {
-    requests.push_back({prompt_tokens(prompts), max_new_tokens, {temperature, top_k, seed}});
+    requests.push_back(
+        {prompt_tokens(prompts, tokenizer), max_new_tokens, {temperature, top_k, seed}});
   } else {
     for (const auto& p : prompts.cast<py::sequence>())
-      requests.push_back({prompt_tokens(p), max_new_tokens, {temperature, top_k, seed}});
+      requests.push_back({prompt_tokens(p, tokenizer), max_new_tokens, {temperature, top_k, seed}});
   }
   const comm::ReductionMode reduction = mode_from(mode);
   if (reduction == comm::ReductionMode::native) {
@@ -58,7 +64,7 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
     py::dict d;
     d["tokens"] = c.tokens;
     d["logprobs"] = c.logprobs;
-    d["text"] = py::bytes(generate::token_bytes(c.tokens));
+    d["text"] = py::bytes(tokenizer.decode(c.tokens));
     out.append(d);
   }
   return out;
@@ -72,10 +78,11 @@ void bind_generate(py::module_& module) {
              py::arg("seed") = 0, py::arg("mode") = "ordered", py::arg("max_batch") = 16,
              py::arg("prefill_chunk") = 64, py::arg("world") = py::none(),
              "Continues `prompts` (a str or bytes, or a list of them or of token-id lists) with "
-             "the GPT of a checkpoint saved by any training layout, as `meshtensor generate` "
-             "does: one dict per prompt with tokens, logprobs (the bits the trainer's forward "
-             "gives each token) and text (bytes). A prompt's result does not depend on the "
-             "others, max_batch or prefill_chunk.");
+             "the decoder of a checkpoint saved by any training layout, as `meshtensor generate` "
+             "does, text encoded by the checkpoint's tokenizer: one dict per prompt with tokens, "
+             "logprobs (the bits the trainer's forward gives each token) and text (the bytes of "
+             "the tokens). A prompt's result does not depend on the others, max_batch or "
+             "prefill_chunk.");
 }
 
 }  // namespace meshtensor::python

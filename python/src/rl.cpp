@@ -161,7 +161,7 @@ py::object run_rl(const py::object& init, const py::object& world_object,
   rl::RlConfig config = settings.config();
   config.trainer_ranks = own.trainer_ranks;
   config.generator = generator_from(own.generator, own.generator_tp, world->size());
-  rl::RlTask task = settings.task();
+  rl::RlTask task = rl::tokenized_for(settings.task(), config.init);
   if (!own.reward.is_none()) task.reward = python_reward(own.reward, world);
   rl::RlCallbacks callbacks;
   if (!own.on_step.is_none()) {

@@ -60,8 +60,14 @@ void inspect(const CheckpointOptions& options) {
   std::cout << fmt::format("checkpoint {}: step {}, saved by {} rank(s), {} file(s), {}\n",
                            directory, index.step, index.world_size, index.files.size(),
                            format_bytes(static_cast<double>(total_bytes)));
-  for (const auto& [key, value] : index.metadata)
-    std::cout << fmt::format("  {}: {}\n", key, value);
+  for (const auto& [key, value] : index.metadata) {
+    // A long or multi-line value (a tokenizer.json) is left to --json.
+    if (value.size() > 200 || value.find('\n') != std::string::npos) {
+      std::cout << fmt::format("  {}: {} bytes of text (--json shows them)\n", key, value.size());
+    } else {
+      std::cout << fmt::format("  {}: {}\n", key, value);
+    }
+  }
   std::size_t width = 6;
   for (const auto& tensor : index.tensors)
     width = std::max(width, tensor.name.size());
@@ -83,11 +89,13 @@ void inspect(const CheckpointOptions& options) {
     std::cout << fmt::format("{} problem(s) in {}\n", problems.size(), directory);
 }
 
-/// The problem of a GPT checkpoint whose architecture metadata does not describe its tensors.
+/// The problem of a decoder checkpoint whose architecture metadata does not describe its tensors.
 std::vector<std::string> architecture_problems(const std::string& directory) {
   const checkpoint::Index index = checkpoint::read_index(directory);
   const auto found = index.metadata.find("architecture");
-  if (found == index.metadata.end() || found->second.rfind("gpt", 0) != 0) return {};
+  if (found == index.metadata.end() ||
+      (found->second.rfind("gpt ", 0) != 0 && found->second.rfind("llama ", 0) != 0))
+    return {};
   const std::string problem = generate::architecture_problem(index);
   if (problem.empty()) return {};
   return {fmt::format("{}: {}", directory, problem)};

@@ -112,11 +112,11 @@ class PromptSource {
 };
 
 void print_completions(const std::vector<std::string>& prompts,
-                       const std::vector<generate::Completion>& completions, bool json,
-                       std::size_t first) {
+                       const std::vector<generate::Completion>& completions,
+                       const tokenize::Tokenizer& tokenizer, bool json, std::size_t first) {
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const generate::Completion& c = completions[i];
-    const std::string text = train::printable_text(generate::token_bytes(c.tokens));
+    const std::string text = train::printable_text(tokenizer.decode(c.tokens));
     if (json) {
       // Doubles print with the digits that read back to the same bits.
       const nlohmann::json out = {{"prompt", train::printable_text(prompts[i])},
@@ -139,6 +139,7 @@ void print_completions(const std::vector<std::string>& prompts,
 /// How every window of prompts is turned into requests and printed.
 struct GenerateJob {
   const GenerateOptions& options;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   comm::ReductionMode mode;
   generate::GeneratorOptions generator;
   generate::Sampling sampling;
@@ -198,21 +199,25 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
     if (prompts.empty()) break;
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      requests.push_back({generate::byte_tokens(prompts[i]), job.new_tokens, job.sampling});
+      requests.push_back({job.tokenizer->encode(prompts[i]), job.new_tokens, job.sampling});
       generate::check_request(requests.back(), first + i, model->decoder_config());
     }
     const std::vector<generate::Completion> completions = generator.generate(requests);
-    if (world.rank() == 0) print_completions(prompts, completions, job.options.json, first);
+    if (world.rank() == 0)
+      print_completions(prompts, completions, *job.tokenizer, job.options.json, first);
     first += prompts.size();
   }
 }
 
 /// The architecture of the checkpoint, checked against its tensors, and the layout against it,
-/// before any rank starts or allocates.
-nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree) {
+/// before any rank starts or allocates; sets the job's tokenizer.
+nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree,
+                                              GenerateJob& job) {
   const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
   const nn::DecoderConfig config = generate::checked_architecture(index, options.checkpoint);
   if (degree > 1) tp::check_decoder_degree(config, degree);
+  job.tokenizer = std::make_shared<const tokenize::Tokenizer>(
+      generate::checkpoint_tokenizer(index, options.checkpoint));
   return config;
 }
 
@@ -226,12 +231,12 @@ void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
   PromptSource source(options);
   std::size_t i = 0;
   for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
-    generate::check_request({generate::byte_tokens(*prompt), job.new_tokens, job.sampling}, i,
+    generate::check_request({job.tokenizer->encode(*prompt), job.new_tokens, job.sampling}, i,
                             config);
 }
 
 void run_generate(const GenerateOptions& options) {
-  GenerateJob job{options, comm::ReductionMode::ordered, {}, {}, 0};
+  GenerateJob job{options, nullptr, comm::ReductionMode::ordered, {}, {}, 0};
   job.sampling.temperature = real_setting("--temperature", options.temperature, 0.0, 1e6);
   job.sampling.top_k = integer_setting("--top-k", options.top_k, 0, 1 << 30);
   job.sampling.seed = seed_setting("--seed", options.seed);
@@ -251,7 +256,7 @@ void run_generate(const GenerateOptions& options) {
       tensor_parallel_option(options.ranks, options.mesh, options.names, "generate");
   PromptSource source(options);
   const nn::DecoderConfig config =
-      check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1));
+      check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1), job);
   check_prompts_ahead(options, job, config);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "generate", [&](comm::Communicator& world) {
     if (backend == Backend::mpi && given > 0 && world.size() != given) {

@@ -222,10 +222,11 @@ void run_rl_command(const RlOptions& options) {
   if (!options.link.empty() && backend == Backend::mpi)
     throw ParseError("--link simulates a network on the threads backend; mpi has a real one");
   options.timeout.apply();
-  const rl::RlTask task = rl_settings(options).task();
+  rl::RlTask task = rl_settings(options).task();
   if (!config.init.empty()) {
     config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
   }
+  task = rl::tokenized_for(std::move(task), config.init);
   const std::int64_t ranks = rl::rl_world_ranks(config);
   rl::validate_rl_config(config, task, ranks);
   RlOutputs outputs = open_rl_outputs(options, config);

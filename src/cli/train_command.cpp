@@ -41,10 +41,15 @@ std::string describe_task(const LoadedTask& loaded) {
   if (loaded.language) {
     const auto& task = dynamic_cast<const train::LanguageModelling&>(*loaded.task);
     const train::TextCorpus& corpus = task.corpus();
+    const tokenize::Tokenizer& tokenizer = task.tokenizer();
     return fmt::format(
-        "{} parameters; {} training and {} validation bytes from {} file(s), {} records",
+        "{} parameters; {} training and {} validation bytes from {} file(s), {} records{}",
         nn::decoder_parameter_count(task.model()), corpus.train.size(), corpus.validation.size(),
-        corpus.files, corpus.records);
+        corpus.files, corpus.records,
+        tokenizer.is_bytes()
+            ? ""
+            : fmt::format("; tokenizer {} of {} tokens: {} and {} tokens", tokenizer.name(),
+                          tokenizer.vocabulary(), task.train_tokens(), task.validation_tokens()));
   }
   const auto& task = dynamic_cast<const train::ImageClassification&>(*loaded.task);
   return fmt::format("{}{}", task.model().activation == nn::Activation::gelu ? "gelu" : "relu",
@@ -60,9 +65,10 @@ std::string report_line(const train::EpochReport& e, const LoadedTask& loaded) {
   }
   if (loaded.language) {
     return fmt::format(
-        "step {:>5}  train loss {:.4f}  validation loss {:.4f}  validation acc {:.4f}  {:.0f} "
-        "tokens/s  ({:.1f} s)",
-        e.steps, e.train_loss, e.test_loss, e.test_accuracy, e.targets_per_second, e.seconds);
+        "step {:>5}  train loss {:.4f}  validation loss {:.4f} ({:.4f} bits per byte)  validation "
+        "acc {:.4f}  {:.0f} tokens/s  ({:.1f} s)",
+        e.steps, e.train_loss, e.test_loss, train::bits_per_byte(e.test_loss, *loaded.task).value(),
+        e.test_accuracy, e.targets_per_second, e.seconds);
   }
   return fmt::format(
       "epoch {:>3}  train loss {:.4f}  train acc {:.4f}  test acc {:.4f}  {:.0f} samples/s  "
@@ -115,7 +121,9 @@ RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
   const NamedPath outputs[] = {
       {"--trace", options.trace}, {"--log", options.log}, {"--plot", options.plot}};
   const NamedPath roots[] = {{"--save", options.settings.value("save")}};
-  const NamedPath inputs[] = {{"--data", data}, {"--resume", options.settings.value("resume")}};
+  const NamedPath inputs[] = {{"--data", data},
+                              {"--resume", options.settings.value("resume")},
+                              {"--tokenizer", options.tokenizer}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   RunOutputs files;
   if (!options.trace.empty()) files.trace = std::make_unique<OutputFile>("--trace", options.trace);
@@ -205,8 +213,11 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
                              result.checkpoints.back());
   }
   if (result.evaluated) {
-    std::cout << fmt::format("{} loss {:.4f}, accuracy {:.4f} after {} steps ({:.1f} s)\n", eval,
-                             result.test_loss, result.test_accuracy, result.steps, result.seconds);
+    const std::optional<double> bits = train::bits_per_byte(result.test_loss, *loaded.task);
+    std::cout << fmt::format("{} loss {:.4f}{}, accuracy {:.4f} after {} steps ({:.1f} s)\n", eval,
+                             result.test_loss,
+                             bits ? fmt::format(" ({:.4f} bits per byte)", *bits) : "",
+                             result.test_accuracy, result.steps, result.seconds);
   } else {
     std::cout << fmt::format("no {} set; {} steps ({:.1f} s)\n", eval, result.steps,
                              result.seconds);

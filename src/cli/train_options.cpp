@@ -49,9 +49,21 @@ LoadedTask load_task(const TrainOptions& options) {
     }
     loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
     auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
-    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), decoder);
+    std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+    if (!options.tokenizer.empty()) {
+      tokenizer =
+          std::make_shared<const tokenize::Tokenizer>(tokenize::Tokenizer::load(options.tokenizer));
+    }
+    loaded.task = std::make_unique<train::LanguageModelling>(
+        std::move(corpus),
+        tokenizer ? nn::with_vocabulary(decoder, tokenizer->vocabulary()) : decoder, tokenizer);
     loaded.language = true;
     return loaded;
+  }
+  if (!options.tokenizer.empty()) {
+    throw ParseError(
+        fmt::format("--tokenizer {} tokenizes text for a decoder; model {} reads images",
+                    options.tokenizer, options.model));
   }
   nn::MlpConfig mlp;
   mlp.hidden = nn::parse_mlp_hidden(options.model);
@@ -76,6 +88,9 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
                          "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
                          "rope_theta=R,norm_eps=E,qk_norm=0|1,tie=0|1 (default " +
                          nn::llama_config_text(nn::LlamaConfig{}) + ")");
+  command.add_option("--tokenizer", options.tokenizer,
+                     "gpt/llama: a byte-level BPE tokenizer.json (`meshtensor tokenizer train`); "
+                     "the model's vocabulary is its (default: bytes, 256 tokens)");
   options.settings.add_to(command, train::TrainSettings::table(),
                           {"batch", "optimizer", "lr", "seed"});
   options.timeout.add_to(command);

@@ -20,7 +20,8 @@ namespace meshtensor::cli {
 /// The options of `meshtensor train`, as given; the training benchmarks share them. The
 /// training settings themselves go to train::TrainSettings by field name (parse_config).
 struct TrainOptions {
-  std::string data;  // empty: the model's default data
+  std::string data;       // empty: the model's default data
+  std::string tokenizer;  // a tokenizer.json; empty: bytes
   std::string model = "mlp:1024,1024";
   std::string activation = "relu";
   CLI::Option* activation_option = nullptr;

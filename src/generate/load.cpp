@@ -12,13 +12,52 @@
 
 namespace meshtensor::generate {
 
+namespace {
+
+/// The tokenizer `architecture` names, from `index`'s metadata; DataError naming the problem.
+tokenize::Tokenizer named_tokenizer(const checkpoint::Index& index,
+                                    const std::string& architecture) {
+  const std::string name = nn::architecture_tokenizer(architecture);
+  const std::int64_t vocabulary =
+      nn::decoder_vocabulary(nn::parse_decoder_architecture(architecture));
+  if (name == "bytes") {
+    if (vocabulary != 256) {
+      throw DataError(
+          fmt::format("its architecture names the byte tokenizer with a vocabulary of {}, not 256",
+                      vocabulary));
+    }
+    return tokenize::Tokenizer::bytes();
+  }
+  if (name.rfind("bpe:", 0) != 0)
+    throw DataError(fmt::format("its tokenizer '{}' is neither bytes nor bpe:<checksum>", name));
+  const auto stored = index.metadata.find("tokenizer");
+  if (stored == index.metadata.end())
+    throw DataError(
+        fmt::format("its architecture names the tokenizer {}, but it holds none", name));
+  tokenize::Tokenizer tokenizer =
+      tokenize::Tokenizer::from_json(stored->second, "its tokenizer metadata");
+  if (tokenizer.name() != name) {
+    throw DataError(
+        fmt::format("its tokenizer is {} by its checksum, but its architecture names {}",
+                    tokenizer.name(), name));
+  }
+  if (tokenizer.vocabulary() != vocabulary) {
+    throw DataError(fmt::format("its tokenizer has {} tokens, its architecture a vocabulary of {}",
+                                tokenizer.vocabulary(), vocabulary));
+  }
+  return tokenizer;
+}
+
+}  // namespace
+
 std::string architecture_problem(const checkpoint::Index& index) {
   const auto found = index.metadata.find("architecture");
   if (found == index.metadata.end()) return "it names no model architecture";
   nn::DecoderConfig config;
   try {
     config = nn::parse_decoder_architecture(found->second);
-  } catch (const DataError& e) {
+    named_tokenizer(index, found->second);
+  } catch (const Error& e) {
     return e.what();
   }
   std::int64_t stored = 0;
@@ -45,6 +84,11 @@ nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std
   if (const std::string problem = architecture_problem(index); !problem.empty())
     throw DataError(fmt::format("checkpoint {}: {}", path, problem));
   return nn::parse_decoder_architecture(index.metadata.at("architecture"));
+}
+
+tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const std::string& path) {
+  checked_architecture(index, path);
+  return named_tokenizer(index, index.metadata.at("architecture"));
 }
 
 nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,

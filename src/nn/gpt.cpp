@@ -69,14 +69,15 @@ std::string gpt_config_text(const GptConfig& config) {
                      config.dim, config.context);
 }
 
-std::string architecture_text(const GptConfig& config) {
-  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer=bytes",
-                     config.layers, config.heads, config.dim, config.context, config.vocabulary);
+std::string architecture_text(const GptConfig& config, const std::string& tokenizer) {
+  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer={}",
+                     config.layers, config.heads, config.dim, config.context, config.vocabulary,
+                     tokenizer);
 }
 
 GptConfig parse_architecture(const std::string& text) {
   const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("architecture '{}' is not a byte-level GPT ({})", text, why));
+    return DataError(fmt::format("architecture '{}' is not a GPT's ({})", text, why));
   };
   std::istringstream words(text);
   std::string kind;
@@ -88,7 +89,7 @@ GptConfig parse_architecture(const std::string& text) {
     if (equals == std::string::npos) throw bad(fmt::format("'{}' is not key=value", word));
     fields[word.substr(0, equals)] = word.substr(equals + 1);
   }
-  if (fields["tokenizer"] != "bytes") throw bad("tokenizer '" + fields["tokenizer"] + "'");
+  if (fields["tokenizer"].empty()) throw bad("it names no tokenizer");
   GptConfig config;
   const auto number = [&](const char* key) {
     try {
@@ -105,8 +106,8 @@ GptConfig parse_architecture(const std::string& text) {
   config.dim = number("dim");
   config.context = number("context");
   config.vocabulary = number("vocabulary");
-  if (config.vocabulary > 256)
-    throw bad(fmt::format("vocabulary {} is more than the 256 byte tokens", config.vocabulary));
+  if (config.vocabulary > kMaxVocabulary)
+    throw bad(fmt::format("vocabulary {} is more than {}", config.vocabulary, kMaxVocabulary));
   // The command line's ranges and checks, through its parser.
   try {
     const std::int64_t vocabulary = config.vocabulary;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <charconv>
 #include <sstream>
 #include <vector>
 
@@ -31,17 +32,29 @@ std::int64_t decoder_parameter_count(const DecoderConfig& config) {
   return llama_parameter_count(std::get<LlamaConfig>(config));
 }
 
-std::string decoder_architecture_text(const DecoderConfig& config) {
-  if (const auto* gpt = std::get_if<GptConfig>(&config)) return architecture_text(*gpt);
+std::string decoder_architecture_text(const DecoderConfig& config, const std::string& tokenizer) {
+  if (const auto* gpt = std::get_if<GptConfig>(&config)) return architecture_text(*gpt, tokenizer);
   const auto& llama = std::get<LlamaConfig>(config);
   std::string keys = llama_config_text(llama).substr(6);  // after "llama:"
   std::replace(keys.begin(), keys.end(), ',', ' ');
-  return fmt::format("llama {} vocabulary={} tokenizer=bytes", keys, llama.vocabulary);
+  return fmt::format("llama {} vocabulary={} tokenizer={}", keys, llama.vocabulary, tokenizer);
+}
+
+std::string architecture_tokenizer(const std::string& text) {
+  std::istringstream words(text);
+  for (std::string word; words >> word;)
+    if (word.rfind("tokenizer=", 0) == 0) return word.substr(10);
+  return {};
+}
+
+DecoderConfig with_vocabulary(DecoderConfig config, std::int64_t vocabulary) {
+  std::visit([vocabulary](auto& c) { c.vocabulary = vocabulary; }, config);
+  return config;
 }
 
 namespace {
 
-/// The Llama of a "llama k=v ... vocabulary=V tokenizer=bytes" architecture text.
+/// The Llama of a "llama k=v ... vocabulary=V tokenizer=NAME" architecture text.
 LlamaConfig parse_llama_architecture(const std::string& text) {
   std::istringstream words(text);
   std::string word;
@@ -59,12 +72,20 @@ LlamaConfig parse_llama_architecture(const std::string& text) {
     }
   }
   const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("architecture '{}' is not a byte-level Llama ({})", text, why));
+    return DataError(fmt::format("architecture '{}' is not a Llama's ({})", text, why));
   };
-  if (tokenizer != "bytes") throw bad(fmt::format("tokenizer '{}'", tokenizer));
-  if (vocabulary != "256") throw bad(fmt::format("vocabulary '{}'", vocabulary));
+  if (tokenizer.empty()) throw bad("it names no tokenizer");
+  std::int64_t tokens = 0;
+  const auto [end, problem] =
+      std::from_chars(vocabulary.data(), vocabulary.data() + vocabulary.size(), tokens);
+  if (problem != std::errc() || end != vocabulary.data() + vocabulary.size() || tokens < 1 ||
+      tokens > kMaxVocabulary) {
+    throw bad(fmt::format("vocabulary '{}' is not between 1 and {}", vocabulary, kMaxVocabulary));
+  }
   try {
-    return parse_llama_config(fmt::format("llama:{}", fmt::join(keys, ",")));
+    LlamaConfig config = parse_llama_config(fmt::format("llama:{}", fmt::join(keys, ",")));
+    config.vocabulary = tokens;
+    return config;
   } catch (const ParseError& e) {
     throw bad(e.what());
   }
@@ -77,8 +98,7 @@ DecoderConfig parse_decoder_architecture(const std::string& text) {
   if (family == "llama") return parse_llama_architecture(text);
   if (family == "gpt") return parse_architecture(text);
   throw DataError(
-      fmt::format("architecture '{}' is not a byte-level decoder: its family '{}' is neither gpt "
-                  "nor llama",
+      fmt::format("architecture '{}' is not a decoder's: its family '{}' is neither gpt nor llama",
                   text, family));
 }
 

@@ -146,7 +146,7 @@ RlRun::RlRun(comm::Communicator& world, const RlTask& task, RlConfig config,
   trainer_copies_ = world.size() / std::max<std::int64_t>(1, trainer_ranks_);
   trains_ = world.rank() < trainer_ranks_;
   generates_ = world.rank() < config_.generator.ranks();
-  prompt_tokens_ = static_cast<std::int64_t>(task_.prompts.front().size());
+  prompt_tokens_ = static_cast<std::int64_t>(task_.prompt_tokens.front().size());
   length_ = prompt_tokens_ + config_.new_tokens - 1;
   config_.train.schedule.total_steps = config_.steps * config_.ppo_epochs * config_.minibatches;
   // The pool in a seeded order (Fisher-Yates); step s takes the next P prompts, wrapping.
@@ -167,7 +167,8 @@ void RlRun::build() {
     config_.model = generate::read_architecture(world_, config_.init,
                                                 world_.backend() == "threads" ? world_.size() : 1);
   }
-  language_ = std::make_unique<train::LanguageModelling>(task_.corpus, config_.model);
+  language_ =
+      std::make_unique<train::LanguageModelling>(task_.corpus, config_.model, task_.tokenizer);
   validate_rl_config(config_, task_, world_.size());
   train::TrainConfig trainer = config_.train;
   trainer.batch = config_.prompts * config_.samples / config_.minibatches;
@@ -320,15 +321,13 @@ std::vector<generate::Request> RlRun::requests(std::int64_t step,
                                                const std::vector<std::int64_t>& prompt_ids) const {
   std::vector<generate::Request> made;
   for (const std::int64_t id : prompt_ids) {
-    const std::string& prompt = task_.prompts[static_cast<std::size_t>(id)];
+    const std::vector<std::int64_t>& prompt = task_.prompt_tokens[static_cast<std::size_t>(id)];
     for (std::int64_t sample = 0; sample < config_.samples; ++sample) {
       const std::uint64_t seed =
           mix64(mix64(mix64(config_.train.seed ^ static_cast<std::uint64_t>(step)) +
                       static_cast<std::uint64_t>(id)) +
                 static_cast<std::uint64_t>(sample));
-      made.push_back({generate::byte_tokens(prompt),
-                      config_.new_tokens,
-                      {config_.temperature, config_.top_k, seed}});
+      made.push_back({prompt, config_.new_tokens, {config_.temperature, config_.top_k, seed}});
     }
   }
   return made;
@@ -385,7 +384,7 @@ void RlRun::score(Rollouts& rollouts) {
       const std::int64_t id = rollouts.prompt_ids[static_cast<std::size_t>(q / g)];
       const std::string& prompt = task_.prompts[static_cast<std::size_t>(id)];
       const auto first = rollouts.tokens.begin() + q * config_.new_tokens;
-      const std::string completion = generate::token_bytes(
+      const std::string completion = task_.tokenizer->decode(
           std::span<const std::int64_t>(&*first, static_cast<std::size_t>(config_.new_tokens)));
       const auto name = [&] {
         return fmt::format("step {}, prompt {} ('{}'), sample {}", step_ + 1, q / g,
@@ -468,8 +467,7 @@ train::Batch RlRun::sequences(const Rollouts& rollouts, std::int64_t start,
   for (std::int64_t s = 0; s < count; ++s) {
     const std::int64_t q = start + s;
     const std::int64_t id = rollouts.prompt_ids[static_cast<std::size_t>(q / config_.samples)];
-    std::vector<std::int64_t> sequence =
-        generate::byte_tokens(task_.prompts[static_cast<std::size_t>(id)]);
+    std::vector<std::int64_t> sequence = task_.prompt_tokens[static_cast<std::size_t>(id)];
     sequence.insert(sequence.end(), rollouts.tokens.begin() + q * n,
                     rollouts.tokens.begin() + (q + 1) * n);
     for (std::int64_t t = 0; t < length_; ++t) {
@@ -624,7 +622,7 @@ std::vector<RlSample> RlRun::show_samples() {
   std::vector<RlSample> samples;
   for (std::size_t i = 0; i < firsts.size(); ++i) {
     const std::string& prompt = task_.prompts[static_cast<std::size_t>(ids[i])];
-    const std::string completion = generate::token_bytes(completions[i].tokens);
+    const std::string completion = task_.tokenizer->decode(completions[i].tokens);
     double reward = std::nan("");
     try {
       if (world_.rank() == 0) reward = task_.reward(prompt, completion);
@@ -735,13 +733,14 @@ RlResult RlRun::run() {
 
 std::string rl_description(const RlConfig& c, const RlTask& task) {
   return fmt::format(
-      "task {} ({} prompts) init '{}' model {} steps {} P {} G {} new {} temp {} top_k {} clip {} "
+      "task {} ({} prompts, tokenizer {}) init '{}' model {} steps {} P {} G {} new {} temp {} "
+      "top_k {} clip {} "
       "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} generator "
       "mode {} trainer {}",
-      task.name, task.prompts.size(), c.init, nn::decoder_config_text(c.model), c.steps, c.prompts,
-      c.samples, c.new_tokens, c.temperature, c.top_k, c.clip_ratio, c.kl, c.ppo_epochs,
-      c.minibatches, c.advantage_eps, c.max_batch, c.prefill_chunk, c.generator.describe(),
-      c.compare_naive_sync,
+      task.name, task.prompts.size(), task.tokenizer ? task.tokenizer->name() : "none", c.init,
+      nn::decoder_config_text(c.model), c.steps, c.prompts, c.samples, c.new_tokens, c.temperature,
+      c.top_k, c.clip_ratio, c.kl, c.ppo_epochs, c.minibatches, c.advantage_eps, c.max_batch,
+      c.prefill_chunk, c.generator.describe(), c.compare_naive_sync,
       c.generator_mode ? comm::reduction_mode_name(*c.generator_mode) : "as the trainer",
       train::settings_json(c.train).dump());
 }
@@ -831,13 +830,20 @@ void validate_layouts(const RlConfig& config, std::int64_t world_ranks) {
 
 void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t world_ranks) {
   validate_settings(config);
-  if (task.prompts.empty()) throw InvalidArgument(fmt::format("task {} has no prompt", task.name));
-  const auto prompt = static_cast<std::int64_t>(task.prompts.front().size());
-  for (std::size_t i = 0; i < task.prompts.size(); ++i) {
-    if (static_cast<std::int64_t>(task.prompts[i].size()) != prompt || prompt == 0) {
-      throw InvalidArgument(fmt::format("task {}: prompt {} has {} bytes, prompt 0 {}", task.name,
-                                        i, task.prompts[i].size(), prompt));
+  if (task.prompt_tokens.empty() || !task.tokenizer)
+    throw InvalidArgument(fmt::format("task {} has no tokenized prompt", task.name));
+  const auto prompt = static_cast<std::int64_t>(task.prompt_tokens.front().size());
+  for (std::size_t i = 0; i < task.prompt_tokens.size(); ++i) {
+    if (static_cast<std::int64_t>(task.prompt_tokens[i].size()) != prompt || prompt == 0) {
+      throw InvalidArgument(fmt::format("task {}: prompt {} has {} tokens, prompt 0 {}", task.name,
+                                        i, task.prompt_tokens[i].size(), prompt));
     }
+  }
+  if (task.tokenizer->vocabulary() != nn::decoder_vocabulary(config.model)) {
+    throw InvalidArgument(
+        fmt::format("task {}: the tokenizer {} has {} tokens, the model's vocabulary {}", task.name,
+                    task.tokenizer->name(), task.tokenizer->vocabulary(),
+                    nn::decoder_vocabulary(config.model)));
   }
   if (prompt + config.new_tokens > nn::decoder_context(config.model)) {
     throw InvalidArgument(

@@ -1,10 +1,13 @@
 #include <algorithm>
 #include <cctype>
+#include <map>
 
 #include <fmt/format.h>
 
+#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/rl/rewards.hpp>
 
 namespace meshtensor::rl {
@@ -124,7 +127,7 @@ RlTask words_task(std::shared_ptr<const train::TextCorpus> corpus,
     return english_word_fraction(*dictionary, completion);
   };
   task.corpus = std::move(corpus);
-  return task;
+  return tokenized(std::move(task), nullptr);
 }
 
 RlTask arithmetic_task() {
@@ -157,7 +160,41 @@ RlTask arithmetic_task() {
     return reward;
   };
   task.corpus = std::move(corpus);
+  return tokenized(std::move(task), nullptr);
+}
+
+RlTask tokenized(RlTask task, std::shared_ptr<const tokenize::Tokenizer> tokenizer) {
+  task.tokenizer = tokenizer ? std::move(tokenizer) : tokenize::byte_tokenizer();
+  std::vector<std::vector<std::int64_t>> tokens;
+  std::map<std::size_t, std::int64_t> lengths;
+  for (const std::string& prompt : task.prompts) {
+    tokens.push_back(task.tokenizer->encode(prompt));
+    ++lengths[tokens.back().size()];
+  }
+  std::size_t kept = 0;
+  std::int64_t most = 0;
+  for (const auto& [length, count] : lengths) {
+    if (count > most) {
+      kept = length;
+      most = count;
+    }
+  }
+  std::vector<std::string> prompts;
+  task.prompt_tokens.clear();
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i].size() != kept) continue;
+    prompts.push_back(task.prompts[i]);
+    task.prompt_tokens.push_back(std::move(tokens[i]));
+  }
+  task.prompts = std::move(prompts);
   return task;
+}
+
+RlTask tokenized_for(RlTask task, const std::string& init) {
+  if (init.empty()) return task;
+  return tokenized(std::move(task),
+                   std::make_shared<const tokenize::Tokenizer>(
+                       generate::checkpoint_tokenizer(checkpoint::read_index(init), init)));
 }
 
 RlTask builtin_task(const std::string& name, const std::string& data_path,

@@ -7,6 +7,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/core/utf8.hpp>
 #include <meshtensor/serve/api.hpp>
 
 namespace meshtensor::serve {
@@ -135,6 +136,10 @@ json parse_body(std::string_view body) {
 
 std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
                                        const nn::DecoderConfig& config) {
+  if (tokens.size() > static_cast<std::size_t>(nn::decoder_context(config))) {
+    throw bad("prompt", fmt::format("prompt {} is {} tokens, but the model's context is {}", index,
+                                    tokens.size(), nn::decoder_context(config)));
+  }
   std::vector<std::int64_t> prompt;
   for (const json& token : tokens) {
     const std::string key = fmt::format("prompt[{}]", index);
@@ -145,19 +150,20 @@ std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
 
 /// string | [string, ...] | [token, ...] | [[token, ...], ...]
 std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
-                                                     const nn::DecoderConfig& config) {
+                                                     const nn::DecoderConfig& config,
+                                                     const tokenize::Tokenizer& tokenizer) {
   const json* value = field(doc, "prompt");
   if (value == nullptr) throw bad("prompt", "'prompt' is required");
   std::vector<std::vector<std::int64_t>> prompts;
   if (value->is_string()) {
-    prompts.push_back(generate::byte_tokens(value->get<std::string>()));
+    prompts.push_back(tokenizer.encode(value->get<std::string>()));
   } else if (value->is_array() && !value->empty()) {
     const json& first = value->front();
     for (std::size_t i = 0; i < value->size(); ++i) {
       const json& item = (*value)[i];
       if (first.is_number() && item.is_number()) continue;
       if (item.is_string() && first.is_string()) {
-        prompts.push_back(generate::byte_tokens(item.get<std::string>()));
+        prompts.push_back(tokenizer.encode(item.get<std::string>()));
       } else if (item.is_array() && first.is_array()) {
         prompts.push_back(token_prompt(item, i, config));
       } else {
@@ -307,8 +313,9 @@ Json error_body(const ApiError& error) {
 }
 
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::DecoderConfig& config, const ApiLimits& limits,
-                                          std::uint64_t default_seed) {
+                                          const nn::DecoderConfig& config,
+                                          std::shared_ptr<const tokenize::Tokenizer> tokenizer,
+                                          const ApiLimits& limits, std::uint64_t default_seed) {
   const json doc = parse_body(body);
   if (const json* model = field(doc, "model")) {
     if (!model->is_string())
@@ -321,7 +328,8 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
     }
   }
   CompletionParams params;
-  params.prompts = parse_prompts(doc, config);
+  params.tokenizer = std::move(tokenizer);
+  params.prompts = parse_prompts(doc, config, *params.tokenizer);
   if (const json* v = field(doc, "n")) params.n = integer_value(*v, "n", 1, limits.max_choices);
   const auto choices = static_cast<std::int64_t>(params.prompts.size()) * params.n;
   if (choices > limits.max_choices) {
@@ -345,13 +353,24 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
 
 namespace {
 
-/// The bytes of the last `count` tokens (all of them when fewer): what a stop sequence or a
-/// held-back character can reach, so that a long stream does not copy its whole text per token.
-std::string tail_bytes(std::span<const generate::ScoredToken> tokens, std::size_t count) {
+/// The bytes of generated tokens [first, end).
+std::string token_text(std::span<const generate::ScoredToken> tokens, std::size_t first,
+                       std::size_t end, const tokenize::Tokenizer& tokenizer) {
   std::string bytes;
-  for (std::size_t i = tokens.size() - std::min(count, tokens.size()); i < tokens.size(); ++i)
-    bytes.push_back(static_cast<char>(tokens[i].token));
+  for (std::size_t i = first; i < end; ++i)
+    bytes += tokenizer.token_bytes(tokens[i].token);
   return bytes;
+}
+
+/// The first token of the shortest tail of `tokens[0, end)` holding at least `bytes` bytes (0
+/// when all of them hold fewer), so that a long stream does not decode its whole text per token.
+std::size_t tail_start(std::span<const generate::ScoredToken> tokens, std::size_t end,
+                       std::size_t bytes, const tokenize::Tokenizer& tokenizer) {
+  std::size_t held = 0;
+  std::size_t first = end;
+  while (first > 0 && held < bytes)
+    held += tokenizer.token_bytes(tokens[--first].token).size();
+  return first;
 }
 
 std::size_t longest(const std::vector<std::string>& stop) {
@@ -361,38 +380,53 @@ std::size_t longest(const std::vector<std::string>& stop) {
   return length;
 }
 
-/// A token as `logprobs.tokens` names it: its character, or "bytes:\xNN" outside ASCII.
-std::string token_label(std::int64_t token) {
-  if (token < 0x80) return std::string(1, static_cast<char>(token));
-  return fmt::format("bytes:\\x{:02x}", token);
+/// A token as `logprobs.tokens` names it: its text when that is whole UTF-8 characters, else
+/// "bytes:" and each byte as \xNN (OpenAI's form for a token of part of a character).
+std::string token_label(std::int64_t token, const tokenize::Tokenizer& tokenizer) {
+  const std::string bytes = tokenizer.token_bytes(token);
+  if (valid_utf8(bytes) == bytes) return bytes;
+  std::string label = "bytes:";
+  for (const char byte : bytes)
+    label += fmt::format("\\x{:02x}", static_cast<unsigned char>(byte));
+  return label;
 }
 
-Json top_entry(const generate::ScoredToken& scored) {
+Json top_entry(const generate::ScoredToken& scored, const tokenize::Tokenizer& tokenizer) {
   Json top = Json::object();
   for (const auto& [token, logprob] : scored.top)
-    top[token_label(token)] = logprob;
+    top[token_label(token, tokenizer)] = logprob;
   return top;
+}
+
+/// Bytes of the generated text before token `index`.
+std::size_t text_offset(std::span<const generate::ScoredToken> tokens, std::size_t index,
+                        const tokenize::Tokenizer& tokenizer) {
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < index; ++i)
+    offset += tokenizer.token_bytes(tokens[i].token).size();
+  return offset;
 }
 
 /// The logprobs object of a chunk of a choice: the prompt's tokens first when `with_prompt`
 /// (its first token unscored), then generated tokens [from, to).
 Json logprobs_object(const CompletionParams& params, const ChoiceResult& choice, std::size_t from,
                      std::size_t to, bool with_prompt) {
+  const tokenize::Tokenizer& tokenizer = *params.tokenizer;
   Json tokens = Json::array();
   Json logprobs = Json::array();
   Json tops = Json::array();
   Json offsets = Json::array();
   // Offsets count bytes of the choice's whole text (the echoed prompt first), also in a
   // stream's later chunks.
-  std::int64_t offset =
-      static_cast<std::int64_t>(from) +
-      (params.echo && !with_prompt ? static_cast<std::int64_t>(choice.prompt.size()) : 0);
+  std::size_t offset = text_offset(choice.tokens, from, tokenizer) +
+                       (params.echo && !with_prompt ? tokenizer.decode(choice.prompt).size() : 0);
   const bool top = params.logprobs.value_or(0) > 0;
   const auto add = [&](std::int64_t token, const generate::ScoredToken* scored) {
-    tokens.push_back(token_label(token));
+    tokens.push_back(token_label(token, tokenizer));
     logprobs.push_back(scored ? Json(scored->logprob) : Json());
-    if (top) tops.push_back(scored ? top_entry(*scored) : Json());
-    offsets.push_back(offset++);
+    if (top) tops.push_back(scored ? top_entry(*scored, tokenizer) : Json());
+    offsets.push_back(offset);
+    offset += tokenizer.token_bytes(token).size();
   };
   if (with_prompt) {
     for (std::size_t i = 0; i < choice.prompt.size(); ++i)
@@ -409,15 +443,25 @@ Json logprobs_object(const CompletionParams& params, const ChoiceResult& choice,
   return out;
 }
 
+/// The text of generated tokens [from, to), without what a stop sequence cut.
+std::string choice_text(const CompletionParams& params, const ChoiceResult& choice,
+                        std::size_t from, std::size_t to) {
+  std::string text = token_text(choice.tokens, from, to, *params.tokenizer);
+  if (choice.text_bytes) {
+    const std::size_t before = text_offset(choice.tokens, from, *params.tokenizer);
+    text.resize(std::min(text.size(), *choice.text_bytes - std::min(*choice.text_bytes, before)));
+  }
+  return text;
+}
+
 Json choice_object(const CompletionParams& params, std::size_t index, const ChoiceResult& choice,
                    std::size_t from, std::size_t to, bool with_prompt, bool finished) {
   std::string text;
-  if (with_prompt) text = generate::token_bytes(choice.prompt);
+  if (with_prompt) text = params.tokenizer->decode(choice.prompt);
+  text += choice_text(params, choice, from, to);
   std::vector<std::int64_t> ids;
-  for (std::size_t i = from; i < to; ++i) {
-    text.push_back(static_cast<char>(choice.tokens[i].token));
+  for (std::size_t i = from; i < to; ++i)
     ids.push_back(choice.tokens[i].token);
-  }
   Json out;
   out["index"] = index;
   out["text"] = text;
@@ -440,21 +484,38 @@ Json response_start(const ResponseHeader& header) {
 
 }  // namespace
 
-std::optional<std::size_t> stop_cut(std::span<const generate::ScoredToken> tokens,
-                                    const std::vector<std::string>& stop) {
-  const std::string bytes = tail_bytes(tokens, longest(stop));
+std::optional<StopCut> stop_cut(std::span<const generate::ScoredToken> tokens,
+                                const std::vector<std::string>& stop,
+                                const tokenize::Tokenizer& tokenizer) {
+  if (tokens.empty() || stop.empty()) return std::nullopt;
+  const std::size_t last = tokenizer.token_bytes(tokens.back().token).size();
+  // A sequence ending in the last token's bytes starts at most longest - 1 bytes before them.
+  const std::size_t first = tail_start(tokens, tokens.size(), last + longest(stop) - 1, tokenizer);
+  const std::string tail = token_text(tokens, first, tokens.size(), tokenizer);
+  std::size_t earliest = std::string::npos;
   for (const std::string& s : stop) {
-    if (bytes.size() >= s.size() && bytes.compare(bytes.size() - s.size(), s.size(), s) == 0)
-      return tokens.size() - s.size();
+    // The first occurrence that ends in the last token (earlier ones ended the choice before).
+    for (std::size_t at = tail.find(s); at != std::string::npos; at = tail.find(s, at + 1)) {
+      if (at + s.size() > tail.size() - last) {
+        earliest = std::min(earliest, at);
+        break;
+      }
+    }
   }
-  return std::nullopt;
+  if (earliest == std::string::npos) return std::nullopt;
+  StopCut cut;
+  cut.text_bytes = text_offset(tokens, first, tokenizer) + earliest;
+  std::size_t offset = 0;
+  while (cut.tokens < tokens.size() && offset < cut.text_bytes)
+    offset += tokenizer.token_bytes(tokens[cut.tokens++].token).size();
+  return cut;
 }
 
-std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
-                              const std::vector<std::string>& stop) {
-  // Enough bytes for the longest stop sequence's prefixes and an unfinished UTF-8 character.
-  const std::string bytes = tail_bytes(tokens, longest(stop) + 3);
-  const std::size_t skipped = tokens.size() - bytes.size();
+namespace {
+
+/// Bytes at the end of `bytes` a stream holds back: the longest that could still begin one of
+/// `stop`, or an unfinished UTF-8 character.
+std::size_t held_bytes(const std::string& bytes, const std::vector<std::string>& stop) {
   std::size_t hold = 0;
   for (const std::string& s : stop) {
     for (std::size_t length = std::min(s.size() - 1, bytes.size()); length > hold; --length) {
@@ -464,16 +525,28 @@ std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
       }
     }
   }
-  std::size_t end = bytes.size() - hold;
-  // An unfinished UTF-8 character at the end waits for its last bytes.
-  for (std::size_t back = 1; back <= 3 && back <= end; ++back) {
-    const auto byte = static_cast<unsigned char>(bytes[end - back]);
+  for (std::size_t back = 1; back <= 3 && back <= bytes.size(); ++back) {
+    const auto byte = static_cast<unsigned char>(bytes[bytes.size() - back]);
     if ((byte & 0xC0) == 0x80) continue;  // a continuation byte
     const std::size_t length = byte >= 0xF0 ? 4 : byte >= 0xE0 ? 3 : byte >= 0xC0 ? 2 : 1;
-    if (length > back) end -= back;
+    if (length > back) hold = std::max(hold, back);
     break;
   }
-  return skipped + end;
+  return hold;
+}
+
+}  // namespace
+
+std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
+                              const std::vector<std::string>& stop,
+                              const tokenize::Tokenizer& tokenizer) {
+  std::size_t end = tokens.size();
+  while (end > 0) {
+    const std::size_t first = tail_start(tokens, end, longest(stop) + 3, tokenizer);
+    if (held_bytes(token_text(tokens, first, end, tokenizer), stop) == 0) break;
+    --end;  // the token holding the held bytes waits, whole
+  }
+  return end;
 }
 
 Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choices) {

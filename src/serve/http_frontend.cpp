@@ -228,16 +228,18 @@ void HttpFrontend::set_model(const ServedModel& model) {
 Reply HttpFrontend::completions(const HttpRequest& request, std::function<void()> on_change) {
   auto job = std::make_shared<Job>();
   nn::DecoderConfig config;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::uint64_t seed = 0;
   {
     const std::lock_guard lock(mutex_);
     config = model_.config;
+    tokenizer = model_.tokenizer;
     seed = random_();
     job->header.id = fmt::format("cmpl-{:016x}", random_());
   }
   try {
-    job->params =
-        parse_completion_request(request.body(), config_.model_name, config, config_.limits, seed);
+    job->params = parse_completion_request(request.body(), config_.model_name, config,
+                                           std::move(tokenizer), config_.limits, seed);
     job->header.created = static_cast<std::int64_t>(std::time(nullptr));
     job->header.model = config_.model_name;
     job->header.seed = job->params.sampling.seed;

@@ -20,6 +20,7 @@ namespace meshtensor::serve {
 /// What the HTTP side knows of the served model.
 struct ServedModel {
   nn::DecoderConfig config;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::string directory;
 };
 

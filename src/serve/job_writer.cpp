@@ -40,8 +40,8 @@ JobWriter::Output JobWriter::stream_events() {
     const ChoiceResult& choice = job.choices[c];
     if (closed_[c]) continue;
     const bool ended = !choice.finish_reason.empty();
-    const std::size_t to =
-        ended ? choice.tokens.size() : streamable_tokens(choice.tokens, params.stop);
+    const std::size_t to = ended ? choice.tokens.size()
+                                 : streamable_tokens(choice.tokens, params.stop, *params.tokenizer);
     const bool with_prompt = params.echo && !started_[c];
     // An echoed prompt goes out with its scores: it waits until the whole prompt is scored.
     const bool scored = !params.logprobs || choice.prompt_scores.size() + 1 >= choice.prompt.size();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/load.hpp>
@@ -27,6 +28,7 @@ ModelHost::ModelHost(comm::Communicator& world, const ServeConfig& config)
   directory_ = location.directory;
   step_ = location.step;
   model_ = load(directory_, 1);
+  tokenizer_ = load_tokenizer(directory_);
   batch_ = std::make_unique<generate::ContinuousBatch>(*model_, generator_options(config),
                                                        tp_.get(), config.max_batch);
 }
@@ -36,9 +38,17 @@ std::unique_ptr<nn::Decoder> ModelHost::load(const std::string& directory, std::
   return generate::load_for_generation(world_, directory, *tp_, config_.mode, copies * per_process);
 }
 
+std::shared_ptr<const tokenize::Tokenizer> ModelHost::load_tokenizer(
+    const std::string& directory) const {
+  if (world_.rank() != 0) return nullptr;
+  return std::make_shared<const tokenize::Tokenizer>(
+      generate::checkpoint_tokenizer(checkpoint::read_index(directory), directory));
+}
+
 ReloadResult ModelHost::reload() {
   ReloadResult result;
   std::unique_ptr<nn::Decoder> fresh;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   try {
     const generate::CheckpointLocation location =
         generate::locate_checkpoint(world_, config_.checkpoint);
@@ -54,12 +64,27 @@ ReloadResult ModelHost::reload() {
           "to serve it",
           result.directory, next, now));
     }
+    // Rank 0 alone reads the tokenizer; every rank hears whether it may be served.
+    std::exception_ptr failure;
+    try {
+      tokenizer = load_tokenizer(result.directory);
+      if (tokenizer && tokenizer->name() != tokenizer_->name()) {
+        throw DataError(fmt::format(
+            "checkpoint {} reads tokens of the tokenizer {}, the served model those of {}: "
+            "restart the server to serve it",
+            result.directory, tokenizer->name(), tokenizer_->name()));
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm::throw_if_any_failed(world_, failure);
   } catch (const Error& e) {
     result.error = e.what();
     return result;
   }
   batch_.reset();
   model_ = std::move(fresh);
+  tokenizer_ = std::move(tokenizer);
   batch_ = std::make_unique<generate::ContinuousBatch>(*model_, generator_options(config_),
                                                        tp_.get(), config_.max_batch);
   directory_ = result.directory;

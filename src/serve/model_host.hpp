@@ -11,7 +11,7 @@
 
 namespace meshtensor::serve {
 
-/// The served model on one rank: the GPT of the checkpoint, split over the world by tensor
+/// The served model on one rank: the decoder of the checkpoint, split over the world by tensor
 /// parallelism, and the continuous batch over it. Loading is collective.
 class ModelHost {
  public:
@@ -23,17 +23,22 @@ class ModelHost {
   ReloadResult reload();
   generate::ContinuousBatch& batch() { return *batch_; }
   nn::DecoderConfig config() const { return model_->decoder_config(); }
+  /// The model's tokenizer (on world rank 0, which speaks HTTP; null on the others).
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer() const { return tokenizer_; }
   std::int64_t step() const { return step_; }
   const std::string& directory() const { return directory_; }
 
  private:
   std::unique_ptr<nn::Decoder> load(const std::string& directory, std::int64_t copies);
+  /// The tokenizer of the checkpoint `directory` on world rank 0 (null on the others).
+  std::shared_ptr<const tokenize::Tokenizer> load_tokenizer(const std::string& directory) const;
 
   comm::Communicator& world_;
   const ServeConfig& config_;
   std::unique_ptr<tp::TensorParallel> tp_;
   std::unique_ptr<nn::Decoder> model_;
   std::unique_ptr<generate::ContinuousBatch> batch_;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer_;
   std::int64_t step_ = 0;
   std::string directory_;
 };

@@ -74,7 +74,7 @@ void Scheduler::submit(const std::shared_ptr<Job>& job) {
       job->choices.clear();
       for (const auto& prompt : job->params.prompts)
         for (std::int64_t j = 0; j < job->params.n; ++j)
-          job->choices.push_back({prompt, {}, {}, ""});
+          job->choices.push_back({prompt, {}, {}, std::nullopt, ""});
       job->unfinished = count;
     }
     for (std::size_t c = 0; c < count; ++c)
@@ -224,8 +224,9 @@ void Scheduler::deliver(const std::vector<generate::StepEvent>& events) {
         slot.last_token = now;
         metrics_.add_generated_tokens(1);
         choice.tokens.push_back(*event.drawn);
-        if (const auto cut = stop_cut(choice.tokens, job.params.stop)) {
-          choice.tokens.resize(*cut);
+        if (const auto cut = stop_cut(choice.tokens, job.params.stop, *job.params.tokenizer)) {
+          choice.tokens.resize(cut->tokens);
+          choice.text_bytes = cut->text_bytes;
           finish_choice(slot, "stop");
           if (!done) to_remove_.push_back(event.id);
           done = true;

@@ -46,7 +46,7 @@ bool run_plan(StepPlan& plan, ModelHost& host, Scheduler* scheduler, HttpFronten
   if (plan.reload) {
     const ReloadResult result = host.reload();
     if (scheduler != nullptr) {
-      if (result.ok) http->set_model({host.config(), host.directory()});
+      if (result.ok) http->set_model({host.config(), host.tokenizer(), host.directory()});
       scheduler->reloaded(result);
     }
     return true;
@@ -98,7 +98,8 @@ void serve(comm::Communicator& world, const ServeConfig& config, ServeControl* c
   Metrics metrics;
   Scheduler scheduler({config.max_batch, config.max_queue}, metrics);
   scheduler.set_weights_step(host.step());
-  HttpFrontend http(config, scheduler, metrics, {host.config(), host.directory()});
+  HttpFrontend http(config, scheduler, metrics,
+                    {host.config(), host.tokenizer(), host.directory()});
   http.start();
   if (config.on_listening) config.on_listening(http.url());
   if (control != nullptr) control->attach(&scheduler);

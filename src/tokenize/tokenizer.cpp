@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
@@ -250,7 +251,38 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>
   }
 }
 
+Tokenizer Tokenizer::bytes() {
+  Tokenizer t;
+  t.raw_bytes_ = true;
+  for (int byte = 0; byte < 256; ++byte) {
+    t.tokens_.push_back(bytes_to_symbols(std::string(1, static_cast<char>(byte))));
+    t.is_added_.push_back(false);
+    t.ids_.emplace(t.tokens_.back(), byte);
+    t.byte_ids_[byte] = byte;
+  }
+  return t;
+}
+
+const std::shared_ptr<const Tokenizer>& byte_tokenizer() {
+  static const auto shared = std::make_shared<const Tokenizer>(Tokenizer::bytes());
+  return shared;
+}
+
+std::string Tokenizer::name() const {
+  if (raw_bytes_) return "bytes";
+  Digest64 digest;
+  digest.update(to_json());
+  return "bpe:" + digest_hex(digest.finish());
+}
+
 std::vector<std::int64_t> Tokenizer::encode(std::string_view given) const {
+  if (raw_bytes_) {
+    std::vector<std::int64_t> ids;
+    ids.reserve(given.size());
+    for (const char byte : given)
+      ids.push_back(static_cast<unsigned char>(byte));
+    return ids;
+  }
   const std::string text = valid_utf8(given);
   std::vector<std::int64_t> out;
   PieceCache cache;

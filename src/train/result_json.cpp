@@ -6,6 +6,7 @@
 #include <meshtensor/pp/stage.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/settings.hpp>
+#include <meshtensor/train/task.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::train {
@@ -51,6 +52,8 @@ nlohmann::json epoch_json(const EpochReport& e, const Task& task) {
                         {"samples_per_second", e.samples_per_second},
                         {"seconds", e.seconds}};
   if (task.target_name() == "token") out["tokens_per_second"] = e.targets_per_second;
+  if (const auto bits = bits_per_byte(e.test_loss, task); bits && task.eval_samples() > 0)
+    out[eval + "_bits_per_byte"] = *bits;
   return out;
 }
 
@@ -97,6 +100,8 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
       {"pipeline", pipeline_json(result)},
       {"parallel_plan", plan},
       {"parallel_log", result.parallel_log}};
+  if (const auto bits = bits_per_byte(result.test_loss, task); bits && result.evaluated)
+    out[eval + "_bits_per_byte"] = *bits;
   out["generator_check"] = nullptr;
   if (config.verify_generator) {
     const auto& check = result.generator_check;

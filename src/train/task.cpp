@@ -74,15 +74,14 @@ Batch gather_images(const ImageSet& set, const std::vector<std::int64_t>* order,
 }
 
 /// Windows of `text` starting at `starts`: inputs are `length` tokens, targets the next ones.
-Batch gather_windows(const std::string& text, const std::vector<std::int64_t>& starts,
+Batch gather_windows(const std::vector<std::int32_t>& text, const std::vector<std::int64_t>& starts,
                      std::int64_t length) {
   const auto count = static_cast<std::int64_t>(starts.size());
   Batch batch{Tensor(Shape{count, length}, DType::i64), {}};
   auto tokens = batch.input.values<std::int64_t>();
   batch.targets.resize(static_cast<std::size_t>(count * length));
   for (std::int64_t r = 0; r < count; ++r) {
-    const auto* window =
-        reinterpret_cast<const unsigned char*>(text.data()) + starts[static_cast<std::size_t>(r)];
+    const std::int32_t* window = text.data() + starts[static_cast<std::size_t>(r)];
     for (std::int64_t t = 0; t < length; ++t) {
       const auto at = static_cast<std::size_t>(r * length + t);
       tokens[at] = window[t];
@@ -202,31 +201,73 @@ ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
 
 }  // namespace
 
+namespace {
+
+std::vector<std::int32_t> token_ids(const tokenize::Tokenizer& tokenizer, std::string_view text) {
+  const std::vector<std::int64_t> ids = tokenizer.encode(text);
+  return {ids.begin(), ids.end()};
+}
+
+/// The bytes the targets of the first `windows` windows of `ids` (each `context` tokens, one
+/// after the other) stand for, per target.
+double bytes_per_target(const tokenize::Tokenizer& tokenizer, const std::vector<std::int32_t>& ids,
+                        std::int64_t windows, std::int64_t context) {
+  if (windows == 0) return 0;
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(tokenizer.vocabulary()), -1);
+  double bytes = 0;
+  for (std::int64_t i = 1; i <= windows * context; ++i) {
+    std::int64_t& length = lengths[static_cast<std::size_t>(ids[static_cast<std::size_t>(i)])];
+    if (length < 0)
+      length =
+          static_cast<std::int64_t>(tokenizer.token_bytes(ids[static_cast<std::size_t>(i)]).size());
+    bytes += static_cast<double>(length);
+  }
+  return bytes / static_cast<double>(windows * context);
+}
+
+}  // namespace
+
 LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
-                                     nn::DecoderConfig model)
+                                     nn::DecoderConfig model,
+                                     std::shared_ptr<const tokenize::Tokenizer> tokenizer)
     : corpus_(std::move(corpus)),
       model_(std::move(model)),
+      tokenizer_(tokenizer ? std::move(tokenizer) : tokenize::byte_tokenizer()),
       context_(nn::decoder_context(model_)),
       vocabulary_(nn::decoder_vocabulary(model_)) {
-  if (vocabulary_ != kByteVocabulary) {
-    throw InvalidArgument(fmt::format("the byte tokenizer has {} tokens, the model's vocabulary {}",
-                                      kByteVocabulary, vocabulary_));
+  if (vocabulary_ != tokenizer_->vocabulary()) {
+    throw InvalidArgument(fmt::format("the tokenizer has {} tokens, the model's vocabulary {}",
+                                      tokenizer_->vocabulary(), vocabulary_));
   }
   if (context_ < 1) {
     throw InvalidArgument(
         fmt::format("a context of {} tokens is not a window: give at least 1", context_));
   }
-  const auto length = static_cast<std::int64_t>(corpus_->train.size());
+  train_ids_ = token_ids(*tokenizer_, corpus_->train);
+  validation_ids_ = token_ids(*tokenizer_, corpus_->validation);
+  const auto length = static_cast<std::int64_t>(train_ids_.size());
   if (length < context_ + 1) {
     throw InvalidArgument(fmt::format(
         "context={} needs windows of {} tokens, but the training text has only {} (give a "
         "smaller context or more text)",
         context_, context_ + 1, length));
   }
+  eval_bytes_per_target_ = bytes_per_target(*tokenizer_, validation_ids_, eval_samples(), context_);
 }
 
 std::string LanguageModelling::architecture() const {
-  return nn::decoder_architecture_text(model_);
+  return nn::decoder_architecture_text(model_, tokenizer_->name());
+}
+
+std::optional<double> bits_per_byte(double nats, const Task& task) {
+  const double bytes = task.eval_bytes_per_target();
+  if (bytes <= 0) return std::nullopt;
+  return nats / std::log(2.0) / bytes;
+}
+
+std::map<std::string, std::string> LanguageModelling::checkpoint_metadata() const {
+  if (tokenizer_->is_bytes()) return {};
+  return {{"tokenizer", tokenizer_->to_json()}};
 }
 
 void LanguageModelling::check_tensor_parallel(std::int64_t degree) const {
@@ -251,32 +292,30 @@ std::vector<std::vector<nn::Module*>> LanguageModelling::parameter_groups(nn::Mo
 }
 
 std::int64_t LanguageModelling::samples() const {
-  return std::max<std::int64_t>(1,
-                                (static_cast<std::int64_t>(corpus_->train.size()) - 1) / context_);
+  return std::max<std::int64_t>(1, (train_tokens() - 1) / context_);
 }
 
 Batch LanguageModelling::train_batch(std::uint64_t seed, std::int64_t epoch, std::int64_t first,
                                      std::int64_t count) const {
-  const std::int64_t last_start = static_cast<std::int64_t>(corpus_->train.size()) - context_ - 1;
+  const std::int64_t last_start = train_tokens() - context_ - 1;
   const std::uint64_t stream =
       mix64(seed ^ mix64(0x77696e646f77ULL + static_cast<std::uint64_t>(epoch)));
   std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
   for (std::int64_t r = 0; r < count; ++r)
     starts[static_cast<std::size_t>(r)] =
         uniform_int_sample(stream, static_cast<std::uint64_t>(first + r), 0, last_start);
-  return gather_windows(corpus_->train, starts, context_);
+  return gather_windows(train_ids_, starts, context_);
 }
 
 std::int64_t LanguageModelling::eval_samples() const {
-  const auto length = static_cast<std::int64_t>(corpus_->validation.size());
-  return std::min(kMaxEvalWindows, std::max<std::int64_t>(0, (length - 1) / context_));
+  return std::min(kMaxEvalWindows, std::max<std::int64_t>(0, (validation_tokens() - 1) / context_));
 }
 
 Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) const {
   std::vector<std::int64_t> starts(static_cast<std::size_t>(count));
   for (std::int64_t r = 0; r < count; ++r)
     starts[static_cast<std::size_t>(r)] = (first + r) * context_;
-  return gather_windows(corpus_->validation, starts, context_);
+  return gather_windows(validation_ids_, starts, context_);
 }
 
 ModelFootprint LanguageModelling::footprint() const {
@@ -311,26 +350,23 @@ std::int64_t next_token(const Tensor& last, double temperature, std::uint64_t se
 
 }  // namespace
 
-std::string continuation(const std::function<Tensor(const Tensor&)>& forward,
-                         const std::string& prompt, std::int64_t tokens, std::int64_t context,
-                         double temperature, std::uint64_t seed) {
-  std::string text = prompt;
+std::vector<std::int64_t> continuation(const std::function<Tensor(const Tensor&)>& forward,
+                                       std::span<const std::int64_t> prompt, std::int64_t tokens,
+                                       std::int64_t context, double temperature,
+                                       std::uint64_t seed) {
+  std::vector<std::int64_t> text(prompt.begin(), prompt.end());
   for (std::int64_t k = 0; k < tokens; ++k) {
     const auto length = std::min<std::int64_t>(context, static_cast<std::int64_t>(text.size()));
     Tensor input(Shape{1, length}, DType::i64);
-    auto ids = input.values<std::int64_t>();
-    const std::size_t offset = text.size() - static_cast<std::size_t>(length);
-    for (std::int64_t t = 0; t < length; ++t) {
-      ids[static_cast<std::size_t>(t)] =
-          static_cast<unsigned char>(text[offset + static_cast<std::size_t>(t)]);
-    }
+    const auto offset = static_cast<std::ptrdiff_t>(text.size()) - length;
+    std::copy(text.begin() + offset, text.end(), input.values<std::int64_t>().begin());
     const Tensor logits = forward(input);
     const std::int64_t vocabulary = logits.shape()[2];
     const Tensor last =
         logits.reshape(Shape{length, vocabulary}).narrow(0, length - 1, 1).contiguous();
-    text += static_cast<char>(next_token(last, temperature, seed, k));
+    text.push_back(next_token(last, temperature, seed, k));
   }
-  return text.substr(prompt.size());
+  return {text.begin() + static_cast<std::ptrdiff_t>(prompt.size()), text.end()};
 }
 
 std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>& forward,
@@ -340,7 +376,9 @@ std::string LanguageModelling::sample(const std::function<Tensor(const Tensor&)>
   const std::string& source = corpus_->validation.empty() ? corpus_->train : corpus_->validation;
   std::string prompt = source.substr(0, std::min<std::size_t>(source.find('\n') + 1, 40));
   if (prompt.empty()) prompt = "\n";
-  return prompt + continuation(forward, prompt, kSampleTokens, context_, kSampleTemperature, seed);
+  const std::vector<std::int64_t> ids = tokenizer_->encode(prompt);
+  return prompt + tokenizer_->decode(continuation(forward, ids, kSampleTokens, context_,
+                                                  kSampleTemperature, seed));
 }
 
 }  // namespace meshtensor::train

@@ -485,6 +485,7 @@ void TrainingRun::save_checkpoint() {
                       {"architecture", task_.architecture()},
                       {"optimizer", config_.optimizer == OptimizerKind::adamw ? "adamw" : "sgd"},
                       {"schedule", schedule_text(config_.schedule)}};
+  options.metadata.merge(task_.checkpoint_metadata());
   result_.checkpoints.push_back(checkpoint::save(world_, config_.save_dir, step_, state, options));
 }
 

@@ -96,7 +96,7 @@ errors)
   expect "give --prompt TEXT or --prompts FILE" "${gen[@]}"
   expect "no checkpoint at" "${gen[@]/$dir\/ckpt/$dir/none}" --prompt "a"
   "$bin" train --model mlp:8 --steps 1 --save "$dir/mlp" >/dev/null
-  expect "is not a byte-level decoder" generate --checkpoint "$dir/mlp" --prompt "a"
+  expect "is not a decoder's" generate --checkpoint "$dir/mlp" --prompt "a"
   cp -r "$dir/ckpt" "$dir/damaged"
   index=$(ls "$dir"/damaged/step-*/index.json | tail -1)
   cp "$index" "$dir/index.good"
@@ -116,7 +116,13 @@ PY
   set_architecture "gpt layers=2 heads=4 dim=32 context=64 vocabulary=256 tokenizer=bytes"
   expect "the metadata does not match its checksum" generate --checkpoint "$dir/damaged" --prompt a
   set_architecture "gpt layers=2 heads=4 dim=32 context=24 vocabulary=99999999999 tokenizer=bytes" old
-  expect "vocabulary 99999999999 is more than the 256 byte tokens" generate --checkpoint "$dir/damaged" --prompt a
+  expect "vocabulary 99999999999 is more than 16777216" generate --checkpoint "$dir/damaged" --prompt a
+  set_architecture "gpt layers=2 heads=4 dim=32 context=24 vocabulary=256 tokenizer=bpe:0123456789abcdef" old
+  expect "names the tokenizer bpe:0123456789abcdef, but it holds none" \
+    generate --checkpoint "$dir/damaged" --prompt a
+  set_architecture "gpt layers=2 heads=4 dim=32 context=24 vocabulary=256 tokenizer=unigram" old
+  expect "its tokenizer 'unigram' is neither bytes nor bpe:<checksum>" \
+    generate --checkpoint "$dir/damaged" --prompt a
   set_architecture "gpt layers=256 heads=4 dim=8192 context=24 vocabulary=256 tokenizer=bytes" old
   expect "has 206190100736 parameters, but its 30 model tensor(s) hold 42880" \
     generate --checkpoint "$dir/damaged" --prompt a

@@ -132,7 +132,7 @@ errors)
   # Not a checkpoint, and a checkpoint of another model (an MLP): named, nothing built.
   expect_error "$dir/none" rl --init "$dir/none" --steps 1
   "$bin" train --model mlp:8 --steps 1 --batch 16 --ranks 1 --save "$dir/mlp" >/dev/null
-  expect_error "not a byte-level decoder" rl --init "$dir/mlp" --steps 1
+  expect_error "is not a decoder's" rl --init "$dir/mlp" --steps 1
   # An RL resume of a train checkpoint is refused by name; the checkpoint is untouched.
   before=$(find "$dir/ckpt" -type f -exec sha256sum {} + | sort)
   expect_error "was not saved by an RL run" "${base[@]}" --resume "$dir/ckpt"

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <meshtensor/serve/api.hpp>
+#include <meshtensor/tokenize/bpe_trainer.hpp>
 
 #include "support/tiny_gpt.hpp"
 
@@ -14,7 +15,9 @@ nn::GptConfig config() {
 }
 
 CompletionParams parse(const std::string& body) {
-  return parse_completion_request(body, "m", config(), ApiLimits{}, 99);
+  return parse_completion_request(
+      body, "m", config(),
+      std::make_shared<const tokenize::Tokenizer>(tokenize::Tokenizer::bytes()), ApiLimits{}, 99);
 }
 
 TEST(Api, PromptsComeAsTextListsOrTokenIds) {
@@ -125,16 +128,61 @@ std::vector<generate::ScoredToken> scored(const std::string& text) {
 }
 
 TEST(Api, StopSequencesCutTheTextAndStreamsHoldBackWhatMayBecomeOne) {
-  EXPECT_EQ(stop_cut(scored("hello wor"), {"world"}), std::nullopt);
-  EXPECT_EQ(stop_cut(scored("hello world"), {"world", "xyz"}), 6u);
-  EXPECT_EQ(stop_cut(scored("abc\n"), {"\n"}), 3u);
+  const tokenize::Tokenizer bytes = tokenize::Tokenizer::bytes();
+  EXPECT_EQ(stop_cut(scored("hello wor"), {"world"}, bytes), std::nullopt);
+  EXPECT_EQ(stop_cut(scored("hello world"), {"world", "xyz"}, bytes), (StopCut{6, 6}));
+  EXPECT_EQ(stop_cut(scored("abc\n"), {"\n"}, bytes), (StopCut{3, 3}));
   // "wor" could still become "world": held back; "worx" cannot.
-  EXPECT_EQ(streamable_tokens(scored("hello wor"), {"world"}), 6u);
-  EXPECT_EQ(streamable_tokens(scored("hello worx"), {"world"}), 10u);
+  EXPECT_EQ(streamable_tokens(scored("hello wor"), {"world"}, bytes), 6u);
+  EXPECT_EQ(streamable_tokens(scored("hello worx"), {"world"}, bytes), 10u);
   // An unfinished UTF-8 character waits for its last byte.
-  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82"), {}), 2u);
-  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82\xac"), {}), 5u);
-  EXPECT_EQ(streamable_tokens(scored("ab\xc3"), {}), 2u);
+  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82"), {}, bytes), 2u);
+  EXPECT_EQ(streamable_tokens(scored("ab\xe2\x82\xac"), {}, bytes), 5u);
+  EXPECT_EQ(streamable_tokens(scored("ab\xc3"), {}, bytes), 2u);
+}
+
+/// A BPE with multi-byte tokens for "hello world".
+tokenize::Tokenizer multi_byte_tokenizer() {
+  tokenize::BpeTrainerConfig config;
+  config.vocabulary = 400;
+  std::string text;
+  for (int i = 0; i < 50; ++i)
+    text += "hello world \xe2\x82\xac ";
+  return tokenize::train_bpe(text, config);
+}
+
+std::vector<generate::ScoredToken> scored_ids(const std::vector<std::int64_t>& ids) {
+  std::vector<generate::ScoredToken> out;
+  for (const std::int64_t id : ids)
+    out.push_back({id, -1.0, {}});
+  return out;
+}
+
+TEST(Api, StopSequencesAndStreamsWorkOnTheTextOfMultiByteTokens) {
+  const tokenize::Tokenizer bpe = multi_byte_tokenizer();
+  const std::vector<std::int64_t> ids = bpe.encode("hello world");
+  ASSERT_LT(ids.size(), 4u);
+  // A stop sequence that starts inside a token: the text ends before it, the token stays.
+  const auto cut = stop_cut(scored_ids(ids), {"o w"}, bpe);
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->text_bytes, 4u);  // "hell"
+  EXPECT_EQ(bpe.decode(std::vector<std::int64_t>(ids.begin(), ids.begin() + cut->tokens))
+                .substr(0, cut->text_bytes),
+            "hell");
+  // A sequence that ended before the last token was found then, not now.
+  std::vector<std::int64_t> more = ids;
+  more.push_back(bpe.encode(" ").front());
+  EXPECT_EQ(stop_cut(scored_ids(more), {"hello"}, bpe), std::nullopt);
+  // The tokens whose text could still begin the stop sequence wait whole.
+  const std::vector<std::int64_t> wor = bpe.encode("hello wo");
+  EXPECT_EQ(streamable_tokens(scored_ids(wor), {"world"}, bpe), bpe.encode("hello").size());
+  // A token of part of a character waits for the rest.
+  std::vector<std::int64_t> partial = bpe.encode("hello");
+  partial.push_back(0xe2);  // ids 0-255 are the bytes
+  EXPECT_EQ(streamable_tokens(scored_ids(partial), {}, bpe), partial.size() - 1);
+  partial.push_back(0x82);
+  partial.push_back(0xac);
+  EXPECT_EQ(streamable_tokens(scored_ids(partial), {}, bpe), partial.size());
 }
 
 TEST(Api, ResponsesHaveOpenAIsShapeAndTheLogprobBits) {

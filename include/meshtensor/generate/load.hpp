@@ -6,15 +6,21 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
 
-/// What is wrong with a checkpoint's "architecture" metadata, or empty when it is a byte-level
-/// decoder (nn::parse_decoder_architecture) whose parameter count is what the index's f32 "model.*"
-/// tensors hold. Untrusted metadata is checked against the tensors this way before a model is built
-/// from it.
+/// What is wrong with a checkpoint's "architecture" metadata, or empty when it is a decoder
+/// (nn::parse_decoder_architecture) whose parameter count is what the index's f32 "model.*"
+/// tensors hold, and whose tokenizer is the byte tokenizer (vocabulary 256) or the byte-level BPE
+/// of its "tokenizer" metadata, with the name (checksum) and vocabulary the architecture records.
+/// Untrusted metadata is checked against the tensors this way before a model is built from it.
 std::string architecture_problem(const checkpoint::Index& index);
+
+/// The tokenizer of a checkpoint's model (its index passed architecture_problem()): the byte
+/// tokenizer or the BPE its "tokenizer" metadata holds. DataError naming `path` otherwise.
+tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const std::string& path);
 
 /// The decoder a checkpoint's index describes, once architecture_problem() found nothing; DataError
 /// naming `path` and the problem otherwise.

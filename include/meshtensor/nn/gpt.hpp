@@ -20,7 +20,7 @@ struct GptConfig {
   std::int64_t heads = 4;
   std::int64_t dim = 128;
   std::int64_t context = 128;     ///< longest sequence (positions embedded)
-  std::int64_t vocabulary = 256;  ///< byte-level tokens
+  std::int64_t vocabulary = 256;  ///< tokens (256: the byte tokenizer's)
   std::uint64_t seed = 0;
   /// Standard deviation of the initial weights (embeddings and linear layers); the projections
   /// into the residual stream get init_std / sqrt(2 · layers).
@@ -39,13 +39,13 @@ GptConfig parse_gpt_config(const std::string& text);
 /// "gpt:layers=4,heads=4,dim=128,context=128" for a config (what parse_gpt_config reads back).
 std::string gpt_config_text(const GptConfig& config);
 
-/// The "architecture" metadata of a byte-level GPT of `config`, as `meshtensor train` writes it
-/// and parse_architecture() reads it.
-std::string architecture_text(const GptConfig& config);
+/// The "architecture" metadata of a GPT of `config` reading tokens of `tokenizer` (its name), as
+/// `meshtensor train` writes it and parse_architecture() reads it.
+std::string architecture_text(const GptConfig& config, const std::string& tokenizer = "bytes");
 
 /// The GPT a checkpoint's "architecture" metadata describes ("gpt layers=L heads=H dim=D
-/// context=T vocabulary=V tokenizer=bytes", as `meshtensor train` writes it). DataError naming
-/// the text when it is not a byte-level GPT.
+/// context=T vocabulary=V tokenizer=NAME", as `meshtensor train` writes it). DataError naming
+/// the text when it is not a GPT's or names no tokenizer (which one it is, is the caller's).
 GptConfig parse_architecture(const std::string& text);
 
 /// Number of parameters of the model a config builds.

@@ -24,15 +24,26 @@ std::string decoder_config_text(const DecoderConfig& config);
 /// Parameters of the model `config` builds.
 std::int64_t decoder_parameter_count(const DecoderConfig& config);
 
-/// The "architecture" metadata of a byte-level decoder of `config`, as `meshtensor train` writes
-/// it: the family, then its keys as key=value words, the vocabulary and the tokenizer ("gpt
-/// layers=4 heads=4 dim=128 context=128 vocabulary=256 tokenizer=bytes", "llama layers=4 heads=4
-/// kv_heads=2 ... vocabulary=256 tokenizer=bytes").
-std::string decoder_architecture_text(const DecoderConfig& config);
+/// Largest vocabulary a decoder's architecture may name.
+inline constexpr std::int64_t kMaxVocabulary = std::int64_t{1} << 24;
+
+/// The "architecture" metadata of a decoder of `config` reading tokens of the tokenizer named
+/// `tokenizer`, as `meshtensor train` writes it: the family, then its keys as key=value words,
+/// the vocabulary and the tokenizer ("gpt layers=4 heads=4 dim=128 context=128 vocabulary=256
+/// tokenizer=bytes", "llama layers=4 heads=4 kv_heads=2 ... vocabulary=8192
+/// tokenizer=bpe:0123456789abcdef").
+std::string decoder_architecture_text(const DecoderConfig& config,
+                                      const std::string& tokenizer = "bytes");
 
 /// The decoder a checkpoint's "architecture" metadata describes; DataError naming the text when
-/// it is not a byte-level decoder of a known family, or its keys do not parse.
+/// it is not a decoder of a known family, its keys do not parse, or it names no tokenizer.
 DecoderConfig parse_decoder_architecture(const std::string& text);
+
+/// The tokenizer an architecture text names (its "tokenizer=" word), or empty.
+std::string architecture_tokenizer(const std::string& text);
+
+/// `config` with a vocabulary of `vocabulary` tokens.
+DecoderConfig with_vocabulary(DecoderConfig config, std::int64_t vocabulary);
 
 /// Bytes the model of `config` allocates when built (its parameters' values and gradients).
 double decoder_model_bytes(const DecoderConfig& config);

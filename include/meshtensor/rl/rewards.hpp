@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/train/text_data.hpp>
 
 namespace meshtensor::rl {
@@ -53,11 +54,29 @@ double english_word_fraction(const Dictionary& dictionary, std::string_view text
 /// from (a byte-level GPT over it).
 struct RlTask {
   std::string name;
-  std::vector<std::string> prompts;  ///< all of the same length in bytes
+  std::vector<std::string> prompts;  ///< as text
   RewardFunction reward;
   std::shared_ptr<const train::TextCorpus> corpus;
+  /// The model's tokenizer: it encodes the prompts and decodes completions (set by tokenized()).
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer = tokenize::byte_tokenizer();
+  /// The prompts' tokens, all of one length (set by tokenized()).
+  std::vector<std::vector<std::int64_t>> prompt_tokens;
 };
 
+/// `task` for a model reading tokens of `tokenizer` (null: bytes): its prompts encoded. GRPO
+/// compares the samples of a step position by position, so every prompt must have the same
+/// number of tokens: the pool keeps the prompts of the most common length (the shorter of two
+/// equally common ones), in their order. Every prompt stays with the byte tokenizer when the
+/// prompts have one length in bytes.
+RlTask tokenized(RlTask task, std::shared_ptr<const tokenize::Tokenizer> tokenizer);
+
+/// `task` tokenized() for the model of the checkpoint `init` (its tokenizer; the index is read
+/// by this process); `task` itself when `init` is empty. DataError naming a checkpoint whose
+/// architecture or tokenizer does not check.
+RlTask tokenized_for(RlTask task, const std::string& init);
+
+/// The built-in tasks come tokenized() for the byte tokenizer.
+///
 /// "words": prompts are the first `prompt_bytes` bytes of the validation (held-out) records of
 /// `corpus` (records shorter than that are left out); the reward is english_word_fraction of
 /// the completion. InvalidArgument when no record is long enough.

@@ -5,6 +5,7 @@
 // chunks and error objects. No I/O and no threads here.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
 
 namespace meshtensor::serve {
 
@@ -44,7 +46,9 @@ struct ApiLimits {
 
 /// A completions request, checked.
 struct CompletionParams {
-  std::vector<std::vector<std::int64_t>> prompts;  ///< byte tokens, one list per prompt
+  std::vector<std::vector<std::int64_t>> prompts;  ///< token ids, one list per prompt
+  /// The served model's tokenizer: it encoded the text prompts, and decodes what is generated.
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer = tokenize::byte_tokenizer();
   std::int64_t max_tokens = 16;
   generate::Sampling sampling;  ///< seed: choice 0's (choice j draws with seed + j)
   bool seed_given = false;
@@ -56,31 +60,47 @@ struct CompletionParams {
   bool include_usage = false;  ///< stream_options.include_usage
 };
 
-/// Parses and checks a POST /v1/completions body for `model_name`, a GPT of `config`: ApiError
+/// Parses and checks a POST /v1/completions body for `model_name`, a decoder of `config` reading
+/// tokens of `tokenizer` (text prompts are encoded by it; token-id prompts are its ids): ApiError
 /// naming the field and the value for malformed JSON, a wrong type, an unknown field (rejected,
 /// as OpenAI does), a value out of range, a prompt past the context or a limit passed; 404
 /// (model_not_found) for another model. `default_seed` is used when the request has none.
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::DecoderConfig& config, const ApiLimits& limits,
-                                          std::uint64_t default_seed);
+                                          const nn::DecoderConfig& config,
+                                          std::shared_ptr<const tokenize::Tokenizer> tokenizer,
+                                          const ApiLimits& limits, std::uint64_t default_seed);
 
 /// One choice as generated so far: the prompt, its scores (echo with logprobs) and its tokens.
 struct ChoiceResult {
   std::vector<std::int64_t> prompt;
   std::vector<generate::ScoredToken> prompt_scores;  ///< prompt tokens 1.. (echo + logprobs)
-  std::vector<generate::ScoredToken> tokens;         ///< generated, cut before a stop sequence
-  std::string finish_reason;                         ///< "stop", "length" (empty: running)
+  std::vector<generate::ScoredToken> tokens;         ///< generated, cut at a stop sequence
+  /// Bytes of the generated text kept when a stop sequence ended the choice (the text before
+  /// it, which may end inside the last kept token); none: the text of all `tokens`.
+  std::optional<std::size_t> text_bytes;
+  std::string finish_reason;  ///< "stop", "length" (empty: running)
 };
 
-/// How a stop sequence ends a choice: the number of generated tokens to keep when the bytes
-/// of `tokens` now end with one of `stop` (the tokens before it), else nothing.
-std::optional<std::size_t> stop_cut(std::span<const generate::ScoredToken> tokens,
-                                    const std::vector<std::string>& stop);
+/// Where a stop sequence cut a choice.
+struct StopCut {
+  std::size_t tokens = 0;      ///< generated tokens kept: those with a byte before the sequence
+  std::size_t text_bytes = 0;  ///< bytes of generated text kept: those before the sequence
+  bool operator==(const StopCut&) const = default;
+};
 
-/// Generated tokens [0, n) of a running choice that a stream may send now: not the bytes that
-/// could still become a stop sequence, nor an unfinished UTF-8 character.
+/// How a stop sequence ends a choice whose last token was just drawn: when the generated text
+/// (the bytes of `tokens` by `tokenizer`) now holds one of `stop` ending in the last token's
+/// bytes, the cut before its first occurrence; else nothing.
+std::optional<StopCut> stop_cut(std::span<const generate::ScoredToken> tokens,
+                                const std::vector<std::string>& stop,
+                                const tokenize::Tokenizer& tokenizer);
+
+/// Generated tokens [0, n) of a running choice that a stream may send now: whole tokens whose
+/// text does not end with bytes that could still become a stop sequence, nor with an unfinished
+/// UTF-8 character.
 std::size_t streamable_tokens(std::span<const generate::ScoredToken> tokens,
-                              const std::vector<std::string>& stop);
+                              const std::vector<std::string>& stop,
+                              const tokenize::Tokenizer& tokenizer);
 
 /// Identity of a response: its id, creation time, model and the weights that produced it.
 struct ResponseHeader {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -39,8 +40,18 @@ class Tokenizer {
   /// line, by rank), GPT-2's pre-tokenizer, and `<|endoftext|>` as the special token it names.
   static Tokenizer from_gpt2(std::string_view encoder, std::string_view merges,
                              const std::string& source);
-  /// A `tokenizer.json` Hugging Face's implementations read back as this tokenizer.
+  /// The byte tokenizer: id b is byte b (256 tokens, no merges), and encode() keeps every byte
+  /// as it is, valid UTF-8 or not.
+  static Tokenizer bytes();
+  /// A `tokenizer.json` Hugging Face's implementations read back as this tokenizer (for the
+  /// byte tokenizer: a byte-level BPE without merges, which encodes UTF-8 text the same way).
   std::string to_json() const;
+  /// The name a model's architecture records: "bytes" for the byte tokenizer, otherwise "bpe:"
+  /// and the 16 hex digits of the digest of to_json(), so two tokenizers with one name encode
+  /// alike.
+  std::string name() const;
+  /// True for the byte tokenizer.
+  bool is_bytes() const { return raw_bytes_; }
   /// The ids of `text` (invalid UTF-8 is first replaced by U+FFFD, as a JavaScript string
   /// decoded from the bytes would be).
   std::vector<std::int64_t> encode(std::string_view text) const;
@@ -77,7 +88,11 @@ class Tokenizer {
   bool gpt2_byte_level_regex_ = false;   // pattern_ came from ByteLevel's use_regex
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
+  bool raw_bytes_ = false;  // the byte tokenizer
   std::int64_t byte_ids_[256] = {};
 };
+
+/// One shared byte tokenizer (Tokenizer::bytes()), for whatever has no other.
+const std::shared_ptr<const Tokenizer>& byte_tokenizer();
 
 }  // namespace meshtensor::tokenize

@@ -2,7 +2,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +14,7 @@
 #include <meshtensor/nn/mlp.hpp>
 #include <meshtensor/nn/models.hpp>
 #include <meshtensor/nn/module.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/text_data.hpp>
@@ -86,6 +90,12 @@ class Task {
       nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const;
   /// Whether the loss sums its softmax denominators exactly in exact mode.
   virtual bool exact_loss_sums() const { return false; }
+  /// Metadata a checkpoint keeps beside the architecture (a language task's tokenizer).
+  virtual std::map<std::string, std::string> checkpoint_metadata() const { return {}; }
+  /// Bytes of text per evaluation target (a language task's: the bytes its validation
+  /// targets stand for, divided by their number), so that a loss in nats per target converts to
+  /// bits per byte; 0 when the task has no text.
+  virtual double eval_bytes_per_target() const { return 0; }
 };
 
 /// Classifying Fashion-MNIST (or MNIST) images with an MLP: a sample is an image (pixels / 255),
@@ -116,18 +126,21 @@ class ImageClassification : public Task {
   nn::MlpConfig model_;
 };
 
-/// Next-token prediction on text with a GPT (byte-level tokens): a sample is a window of
-/// context + 1 tokens of the training text starting at a position drawn from (seed, epoch,
-/// sample) alone, its input the first context tokens and its targets the last context. An epoch
-/// has as many windows as the training text has whole contexts. Evaluation runs over the
-/// validation text cut into consecutive windows (at most kMaxEvalWindows).
+/// Next-token prediction on text with a decoder: the text becomes tokens by the tokenizer
+/// (bytes unless given), a sample is a window of context + 1 tokens of the training tokens
+/// starting at a position drawn from (seed, epoch, sample) alone, its input the first context
+/// tokens and its targets the last context. An epoch has as many windows as the training tokens
+/// have whole contexts. Evaluation runs over the validation tokens cut into consecutive windows
+/// (at most kMaxEvalWindows).
 class LanguageModelling : public Task {
  public:
   /// Most validation windows one evaluation runs.
   static constexpr std::int64_t kMaxEvalWindows = 64;
   /// InvalidArgument naming the context and the text's length when the training text is shorter
   /// than one window (context + 1 tokens), or the model's vocabulary is not the tokenizer's.
-  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model);
+  /// No `tokenizer`: the byte tokenizer.
+  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model,
+                    std::shared_ptr<const tokenize::Tokenizer> tokenizer = nullptr);
   std::string architecture() const override;
   std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
   std::vector<std::vector<nn::Module*>> parameter_groups(nn::Module& model) const override;
@@ -153,27 +166,45 @@ class LanguageModelling : public Task {
   std::int64_t context() const { return context_; }
   /// The corpus.
   const TextCorpus& corpus() const { return *corpus_; }
+  /// The tokenizer.
+  const tokenize::Tokenizer& tokenizer() const { return *tokenizer_; }
+  /// Tokens of the training and of the validation text.
+  std::int64_t train_tokens() const { return static_cast<std::int64_t>(train_ids_.size()); }
+  std::int64_t validation_tokens() const {
+    return static_cast<std::int64_t>(validation_ids_.size());
+  }
+  std::map<std::string, std::string> checkpoint_metadata() const override;
+  double eval_bytes_per_target() const override { return eval_bytes_per_target_; }
 
  private:
   std::shared_ptr<const TextCorpus> corpus_;
   nn::DecoderConfig model_;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer_;
+  std::vector<std::int32_t> train_ids_;
+  std::vector<std::int32_t> validation_ids_;
   std::int64_t context_;
   std::int64_t vocabulary_;
+  double eval_bytes_per_target_ = 0;
 };
 
-/// Bytes the sample at the end of a language run generates after its prompt.
+/// A loss of `nats` per evaluation target of `task` in bits per byte of its text (nullopt for a
+/// task without text).
+std::optional<double> bits_per_byte(double nats, const Task& task);
+
+/// Tokens the sample at the end of a language run generates after its prompt.
 inline constexpr std::int64_t kSampleTokens = 160;
 
 /// Temperature of that sample.
 inline constexpr double kSampleTemperature = 0.8;
 
-/// Continuation of `prompt` (bytes) by `forward` (logits of i64 tokens [1, length]) for `tokens`
-/// bytes, each step feeding the last `context` bytes. Temperature 0: the largest logit wins (the
-/// first on ties); otherwise token c is drawn with probability ∝ exp(logit_c / temperature)
-/// (in f64) by the uniform sample (seed, step): a function of the logits' bits and the seed, so
-/// every rank draws the same text.
-std::string continuation(const std::function<Tensor(const Tensor&)>& forward,
-                         const std::string& prompt, std::int64_t tokens, std::int64_t context,
-                         double temperature, std::uint64_t seed);
+/// Continuation of the tokens `prompt` by `forward` (logits of i64 tokens [1, length]) for
+/// `tokens` tokens, each step feeding the last `context` tokens. Temperature 0: the largest logit
+/// wins (the first on ties); otherwise token c is drawn with probability ∝ exp(logit_c /
+/// temperature) (in f64) by the uniform sample (seed, step): a function of the logits' bits and
+/// the seed, so every rank draws the same tokens.
+std::vector<std::int64_t> continuation(const std::function<Tensor(const Tensor&)>& forward,
+                                       std::span<const std::int64_t> prompt, std::int64_t tokens,
+                                       std::int64_t context, double temperature,
+                                       std::uint64_t seed);
 
 }  // namespace meshtensor::train
