@@ -11,6 +11,9 @@
 #           SIGHUP; a request running during a reload ends on the weights it started with
 #   llama   curl: a tied Llama-family checkpoint served on tp 2 is `meshtensor-llama`, with its
 #           architecture, and completes with `generate --json`'s tokens and log-probabilities
+#   bpe     a model on byte-level BPE tokens: completions with generate's tokens and bits, text
+#           and logprobs.tokens from the tokenizer, byte offsets, token-id prompts, a stop sequence
+#           starting inside a token (non-streamed and streamed alike)
 #   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
 #           on headers), 1,000 idle and trickling connections, the connection limit
@@ -91,6 +94,71 @@ assert choice["logprobs"]["token_logprobs"] == generated["logprobs"]
 PY
   echo "ok: the Llama server on tp 2 completes with generate's bits"
   stop_server llama
+  ;;
+bpe)
+  "$bin" tokenizer train --vocab 512 --out "$dir/tok.json" >/dev/null
+  "$bin" train --mode exact --model gpt:layers=2,heads=4,dim=32,context=64 --tokenizer "$dir/tok.json" \
+    --batch 8 --steps 30 --seed 4 --eval-every 0 --save "$dir/bpe" >/dev/null
+  "$bin" generate --checkpoint "$dir/bpe" --mode exact --prompt "The fortune" \
+    --max-new-tokens 16 --temperature 0.9 --top-k 20 --seed 7 --json >"$dir/generated"
+  start_server bpe "$bin" serve --checkpoint "$dir/bpe" --mode exact --port 0
+  /usr/bin/python3 - "$url_bpe" "$dir/generated" "$bin" "$dir/tok.json" <<'PY' || fail "serving BPE tokens"
+import json, subprocess, sys, urllib.request
+url, generated, binary, tokenizer = sys.argv[1:]
+expected = json.load(open(generated))
+
+def post(body, stream=False):
+    request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        data = response.read()
+    if not stream:
+        return json.loads(data)
+    events = [line[6:] for line in data.decode().split("\n") if line.startswith("data: ")]
+    return [json.loads(e) for e in events if e != "[DONE]"]
+
+def decode(ids):
+    return subprocess.run([binary, "tokenizer", "decode", "--tokenizer", tokenizer],
+                          input=json.dumps(ids).encode(), capture_output=True, check=True).stdout
+
+sampling = {"max_tokens": 16, "temperature": 0.9, "top_k": 20, "seed": 7}
+choice = post({"prompt": "The fortune", "logprobs": 1, **sampling})["choices"][0]
+assert choice["token_ids"] == expected["tokens"], (choice["token_ids"], expected["tokens"])
+assert choice["logprobs"]["token_logprobs"] == expected["logprobs"]
+raw = decode(choice["token_ids"])
+assert choice["text"] == raw.decode("utf-8", "replace"), (choice["text"], raw)
+labels = choice["logprobs"]["tokens"]
+for label, token in zip(labels, choice["token_ids"]):
+    one = decode([token])
+    assert label == (one.decode() if one.decode("utf-8", "replace") == one.decode("utf-8", "ignore")
+                     else "bytes:" + "".join("\\x%02x" % b for b in one)), (label, one)
+offsets = choice["logprobs"]["text_offset"]
+assert offsets == [len(decode(choice["token_ids"][:i])) for i in range(len(offsets))], offsets
+print("ok: text, token strings and byte offsets of BPE tokens")
+prompt_ids = json.loads(subprocess.run([binary, "tokenizer", "encode", "--tokenizer", tokenizer,
+                                        "--json"], input=b"The fortune", capture_output=True,
+                                       check=True).stdout)
+by_ids = post({"prompt": prompt_ids, **sampling})["choices"][0]
+assert by_ids["token_ids"] == choice["token_ids"]
+print("ok: a prompt of token ids is in the tokenizer's ids")
+# A stop sequence that starts inside a token: the text ends right before it.
+text = raw.decode("latin-1")
+lengths = [len(decode([t])) for t in choice["token_ids"]]
+boundaries = {sum(lengths[:k]) for k in range(len(lengths) + 1)}
+start = next(i for i in range(1, len(text) - 2) if i not in boundaries and text[i].isalpha())
+stop = text[start:start + 2]
+cut = text.index(stop)
+stopped = post({"prompt": "The fortune", "stop": [stop], **sampling})["choices"][0]
+assert stopped["finish_reason"] == "stop", stopped
+assert stopped["text"].encode() == raw[:cut], (stopped["text"], raw[:cut], stop)
+chunks = post({"prompt": "The fortune", "stop": [stop], "stream": True, **sampling}, stream=True)
+streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+assert streamed == stopped["text"], (streamed, stopped["text"])
+ids = [t for c in chunks if c["choices"] for t in c["choices"][0]["token_ids"]]
+assert ids == stopped["token_ids"], (ids, stopped["token_ids"])
+print(f"ok: stop sequence {stop!r} inside a token cuts the text at byte {cut}, streamed alike")
+PY
+  stop_server bpe
   ;;
 openai)
   command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
