@@ -1,4 +1,3 @@
-#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 
@@ -29,15 +28,16 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
                       std::uint64_t seed, const std::string& mode, std::int64_t max_batch,
                       std::int64_t prefill_chunk, const py::object& world_object) {
   const bool single = py::isinstance<py::str>(prompts) || py::isinstance<py::bytes>(prompts);
-  const tokenize::Tokenizer tokenizer =
-      generate::checkpoint_tokenizer(checkpoint::read_index(checkpoint), checkpoint);
+  const std::shared_ptr<const tokenize::Tokenizer> tokenizer =
+      generate::model_tokenizer(checkpoint);
   std::vector<generate::Request> requests;
   if (single) {
     requests.push_back(
-        {prompt_tokens(prompts, tokenizer), max_new_tokens, {temperature, top_k, seed}});
+        {prompt_tokens(prompts, *tokenizer), max_new_tokens, {temperature, top_k, seed}});
   } else {
     for (const auto& p : prompts.cast<py::sequence>())
-      requests.push_back({prompt_tokens(p, tokenizer), max_new_tokens, {temperature, top_k, seed}});
+      requests.push_back(
+          {prompt_tokens(p, *tokenizer), max_new_tokens, {temperature, top_k, seed}});
   }
   const comm::ReductionMode reduction = mode_from(mode);
   if (reduction == comm::ReductionMode::native) {
@@ -64,7 +64,7 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
     py::dict d;
     d["tokens"] = c.tokens;
     d["logprobs"] = c.logprobs;
-    d["text"] = py::bytes(tokenizer.decode(c.tokens));
+    d["text"] = py::bytes(tokenizer->decode(c.tokens));
     out.append(d);
   }
   return out;

@@ -125,7 +125,8 @@ void verify(const CheckpointOptions& options) {
 }  // namespace
 
 void add_checkpoint_command(CLI::App& app) {
-  CLI::App* command = app.add_subcommand("checkpoint", "inspect and verify saved checkpoints");
+  CLI::App* command =
+      app.add_subcommand("checkpoint", "inspect, verify and export saved checkpoints");
   command->require_subcommand(1);
   const auto options = std::make_shared<CheckpointOptions>();
   CLI::App* inspect_command = command->add_subcommand(
@@ -140,6 +141,7 @@ void add_checkpoint_command(CLI::App& app) {
       ->required();
   add_flag(*verify_command, "--json", options->json, "print one JSON object");
   verify_command->callback([options] { verify(*options); });
+  add_checkpoint_export(*command);
 }
 
 }  // namespace meshtensor::cli

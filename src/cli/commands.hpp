@@ -18,6 +18,9 @@ void add_rl_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 /// Registers `meshtensor serve`.
 void add_serve_command(CLI::App& app);
+/// Registers `meshtensor checkpoint export` under `checkpoint`.
+void add_checkpoint_export(CLI::App& checkpoint_command);
+
 /// Registers `meshtensor tokenizer encode|decode|from-gpt2`.
 void add_tokenizer_command(CLI::App& app);
 /// Registers `meshtensor bench` and its benchmarks.

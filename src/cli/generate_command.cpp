@@ -213,11 +213,9 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, Prompt
 /// before any rank starts or allocates; sets the job's tokenizer.
 nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree,
                                               GenerateJob& job) {
-  const checkpoint::Index index = checkpoint::read_index(options.checkpoint);
-  const nn::DecoderConfig config = generate::checked_architecture(index, options.checkpoint);
+  const nn::DecoderConfig config = generate::model_architecture(options.checkpoint);
   if (degree > 1) tp::check_decoder_degree(config, degree);
-  job.tokenizer = std::make_shared<const tokenize::Tokenizer>(
-      generate::checkpoint_tokenizer(index, options.checkpoint));
+  job.tokenizer = generate::model_tokenizer(options.checkpoint);
   return config;
 }
 

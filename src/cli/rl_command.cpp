@@ -224,7 +224,7 @@ void run_rl_command(const RlOptions& options) {
   options.timeout.apply();
   rl::RlTask task = rl_settings(options).task();
   if (!config.init.empty()) {
-    config.model = generate::checked_architecture(checkpoint::read_index(config.init), config.init);
+    config.model = generate::model_architecture(config.init);
   }
   task = rl::tokenized_for(std::move(task), config.init);
   const std::int64_t ranks = rl::rl_world_ranks(config);

@@ -8,6 +8,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/hf/hf_model.hpp>
 #include <meshtensor/tp/style.hpp>
 
 namespace meshtensor::generate {
@@ -86,6 +87,23 @@ nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std
   return nn::parse_decoder_architecture(index.metadata.at("architecture"));
 }
 
+nn::DecoderConfig model_architecture(const std::string& path) {
+  if (const auto folder = hf::folder_of(path)) return hf::read_folder(*folder).config;
+  return checked_architecture(checkpoint::read_index(path), path);
+}
+
+std::shared_ptr<const tokenize::Tokenizer> model_tokenizer(const std::string& path) {
+  if (const auto folder = hf::folder_of(path)) return hf::read_folder(*folder).tokenizer;
+  return std::make_shared<const tokenize::Tokenizer>(
+      checkpoint_tokenizer(checkpoint::read_index(path), path));
+}
+
+std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& path,
+                                std::span<const checkpoint::LoadRequest> requests) {
+  if (const auto folder = hf::folder_of(path)) return hf::load(hf::read_folder(*folder), requests);
+  return checkpoint::load(world, path, requests);
+}
+
 tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const std::string& path) {
   checked_architecture(index, path);
   return named_tokenizer(index, index.metadata.at("architecture"));
@@ -99,13 +117,12 @@ nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string
   std::exception_ptr failure;
   if (world.rank() == 0) {
     try {
-      const checkpoint::Index index = checkpoint::read_index(path);
-      const nn::DecoderConfig config = checked_architecture(index, path);
+      const nn::DecoderConfig config = model_architecture(path);
       require_memory(nn::decoder_model_bytes(config) * static_cast<double>(models_in_process),
                      fmt::format("{} cop{} of the model of checkpoint {} ({} parameters)",
                                  models_in_process, models_in_process == 1 ? "y" : "ies", path,
                                  nn::decoder_parameter_count(config)));
-      architecture = index.metadata.at("architecture");
+      architecture = nn::decoder_architecture_text(config);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -126,7 +143,7 @@ std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::
                         {},
                         p->value.shape(),
                         world.rank() == 0});
-  const std::vector<Tensor> loaded = checkpoint::load(world, path, requests);
+  const std::vector<Tensor> loaded = load_blocks(world, path, requests);
   const std::vector<nn::Parameter*> parameters = model->parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i)
     parameters[i]->value.copy_from(loaded[i]);
@@ -136,6 +153,7 @@ std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::
 CheckpointLocation locate_checkpoint(comm::Communicator& world, const std::string& path) {
   CheckpointLocation location;
   std::exception_ptr failure;
+  if (hf::folder_of(path)) return {path, 0};  // a Hugging Face folder is one step
   if (world.rank() == 0) {
     try {
       location.directory = checkpoint::resolve(path);

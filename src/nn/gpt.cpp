@@ -15,7 +15,7 @@ namespace meshtensor::nn {
 
 namespace {
 
-constexpr std::string_view kGptUsage = "gpt or gpt:layers=L,heads=H,dim=D,context=T";
+constexpr std::string_view kGptUsage = "gpt or gpt:layers=L,heads=H,dim=D,context=T,tie=0|1";
 
 double residual_std(const GptConfig& config) {
   return config.init_std / std::sqrt(2.0 * static_cast<double>(config.layers));
@@ -33,11 +33,13 @@ GptConfig parse_gpt_config(const std::string& text) {
   constexpr std::string_view kPrefix = "gpt:";
   if (text.rfind(kPrefix, 0) != 0)
     throw ParseError(fmt::format("unknown model '{}' (expected {})", text, kGptUsage));
+  std::int64_t tie = 0;
   const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> keys{
       {"layers", {&config.layers, 256}},
       {"heads", {&config.heads, 256}},
       {"dim", {&config.dim, 8192}},
-      {"context", {&config.context, 8192}}};
+      {"context", {&config.context, 8192}},
+      {"tie", {&tie, 1}}};
   std::map<std::string_view, bool> seen;
   for (std::string_view part : split(std::string_view(text).substr(kPrefix.size()), ',')) {
     const auto equals = part.find('=');
@@ -46,7 +48,7 @@ GptConfig parse_gpt_config(const std::string& text) {
     if (equals == std::string_view::npos || entry == keys.end()) {
       throw ParseError(
           fmt::format("'{}' in model '{}' is not one of layers=, heads=, dim=, "
-                      "context= (expected {})",
+                      "context=, tie= (expected {})",
                       part, text, kGptUsage));
     }
     if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
@@ -54,9 +56,11 @@ GptConfig parse_gpt_config(const std::string& text) {
     const auto [target, largest] = entry->second;
     const std::int64_t value =
         parse_count(part.substr(equals + 1), largest, fmt::format("model '{}'", text));
-    if (value == 0) throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
+    if (value == 0 && target != &tie)
+      throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
     *target = value;
   }
+  config.tie = tie == 1;
   if (config.dim % config.heads != 0) {
     throw ParseError(fmt::format("model '{}': dim {} does not split into {} heads", text,
                                  config.dim, config.heads));
@@ -65,14 +69,14 @@ GptConfig parse_gpt_config(const std::string& text) {
 }
 
 std::string gpt_config_text(const GptConfig& config) {
-  return fmt::format("gpt:layers={},heads={},dim={},context={}", config.layers, config.heads,
-                     config.dim, config.context);
+  return fmt::format("gpt:layers={},heads={},dim={},context={}{}", config.layers, config.heads,
+                     config.dim, config.context, config.tie ? ",tie=1" : "");
 }
 
 std::string architecture_text(const GptConfig& config, const std::string& tokenizer) {
-  return fmt::format("gpt layers={} heads={} dim={} context={} vocabulary={} tokenizer={}",
-                     config.layers, config.heads, config.dim, config.context, config.vocabulary,
-                     tokenizer);
+  return fmt::format("gpt layers={} heads={} dim={} context={}{} vocabulary={} tokenizer={}",
+                     config.layers, config.heads, config.dim, config.context,
+                     config.tie ? " tie=1" : "", config.vocabulary, tokenizer);
 }
 
 GptConfig parse_architecture(const std::string& text) {
@@ -106,6 +110,10 @@ GptConfig parse_architecture(const std::string& text) {
   config.dim = number("dim");
   config.context = number("context");
   config.vocabulary = number("vocabulary");
+  if (fields.count("tie") != 0) {
+    if (fields["tie"] != "0" && fields["tie"] != "1") throw bad("tie '" + fields["tie"] + "'");
+    config.tie = fields["tie"] == "1";
+  }
   if (config.vocabulary > kMaxVocabulary)
     throw bad(fmt::format("vocabulary {} is more than {}", config.vocabulary, kMaxVocabulary));
   // The command line's ranges and checks, through its parser.
@@ -123,8 +131,8 @@ std::int64_t gpt_parameter_count(const GptConfig& c) {
   const std::int64_t d = c.dim;
   const std::int64_t block =
       2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
-  return c.vocabulary * d + c.context * d + c.layers * block + 2 * d + d * c.vocabulary +
-         c.vocabulary;
+  return c.vocabulary * d + c.context * d + c.layers * block + 2 * d +
+         (c.tie ? 0 : d * c.vocabulary + c.vocabulary);
 }
 
 TransformerBlock::TransformerBlock(const GptConfig& config, std::uint64_t seed)
@@ -188,8 +196,11 @@ std::string TransformerBlock::describe() const {
   return fmt::format("TransformerBlock({})", attention_.describe());
 }
 
-LanguageModelHead::LanguageModelHead(const GptConfig& config, std::uint64_t seed)
-    : norm_(config.dim), output_(config.dim, config.vocabulary, seed, config.init_std) {
+LanguageModelHead::LanguageModelHead(const GptConfig& config, std::uint64_t seed,
+                                     Parameter* tied_table)
+    : norm_(config.dim),
+      output_(config.dim, config.vocabulary, seed, config.init_std, tied_table == nullptr) {
+  if (tied_table != nullptr) output_.tie_weight_to(*tied_table);
   prefix_parameter_names(norm_, "norm");
   prefix_parameter_names(output_, "output");
 }
@@ -212,7 +223,7 @@ void LanguageModelHead::set_exact_blocks(bool on) {
 }
 
 std::vector<Parameter*> LanguageModelHead::parameters() {
-  return {norm_.parameters()[0], norm_.parameters()[1], &output_.weight(), &output_.bias()};
+  return parameters_of({&norm_, &output_});
 }
 
 std::string LanguageModelHead::describe() const {
@@ -245,7 +256,8 @@ Gpt::Gpt(const GptConfig& config)
     : config_(checked_gpt_config(config)),
       embedding_(config.vocabulary, config.context, config.dim, mix64(config.seed ^ 0x656d62ULL),
                  config.init_std),
-      head_(config, mix64(config.seed ^ 0x68656164ULL)) {
+      head_(config, mix64(config.seed ^ 0x68656164ULL),
+            config.tie ? &embedding_.token().weight() : nullptr) {
   prefix_parameter_names(embedding_, "embed");
   for (std::int64_t i = 0; i < config.layers; ++i) {
     auto block = std::make_unique<TransformerBlock>(
@@ -303,6 +315,15 @@ std::vector<Module*> Gpt::units() {
     all.push_back(block.get());
   all.push_back(&head_);
   return all;
+}
+
+std::vector<std::vector<Module*>> Gpt::parameter_groups() {
+  if (!config_.tie) return Decoder::parameter_groups();
+  // The tied table is read by the embedding and the head: one group holds both.
+  std::vector<std::vector<Module*>> groups{{&embedding_, &head_}};
+  for (auto& block : blocks_)
+    groups.push_back({block.get()});
+  return groups;
 }
 
 std::vector<std::pair<std::string, Module*>> Gpt::children() {

@@ -126,6 +126,10 @@ std::int64_t decoder_vocabulary(const DecoderConfig& config) {
   return std::visit([](const auto& c) { return c.vocabulary; }, config);
 }
 
+bool decoder_tied(const DecoderConfig& config) {
+  return std::visit([](const auto& c) { return c.tie; }, config);
+}
+
 DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed) {
   std::visit([seed](auto& c) { c.seed = seed; }, config);
   return config;

@@ -240,7 +240,7 @@ void RlRun::load_init() {
     const std::vector<checkpoint::SaveItem> items =
         train::model_state(model->sharded(), nullptr, trainer_world_->rank() == 0);
     const std::vector<Tensor> loaded =
-        checkpoint::load(*trainer_world_, config_.init, train::load_requests(items));
+        generate::load_blocks(*trainer_world_, config_.init, train::load_requests(items));
     train::restore_model_state(items, loaded, nullptr);
   }
 }

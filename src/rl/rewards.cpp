@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
 #include <meshtensor/generate/load.hpp>
@@ -192,9 +191,7 @@ RlTask tokenized(RlTask task, std::shared_ptr<const tokenize::Tokenizer> tokeniz
 
 RlTask tokenized_for(RlTask task, const std::string& init) {
   if (init.empty()) return task;
-  return tokenized(std::move(task),
-                   std::make_shared<const tokenize::Tokenizer>(
-                       generate::checkpoint_tokenizer(checkpoint::read_index(init), init)));
+  return tokenized(std::move(task), generate::model_tokenizer(init));
 }
 
 RlTask builtin_task(const std::string& name, const std::string& data_path,

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/load.hpp>
@@ -41,8 +40,7 @@ std::unique_ptr<nn::Decoder> ModelHost::load(const std::string& directory, std::
 std::shared_ptr<const tokenize::Tokenizer> ModelHost::load_tokenizer(
     const std::string& directory) const {
   if (world_.rank() != 0) return nullptr;
-  return std::make_shared<const tokenize::Tokenizer>(
-      generate::checkpoint_tokenizer(checkpoint::read_index(directory), directory));
+  return generate::model_tokenizer(directory);
 }
 
 ReloadResult ModelHost::reload() {

@@ -733,12 +733,12 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
                                       task.architecture()));
   }
   if (pipeline) {
-    if (const auto* llama = std::get_if<nn::LlamaConfig>(&language->model()); llama && llama->tie) {
+    if (nn::decoder_tied(language->model())) {
       throw InvalidArgument(fmt::format(
           "model {}: the tied head reads the token embedding's table, which a pp mesh dim of {} "
           "would put on the first and the last stage; train a tied model without a pp dim, or "
           "give tie=0",
-          nn::llama_config_text(*llama), mesh_dim(config, "pp")));
+          nn::decoder_config_text(language->model()), mesh_dim(config, "pp")));
     }
   }
   if (!pipeline) {

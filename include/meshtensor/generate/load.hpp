@@ -26,6 +26,18 @@ tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const s
 /// naming `path` and the problem otherwise.
 nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std::string& path);
 
+/// The decoder of the model `path` names: a meshtensor checkpoint (checked_architecture()) or a
+/// Hugging Face folder "hf:DIR" (hf::read_folder()), read by this process; DataError naming it.
+nn::DecoderConfig model_architecture(const std::string& path);
+
+/// The tokenizer of the model `path` names (a checkpoint or "hf:DIR"), read by this process.
+std::shared_ptr<const tokenize::Tokenizer> model_tokenizer(const std::string& path);
+
+/// The blocks `requests` name from the model `path` names: checkpoint::load() (collective over
+/// `world`) for a checkpoint, hf::load() for "hf:DIR" (each rank reads what its blocks need).
+std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& path,
+                                std::span<const checkpoint::LoadRequest> requests);
+
 /// The architecture of the checkpoint `path` on every rank of `world` (collective): rank 0 reads
 /// the index, checks it (checked_architecture()) and `models_in_process` copies of the model
 /// against the memory available (ResourceError), and broadcasts it.

@@ -21,6 +21,9 @@ struct GptConfig {
   std::int64_t dim = 128;
   std::int64_t context = 128;     ///< longest sequence (positions embedded)
   std::int64_t vocabulary = 256;  ///< tokens (256: the byte tokenizer's)
+  /// The head's weight is the token embedding table (transposed) and it has no bias: GPT-2's
+  /// own head, so that the model is a Hugging Face GPT2LMHeadModel.
+  bool tie = false;
   std::uint64_t seed = 0;
   /// Standard deviation of the initial weights (embeddings and linear layers); the projections
   /// into the residual stream get init_std / sqrt(2 · layers).
@@ -31,12 +34,13 @@ struct GptConfig {
 /// model (an MLP's "mlp:...").
 bool is_gpt_model(const std::string& text);
 
-/// Parses "gpt" or "gpt:layers=L,heads=H,dim=D,context=T" (any subset of the keys, in any order;
-/// the others keep their defaults). ParseError naming the bad part: an unknown key, a repeated
-/// key, a value that is not a positive number or too large, dim not a multiple of heads.
+/// Parses "gpt" or "gpt:layers=L,heads=H,dim=D,context=T,tie=0|1" (any subset of the keys, in any
+/// order; the others keep their defaults). ParseError naming the bad part: an unknown key, a
+/// repeated key, a value that is not a positive number or too large, dim not a multiple of heads.
 GptConfig parse_gpt_config(const std::string& text);
 
-/// "gpt:layers=4,heads=4,dim=128,context=128" for a config (what parse_gpt_config reads back).
+/// "gpt:layers=4,heads=4,dim=128,context=128" for a config, with ",tie=1" when tied (what
+/// parse_gpt_config reads back).
 std::string gpt_config_text(const GptConfig& config);
 
 /// The "architecture" metadata of a GPT of `config` reading tokens of `tokenizer` (its name), as
@@ -89,7 +93,9 @@ class TransformerBlock : public Module {
 /// sequence, vocabulary].
 class LanguageModelHead : public Module {
  public:
-  LanguageModelHead(const GptConfig& config, std::uint64_t seed);
+  /// With `tied_table` (the token embedding's [vocabulary, dim], which must outlive it) the
+  /// output's weight is that table transposed and it has no bias (config.tie).
+  LanguageModelHead(const GptConfig& config, std::uint64_t seed, Parameter* tied_table = nullptr);
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override;
   std::vector<Parameter*> parameters() override;
@@ -117,6 +123,9 @@ class Gpt : public Decoder {
   std::string describe() const override;
   /// The embedding, every block and the head, in forward order: the natural parameter groups.
   std::vector<Module*> units() override;
+  /// With a tied head: the embedding and the head as one group (they share the table), then
+  /// each block.
+  std::vector<std::vector<Module*>> parameter_groups() override;
   /// The config the model was built from.
   const GptConfig& config() const { return config_; }
   /// "embed", "blocks.0", ..., "head".

@@ -60,6 +60,9 @@ std::int64_t decoder_layers(const DecoderConfig& config);
 /// The config's residual-stream features.
 std::int64_t decoder_dim(const DecoderConfig& config);
 
+/// Whether the config's head is tied to its token embedding table.
+bool decoder_tied(const DecoderConfig& config);
+
 /// The config's vocabulary.
 std::int64_t decoder_vocabulary(const DecoderConfig& config);
 

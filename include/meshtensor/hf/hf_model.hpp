@@ -1,0 +1,100 @@
+#pragma once
+
+// Hugging Face model folders: config.json, model.safetensors (or shards with
+// model.safetensors.index.json), tokenizer.json and generation_config.json, for the GPT (as
+// GPT2LMHeadModel) and the Llama family (LlamaForCausalLM; Qwen3ForCausalLM with QK-norm).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <meshtensor/checkpoint/checkpoint.hpp>
+#include <meshtensor/checkpoint/safetensors.hpp>
+#include <meshtensor/core/tensor.hpp>
+#include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
+
+namespace meshtensor::hf {
+
+/// The prefix of a path that names a Hugging Face folder: "hf:DIR".
+inline constexpr std::string_view kPathPrefix = "hf:";
+
+/// The folder of an "hf:DIR" path, or nullopt for any other path.
+std::optional<std::string> folder_of(const std::string& path);
+
+/// The Hugging Face class a decoder exports as: "GPT2LMHeadModel", "LlamaForCausalLM", or
+/// "Qwen3ForCausalLM" (QK-norm). InvalidArgument with the reason for a model that has no such
+/// class: a GPT with its own head (GPT2LMHeadModel's head is the token table, without bias).
+std::string architecture_of(const nn::DecoderConfig& config);
+
+/// The config.json of a decoder reading `tokenizer`'s tokens, its weights stored as `dtype`.
+nlohmann::json config_json(const nn::DecoderConfig& config, const tokenize::Tokenizer& tokenizer,
+                           DType dtype);
+
+/// The decoder a config.json describes (`file` names it in errors): DataError naming the field
+/// for an unknown architecture, a missing or out-of-range field, or a setting meshtensor does
+/// not compute (another activation or norm epsilon, RoPE scaling, biases in a Llama, ...).
+nn::DecoderConfig parse_config_json(const nlohmann::json& config, const std::string& file);
+
+/// One tensor of a folder: its file and where its bytes lie.
+struct StoredTensor {
+  std::string file;  ///< path of the safetensors file
+  checkpoint::SafetensorsEntry entry;
+  std::int64_t data_start = 0;  ///< where the file's data section starts
+};
+
+/// A Hugging Face folder, read and checked: its decoder, its tokenizer, and every tensor the
+/// decoder needs, present with the shape it needs in bf16, f16 or f32. Tensors the decoder
+/// does not use are ignored.
+struct Folder {
+  std::string directory;
+  nn::DecoderConfig config;
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+  std::map<std::string, StoredTensor> tensors;  ///< by Hugging Face name
+};
+
+/// Reads the folder `directory`: config.json, tokenizer.json, model.safetensors.index.json and
+/// its shards or model.safetensors. DataError naming the file and the problem: a missing file,
+/// an unknown architecture, a missing tensor, a wrong shape or dtype, a shard the index names
+/// outside the folder, a safetensors header that does not describe its file, a vocabulary that
+/// is not the tokenizer's.
+Folder read_folder(const std::string& directory);
+
+/// The blocks `requests` name ("model.<parameter>" of the folder's decoder, as a checkpoint of
+/// meshtensor holds them), as f32: each rank reads the Hugging Face tensors its blocks come from,
+/// converts them and keeps its blocks. DataError naming a request that is not a parameter of the
+/// decoder or has another shape.
+std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadRequest> requests);
+
+/// How export_folder writes.
+struct ExportOptions {
+  DType dtype = DType::f32;                          ///< f32, bf16 or f16
+  std::int64_t shard_bytes = std::int64_t{2} << 30;  ///< most tensor bytes in one file
+};
+
+/// What export_folder wrote.
+struct ExportReport {
+  std::vector<std::string> files;  ///< in the folder, in the order written
+  std::int64_t tensors = 0;
+  std::int64_t bytes = 0;  ///< tensor bytes
+};
+
+/// Writes the decoder `config` with the parameters `parameters` (whole, f32, by meshtensor's
+/// names) and its tokenizer as a Hugging Face folder `directory` (created; files in it replaced):
+/// config.json, generation_config.json, tokenizer.json and one model.safetensors, or shards
+/// model-0000k-of-0000n.safetensors of at most `shard_bytes` with model.safetensors.index.json.
+/// Tensors are written by Hugging Face name in name order, so the same model gives the same
+/// bytes. InvalidArgument for a model the format cannot express (architecture_of) or a dtype
+/// that is not a float of at most 32 bits.
+ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
+                           const tokenize::Tokenizer& tokenizer,
+                           const std::map<std::string, Tensor>& parameters,
+                           const ExportOptions& options);
+
+}  // namespace meshtensor::hf

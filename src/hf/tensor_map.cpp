@@ -1,0 +1,196 @@
+#include "tensor_map.hpp"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+
+namespace meshtensor::hf {
+
+namespace {
+
+/// The part and the index within it of column `c` of a parameter laid out as `columns`.
+std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Columns columns,
+                                         std::int64_t c) {
+  switch (columns) {
+    case Columns::identity:
+      return {0, c};
+    case Columns::gpt_qkv: {
+      const auto& gpt = std::get<nn::GptConfig>(config);
+      const std::int64_t hd = gpt.dim / gpt.heads;
+      const std::int64_t head = c / (3 * hd);
+      const std::int64_t part = (c % (3 * hd)) / hd;
+      return {0, part * gpt.dim + head * hd + c % hd};
+    }
+    case Columns::llama_qkv: {
+      const auto& llama = std::get<nn::LlamaConfig>(config);
+      const std::int64_t hd = llama.dim / llama.heads;
+      const std::int64_t per = llama.heads / llama.kv_heads;
+      const std::int64_t group = c / ((per + 2) * hd);
+      const std::int64_t slot = (c % ((per + 2) * hd)) / hd;
+      if (slot < per) return {0, (group * per + slot) * hd + c % hd};
+      return {slot == per ? 1 : 2, group * hd + c % hd};
+    }
+    case Columns::gate_up: {
+      const auto& llama = std::get<nn::LlamaConfig>(config);
+      const std::int64_t width = llama.ffn / llama.heads;  // of a block's gate (and up)
+      const std::int64_t block = c / (2 * width);
+      const std::int64_t part = (c % (2 * width)) / width;
+      return {static_cast<int>(part), block * width + c % width};
+    }
+  }
+  return {0, c};
+}
+
+/// Columns of a parameter with `count` columns that `link` takes.
+std::int64_t part_columns(const nn::DecoderConfig& config, const Link& link, std::int64_t count) {
+  std::int64_t n = 0;
+  for (std::int64_t c = 0; c < count; ++c)
+    n += column_home(config, link.columns, c).first == link.part ? 1 : 0;
+  return n;
+}
+
+/// Calls copy(c, index) for each column c of a parameter with `count` columns that `link`
+/// takes, with its index in the Hugging Face tensor.
+template <typename Copy>
+void for_each_column(const nn::DecoderConfig& config, const Link& link, std::int64_t count,
+                     Copy copy) {
+  for (std::int64_t c = 0; c < count; ++c) {
+    const auto [part, index] = column_home(config, link.columns, c);
+    if (part == link.part) copy(c, index);
+  }
+}
+
+void add_gpt_links(const nn::GptConfig& gpt, std::vector<Link>& links) {
+  links.push_back({"transformer.wte.weight", "embed.token.weight"});
+  links.push_back({"transformer.wpe.weight", "embed.position.weight"});
+  for (std::int64_t i = 0; i < gpt.layers; ++i) {
+    const std::string hf = fmt::format("transformer.h.{}.", i);
+    const std::string ours = fmt::format("blocks.{}.", i);
+    for (const char* kind : {"weight", "bias"}) {
+      links.push_back({hf + "ln_1." + kind, ours + "norm1." + kind});
+      links.push_back({hf + "attn.c_attn." + kind, ours + "attn.qkv." + kind, Columns::gpt_qkv});
+      links.push_back({hf + "attn.c_proj." + kind, ours + "attn.proj." + kind});
+      links.push_back({hf + "ln_2." + kind, ours + "norm2." + kind});
+      links.push_back({hf + "mlp.c_fc." + kind, ours + "mlp.fc." + kind});
+      links.push_back({hf + "mlp.c_proj." + kind, ours + "mlp.proj." + kind});
+    }
+  }
+  links.push_back({"transformer.ln_f.weight", "head.norm.weight"});
+  links.push_back({"transformer.ln_f.bias", "head.norm.bias"});
+}
+
+void add_llama_links(const nn::LlamaConfig& llama, std::vector<Link>& links) {
+  links.push_back({"model.embed_tokens.weight", "embed.token.weight"});
+  for (std::int64_t i = 0; i < llama.layers; ++i) {
+    const std::string hf = fmt::format("model.layers.{}.", i);
+    const std::string ours = fmt::format("blocks.{}.", i);
+    links.push_back({hf + "input_layernorm.weight", ours + "norm1.weight"});
+    const char* projections[] = {"q_proj", "k_proj", "v_proj"};
+    for (int part = 0; part < 3; ++part) {
+      links.push_back({hf + "self_attn." + projections[part] + ".weight", ours + "attn.qkv.weight",
+                       Columns::llama_qkv, part, true});
+    }
+    links.push_back(
+        {hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", Columns::identity, 0, true});
+    if (llama.qk_norm) {
+      links.push_back({hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight"});
+      links.push_back({hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight"});
+    }
+    links.push_back({hf + "post_attention_layernorm.weight", ours + "norm2.weight"});
+    links.push_back(
+        {hf + "mlp.gate_proj.weight", ours + "mlp.gate_up.weight", Columns::gate_up, 0, true});
+    links.push_back(
+        {hf + "mlp.up_proj.weight", ours + "mlp.gate_up.weight", Columns::gate_up, 1, true});
+    links.push_back(
+        {hf + "mlp.down_proj.weight", ours + "mlp.down.weight", Columns::identity, 0, true});
+  }
+  links.push_back({"model.norm.weight", "head.norm.weight"});
+  if (!llama.tie)
+    links.push_back({"lm_head.weight", "head.output.weight", Columns::identity, 0, true});
+}
+
+}  // namespace
+
+std::vector<Link> links_of(const nn::DecoderConfig& config) {
+  std::vector<Link> links;
+  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
+    add_gpt_links(*gpt, links);
+  } else {
+    add_llama_links(std::get<nn::LlamaConfig>(config), links);
+  }
+  return links;
+}
+
+Shape parameter_shape(const nn::DecoderConfig& config, const std::string& ours) {
+  const auto ends = [&](std::string_view tail) { return ours.ends_with(tail); };
+  const std::int64_t d = nn::decoder_dim(config);
+  const std::int64_t v = nn::decoder_vocabulary(config);
+  if (ours == "embed.token.weight") return Shape{v, d};
+  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
+    if (ours == "embed.position.weight") return Shape{gpt->context, d};
+    if (ends("attn.qkv.weight")) return Shape{d, 3 * d};
+    if (ends("attn.qkv.bias")) return Shape{3 * d};
+    if (ends("mlp.fc.weight")) return Shape{d, 4 * d};
+    if (ends("mlp.fc.bias")) return Shape{4 * d};
+    if (ends("proj.weight")) return ends("mlp.proj.weight") ? Shape{4 * d, d} : Shape{d, d};
+    return Shape{d};  // norms and the remaining biases
+  }
+  const auto& llama = std::get<nn::LlamaConfig>(config);
+  const std::int64_t hd = d / llama.heads;
+  if (ends("attn.qkv.weight")) return Shape{d, (llama.heads + 2 * llama.kv_heads) * hd};
+  if (ends("attn.proj.weight")) return Shape{d, d};
+  if (ends("_norm.weight")) return Shape{hd};
+  if (ends("mlp.gate_up.weight")) return Shape{d, 2 * llama.ffn};
+  if (ends("mlp.down.weight")) return Shape{llama.ffn, d};
+  if (ours == "head.output.weight") return Shape{d, v};
+  return Shape{d};  // the norms
+}
+
+Shape hf_shape(const nn::DecoderConfig& config, const Link& link, const Shape& ours) {
+  const std::int64_t columns = part_columns(config, link, ours.dims().back());
+  if (ours.rank() == 1) return Shape{columns};
+  if (ours.rank() != 2)
+    throw InvalidArgument(fmt::format("{}: a parameter of shape {}", link.ours, ours.to_string()));
+  return link.transposed ? Shape{columns, ours[0]} : Shape{ours[0], columns};
+}
+
+Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ours) {
+  const Tensor source = ours.contiguous();
+  const Shape shape = hf_shape(config, link, source.shape());
+  Tensor out(shape, DType::f32);
+  const auto from = source.values<float>();
+  auto to = out.values<float>();
+  const std::int64_t count = source.shape().dims().back();
+  const std::int64_t rows = source.shape().rank() == 2 ? source.shape()[0] : 1;
+  const std::int64_t width = shape.dims().back();
+  for_each_column(config, link, count, [&](std::int64_t c, std::int64_t index) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = link.transposed ? index * rows + r : r * width + index;
+      to[static_cast<std::size_t>(at)] = from[static_cast<std::size_t>(r * count + c)];
+    }
+  });
+  return out;
+}
+
+void from_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& hf, Tensor& ours) {
+  const Shape expected = hf_shape(config, link, ours.shape());
+  if (hf.shape() != expected) {
+    throw DataError(fmt::format("{} has shape {}, but {} needs {}", link.hf, hf.shape().to_string(),
+                                link.ours, expected.to_string()));
+  }
+  const auto from = hf.values<float>();
+  auto to = ours.values<float>();
+  const std::int64_t count = ours.shape().dims().back();
+  const std::int64_t rows = ours.shape().rank() == 2 ? ours.shape()[0] : 1;
+  const std::int64_t width = expected.dims().back();
+  for_each_column(config, link, count, [&](std::int64_t c, std::int64_t index) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at = link.transposed ? index * rows + r : r * width + index;
+      to[static_cast<std::size_t>(r * count + c)] = from[static_cast<std::size_t>(at)];
+    }
+  });
+}
+
+}  // namespace meshtensor::hf
