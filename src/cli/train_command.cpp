@@ -19,6 +19,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/hf/hf_model.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/trainer.hpp>
 
@@ -54,6 +55,13 @@ std::string describe_task(const LoadedTask& loaded) {
   const auto& task = dynamic_cast<const train::ImageClassification&>(*loaded.task);
   return fmt::format("{}{}", task.model().activation == nn::Activation::gelu ? "gelu" : "relu",
                      task.model().layernorm ? ", layernorm" : "");
+}
+
+/// The model a run trains, as its config text (an --init's decoder).
+std::string model_name(const TrainOptions& options, const LoadedTask& loaded) {
+  if (!options.settings.given("init")) return options.model;
+  return nn::decoder_config_text(
+      dynamic_cast<const train::LanguageModelling&>(*loaded.task).model());
 }
 
 /// One line per report.
@@ -121,9 +129,12 @@ RunOutputs open_outputs(const TrainOptions& options, const std::string& data) {
   const NamedPath outputs[] = {
       {"--trace", options.trace}, {"--log", options.log}, {"--plot", options.plot}};
   const NamedPath roots[] = {{"--save", options.settings.value("save")}};
-  const NamedPath inputs[] = {{"--data", data},
-                              {"--resume", options.settings.value("resume")},
-                              {"--tokenizer", options.tokenizer}};
+  const NamedPath inputs[] = {
+      {"--data", data},
+      {"--resume", options.settings.value("resume")},
+      {"--tokenizer", options.tokenizer},
+      {"--init",
+       hf::folder_of(options.settings.value("init")).value_or(options.settings.value("init"))}};
   check_outputs_are_not_inputs(outputs, roots, inputs);
   RunOutputs files;
   if (!options.trace.empty()) files.trace = std::make_unique<OutputFile>("--trace", options.trace);
@@ -263,7 +274,7 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
 
 void run_train(const TrainOptions& options) {
   const train::TrainSettings settings = train_settings(options);
-  const train::TrainConfig config = settings.config(nn::is_decoder_model(options.model));
+  const train::TrainConfig config = settings.config(trains_language(options));
   const Backend backend = parse_backend(options.backend);
   const std::int64_t ranks = layout_ranks(options, settings);
   if (!options.link.empty() && backend == Backend::mpi)
@@ -304,7 +315,7 @@ void run_train(const TrainOptions& options) {
           std::cout << fmt::format(
               "training {} ({}) on {} {} rank(s), {}, mode {}, global batch {}, {} "
               "micro-batch(es) per rank, {}\n",
-              options.model, describe_task(loaded), world.size(),
+              model_name(options, loaded), describe_task(loaded), world.size(),
               backend == Backend::threads ? "threads" : "mpi", strategy_text(options),
               comm::reduction_mode_name(config.mode), config.batch, config.micro_batches,
               loaded.data);
@@ -332,10 +343,11 @@ void run_train(const TrainOptions& options) {
         }
         std::cout.flush();
         if (plot) {
-          draw_plot(*plot, result.epochs,
-                    fmt::format("meshtensor train {} on {} ranks, mode {}", options.model,
-                                world.size(), comm::reduction_mode_name(config.mode)),
-                    eval, loaded.language || config.eval_every > 0);
+          draw_plot(
+              *plot, result.epochs,
+              fmt::format("meshtensor train {} on {} ranks, mode {}", model_name(options, loaded),
+                          world.size(), comm::reduction_mode_name(config.mode)),
+              eval, loaded.language || config.eval_every > 0);
         }
         if (!result.replicas_identical && config.mode != comm::ReductionMode::native)
           set_exit_status(1);
@@ -383,6 +395,7 @@ void add_train_command(CLI::App& app) {
                             "save_every",
                             "keep_checkpoints",
                             "resume",
+                            "init",
                             "stop_after"});
   options->ranks_option =
       command->add_option("--ranks", options->ranks, "data-parallel ranks (threads; default 2)");

@@ -4,6 +4,7 @@
 
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/nn/models.hpp>
 #include <meshtensor/train/text_data.hpp>
 
@@ -21,8 +22,12 @@ train::TrainSettings train_settings(const TrainOptions& options) {
   return settings;
 }
 
+bool trains_language(const TrainOptions& options) {
+  return nn::is_decoder_model(options.model) || options.settings.given("init");
+}
+
 train::TrainConfig parse_config(const TrainOptions& options) {
-  return train_settings(options).config(nn::is_decoder_model(options.model));
+  return train_settings(options).config(trains_language(options));
 }
 
 std::int64_t layout_ranks(const TrainOptions& options, const train::TrainSettings& settings) {
@@ -37,8 +42,32 @@ std::string strategy_text(const TrainOptions& options) {
 
 /// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or
 /// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
+/// The decoder and tokenizer of `init` (a checkpoint or hf:DIR), which --model and --tokenizer
+/// must leave alone.
+std::pair<nn::DecoderConfig, std::shared_ptr<const tokenize::Tokenizer>> init_model(
+    const TrainOptions& options, const std::string& init) {
+  if ((options.model_option != nullptr && options.model_option->count() > 0) ||
+      !options.tokenizer.empty()) {
+    throw ParseError(
+        fmt::format("--init {} brings its own model and tokenizer; --model and "
+                    "--tokenizer do not apply",
+                    init));
+  }
+  return {generate::model_architecture(init), generate::model_tokenizer(init)};
+}
+
 LoadedTask load_task(const TrainOptions& options) {
   LoadedTask loaded;
+  const std::string init = options.settings.given("init") ? options.settings.value("init") : "";
+  if (!init.empty()) {
+    auto [decoder, tokenizer] = init_model(options, init);
+    loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
+    auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
+    loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), std::move(decoder),
+                                                             std::move(tokenizer));
+    loaded.language = true;
+    return loaded;
+  }
   if (nn::is_decoder_model(options.model)) {
     const nn::DecoderConfig decoder = nn::parse_decoder_config(options.model);
     if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
@@ -81,13 +110,14 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
   command.add_option("--data", options.data,
                      "mlp: directory of the four IDX files (default Fashion-MNIST); gpt: a UTF-8 "
                      "text file or directory of them (default Debian's fortunes)");
-  command.add_option("--model", options.model,
-                     "mlp:H1,H2,... hidden sizes (default mlp:1024,1024); gpt / "
-                     "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default " +
-                         nn::gpt_config_text(nn::GptConfig{}) +
-                         "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
-                         "rope_theta=R,norm_eps=E,qk_norm=0|1,tie=0|1 (default " +
-                         nn::llama_config_text(nn::LlamaConfig{}) + ")");
+  options.model_option = command.add_option(
+      "--model", options.model,
+      "mlp:H1,H2,... hidden sizes (default mlp:1024,1024); gpt / "
+      "gpt:layers=L,heads=H,dim=D,context=T (any of the keys; default " +
+          nn::gpt_config_text(nn::GptConfig{}) +
+          "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
+          "rope_theta=R,norm_eps=E,qk_norm=0|1,tie=0|1 (default " +
+          nn::llama_config_text(nn::LlamaConfig{}) + ")");
   command.add_option("--tokenizer", options.tokenizer,
                      "gpt/llama: a byte-level BPE tokenizer.json (`meshtensor tokenizer train`); "
                      "the model's vocabulary is its (default: bytes, 256 tokens)");

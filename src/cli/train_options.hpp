@@ -23,6 +23,7 @@ struct TrainOptions {
   std::string data;       // empty: the model's default data
   std::string tokenizer;  // a tokenizer.json; empty: bytes
   std::string model = "mlp:1024,1024";
+  CLI::Option* model_option = nullptr;
   std::string activation = "relu";
   CLI::Option* activation_option = nullptr;
   bool layernorm = false;
@@ -52,6 +53,9 @@ struct LoadedTask {
 
 /// The settings `options` give (a benchmark's defaults included).
 train::TrainSettings train_settings(const TrainOptions& options);
+
+/// Whether `options` train a language model (a decoder --model, or an --init).
+bool trains_language(const TrainOptions& options);
 
 /// The TrainConfig of `options`; ParseError naming the first bad option.
 train::TrainConfig parse_config(const TrainOptions& options);

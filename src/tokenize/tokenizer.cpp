@@ -191,6 +191,12 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
       throw DataError(fmt::format("{}: id {} names no token (ids must be 0 to {} without gaps)",
                                   source, id, t.tokens_.size() - 1));
   }
+  // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
+  bool bytes = t.merges_.empty() && t.added_.empty() && !t.pattern_ && !t.add_prefix_space_ &&
+               t.vocabulary() == 256;
+  for (int byte = 0; bytes && byte < 256; ++byte)
+    bytes = t.byte_ids_[byte] == byte;
+  if (bytes) return Tokenizer::bytes();
   return t;
 }
 

@@ -72,6 +72,9 @@ constexpr std::array kFields = {
     SettingField{"keep_checkpoints",
                  "keep only the newest N checkpoints under `save` (default: all)"},
     SettingField{"resume", "resume from this checkpoint (or root with LATEST), on any layout"},
+    SettingField{"init",
+                 "a language model: start from the weights of this checkpoint or Hugging Face "
+                 "folder (hf:DIR); its model and tokenizer are the run's"},
     SettingField{"stop_after", "stop after N epochs (N steps with `steps`), as a preemption would"},
     SettingField{"sample", "a language model: write a sample of text at the end (default true)",
                  true},
@@ -211,6 +214,7 @@ void TrainSettings::parse_sharding(TrainConfig& config) const {
 void TrainSettings::parse_checkpoints(TrainConfig& config) const {
   config.save_dir = text("save", "");
   config.resume_dir = text("resume", "");
+  config.init_dir = text("init", "");
   config.save_every = integer("save_every", "0", 0, kMaxCount);
   config.keep_checkpoints = static_cast<int>(integer("keep_checkpoints", "0", 0, 1 << 20));
   if (config.save_dir.empty() && (config.save_every > 0 || config.keep_checkpoints > 0))
@@ -262,6 +266,7 @@ nlohmann::json settings_json(const TrainConfig& c) {
       {"save_every", c.save_every},
       {"keep_checkpoints", c.keep_checkpoints},
       {"resume", c.resume_dir},
+      {"init", c.init_dir},
       {"stop_after", c.stop_after},
       {"stop_after_epochs", c.stop_after_epochs},
       {"eval_every", c.eval_every},

@@ -17,6 +17,7 @@
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/generate/generator.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
@@ -239,6 +240,7 @@ class TrainingRun {
  private:
   void build_model();
   void resume();
+  void load_init();
   void save_checkpoint();
   std::vector<checkpoint::SaveItem> training_state();
   std::int64_t& scalar(std::size_t i) { return scalars_[i].values<std::int64_t>()[0]; }
@@ -406,6 +408,30 @@ std::vector<checkpoint::SaveItem> TrainingRun::training_state() {
   for (std::size_t i = 0; i < std::size(kTrainStateTensors); ++i)
     items.push_back({kTrainStateTensors[i], Shape{}, {}, scalars_[i], leader_});
   return items;
+}
+
+void TrainingRun::load_init() {
+  // World rank 0 reads what the init holds; every rank checks it is this run's model.
+  std::string architecture;
+  std::exception_ptr failure;
+  if (leader_) {
+    try {
+      architecture =
+          nn::decoder_architecture_text(generate::model_architecture(config_.init_dir),
+                                        generate::model_tokenizer(config_.init_dir)->name());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  comm::throw_if_any_failed(world_, failure);
+  architecture = comm::broadcast_text(world_, architecture, 0);
+  if (architecture != task_.architecture()) {
+    throw InvalidArgument(fmt::format("init {} holds the model '{}', but this run trains '{}'",
+                                      config_.init_dir, architecture, task_.architecture()));
+  }
+  const std::vector<checkpoint::SaveItem> items = model_state(model_->sharded(), nullptr, leader_);
+  restore_model_state(items, generate::load_blocks(world_, config_.init_dir, load_requests(items)),
+                      nullptr);
 }
 
 void TrainingRun::resume() {
@@ -652,7 +678,11 @@ void TrainingRun::finish() {
 
 TrainResult TrainingRun::run() {
   build_model();
-  if (!config_.resume_dir.empty()) resume();
+  if (!config_.resume_dir.empty()) {
+    resume();
+  } else if (!config_.init_dir.empty()) {
+    load_init();
+  }
   last_step_ = total_steps_;
   if (config_.stop_after > 0) last_step_ = std::min(last_step_, config_.stop_after);
   if (config_.stop_after_epochs > 0)

@@ -31,7 +31,8 @@ class Tokenizer {
   /// Parses the text of a `tokenizer.json` (`source` names it in errors). DataError naming the
   /// part: a model that is not BPE, a pre-tokenizer or normalizer that is not byte-level, a
   /// merge of tokens the vocabulary lacks (or whose result it lacks), ids repeated or negative,
-  /// a byte symbol missing from the vocabulary.
+  /// a byte symbol missing from the vocabulary. A file of the 256 byte symbols in byte order with
+  /// no merges, no added tokens and no split is the byte tokenizer (bytes()).
   static Tokenizer from_json(std::string_view text, const std::string& source);
   /// Reads and parses the `tokenizer.json` file `path` (a regular file of at most 256 MiB).
   static Tokenizer load(const std::string& path);

@@ -91,6 +91,10 @@ struct TrainConfig {
   /// Checkpoint (or root with LATEST) to resume from ("": start afresh). The run goes on from
   /// the saved step up to `steps` / `epochs` in total, on this config's strategy and ranks.
   std::string resume_dir;
+  /// The model weights to start from (a checkpoint, a root with LATEST, or a Hugging Face folder
+  /// "hf:DIR"; "": the seed's); a resume, which holds its own, goes without them. Its model and
+  /// tokenizer must be the task's.
+  std::string init_dir;
   /// Stop once this many steps are done in total (0: run to the end), as a preempted job would:
   /// the schedule still spans the whole run, so a resume continues it unchanged.
   std::int64_t stop_after = 0;
