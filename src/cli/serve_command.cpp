@@ -120,8 +120,7 @@ void run_serve(const ServeCliOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
   // The checkpoint and the layout are checked before any rank starts.
-  const nn::DecoderConfig model =
-      generate::checked_architecture(checkpoint::read_index(base.checkpoint), base.checkpoint);
+  const nn::DecoderConfig model = generate::model_architecture(base.checkpoint);
   if (given > 1) tp::check_decoder_degree(model, given);
   // The default id names the model's family: meshtensor-gpt, meshtensor-llama.
   if (!options.settings.given("model_name"))

@@ -9,6 +9,11 @@
 #             tokenizer (or bytes) is refused by name; a tp 2 checkpoint resumes on fsdp 2 to the
 #             uninterrupted bits; a tampered tokenizer or one the architecture does not name is
 #             refused by generate and verify
+#   hf        checkpoint export --format hf of a tied GPT on BPE tokens: its files, bf16 shards
+#             with an index; export of the export is the same bytes; train --init hf:DIR on tp 2
+#             and on 1 rank give one digest; serve and rl take hf:DIR; an untied GPT, a bad
+#             --shard-size and hostile folders (no config, a FIFO tokenizer, a shard outside the
+#             folder, another vocabulary) are refused by name
 #   generate  prompts are encoded and completions decoded by the checkpoint's tokenizer; tp 2
 #             gives the 1-rank tokens; the trainer scores the generator's tokens exactly; rl
 #             runs on the checkpoint's tokens with parity
@@ -169,6 +174,54 @@ final = lines[-1]
 assert final["parity"]["identical"] == final["parity"]["tokens"] > 0, final["parity"]' <<<"$out" ||
     fail "rl on BPE tokens: $(tail -c 600 <<<"$out")"
   echo "ok: rl on the checkpoint's tokens keeps parity"
+  ;;
+hf)
+  tied=gpt:layers=2,heads=2,dim=32,context=32,tie=1
+  "$bin" "${run[@]}" --model "$tied" --ranks 1 --save "$dir/ck" >/dev/null
+  "$bin" checkpoint export --format hf "$dir/ck" "$dir/hf" | grep -q "as GPT2LMHeadModel" ||
+    fail "no GPT2LMHeadModel export"
+  for file in config.json generation_config.json tokenizer.json model.safetensors; do
+    [ -s "$dir/hf/$file" ] || fail "the export has no $file"
+  done
+  cmp -s "$dir/hf/tokenizer.json" <("$bin" checkpoint inspect "$dir/ck" --json |
+    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["tokenizer"])') ||
+    fail "the exported tokenizer.json is not the checkpoint's"
+  "$bin" checkpoint export --format hf "$dir/ck" "$dir/bf16" --dtype bf16 --shard-size 40KB >/dev/null
+  [ -s "$dir/bf16/model.safetensors.index.json" ] && [ ! -e "$dir/bf16/model.safetensors" ] ||
+    fail "a 40KB shard size wrote no shards"
+  "$bin" checkpoint export --format hf "hf:$dir/bf16" "$dir/again" --dtype bf16 --shard-size 40KB >/dev/null
+  diff -r "$dir/bf16" "$dir/again" >/dev/null || fail "exporting the export changed its bytes"
+  echo "ok: files, bf16 shards with an index, export of the export byte for byte"
+  one=$(digests "$bin" train --init "hf:$dir/hf" --mode exact --batch 12 --seed 4 --steps 3 --ranks 1)
+  two=$(digests "$bin" train --init "hf:$dir/hf" --mode exact --batch 12 --seed 4 --steps 3 --mesh 2 --names tp)
+  same "$one" "$two" "train --init hf:DIR on tp 2"
+  ck=$(digests "$bin" train --init "$dir/ck" --mode exact --batch 12 --seed 4 --steps 3 --ranks 1)
+  same "$one" "$ck" "train --init from the checkpoint the folder came from"
+  expect 2 "brings its own model and tokenizer" "$bin" train --init "hf:$dir/hf" --model "$gpt" --steps 1
+  "$bin" rl --init "hf:$dir/hf" --steps 1 --prompts 2 --samples 2 --new-tokens 4 | grep -q "parity: .* with the trainer's" ||
+    fail "rl --init hf:DIR"
+  echo "ok: rl starts from hf:DIR"
+  expect 2 "train the GPT with tie=1 to export it" \
+    "$bin" checkpoint export --format hf "$(mkdir -p "$dir/u" && "$bin" "${run[@]}" --model "$gpt" --ranks 1 --save "$dir/u/ck" >/dev/null && echo "$dir/u/ck")" "$dir/untied"
+  [ ! -e "$dir/untied" ] || fail "a refused export wrote its folder"
+  expect 2 "--shard-size '2XB' is not a size" \
+    "$bin" checkpoint export --format hf "$dir/ck" "$dir/x" --shard-size 2XB
+  expect 2 "--format 'onnx': the one export format is hf" \
+    "$bin" checkpoint export --format onnx "$dir/ck" "$dir/x"
+  cp -r "$dir/hf" "$dir/bad"
+  rm "$dir/bad/config.json"
+  expect 2 "config.json: cannot" "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
+  cp "$dir/hf/config.json" "$dir/bad/"
+  rm "$dir/bad/tokenizer.json" && mkfifo "$dir/bad/tokenizer.json"
+  expect 2 "not a regular file (it is a FIFO)" "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
+  rm "$dir/bad/tokenizer.json" && cp "$dir/tok.json" "$dir/bad/tokenizer.json"
+  printf '{"weight_map": {"transformer.wte.weight": "../../etc/passwd"}}' \
+    >"$dir/bad/model.safetensors.index.json"
+  expect 2 "not a .safetensors file of the folder" "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
+  rm "$dir/bad/model.safetensors.index.json"
+  "$bin" tokenizer train --vocab 300 --out "$dir/bad/tokenizer.json" >/dev/null
+  expect 2 "vocab_size 512 is not the 300 tokens of its tokenizer.json" \
+    "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
   ;;
 *)
   fail "unknown case $case_name"
