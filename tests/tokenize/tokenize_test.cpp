@@ -85,6 +85,21 @@ TEST(Tokenizer, MergesByRankAndRefusesBrokenFiles) {
   EXPECT_THROW(Tokenizer::from_json(small_tokenizer({"a zz"}), "bad"), DataError);
 }
 
+TEST(Tokenizer, CyclicMergesEndAndTheBytesComeBack) {
+  // "ab c" ranks before the "a b" that makes "ab", and "abc" is also reached as "a bc" through a
+  // merge of its own result's parts: ranks only order the merges, so encoding ends.
+  nlohmann::json doc = nlohmann::json::parse(small_tokenizer({{"ab", "c"}, "a b", "abc abc"}));
+  doc["model"]["vocab"]["abcabc"] = 258;
+  doc["added_tokens"][0]["id"] = 259;
+  const Tokenizer t = Tokenizer::from_json(doc.dump(), "cyclic");
+  const std::string text = "abcabcabcab ab c";
+  const std::vector<std::int64_t> ids = t.encode(text);
+  EXPECT_EQ(t.decode(ids), text);
+  EXPECT_EQ(ids.front(), 258);  // "abcabc" after "ab", then "abc"
+  // A merge of a token with itself whose result names a token already merged.
+  EXPECT_EQ(t.encode("abcabc"), (std::vector<std::int64_t>{258}));
+}
+
 namespace trainer_check {
 
 /// The merges a plain BPE trainer learns: recount every pair of every piece at each step.
