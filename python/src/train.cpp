@@ -7,6 +7,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/nn/mlp.hpp>
@@ -95,6 +96,32 @@ train::ImageSet first_images(const train::ImageSet& set, std::int64_t count) {
   return result;
 }
 
+/// A language task: the decoder `model` on the tokens of `tokenizer_path` (bytes when empty), or
+/// the model and tokenizer of the `init` keyword (which `model` and `tokenizer` must leave alone).
+std::unique_ptr<train::Task> language_task(std::shared_ptr<const train::TextCorpus> corpus,
+                                           const py::kwargs& kwargs, const std::string& model,
+                                           const std::string& tokenizer_path) {
+  if (kwargs.contains("init") && !kwargs["init"].is_none()) {
+    const std::string init = py::str(kwargs["init"]).cast<std::string>();
+    if (kwargs.contains("model") || kwargs.contains("tokenizer")) {
+      throw InvalidArgument(fmt::format(
+          "train: init='{}' brings its own model and tokenizer; model= and tokenizer= do not apply",
+          init));
+    }
+    return std::make_unique<train::LanguageModelling>(
+        std::move(corpus), generate::model_architecture(init), generate::model_tokenizer(init));
+  }
+  nn::DecoderConfig decoder = nn::parse_decoder_config(model);
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+  if (!tokenizer_path.empty()) {
+    tokenizer =
+        std::make_shared<const tokenize::Tokenizer>(tokenize::Tokenizer::load(tokenizer_path));
+    decoder = nn::with_vocabulary(decoder, tokenizer->vocabulary());
+  }
+  return std::make_unique<train::LanguageModelling>(std::move(corpus), std::move(decoder),
+                                                    std::move(tokenizer));
+}
+
 /// The task train() runs: the model keyword (an MLP for images, "gpt..." for text; default by
 /// the data) and the data.
 std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& kwargs) {
@@ -105,6 +132,7 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
         describe_value(data)));
   }
   std::string model = text ? "gpt" : "mlp:1024,1024";
+  std::string tokenizer_path;
   nn::MlpConfig mlp;
   bool mlp_keys = false;
   for (const auto& [key, value] : kwargs) {
@@ -112,6 +140,8 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
     const std::string argument = fmt::format("train() argument '{}'", name);
     if (name == "model") {
       model = py::str(value).cast<std::string>();
+    } else if (name == "tokenizer") {
+      tokenizer_path = py::str(value).cast<std::string>();
     } else if (name == "hidden") {
       mlp.hidden = cast_argument<std::vector<std::int64_t>>(value, argument);
       mlp_keys = true;
@@ -131,9 +161,11 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
   }
   if (gpt) {
     if (mlp_keys) throw InvalidArgument("train: hidden, activation and layernorm shape an MLP");
-    return std::make_unique<train::LanguageModelling>(data.cast<const PyText&>().corpus,
-                                                      nn::parse_decoder_config(model));
+    return language_task(data.cast<const PyText&>().corpus, kwargs, model, tokenizer_path);
   }
+  if (!tokenizer_path.empty())
+    throw InvalidArgument(
+        fmt::format("train: tokenizer= tokenizes text; model '{}' reads images", model));
   if (kwargs.contains("model") && kwargs.contains("hidden")) {
     throw InvalidArgument(
         fmt::format("train: model='{}' and hidden={} both give the hidden layers; give one of them",
@@ -146,7 +178,7 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
 /// The keywords of train() that are neither a training setting nor read by task_for.
 bool python_only_keyword(const std::string& name) {
   return name == "model" || name == "hidden" || name == "activation" || name == "layernorm" ||
-         name == "on_epoch";
+         name == "on_epoch" || name == "tokenizer";
 }
 
 /// The training settings train()'s keyword arguments give (train::TrainSettings reads them

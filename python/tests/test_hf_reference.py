@@ -319,3 +319,25 @@ def test_broken_folders_are_refused_by_name(cli, tokenizer, tmp_path):
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text +
                                                bytes(blob[8 + size:]))
     refused("is not a valid safetensors file")
+
+
+def test_python_trains_on_bpe_tokens_and_from_a_folder(cli, tokenizer, tmp_path):
+    import meshtensor as mt
+
+    model = "gpt:layers=1,heads=2,dim=16,context=16,tie=1"
+    save, folder = str(tmp_path / "ckpt"), str(tmp_path / "hf")
+    text = mt.load_text(FORTUNES)
+    ours = mt.run_threads(1, lambda world: mt.train(text, model=model, tokenizer=tokenizer,
+                                                    steps=3, mode="exact", save=save))[0]
+    line = cli("train", "--model", model, "--tokenizer", tokenizer, "--steps", 3, "--mode",
+               "exact", "--ranks", 1, "--json").strip().splitlines()[-1]
+    assert ours["digest"] == json.loads(line)["digest"]
+    assert ours["validation_bits_per_byte"] == json.loads(line)["validation_bits_per_byte"]
+    cli("checkpoint", "export", "--format", "hf", save, folder)
+    tp = mt.run_threads(2, lambda world: mt.train(text, init="hf:" + folder, steps=3, mode="exact",
+                                                  mesh=(2,), names=("tp",)))[0]
+    line = cli("train", "--init", "hf:" + folder, "--steps", 3, "--mode", "exact", "--ranks", 1,
+               "--json").strip().splitlines()[-1]
+    assert tp["digest"] == json.loads(line)["digest"]
+    with pytest.raises(mt.InvalidArgument, match="brings its own model and tokenizer"):
+        mt.run_threads(1, lambda world: mt.train(text, init=save, model=model, steps=1))
