@@ -156,21 +156,33 @@ Shape hf_shape(const nn::DecoderConfig& config, const Link& link, const Shape& o
   return link.transposed ? Shape{columns, ours[0]} : Shape{ours[0], columns};
 }
 
-Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ours) {
-  const Tensor source = ours.contiguous();
-  const Shape shape = hf_shape(config, link, source.shape());
-  Tensor out(shape, DType::f32);
-  const auto from = source.values<float>();
-  auto to = out.values<float>();
-  const std::int64_t count = source.shape().dims().back();
-  const std::int64_t rows = source.shape().rank() == 2 ? source.shape()[0] : 1;
-  const std::int64_t width = shape.dims().back();
+namespace {
+
+/// Calls pair(i, j) for every element i of a parameter of shape `ours` that `link` takes, with
+/// its place j in the Hugging Face tensor of shape `hf` (flat row-major indices both).
+template <typename Pair>
+void for_each_element(const nn::DecoderConfig& config, const Link& link, const Shape& ours,
+                      const Shape& hf, Pair pair) {
+  const std::int64_t count = ours.dims().back();
+  const std::int64_t rows = ours.rank() == 2 ? ours[0] : 1;
+  const std::int64_t width = hf.dims().back();
   for_each_column(config, link, count, [&](std::int64_t c, std::int64_t index) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t at = link.transposed ? index * rows + r : r * width + index;
-      to[static_cast<std::size_t>(at)] = from[static_cast<std::size_t>(r * count + c)];
+      pair(static_cast<std::size_t>(r * count + c), static_cast<std::size_t>(at));
     }
   });
+}
+
+}  // namespace
+
+Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ours) {
+  const Tensor source = ours.contiguous();
+  Tensor out(hf_shape(config, link, source.shape()), DType::f32);
+  const auto from = source.values<float>();
+  auto to = out.values<float>();
+  for_each_element(config, link, source.shape(), out.shape(),
+                   [&](std::size_t i, std::size_t j) { to[j] = from[i]; });
   return out;
 }
 
@@ -182,15 +194,8 @@ void from_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& hf
   }
   const auto from = hf.values<float>();
   auto to = ours.values<float>();
-  const std::int64_t count = ours.shape().dims().back();
-  const std::int64_t rows = ours.shape().rank() == 2 ? ours.shape()[0] : 1;
-  const std::int64_t width = expected.dims().back();
-  for_each_column(config, link, count, [&](std::int64_t c, std::int64_t index) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t at = link.transposed ? index * rows + r : r * width + index;
-      to[static_cast<std::size_t>(r * count + c)] = from[static_cast<std::size_t>(at)];
-    }
-  });
+  for_each_element(config, link, ours.shape(), expected,
+                   [&](std::size_t i, std::size_t j) { to[i] = from[j]; });
 }
 
 }  // namespace meshtensor::hf

@@ -29,13 +29,6 @@ gpt=gpt:layers=2,heads=2,dim=32,context=32
 base=(train --tokenizer "$dir/tok.json" --mode exact --batch 12 --seed 4)
 run=("${base[@]}" --steps 3)
 
-# digests COMMAND...: the "weights logits" digests a run prints.
-digests() {
-  local out
-  out=$("$@")
-  echo "$(field "weights digest" <<<"$out") $(field "logits digest" <<<"$out")"
-}
-
 case $case_name in
 trainer)
   grep -q "trained 512 tokens (255 merges, 1 special)" "$dir/trained" || fail "$(cat "$dir/trained")"

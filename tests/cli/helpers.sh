@@ -26,6 +26,13 @@ expect() {
 # field NAME: the first hex value after "NAME " in standard input ("weights digest", "OK", ...).
 field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" | head -1; }
 
+# digests COMMAND...: the "weights logits" digests a run prints.
+digests() {
+  local out
+  out=$("$@")
+  echo "$(field "weights digest" <<<"$out") $(field "logits digest" <<<"$out")"
+}
+
 # same EXPECTED GOT WHAT: fails the test unless GOT is EXPECTED (and not empty).
 same() {
   if [ -z "$2" ] || [ "$1" != "$2" ]; then

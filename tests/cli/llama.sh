@@ -25,13 +25,6 @@ trap 'rm -rf "$dir"' EXIT
 model=llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=24
 run=(train --mode exact --model "$model" --batch 12 --steps 3 --seed 4)
 
-# digests COMMAND...: the "weights logits" digests a run prints.
-digests() {
-  local out
-  out=$("$@")
-  echo "$(field "weights digest" <<<"$out") $(field "logits digest" <<<"$out")"
-}
-
 # same_over_layouts REFERENCE LAYOUT...: each layout ("shape names extra...") gives REFERENCE.
 same_over_layouts() {
   local reference=$1
