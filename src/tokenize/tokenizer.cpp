@@ -157,18 +157,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
   }
   for (const Json& merge : model["merges"]) {
     const auto [left, right] = merge_parts(merge, source);
-    const auto l = t.ids_.find(left);
-    const auto r = t.ids_.find(right);
-    const auto m = t.ids_.find(left + right);
-    if (l == t.ids_.end() || r == t.ids_.end() || m == t.ids_.end()) {
-      throw DataError(
-          fmt::format("{}: merge '{} {}' names a token the vocabulary lacks", source, left, right));
-    }
-    const auto rank = static_cast<std::int64_t>(t.merges_.size());
-    if (t.merge_rank_.emplace(pair_key(l->second, r->second), rank).second) {
-      t.merges_.emplace_back(l->second, r->second);
-      t.merged_.push_back(m->second);
-    }
+    t.add_merge(left, right, source);
   }
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
     for (const Json& added : doc["added_tokens"]) {
@@ -192,12 +181,32 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
                                   source, id, t.tokens_.size() - 1));
   }
   // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
-  bool bytes = t.merges_.empty() && t.added_.empty() && !t.pattern_ && !t.add_prefix_space_ &&
-               t.vocabulary() == 256;
-  for (int byte = 0; bytes && byte < 256; ++byte)
-    bytes = t.byte_ids_[byte] == byte;
-  if (bytes) return Tokenizer::bytes();
+  if (t.has_byte_layout()) return Tokenizer::bytes();
   return t;
+}
+
+void Tokenizer::add_merge(const std::string& left, const std::string& right,
+                          const std::string& source) {
+  const auto l = ids_.find(left);
+  const auto r = ids_.find(right);
+  const auto m = ids_.find(left + right);
+  if (l == ids_.end() || r == ids_.end() || m == ids_.end()) {
+    throw DataError(
+        fmt::format("{}: merge '{} {}' names a token the vocabulary lacks", source, left, right));
+  }
+  const auto rank = static_cast<std::int64_t>(merges_.size());
+  if (merge_rank_.emplace(pair_key(l->second, r->second), rank).second) {
+    merges_.emplace_back(l->second, r->second);
+    merged_.push_back(m->second);
+  }
+}
+
+bool Tokenizer::has_byte_layout() const {
+  bool bytes =
+      merges_.empty() && added_.empty() && !pattern_ && !add_prefix_space_ && vocabulary() == 256;
+  for (int byte = 0; bytes && byte < 256; ++byte)
+    bytes = byte_ids_[byte] == byte;
+  return bytes;
 }
 
 void Tokenizer::encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const {

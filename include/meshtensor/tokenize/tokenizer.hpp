@@ -70,6 +70,11 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  /// Adds the merge of the tokens `left` and `right` at the next rank (a repeated pair keeps its
+  /// first rank); DataError naming it when the vocabulary lacks either or their concatenation.
+  void add_merge(const std::string& left, const std::string& right, const std::string& source);
+  /// The 256 byte symbols in byte order and nothing else: the byte tokenizer's file.
+  bool has_byte_layout() const;
   /// The ids of one pre-tokenized piece.
   void encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const;
   /// The ids of pieces seen before in one encode() call.
