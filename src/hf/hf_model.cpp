@@ -194,20 +194,28 @@ std::map<std::string, std::string> weight_files(const fs::path& directory) {
   return files;
 }
 
-/// Reads `entry` of `file` as f32.
-Tensor read_tensor(const StoredTensor& stored) {
+/// Values a row of `entry` holds (1 for a 1-D tensor).
+std::int64_t row_width(const checkpoint::SafetensorsEntry& entry) {
+  return entry.shape.rank() == 2 ? entry.shape[1] : 1;
+}
+
+/// Reads rows [first, end) of `stored` (elements of a 1-D tensor) as flat f32: only their bytes.
+Tensor read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t end) {
   std::ifstream in(stored.file, std::ios::binary);
   const auto& entry = stored.entry;
-  Tensor raw = Tensor::uninitialized(entry.shape, entry.dtype);
-  in.seekg(stored.data_start + entry.begin);
+  const std::int64_t width = row_width(entry);
+  const auto size = static_cast<std::int64_t>(dtype_size(entry.dtype));
+  Tensor raw = Tensor::uninitialized(Shape{(end - first) * width}, entry.dtype);
+  const std::int64_t begin = entry.begin + first * width * size;
+  in.seekg(stored.data_start + begin);
   in.read(reinterpret_cast<char*>(raw.bytes().data()),
-          static_cast<std::streamsize>(entry.end - entry.begin));
+          static_cast<std::streamsize>((end - first) * width * size));
   if (!in) {
     throw DataError(fmt::format("{}: cannot read tensor '{}' (bytes {} to {})", stored.file,
-                                entry.name, entry.begin, entry.end));
+                                entry.name, begin, begin + (end - first) * width * size));
   }
   if (entry.dtype == DType::f32) return raw;
-  Tensor out(entry.shape, DType::f32);
+  Tensor out(raw.shape(), DType::f32);
   auto to = out.values<float>();
   if (entry.dtype == DType::bf16) {
     const auto from = raw.values<BFloat16>();
@@ -396,22 +404,27 @@ std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadR
   std::vector<Tensor> out;
   for (const checkpoint::LoadRequest& request : requests) {
     const std::string name = request.name.rfind("model.", 0) == 0 ? request.name.substr(6) : "";
-    Tensor whole(request.global_shape, DType::f32);
-    bool found = false;
+    const bool known = request.dtype == DType::f32 && !name.empty() &&
+                       std::any_of(links.begin(), links.end(),
+                                   [&](const Link& link) { return link.ours == name; });
+    if (!known || parameter_shape(folder.config, name) != request.global_shape) {
+      throw DataError(fmt::format("{}: '{}' ({} {}) is not a parameter of its model",
+                                  folder.directory, request.name, dtype_name(request.dtype),
+                                  request.global_shape.to_string()));
+    }
+    const Block block{request.global_shape, request.offset, request.shape};
+    Tensor values(request.shape, DType::f32);
     for (const Link& link : links) {
       if (link.ours != name) continue;
-      found = true;
-      from_hf(folder.config, link, read_tensor(folder.tensors.at(link.hf)), whole);
+      // Only the rows of the Hugging Face tensor this block reads are read.
+      const auto [first, end] = rows_read(folder.config, link, block);
+      if (first == end) continue;
+      const StoredTensor& stored = folder.tensors.at(link.hf);
+      const Tensor rows = read_rows(stored, first, end);
+      block_from_rows(folder.config, link, block, rows.values<float>(), first,
+                      row_width(stored.entry), values);
     }
-    if (!found || request.dtype != DType::f32) {
-      throw DataError(fmt::format("{}: '{}' ({}) is not a parameter of its model", folder.directory,
-                                  request.name, dtype_name(request.dtype)));
-    }
-    Tensor block = whole;
-    for (std::size_t d = 0; d < request.offset.size(); ++d)
-      block =
-          block.narrow(static_cast<int>(d), request.offset[d], request.shape[static_cast<int>(d)]);
-    out.push_back(block.contiguous().clone());
+    out.push_back(std::move(values));
   }
   return out;
 }

@@ -1,5 +1,7 @@
 #include "tensor_map.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -186,16 +188,56 @@ Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ou
   return out;
 }
 
-void from_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& hf, Tensor& ours) {
-  const Shape expected = hf_shape(config, link, ours.shape());
-  if (hf.shape() != expected) {
-    throw DataError(fmt::format("{} has shape {}, but {} needs {}", link.hf, hf.shape().to_string(),
-                                link.ours, expected.to_string()));
+namespace {
+
+/// Calls visit(i, row, column) for every element of `block` that `link` holds: its flat index
+/// in the block and its place in the Hugging Face tensor (a 1-D tensor's elements are rows).
+template <typename Visit>
+void for_each_block_element(const nn::DecoderConfig& config, const Link& link, const Block& block,
+                            Visit visit) {
+  const bool matrix = block.ours.rank() == 2;
+  const int last = matrix ? 1 : 0;
+  const auto start = [&](int d) { return block.offset.empty() ? 0 : block.offset[d]; };
+  const std::int64_t rows = matrix ? block.extent[0] : 1;
+  const std::int64_t columns = block.extent[last];
+  for (std::int64_t j = 0; j < columns; ++j) {
+    const auto [part, index] = column_home(config, link.columns, start(last) + j);
+    if (part != link.part) continue;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const std::int64_t r = matrix ? start(0) + i : 0;
+      const std::size_t at = static_cast<std::size_t>(i * columns + j);
+      if (!matrix) {
+        visit(at, index, 0);
+      } else if (link.transposed) {
+        visit(at, index, r);
+      } else {
+        visit(at, r, index);
+      }
+    }
   }
-  const auto from = hf.values<float>();
-  auto to = ours.values<float>();
-  for_each_element(config, link, ours.shape(), expected,
-                   [&](std::size_t i, std::size_t j) { to[i] = from[j]; });
+}
+
+}  // namespace
+
+std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config, const Link& link,
+                                                const Block& block) {
+  std::int64_t first = std::numeric_limits<std::int64_t>::max();
+  std::int64_t end = 0;
+  for_each_block_element(config, link, block, [&](std::size_t, std::int64_t row, std::int64_t) {
+    first = std::min(first, row);
+    end = std::max(end, row + 1);
+  });
+  return first < end ? std::pair{first, end} : std::pair<std::int64_t, std::int64_t>{0, 0};
+}
+
+void block_from_rows(const nn::DecoderConfig& config, const Link& link, const Block& block,
+                     std::span<const float> rows, std::int64_t first, std::int64_t width,
+                     Tensor& out) {
+  auto to = out.values<float>();
+  for_each_block_element(config, link, block,
+                         [&](std::size_t at, std::int64_t row, std::int64_t column) {
+                           to[at] = rows[static_cast<std::size_t>((row - first) * width + column)];
+                         });
 }
 
 }  // namespace meshtensor::hf

@@ -3,7 +3,10 @@
 // How meshtensor's parameters become Hugging Face tensors and back: names, transposes, and the
 // columns of the fused projections.
 
+#include <cstdint>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/core/tensor.hpp>
@@ -42,8 +45,23 @@ Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ou
 /// The shape the Hugging Face tensor of `link` has for a parameter of shape `ours`.
 Shape hf_shape(const nn::DecoderConfig& config, const Link& link, const Shape& ours);
 
-/// Writes the Hugging Face tensor `hf` of `link` (f32) into its columns of the whole parameter
-/// `ours`.
-void from_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& hf, Tensor& ours);
+/// A block of a parameter of shape `ours`: its first element and its extent (empty offset: the
+/// origin).
+struct Block {
+  Shape ours;
+  std::vector<std::int64_t> offset;
+  Shape extent;
+};
+
+/// The rows [first, end) of the Hugging Face tensor of `link` that `block` reads (elements of a
+/// 1-D tensor); first == end when it reads none.
+std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config, const Link& link,
+                                                const Block& block);
+
+/// Writes into `out` (f32, the block's extent) the elements of `block` that `link` holds, from
+/// `rows`: rows [first, ...) of the Hugging Face tensor, flat f32 of `width` values a row.
+void block_from_rows(const nn::DecoderConfig& config, const Link& link, const Block& block,
+                     std::span<const float> rows, std::int64_t first, std::int64_t width,
+                     Tensor& out);
 
 }  // namespace meshtensor::hf

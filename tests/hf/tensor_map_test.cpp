@@ -15,24 +15,54 @@ std::vector<nn::DecoderConfig> configs() {
               "llama:layers=1,heads=4,kv_heads=1,dim=16,ffn=48,context=8,qk_norm=1,tie=1")};
 }
 
-TEST(HfTensorMap, EveryParameterHasItsShapeAndGoesThereAndBackBitForBit) {
+TEST(HfTensorMap, EveryParameterAndAnyColumnBlockOfItComeBackBitForBit) {
   for (const nn::DecoderConfig& config : configs()) {
     const std::unique_ptr<nn::Decoder> model = nn::make_decoder(nn::with_seed(config, 7));
     const std::vector<Link> links = links_of(config);
     for (nn::Parameter* p : model->parameters()) {
       SCOPED_TRACE(p->name);
       EXPECT_EQ(parameter_shape(config, p->name), p->value.shape());
-      Tensor back(p->value.shape(), DType::f32);
+      const Shape shape = p->value.shape();
+      // The whole parameter, and the block of the last rank of 2 that splits its last dim (a
+      // column-parallel split), read from the Hugging Face tensors.
+      const std::int64_t columns = shape.dims().back();
+      Shape half_extent = shape;
+      std::vector<std::int64_t> half_offset(static_cast<std::size_t>(shape.rank()), 0);
+      if (shape.rank() == 2) {
+        half_extent = Shape{shape[0], columns - columns / 2};
+        half_offset[1] = columns / 2;
+      } else {
+        half_extent = Shape{columns - columns / 2};
+        half_offset[0] = columns / 2;
+      }
+      const Block whole{shape, {}, shape};
+      const Block half{shape, half_offset, half_extent};
+      Tensor back(shape, DType::f32);
+      Tensor back_half(half_extent, DType::f32);
       int used = 0;
       for (const Link& link : links) {
         if (link.ours != p->name) continue;
         ++used;
-        from_hf(config, link, to_hf(config, link, p->value), back);
+        const Tensor hf = to_hf(config, link, p->value);
+        const std::int64_t width = hf.shape().rank() == 2 ? hf.shape()[1] : 1;
+        EXPECT_EQ(rows_read(config, link, whole).second - rows_read(config, link, whole).first,
+                  hf.shape()[0]);
+        block_from_rows(config, link, whole, hf.values<float>(), 0, width, back);
+        const auto [first, end] = rows_read(config, link, half);
+        if (first == end) continue;
+        block_from_rows(config, link, half,
+                        hf.values<float>().subspan(static_cast<std::size_t>(first * width)), first,
+                        width, back_half);
       }
       EXPECT_GE(used, 1) << "no Hugging Face tensor holds it";
       const auto a = p->value.values<float>();
       const auto b = back.values<float>();
       EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
+      const Tensor expected =
+          p->value.narrow(shape.rank() - 1, columns / 2, columns - columns / 2).contiguous();
+      const auto c = expected.values<float>();
+      const auto d = back_half.values<float>();
+      EXPECT_TRUE(std::equal(c.begin(), c.end(), d.begin()));
     }
     // Each Hugging Face tensor comes from a parameter of the model.
     for (const Link& link : links) {

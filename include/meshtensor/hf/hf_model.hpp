@@ -67,9 +67,9 @@ struct Folder {
 Folder read_folder(const std::string& directory);
 
 /// The blocks `requests` name ("model.<parameter>" of the folder's decoder, as a checkpoint of
-/// meshtensor holds them), as f32: each rank reads the Hugging Face tensors its blocks come from,
-/// converts them and keeps its blocks. DataError naming a request that is not a parameter of the
-/// decoder or has another shape.
+/// meshtensor holds them), as f32: of each Hugging Face tensor a block comes from, only the span
+/// of rows the block touches is read and converted. DataError naming a request that is not a
+/// parameter of the decoder or has another shape.
 std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadRequest> requests);
 
 /// How export_folder writes.
