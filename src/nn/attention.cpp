@@ -128,13 +128,14 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   const std::int64_t head_dim = dim_ / heads_;
   const std::int64_t stride = qkv_values_.shape()[2];  // 3 * the local heads' dims
   const std::int64_t heads = stride / (3 * head_dim);
-  probabilities_ = Tensor::uninitialized(Shape{batch, heads, length, length}, DType::f32);
+  row_stats_ = Tensor::uninitialized(Shape{batch, heads, length, 2}, DType::f32);
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * head_dim}, DType::f32);
   std::vector<float> keys_t(static_cast<std::size_t>(head_dim * length));
   std::vector<float> values(static_cast<std::size_t>(length * head_dim));
+  std::vector<float> probabilities(static_cast<std::size_t>(length));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* qkv = qkv_values_.values<float>().data();
-  float* probabilities = probabilities_.values<float>().data();
+  auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
   float* out = attended.values<float>().data();
   for (std::int64_t b = 0; b < batch; ++b) {
     const float* sequence = qkv + b * length * stride;
@@ -143,11 +144,11 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
       copy_block(sequence, stride, query + head_dim, length, head_dim, true, keys_t.data());
       copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, false, values.data());
       const kernels::HeadCache cache{keys_t.data(), values.data(), length, head_dim};
-      float* head_probabilities = probabilities + (b * heads + h) * length * length;
+      kernels::RowStats* head_stats = stats + (b * heads + h) * length;
       for (std::int64_t i = 0; i < length; ++i) {
-        kernels::attention_row(sequence + i * stride + query, cache, i + 1, scale,
-                               head_probabilities + i * length,
-                               out + (b * length + i) * heads * head_dim + h * head_dim);
+        kernels::attention_row(
+            sequence + i * stride + query, cache, i + 1, scale, probabilities.data(),
+            out + (b * length + i) * heads * head_dim + h * head_dim, head_stats + i);
       }
     }
   }
@@ -165,7 +166,7 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
   const std::int64_t heads = stride / (3 * head_dim);
   const std::int64_t attended_width = heads * head_dim;
   const std::size_t block = static_cast<std::size_t>(length * head_dim);
-  std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
+  std::vector<float> queries(block), keys(block), keys_t(block), values_t(block), grad_out(block);
   std::vector<float> grad_q(block), grad_k(block), grad_v(block);
   Tensor grad_qkv = Tensor::uninitialized(qkv_values_.shape(), DType::f32);
   const float* qkv = qkv_values_.values<float>().data();
@@ -179,14 +180,17 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
       const std::int64_t query = h * 3 * head_dim;
       copy_block(sequence, stride, query, length, head_dim, false, queries.data());
       copy_block(sequence, stride, query + head_dim, length, head_dim, false, keys.data());
+      copy_block(sequence, stride, query + head_dim, length, head_dim, true, keys_t.data());
       copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, true, values_t.data());
       copy_block(d_attended + b * length * attended_width, attended_width, h * head_dim, length,
                  head_dim, false, grad_out.data());
       kernels::HeadGradientInputs in;
       in.queries = queries.data();
       in.keys = keys.data();
+      in.keys_t = keys_t.data();
       in.values_t = values_t.data();
-      in.probabilities = probabilities_.values<float>().data() + (b * heads + h) * length * length;
+      in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                 (b * heads + h) * length;
       in.grad_output = grad_out.data();
       in.length = length;
       in.head_dim = head_dim;
@@ -198,7 +202,7 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
     }
   }
   qkv_values_ = Tensor();
-  probabilities_ = Tensor();
+  row_stats_ = Tensor();
   return run_backward(qkv_, grad_qkv, sink, need_input_grad);
 }
 
@@ -214,13 +218,13 @@ void CausalSelfAttention::set_exact_blocks(bool on) {
 SavedState CausalSelfAttention::take_saved() {
   SavedState saved;
   saved.tensors.push_back(std::exchange(qkv_values_, Tensor()));
-  saved.tensors.push_back(std::exchange(probabilities_, Tensor()));
+  saved.tensors.push_back(std::exchange(row_stats_, Tensor()));
   return saved;
 }
 
 void CausalSelfAttention::restore_saved(SavedState saved) {
   qkv_values_ = std::move(saved.tensors.at(0));
-  probabilities_ = std::move(saved.tensors.at(1));
+  row_stats_ = std::move(saved.tensors.at(1));
 }
 
 }  // namespace meshtensor::nn

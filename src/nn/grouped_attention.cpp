@@ -150,13 +150,14 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
   const std::int64_t heads = groups * group;
-  probabilities_ = Tensor::uninitialized(Shape{batch, heads, length, length}, DType::f32);
+  row_stats_ = Tensor::uninitialized(Shape{batch, heads, length, 2}, DType::f32);
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * hd}, DType::f32);
   std::vector<float> keys_t(static_cast<std::size_t>(hd * length));
   std::vector<float> values(static_cast<std::size_t>(length * hd));
+  std::vector<float> probabilities(static_cast<std::size_t>(length));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* q = queries_.values<float>().data();
-  float* probabilities = probabilities_.values<float>().data();
+  auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
   float* out = attended.values<float>().data();
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t g = 0; g < groups; ++g) {
@@ -167,11 +168,11 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
                      length, hd, false, values.data());
       const kernels::HeadCache cache{keys_t.data(), values.data(), length, hd};
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-        float* head_probabilities = probabilities + (b * heads + h) * length * length;
+        kernels::RowStats* head_stats = stats + (b * heads + h) * length;
         for (std::int64_t i = 0; i < length; ++i) {
           kernels::attention_row(q + (first + i) * heads * hd + h * hd, cache, i + 1, scale,
-                                 head_probabilities + i * length,
-                                 out + (first + i) * heads * hd + h * hd);
+                                 probabilities.data(), out + (first + i) * heads * hd + h * hd,
+                                 head_stats + i);
         }
       }
     }
@@ -267,7 +268,7 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
   const std::int64_t groups = local_groups();
   const std::int64_t heads = groups * group;
   const auto block = static_cast<std::size_t>(length * hd);
-  std::vector<float> queries(block), keys(block), values_t(block), grad_out(block);
+  std::vector<float> queries(block), keys(block), keys_t(block), values_t(block), grad_out(block);
   std::vector<float> head_q(block), head_k(block), head_v(block);
   grad_q = Tensor::uninitialized(queries_.shape(), DType::f32);
   grad_k = Tensor::uninitialized(keys_.shape(), DType::f32);
@@ -278,6 +279,8 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
     for (std::int64_t g = 0; g < groups; ++g) {
       gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
                      length, hd, false, keys.data());
+      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                     length, hd, true, keys_t.data());
       gather_columns(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
                      length, hd, true, values_t.data());
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -288,9 +291,10 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
         kernels::HeadGradientInputs in;
         in.queries = queries.data();
         in.keys = keys.data();
+        in.keys_t = keys_t.data();
         in.values_t = values_t.data();
-        in.probabilities =
-            probabilities_.values<float>().data() + (b * heads + h) * length * length;
+        in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                   (b * heads + h) * length;
         in.grad_output = grad_out.data();
         in.length = length;
         in.head_dim = hd;
@@ -348,9 +352,9 @@ Tensor GroupedQueryAttention::merge_heads(Tensor& grad_q, Tensor& grad_k, const 
 
 Tensor GroupedQueryAttention::backward(const Tensor& grad_output, GradientSink& sink,
                                        bool need_input_grad) {
-  if (!probabilities_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
-  const std::int64_t batch = probabilities_.shape()[0];
-  const std::int64_t length = probabilities_.shape()[2];
+  if (!row_stats_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
+  const std::int64_t batch = row_stats_.shape()[0];
+  const std::int64_t length = row_stats_.shape()[2];
   const Tensor grad_attended = run_backward(projection_, grad_output, sink, true).contiguous();
   Tensor grad_q;
   Tensor grad_k;
@@ -360,13 +364,13 @@ Tensor GroupedQueryAttention::backward(const Tensor& grad_output, GradientSink& 
   queries_ = Tensor();
   keys_ = Tensor();
   values_ = Tensor();
-  probabilities_ = Tensor();
+  row_stats_ = Tensor();
   return run_backward(qkv_, grad_qkv, sink, need_input_grad);
 }
 
 SavedState GroupedQueryAttention::take_saved() {
   SavedState saved;
-  for (Tensor* kept : {&queries_, &keys_, &values_, &probabilities_})
+  for (Tensor* kept : {&queries_, &keys_, &values_, &row_stats_})
     saved.tensors.push_back(std::exchange(*kept, Tensor()));
   return saved;
 }
@@ -375,7 +379,7 @@ void GroupedQueryAttention::restore_saved(SavedState saved) {
   queries_ = std::move(saved.tensors.at(0));
   keys_ = std::move(saved.tensors.at(1));
   values_ = std::move(saved.tensors.at(2));
-  probabilities_ = std::move(saved.tensors.at(3));
+  row_stats_ = std::move(saved.tensors.at(3));
 }
 
 }  // namespace meshtensor::nn

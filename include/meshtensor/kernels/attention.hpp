@@ -14,24 +14,34 @@ struct HeadCache {
   std::int64_t head_dim = 0;
 };
 
+/// What backward needs of a row's softmax to recompute its probabilities with the forward's bits:
+/// the largest scaled score and the sum of the exponentials (NaN when a score is NaN).
+struct RowStats {
+  float largest = 0;
+  float total = 0;
+};
+
 /// One query row of causal attention over keys 0 .. count-1: scores s_j = (q·k_j)·scale, each
 /// dot product one chain over the head dims in ascending order; probabilities p_j =
 /// exp(s_j - max s) / Σ exp (the sum in ascending j); output o = Σ_j p_j v_j in ascending j. No
 /// value depends on anything but the query, the `count` keys and values and `scale`, so a row
 /// computed in a batch, alone, or from a cache of keys and values (a generator) has the same bits;
-/// every SIMD level gives them. Writes `count` probabilities and `head_dim` outputs.
+/// every SIMD level gives them. Writes `count` probabilities and `head_dim` outputs, and the
+/// row's `stats` when given.
 void attention_row(const float* query, const HeadCache& cache, std::int64_t count, float scale,
-                   float* probabilities, float* output);
+                   float* probabilities, float* output, RowStats* stats = nullptr);
 
 /// The operands of attention_backward for one head of one sequence of `length` rows, all
-/// contiguous: queries and keys [length, head_dim], values transposed [head_dim, length],
-/// probabilities [length, length] (row i: the i + 1 that attention_row wrote for query i) and
-/// the output gradient [length, head_dim].
+/// contiguous: queries and keys [length, head_dim], keys and values transposed [head_dim,
+/// length], each row's RowStats from attention_row [length] and the output gradient
+/// [length, head_dim]. Probabilities are recomputed, never stored: a head keeps 2 values a row,
+/// not a row of `length`.
 struct HeadGradientInputs {
   const float* queries = nullptr;
   const float* keys = nullptr;
+  const float* keys_t = nullptr;
   const float* values_t = nullptr;
-  const float* probabilities = nullptr;
+  const RowStats* stats = nullptr;
   const float* grad_output = nullptr;
   std::int64_t length = 0;
   std::int64_t head_dim = 0;
@@ -39,9 +49,10 @@ struct HeadGradientInputs {
 };
 
 /// Gradients of the queries, keys and values ([length, head_dim] each, overwritten) of the
-/// causal attention attention_row computes, row by row in ascending order: dP_ij = dO_i·v_j,
-/// dS_ij = p_ij (dP_ij - Σ_j p_ij dP_ij)·scale, dQ_i = Σ_j dS_ij k_j, dK_j = Σ_i dS_ij q_i,
-/// dV_j = Σ_i p_ij dO_i. A fixed order that depends on the sequence alone.
+/// causal attention attention_row computes, row by row in ascending order: p_ij recomputed from
+/// the scores and the row's stats with attention_row's operations (the same bits), dP_ij =
+/// dO_i·v_j, dS_ij = p_ij (dP_ij - Σ_j p_ij dP_ij)·scale, dQ_i = Σ_j dS_ij k_j, dK_j = Σ_i dS_ij
+/// q_i, dV_j = Σ_i p_ij dO_i. A fixed order that depends on the sequence alone.
 void attention_backward(const HeadGradientInputs& in, float* grad_queries, float* grad_keys,
                         float* grad_values);
 

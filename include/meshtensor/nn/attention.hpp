@@ -51,8 +51,8 @@ class CausalSelfAttention : public Module {
   std::int64_t heads_;
   Linear qkv_;
   Linear projection_;
-  Tensor qkv_values_;     // f32 [batch, sequence, 3 dim] of the last forward
-  Tensor probabilities_;  // f32 [batch, heads, sequence, sequence], row i holds i + 1 values
+  Tensor qkv_values_;  // f32 [batch, sequence, 3 dim] of the last forward
+  Tensor row_stats_;   // f32 [batch, heads, sequence, 2]: each row's kernels::RowStats
   const DecodeRows* decode_rows_ = nullptr;
   KeyValueCache* cache_ = nullptr;
 };

@@ -95,10 +95,10 @@ class GroupedQueryAttention : public Module {
   Linear projection_;
   std::unique_ptr<RMSNorm> q_norm_;
   std::unique_ptr<RMSNorm> k_norm_;
-  Tensor queries_;        // f32 [rows, local heads · head_dim], normalised and rotated
-  Tensor keys_;           // f32 [rows, local groups · head_dim], normalised and rotated
-  Tensor values_;         // f32 [rows, local groups · head_dim]
-  Tensor probabilities_;  // f32 [batch, local heads, length, length]
+  Tensor queries_;    // f32 [rows, local heads · head_dim], normalised and rotated
+  Tensor keys_;       // f32 [rows, local groups · head_dim], normalised and rotated
+  Tensor values_;     // f32 [rows, local groups · head_dim]
+  Tensor row_stats_;  // f32 [batch, local heads, length, 2]: each row's kernels::RowStats
   const DecodeRows* decode_rows_ = nullptr;
   KeyValueCache* cache_ = nullptr;
 };
