@@ -13,7 +13,7 @@ meshtensor=build/src/meshtensor
 run() { echo; echo "\$ $*"; "$@"; }
 # FSDP training of the default GPT (4 layers, 4 heads, dim 128, context 128; byte tokens) on
 # 2 ranks: 600 steps of 16 windows, AdamW with warmup and a cosine schedule.
-rm -rf build/demo-ckpt build/demo-bpe-ckpt
+rm -rf build/demo-ckpt build/demo-bpe-ckpt build/demo-hf
 run $meshtensor train --model gpt --strategy fsdp --ranks 2 --log build/demo-train.csv \
   --plot build/demo-train.png --save build/demo-ckpt | tee build/demo-train.txt
 echo "(figures every 50 steps in build/demo-train.csv, the curves in build/demo-train.png)"

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -429,44 +430,14 @@ std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadR
   return out;
 }
 
-ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
-                           const tokenize::Tokenizer& tokenizer,
-                           const std::map<std::string, Tensor>& parameters,
-                           const ExportOptions& options) {
-  architecture_of(config);
-  if (options.dtype != DType::f32 && options.dtype != DType::bf16 && options.dtype != DType::f16)
-    throw InvalidArgument(
-        fmt::format("dtype {} is not f32, bf16 or f16", dtype_name(options.dtype)));
-  std::map<std::string, Tensor> tensors;  // by Hugging Face name: the order of the files
-  for (const Link& link : links_of(config)) {
-    const auto found = parameters.find(link.ours);
-    if (found == parameters.end())
-      throw InvalidArgument(fmt::format("the model has no parameter '{}'", link.ours));
-    tensors[link.hf] = converted(to_hf(config, link, found->second), options.dtype);
-  }
-  std::vector<std::vector<std::string>> shards(1);
-  std::int64_t in_shard = 0;
-  ExportReport report;
-  for (const auto& [name, tensor] : tensors) {
-    const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
-    if (in_shard > 0 && in_shard + bytes > options.shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(name);
-    in_shard += bytes;
-    report.bytes += bytes;
-    ++report.tensors;
-  }
-  const fs::path root(directory);
-  fs::create_directories(root);
-  for (const fs::directory_entry& old :
-       fs::directory_iterator(root)) {  // a shorter export's leftovers
-    const std::string file = old.path().filename().string();
-    if (file.rfind("model", 0) == 0 &&
-        (file.ends_with(".safetensors") || file == "model.safetensors.index.json"))
-      fs::remove(old.path());
-  }
+namespace {
+
+/// The files of an export into `root`: the shards (with their index), config.json,
+/// generation_config.json and tokenizer.json; their names go to `report`.
+void write_files(const fs::path& root, const nn::DecoderConfig& config,
+                 const tokenize::Tokenizer& tokenizer, const ExportOptions& options,
+                 const std::map<std::string, Tensor>& tensors,
+                 const std::vector<std::vector<std::string>>& shards, ExportReport& report) {
   Json weight_map = Json::object();
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::string file =
@@ -498,6 +469,61 @@ ExportReport export_folder(const std::string& directory, const nn::DecoderConfig
   write_text(root / "tokenizer.json", tokenizer.to_json() + "\n");
   for (const char* file : {"config.json", "generation_config.json", "tokenizer.json"})
     report.files.emplace_back(file);
+}
+
+}  // namespace
+
+ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
+                           const tokenize::Tokenizer& tokenizer,
+                           const std::map<std::string, Tensor>& parameters,
+                           const ExportOptions& options) {
+  architecture_of(config);
+  if (fs::exists(directory) && (!fs::is_directory(directory) || !fs::is_empty(directory))) {
+    throw InvalidArgument(fmt::format(
+        "{} exists and is not an empty folder: export into a new one (an export replaces nothing)",
+        directory));
+  }
+  if (options.dtype != DType::f32 && options.dtype != DType::bf16 && options.dtype != DType::f16)
+    throw InvalidArgument(
+        fmt::format("dtype {} is not f32, bf16 or f16", dtype_name(options.dtype)));
+  std::map<std::string, Tensor> tensors;  // by Hugging Face name: the order of the files
+  for (const Link& link : links_of(config)) {
+    const auto found = parameters.find(link.ours);
+    if (found == parameters.end())
+      throw InvalidArgument(fmt::format("the model has no parameter '{}'", link.ours));
+    tensors[link.hf] = converted(to_hf(config, link, found->second), options.dtype);
+  }
+  std::vector<std::vector<std::string>> shards(1);
+  std::int64_t in_shard = 0;
+  ExportReport report;
+  for (const auto& [name, tensor] : tensors) {
+    const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
+    if (in_shard > 0 && in_shard + bytes > options.shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(name);
+    in_shard += bytes;
+    report.bytes += bytes;
+    ++report.tensors;
+  }
+  // Everything is written into a staging folder beside the target and renamed into place, so a
+  // failed export leaves nothing behind and never touches a file it did not create.
+  fs::path target = fs::path(directory).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "out/" is "out"
+  const fs::path root =
+      target.parent_path() / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
+  fs::remove_all(root);
+  fs::create_directories(root);
+  try {
+    write_files(root, config, tokenizer, options, tensors, shards, report);
+    if (fs::exists(target)) fs::remove(target);  // an empty folder (checked first)
+    fs::rename(root, target);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+    throw;
+  }
   return report;
 }
 

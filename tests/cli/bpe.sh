@@ -197,6 +197,14 @@ hf)
   expect 2 "train the GPT with tie=1 to export it" \
     "$bin" checkpoint export --format hf "$(mkdir -p "$dir/u" && "$bin" "${run[@]}" --model "$gpt" --ranks 1 --save "$dir/u/ck" >/dev/null && echo "$dir/u/ck")" "$dir/untied"
   [ ! -e "$dir/untied" ] || fail "a refused export wrote its folder"
+  mkdir "$dir/users" && echo mine >"$dir/users/model-00001-of-00002.safetensors"
+  expect 2 "users exists and is not an empty folder" \
+    "$bin" checkpoint export --format hf "$dir/ck" "$dir/users"
+  [ "$(cat "$dir/users/model-00001-of-00002.safetensors")" = mine ] ||
+    fail "a refused export touched a file it did not write"
+  "$bin" checkpoint export --format hf "$dir/ck" "$dir/slash/" >/dev/null
+  [ -s "$dir/slash/model.safetensors" ] && [ -z "$(ls -A "$dir" | grep partial)" ] ||
+    fail "an export into DIR/ left its staging folder"
   expect 2 "--shard-size '2XB' is not a size" \
     "$bin" checkpoint export --format hf "$dir/ck" "$dir/x" --shard-size 2XB
   expect 2 "--format 'onnx': the one export format is hf" \

@@ -86,7 +86,9 @@ struct ExportReport {
 };
 
 /// Writes the decoder `config` with the parameters `parameters` (whole, f32, by meshtensor's
-/// names) and its tokenizer as a Hugging Face folder `directory` (created; files in it replaced):
+/// names) and its tokenizer as a Hugging Face folder `directory`, which must not exist or be an
+/// empty folder (InvalidArgument naming it otherwise). Written into a staging folder beside it
+/// and renamed into place: a failed export leaves nothing.
 /// config.json, generation_config.json, tokenizer.json and one model.safetensors, or shards
 /// model-0000k-of-0000n.safetensors of at most `shard_bytes` with model.safetensors.index.json.
 /// Tensors are written by Hugging Face name in name order, so the same model gives the same
