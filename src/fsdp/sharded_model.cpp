@@ -780,7 +780,33 @@ void ShardedModel::add_outer_products(const nn::Parameter& p, const Tensor& x, c
 
 void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tensor& x,
                                              const Tensor& dy, std::int64_t sample_rows) {
-  sink_of(p).add_sample_outer_products(p, x, dy, sample_rows);
+  nn::SequenceSplit* split = options_.sequence_split;
+  nn::GradientSink& sink = sink_of(p);
+  const bool split_rows = split != nullptr && split->degree() > 1 &&
+                          options_.mode == comm::ReductionMode::exact && sample_rows > 0 &&
+                          sample_rows == static_cast<std::int64_t>(split->positions().size());
+  if (!split_rows) {
+    sink.add_sample_outer_products(p, x, dy, sample_rows);
+    return;
+  }
+  const std::int64_t samples = x.shape()[0] / sample_rows;
+  const Tensor whole_x = split->gather(x.reshape(Shape{samples, sample_rows, x.shape()[1]}));
+  const Tensor whole_dy = split->gather(dy.reshape(Shape{samples, sample_rows, dy.shape()[1]}));
+  const std::int64_t length = split->length();
+  const std::int64_t own = (samples - split->rank() + split->degree() - 1) / split->degree();
+  if (own <= 0) return;
+  // Sequences rank, rank + degree, ...: whole rows in position order, one product each.
+  const auto owned = [&](const Tensor& whole) {
+    const std::int64_t width = whole.shape()[2];
+    Tensor out = Tensor::uninitialized(Shape{own * length, width}, DType::f32);
+    for (std::int64_t k = 0; k < own; ++k) {
+      const std::int64_t b = split->rank() + k * split->degree();
+      std::copy_n(whole.values<float>().data() + b * length * width, length * width,
+                  out.values<float>().data() + k * length * width);
+    }
+    return out;
+  };
+  sink.add_sample_outer_products(p, owned(whole_x), owned(whole_dy), length);
 }
 
 void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {

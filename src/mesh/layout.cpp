@@ -20,6 +20,43 @@ Chunk chunk_extent(std::int64_t length, std::int64_t parts, std::int64_t index) 
   return {begin, end - begin};
 }
 
+namespace {
+
+std::int64_t context_parts(std::int64_t degree, ContextSplit split) {
+  return split == ContextSplit::head_tail ? 2 * degree : degree;
+}
+
+}  // namespace
+
+bool context_splits(std::int64_t length, std::int64_t degree, ContextSplit split) {
+  if (degree < 1 || length < 1) return false;
+  const std::int64_t parts = context_parts(degree, split);
+  return chunk_extent(length, parts, parts - 1).size > 0;
+}
+
+std::int64_t shortest_context_split(std::int64_t degree, ContextSplit split) {
+  return context_parts(std::max<std::int64_t>(degree, 1), split);
+}
+
+std::vector<Chunk> context_chunks(std::int64_t length, std::int64_t degree, std::int64_t rank,
+                                  ContextSplit split) {
+  if (degree < 1 || rank < 0 || rank >= degree) {
+    throw InvalidArgument(fmt::format(
+        "context parallelism: rank {} is not within a group of {} ranks", rank, degree));
+  }
+  const std::int64_t parts = context_parts(degree, split);
+  if (!context_splits(length, degree, split)) {
+    const std::int64_t chunk = length > 0 ? (length + parts - 1) / parts : 0;
+    throw InvalidArgument(fmt::format(
+        "context parallelism: a sequence of {} positions does not split over cp {} ({} chunks "
+        "of {} leave chunk {} empty); cp {} needs a sequence whose last chunk is not empty, at "
+        "least {} positions",
+        length, degree, parts, chunk, parts - 1, degree, shortest_context_split(degree, split)));
+  }
+  if (split == ContextSplit::contiguous) return {chunk_extent(length, parts, rank)};
+  return {chunk_extent(length, parts, rank), chunk_extent(length, parts, parts - 1 - rank)};
+}
+
 std::string Layout::to_string() const {
   return fmt::format("{} @ [{}]", local_shape.to_string(), fmt::join(global_offset, ","));
 }

@@ -9,25 +9,11 @@
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/nn/attention.hpp>
 
+#include "split_attention.hpp"
+
 namespace meshtensor::nn {
 
 namespace {
-
-/// Columns [column, column + width) of rows [0, length) of a row-major matrix with `stride`
-/// columns, copied into `out` as [length, width] (transposed: [width, length]).
-void copy_block(const float* matrix, std::int64_t stride, std::int64_t column, std::int64_t length,
-                std::int64_t width, bool transpose, float* out) {
-  for (std::int64_t i = 0; i < length; ++i) {
-    const float* row = matrix + i * stride + column;
-    for (std::int64_t d = 0; d < width; ++d) {
-      if (transpose) {
-        out[d * length + i] = row[d];
-      } else {
-        out[i * width + d] = row[d];
-      }
-    }
-  }
-}
 
 /// Adds [length, width] `block` into columns [column, column + width) of a row-major matrix.
 void store_block(const float* block, std::int64_t length, std::int64_t width, float* matrix,
@@ -62,6 +48,10 @@ std::string CausalSelfAttention::describe() const {
 
 std::int64_t CausalSelfAttention::local_heads() const {
   return qkv_.weight().value.shape()[1] / (3 * head_dim());
+}
+
+void CausalSelfAttention::set_sequence_split(SequenceSplit* split) {
+  split_ = split;
 }
 
 void CausalSelfAttention::set_decode(const DecodeRows* rows, KeyValueCache* cache) {
@@ -128,11 +118,13 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   const std::int64_t head_dim = dim_ / heads_;
   const std::int64_t stride = qkv_values_.shape()[2];  // 3 * the local heads' dims
   const std::int64_t heads = stride / (3 * head_dim);
+  const KeySource source = key_source();
+  const std::vector<std::int64_t> positions = row_positions(split_, 1, length);
   row_stats_ = Tensor::uninitialized(Shape{batch, heads, length, 2}, DType::f32);
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * head_dim}, DType::f32);
-  std::vector<float> keys_t(static_cast<std::size_t>(head_dim * length));
-  std::vector<float> values(static_cast<std::size_t>(length * head_dim));
-  std::vector<float> probabilities(static_cast<std::size_t>(length));
+  std::vector<float> keys_t;
+  std::vector<float> values;
+  std::vector<float> probabilities(static_cast<std::size_t>(source.length));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* qkv = qkv_values_.values<float>().data();
   auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
@@ -140,14 +132,13 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   for (std::int64_t b = 0; b < batch; ++b) {
     const float* sequence = qkv + b * length * stride;
     for (std::int64_t h = 0; h < heads; ++h) {
-      const std::int64_t query = h * 3 * head_dim;
-      copy_block(sequence, stride, query + head_dim, length, head_dim, true, keys_t.data());
-      copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, false, values.data());
-      const kernels::HeadCache cache{keys_t.data(), values.data(), length, head_dim};
+      source.head(b, h, head_dim, keys_t, values);
+      const kernels::HeadCache cache{keys_t.data(), values.data(), source.length, head_dim};
       kernels::RowStats* head_stats = stats + (b * heads + h) * length;
       for (std::int64_t i = 0; i < length; ++i) {
         kernels::attention_row(
-            sequence + i * stride + query, cache, i + 1, scale, probabilities.data(),
+            sequence + i * stride + h * 3 * head_dim, cache,
+            positions[static_cast<std::size_t>(i)] + 1, scale, probabilities.data(),
             out + (b * length + i) * heads * head_dim + h * head_dim, head_stats + i);
       }
     }
@@ -155,10 +146,62 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   return run_forward(projection_, attended);
 }
 
+void CausalSelfAttention::KeySource::head(std::int64_t b, std::int64_t h, std::int64_t head_dim,
+                                          std::vector<float>& keys_t_out,
+                                          std::vector<float>& values_out) const {
+  HeadOperands::copy(keys + b * length * stride, stride, key_column + h * head_step, length,
+                     head_dim, true, keys_t_out);
+  HeadOperands::copy(values + b * length * stride, stride, value_column + h * head_step, length,
+                     head_dim, false, values_out);
+}
+
+CausalSelfAttention::KeySource CausalSelfAttention::key_source() {
+  const std::int64_t head_dim = dim_ / heads_;
+  const std::int64_t stride = qkv_values_.shape()[2];
+  const float* qkv = qkv_values_.values<float>().data();
+  if (split_ == nullptr)
+    return {qkv,    qkv,      Tensor(),     Tensor(),    qkv_values_.shape()[1],
+            stride, head_dim, 2 * head_dim, 3 * head_dim};
+  // Every head's keys and values, this rank's rows, then the whole sequence's from the group.
+  const std::int64_t batch = qkv_values_.shape()[0];
+  const std::int64_t rows = qkv_values_.shape()[1];
+  const std::int64_t heads = stride / (3 * head_dim);
+  Tensor keys = Tensor::uninitialized(Shape{batch, rows, heads * head_dim}, DType::f32);
+  Tensor values = Tensor::uninitialized(keys.shape(), DType::f32);
+  for (std::int64_t r = 0; r < batch * rows; ++r) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const float* head = qkv + r * stride + h * 3 * head_dim;
+      std::copy_n(head + head_dim, head_dim,
+                  keys.values<float>().data() + (r * heads + h) * head_dim);
+      std::copy_n(head + 2 * head_dim, head_dim,
+                  values.values<float>().data() + (r * heads + h) * head_dim);
+    }
+  }
+  KeySource source;
+  source.whole_keys = split_->gather(keys);
+  source.whole_values = split_->gather(values);
+  source.keys = source.whole_keys.values<float>().data();
+  source.values = source.whole_values.values<float>().data();
+  source.length = split_->length();
+  source.stride = heads * head_dim;
+  source.key_column = 0;
+  source.value_column = 0;
+  source.head_step = head_dim;
+  return source;
+}
+
 Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& sink,
                                      bool need_input_grad) {
   if (!qkv_values_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
-  const Tensor grad_attended = run_backward(projection_, grad_output, sink, true);
+  const Tensor grad_attended = run_backward(projection_, grad_output, sink, true).contiguous();
+  Tensor grad_qkv =
+      split_ != nullptr ? split_backward(grad_attended) : whole_backward(grad_attended);
+  qkv_values_ = Tensor();
+  row_stats_ = Tensor();
+  return run_backward(qkv_, grad_qkv, sink, need_input_grad);
+}
+
+Tensor CausalSelfAttention::whole_backward(const Tensor& grad_attended) const {
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t length = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;
@@ -166,7 +209,7 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
   const std::int64_t heads = stride / (3 * head_dim);
   const std::int64_t attended_width = heads * head_dim;
   const std::size_t block = static_cast<std::size_t>(length * head_dim);
-  std::vector<float> queries(block), keys(block), keys_t(block), values_t(block), grad_out(block);
+  HeadOperands head;
   std::vector<float> grad_q(block), grad_k(block), grad_v(block);
   Tensor grad_qkv = Tensor::uninitialized(qkv_values_.shape(), DType::f32);
   const float* qkv = qkv_values_.values<float>().data();
@@ -178,20 +221,21 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
     float* d_sequence = d_qkv + b * length * stride;
     for (std::int64_t h = 0; h < heads; ++h) {
       const std::int64_t query = h * 3 * head_dim;
-      copy_block(sequence, stride, query, length, head_dim, false, queries.data());
-      copy_block(sequence, stride, query + head_dim, length, head_dim, false, keys.data());
-      copy_block(sequence, stride, query + head_dim, length, head_dim, true, keys_t.data());
-      copy_block(sequence, stride, query + 2 * head_dim, length, head_dim, true, values_t.data());
-      copy_block(d_attended + b * length * attended_width, attended_width, h * head_dim, length,
-                 head_dim, false, grad_out.data());
+      HeadOperands::copy(sequence, stride, query, length, head_dim, false, head.queries);
+      HeadOperands::copy(sequence, stride, query + head_dim, length, head_dim, false, head.keys);
+      HeadOperands::copy(sequence, stride, query + head_dim, length, head_dim, true, head.keys_t);
+      HeadOperands::copy(sequence, stride, query + 2 * head_dim, length, head_dim, true,
+                         head.values_t);
+      HeadOperands::copy(d_attended + b * length * attended_width, attended_width, h * head_dim,
+                         length, head_dim, false, head.grad_output);
       kernels::HeadGradientInputs in;
-      in.queries = queries.data();
-      in.keys = keys.data();
-      in.keys_t = keys_t.data();
-      in.values_t = values_t.data();
+      in.queries = head.queries.data();
+      in.keys = head.keys.data();
+      in.keys_t = head.keys_t.data();
+      in.values_t = head.values_t.data();
       in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
                  (b * heads + h) * length;
-      in.grad_output = grad_out.data();
+      in.grad_output = head.grad_output.data();
       in.length = length;
       in.head_dim = head_dim;
       in.scale = scale;
@@ -201,9 +245,79 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
       store_block(grad_v.data(), length, head_dim, d_sequence, stride, query + 2 * head_dim);
     }
   }
-  qkv_values_ = Tensor();
-  row_stats_ = Tensor();
-  return run_backward(qkv_, grad_qkv, sink, need_input_grad);
+  return grad_qkv;
+}
+
+Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
+  const std::int64_t batch = qkv_values_.shape()[0];
+  const std::int64_t rows = qkv_values_.shape()[1];
+  const std::int64_t head_dim = dim_ / heads_;
+  const std::int64_t stride = qkv_values_.shape()[2];
+  const std::int64_t heads = stride / (3 * head_dim);
+  const std::int64_t width = heads * head_dim;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const KeySource source = key_source();
+  const std::vector<std::int64_t>& positions = split_->positions();
+  Tensor grad_qkv = Tensor::uninitialized(qkv_values_.shape(), DType::f32);
+  float* d_qkv = grad_qkv.values<float>().data();
+  Tensor queries = Tensor::uninitialized(Shape{batch, rows, width}, DType::f32);
+  Tensor weighted = Tensor::uninitialized(Shape{batch, heads, rows}, DType::f32);
+  HeadOperands head;
+  std::vector<float> values;
+  std::vector<float> grad_q(static_cast<std::size_t>(rows * head_dim));
+  // The query side of this rank's rows against every key.
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const float* sequence = qkv_values_.values<float>().data() + b * rows * stride;
+    for (std::int64_t h = 0; h < heads; ++h) {
+      HeadOperands::copy(sequence, stride, h * 3 * head_dim, rows, head_dim, false, head.queries);
+      store_block(head.queries.data(), rows, head_dim,
+                  queries.values<float>().data() + b * rows * width, width, h * head_dim);
+      HeadOperands::copy(grad_attended.values<float>().data() + b * rows * width, width,
+                         h * head_dim, rows, head_dim, false, head.grad_output);
+      source.head(b, h, head_dim, head.keys_t, values);
+      HeadOperands::copy(source.keys + b * source.length * source.stride, source.stride,
+                         source.key_column + h * source.head_step, source.length, head_dim, false,
+                         head.keys);
+      HeadOperands::copy(source.values + b * source.length * source.stride, source.stride,
+                         source.value_column + h * source.head_step, source.length, head_dim, true,
+                         head.values_t);
+      kernels::HeadGradientInputs in;
+      in.queries = head.queries.data();
+      in.keys = head.keys.data();
+      in.keys_t = head.keys_t.data();
+      in.values_t = head.values_t.data();
+      in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                 (b * heads + h) * rows;
+      in.grad_output = head.grad_output.data();
+      in.length = source.length;
+      in.head_dim = head_dim;
+      in.scale = scale;
+      kernels::attention_query_backward(in, positions.data(), rows, grad_q.data(),
+                                        weighted.values<float>().data() + (b * heads + h) * rows);
+      store_block(grad_q.data(), rows, head_dim, d_qkv + b * rows * stride, stride,
+                  h * 3 * head_dim);
+    }
+  }
+  // The key side of this rank's keys against every query row.
+  const WholeQuerySide whole =
+      gather_query_side(*split_, queries, grad_attended, row_stats_, weighted, heads);
+  std::vector<float> grad_k(grad_q.size());
+  std::vector<float> grad_v(grad_q.size());
+  for (std::int64_t b = 0; b < batch; ++b) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      source.head(b, h, head_dim, head.keys_t, values);
+      HeadOperands::copy(source.values + b * source.length * source.stride, source.stride,
+                         source.value_column + h * source.head_step, source.length, head_dim, true,
+                         head.values_t);
+      split_key_backward(*split_, whole, b, h, heads, head_dim, head.keys_t, head.values_t, scale,
+                         grad_k.data(), grad_v.data());
+      store_block(grad_k.data(), rows, head_dim, d_qkv + b * rows * stride, stride,
+                  h * 3 * head_dim + head_dim);
+      store_block(grad_v.data(), rows, head_dim, d_qkv + b * rows * stride, stride,
+                  h * 3 * head_dim + 2 * head_dim);
+    }
+  }
+  return grad_qkv;
 }
 
 std::vector<std::pair<std::string, Module*>> CausalSelfAttention::children() {

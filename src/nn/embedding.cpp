@@ -127,9 +127,10 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
   const std::int64_t batch = tokens.shape()[0];
   const std::int64_t length = tokens.shape()[1];
   const std::int64_t context = position_.weight().value.shape()[0];
-  if (decode_rows_ == nullptr && length > context) {
+  const std::int64_t whole = sequence_split_ != nullptr ? sequence_split_->length() : length;
+  if (decode_rows_ == nullptr && whole > context) {
     throw InvalidArgument(fmt::format("{}: a sequence of {} tokens is longer than the context {}",
-                                      describe(), length, context));
+                                      describe(), whole, context));
   }
   Tensor positions(Shape{batch, length}, DType::i64);
   auto p = positions.values<std::int64_t>();
@@ -147,8 +148,8 @@ Tensor TokenPositionEmbedding::forward(const Tensor& tokens) {
       p[static_cast<std::size_t>(i)] = at;
     }
   } else {
-    for (std::int64_t i = 0; i < batch * length; ++i)
-      p[static_cast<std::size_t>(i)] = i % length;
+    const std::vector<std::int64_t> rows = row_positions(sequence_split_, batch, length);
+    std::copy(rows.begin(), rows.end(), p.begin());
   }
   Tensor x = token_.forward(tokens);
   const Tensor position_rows = position_.forward(positions);

@@ -334,6 +334,12 @@ std::vector<std::pair<std::string, Module*>> Gpt::children() {
   return all;
 }
 
+void Gpt::set_sequence_split(SequenceSplit* split) {
+  for (auto& block : blocks_)
+    block->attention().set_sequence_split(split);
+  embedding_.set_sequence_split(split);
+}
+
 void Gpt::set_exact_sums(bool on) {
   for (auto& block : blocks_)
     block->set_exact_blocks(on);

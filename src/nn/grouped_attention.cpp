@@ -9,6 +9,8 @@
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
 
+#include "split_attention.hpp"
+
 namespace meshtensor::nn {
 
 namespace {
@@ -33,14 +35,6 @@ void scatter_columns(const float* block, std::int64_t length, std::int64_t width
     for (std::int64_t d = 0; d < width; ++d)
       row[d] = add ? row[d] + block[i * width + d] : block[i * width + d];
   }
-}
-
-/// Position t for row t of each of `batch` sequences of `length` rows.
-std::vector<std::int64_t> row_positions(std::int64_t batch, std::int64_t length) {
-  std::vector<std::int64_t> positions(static_cast<std::size_t>(batch * length));
-  for (std::size_t r = 0; r < positions.size(); ++r)
-    positions[r] = static_cast<std::int64_t>(r) % length;
-  return positions;
 }
 
 void check_config(const GroupedAttentionConfig& c) {
@@ -145,16 +139,28 @@ GroupedQueryAttention::Heads GroupedQueryAttention::prepare_heads(
   return heads;
 }
 
+std::pair<Tensor, Tensor> GroupedQueryAttention::whole_keys(std::int64_t batch,
+                                                            std::int64_t length) {
+  const std::int64_t width = keys_.shape()[1];
+  const Tensor keys = keys_.reshape(Shape{batch, length, width});
+  const Tensor values = values_.reshape(Shape{batch, length, width});
+  if (split_ == nullptr) return {keys, values};
+  return {split_->gather(keys), split_->gather(values)};
+}
+
 Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
   const std::int64_t heads = groups * group;
+  const auto [keys, values] = whole_keys(batch, length);
+  const std::int64_t whole = keys.shape()[1];
+  const std::vector<std::int64_t> positions = row_positions(split_, 1, length);
   row_stats_ = Tensor::uninitialized(Shape{batch, heads, length, 2}, DType::f32);
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * hd}, DType::f32);
-  std::vector<float> keys_t(static_cast<std::size_t>(hd * length));
-  std::vector<float> values(static_cast<std::size_t>(length * hd));
-  std::vector<float> probabilities(static_cast<std::size_t>(length));
+  std::vector<float> keys_t;
+  std::vector<float> head_values;
+  std::vector<float> probabilities(static_cast<std::size_t>(whole));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* q = queries_.values<float>().data();
   auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
@@ -162,15 +168,16 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t g = 0; g < groups; ++g) {
       const std::int64_t first = b * length;
-      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
-                     length, hd, true, keys_t.data());
-      gather_columns(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
-                     length, hd, false, values.data());
-      const kernels::HeadCache cache{keys_t.data(), values.data(), length, hd};
+      HeadOperands::copy(keys.values<float>().data() + b * whole * groups * hd, groups * hd, g * hd,
+                         whole, hd, true, keys_t);
+      HeadOperands::copy(values.values<float>().data() + b * whole * groups * hd, groups * hd,
+                         g * hd, whole, hd, false, head_values);
+      const kernels::HeadCache cache{keys_t.data(), head_values.data(), whole, hd};
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
         kernels::RowStats* head_stats = stats + (b * heads + h) * length;
         for (std::int64_t i = 0; i < length; ++i) {
-          kernels::attention_row(q + (first + i) * heads * hd + h * hd, cache, i + 1, scale,
+          kernels::attention_row(q + (first + i) * heads * hd + h * hd, cache,
+                                 positions[static_cast<std::size_t>(i)] + 1, scale,
                                  probabilities.data(), out + (first + i) * heads * hd + h * hd,
                                  head_stats + i);
         }
@@ -178,6 +185,84 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
     }
   }
   return attended;
+}
+
+void GroupedQueryAttention::split_attend_backward(const Tensor& grad_attended, std::int64_t batch,
+                                                  std::int64_t length, Tensor& grad_q,
+                                                  Tensor& grad_k, Tensor& grad_v) {
+  const std::int64_t hd = head_dim();
+  const std::int64_t group = group_size();
+  const std::int64_t groups = local_groups();
+  const std::int64_t heads = groups * group;
+  const auto [keys, values] = whole_keys(batch, length);
+  const std::int64_t whole = keys.shape()[1];
+  const std::vector<std::int64_t>& positions = split_->positions();
+  grad_q = Tensor::uninitialized(queries_.shape(), DType::f32);
+  grad_k = Tensor::uninitialized(keys_.shape(), DType::f32);
+  grad_v = Tensor::uninitialized(values_.shape(), DType::f32);
+  Tensor weighted = Tensor::uninitialized(Shape{batch, heads, length}, DType::f32);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  HeadOperands head;
+  std::vector<float> head_dq(static_cast<std::size_t>(length * hd));
+  const auto group_operands = [&](std::int64_t b, std::int64_t g) {
+    const float* k = keys.values<float>().data() + b * whole * groups * hd;
+    HeadOperands::copy(k, groups * hd, g * hd, whole, hd, false, head.keys);
+    HeadOperands::copy(k, groups * hd, g * hd, whole, hd, true, head.keys_t);
+    HeadOperands::copy(values.values<float>().data() + b * whole * groups * hd, groups * hd, g * hd,
+                       whole, hd, true, head.values_t);
+  };
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t first = b * length;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      group_operands(b, g);
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        HeadOperands::copy(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
+                           length, hd, false, head.queries);
+        HeadOperands::copy(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
+                           h * hd, length, hd, false, head.grad_output);
+        kernels::HeadGradientInputs in;
+        in.queries = head.queries.data();
+        in.keys = head.keys.data();
+        in.keys_t = head.keys_t.data();
+        in.values_t = head.values_t.data();
+        in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                   (b * heads + h) * length;
+        in.grad_output = head.grad_output.data();
+        in.length = whole;
+        in.head_dim = hd;
+        in.scale = scale;
+        kernels::attention_query_backward(
+            in, positions.data(), length, head_dq.data(),
+            weighted.values<float>().data() + (b * heads + h) * length);
+        scatter_columns(head_dq.data(), length, hd,
+                        grad_q.values<float>().data() + first * heads * hd, heads * hd, h * hd,
+                        false);
+      }
+    }
+  }
+  const WholeQuerySide whole_side = gather_query_side(
+      *split_, queries_.reshape(Shape{batch, length, heads * hd}),
+      grad_attended.reshape(Shape{batch, length, heads * hd}), row_stats_, weighted, heads);
+  std::vector<float> head_dk(head_dq.size());
+  std::vector<float> head_dv(head_dq.size());
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t first = b * length;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      group_operands(b, g);
+      for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+        split_key_backward(*split_, whole_side, b, h, heads, hd, head.keys_t, head.values_t, scale,
+                           head_dk.data(), head_dv.data());
+        // The group's query heads add into its key and value in ascending order.
+        const bool first_of_group = h == g * group;
+        scatter_columns(head_dk.data(), length, hd,
+                        grad_k.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                        !first_of_group);
+        scatter_columns(head_dv.data(), length, hd,
+                        grad_v.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                        !first_of_group);
+      }
+    }
+  }
 }
 
 void GroupedQueryAttention::set_decode(const DecodeRows* rows, KeyValueCache* cache) {
@@ -248,12 +333,13 @@ Tensor GroupedQueryAttention::forward(const Tensor& input) {
   const Tensor qkv = run_forward(qkv_, input);
   const std::int64_t batch = qkv.shape()[0];
   const std::int64_t length = qkv.shape()[1];
-  if (length > config_.context) {
+  const std::int64_t whole = split_ != nullptr ? split_->length() : length;
+  if (whole > config_.context) {
     throw InvalidArgument(fmt::format("{}: a sequence of {} is longer than the context {}",
-                                      describe(), length, config_.context));
+                                      describe(), whole, config_.context));
   }
   Heads heads = prepare_heads(qkv.reshape(Shape{batch * length, qkv.shape()[2]}),
-                              row_positions(batch, length));
+                              row_positions(split_, batch, length));
   queries_ = std::move(heads.queries);
   keys_ = std::move(heads.keys);
   values_ = std::move(heads.values);
@@ -323,7 +409,7 @@ Tensor GroupedQueryAttention::merge_heads(Tensor& grad_q, Tensor& grad_k, const 
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
   const std::int64_t rows = batch * length;
-  const std::vector<std::int64_t> positions = row_positions(batch, length);
+  const std::vector<std::int64_t> positions = row_positions(split_, batch, length);
   kernels::rotary_backward(grad_q.values<float>().data(), rows, groups * group, positions.data(),
                            rotary_);
   kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(), rotary_);
@@ -359,7 +445,11 @@ Tensor GroupedQueryAttention::backward(const Tensor& grad_output, GradientSink& 
   Tensor grad_q;
   Tensor grad_k;
   Tensor grad_v;
-  attend_backward(grad_attended, batch, length, grad_q, grad_k, grad_v);
+  if (split_ != nullptr) {
+    split_attend_backward(grad_attended, batch, length, grad_q, grad_k, grad_v);
+  } else {
+    attend_backward(grad_attended, batch, length, grad_q, grad_k, grad_v);
+  }
   const Tensor grad_qkv = merge_heads(grad_q, grad_k, grad_v, sink, batch, length);
   queries_ = Tensor();
   keys_ = Tensor();

@@ -233,6 +233,11 @@ std::vector<std::pair<std::string, Module*>> Llama::children() {
   return all;
 }
 
+void Llama::set_sequence_split(SequenceSplit* split) {
+  for (auto& block : blocks_)
+    block->attention().set_sequence_split(split);
+}
+
 void Llama::set_exact_sums(bool on) {
   for (auto& block : blocks_)
     block->set_exact_blocks(on);

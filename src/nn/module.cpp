@@ -104,6 +104,21 @@ std::string Sequential::describe() const {
   return text + ")";
 }
 
+std::vector<std::int64_t> row_positions(const SequenceSplit* split, std::int64_t batch,
+                                        std::int64_t length) {
+  std::vector<std::int64_t> positions;
+  positions.reserve(static_cast<std::size_t>(batch * length));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    if (split != nullptr) {
+      positions.insert(positions.end(), split->positions().begin(), split->positions().end());
+    } else {
+      for (std::int64_t t = 0; t < length; ++t)
+        positions.push_back(t);
+    }
+  }
+  return positions;
+}
+
 Tensor round_partial(const PartialSums& partial) {
   if (partial.exact == nullptr) return partial.values;
   Tensor out = Tensor::uninitialized(partial.shape, DType::f32);

@@ -78,6 +78,13 @@ std::int64_t data_ranks(const TrainConfig& config) {
 }
 
 std::string mesh_text(const TrainConfig& c) {
+  if (has_mesh_dim(c, "cp")) {
+    const bool pipeline = has_mesh_dim(c, "pp");
+    return fmt::format("{}{}x{}x{}x{} ({}dp x fsdp x cp x tp)",
+                       pipeline ? fmt::format("{}x", mesh_dim(c, "pp")) : "", mesh_dim(c, "dp"),
+                       mesh_dim(c, "fsdp"), mesh_dim(c, "cp"), mesh_dim(c, "tp"),
+                       pipeline ? "pp x " : "");
+  }
   if (has_mesh_dim(c, "pp")) {
     return fmt::format("{}x{}x{}x{} (pp x dp x fsdp x tp)", mesh_dim(c, "pp"), mesh_dim(c, "dp"),
                        mesh_dim(c, "fsdp"), mesh_dim(c, "tp"));
@@ -96,9 +103,10 @@ std::int64_t virtual_stages(const TrainConfig& config) {
 DeviceMesh parse_named_mesh(const std::string& shape, const std::string& names) {
   DeviceMesh mesh = parse_mesh(shape, names);  // sizes, name count, repeated names
   for (const std::string& name : mesh.names()) {
-    if (name != "pp" && name != "dp" && name != "fsdp" && name != "tp") {
+    if (name != "pp" && name != "dp" && name != "fsdp" && name != "cp" && name != "tp") {
       throw ParseError(fmt::format(
-          "`names`: unknown mesh dim name '{}' (expected pp, dp, fsdp and tp, each at most once)",
+          "`names`: unknown mesh dim name '{}' (expected pp, dp, fsdp, cp and tp, each at most "
+          "once)",
           name));
     }
   }
@@ -542,8 +550,8 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   std::vector<Batch> batches;
   for (std::int64_t k = 0; k < config_.micro_batches; ++k) {
     const Chunk micro = chunk_extent(slice.size, config_.micro_batches, k);
-    batches.push_back(
-        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size));
+    batches.push_back(model_->local_batch(
+        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size)));
   }
   if (pp::Pipeline* pipeline = model_->pipeline()) {
     PipelineStep work(*model_, batches, losses, correct);
@@ -572,9 +580,10 @@ Totals TrainingRun::evaluate() {
   std::int64_t correct = 0;
   for (std::int64_t first = 0; first < largest; first += rows_per_forward) {
     const std::int64_t rows = std::clamp<std::int64_t>(slice.size - first, 0, rows_per_forward);
-    const Batch batch = task_.eval_batch(slice.offset + std::min(first, slice.size), rows);
+    const Batch batch =
+        model_->local_batch(task_.eval_batch(slice.offset + std::min(first, slice.size), rows));
     correct +=
-        model_->row_losses(model_->forward_logits(batch.input), batch.targets, losses).correct;
+        model_->row_losses(model_->forward_local(batch.input), batch.targets, losses).correct;
   }
   sharded_->reshard();
   return reduce_totals(world_, losses, correct);

@@ -28,18 +28,29 @@ TrainingLayout training_layout(const TrainConfig& config, std::int64_t ranks) {
       throw InvalidArgument(fmt::format("the mesh {} has {} ranks, but the run has {}",
                                         mesh_text(config), config.mesh->size(), ranks));
     }
-    const std::int64_t dp = mesh_dim(config, "dp");
-    const std::int64_t fsdp = mesh_dim(config, "fsdp");
-    const std::int64_t tp = mesh_dim(config, "tp");
-    if (has_mesh_dim(config, "pp")) {
-      shard.replicate_mesh_dims = {1};
-      shard.shard_mesh_dims = {2};
-      return {DeviceMesh({mesh_dim(config, "pp"), dp, fsdp, tp}, {"pp", "dp", "fsdp", "tp"}), shard,
-              mesh_text(config), 3, 0};
-    }
-    shard.replicate_mesh_dims = {0};
-    shard.shard_mesh_dims = {1};
-    return {DeviceMesh({dp, fsdp, tp}, {"dp", "fsdp", "tp"}), shard, mesh_text(config), 2};
+    // Canonical order (pp,) dp, fsdp, (cp,) tp whatever order the names came in.
+    std::vector<std::string> names;
+    if (has_mesh_dim(config, "pp")) names.emplace_back("pp");
+    names.insert(names.end(), {"dp", "fsdp"});
+    if (has_mesh_dim(config, "cp")) names.emplace_back("cp");
+    names.emplace_back("tp");
+    std::vector<std::int64_t> sizes;
+    for (const std::string& name : names)
+      sizes.push_back(mesh_dim(config, name));
+    const auto dim_of = [&](const char* name) {
+      const auto at = std::ranges::find(names, name);
+      return at == names.end() ? -1 : static_cast<int>(at - names.begin());
+    };
+    // Context-parallel ranks hold the same parameters and reduce their gradients like replicas.
+    shard.replicate_mesh_dims = {dim_of("dp")};
+    if (dim_of("cp") >= 0) shard.replicate_mesh_dims.push_back(dim_of("cp"));
+    shard.shard_mesh_dims = {dim_of("fsdp")};
+    return {DeviceMesh(sizes, names),
+            shard,
+            mesh_text(config),
+            dim_of("tp"),
+            dim_of("pp"),
+            dim_of("cp")};
   }
   switch (config.strategy) {
     case Strategy::ddp:
@@ -86,6 +97,16 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
     tp_ = std::make_unique<tp::TensorParallel>(groups_->group(std::vector<int>{layout_.tp_dim}),
                                                config.mode, config.sequence_parallel);
   }
+  if (layout_.cp_dim >= 0 && layout_.mesh.size(layout_.cp_dim) > 1) {
+    auto* decoder = dynamic_cast<nn::Decoder*>(model_.get());
+    if (decoder == nullptr) {
+      throw InvalidArgument(
+          fmt::format("context parallelism splits sequences: cp {} needs a language model, not {}",
+                      layout_.mesh.size(layout_.cp_dim), model_->describe()));
+    }
+    cp_ = std::make_unique<cp::ContextParallel>(groups_->group(std::vector<int>{layout_.cp_dim}));
+    decoder->set_sequence_split(cp_.get());
+  }
   plan_ = task.prepare_model(*model_, tp_.get(), config.mode);
   for (const nn::Parameter* p : model_->parameters()) {
     whole_shapes_.push_back(p->global_shape());
@@ -98,6 +119,7 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
   fsdp::RuntimeOptions runtime;
   runtime.mode = config.mode;
   runtime.prefetch = config.prefetch;
+  runtime.sequence_split = cp_.get();
   if (layout_.pp_dim >= 0) {
     for (int d = 0; d < layout_.mesh.ndim(); ++d)
       if (d != layout_.pp_dim) runtime.same_model_dims.push_back(d);
@@ -451,7 +473,27 @@ std::vector<checkpoint::SaveItem> TrainingModel::state(const std::string& prefix
   return items;
 }
 
+Batch TrainingModel::local_batch(const Batch& batch) {
+  if (cp_ == nullptr) return batch;
+  cp_->set_length(batch.input.shape()[1]);
+  return {cp_->local_rows(batch.input), cp_->local_entries(batch.targets, batch.input.shape()[0])};
+}
+
 Tensor TrainingModel::forward_logits(const Tensor& tokens) {
+  if (cp_ == nullptr) return forward_local(tokens);
+  auto& decoder = dynamic_cast<nn::Decoder&>(*model_);
+  if (!cp_->splits(tokens.shape()[1])) {
+    decoder.set_sequence_split(nullptr);
+    Tensor logits = forward_local(tokens);
+    decoder.set_sequence_split(cp_.get());
+    return logits;
+  }
+  cp_->set_length(tokens.shape()[1]);
+  const Tensor local = forward_local(cp_->local_rows(tokens));
+  return cp_->gather(local);
+}
+
+Tensor TrainingModel::forward_local(const Tensor& tokens) {
   if (pipeline_ == nullptr) return sharded_->forward(tokens);
   struct Forward : pp::StageWork {
     TrainingModel& model;

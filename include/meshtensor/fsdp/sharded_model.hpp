@@ -51,6 +51,12 @@ struct RuntimeOptions {
   /// Mesh dims over which every rank runs the same modules, so their issue orders must match
   /// (empty: every dim). A pipeline leaves its pp dim out: its stages run different modules.
   std::vector<int> same_model_dims;
+  /// Context parallelism (null: none): each rank holds some positions of every sequence. In
+  /// exact mode a weight's per-sequence product (GradientSink::add_sample_outer_products) then
+  /// needs the sequence's rows in order on one rank: they are gathered over the group and
+  /// sequence b's product is formed by member b mod degree, so the gradient has the bits of a
+  /// run without the split.
+  nn::SequenceSplit* sequence_split = nullptr;
 };
 
 class ShardedModel;

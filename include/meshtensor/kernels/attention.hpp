@@ -46,6 +46,9 @@ struct HeadGradientInputs {
   std::int64_t length = 0;
   std::int64_t head_dim = 0;
   float scale = 1.0f;
+  /// Each row's Σ_j p_ij dP_ij from attention_query_backward [length] (attention_key_backward
+  /// only).
+  const float* weighted = nullptr;
 };
 
 /// Gradients of the queries, keys and values ([length, head_dim] each, overwritten) of the
@@ -55,5 +58,21 @@ struct HeadGradientInputs {
 /// q_i, dV_j = Σ_i p_ij dO_i. A fixed order that depends on the sequence alone.
 void attention_backward(const HeadGradientInputs& in, float* grad_queries, float* grad_keys,
                         float* grad_values);
+
+/// The query side of attention_backward for rows that are part of a longer sequence (context
+/// parallelism): row r is position positions[r] of a sequence whose keys and values `in` holds
+/// whole (`in.length` positions), with queries, stats and output gradients of the `rows` rows
+/// only. Writes each row's query gradient ([rows, head_dim]) and Σ_j p_ij dP_ij ([rows]), every
+/// value with the bits attention_backward gives that position.
+void attention_query_backward(const HeadGradientInputs& in, const std::int64_t* positions,
+                              std::int64_t rows, float* grad_queries, float* weighted);
+
+/// The key side of attention_backward for keys [first, first + count) of a sequence whose
+/// queries, stats, output gradients, keys, values and row sums (`in.weighted`, from
+/// attention_query_backward) `in` holds whole: the keys' and values' gradients ([count,
+/// head_dim] each, overwritten), each a sum over the query rows in ascending order with the bits
+/// attention_backward gives them.
+void attention_key_backward(const HeadGradientInputs& in, std::int64_t first, std::int64_t count,
+                            float* grad_keys, float* grad_values);
 
 }  // namespace meshtensor::kernels

@@ -23,6 +23,29 @@ struct Chunk {
 /// one place where chunk sizes are computed.
 Chunk chunk_extent(std::int64_t length, std::int64_t parts, std::int64_t index);
 
+/// How context parallelism splits a sequence over the `degree` ranks of its group.
+enum class ContextSplit {
+  /// 2·degree chunks (chunk_extent); rank r holds chunks r and 2·degree−1−r, so every rank gets
+  /// as much causal attention work as the others.
+  head_tail,
+  /// degree chunks; rank r holds chunk r (the later ranks attend over more keys).
+  contiguous,
+};
+
+/// The positions of a sequence of `length` that rank `rank` of a context-parallel group of
+/// `degree` holds, as ascending pieces (head-tail: two; contiguous: one). InvalidArgument naming
+/// the values when a chunk would be empty (the sequence is too short for the degree).
+std::vector<Chunk> context_chunks(std::int64_t length, std::int64_t degree, std::int64_t rank,
+                                  ContextSplit split = ContextSplit::head_tail);
+
+/// The smallest sequence `degree` ranks can split by `split` with no empty chunk.
+std::int64_t shortest_context_split(std::int64_t degree,
+                                    ContextSplit split = ContextSplit::head_tail);
+
+/// Whether `length` positions split over `degree` ranks by `split` leave no chunk empty.
+bool context_splits(std::int64_t length, std::int64_t degree,
+                    ContextSplit split = ContextSplit::head_tail);
+
 /// The block of the global tensor one rank holds.
 struct Layout {
   Shape local_shape;                        ///< shape of the local block

@@ -43,8 +43,31 @@ class CausalSelfAttention : public Module {
   std::int64_t local_heads() const;
   /// Values per head.
   std::int64_t head_dim() const { return dim_ / heads_; }
+  /// Context parallelism (null: whole sequences): the rows are the positions `split` gives this
+  /// rank, each attends over every earlier position of the whole sequence, and backward sends
+  /// the keys' and values' gradients home. A row has the bits it has in the whole sequence.
+  void set_sequence_split(SequenceSplit* split);
 
  private:
+  /// Where every head's keys and values of the whole sequence lie: the layer's own qkv rows, or
+  /// (context parallelism) tensors gathered from the group.
+  struct KeySource {
+    const float* keys = nullptr;
+    const float* values = nullptr;
+    Tensor whole_keys;
+    Tensor whole_values;
+    std::int64_t length = 0;  ///< positions of the whole sequence
+    std::int64_t stride = 0;  ///< values per row
+    std::int64_t key_column = 0;
+    std::int64_t value_column = 0;
+    std::int64_t head_step = 0;  ///< columns from one head to the next
+    /// Head h of sequence b: keys transposed [head_dim, length], values [length, head_dim].
+    void head(std::int64_t b, std::int64_t h, std::int64_t head_dim, std::vector<float>& keys_t_out,
+              std::vector<float>& values_out) const;
+  };
+  KeySource key_source();
+  Tensor whole_backward(const Tensor& grad_attended) const;
+  Tensor split_backward(const Tensor& grad_attended);
   Tensor forward_decode(const Tensor& input);
 
   std::int64_t dim_;
@@ -55,6 +78,7 @@ class CausalSelfAttention : public Module {
   Tensor row_stats_;   // f32 [batch, heads, sequence, 2]: each row's kernels::RowStats
   const DecodeRows* decode_rows_ = nullptr;
   KeyValueCache* cache_ = nullptr;
+  SequenceSplit* split_ = nullptr;
 };
 
 }  // namespace meshtensor::nn

@@ -36,6 +36,11 @@ class Decoder : public Module {
   virtual void set_exact_sums(bool on) = 0;
   /// Whether set_exact_sums is on.
   virtual bool exact_sums() const = 0;
+  /// Context parallelism (null: whole sequences): forward takes the tokens of the positions
+  /// `split` gives this rank, embeds and rotates them at those positions and attends over the
+  /// whole sequence through `split`; every row has the bits it has in the whole sequence. It
+  /// must outlive the model or be removed first.
+  virtual void set_sequence_split(SequenceSplit* split) = 0;
   /// One key/value cache per block for `slots` sequences of the whole context, sized for the
   /// key/value heads this rank computes.
   virtual std::vector<KeyValueCache> make_caches(std::int64_t slots) = 0;

@@ -67,9 +67,13 @@ class TokenPositionEmbedding : public Module {
   /// Incremental decoding (null: back to whole sequences): forward takes tokens [1, rows] and
   /// adds the position rows `rows` names instead of 0, 1, ...
   void set_decode(const DecodeRows* rows) { decode_rows_ = rows; }
+  /// Context parallelism (null: whole sequences): the rows are the positions `split` gives this
+  /// rank, and each adds its own position's row.
+  void set_sequence_split(const SequenceSplit* split) { sequence_split_ = split; }
 
  private:
   SplitCommunication* split_ = nullptr;
+  const SequenceSplit* sequence_split_ = nullptr;
   const DecodeRows* decode_rows_ = nullptr;
   Embedding token_;
   Embedding position_;

@@ -137,6 +137,7 @@ class Gpt : public Decoder {
   /// qkv and the MLP's first layer: likewise per head and block; the LM head's input gradient:
   /// the exact sum of its products over the vocabulary. Off: ordered f32 products throughout.
   void set_exact_sums(bool on) override;
+  void set_sequence_split(SequenceSplit* split) override;
   /// Whether set_exact_sums is on.
   bool exact_sums() const override { return exact_sums_; }
 

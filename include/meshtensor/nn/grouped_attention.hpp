@@ -67,6 +67,11 @@ class GroupedQueryAttention : public Module {
   /// with the kernels of the whole-sequence forward: a row's output has the bits it has there.
   /// Forward only.
   void set_decode(const DecodeRows* rows, KeyValueCache* cache);
+  /// Context parallelism (null: whole sequences): the rows are the positions `split` gives this
+  /// rank (rotated at those positions), each attends over every earlier position of the whole
+  /// sequence, and backward sends the keys' and values' gradients home. A row has the bits it
+  /// has in the whole sequence.
+  void set_sequence_split(SequenceSplit* split) { split_ = split; }
 
  private:
   /// Queries [rows, local heads · head_dim], keys and values [rows, local groups · head_dim].
@@ -79,11 +84,18 @@ class GroupedQueryAttention : public Module {
   /// and rotates the queries and keys at each row's position.
   Heads prepare_heads(const Tensor& qkv, const std::vector<std::int64_t>& positions);
   Tensor forward_decode(const Tensor& input);
-  /// The heads' outputs [batch, length, local heads · head_dim], probabilities kept.
+  /// The keys and values of the whole sequence [batch, positions, local groups · head_dim]: the
+  /// layer's own, or (context parallelism) gathered from the group.
+  std::pair<Tensor, Tensor> whole_keys(std::int64_t batch, std::int64_t length);
+  /// The heads' outputs [batch, length, local heads · head_dim], row stats kept.
   Tensor attend(std::int64_t batch, std::int64_t length);
   /// Gradients of the rotated queries, keys and values from the heads' output gradient.
   void attend_backward(const Tensor& grad_attended, std::int64_t batch, std::int64_t length,
                        Tensor& grad_q, Tensor& grad_k, Tensor& grad_v) const;
+  /// attend_backward's context-parallel form: the query side of this rank's rows, then the key
+  /// side of its keys against every query row of the group.
+  void split_attend_backward(const Tensor& grad_attended, std::int64_t batch, std::int64_t length,
+                             Tensor& grad_q, Tensor& grad_k, Tensor& grad_v);
   /// qkv's output gradient from the queries', keys' and values' (undoing the rotation and the
   /// norms), in the group layout.
   Tensor merge_heads(Tensor& grad_q, Tensor& grad_k, const Tensor& grad_v, GradientSink& sink,
@@ -101,6 +113,7 @@ class GroupedQueryAttention : public Module {
   Tensor row_stats_;  // f32 [batch, local heads, length, 2]: each row's kernels::RowStats
   const DecodeRows* decode_rows_ = nullptr;
   KeyValueCache* cache_ = nullptr;
+  SequenceSplit* split_ = nullptr;
 };
 
 }  // namespace meshtensor::nn

@@ -123,6 +123,7 @@ class Llama : public Decoder {
   /// Exact mode's sums over whole groups, heads, MLP blocks and the vocabulary (see
   /// Gpt::set_exact_sums).
   void set_exact_sums(bool on) override;
+  void set_sequence_split(SequenceSplit* split) override;
   /// Whether set_exact_sums is on.
   bool exact_sums() const override { return exact_sums_; }
   /// One key/value cache per block for `slots` sequences of the whole context, of the key/value

@@ -122,6 +122,33 @@ class SplitCommunication {
   virtual void restore_saved(SavedState saved) { (void)saved; }
 };
 
+/// How a sequence is split over the ranks of a context-parallel group: the positions of the whole
+/// sequence this rank's rows are, and the collective that brings every member's rows together
+/// in position order. Attention uses it to see every key; the embeddings and rotary tables to
+/// use the rows' own positions. Every member makes the same calls.
+class SequenceSplit {
+ public:
+  virtual ~SequenceSplit() = default;
+  /// Ranks in the group.
+  virtual int degree() const = 0;
+  /// This rank's position in the group.
+  virtual int rank() const = 0;
+  /// Positions of the whole sequence of the current forward or backward.
+  virtual std::int64_t length() const = 0;
+  /// The positions of this rank's rows in the whole sequence, ascending.
+  virtual const std::vector<std::int64_t>& positions() const = 0;
+  /// The pieces of positions(): first position and count of each run of consecutive ones.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> pieces() const = 0;
+  /// Every member's f32 rows [batch, its positions, width] as [batch, length(), width], row t
+  /// holding position t. Collective.
+  virtual Tensor gather(const Tensor& local) = 0;
+};
+
+/// The positions `split` gives each of `batch` sequences' rows, in row order; with no split,
+/// 0 .. length-1 for each.
+std::vector<std::int64_t> row_positions(const SequenceSplit* split, std::int64_t batch,
+                                        std::int64_t length);
+
 /// The whole result of `partial` on one rank: its values, or its binned sums rounded once.
 Tensor round_partial(const PartialSums& partial);
 

@@ -9,6 +9,7 @@
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/comm/mesh_groups.hpp>
+#include <meshtensor/cp/context_parallel.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/spec.hpp>
@@ -32,6 +33,8 @@ struct TrainingLayout {
   int tp_dim = -1;
   /// Mesh dim of the pipeline stages (-1: none).
   int pp_dim = -1;
+  /// Mesh dim of context parallelism (-1: none).
+  int cp_dim = -1;
 };
 
 /// The layout `config` gives a run of `ranks` ranks (its named mesh, or its strategy's).
@@ -87,8 +90,18 @@ class TrainingModel {
   /// groups reduce on the last; the caller ends the step (sharded().end_step()).
   void prepare_chunk_backward(std::size_t chunk, std::int64_t k, std::int64_t count);
   /// The logits of `tokens` on every rank: the forward, through every pipeline stage when there
-  /// is a pipeline. Collective; the caller reshards.
+  /// is a pipeline; with context parallelism each rank computes its positions and the logits
+  /// are gathered (a sequence too short to split runs whole on every rank of the group).
+  /// Collective; the caller reshards.
   Tensor forward_logits(const Tensor& tokens);
+  /// The logits of the rows this rank holds of `tokens` (local_batch's input): forward_logits
+  /// without the gather.
+  Tensor forward_local(const Tensor& tokens);
+  /// The part of `batch` this rank computes: with context parallelism the positions of its cp
+  /// rank (inputs and targets), otherwise the batch itself.
+  Batch local_batch(const Batch& batch);
+  /// The context-parallel group (null without a cp mesh dim of more than one rank).
+  cp::ContextParallel* context_parallel() { return cp_.get(); }
   /// Runs chunk `chunk` forward on `input` for token windows of `sequence` positions (a stage
   /// after the first learns the sequence's length here: sequence parallelism needs it).
   Tensor forward_chunk(std::size_t chunk, const Tensor& input, std::int64_t sequence);
@@ -175,6 +188,7 @@ class TrainingModel {
   std::int64_t activation_bytes_ = 0;
   std::unique_ptr<comm::MeshGroups> groups_;
   std::unique_ptr<tp::TensorParallel> tp_;
+  std::unique_ptr<cp::ContextParallel> cp_;
   std::vector<std::pair<std::string, std::string>> plan_;
   LossSetup loss_;
   std::unique_ptr<fsdp::ShardedModel> sharded_;
