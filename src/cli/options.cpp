@@ -50,6 +50,12 @@ std::int64_t tensor_parallel_option(const std::string& ranks, const std::string&
                                     const std::string& names, std::string_view command) {
   if (!mesh.empty() || !names.empty()) {
     if (!ranks.empty()) throw ParseError("--ranks and --mesh exclude each other: give one");
+    if (names.find("cp") != std::string::npos) {
+      throw ParseError(fmt::format(
+          "{} decodes a token at a time with a key/value cache: context parallelism (cp in "
+          "--names '{}') splits training sequences only; give --names tp",
+          command, names));
+    }
     if (names != "tp") {
       throw ParseError(fmt::format(
           "{} runs on a 1-D tensor-parallel mesh: --names must be tp, got '{}'", command, names));

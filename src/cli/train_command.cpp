@@ -264,7 +264,7 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
         check.tokens, check.identical, check.largest_difference);
   }
   if (options.explain_parallelism) {
-    std::cout << "tensor-parallel plan:\n";
+    std::cout << "parallel plan:\n";
     for (const auto& [module, style] : result.parallel_plan)
       std::cout << fmt::format("  {:<22} {}\n", module, style);
     std::cout << "tensor-parallel collectives of the first step (rank 0):\n" << result.parallel_log;

@@ -34,6 +34,13 @@ bool context_splits(std::int64_t length, std::int64_t degree, ContextSplit split
   return chunk_extent(length, parts, parts - 1).size > 0;
 }
 
+std::int64_t largest_context_split(std::int64_t length, ContextSplit split) {
+  std::int64_t degree = std::max<std::int64_t>(0, length);
+  while (degree > 0 && !context_splits(length, degree, split))
+    --degree;
+  return degree;
+}
+
 std::int64_t shortest_context_split(std::int64_t degree, ContextSplit split) {
   return context_parts(std::max<std::int64_t>(degree, 1), split);
 }

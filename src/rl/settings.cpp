@@ -87,6 +87,12 @@ RlConfig RlSettings::config() const {
         "sync; it takes dp, fsdp and tp dims, not pp",
         text("mesh", ""), text("names", "")));
   }
+  if (train::mesh_dim(config.train, "cp") > 1) {
+    throw ParseError(fmt::format(
+        "`mesh` {} `names` {}: rl's trainer scores whole rollouts on every rank; it takes dp, "
+        "fsdp and tp dims, not cp",
+        text("mesh", ""), text("names", "")));
+  }
   if (config.train.mode == comm::ReductionMode::native) {
     throw ParseError(
         "`mode` native: the generator's log-probabilities would not be the trainer's; use exact "

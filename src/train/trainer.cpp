@@ -809,6 +809,26 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
   }
 }
 
+/// cp needs sequences (a language model) long enough that none of its 2·cp chunks is empty.
+void validate_context_parallel(const TrainConfig& config, const Task& task) {
+  const std::int64_t cp = mesh_dim(config, "cp");
+  if (cp <= 1) return;
+  if (dynamic_cast<const LanguageModelling*>(&task) == nullptr) {
+    throw InvalidArgument(
+        fmt::format("context parallelism splits sequences: cp {} needs a language model, not '{}'",
+                    cp, task.architecture()));
+  }
+  const std::int64_t length = task.targets_per_sample();
+  if (!context_splits(length, cp)) {
+    throw InvalidArgument(fmt::format(
+        "context parallelism: the context of {} positions does not split over cp {} (2·cp = {} "
+        "chunks of {} positions leave the last empty); use cp {} or less, or a context of at "
+        "least {}",
+        length, cp, 2 * cp, (length + 2 * cp - 1) / (2 * cp), largest_context_split(length),
+        shortest_context_split(cp)));
+  }
+}
+
 }  // namespace
 
 void validate_config(const TrainConfig& config, const Task& task) {
@@ -862,6 +882,7 @@ void validate_config(const TrainConfig& config, const Task& task) {
   }
   if (task.samples() == 0) throw InvalidArgument("the training set is empty");
   if (config.mesh) task.check_tensor_parallel(mesh_dim(config, "tp"));
+  validate_context_parallel(config, task);
   if (!(config.clip_grad_norm >= 0.0 && config.clip_grad_norm <= 1e6)) {
     throw InvalidArgument(fmt::format("the gradient clip norm must be within [0, 1e6], got {}",
                                       config.clip_grad_norm));

@@ -108,6 +108,7 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
     decoder->set_sequence_split(cp_.get());
   }
   plan_ = task.prepare_model(*model_, tp_.get(), config.mode);
+  if (cp_ != nullptr) explain_context_parallel();
   for (const nn::Parameter* p : model_->parameters()) {
     whole_shapes_.push_back(p->global_shape());
     parameter_count_ += whole_shapes_.back().numel();
@@ -471,6 +472,24 @@ std::vector<checkpoint::SaveItem> TrainingModel::state(const std::string& prefix
     }
   }
   return items;
+}
+
+void TrainingModel::explain_context_parallel() {
+  const int cp = cp_->degree();
+  plan_.emplace_back("sequence", fmt::format("cp {}: 2·cp = {} chunks by torch.chunk rules, rank r "
+                                             "holds chunks r and {} - r (head-tail)",
+                                             cp, 2 * cp, 2 * cp - 1));
+  plan_.emplace_back(
+      "attention",
+      "all-gather of each layer's keys and values over cp (forward; again in backward, then the "
+      "query side: queries, output gradients, row stats), not a ring: a row sums its keys in "
+      "ascending position, so a rank needs every key before any row is done; a ring would hold "
+      "the same keys and overlap only the score products");
+  if (exact_) {
+    plan_.emplace_back("weight gradients",
+                       "exact: sequence b's product on cp rank b mod cp, its rows all-gathered, "
+                       "so the bits are those of whole sequences");
+  }
 }
 
 Batch TrainingModel::local_batch(const Batch& batch) {

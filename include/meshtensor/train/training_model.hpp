@@ -161,6 +161,7 @@ class TrainingModel {
 
  private:
   void shard_groups();
+  void explain_context_parallel();  // appends the cp choices to the parallel plan
   void build_stages(const TrainConfig& config);
   void release_other_stages();
   void find_chunk_groups();
