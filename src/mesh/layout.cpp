@@ -34,17 +34,6 @@ bool context_splits(std::int64_t length, std::int64_t degree, ContextSplit split
   return chunk_extent(length, parts, parts - 1).size > 0;
 }
 
-std::int64_t largest_context_split(std::int64_t length, ContextSplit split) {
-  std::int64_t degree = std::max<std::int64_t>(0, length);
-  while (degree > 0 && !context_splits(length, degree, split))
-    --degree;
-  return degree;
-}
-
-std::int64_t shortest_context_split(std::int64_t degree, ContextSplit split) {
-  return context_parts(std::max<std::int64_t>(degree, 1), split);
-}
-
 std::vector<Chunk> context_chunks(std::int64_t length, std::int64_t degree, std::int64_t rank,
                                   ContextSplit split) {
   if (degree < 1 || rank < 0 || rank >= degree) {
@@ -56,9 +45,8 @@ std::vector<Chunk> context_chunks(std::int64_t length, std::int64_t degree, std:
     const std::int64_t chunk = length > 0 ? (length + parts - 1) / parts : 0;
     throw InvalidArgument(fmt::format(
         "context parallelism: a sequence of {} positions does not split over cp {} ({} chunks "
-        "of {} leave chunk {} empty); cp {} needs a sequence whose last chunk is not empty, at "
-        "least {} positions",
-        length, degree, parts, chunk, parts - 1, degree, shortest_context_split(degree, split)));
+        "of {} leave chunk {} empty)",
+        length, degree, parts, chunk, parts - 1));
   }
   if (split == ContextSplit::contiguous) return {chunk_extent(length, parts, rank)};
   return {chunk_extent(length, parts, rank), chunk_extent(length, parts, parts - 1 - rank)};

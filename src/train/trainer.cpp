@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
@@ -820,12 +821,14 @@ void validate_context_parallel(const TrainConfig& config, const Task& task) {
   }
   const std::int64_t length = task.targets_per_sample();
   if (!context_splits(length, cp)) {
+    std::vector<std::int64_t> degrees;  // the first few that do split it
+    for (std::int64_t d = 2; d <= length / 2 && degrees.size() < 16; ++d)
+      if (context_splits(length, d)) degrees.push_back(d);
     throw InvalidArgument(fmt::format(
         "context parallelism: the context of {} positions does not split over cp {} (2·cp = {} "
-        "chunks of {} positions leave the last empty); use cp {} or less, or a context of at "
-        "least {}",
-        length, cp, 2 * cp, (length + 2 * cp - 1) / (2 * cp), largest_context_split(length),
-        shortest_context_split(cp)));
+        "chunks of {} positions leave the last empty); cp degrees that split it: {}",
+        length, cp, 2 * cp, (length + 2 * cp - 1) / (2 * cp),
+        degrees.empty() ? std::string("none") : fmt::format("{}", fmt::join(degrees, ", "))));
   }
 }
 

@@ -57,6 +57,34 @@ TEST(ChunkExtent, MatchesTorchChunkForAllSmallCases) {
   EXPECT_THROW(chunk_extent(5, 2, 2), InvalidArgument);
 }
 
+TEST(ContextChunks, HeadTailGivesRankRChunksRAndTwoCpMinusOneMinusR) {
+  // 16 positions over cp 4: 8 chunks of 2; rank 1 holds chunks 1 and 6.
+  EXPECT_EQ(context_chunks(16, 4, 1), (std::vector<Chunk>{{2, 2}, {12, 2}}));
+  EXPECT_EQ(context_chunks(16, 4, 3), (std::vector<Chunk>{{6, 2}, {8, 2}}));
+  // Uneven by torch.chunk rules: 32 over cp 3 is 6 chunks of 6 and a last of 2.
+  EXPECT_EQ(context_chunks(32, 3, 0), (std::vector<Chunk>{{0, 6}, {30, 2}}));
+  EXPECT_EQ(context_chunks(32, 3, 2), (std::vector<Chunk>{{12, 6}, {18, 6}}));
+  EXPECT_EQ(context_chunks(32, 3, 1, ContextSplit::contiguous), (std::vector<Chunk>{{11, 11}}));
+  // Every position exactly once, for many lengths and degrees.
+  for (std::int64_t length = 1; length <= 40; ++length) {
+    for (std::int64_t cp = 1; cp <= 6; ++cp) {
+      if (!context_splits(length, cp)) {
+        EXPECT_THROW(context_chunks(length, cp, 0), InvalidArgument) << length << " " << cp;
+        continue;
+      }
+      std::vector<int> seen(static_cast<std::size_t>(length), 0);
+      for (std::int64_t r = 0; r < cp; ++r)
+        for (const Chunk& c : context_chunks(length, cp, r))
+          for (std::int64_t t = c.offset; t < c.offset + c.size; ++t)
+            ++seen[static_cast<std::size_t>(t)];
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), length) << length << " " << cp;
+    }
+  }
+  EXPECT_FALSE(context_splits(30, 8));  // chunks of 2: the 16th is empty
+  EXPECT_TRUE(context_splits(30, 15));
+  EXPECT_THROW(context_chunks(16, 4, 4), InvalidArgument);
+}
+
 struct RandomCase {
   DeviceMesh mesh;
   PlacementSpec spec;

@@ -38,14 +38,6 @@ enum class ContextSplit {
 std::vector<Chunk> context_chunks(std::int64_t length, std::int64_t degree, std::int64_t rank,
                                   ContextSplit split = ContextSplit::head_tail);
 
-/// The smallest sequence `degree` ranks can split by `split` with no empty chunk.
-std::int64_t shortest_context_split(std::int64_t degree,
-                                    ContextSplit split = ContextSplit::head_tail);
-
-/// The largest degree that splits `length` positions by `split` with no empty chunk (0: none).
-std::int64_t largest_context_split(std::int64_t length,
-                                   ContextSplit split = ContextSplit::head_tail);
-
 /// Whether `length` positions split over `degree` ranks by `split` leave no chunk empty.
 bool context_splits(std::int64_t length, std::int64_t degree,
                     ContextSplit split = ContextSplit::head_tail);
