@@ -23,6 +23,8 @@ void add_fsdp_bench(CLI::App& bench);
 void add_tp_bench(CLI::App& bench);
 /// `meshtensor bench pp`.
 void add_pp_bench(CLI::App& bench);
+/// `meshtensor bench cp`.
+void add_cp_bench(CLI::App& bench);
 /// `meshtensor bench generate`.
 void add_generate_bench(CLI::App& bench);
 /// `meshtensor bench checkpoint`.

@@ -1,10 +1,12 @@
 #include <memory>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include <meshtensor/comm/threads_backend.hpp>
 
 #include "bench_commands.hpp"
+#include "cp_bench.hpp"
 #include "options.hpp"
 #include "pp_bench.hpp"
 #include "train_bench.hpp"
@@ -132,6 +134,30 @@ void run_pp_bench(const PipelineBenchOptions& options) {
   set_exit_status(bench::run_pp_bench(config));
 }
 
+struct ContextBenchOptions {
+  TrainOptions train;
+  std::string degrees = "2,4";
+  std::string link = "20us,10";
+  std::string rounds = "3";
+  std::string memory_limit = "1024";
+};
+
+void run_cp_bench(const ContextBenchOptions& options) {
+  bench::ContextBenchConfig config;
+  config.degrees.clear();
+  std::stringstream list(options.degrees);
+  for (std::string item; std::getline(list, item, ',');)
+    config.degrees.push_back(integer_setting("--degrees", item, 2, 64));
+  config.rounds = integer_setting("--rounds", options.rounds, 1, 100);
+  config.memory_limit =
+      integer_setting("--memory-limit", options.memory_limit, 1, std::int64_t{1} << 30) << 20;
+  config.link = options.link;
+  comm::parse_link(config.link);  // checked before anything is measured
+  LoadedTask loaded;
+  config.input = bench_input(options.train, loaded);
+  set_exit_status(bench::run_cp_bench(config));
+}
+
 }  // namespace
 
 void add_pp_bench(CLI::App& bench) {
@@ -157,6 +183,29 @@ void add_pp_bench(CLI::App& bench) {
                       "alternated runs of each activation checkpointing (default 3)");
   add_flag(*command, "--json", train.json, "print one JSON object");
   command->callback([options] { run_pp_bench(*options); });
+}
+
+void add_cp_bench(CLI::App& bench) {
+  auto options = std::make_shared<ContextBenchOptions>();
+  CLI::App* command = bench.add_subcommand(
+      "cp",
+      "Context parallelism: each rank's attention work and time under the head-tail and "
+      "contiguous splits, training steps on each cp degree against cp 1 with and without the "
+      "simulated link, activation memory per rank, and the longest context within a memory "
+      "limit");
+  TrainOptions& train = options->train;
+  train.model = "gpt:context=2048";
+  train.defaults["batch"] = "2";
+  add_timed_train_options(*command, train, "4");
+  train.settings.add_to(*command, train::TrainSettings::table(), {"mode"},
+                        {{"mode", "ordered (default) or exact"}});
+  command->add_option("--degrees", options->degrees, "cp degrees, comma-separated (default 2,4)");
+  command->add_option("--link", options->link, "simulated link LATENCY,GBPS (default 20us,10)");
+  command->add_option("--rounds", options->rounds, "alternated runs of each (default 3)");
+  command->add_option("--memory-limit", options->memory_limit,
+                      "MiB of activations per rank for the longest context (default 1024)");
+  add_flag(*command, "--json", train.json, "print one JSON object");
+  command->callback([options] { run_cp_bench(*options); });
 }
 
 void add_train_bench(CLI::App& bench) {

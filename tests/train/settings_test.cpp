@@ -79,9 +79,9 @@ TEST(TrainSettings, ErrorsNameTheFieldInBackquotes) {
   EXPECT_EQ(message(given({{"mode", "exact"}, {"reduce_dtype", "bf16"}})),
             "`reduce_dtype` bf16 with `mode` exact: exact mode reduces gradients exactly (use "
             "ordered or native)");
-  EXPECT_EQ(
-      message(given({{"mesh", "2x2"}, {"names", "dp,cp"}})),
-      "`names`: unknown mesh dim name 'cp' (expected pp, dp, fsdp and tp, each at most once)");
+  EXPECT_EQ(message(given({{"mesh", "2x2"}, {"names", "dp,sp"}})),
+            "`names`: unknown mesh dim name 'sp' (expected pp, dp, fsdp, cp and tp, each at most "
+            "once)");
   EXPECT_EQ(message(given({{"trace", "maybe"}})), "`trace` 'maybe' is not true or false");
   EXPECT_THROW(TrainSettings().set("learning_rate", "1"), InvalidArgument);
 }
