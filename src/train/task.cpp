@@ -160,18 +160,21 @@ ModelFootprint gpt_footprint(const nn::GptConfig& model) {
   ModelFootprint footprint;
   footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model));
   footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
-  // Per token and layer, kept for backward: the normalised inputs, qkv, one row of
-  // probabilities per head, the attention output, the MLP's input, GELU input and output (4 dim
-  // each), the residual streams (18 dim and the probabilities); plus backward's temporaries of
-  // the layer in flight. Measured peaks (long contexts, where the probabilities dominate) stay
-  // below 24 dim and twice the probabilities. Then the logits with their gradient and
-  // probabilities.
-  const double per_layer = 24.0 * d + 2.0 * static_cast<double>(model.heads) * t;
+  // Per token and layer, kept for backward: the normalised inputs, qkv, each head's softmax
+  // statistics (2 values), the attention output, the MLP's input, GELU input and output (4 dim
+  // each), the residual streams (18 dim); plus backward's temporaries of the layer in flight.
+  // Measured peaks stay below 24 dim and twice the statistics. Then the logits with their
+  // gradient and probabilities.
+  const auto h = static_cast<double>(model.heads);
+  const double per_layer = 24.0 * d + 4.0 * h;
   footprint.activation_floats =
       t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
   footprint.exact_scratch_bytes =
       t * std::max({16.0 * 4 * d + 8.0 * d, 16.0 * d + 8.0 * 4 * d, 16.0 * d + 8.0 * v});
+  // Keys and values (2 dim, twice: the layer's and the heads' copies), the query side (2 dim +
+  // 3 per head), an exact weight's rows (5 dim: the MLP's input and output).
+  footprint.sequence_gather_floats = t * (11.0 * d + 3.0 * h);
   return footprint;
 }
 
@@ -189,13 +192,15 @@ ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
   // queries, keys and values (2 dim + 2 kv), one row of probabilities per head, the attention
   // output, gate/up (2 ffn), SwiGLU's output (ffn), the residual streams; plus backward's
   // temporaries of the layer in flight, counted as the GPT's (twice what is kept).
-  const double per_layer =
-      2.0 * (6.0 * d + 2.0 * kv + 3.0 * f) + 2.0 * static_cast<double>(model.heads) * t;
+  const auto h = static_cast<double>(model.heads);
+  const double per_layer = 2.0 * (6.0 * d + 2.0 * kv + 3.0 * f) + 4.0 * h;
   footprint.activation_floats =
       t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
   footprint.exact_scratch_bytes =
       t * std::max({16.0 * 2 * f + 8.0 * d, 16.0 * f + 8.0 * d, 16.0 * d + 8.0 * v});
+  // Keys and values (twice), the query side, an exact weight's rows (the MLP's gate/up).
+  footprint.sequence_gather_floats = t * (4.0 * kv + 3.0 * d + 3.0 * h + d + 2.0 * f);
   return footprint;
 }
 

@@ -908,6 +908,18 @@ void validate_config(const TrainConfig& config, const Task& task) {
   if (!config.save_dir.empty()) checkpoint::check_save_root(config.save_dir);
 }
 
+namespace {
+
+/// Context parallelism's gathers: whole sequences of this rank's samples, held at once.
+double context_gather_bytes(const TrainConfig& config, const ModelFootprint& model) {
+  if (mesh_dim(config, "cp") <= 1) return 0.0;
+  const double samples = std::ceil(static_cast<double>(config.batch) /
+                                   static_cast<double>(data_ranks(config) * config.micro_batches));
+  return 4.0 * samples * model.sequence_gather_floats;
+}
+
+}  // namespace
+
 double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks) {
   const ModelFootprint model = task.footprint();
   const double parameters = model.parameters;
@@ -943,7 +955,7 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
          (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit  // gathered, sinks
          + kActivationMargin * 4.0 * rows * (model.activation_floats + model.input_floats) +
          (exact ? rows * model.exact_scratch_bytes : 0.0)  // exact kernels' packed operands
-         + (exact ? per_sample_products : 0.0);
+         + (exact ? per_sample_products : 0.0) + context_gather_bytes(config, model);
 }
 
 namespace {

@@ -38,6 +38,10 @@ struct ModelFootprint {
   /// lists, 16 bytes a value, and dy as f64, 8 bytes a value): per-thread buffers kept between
   /// steps.
   double exact_scratch_bytes = 0;
+  /// f32 values of one whole sequence that context parallelism gathers at once (one layer's
+  /// keys, values and query side; in exact mode a weight's input and output rows): held by
+  /// every rank of the cp group, not split by it.
+  double sequence_gather_floats = 0;
 };
 
 /// What the trainer trains on: the model it builds, how the model splits into parameter groups,
