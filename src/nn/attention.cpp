@@ -228,17 +228,10 @@ Tensor CausalSelfAttention::whole_backward(const Tensor& grad_attended) const {
                          head.values_t);
       HeadOperands::copy(d_attended + b * length * attended_width, attended_width, h * head_dim,
                          length, head_dim, false, head.grad_output);
-      kernels::HeadGradientInputs in;
-      in.queries = head.queries.data();
-      in.keys = head.keys.data();
-      in.keys_t = head.keys_t.data();
-      in.values_t = head.values_t.data();
-      in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
-                 (b * heads + h) * length;
-      in.grad_output = head.grad_output.data();
-      in.length = length;
-      in.head_dim = head_dim;
-      in.scale = scale;
+      const kernels::HeadGradientInputs in = head.inputs(
+          reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+              (b * heads + h) * length,
+          length, head_dim, scale);
       kernels::attention_backward(in, grad_q.data(), grad_k.data(), grad_v.data());
       store_block(grad_q.data(), length, head_dim, d_sequence, stride, query);
       store_block(grad_k.data(), length, head_dim, d_sequence, stride, query + head_dim);
@@ -281,17 +274,10 @@ Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
       HeadOperands::copy(source.values + b * source.length * source.stride, source.stride,
                          source.value_column + h * source.head_step, source.length, head_dim, true,
                          head.values_t);
-      kernels::HeadGradientInputs in;
-      in.queries = head.queries.data();
-      in.keys = head.keys.data();
-      in.keys_t = head.keys_t.data();
-      in.values_t = head.values_t.data();
-      in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
-                 (b * heads + h) * rows;
-      in.grad_output = head.grad_output.data();
-      in.length = source.length;
-      in.head_dim = head_dim;
-      in.scale = scale;
+      const kernels::HeadGradientInputs in = head.inputs(
+          reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+              (b * heads + h) * rows,
+          source.length, head_dim, scale);
       kernels::attention_query_backward(in, positions.data(), rows, grad_q.data(),
                                         weighted.values<float>().data() + (b * heads + h) * rows);
       store_block(grad_q.data(), rows, head_dim, d_qkv + b * rows * stride, stride,

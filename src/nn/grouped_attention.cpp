@@ -220,17 +220,10 @@ void GroupedQueryAttention::split_attend_backward(const Tensor& grad_attended, s
                            length, hd, false, head.queries);
         HeadOperands::copy(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
                            h * hd, length, hd, false, head.grad_output);
-        kernels::HeadGradientInputs in;
-        in.queries = head.queries.data();
-        in.keys = head.keys.data();
-        in.keys_t = head.keys_t.data();
-        in.values_t = head.values_t.data();
-        in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
-                   (b * heads + h) * length;
-        in.grad_output = head.grad_output.data();
-        in.length = whole;
-        in.head_dim = hd;
-        in.scale = scale;
+        const kernels::HeadGradientInputs in = head.inputs(
+            reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                (b * heads + h) * length,
+            whole, hd, scale);
         kernels::attention_query_backward(
             in, positions.data(), length, head_dq.data(),
             weighted.values<float>().data() + (b * heads + h) * length);

@@ -24,6 +24,22 @@ void HeadOperands::copy(const float* matrix, std::int64_t stride, std::int64_t c
   }
 }
 
+kernels::HeadGradientInputs HeadOperands::inputs(const kernels::RowStats* stats,
+                                                 std::int64_t length, std::int64_t head_dim,
+                                                 float scale) const {
+  kernels::HeadGradientInputs in;
+  in.queries = queries.data();
+  in.keys = keys.data();
+  in.keys_t = keys_t.data();
+  in.values_t = values_t.data();
+  in.stats = stats;
+  in.grad_output = grad_output.data();
+  in.length = length;
+  in.head_dim = head_dim;
+  in.scale = scale;
+  return in;
+}
+
 WholeQuerySide gather_query_side(SequenceSplit& split, const Tensor& queries,
                                  const Tensor& grad_output, const Tensor& stats,
                                  const Tensor& weighted, std::int64_t heads) {

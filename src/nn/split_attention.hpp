@@ -42,6 +42,9 @@ struct HeadOperands {
   static void copy(const float* matrix, std::int64_t stride, std::int64_t column,
                    std::int64_t length, std::int64_t width, bool transpose,
                    std::vector<float>& out);
+  /// The kernels' view of these operands with `stats`, keys of `length` positions.
+  kernels::HeadGradientInputs inputs(const kernels::RowStats* stats, std::int64_t length,
+                                     std::int64_t head_dim, float scale) const;
 };
 
 /// The key side of one head's backward for this rank's keys (the pieces of `split`): dK and dV
