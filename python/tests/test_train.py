@@ -260,6 +260,22 @@ def test_pipeline_training_ends_on_the_one_rank_digest_in_exact_mode(text):
                                                  pipeline_schedule="interleaved-1f1b"))
 
 
+def test_context_parallel_training_ends_on_the_one_rank_digest_in_exact_mode(text):
+    corpus = mt.load_text(text)
+    run = dict(GPT_RUN, model="gpt:layers=2,heads=2,dim=16,context=22", mode="exact",
+               eval_every=0)
+    one = mt.run_threads(1, lambda world: mt.train(corpus, **run))[0]
+    # 22 positions over cp 3: 6 chunks of 4 and a last of 2 (uneven), times tp 2 with SP.
+    split = mt.run_threads(6, lambda world: mt.train(
+        corpus, **run, mesh=(3, 2), names=("cp", "tp"), sequence_parallel=True))
+    assert {(r["digest"], r["logits_digest"]) for r in split} == {
+        (one["digest"], one["logits_digest"])}
+    assert split[0]["mesh"] == "1x1x3x2 (dp x fsdp x cp x tp)"
+    with pytest.raises(mt.InvalidArgument, match=r"context of 22 positions does not split over "
+                       r"cp 8 .* cp degrees that split it: 2, 3, 4, 11"):
+        mt.run_threads(8, lambda world: mt.train(corpus, **run, mesh=(8,), names=("cp",)))
+
+
 def test_generate_matches_the_cli_and_does_not_depend_on_the_batch(cli, text, tmp_path):
     corpus = mt.load_text(text)
     save = str(tmp_path / "ckpt")
