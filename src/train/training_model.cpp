@@ -502,10 +502,14 @@ Tensor TrainingModel::forward_logits(const Tensor& tokens) {
   if (cp_ == nullptr) return forward_local(tokens);
   auto& decoder = dynamic_cast<nn::Decoder&>(*model_);
   if (!cp_->splits(tokens.shape()[1])) {
+    // Whole sequences on every rank of the group, the split back in place however it ends.
+    struct Whole {
+      nn::Decoder& decoder;
+      cp::ContextParallel* split;
+      ~Whole() { decoder.set_sequence_split(split); }
+    } whole{decoder, cp_.get()};
     decoder.set_sequence_split(nullptr);
-    Tensor logits = forward_local(tokens);
-    decoder.set_sequence_split(cp_.get());
-    return logits;
+    return forward_local(tokens);
   }
   cp_->set_length(tokens.shape()[1]);
   const Tensor local = forward_local(cp_->local_rows(tokens));
