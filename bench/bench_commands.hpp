@@ -7,6 +7,8 @@
 
 namespace meshtensor::cli {
 
+/// `meshtensor bench peak`.
+void add_peak_bench(CLI::App& bench);
 /// `meshtensor bench collective`.
 void add_collective_bench(CLI::App& bench);
 /// `meshtensor bench redistribute`.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace meshtensor::bench {
@@ -29,10 +30,14 @@ inline double steady_step_seconds(const std::vector<double>& steps) {
   return steady_median(steps, 2);
 }
 
-/// Prints "machine: <cpu model>, N hardware threads, kernels <level>" before a benchmark's text
-/// output (nothing with `json`, whose objects carry it as "machine", nor on mpi ranks other than
-/// 0): every figure names the CPU it was measured on.
+/// Prints "machine: <cpu model>, N hardware threads, kernels <level>, <measured_peak_text>" before
+/// a benchmark's text output (nothing with `json`, whose objects carry it as "machine", nor on mpi
+/// ranks other than 0): every figure names the CPU it was measured on.
 void print_machine_line(bool json);
+
+/// "f32 FMA peak N GFLOP/s a core at <level> (measured; bench peak)": one short measurement of
+/// kernels::fma_flops_per_second at the kernels' level, made once a process.
+std::string measured_peak_text();
 
 /// Seconds one call of `fn` takes.
 template <class Fn>
