@@ -15,7 +15,7 @@ std::string measured_peak_text() {
   static const std::string text = [] {
     const kernels::SimdLevel level = kernels::simd_level();
     return fmt::format("f32 FMA peak {:.0f} GFLOP/s a core at {} (measured; bench peak)",
-                       kernels::fma_flops_per_second(level, 0.02) / 1e9,
+                       kernels::measured_fma_peak_per_core() / 1e9,
                        kernels::simd_level_name(level));
   }();
   return text;

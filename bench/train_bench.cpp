@@ -12,6 +12,7 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/task.hpp>
 
 #include "timing.hpp"
@@ -74,7 +75,8 @@ TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agr
 }
 
 /// The timed runs of `bench train` as JSON rows.
-nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task) {
+nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task,
+                                const train::TrainConfig& config) {
   const bool language = dynamic_cast<const train::LanguageModelling*>(&task) != nullptr;
   nlohmann::json rows = nlohmann::json::array();
   const std::string eval = task.eval_name();
@@ -88,6 +90,10 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
                           {eval + "_accuracy", r.test_accuracy},
                           {"digest", digest_hex(r.digest)},
                           {"replicas_identical", r.replicas_identical}};
+    const train::Utilisation u = train::utilisation(task, config, r.layout.ranks, r.step_seconds);
+    row["model_flops_per_second"] = u.model_flops_per_second;
+    row["peak_flops_per_second"] = u.peak_flops_per_second;
+    row["mfu"] = u.mfu;
     if (language) {
       row["tokens_per_second"] =
           r.samples_per_second * static_cast<double>(task.targets_per_sample());
@@ -98,17 +104,21 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
 }
 
 /// The timed runs of `bench train` as a table.
-void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task) {
+void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task,
+                            const train::TrainConfig& config) {
   const auto per_sample = static_cast<double>(task.targets_per_sample());
-  std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>9} {:>9}  {}\n", "mode", "ranks",
-                           "micro", fmt::format("{}s/s", task.target_name()), "step ms",
-                           task.eval_name().substr(0, 4) + " loss", "acc", "digest");
+  std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>7} {:>6} {:>9} {:>9}  {}\n", "mode",
+                           "ranks", "micro", fmt::format("{}s/s", task.target_name()), "step ms",
+                           "GFLOP/s", "MFU", task.eval_name().substr(0, 4) + " loss", "acc",
+                           "digest");
   for (const TrainBenchRun& r : runs) {
-    std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>9.4f} {:>9.4f}  {}{}\n",
-                             r.mode, r.layout.ranks, r.layout.micro_batches,
-                             r.samples_per_second * per_sample, r.step_seconds * 1e3, r.test_loss,
-                             r.test_accuracy, digest_hex(r.digest),
-                             r.replicas_identical ? "" : "  (replicas DIFFER)");
+    const train::Utilisation u = train::utilisation(task, config, r.layout.ranks, r.step_seconds);
+    std::cout << fmt::format(
+        "{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>7.1f} {:>5.1f}% {:>9.4f} "
+        "{:>9.4f}  {}{}\n",
+        r.mode, r.layout.ranks, r.layout.micro_batches, r.samples_per_second * per_sample,
+        r.step_seconds * 1e3, u.model_flops_per_second / 1e9, 100 * u.mfu, r.test_loss,
+        r.test_accuracy, digest_hex(r.digest), r.replicas_identical ? "" : "  (replicas DIFFER)");
   }
 }
 
@@ -162,18 +172,20 @@ int run_train_bench(const TrainBenchConfig& bench) {
     if (r.mode == "exact") digests_agree = digests_agree && r.digest == runs[1].digest;
   }
   if (bench.input.json) {
-    nlohmann::json out = {
-        {"model", bench.input.model},           {"batch", config.batch},
-        {"runs", train_bench_rows(runs, task)}, {"exact_digests_identical", digests_agree},
-        {"reruns_identical", reruns_agree},     {"exact_over_ordered_step_time", ratio},
-        {"exact_over_ordered_rounds", ratios}};
+    nlohmann::json out = {{"model", bench.input.model},
+                          {"batch", config.batch},
+                          {"runs", train_bench_rows(runs, task, config)},
+                          {"exact_digests_identical", digests_agree},
+                          {"reruns_identical", reruns_agree},
+                          {"exact_over_ordered_step_time", ratio},
+                          {"exact_over_ordered_rounds", ratios}};
     std::cout << out.dump(2) << '\n';
   } else {
     std::cout << fmt::format("training {} (global batch {}, {}) on threads\n", bench.input.model,
                              config.batch,
                              config.steps > 0 ? fmt::format("{} steps", config.steps)
                                               : fmt::format("{} epochs", config.epochs));
-    print_train_bench_rows(runs, task);
+    print_train_bench_rows(runs, task, config);
     std::cout << fmt::format(
         "exact / ordered step time on {} ranks: {:.2f}x, median of {} alternated rounds ({:.2f}) "
         "(goal: at most 3x)\n",

@@ -248,6 +248,11 @@ double fma_flops_per_second_threads(SimdLevel level, int threads, double seconds
   return best;
 }
 
+double measured_fma_peak_per_core() {
+  static const double peak = fma_flops_per_second(simd_level(), 0.02);
+  return peak;
+}
+
 double triad_bytes_per_second(std::int64_t elements, int threads, int repeats) {
   if (elements < 1 || threads < 1)
     throw InvalidArgument(fmt::format("a triad of {} elements on {} threads", elements, threads));

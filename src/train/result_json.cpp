@@ -1,8 +1,10 @@
 #include <algorithm>
+#include <thread>
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/fsdp/memory.hpp>
+#include <meshtensor/kernels/peak.hpp>
 #include <meshtensor/pp/stage.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/settings.hpp>
@@ -57,6 +59,33 @@ nlohmann::json epoch_json(const EpochReport& e, const Task& task) {
   return out;
 }
 
+namespace {
+
+/// The median step time after the first two steps (which allocate and warm the caches).
+double steady_step(std::vector<double> steps) {
+  steps.erase(steps.begin(), steps.begin() + 2);
+  std::sort(steps.begin(), steps.end());
+  const std::size_t n = steps.size();
+  return n % 2 == 1 ? steps[n / 2] : 0.5 * (steps[n / 2 - 1] + steps[n / 2]);
+}
+
+}  // namespace
+
+Utilisation utilisation(const Task& task, const TrainConfig& config, std::int64_t ranks,
+                        double step_seconds) {
+  Utilisation u;
+  u.model_flops_per_target = task.footprint().training_flops_per_target;
+  const double targets = static_cast<double>(std::min(config.batch, task.samples())) *
+                         static_cast<double>(task.targets_per_sample());
+  if (step_seconds > 0)
+    u.model_flops_per_second = u.model_flops_per_target * targets / step_seconds;
+  const auto cores = static_cast<double>(
+      std::min<std::int64_t>(ranks, std::max(1U, std::thread::hardware_concurrency())));
+  u.peak_flops_per_second = kernels::measured_fma_peak_per_core() * cores;
+  u.mfu = u.peak_flops_per_second > 0 ? u.model_flops_per_second / u.peak_flops_per_second : 0;
+  return u;
+}
+
 nlohmann::json result_json(const TrainResult& result, const Task& task, const TrainConfig& config,
                            std::int64_t ranks) {
   const std::string eval = task.eval_name();
@@ -100,6 +129,13 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
       {"pipeline", pipeline_json(result)},
       {"parallel_plan", plan},
       {"parallel_log", result.parallel_log}};
+  if (result.step_seconds.size() > 2) {
+    const Utilisation u = utilisation(task, config, ranks, steady_step(result.step_seconds));
+    out["model_flops_per_target"] = u.model_flops_per_target;
+    out["model_flops_per_second"] = u.model_flops_per_second;
+    out["peak_flops_per_second"] = u.peak_flops_per_second;
+    out["mfu"] = u.mfu;
+  }
   if (const auto bits = bits_per_byte(result.test_loss, task); bits && result.evaluated)
     out[eval + "_bits_per_byte"] = *bits;
   out["generator_check"] = nullptr;

@@ -141,6 +141,7 @@ ModelFootprint ImageClassification::footprint() const {
     footprint.parameters += layer;
     footprint.largest_unit = std::max(footprint.largest_unit, layer);
     footprint.activation_floats += 4.0 * widths[i + 1];
+    footprint.training_flops_per_target += 6.0 * widths[i] * widths[i + 1];
   }
   footprint.input_floats = widths.front();
   footprint.activation_floats += 4.0 * widths.front();
@@ -175,6 +176,9 @@ ModelFootprint gpt_footprint(const nn::GptConfig& model) {
   // Keys and values (2 dim, twice: the layer's and the heads' copies), the query side (2 dim +
   // 3 per head), an exact weight's rows (5 dim: the MLP's input and output).
   footprint.sequence_gather_floats = t * (11.0 * d + 3.0 * h);
+  const auto layers = static_cast<double>(model.layers);
+  footprint.training_flops_per_target =
+      6.0 * (layers * 12.0 * d * d + d * v) + 6.0 * layers * d * t;
   return footprint;
 }
 
@@ -201,6 +205,9 @@ ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
       t * std::max({16.0 * 2 * f + 8.0 * d, 16.0 * f + 8.0 * d, 16.0 * d + 8.0 * v});
   // Keys and values (twice), the query side, an exact weight's rows (the MLP's gate/up).
   footprint.sequence_gather_floats = t * (4.0 * kv + 3.0 * d + 3.0 * h + d + 2.0 * f);
+  const auto layers = static_cast<double>(model.layers);
+  footprint.training_flops_per_target =
+      6.0 * (layers * (d * (2.0 * d + kv) + 3.0 * d * f) + d * v) + 6.0 * layers * d * t;
   return footprint;
 }
 

@@ -34,6 +34,10 @@ double fma_flops_per_second(SimdLevel level, double seconds = 0.1);
 /// over the wall time of the slowest).
 double fma_flops_per_second_threads(SimdLevel level, int threads, double seconds = 0.1);
 
+/// fma_flops_per_second at the kernels' level (simd_level()), measured once a process (a short
+/// measurement on first use): what model FLOPs utilisation figures divide by.
+double measured_fma_peak_per_core();
+
 /// Bytes per second of a STREAM triad a[i] = b[i] + s·c[i] over f32 arrays of `elements` each,
 /// split over `threads` threads (3 × 4 bytes an element, as STREAM counts), best of `repeats`.
 double triad_bytes_per_second(std::int64_t elements, int threads, int repeats = 3);

@@ -21,4 +21,17 @@ nlohmann::json epoch_json(const EpochReport& report, const Task& task);
 nlohmann::json result_json(const TrainResult& result, const Task& task, const TrainConfig& config,
                            std::int64_t ranks);
 
+/// Model FLOPs utilisation of training steps: the model FLOP of a step (Task::footprint()'s
+/// training_flops_per_target times the targets of a global batch) over `step_seconds`, against
+/// the measured f32 FMA peak of the cores `ranks` ranks use (at most the hardware threads).
+struct Utilisation {
+  double model_flops_per_target = 0;
+  double model_flops_per_second = 0;
+  double peak_flops_per_second = 0;
+  double mfu = 0;  ///< model_flops_per_second / peak_flops_per_second
+};
+/// See Utilisation.
+Utilisation utilisation(const Task& task, const TrainConfig& config, std::int64_t ranks,
+                        double step_seconds);
+
 }  // namespace meshtensor::train

@@ -42,6 +42,10 @@ struct ModelFootprint {
   /// keys, values and query side; in exact mode a weight's input and output rows): held by
   /// every rank of the cp group, not split by it.
   double sequence_gather_floats = 0;
+  /// Model FLOP of one target through forward and backward (docs/performance.md, "Model FLOPs
+  /// utilisation"): 6 per matmul weight (2 forward, 4 backward) and, for a decoder, 6·dim a
+  /// layer per key a causal row attends to on average (context / 2 of them).
+  double training_flops_per_target = 0;
 };
 
 /// What the trainer trains on: the model it builds, how the model splits into parameter groups,
