@@ -12,6 +12,7 @@
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/task.hpp>
 
@@ -30,6 +31,7 @@ struct TrainBenchRun {
   double test_loss = 0.0;
   std::uint64_t digest = 0;
   bool replicas_identical = false;
+  ProfileSeconds profile{};  ///< rank 0's seconds per step of each row (train --json's profile)
 };
 
 TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
@@ -53,6 +55,8 @@ TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
     run.test_loss = result.test_loss;
     run.digest = result.digest;
     run.replicas_identical = result.replicas_identical;
+    for (std::size_t r = 0; r < kProfileRows && result.profiled_steps > 0; ++r)
+      run.profile[r] = result.profile[r] / static_cast<double>(result.profiled_steps);
   });
   return run;
 }
@@ -94,6 +98,8 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
     row["model_flops_per_second"] = u.model_flops_per_second;
     row["peak_flops_per_second"] = u.peak_flops_per_second;
     row["mfu"] = u.mfu;
+    for (std::size_t p = 0; p < kProfileRows; ++p)
+      row["profile"][std::string(profile_row_name(static_cast<ProfileRow>(p)))] = r.profile[p];
     if (language) {
       row["tokens_per_second"] =
           r.samples_per_second * static_cast<double>(task.targets_per_sample());
@@ -119,6 +125,12 @@ void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train:
         r.mode, r.layout.ranks, r.layout.micro_batches, r.samples_per_second * per_sample,
         r.step_seconds * 1e3, u.model_flops_per_second / 1e9, 100 * u.mfu, r.test_loss,
         r.test_accuracy, digest_hex(r.digest), r.replicas_identical ? "" : "  (replicas DIFFER)");
+    std::string profile;
+    for (std::size_t p = 0; p < kProfileRows; ++p) {
+      profile += fmt::format("{}{} {:.1f}", p == 0 ? "" : ", ",
+                             profile_row_name(static_cast<ProfileRow>(p)), r.profile[p] * 1e3);
+    }
+    std::cout << fmt::format("  profile of rank 0, ms a step: {}\n", profile);
   }
 }
 

@@ -276,6 +276,24 @@ def test_context_parallel_training_ends_on_the_one_rank_digest_in_exact_mode(tex
         mt.run_threads(8, lambda world: mt.train(corpus, **run, mesh=(8,), names=("cp",)))
 
 
+def test_the_step_profile_adds_up_to_the_step_time_and_mfu_is_a_fraction(text):
+    corpus = mt.load_text(text)
+    for mode in ("ordered", "exact"):
+        result = mt.run_threads(1, lambda world: mt.train(
+            corpus, **dict(GPT_RUN, steps=6, eval_every=0, mode=mode)))[0]
+        profile = result["profile"]
+        rows = profile["seconds_per_step"]
+        assert set(rows) == {"other", "matmul", "attention", "exact_sums", "norms_activations",
+                             "loss", "optimizer", "communication_wait", "data"}
+        assert profile["steps"] == 4  # every step after the first two
+        assert abs(sum(rows.values()) - profile["step_seconds"]) <= 0.05 * profile["step_seconds"]
+        assert rows["matmul"] > 0 and rows["attention"] > 0
+        # Exact mode's gradients are binned sums; ordered mode bins only the loss total.
+        assert (rows["exact_sums"] > 0.1 * profile["step_seconds"]) == (mode == "exact")
+        assert 0 < result["mfu"] < 1.5
+        assert result["model_flops_per_second"] > 0 and result["peak_flops_per_second"] > 0
+
+
 def test_generate_matches_the_cli_and_does_not_depend_on_the_batch(cli, text, tmp_path):
     corpus = mt.load_text(text)
     save = str(tmp_path / "ckpt")

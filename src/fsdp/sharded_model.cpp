@@ -9,6 +9,7 @@
 
 #include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/fsdp/reduction.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
@@ -682,7 +683,10 @@ void ShardedModel::wait_for(const comm::Work& work, const std::string& what) {
     return;
   }
   const auto begin = std::chrono::steady_clock::now();
-  work.wait();
+  {
+    const ProfileScope profile(ProfileRow::communication_wait);
+    work.wait();
+  }
   const auto end = std::chrono::steady_clock::now();
   wait_seconds_ += std::chrono::duration<double>(end - begin).count();
   if (tracer_.enabled()) tracer_.record(what, "wait", "compute", begin, end);

@@ -10,6 +10,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/half.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 
@@ -568,6 +569,7 @@ void check_f32(const Tensor& t, const char* what, const char* operation) {
 
 void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, const Tensor& dy,
                         Start start) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   const char* operation = "add_outer_products";
   check_rows_matrix(x, "x", operation);
   check_rows_matrix(dy, "dy", operation);
@@ -616,6 +618,7 @@ void add_outer_products(BinnedSums& sums, std::int64_t offset, const Tensor& x, 
 
 void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a, const Tensor& b,
                          Start start) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   const char* operation = "add_column_products";
   check_rows_matrix(a, "a", operation);
   check_rows_matrix(b, "b", operation);
@@ -635,6 +638,7 @@ void add_column_products(BinnedSums& sums, std::int64_t offset, const Tensor& a,
 }
 
 void add_column_sums(BinnedSums& sums, std::int64_t offset, const Tensor& a, Start start) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   const char* operation = "add_column_sums";
   check_rows_matrix(a, "a", operation);
   const std::int64_t rows = a.shape()[0];
@@ -711,6 +715,7 @@ void align_bins(BinnedSums& sums, const Tensor& bins) {
 }
 
 void merge_binned_sums(BinnedSums& sums, BinnedSums& other) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   check_count(sums, other.count(), "merge_binned_sums");
   const Planes mine = planes_of(sums);
   const Planes theirs = planes_of(other);
@@ -781,6 +786,7 @@ MESHTENSOR_SIMD_KERNEL(merge_parts, merge_parts_body)
 }  // namespace
 
 void merge_binned_parts(BinnedSums& sums, std::span<const BinnedPart> parts) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   if (parts.empty()) throw InvalidArgument("merge_binned_parts: no parts to merge");
   merge_parts<void>(planes_of(sums), parts.data(), parts.size(), sums.count());
 }
@@ -890,6 +896,7 @@ MESHTENSOR_SIMD_KERNEL(round_to_f32_fast, round_to_f32_fast_body)
 }  // namespace
 
 void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out) {
+  const ProfileScope profile(ProfileRow::exact_sums);
   if (divisor <= 0)
     throw InvalidArgument(fmt::format("round_binned_sums: divisor {} is not positive", divisor));
   if ((out.dtype() != DType::f32 && out.dtype() != DType::f64) || out.numel() != sums.count()) {

@@ -13,6 +13,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/half.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
@@ -501,6 +502,7 @@ bool is_matmul_input(DType dtype) {
 
 void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
             Tensor c, bool accumulate) {
+  const ProfileScope profile(ProfileRow::matmul);
   if (!a.defined() || !b.defined() || !c.defined())
     throw InvalidArgument("matmul: an operand is undefined");
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/nn/attention.hpp>
@@ -113,6 +114,7 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   }
   if (decode_rows_ != nullptr) return forward_decode(input);
   qkv_values_ = run_forward(qkv_, input);
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t length = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;
@@ -202,6 +204,7 @@ Tensor CausalSelfAttention::backward(const Tensor& grad_output, GradientSink& si
 }
 
 Tensor CausalSelfAttention::whole_backward(const Tensor& grad_attended) const {
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t length = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;
@@ -242,6 +245,7 @@ Tensor CausalSelfAttention::whole_backward(const Tensor& grad_attended) const {
 }
 
 Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t batch = qkv_values_.shape()[0];
   const std::int64_t rows = qkv_values_.shape()[1];
   const std::int64_t head_dim = dim_ / heads_;

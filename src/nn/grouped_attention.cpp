@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/nn/grouped_attention.hpp>
@@ -149,6 +150,7 @@ std::pair<Tensor, Tensor> GroupedQueryAttention::whole_keys(std::int64_t batch,
 }
 
 Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
@@ -190,6 +192,7 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
 void GroupedQueryAttention::split_attend_backward(const Tensor& grad_attended, std::int64_t batch,
                                                   std::int64_t length, Tensor& grad_q,
                                                   Tensor& grad_k, Tensor& grad_v) {
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
@@ -342,6 +345,7 @@ Tensor GroupedQueryAttention::forward(const Tensor& input) {
 void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::int64_t batch,
                                             std::int64_t length, Tensor& grad_q, Tensor& grad_k,
                                             Tensor& grad_v) const {
+  const ProfileScope profile(ProfileRow::attention);
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();

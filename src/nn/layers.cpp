@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
@@ -330,6 +331,7 @@ Tensor ReLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_
 }
 
 Tensor GELU::forward(const Tensor& input) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   input_ = input.contiguous();
   Tensor output = Tensor::uninitialized(input.shape(), DType::f32);
   kernels::gelu_forward(input_.values<float>().data(), output.values<float>().data(),
@@ -338,6 +340,7 @@ Tensor GELU::forward(const Tensor& input) {
 }
 
 Tensor GELU::backward(const Tensor& grad_output, GradientSink&, bool need_input_grad) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   check_grad(grad_output, input_, "GELU");
   Tensor grad_input;
   if (need_input_grad) {
@@ -400,6 +403,7 @@ Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 }
 
 Tensor LayerNorm::forward(const Tensor& input) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   const std::int64_t n = weight_.value.numel();
   check_input(input, n, describe());
   const Tensor x = input.contiguous().reshape(Shape{input.numel() / n, n});
@@ -408,6 +412,7 @@ Tensor LayerNorm::forward(const Tensor& input) {
 }
 
 Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   if (!normalized_.defined()) throw InvalidArgument("LayerNorm: backward without a forward");
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.numel() != normalized_.numel() ||

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/nn/loss.hpp>
 
 namespace meshtensor::nn {
@@ -69,6 +70,7 @@ std::int64_t count_correct(const Tensor& z, std::span<const std::int32_t> labels
 
 CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const std::int32_t> labels,
                                          const CrossEntropyOptions& options) {
+  const ProfileScope profile(ProfileRow::loss);
   if (!logits.defined() || logits.rank() != 2 || logits.dtype() != DType::f32) {
     throw InvalidArgument("softmax_cross_entropy needs f32 [rows, classes] logits");
   }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -50,6 +51,7 @@ RMSNorm::RMSNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) {
 }
 
 Tensor RMSNorm::forward(const Tensor& input) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   const std::int64_t n = weight_.value.numel();
   check_input(input, n, describe());
   const Tensor x = input.contiguous().reshape(Shape{input.numel() / n, n});
@@ -58,6 +60,7 @@ Tensor RMSNorm::forward(const Tensor& input) {
 }
 
 Tensor RMSNorm::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   if (!normalized_.defined()) throw InvalidArgument("RMSNorm: backward without a forward");
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.numel() != normalized_.numel() ||

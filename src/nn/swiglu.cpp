@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -18,6 +19,7 @@ std::string SwiGLU::describe() const {
 }
 
 Tensor SwiGLU::forward(const Tensor& input) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   const std::int64_t width =
       input.defined() && input.rank() >= 2 ? input.shape()[input.rank() - 1] : 0;
   if (!input.defined() || input.dtype() != DType::f32 || width % (2 * block_width_) != 0 ||
@@ -46,6 +48,7 @@ Tensor SwiGLU::forward(const Tensor& input) {
 }
 
 Tensor SwiGLU::backward(const Tensor& grad_output, GradientSink&, bool need_input_grad) {
+  const ProfileScope profile(ProfileRow::norms_activations);
   if (!input_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
   const std::int64_t width = input_.shape()[1];
   if (!grad_output.defined() || grad_output.numel() * 2 != input_.numel()) {

@@ -136,6 +136,15 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
     out["peak_flops_per_second"] = u.peak_flops_per_second;
     out["mfu"] = u.mfu;
   }
+  if (result.profiled_steps > 0) {
+    const auto steps = static_cast<double>(result.profiled_steps);
+    nlohmann::json rows = nlohmann::json::object();
+    for (std::size_t r = 0; r < kProfileRows; ++r)
+      rows[std::string(profile_row_name(static_cast<ProfileRow>(r)))] = result.profile[r] / steps;
+    out["profile"] = {{"steps", result.profiled_steps},
+                      {"step_seconds", result.profiled_seconds / steps},
+                      {"seconds_per_step", rows}};
+  }
   if (const auto bits = bits_per_byte(result.test_loss, task); bits && result.evaluated)
     out[eval + "_bits_per_byte"] = *bits;
   out["generator_check"] = nullptr;

@@ -16,6 +16,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
@@ -550,6 +551,7 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   // Every rank runs every micro-batch, empty or not: the collectives are the same on all.
   std::vector<Batch> batches;
   for (std::int64_t k = 0; k < config_.micro_batches; ++k) {
+    const ProfileScope profile(ProfileRow::data);
     const Chunk micro = chunk_extent(slice.size, config_.micro_batches, k);
     batches.push_back(model_->local_batch(
         task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size)));
@@ -642,6 +644,7 @@ void TrainingRun::finish() {
         config_.seed);
     sharded_->reshard();
   }
+  result_.profile = ThreadProfile::take();
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.activation_peak_bytes = result_.memory_peak_by_kind.of(fsdp::MemoryKind::activations);
@@ -718,7 +721,15 @@ TrainResult TrainingRun::run() {
       const double waited_before = sharded_->wait_seconds();
       const bool log_step = tp_ != nullptr && result_.step_seconds.empty();
       if (log_step) tp_->log().enable(true);
+      // The profile covers the steps after the first two (which allocate and warm the caches).
+      const bool profiled = result_.step_seconds.size() >= 2;
+      if (profiled) ThreadProfile::resume();
       const Totals totals = train_step(epoch - 1, s);
+      if (profiled) {
+        ThreadProfile::pause();
+        result_.profiled_seconds += seconds_since(step_start);
+        ++result_.profiled_steps;
+      }
       if (log_step) {
         tp_->log().enable(false);
         result_.parallel_log = tp_->log().to_text();

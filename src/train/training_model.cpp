@@ -10,6 +10,7 @@
 #include <meshtensor/comm/binned_reduction.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/tp/ops.hpp>
@@ -346,6 +347,7 @@ Tensor TrainingModel::whole_logits(const Tensor& logits) const {
 }
 
 void TrainingModel::optimizer_step(double lr) {
+  const ProfileScope profile(ProfileRow::optimizer);
   {
     const fsdp::Tracer::Span span(sharded_->tracer(), "optimizer step", "optimizer", "compute");
     optimizer_->step(lr);
@@ -358,6 +360,7 @@ void TrainingModel::optimizer_step(double lr) {
 }
 
 double TrainingModel::clip_gradients(double clip) {
+  const ProfileScope profile(ProfileRow::optimizer);
   const fsdp::Tracer::Span span(sharded_->tracer(), "clip gradients", "optimizer", "compute");
   kernels::BinnedSums squares(1);
   double local = 0.0;

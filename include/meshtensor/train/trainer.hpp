@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/core/profile.hpp>
 #include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/mesh/device_mesh.hpp>
 #include <meshtensor/nn/optim.hpp>
@@ -181,6 +182,11 @@ struct TrainResult {
   fsdp::MemoryTracker::Snapshot memory_peak_by_kind;
   std::vector<double> step_seconds;       ///< wall time of every step (this rank)
   std::vector<double> step_wait_seconds;  ///< per step: compute waiting for communication
+  /// This rank's step profile: seconds of each ProfileRow over the profiled steps (every step
+  /// after the first two), which took `profiled_seconds` in all.
+  ProfileSeconds profile{};
+  double profiled_seconds = 0.0;
+  std::int64_t profiled_steps = 0;
   std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
   std::int64_t resumed_step = 0;         ///< the step the run resumed at (0: started afresh)
   std::vector<std::string> checkpoints;  ///< directories saved, in order
