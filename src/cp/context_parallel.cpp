@@ -25,6 +25,9 @@ void ContextParallel::set_length(std::int64_t length) {
     members.push_back(std::move(positions));
   }
   member_positions_ = std::move(members);
+  pieces_.clear();
+  for (const Chunk& chunk : context_chunks(length, degree(), rank(), split_))
+    pieces_.emplace_back(chunk.offset, chunk.size);
   length_ = length;
 }
 
@@ -33,10 +36,7 @@ const std::vector<std::int64_t>& ContextParallel::positions() const {
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> ContextParallel::pieces() const {
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
-  for (const Chunk& chunk : context_chunks(length_, degree(), rank(), split_))
-    out.emplace_back(chunk.offset, chunk.size);
-  return out;
+  return pieces_;
 }
 
 Tensor ContextParallel::gather(const Tensor& given) {

@@ -116,28 +116,44 @@ float fma_loop_baseline(std::int64_t iterations) {
 }
 #endif
 
+/// f32 FLOP of one iteration of the level's loop.
+double flops_per_iteration(SimdLevel level) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  switch (level) {
+    case SimdLevel::avx512:
+      return 2.0 * 16 * kAccumulators512;
+    case SimdLevel::avx2:
+      return 2.0 * 8 * kAccumulators256;
+    default:
+      return 2.0 * 4 * kAccumulators256;
+  }
+#else
+  (void)level;
+  return 2.0;
+#endif
+}
+
 /// Runs the level's loop for `iterations`; returns its f32 FLOP.
 double run_fma_loop(SimdLevel level, std::int64_t iterations, volatile float& sink) {
 #if defined(__x86_64__) && defined(__GNUC__)
   switch (level) {
     case SimdLevel::avx512:
       sink = fma_loop_avx512(iterations);
-      return 2.0 * 16 * kAccumulators512 * static_cast<double>(iterations);
+      break;
     case SimdLevel::avx2:
       sink = fma_loop_avx2(iterations);
-      return 2.0 * 8 * kAccumulators256 * static_cast<double>(iterations);
+      break;
     default:
       sink = fma_loop_baseline(iterations);
-      return 2.0 * 4 * kAccumulators256 * static_cast<double>(iterations);
+      break;
   }
 #else
   float a = 1.0f;
   for (std::int64_t k = 0; k < iterations; ++k)
     a = a * 0.999999f + 1e-7f;
   sink = a;
-  (void)level;
-  return 2.0 * static_cast<double>(iterations);
 #endif
+  return flops_per_iteration(level) * static_cast<double>(iterations);
 }
 
 void check_level(SimdLevel level) {
@@ -241,8 +257,7 @@ double fma_flops_per_second_threads(SimdLevel level, int threads, double seconds
     for (std::thread& w : workers)
       w.join();
     const double took = seconds_since(start);
-    volatile float sink = 0;
-    const double flops = run_fma_loop(level, 1, sink) * static_cast<double>(iterations);
+    const double flops = flops_per_iteration(level) * static_cast<double>(iterations);
     best = std::max(best, flops * threads / took);
   }
   return best;

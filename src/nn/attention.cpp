@@ -134,7 +134,8 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   for (std::int64_t b = 0; b < batch; ++b) {
     const float* sequence = qkv + b * length * stride;
     for (std::int64_t h = 0; h < heads; ++h) {
-      source.head(b, h, head_dim, keys_t, values);
+      source.keys_of(b, h, head_dim, true, keys_t);
+      source.values_of(b, h, head_dim, false, values);
       const kernels::HeadCache cache{keys_t.data(), values.data(), source.length, head_dim};
       kernels::RowStats* head_stats = stats + (b * heads + h) * length;
       for (std::int64_t i = 0; i < length; ++i) {
@@ -148,13 +149,17 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   return run_forward(projection_, attended);
 }
 
-void CausalSelfAttention::KeySource::head(std::int64_t b, std::int64_t h, std::int64_t head_dim,
-                                          std::vector<float>& keys_t_out,
-                                          std::vector<float>& values_out) const {
+void CausalSelfAttention::KeySource::keys_of(std::int64_t b, std::int64_t h, std::int64_t head_dim,
+                                             bool transpose, std::vector<float>& out) const {
   HeadOperands::copy(keys + b * length * stride, stride, key_column + h * head_step, length,
-                     head_dim, true, keys_t_out);
+                     head_dim, transpose, out);
+}
+
+void CausalSelfAttention::KeySource::values_of(std::int64_t b, std::int64_t h,
+                                               std::int64_t head_dim, bool transpose,
+                                               std::vector<float>& out) const {
   HeadOperands::copy(values + b * length * stride, stride, value_column + h * head_step, length,
-                     head_dim, false, values_out);
+                     head_dim, transpose, out);
 }
 
 CausalSelfAttention::KeySource CausalSelfAttention::key_source() {
@@ -260,7 +265,6 @@ Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
   Tensor queries = Tensor::uninitialized(Shape{batch, rows, width}, DType::f32);
   Tensor weighted = Tensor::uninitialized(Shape{batch, heads, rows}, DType::f32);
   HeadOperands head;
-  std::vector<float> values;
   std::vector<float> grad_q(static_cast<std::size_t>(rows * head_dim));
   // The query side of this rank's rows against every key.
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -271,13 +275,9 @@ Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
                   queries.values<float>().data() + b * rows * width, width, h * head_dim);
       HeadOperands::copy(grad_attended.values<float>().data() + b * rows * width, width,
                          h * head_dim, rows, head_dim, false, head.grad_output);
-      source.head(b, h, head_dim, head.keys_t, values);
-      HeadOperands::copy(source.keys + b * source.length * source.stride, source.stride,
-                         source.key_column + h * source.head_step, source.length, head_dim, false,
-                         head.keys);
-      HeadOperands::copy(source.values + b * source.length * source.stride, source.stride,
-                         source.value_column + h * source.head_step, source.length, head_dim, true,
-                         head.values_t);
+      source.keys_of(b, h, head_dim, true, head.keys_t);
+      source.keys_of(b, h, head_dim, false, head.keys);
+      source.values_of(b, h, head_dim, true, head.values_t);
       const kernels::HeadGradientInputs in = head.inputs(
           reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
               (b * heads + h) * rows,
@@ -295,10 +295,8 @@ Tensor CausalSelfAttention::split_backward(const Tensor& grad_attended) {
   std::vector<float> grad_v(grad_q.size());
   for (std::int64_t b = 0; b < batch; ++b) {
     for (std::int64_t h = 0; h < heads; ++h) {
-      source.head(b, h, head_dim, head.keys_t, values);
-      HeadOperands::copy(source.values + b * source.length * source.stride, source.stride,
-                         source.value_column + h * source.head_step, source.length, head_dim, true,
-                         head.values_t);
+      source.keys_of(b, h, head_dim, true, head.keys_t);
+      source.values_of(b, h, head_dim, true, head.values_t);
       split_key_backward(*split_, whole, b, h, heads, head_dim, head.keys_t, head.values_t, scale,
                          grad_k.data(), grad_v.data());
       store_block(grad_k.data(), rows, head_dim, d_qkv + b * rows * stride, stride,

@@ -16,17 +16,6 @@ namespace meshtensor::nn {
 
 namespace {
 
-/// Columns [column, column + width) of rows [0, length) of a row-major matrix with `stride`
-/// columns into `out` as [length, width], or transposed as [width, length].
-void gather_columns(const float* matrix, std::int64_t stride, std::int64_t column,
-                    std::int64_t length, std::int64_t width, bool transpose, float* out) {
-  for (std::int64_t i = 0; i < length; ++i) {
-    const float* row = matrix + i * stride + column;
-    for (std::int64_t d = 0; d < width; ++d)
-      (transpose ? out[d * length + i] : out[i * width + d]) = row[d];
-  }
-}
-
 /// Writes (or, with `add`, adds) [length, width] `block` into columns [column, column + width)
 /// of a row-major matrix with `stride` columns.
 void scatter_columns(const float* block, std::int64_t length, std::int64_t width, float* matrix,
@@ -351,7 +340,7 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
   const std::int64_t groups = local_groups();
   const std::int64_t heads = groups * group;
   const auto block = static_cast<std::size_t>(length * hd);
-  std::vector<float> queries(block), keys(block), keys_t(block), values_t(block), grad_out(block);
+  HeadOperands head;
   std::vector<float> head_q(block), head_k(block), head_v(block);
   grad_q = Tensor::uninitialized(queries_.shape(), DType::f32);
   grad_k = Tensor::uninitialized(keys_.shape(), DType::f32);
@@ -360,28 +349,20 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t first = b * length;
     for (std::int64_t g = 0; g < groups; ++g) {
-      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
-                     length, hd, false, keys.data());
-      gather_columns(keys_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
-                     length, hd, true, keys_t.data());
-      gather_columns(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
-                     length, hd, true, values_t.data());
+      const float* group_keys = keys_.values<float>().data() + first * groups * hd;
+      HeadOperands::copy(group_keys, groups * hd, g * hd, length, hd, false, head.keys);
+      HeadOperands::copy(group_keys, groups * hd, g * hd, length, hd, true, head.keys_t);
+      HeadOperands::copy(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
+                         length, hd, true, head.values_t);
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-        gather_columns(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
-                       length, hd, false, queries.data());
-        gather_columns(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
-                       h * hd, length, hd, false, grad_out.data());
-        kernels::HeadGradientInputs in;
-        in.queries = queries.data();
-        in.keys = keys.data();
-        in.keys_t = keys_t.data();
-        in.values_t = values_t.data();
-        in.stats = reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
-                   (b * heads + h) * length;
-        in.grad_output = grad_out.data();
-        in.length = length;
-        in.head_dim = hd;
-        in.scale = scale;
+        HeadOperands::copy(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
+                           length, hd, false, head.queries);
+        HeadOperands::copy(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
+                           h * hd, length, hd, false, head.grad_output);
+        const kernels::HeadGradientInputs in = head.inputs(
+            reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
+                (b * heads + h) * length,
+            length, hd, scale);
         kernels::attention_backward(in, head_q.data(), head_k.data(), head_v.data());
         const bool first_of_group = h == g * group;
         scatter_columns(head_q.data(), length, hd,

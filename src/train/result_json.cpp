@@ -14,13 +14,14 @@
 namespace meshtensor::train {
 
 namespace {
-// The median bubble after the first step (which sets things up).
-double steady_bubble(std::vector<double> bubbles) {
-  if (bubbles.empty()) return 0.0;
-  if (bubbles.size() > 1) bubbles.erase(bubbles.begin());
-  std::sort(bubbles.begin(), bubbles.end());
-  const std::size_t n = bubbles.size();
-  return n % 2 == 1 ? bubbles[n / 2] : 0.5 * (bubbles[n / 2 - 1] + bubbles[n / 2]);
+// The median of per-step figures after the first `warmup` steps (at least one kept; 0 for none).
+double steady_median(std::vector<double> values, std::size_t warmup) {
+  if (values.empty()) return 0.0;
+  values.erase(values.begin(),
+               values.begin() + static_cast<std::ptrdiff_t>(std::min(warmup, values.size() - 1)));
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 nlohmann::json memory_json(const fsdp::MemoryTracker::Snapshot& peak) {
@@ -39,7 +40,7 @@ nlohmann::json pipeline_json(const TrainResult& result) {
           {"micro_batches", p.micro_batches},
           {"stage_units", p.stage_units},
           {"theoretical_bubble", p.theoretical_bubble},
-          {"measured_bubble", steady_bubble(p.step_bubbles)}};
+          {"measured_bubble", steady_median(p.step_bubbles, 1)}};
 }
 }  // namespace
 
@@ -58,18 +59,6 @@ nlohmann::json epoch_json(const EpochReport& e, const Task& task) {
     out[eval + "_bits_per_byte"] = *bits;
   return out;
 }
-
-namespace {
-
-/// The median step time after the first two steps (which allocate and warm the caches).
-double steady_step(std::vector<double> steps) {
-  steps.erase(steps.begin(), steps.begin() + 2);
-  std::sort(steps.begin(), steps.end());
-  const std::size_t n = steps.size();
-  return n % 2 == 1 ? steps[n / 2] : 0.5 * (steps[n / 2 - 1] + steps[n / 2]);
-}
-
-}  // namespace
 
 Utilisation utilisation(const Task& task, const TrainConfig& config, std::int64_t ranks,
                         double step_seconds) {
@@ -130,7 +119,7 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
       {"parallel_plan", plan},
       {"parallel_log", result.parallel_log}};
   if (result.step_seconds.size() > 2) {
-    const Utilisation u = utilisation(task, config, ranks, steady_step(result.step_seconds));
+    const Utilisation u = utilisation(task, config, ranks, steady_median(result.step_seconds, 2));
     out["model_flops_per_target"] = u.model_flops_per_target;
     out["model_flops_per_second"] = u.model_flops_per_second;
     out["peak_flops_per_second"] = u.peak_flops_per_second;

@@ -61,7 +61,8 @@ class ContextParallel : public nn::SequenceSplit {
   std::shared_ptr<comm::Communicator> group_;
   ContextSplit split_;
   std::int64_t length_ = 0;
-  std::vector<std::vector<std::int64_t>> member_positions_;  // per member of the group
+  std::vector<std::vector<std::int64_t>> member_positions_;    // per member of the group
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces_;  // this rank's, of length_
   std::int64_t gathered_bytes_ = 0;
   std::int64_t gathers_ = 0;
 };

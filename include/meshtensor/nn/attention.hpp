@@ -61,9 +61,12 @@ class CausalSelfAttention : public Module {
     std::int64_t key_column = 0;
     std::int64_t value_column = 0;
     std::int64_t head_step = 0;  ///< columns from one head to the next
-    /// Head h of sequence b: keys transposed [head_dim, length], values [length, head_dim].
-    void head(std::int64_t b, std::int64_t h, std::int64_t head_dim, std::vector<float>& keys_t_out,
-              std::vector<float>& values_out) const;
+    /// Head h of sequence b's keys [length, head_dim] (transposed: [head_dim, length]).
+    void keys_of(std::int64_t b, std::int64_t h, std::int64_t head_dim, bool transpose,
+                 std::vector<float>& out) const;
+    /// Head h of sequence b's values, as keys_of lays them out.
+    void values_of(std::int64_t b, std::int64_t h, std::int64_t head_dim, bool transpose,
+                   std::vector<float>& out) const;
   };
   KeySource key_source();
   Tensor whole_backward(const Tensor& grad_attended) const;
