@@ -682,7 +682,8 @@ void run_threads(int size, const std::function<void(std::shared_ptr<Communicator
   for (int rank = 0; rank < size; ++rank) {
     try {
       threads.emplace_back(run_rank, rank);
-    } catch (const std::system_error& error) {
+    } catch (const std::exception& error) {
+      // std::system_error, or std::bad_alloc for the thread's own state under a memory limit.
       // The ranks already started would wait for this one: fail them, then report.
       const std::string message = fmt::format(
           "cannot start the thread of rank {} of {} ({}): the process or machine limits the "
