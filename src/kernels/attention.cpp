@@ -1,213 +1,317 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/attention.hpp>
 
+#include "lanes.hpp"
 #include "simd_dispatch.hpp"
 
 namespace meshtensor::kernels {
 
 namespace {
 
-/// out[j] = Σ_d row[d] · columns[d * stride + j] for j < count, each a chain over ascending d.
-template <class T>
-[[gnu::always_inline]] inline void row_times_columns(const T* row, const T* columns,
-                                                     std::int64_t stride, std::int64_t depth,
-                                                     std::int64_t count, T* out) {
-  std::fill(out, out + count, T(0));
-  for (std::int64_t d = 0; d < depth; ++d) {
-    const T factor = row[d];
-    const T* column = columns + d * stride;
-    for (std::int64_t j = 0; j < count; ++j)
-      out[j] = out[j] + factor * column[j];
+/// Query rows a tile of the kernels below works on at once: each key and value a tile loads
+/// serves this many rows.
+constexpr std::int64_t kTileRows = 16;
+
+/// Chain ranges [0, counts[r]) of a tile's rows.
+struct Prefixes {
+  const std::int64_t* counts;
+  [[gnu::always_inline]] std::pair<std::int64_t, std::int64_t> operator()(std::int64_t r) const {
+    return {0, counts[r]};
+  }
+};
+
+/// Each row's chain state[r] = step(state[r], rows[r·ld + j]) for j < counts[r] ascending, the
+/// rows of a tile side by side: independent chains overlap, where one alone would wait out each
+/// step's latency. The steps every row has run for all kTileRows rows at once (rows past `n`
+/// are scratch whose results are dropped), the rest row by row.
+template <class Step>
+[[gnu::always_inline]] inline void row_chains(const float* rows, std::int64_t ld,
+                                              const std::int64_t* counts, std::int64_t n,
+                                              float* state, Step step) {
+  std::int64_t shared = counts[0];
+  for (std::int64_t r = 1; r < n; ++r)
+    shared = std::min(shared, counts[r]);
+  float s[kTileRows] = {};
+  std::copy_n(state, n, s);
+  for (std::int64_t j = 0; j < shared; ++j) {
+#pragma GCC unroll 16
+    for (std::int64_t r = 0; r < kTileRows; ++r)
+      s[r] = step(s[r], rows[r * ld + j]);
+  }
+  for (std::int64_t r = 0; r < n; ++r) {
+    float x = s[r];
+    for (std::int64_t j = shared; j < counts[r]; ++j)
+      x = step(x, rows[r * ld + j]);
+    state[r] = x;
   }
 }
 
-/// out[d] = Σ_j weights[j] · rows[j * depth + d] for j < count, each a chain over ascending j.
-template <class T>
-[[gnu::always_inline]] inline void weighted_rows(const T* weights, const T* rows,
-                                                 std::int64_t count, std::int64_t depth, T* out) {
-  std::fill(out, out + depth, T(0));
-  for (std::int64_t j = 0; j < count; ++j) {
-    const T weight = weights[j];
-    const T* row = rows + j * depth;
-    for (std::int64_t d = 0; d < depth; ++d)
-      out[d] = out[d] + weight * row[d];
+[[gnu::always_inline]] inline float add_step(float sum, float x) {
+  return sum + x;
+}
+
+[[gnu::always_inline]] inline float max_step(float largest, float x) {
+  return std::max(largest, x);
+}
+
+/// A tile's scores into probabilities in place, row r over its counts[r] keys: scaled, less
+/// their largest, exponentiated, over their sum (ascending j); a NaN score makes every
+/// probability of its row NaN. Each row's stats into stats[r] when given.
+[[gnu::always_inline]] inline void softmax_tile(float* p, std::int64_t ld,
+                                                const std::int64_t* counts, std::int64_t n,
+                                                float scale, RowStats* stats) {
+  float largest[kTileRows];
+  float total[kTileRows] = {};
+  bool nan[kTileRows];
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* row = p + r * ld;
+    largest[r] = row[0] * scale;
+    std::int32_t nans = 0;  // a count, not a flag: the loop vectorises
+    for (std::int64_t j = 0; j < counts[r]; ++j) {
+      row[j] = row[j] * scale;
+      nans += row[j] != row[j] ? 1 : 0;
+    }
+    nan[r] = nans != 0;
+  }
+  row_chains(p, ld, counts, n, largest, max_step);
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* row = p + r * ld;
+    for (std::int64_t j = 0; j < counts[r]; ++j)
+      row[j] = exp_f32(row[j] - largest[r]);
+  }
+  row_chains(p, ld, counts, n, total, add_step);
+  const float nan_value = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* row = p + r * ld;
+    for (std::int64_t j = 0; j < counts[r]; ++j)
+      row[j] = nan[r] ? nan_value : row[j] / total[r];
+    if (stats != nullptr) stats[r] = {largest[r], nan[r] ? nan_value : total[r]};
   }
 }
 
-template <class T>
-[[gnu::always_inline]] inline void attention_row_body(const T* query, const T* keys_t,
-                                                      const T* values, std::int64_t stride,
-                                                      std::int64_t head_dim, std::int64_t count,
-                                                      T scale, T* p, T* output, RowStats* stats) {
-  row_times_columns(query, keys_t, stride, head_dim, count, p);
-  T largest = p[0] * scale;
-  bool nan = false;
-  for (std::int64_t j = 0; j < count; ++j) {
-    p[j] = p[j] * scale;
-    largest = std::max(largest, p[j]);
-    nan = nan || p[j] != p[j];
+/// Up to kTileRows rows at a time: scores against keys 0 .. the tile's last, each row's softmax
+/// over its own keys, then the outputs as weighted sums of the values.
+template <int W>
+[[gnu::always_inline]] inline void attention_rows_body(
+    const float* queries, std::int64_t query_stride, const std::int64_t* positions,
+    std::int64_t rows, HeadCache cache, float scale, float* output, std::int64_t output_stride,
+    RowStats* stats, float* p) {
+  const std::int64_t hd = cache.head_dim;
+  std::int64_t counts[kTileRows];
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const std::int64_t n = std::min(kTileRows, rows - r0);
+    std::int64_t width = 0;
+    for (std::int64_t r = 0; r < n; ++r) {
+      counts[r] = positions[r0 + r] + 1;
+      width = std::max(width, counts[r]);
+    }
+    lanes::dot_rows<W>(queries + r0 * query_stride, query_stride, n, cache.keys_t, cache.stride, hd,
+                       width, p, width);
+    softmax_tile(p, width, counts, n, scale, stats != nullptr ? stats + r0 : nullptr);
+    float* out = output + r0 * output_stride;
+    for (std::int64_t r = 0; r < n; ++r)
+      std::fill_n(out + r * output_stride, hd, 0.0f);
+    lanes::weighted_rows<W>({p, width, 1}, n, Prefixes{counts}, cache.values, hd, hd, out,
+                            output_stride);
   }
-  for (std::int64_t j = 0; j < count; ++j)
-    p[j] = exp_f32(p[j] - largest);
-  T total = 0;
-  for (std::int64_t j = 0; j < count; ++j)
-    total = total + p[j];
-  const T nan_value = std::numeric_limits<T>::quiet_NaN();
-  for (std::int64_t j = 0; j < count; ++j)
-    p[j] = nan ? nan_value : p[j] / total;
-  weighted_rows(p, values, count, head_dim, output);
-  if (stats != nullptr) *stats = {largest, nan ? nan_value : total};
 }
+MESHTENSOR_LANES_KERNEL(attention_rows_kernel, attention_rows_body)
 
-/// Row i's probabilities again, with attention_row_body's operations: exp(s·scale - largest) /
-/// total (a NaN total makes every one NaN, as the forward's).
-template <class T>
-[[gnu::always_inline]] inline void recompute_row(const HeadGradientInputs& in, const T* query,
-                                                 RowStats stats, std::int64_t first,
-                                                 std::int64_t count, T* p) {
-  row_times_columns(query, in.keys_t + first, in.length, in.head_dim, count, p);
-  for (std::int64_t j = 0; j < count; ++j)
-    p[j] = exp_f32(p[j] * in.scale - stats.largest) / stats.total;
-}
-
-/// The query side of row i (position `position`): p and dS of keys 0 .. position in `p` and
-/// `dp`, dQ into `dq`; returns Σ_j p_j dP_j.
-template <class T>
-[[gnu::always_inline]] inline T query_side(const HeadGradientInputs& in, const T* query,
-                                           const T* d_out, RowStats stats, std::int64_t position,
-                                           T* dp, T* p, T* dq) {
-  const std::int64_t count = position + 1;
-  recompute_row(in, query, stats, 0, count, p);
-  row_times_columns(d_out, in.values_t, in.length, in.head_dim, count, dp);
-  T weighted = 0;
-  for (std::int64_t j = 0; j < count; ++j)
-    weighted = weighted + p[j] * dp[j];
-  for (std::int64_t j = 0; j < count; ++j)
-    dp[j] = p[j] * (dp[j] - weighted) * in.scale;  // dS_ij
-  weighted_rows(dp, in.keys, count, in.head_dim, dq);
-  return weighted;
-}
-
-/// Adds row i's terms to the gradients of `count` keys from `first` (dS and p of those keys in
-/// `ds` and `p`): dK_j += dS_ij q_i, dV_j += p_ij dO_i.
-template <class T>
-[[gnu::always_inline]] inline void add_key_terms(const T* ds, const T* p, const T* q,
-                                                 const T* d_out, std::int64_t count,
-                                                 std::int64_t hd, T* dk, T* dv) {
-  for (std::int64_t j = 0; j < count; ++j) {
-    const T dsj = ds[j];
-    const T pj = p[j];
-    T* dk_row = dk + j * hd;
-    T* dv_row = dv + j * hd;
-    for (std::int64_t d = 0; d < hd; ++d) {
-      dk_row[d] = dk_row[d] + dsj * q[d];
-      dv_row[d] = dv_row[d] + pj * d_out[d];
+/// One tile of backward rows (queries q, output gradients d_out and stats of `rows` rows, each
+/// [rows, head_dim] contiguous), row r seeing keys [first, first + seen[r]): their
+/// probabilities p recomputed with the forward's operations, and dS_ij = p_ij (dP_ij - Σ p dP)
+/// ·scale into ds (both [rows, width]). Σ p dP over the row's keys is computed into `computed`
+/// when given (the query side, first = 0), else read from `given` (the key side).
+template <int W>
+[[gnu::always_inline]] inline void gradient_tile(const HeadGradientInputs& in, const float* q,
+                                                 const float* d_out, const RowStats* stats,
+                                                 const std::int64_t* seen, std::int64_t rows,
+                                                 std::int64_t first, std::int64_t width,
+                                                 const float* given, float* computed, float* p,
+                                                 float* ds) {
+  float* product_scratch = ds + kTileRows * width;
+  const std::int64_t hd = in.head_dim;
+  lanes::dot_rows<W>(q, hd, rows, in.keys_t + first, in.length, hd, width, p, width);
+  lanes::dot_rows<W>(d_out, hd, rows, in.values_t + first, in.length, hd, width, ds, width);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* pr = p + r * width;
+    const float* dpr = ds + r * width;
+    float* products = product_scratch + r * width;
+    for (std::int64_t j = 0; j < seen[r]; ++j) {
+      pr[j] = exp_f32(pr[j] * in.scale - stats[r].largest) / stats[r].total;
+      products[j] = pr[j] * dpr[j];
     }
   }
+  float sums[kTileRows] = {};
+  if (computed != nullptr) {
+    row_chains(product_scratch, width, seen, rows, sums, add_step);
+    std::copy_n(sums, rows, computed);
+  } else {
+    for (std::int64_t r = 0; r < rows; ++r)
+      sums[r] = given[r];
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* pr = p + r * width;
+    float* dsr = ds + r * width;
+    for (std::int64_t j = 0; j < seen[r]; ++j)
+      dsr[j] = pr[j] * (dsr[j] - sums[r]) * in.scale;
+  }
 }
-MESHTENSOR_SIMD_KERNEL(attention_row_kernel, attention_row_body)
 
-template <class T>
-[[gnu::always_inline]] inline void attention_backward_row(const HeadGradientInputs& in,
-                                                          std::int64_t i, T* dp, T* p, T* dq, T* dk,
-                                                          T* dv) {
+/// The query side of a tile of rows at `positions`: dQ_i = Σ_j dS_ij k_j (ascending j) into dq
+/// and each row's Σ p dP into `weighted`; leaves p and dS of keys 0 .. the tile's last in p and
+/// ds (row stride: the returned width).
+template <int W>
+[[gnu::always_inline]] inline std::int64_t query_side_tile(const HeadGradientInputs& in,
+                                                           const float* q, const float* d_out,
+                                                           const RowStats* stats,
+                                                           const std::int64_t* positions,
+                                                           std::int64_t rows, float* dq,
+                                                           float* weighted, float* p, float* ds) {
   const std::int64_t hd = in.head_dim;
-  const T* q = in.queries + i * hd;
-  const T* d_out = in.grad_output + i * hd;
-  query_side(in, q, d_out, in.stats[i], i, dp, p, dq + i * hd);
-  add_key_terms(dp, p, q, d_out, i + 1, hd, dk, dv);
+  std::int64_t seen[kTileRows];
+  std::int64_t width = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    seen[r] = positions[r] + 1;
+    width = std::max(width, seen[r]);
+  }
+  gradient_tile<W>(in, q, d_out, stats, seen, rows, 0, width, nullptr, weighted, p, ds);
+  std::fill_n(dq, rows * hd, 0.0f);
+  lanes::weighted_rows<W>({ds, width, 1}, rows, Prefixes{seen}, in.keys, hd, hd, dq, hd);
+  return width;
 }
 
-template <class T>
-[[gnu::always_inline]] inline void attention_backward_body(const HeadGradientInputs* in, T* dq,
-                                                           T* dk, T* dv, T* scratch) {
-  const std::size_t bytes = sizeof(T) * static_cast<std::size_t>(in->length * in->head_dim);
+/// Adds a tile's rows (global rows row_first .. row_first + rows - 1, each seeing the keys at or
+/// before it) to the gradients of keys [key_first, key_first + width): dK_j += dS_ij q_i and
+/// dV_j += p_ij dO_i, rows ascending.
+template <int W>
+[[gnu::always_inline]] inline void key_terms_tile(const HeadGradientInputs& in, const float* p,
+                                                  const float* ds, std::int64_t width,
+                                                  std::int64_t rows, std::int64_t key_first,
+                                                  std::int64_t row_first, float* dk, float* dv) {
+  const std::int64_t hd = in.head_dim;
+  const auto range = [=](std::int64_t key) {
+    return std::pair<std::int64_t, std::int64_t>{
+        std::max<std::int64_t>(0, key_first + key - row_first), rows};
+  };
+  const float* q = in.queries + row_first * hd;
+  const float* d_out = in.grad_output + row_first * hd;
+  lanes::weighted_rows<W>({ds, 1, width}, width, range, q, hd, hd, dk, hd);
+  lanes::weighted_rows<W>({p, 1, width}, width, range, d_out, hd, hd, dv, hd);
+}
+
+template <int W>
+[[gnu::always_inline]] inline void attention_backward_body(const HeadGradientInputs* in, float* dq,
+                                                           float* dk, float* dv, float* scratch) {
+  const std::int64_t hd = in->head_dim;
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(in->length * hd);
   std::memset(dk, 0, bytes);
   std::memset(dv, 0, bytes);
-  for (std::int64_t i = 0; i < in->length; ++i)
-    attention_backward_row(*in, i, scratch, scratch + in->length, dq, dk, dv);
+  float* p = scratch;
+  float* ds = scratch + kTileRows * in->length;
+  float weighted[kTileRows];
+  std::int64_t positions[kTileRows];
+  for (std::int64_t i0 = 0; i0 < in->length; i0 += kTileRows) {
+    const std::int64_t rows = std::min(kTileRows, in->length - i0);
+    for (std::int64_t r = 0; r < rows; ++r)
+      positions[r] = i0 + r;
+    const std::int64_t width =
+        query_side_tile<W>(*in, in->queries + i0 * hd, in->grad_output + i0 * hd, in->stats + i0,
+                           positions, rows, dq + i0 * hd, weighted, p, ds);
+    key_terms_tile<W>(*in, p, ds, width, rows, 0, i0, dk, dv);
+  }
 }
-MESHTENSOR_SIMD_KERNEL(attention_backward_kernel, attention_backward_body)
+MESHTENSOR_LANES_KERNEL(attention_backward_kernel, attention_backward_body)
 
-template <class T>
+template <int W>
 [[gnu::always_inline]] inline void query_backward_body(const HeadGradientInputs* in,
                                                        const std::int64_t* positions,
-                                                       std::int64_t rows, T* dq, T* weighted,
-                                                       T* scratch) {
+                                                       std::int64_t rows, float* dq,
+                                                       float* weighted, float* scratch) {
   const std::int64_t hd = in->head_dim;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    weighted[r] = query_side(*in, in->queries + r * hd, in->grad_output + r * hd, in->stats[r],
-                             positions[r], scratch, scratch + in->length, dq + r * hd);
+  float* p = scratch;
+  float* ds = scratch + kTileRows * in->length;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const std::int64_t n = std::min(kTileRows, rows - r0);
+    query_side_tile<W>(*in, in->queries + r0 * hd, in->grad_output + r0 * hd, in->stats + r0,
+                       positions + r0, n, dq + r0 * hd, weighted + r0, p, ds);
   }
 }
-MESHTENSOR_SIMD_KERNEL(query_backward_kernel, query_backward_body)
+MESHTENSOR_LANES_KERNEL(query_backward_kernel, query_backward_body)
 
-/// Row i's dS and p over keys [first, first + count) (count of them at or before i), with the
-/// row's Σ p dP from the query side: the operations of query_side, key by key.
-template <class T>
-[[gnu::always_inline]] inline void key_side(const HeadGradientInputs& in, std::int64_t i,
-                                            std::int64_t first, std::int64_t count, T* ds, T* p) {
-  const std::int64_t hd = in.head_dim;
-  recompute_row(in, in.queries + i * hd, in.stats[i], first, count, p);
-  row_times_columns(in.grad_output + i * hd, in.values_t + first, in.length, hd, count, ds);
-  const T weighted = in.weighted[i];
-  for (std::int64_t j = 0; j < count; ++j)
-    ds[j] = p[j] * (ds[j] - weighted) * in.scale;
-}
-
-template <class T>
+template <int W>
 [[gnu::always_inline]] inline void key_backward_body(const HeadGradientInputs* in,
-                                                     std::int64_t first, std::int64_t count, T* dk,
-                                                     T* dv, T* scratch) {
+                                                     std::int64_t first, std::int64_t count,
+                                                     float* dk, float* dv, float* scratch) {
   const std::int64_t hd = in->head_dim;
-  const std::size_t bytes = sizeof(T) * static_cast<std::size_t>(count * hd);
+  const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(count * hd);
   std::memset(dk, 0, bytes);
   std::memset(dv, 0, bytes);
-  for (std::int64_t i = first; i < in->length; ++i) {
-    const std::int64_t seen = std::min(count, i - first + 1);
-    key_side(*in, i, first, seen, scratch, scratch + count);
-    add_key_terms(scratch, scratch + count, in->queries + i * hd, in->grad_output + i * hd, seen,
-                  hd, dk, dv);
+  float* p = scratch;
+  float* ds = scratch + kTileRows * count;
+  std::int64_t seen[kTileRows];
+  for (std::int64_t i0 = first; i0 < in->length; i0 += kTileRows) {
+    const std::int64_t rows = std::min(kTileRows, in->length - i0);
+    for (std::int64_t r = 0; r < rows; ++r)
+      seen[r] = std::min(count, i0 + r - first + 1);
+    const std::int64_t width = seen[rows - 1];
+    gradient_tile<W>(*in, in->queries + i0 * hd, in->grad_output + i0 * hd, in->stats + i0, seen,
+                     rows, first, width, in->weighted + i0, nullptr, p, ds);
+    key_terms_tile<W>(*in, p, ds, width, rows, first, i0, dk, dv);
   }
 }
-MESHTENSOR_SIMD_KERNEL(key_backward_kernel, key_backward_body)
+MESHTENSOR_LANES_KERNEL(key_backward_kernel, key_backward_body)
+
+/// Scratch of a thread for the tiles of `width` keys a kernel works in: p, dS and the products
+/// p·dP.
+float* tile_scratch(std::int64_t width) {
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<std::size_t>(3 * kTileRows * width));
+  return scratch.data();
+}
 
 }  // namespace
 
-void attention_query_backward(const HeadGradientInputs& in, const std::int64_t* positions,
-                              std::int64_t rows, float* grad_queries, float* weighted) {
+void attention_rows(const float* queries, std::int64_t query_stride, const std::int64_t* positions,
+                    std::int64_t rows, const HeadCache& cache, float scale, float* output,
+                    std::int64_t output_stride, RowStats* stats) {
   if (rows <= 0) return;
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<std::size_t>(2 * in.length));
-  query_backward_kernel<float>(&in, positions, rows, grad_queries, weighted, scratch.data());
-}
-
-void attention_key_backward(const HeadGradientInputs& in, std::int64_t first, std::int64_t count,
-                            float* grad_keys, float* grad_values) {
-  if (count <= 0) return;
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<std::size_t>(2 * count));
-  key_backward_kernel<float>(&in, first, count, grad_keys, grad_values, scratch.data());
+  attention_rows_kernel(queries, query_stride, positions, rows, cache, scale, output, output_stride,
+                        stats, tile_scratch(cache.stride));
 }
 
 void attention_row(const float* query, const HeadCache& cache, std::int64_t count, float scale,
                    float* probabilities, float* output, RowStats* stats) {
   if (count <= 0) return;
-  attention_row_kernel<float>(query, cache.keys_t, cache.values, cache.stride, cache.head_dim,
-                              count, scale, probabilities, output, stats);
+  const std::int64_t position = count - 1;
+  float* p = tile_scratch(count);
+  attention_rows_kernel(query, cache.head_dim, &position, std::int64_t{1}, cache, scale, output,
+                        cache.head_dim, stats, p);
+  std::copy_n(p, count, probabilities);
+}
+
+void attention_query_backward(const HeadGradientInputs& in, const std::int64_t* positions,
+                              std::int64_t rows, float* grad_queries, float* weighted) {
+  if (rows <= 0) return;
+  query_backward_kernel(&in, positions, rows, grad_queries, weighted, tile_scratch(in.length));
+}
+
+void attention_key_backward(const HeadGradientInputs& in, std::int64_t first, std::int64_t count,
+                            float* grad_keys, float* grad_values) {
+  if (count <= 0) return;
+  key_backward_kernel(&in, first, count, grad_keys, grad_values, tile_scratch(count));
 }
 
 void attention_backward(const HeadGradientInputs& in, float* grad_queries, float* grad_keys,
                         float* grad_values) {
   if (in.length <= 0) return;
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<std::size_t>(2 * in.length));
-  attention_backward_kernel<float>(&in, grad_queries, grad_keys, grad_values, scratch.data());
+  attention_backward_kernel(&in, grad_queries, grad_keys, grad_values, tile_scratch(in.length));
 }
 
 }  // namespace meshtensor::kernels

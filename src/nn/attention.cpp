@@ -126,7 +126,6 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * head_dim}, DType::f32);
   std::vector<float> keys_t;
   std::vector<float> values;
-  std::vector<float> probabilities(static_cast<std::size_t>(source.length));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   const float* qkv = qkv_values_.values<float>().data();
   auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
@@ -137,13 +136,9 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
       source.keys_of(b, h, head_dim, true, keys_t);
       source.values_of(b, h, head_dim, false, values);
       const kernels::HeadCache cache{keys_t.data(), values.data(), source.length, head_dim};
-      kernels::RowStats* head_stats = stats + (b * heads + h) * length;
-      for (std::int64_t i = 0; i < length; ++i) {
-        kernels::attention_row(
-            sequence + i * stride + h * 3 * head_dim, cache,
-            positions[static_cast<std::size_t>(i)] + 1, scale, probabilities.data(),
-            out + (b * length + i) * heads * head_dim + h * head_dim, head_stats + i);
-      }
+      kernels::attention_rows(sequence + h * 3 * head_dim, stride, positions.data(), length, cache,
+                              scale, out + b * length * heads * head_dim + h * head_dim,
+                              heads * head_dim, stats + (b * heads + h) * length);
     }
   }
   return run_forward(projection_, attended);

@@ -151,7 +151,6 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
   Tensor attended = Tensor::uninitialized(Shape{batch, length, heads * hd}, DType::f32);
   std::vector<float> keys_t;
   std::vector<float> head_values;
-  std::vector<float> probabilities(static_cast<std::size_t>(whole));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* q = queries_.values<float>().data();
   auto* stats = reinterpret_cast<kernels::RowStats*>(row_stats_.values<float>().data());
@@ -165,13 +164,9 @@ Tensor GroupedQueryAttention::attend(std::int64_t batch, std::int64_t length) {
                          g * hd, whole, hd, false, head_values);
       const kernels::HeadCache cache{keys_t.data(), head_values.data(), whole, hd};
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-        kernels::RowStats* head_stats = stats + (b * heads + h) * length;
-        for (std::int64_t i = 0; i < length; ++i) {
-          kernels::attention_row(q + (first + i) * heads * hd + h * hd, cache,
-                                 positions[static_cast<std::size_t>(i)] + 1, scale,
-                                 probabilities.data(), out + (first + i) * heads * hd + h * hd,
-                                 head_stats + i);
-        }
+        kernels::attention_rows(q + first * heads * hd + h * hd, heads * hd, positions.data(),
+                                length, cache, scale, out + first * heads * hd + h * hd, heads * hd,
+                                stats + (b * heads + h) * length);
       }
     }
   }

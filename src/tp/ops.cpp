@@ -1,6 +1,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -161,7 +163,8 @@ Tensor local_attention(const Placed& p) {
   const std::int64_t dim = q.shape()[3];
   Tensor out = Tensor::uninitialized(q.shape(), DType::f32);
   std::vector<float> keys_t(static_cast<std::size_t>(dim * length));
-  std::vector<float> probabilities(static_cast<std::size_t>(length));
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(length));
+  std::iota(positions.begin(), positions.end(), std::int64_t{0});
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
   for (std::int64_t h = 0; h < heads; ++h) {
     const std::int64_t base = h * length * dim;
@@ -170,10 +173,8 @@ Tensor local_attention(const Placed& p) {
       for (std::int64_t d = 0; d < dim; ++d)
         keys_t[static_cast<std::size_t>(d * length + j)] = keys[j * dim + d];
     const kernels::HeadCache cache{keys_t.data(), v.values<float>().data() + base, length, dim};
-    for (std::int64_t i = 0; i < length; ++i) {
-      kernels::attention_row(q.values<float>().data() + base + i * dim, cache, i + 1, scale,
-                             probabilities.data(), out.values<float>().data() + base + i * dim);
-    }
+    kernels::attention_rows(q.values<float>().data() + base, dim, positions.data(), length, cache,
+                            scale, out.values<float>().data() + base, dim);
   }
   return out;
 }

@@ -31,6 +31,14 @@ struct RowStats {
 void attention_row(const float* query, const HeadCache& cache, std::int64_t count, float scale,
                    float* probabilities, float* output, RowStats* stats = nullptr);
 
+/// attention_row for `rows` query rows of one head at once, each with attention_row's bits: row r
+/// (its query at queries + r·query_stride) attends keys 0 .. positions[r] of `cache`; its
+/// `head_dim` outputs go to output + r·output_stride and its stats to stats[r] when given. A
+/// tile of rows shares every load of a key and a value, which row by row would be repeated.
+void attention_rows(const float* queries, std::int64_t query_stride, const std::int64_t* positions,
+                    std::int64_t rows, const HeadCache& cache, float scale, float* output,
+                    std::int64_t output_stride, RowStats* stats = nullptr);
+
 /// The operands of attention_backward for one head of one sequence of `length` rows, all
 /// contiguous: queries and keys [length, head_dim], keys and values transposed [head_dim,
 /// length], each row's RowStats from attention_row [length] and the output gradient
