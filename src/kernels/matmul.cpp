@@ -82,8 +82,9 @@ void pack_source(const Operand& x, std::int64_t row0, std::int64_t rows, std::in
 
 #if MESHTENSOR_X86_KERNELS
 /// out[c·ld + r] = src[r·stride + c] for r, c < 8: one 8 x 8 block transposed in registers.
-[[gnu::target("avx2")]] void transpose_8x8(const float* src, std::int64_t stride, float* out,
-                                           std::int64_t ld) {
+[[gnu::target("avx2"), gnu::always_inline]] inline void transpose_8x8(const float* src,
+                                                                      std::int64_t stride,
+                                                                      float* out, std::int64_t ld) {
   __m256 row[8];
   for (int i = 0; i < 8; ++i)
     row[i] = _mm256_loadu_ps(src + i * stride);
@@ -164,6 +165,36 @@ void pack(const Operand& x, std::int64_t row0, std::int64_t rows, std::int64_t p
       return pack_source<T, Float16>(x, row0, rows, padded_rows, col0, cols, out, ld);
     default:
       return pack_source<T, float>(x, row0, rows, padded_rows, col0, cols, out, ld);
+  }
+}
+
+/// Packs rows [row0, row0 + rows) of op(x) as consecutive panels of `width` rows (the last
+/// zero-padded), panel p at out + p·cols·width laid out as pack() lays one. A transposed f32
+/// source is walked once along its contiguous dim for all panels, so each cache line it reads
+/// serves every panel at once rather than one panel's share of it per pass.
+template <class T>
+void pack_panels(const Operand& x, std::int64_t row0, std::int64_t rows, std::int64_t width,
+                 std::int64_t col0, std::int64_t cols, T* out) {
+  const std::int64_t panels = (rows + width - 1) / width;
+  if constexpr (std::is_same_v<T, float>) {
+    if (x.dtype == DType::f32 && x.row_stride == 1 && x.col_stride != 1 && panels > 1) {
+      const auto* base = reinterpret_cast<const float*>(x.data);
+      for (std::int64_t c = 0; c < cols; ++c) {
+        const float* line = base + (col0 + c) * x.col_stride + row0;
+        for (std::int64_t p = 0; p < panels; ++p) {
+          const std::int64_t take = std::min(width, rows - p * width);
+          float* to = out + p * cols * width + c * width;
+          std::copy_n(line + p * width, take, to);
+          std::fill(to + take, to + width, 0.0f);
+        }
+      }
+      return;
+    }
+  }
+  for (std::int64_t p = 0; p < panels; ++p) {
+    const std::int64_t first = row0 + p * width;
+    pack<T>(x, first, std::min(width, row0 + rows - first), width, col0, cols,
+            out + p * cols * width, width);
   }
 }
 
@@ -509,12 +540,7 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
     for (std::int64_t jc = 0; jc < n; jc += block_n) {
       const std::int64_t nc = std::min(block_n, n - jc);
       const std::int64_t strips = (nc + nr - 1) / nr;
-      const Operand b_by_column = transposed(b);
-      for (std::int64_t s = 0; s < strips; ++s) {
-        const std::int64_t col0 = jc + s * nr;
-        pack<T>(b_by_column, col0, std::min(nr, n - col0), nr, pc, kc,
-                packed_b.data() + s * kc * nr, nr);
-      }
+      pack_panels<T>(transposed(b), jc, nc, nr, pc, kc, packed_b.data());
       for (std::int64_t ic = 0; ic < m; ic += block_m) {
         const std::int64_t mc = std::min(block_m, m - ic);
         const std::int64_t panels = (mc + mr - 1) / mr;
@@ -522,10 +548,14 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
         const auto direct = [&](std::int64_t row0) {
           return direct_a != nullptr && row0 + mr <= m;
         };
-        for (std::int64_t p = 0; p < panels; ++p) {
-          const std::int64_t row0 = ic + p * mr;
-          if (direct(row0)) continue;
-          pack<T>(a, row0, std::min(mr, m - row0), mr, pc, kc, packed_a.data() + p * kc * mr, mr);
+        if (direct_a == nullptr) {
+          pack_panels<T>(a, ic, mc, mr, pc, kc, packed_a.data());
+        } else {
+          for (std::int64_t p = 0; p < panels; ++p) {
+            const std::int64_t row0 = ic + p * mr;
+            if (direct(row0)) continue;
+            pack<T>(a, row0, std::min(mr, m - row0), mr, pc, kc, packed_a.data() + p * kc * mr, mr);
+          }
         }
         for (std::int64_t p = 0; p < panels; ++p) {
           const std::int64_t row0 = ic + p * mr;

@@ -365,6 +365,11 @@ LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) 
   bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32), {}};
 }
 
+namespace {
+/// Rows whose reduction chains the norms run side by side.
+constexpr std::int64_t kNormRows = 8;
+}  // namespace
+
 Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta, double epsilon,
                        Tensor* normalized, std::vector<double>* inverse_std) {
   const std::int64_t rows = x.shape()[0];
@@ -380,23 +385,35 @@ Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Tensor b = beta.contiguous();
   const auto scale = g.values<float>();
   const auto shift = b.values<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = in + r * n;
-    double mean = 0.0;
+  // Rows side by side: each row's sums stay one chain over ascending j, and the chains of
+  // kNormRows rows overlap (a lone chain waits out each add's latency). Rows past the last
+  // repeat it, their results dropped.
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+    const float* row[kNormRows];
+    for (std::int64_t r = 0; r < kNormRows; ++r)
+      row[r] = in + std::min(r0 + r, rows - 1) * n;
+    double mean[kNormRows] = {};
     for (std::int64_t j = 0; j < n; ++j)
-      mean += row[j];
-    mean /= static_cast<double>(n);
-    double variance = 0.0;
-    for (std::int64_t j = 0; j < n; ++j)
-      variance += (row[j] - mean) * (row[j] - mean);
-    variance /= static_cast<double>(n);
-    const double inverse = 1.0 / std::sqrt(variance + epsilon);
-    if (inverse_std != nullptr) (*inverse_std)[static_cast<std::size_t>(r)] = inverse;
+      for (std::int64_t r = 0; r < kNormRows; ++r)
+        mean[r] += row[r][j];
+    double variance[kNormRows] = {};
+    for (std::int64_t r = 0; r < kNormRows; ++r)
+      mean[r] /= static_cast<double>(n);
     for (std::int64_t j = 0; j < n; ++j) {
-      const auto value = static_cast<float>((row[j] - mean) * inverse);
-      if (xhat != nullptr) xhat[r * n + j] = value;
-      y[r * n + j] =
-          value * scale[static_cast<std::size_t>(j)] + shift[static_cast<std::size_t>(j)];
+      for (std::int64_t r = 0; r < kNormRows; ++r) {
+        const double centred = row[r][j] - mean[r];
+        variance[r] += centred * centred;
+      }
+    }
+    for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+      const double inverse = 1.0 / std::sqrt(variance[r] / static_cast<double>(n) + epsilon);
+      if (inverse_std != nullptr) (*inverse_std)[static_cast<std::size_t>(r0 + r)] = inverse;
+      const std::int64_t at = (r0 + r) * n;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto value = static_cast<float>((row[r][j] - mean[r]) * inverse);
+        if (xhat != nullptr) xhat[at + j] = value;
+        y[at + j] = value * scale[static_cast<std::size_t>(j)] + shift[static_cast<std::size_t>(j)];
+      }
     }
   }
   return output;
@@ -432,21 +449,29 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
     const auto xhat = normalized_.values<float>();
     const auto gamma = weight_.value.values<float>();
     auto out = grad_input.values<float>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      // dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std, in f64 per row.
-      double mean_g = 0.0;
-      double mean_gx = 0.0;
+    // dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std, in f64 per row; the rows'
+    // chains side by side as in the forward.
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+      std::int64_t at[kNormRows];
+      for (std::int64_t r = 0; r < kNormRows; ++r)
+        at[r] = std::min(r0 + r, rows - 1) * n;
+      double mean_g[kNormRows] = {};
+      double mean_gx[kNormRows] = {};
       for (std::int64_t j = 0; j < n; ++j) {
-        const double dxhat = static_cast<double>(g[r * n + j]) * gamma[j];
-        mean_g += dxhat;
-        mean_gx += dxhat * xhat[r * n + j];
+        for (std::int64_t r = 0; r < kNormRows; ++r) {
+          const double dxhat = static_cast<double>(g[at[r] + j]) * gamma[j];
+          mean_g[r] += dxhat;
+          mean_gx[r] += dxhat * xhat[at[r] + j];
+        }
       }
-      mean_g /= static_cast<double>(n);
-      mean_gx /= static_cast<double>(n);
-      const double inverse = inverse_std_[static_cast<std::size_t>(r)];
-      for (std::int64_t j = 0; j < n; ++j) {
-        const double dxhat = static_cast<double>(g[r * n + j]) * gamma[j];
-        out[r * n + j] = static_cast<float>((dxhat - mean_g - xhat[r * n + j] * mean_gx) * inverse);
+      for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+        const double centre = mean_g[r] / static_cast<double>(n);
+        const double slope = mean_gx[r] / static_cast<double>(n);
+        const double inverse = inverse_std_[static_cast<std::size_t>(r0 + r)];
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double dxhat = static_cast<double>(g[at[r] + j]) * gamma[j];
+          out[at[r] + j] = static_cast<float>((dxhat - centre - xhat[at[r] + j] * slope) * inverse);
+        }
       }
     }
     grad_input = grad_input.reshape(grad_output.shape());
