@@ -114,6 +114,8 @@ def main():
                        ("lr", float), ("warmup", int), ("eval_every", int), ("seed", int),
                        ("threads", int)]:
         parser.add_argument("--" + name.replace("_", "-"), type=kind, required=True)
+    parser.add_argument("--timed-from", type=int, default=0,
+                        help="steps before this one do not count in tokens_per_second")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -139,8 +141,9 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        train_seconds += time.perf_counter() - start
-        tokens_done += count * args.context
+        if step >= args.timed_from:
+            train_seconds += time.perf_counter() - start
+            tokens_done += count * args.context
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             with torch.no_grad():
                 logits = model(val_tokens)

@@ -102,6 +102,12 @@ void require_memory(double bytes, std::string_view what) {
   }
 }
 
+std::int64_t peak_resident_bytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
 void keep_freed_memory_for_reuse() {
   constexpr int kReusedBlockBytes = 256 << 20;
   // Failing to set either only costs speed.

@@ -16,7 +16,7 @@ namespace {
 
 /// Query rows a tile of the kernels below works on at once: each key and value a tile loads
 /// serves this many rows.
-constexpr std::int64_t kTileRows = 16;
+constexpr std::int64_t kTileRows = 32;
 
 /// Chain ranges [0, counts[r]) of a tile's rows.
 struct Prefixes {
@@ -26,22 +26,26 @@ struct Prefixes {
   }
 };
 
-/// Each row's chain state[r] = step(state[r], rows[r·ld + j]) for j < counts[r] ascending, the
-/// rows of a tile side by side: independent chains overlap, where one alone would wait out each
-/// step's latency. The steps every row has run for all kTileRows rows at once (rows past `n`
-/// are scratch whose results are dropped), the rest row by row.
+/// Rows whose chains row_chains runs side by side: as many as the registers hold.
+constexpr std::int64_t kChainRows = 16;
+static_assert(kTileRows % kChainRows == 0);
+
+/// Each row's chain state[r] = step(state[r], rows[r·ld + j]) for j < counts[r] ascending, for
+/// up to kChainRows rows side by side: independent chains overlap, where one alone would wait
+/// out each step's latency. The steps every row has run for all kChainRows rows at once (rows
+/// past `n` are scratch of the tile whose results are dropped), the rest row by row.
 template <class Step>
-[[gnu::always_inline]] inline void row_chains(const float* rows, std::int64_t ld,
-                                              const std::int64_t* counts, std::int64_t n,
-                                              float* state, Step step) {
+[[gnu::always_inline]] inline void chain_group(const float* rows, std::int64_t ld,
+                                               const std::int64_t* counts, std::int64_t n,
+                                               float* state, Step step) {
   std::int64_t shared = counts[0];
   for (std::int64_t r = 1; r < n; ++r)
     shared = std::min(shared, counts[r]);
-  float s[kTileRows] = {};
+  float s[kChainRows] = {};
   std::copy_n(state, n, s);
   for (std::int64_t j = 0; j < shared; ++j) {
 #pragma GCC unroll 16
-    for (std::int64_t r = 0; r < kTileRows; ++r)
+    for (std::int64_t r = 0; r < kChainRows; ++r)
       s[r] = step(s[r], rows[r * ld + j]);
   }
   for (std::int64_t r = 0; r < n; ++r) {
@@ -50,6 +54,15 @@ template <class Step>
       x = step(x, rows[r * ld + j]);
     state[r] = x;
   }
+}
+
+/// chain_group over the n rows of a tile, kChainRows at a time.
+template <class Step>
+[[gnu::always_inline]] inline void row_chains(const float* rows, std::int64_t ld,
+                                              const std::int64_t* counts, std::int64_t n,
+                                              float* state, Step step) {
+  for (std::int64_t g = 0; g < n; g += kChainRows)
+    chain_group(rows + g * ld, ld, counts + g, std::min(kChainRows, n - g), state + g, step);
 }
 
 [[gnu::always_inline]] inline float add_step(float sum, float x) {

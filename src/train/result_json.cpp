@@ -3,6 +3,7 @@
 
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/core/digest.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/kernels/peak.hpp>
 #include <meshtensor/pp/stage.hpp>
@@ -98,6 +99,7 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
       {"parameters", result.parameters},
       {"parameter_tensors", result.parameter_tensors},
       {"peak_memory_bytes", memory_json(result.memory_peak)},
+      {"process_peak_resident_bytes", peak_resident_bytes()},
       {"resumed_step", result.resumed_step},
       {"checkpoints", result.checkpoints},
       {"warnings", result.warnings},

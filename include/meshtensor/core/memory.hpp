@@ -11,6 +11,11 @@ namespace meshtensor {
 /// limits (RLIMIT_AS, RLIMIT_DATA). A limit that cannot be read does not count.
 std::int64_t available_memory_bytes();
 
+/// The most memory this process has had resident at once so far (getrusage's maximum resident
+/// set), in bytes; 0 where the system does not say. Every rank of the threads backend shares
+/// one process; under mpi it is one rank's.
+std::int64_t peak_resident_bytes();
+
 /// "1.5 GiB", "640 MiB", "12 KiB", "100 B".
 std::string format_bytes(double bytes);
 
