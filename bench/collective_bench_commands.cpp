@@ -234,7 +234,7 @@ void add_matmul_bench(CLI::App& bench) {
   auto matmul_iterations = std::make_shared<std::string>("0");
   CLI::App* matmul = bench.add_subcommand(
       "matmul",
-      "Time the batch-invariant matmul (three forms, the default model's shapes and 512^3) "
+      "Time the batch-invariant matmul (three forms, the default MLP's and GPT's shapes and 512^3) "
       "against OpenBLAS sgemm on one thread, and the exact weight gradient against the ordered "
       "one");
   add_flag(*matmul, "--json", *matmul_json, "print JSON");

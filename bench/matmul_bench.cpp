@@ -56,6 +56,15 @@ std::vector<MatmulShape> default_matmul_shapes() {
       shapes.push_back({in, out, rows, "xᵀ·dy"});
     }
   }
+  // The default GPT's (dim 128, 16 windows of 128 tokens): attention's qkv and projection, the
+  // MLP's two layers.
+  constexpr std::int64_t kGptRows = 2048;
+  for (const auto& [in, out] :
+       {std::pair<std::int64_t, std::int64_t>{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
+    shapes.push_back({kGptRows, out, in, "x·W"});
+    shapes.push_back({kGptRows, in, out, "dy·Wᵀ"});
+    shapes.push_back({in, out, kGptRows, "xᵀ·dy"});
+  }
   return shapes;
 }
 

@@ -26,7 +26,8 @@ struct MatmulBenchRow {
 };
 
 /// The shapes of `meshtensor train`'s default model (global batch 256 on 2 ranks, so 128 rows
-/// per rank, and 256) in all three forms, and 512x512x512.
+/// per rank, and 256) and of the default GPT (2048 rows of dim 128) in all three forms, and
+/// 512x512x512.
 std::vector<MatmulShape> default_matmul_shapes();
 
 /// Times every shape `iterations` times (0: about 0.3 s each).
