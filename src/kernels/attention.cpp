@@ -18,6 +18,14 @@ namespace {
 /// serves this many rows.
 constexpr std::int64_t kTileRows = 32;
 
+/// A thread's scratch for the tiles of up to `width` keys: the probabilities p, the score
+/// gradients dS and the products p·dP, each kTileRows rows of `width` (tile_scratch).
+struct TileScratch {
+  float* p;
+  float* ds;
+  float* products;
+};
+
 /// Chain ranges [0, counts[r]) of a tile's rows.
 struct Prefixes {
   const std::int64_t* counts;
@@ -139,23 +147,24 @@ MESHTENSOR_LANES_KERNEL(attention_rows_kernel, attention_rows_body)
 /// One tile of backward rows (queries q, output gradients d_out and stats of `rows` rows, each
 /// [rows, head_dim] contiguous), row r seeing keys [first, first + seen[r]): their
 /// probabilities p recomputed with the forward's operations, and dS_ij = p_ij (dP_ij - Σ p dP)
-/// ·scale into ds (both [rows, width]). Σ p dP over the row's keys is computed into `computed`
-/// when given (the query side, first = 0), else read from `given` (the key side).
+/// ·scale into the scratch's p and ds (both [rows, width]). Σ p dP over the row's keys is computed
+/// into `computed` when given (the query side, first = 0), else read from `given` (the key side).
 template <int W>
 [[gnu::always_inline]] inline void gradient_tile(const HeadGradientInputs& in, const float* q,
                                                  const float* d_out, const RowStats* stats,
                                                  const std::int64_t* seen, std::int64_t rows,
                                                  std::int64_t first, std::int64_t width,
-                                                 const float* given, float* computed, float* p,
-                                                 float* ds) {
-  float* product_scratch = ds + kTileRows * width;
+                                                 const float* given, float* computed,
+                                                 TileScratch scratch) {
+  float* p = scratch.p;
+  float* ds = scratch.ds;
   const std::int64_t hd = in.head_dim;
   lanes::dot_rows<W>(q, hd, rows, in.keys_t + first, in.length, hd, width, p, width);
   lanes::dot_rows<W>(d_out, hd, rows, in.values_t + first, in.length, hd, width, ds, width);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* pr = p + r * width;
     const float* dpr = ds + r * width;
-    float* products = product_scratch + r * width;
+    float* products = scratch.products + r * width;
     for (std::int64_t j = 0; j < seen[r]; ++j) {
       pr[j] = exp_f32(pr[j] * in.scale - stats[r].largest) / stats[r].total;
       products[j] = pr[j] * dpr[j];
@@ -163,7 +172,7 @@ template <int W>
   }
   float sums[kTileRows] = {};
   if (computed != nullptr) {
-    row_chains(product_scratch, width, seen, rows, sums, add_step);
+    row_chains(scratch.products, width, seen, rows, sums, add_step);
     std::copy_n(sums, rows, computed);
   } else {
     for (std::int64_t r = 0; r < rows; ++r)
@@ -178,15 +187,15 @@ template <int W>
 }
 
 /// The query side of a tile of rows at `positions`: dQ_i = Σ_j dS_ij k_j (ascending j) into dq
-/// and each row's Σ p dP into `weighted`; leaves p and dS of keys 0 .. the tile's last in p and
-/// ds (row stride: the returned width).
+/// and each row's Σ p dP into `weighted`; leaves p and dS of keys 0 .. the tile's last in the
+/// scratch (row stride: the returned width).
 template <int W>
 [[gnu::always_inline]] inline std::int64_t query_side_tile(const HeadGradientInputs& in,
                                                            const float* q, const float* d_out,
                                                            const RowStats* stats,
                                                            const std::int64_t* positions,
                                                            std::int64_t rows, float* dq,
-                                                           float* weighted, float* p, float* ds) {
+                                                           float* weighted, TileScratch scratch) {
   const std::int64_t hd = in.head_dim;
   std::int64_t seen[kTileRows];
   std::int64_t width = 0;
@@ -194,20 +203,20 @@ template <int W>
     seen[r] = positions[r] + 1;
     width = std::max(width, seen[r]);
   }
-  gradient_tile<W>(in, q, d_out, stats, seen, rows, 0, width, nullptr, weighted, p, ds);
+  gradient_tile<W>(in, q, d_out, stats, seen, rows, 0, width, nullptr, weighted, scratch);
   std::fill_n(dq, rows * hd, 0.0f);
-  lanes::weighted_rows<W>({ds, width, 1}, rows, Prefixes{seen}, in.keys, hd, hd, dq, hd);
+  lanes::weighted_rows<W>({scratch.ds, width, 1}, rows, Prefixes{seen}, in.keys, hd, hd, dq, hd);
   return width;
 }
 
 /// Adds a tile's rows (global rows row_first .. row_first + rows - 1, each seeing the keys at or
-/// before it) to the gradients of keys [key_first, key_first + width): dK_j += dS_ij q_i and
-/// dV_j += p_ij dO_i, rows ascending.
+/// before it, their p and dS in the scratch) to the gradients of keys [key_first, key_first +
+/// width): dK_j += dS_ij q_i and dV_j += p_ij dO_i, rows ascending.
 template <int W>
-[[gnu::always_inline]] inline void key_terms_tile(const HeadGradientInputs& in, const float* p,
-                                                  const float* ds, std::int64_t width,
-                                                  std::int64_t rows, std::int64_t key_first,
-                                                  std::int64_t row_first, float* dk, float* dv) {
+[[gnu::always_inline]] inline void key_terms_tile(const HeadGradientInputs& in, TileScratch scratch,
+                                                  std::int64_t width, std::int64_t rows,
+                                                  std::int64_t key_first, std::int64_t row_first,
+                                                  float* dk, float* dv) {
   const std::int64_t hd = in.head_dim;
   const auto range = [=](std::int64_t key) {
     return std::pair<std::int64_t, std::int64_t>{
@@ -215,19 +224,18 @@ template <int W>
   };
   const float* q = in.queries + row_first * hd;
   const float* d_out = in.grad_output + row_first * hd;
-  lanes::weighted_rows<W>({ds, 1, width}, width, range, q, hd, hd, dk, hd);
-  lanes::weighted_rows<W>({p, 1, width}, width, range, d_out, hd, hd, dv, hd);
+  lanes::weighted_rows<W>({scratch.ds, 1, width}, width, range, q, hd, hd, dk, hd);
+  lanes::weighted_rows<W>({scratch.p, 1, width}, width, range, d_out, hd, hd, dv, hd);
 }
 
 template <int W>
 [[gnu::always_inline]] inline void attention_backward_body(const HeadGradientInputs* in, float* dq,
-                                                           float* dk, float* dv, float* scratch) {
+                                                           float* dk, float* dv,
+                                                           TileScratch scratch) {
   const std::int64_t hd = in->head_dim;
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(in->length * hd);
   std::memset(dk, 0, bytes);
   std::memset(dv, 0, bytes);
-  float* p = scratch;
-  float* ds = scratch + kTileRows * in->length;
   float weighted[kTileRows];
   std::int64_t positions[kTileRows];
   for (std::int64_t i0 = 0; i0 < in->length; i0 += kTileRows) {
@@ -236,8 +244,8 @@ template <int W>
       positions[r] = i0 + r;
     const std::int64_t width =
         query_side_tile<W>(*in, in->queries + i0 * hd, in->grad_output + i0 * hd, in->stats + i0,
-                           positions, rows, dq + i0 * hd, weighted, p, ds);
-    key_terms_tile<W>(*in, p, ds, width, rows, 0, i0, dk, dv);
+                           positions, rows, dq + i0 * hd, weighted, scratch);
+    key_terms_tile<W>(*in, scratch, width, rows, 0, i0, dk, dv);
   }
 }
 MESHTENSOR_LANES_KERNEL(attention_backward_kernel, attention_backward_body)
@@ -246,14 +254,12 @@ template <int W>
 [[gnu::always_inline]] inline void query_backward_body(const HeadGradientInputs* in,
                                                        const std::int64_t* positions,
                                                        std::int64_t rows, float* dq,
-                                                       float* weighted, float* scratch) {
+                                                       float* weighted, TileScratch scratch) {
   const std::int64_t hd = in->head_dim;
-  float* p = scratch;
-  float* ds = scratch + kTileRows * in->length;
   for (std::int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const std::int64_t n = std::min(kTileRows, rows - r0);
     query_side_tile<W>(*in, in->queries + r0 * hd, in->grad_output + r0 * hd, in->stats + r0,
-                       positions + r0, n, dq + r0 * hd, weighted + r0, p, ds);
+                       positions + r0, n, dq + r0 * hd, weighted + r0, scratch);
   }
 }
 MESHTENSOR_LANES_KERNEL(query_backward_kernel, query_backward_body)
@@ -261,13 +267,11 @@ MESHTENSOR_LANES_KERNEL(query_backward_kernel, query_backward_body)
 template <int W>
 [[gnu::always_inline]] inline void key_backward_body(const HeadGradientInputs* in,
                                                      std::int64_t first, std::int64_t count,
-                                                     float* dk, float* dv, float* scratch) {
+                                                     float* dk, float* dv, TileScratch scratch) {
   const std::int64_t hd = in->head_dim;
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(count * hd);
   std::memset(dk, 0, bytes);
   std::memset(dv, 0, bytes);
-  float* p = scratch;
-  float* ds = scratch + kTileRows * count;
   std::int64_t seen[kTileRows];
   for (std::int64_t i0 = first; i0 < in->length; i0 += kTileRows) {
     const std::int64_t rows = std::min(kTileRows, in->length - i0);
@@ -275,18 +279,17 @@ template <int W>
       seen[r] = std::min(count, i0 + r - first + 1);
     const std::int64_t width = seen[rows - 1];
     gradient_tile<W>(*in, in->queries + i0 * hd, in->grad_output + i0 * hd, in->stats + i0, seen,
-                     rows, first, width, in->weighted + i0, nullptr, p, ds);
-    key_terms_tile<W>(*in, p, ds, width, rows, first, i0, dk, dv);
+                     rows, first, width, in->weighted + i0, nullptr, scratch);
+    key_terms_tile<W>(*in, scratch, width, rows, first, i0, dk, dv);
   }
 }
 MESHTENSOR_LANES_KERNEL(key_backward_kernel, key_backward_body)
 
-/// Scratch of a thread for the tiles of `width` keys a kernel works in: p, dS and the products
-/// p·dP.
-float* tile_scratch(std::int64_t width) {
+TileScratch tile_scratch(std::int64_t width) {
   thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<std::size_t>(3 * kTileRows * width));
-  return scratch.data();
+  const std::int64_t tile = kTileRows * width;
+  scratch.resize(static_cast<std::size_t>(3 * tile));
+  return {scratch.data(), scratch.data() + tile, scratch.data() + 2 * tile};
 }
 
 }  // namespace
@@ -296,14 +299,14 @@ void attention_rows(const float* queries, std::int64_t query_stride, const std::
                     std::int64_t output_stride, RowStats* stats) {
   if (rows <= 0) return;
   attention_rows_kernel(queries, query_stride, positions, rows, cache, scale, output, output_stride,
-                        stats, tile_scratch(cache.stride));
+                        stats, tile_scratch(cache.stride).p);
 }
 
 void attention_row(const float* query, const HeadCache& cache, std::int64_t count, float scale,
                    float* probabilities, float* output, RowStats* stats) {
   if (count <= 0) return;
   const std::int64_t position = count - 1;
-  float* p = tile_scratch(count);
+  float* p = tile_scratch(count).p;
   attention_rows_kernel(query, cache.head_dim, &position, std::int64_t{1}, cache, scale, output,
                         cache.head_dim, stats, p);
   std::copy_n(p, count, probabilities);

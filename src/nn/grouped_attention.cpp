@@ -16,6 +16,17 @@ namespace meshtensor::nn {
 
 namespace {
 
+/// Head h's `length` rows from row `first` of the queries and the attention's output gradient
+/// (both [rows, heads·hd]) into `head`'s queries and grad_output.
+void copy_query_rows(const Tensor& queries, const Tensor& grad_attended, std::int64_t first,
+                     std::int64_t h, std::int64_t length, std::int64_t hd, HeadOperands& head) {
+  const std::int64_t width = queries.shape()[queries.rank() - 1];
+  HeadOperands::copy(queries.values<float>().data() + first * width, width, h * hd, length, hd,
+                     false, head.queries);
+  HeadOperands::copy(grad_attended.values<float>().data() + first * width, width, h * hd, length,
+                     hd, false, head.grad_output);
+}
+
 /// Writes (or, with `add`, adds) [length, width] `block` into columns [column, column + width)
 /// of a row-major matrix with `stride` columns.
 void scatter_columns(const float* block, std::int64_t length, std::int64_t width, float* matrix,
@@ -203,10 +214,7 @@ void GroupedQueryAttention::split_attend_backward(const Tensor& grad_attended, s
     for (std::int64_t g = 0; g < groups; ++g) {
       group_operands(b, g);
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-        HeadOperands::copy(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
-                           length, hd, false, head.queries);
-        HeadOperands::copy(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
-                           h * hd, length, hd, false, head.grad_output);
+        copy_query_rows(queries_, grad_attended, first, h, length, hd, head);
         const kernels::HeadGradientInputs in = head.inputs(
             reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
                 (b * heads + h) * length,
@@ -350,10 +358,7 @@ void GroupedQueryAttention::attend_backward(const Tensor& grad_attended, std::in
       HeadOperands::copy(values_.values<float>().data() + first * groups * hd, groups * hd, g * hd,
                          length, hd, true, head.values_t);
       for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-        HeadOperands::copy(queries_.values<float>().data() + first * heads * hd, heads * hd, h * hd,
-                           length, hd, false, head.queries);
-        HeadOperands::copy(grad_attended.values<float>().data() + first * heads * hd, heads * hd,
-                           h * hd, length, hd, false, head.grad_output);
+        copy_query_rows(queries_, grad_attended, first, h, length, hd, head);
         const kernels::HeadGradientInputs in = head.inputs(
             reinterpret_cast<const kernels::RowStats*>(row_stats_.values<float>().data()) +
                 (b * heads + h) * length,
