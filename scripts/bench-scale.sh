@@ -23,7 +23,7 @@ trap 'rm -rf "$work"' EXIT
 mpirun_flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
 
-mpirun "${mpirun_flags[@]}" -np 2 "$bin" train --backend mpi --model "$model" --batch "$batch" \
+mpirun "${mpirun_flags[@]}" -np 2 "$bin" train --backend mpi --strategy fsdp --model "$model" --batch "$batch" \
   --steps "$steps" --eval-every 0 --json --data "$data" --save "$work/ckpt" >"$work/mesh.json"
 architecture=$(sed -n 's/^  architecture: //p' < <("$bin" checkpoint inspect "$work/ckpt"))
 "$python" scripts/peer_gpt.py --data "$data" --architecture "$architecture" --batch "$batch" \
@@ -36,7 +36,7 @@ final = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 torch = json.load(open(sys.argv[2]))
 tokens = final["model_flops_per_second"] / final["model_flops_per_target"]
 memory = final["peak_memory_bytes"]
-counted = sum(memory[k] for k in ("parameters", "gradients", "optimizer_state", "activations"))
+counted = memory["total"]  # sharded state, gathered parameters and activations at their peak
 resident = final["process_peak_resident_bytes"]
 mib = 1 << 20
 print(f"{sys.argv[3]}: {final['parameters']:,} parameters, global batch {sys.argv[5]}, "
@@ -49,7 +49,8 @@ print("  profile of rank 0, ms a step: " +
       ", ".join(f"{k} {1e3 * v:.1f}" for k, v in profile.items()))
 print(f"  memory of rank 0: parameters {memory['parameters'] / mib:.0f} MiB, gradients "
       f"{memory['gradients'] / mib:.0f} MiB, optimizer {memory['optimizer_state'] / mib:.0f} "
-      f"MiB, activations {memory['activations'] / mib:.0f} MiB: {counted / mib:.0f} MiB; "
+      f"MiB, gathered parameters {memory['unsharded'] / mib:.0f} MiB, activations "
+      f"{memory['activations'] / mib:.0f} MiB: peak {counted / mib:.0f} MiB; "
       f"process peak resident {resident / mib:.0f} MiB = {resident / counted:.2f}x (goal: at "
       f"most 1.3x)")
 print(f"pytorch: {torch['tokens_per_second']:,.0f} tokens/s; meshtensor / pytorch "

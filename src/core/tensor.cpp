@@ -9,6 +9,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/core/storage.hpp>
 #include <meshtensor/core/tensor.hpp>
 
 namespace meshtensor {
@@ -17,15 +18,6 @@ static_assert(std::endian::native == std::endian::little,
               "digests and wire formats assume a little-endian host");
 
 namespace {
-constexpr std::size_t kStorageAlignment = 64;
-
-std::shared_ptr<std::byte[]> allocate(std::size_t bytes, bool zeroed) {
-  const std::size_t size = bytes == 0 ? 1 : bytes;
-  auto* data = new (std::align_val_t{kStorageAlignment}) std::byte[size];
-  if (zeroed) std::memset(data, 0, size);
-  return {data, [](std::byte* p) { operator delete[](p, std::align_val_t{kStorageAlignment}); }};
-}
-
 // Writes element `i` of a contiguous tensor from `generate(i)` (a double).
 template <class Generate>
 Tensor generate_tensor(Shape shape, DType dtype, Generate generate) {
@@ -43,7 +35,7 @@ Tensor generate_tensor(Shape shape, DType dtype, Generate generate) {
 
 Tensor::Tensor(Shape shape, DType dtype)
     : dtype_(dtype), shape_(std::move(shape)), strides_(shape_.contiguous_strides()) {
-  storage_ = allocate(static_cast<std::size_t>(shape_.numel()) * dtype_size(dtype), true);
+  storage_ = allocate_storage(static_cast<std::size_t>(shape_.numel()) * dtype_size(dtype), true);
 }
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {
@@ -56,7 +48,7 @@ Tensor Tensor::uninitialized(Shape shape, DType dtype) {
   tensor.shape_ = std::move(shape);
   tensor.strides_ = tensor.shape_.contiguous_strides();
   tensor.storage_ =
-      allocate(static_cast<std::size_t>(tensor.shape_.numel()) * dtype_size(dtype), false);
+      allocate_storage(static_cast<std::size_t>(tensor.shape_.numel()) * dtype_size(dtype), false);
   return tensor;
 }
 

@@ -24,10 +24,12 @@ std::string format_bytes(double bytes);
 /// big for the machine is refused instead of running out of memory halfway.
 void require_memory(double bytes, std::string_view what);
 
-/// Keeps freed tensor memory in the process's heap for the next allocation instead of handing
-/// it back to the system (blocks up to 256 MiB): a training step frees and allocates the same
-/// activation buffers every step, and memory the system takes back must be faulted in and
-/// zeroed again. The peak stays what it was; the resident size no longer shrinks between steps.
+/// Keeps freed heap memory in the process's heap for the next allocation instead of handing it
+/// back to the system (blocks up to 256 MiB): a training step frees and allocates the same
+/// buffers every step, and memory the system takes back must be faulted in and zeroed again.
+/// Tensor storage of 1 MiB or more does not come from the heap: allocate_storage (storage.hpp)
+/// keeps its own bounded cache of freed blocks, so the heap's fragmentation does not add to the
+/// resident size.
 /// Programs call it once at start (the command-line tool does; a library leaves the host
 /// program's allocator alone unless asked).
 void keep_freed_memory_for_reuse();

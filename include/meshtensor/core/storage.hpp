@@ -1,0 +1,41 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace meshtensor {
+
+/// Tensor storage of at least this many bytes comes from pages of its own (see
+/// allocate_storage); smaller storage comes from the heap.
+inline constexpr std::size_t kPagedStorageBytes = std::size_t{1} << 20;
+
+/// `bytes` of 64-byte-aligned memory for a tensor (at least one byte), zero-filled when
+/// `zeroed`. Blocks of kPagedStorageBytes or more are mapped pages (2 MiB-aligned and advised as
+/// transparent huge pages from 2 MiB up). A freed block waits in a cache for the next request of
+/// its size, since a training step frees and allocates the same buffers every step and fresh
+/// pages must be faulted in and zeroed; the cache holds at most max(64 MiB, 1/8 of the most
+/// paged storage live at once so far), its oldest blocks handed back to the system first, so the
+/// resident size stays near the bytes tensors use instead of growing with the heap's
+/// fragmentation. Thread-safe. Under AddressSanitizer every block comes from the heap, where the
+/// sanitizer watches its bounds.
+std::shared_ptr<std::byte[]> allocate_storage(std::size_t bytes, bool zeroed);
+
+/// What the paged storage holds now, in bytes and blocks.
+struct PagedStorageStats {
+  std::int64_t live_bytes = 0;         ///< in tensors now
+  std::int64_t peak_live_bytes = 0;    ///< the most in tensors at once so far
+  std::int64_t cached_bytes = 0;       ///< freed, waiting in the cache
+  std::int64_t cache_limit_bytes = 0;  ///< what the cache may hold now
+  std::int64_t mapped_blocks = 0;      ///< blocks mapped fresh from the system so far
+  std::int64_t reused_blocks = 0;      ///< requests served from the cache so far
+};
+
+/// The paged storage's counters (all zero under AddressSanitizer).
+PagedStorageStats paged_storage_stats();
+
+/// Whether blocks of kPagedStorageBytes or more come from the paged storage in this build
+/// (false under AddressSanitizer).
+bool paged_storage_enabled();
+
+}  // namespace meshtensor

@@ -1,0 +1,110 @@
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/storage.hpp>
+#include <meshtensor/core/tensor.hpp>
+
+namespace meshtensor {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+bool all_zero(const std::byte* data, std::size_t bytes) {
+  return std::all_of(data, data + bytes, [](std::byte b) { return b == std::byte{0}; });
+}
+
+TEST(Storage, BlocksOfEverySizeAreAlignedAndZeroedWhenAsked) {
+  for (const std::size_t bytes :
+       {std::size_t{0}, std::size_t{1}, std::size_t{4000}, kMiB - 1, kMiB, 3 * kMiB + 12345}) {
+    for (int round = 0; round < 2; ++round) {  // the second round may reuse a dirtied block
+      auto dirty = allocate_storage(bytes, false);
+      std::memset(dirty.get(), 0x5a, std::max<std::size_t>(bytes, 1));
+      dirty.reset();
+      auto block = allocate_storage(bytes, true);
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block.get()) % 64, 0u) << bytes;
+      EXPECT_TRUE(all_zero(block.get(), bytes)) << bytes;
+    }
+  }
+}
+
+TEST(Storage, AFreedLargeBlockServesTheNextRequestOfItsSize) {
+  if (!paged_storage_enabled()) GTEST_SKIP() << "AddressSanitizer build: every block is heap";
+  const std::size_t bytes = 3 * kMiB + 100;
+  auto first = allocate_storage(bytes, false);
+  const std::byte* address = first.get();
+  first.reset();
+  const PagedStorageStats before = paged_storage_stats();
+  auto second = allocate_storage(bytes, true);
+  const PagedStorageStats after = paged_storage_stats();
+  EXPECT_EQ(second.get(), address);
+  EXPECT_EQ(after.reused_blocks, before.reused_blocks + 1);
+  EXPECT_EQ(after.mapped_blocks, before.mapped_blocks);
+  EXPECT_EQ(after.cached_bytes,
+            before.cached_bytes - static_cast<std::int64_t>(3 * kMiB + 64 * 1024));
+}
+
+TEST(Storage, ARequestOfAnotherSizeIsMappedFreshAndHugePageAligned) {
+  if (!paged_storage_enabled()) GTEST_SKIP() << "AddressSanitizer build: every block is heap";
+  allocate_storage(5 * kMiB, false).reset();
+  const PagedStorageStats before = paged_storage_stats();
+  auto other = allocate_storage(7 * kMiB, false);
+  const PagedStorageStats after = paged_storage_stats();
+  EXPECT_EQ(after.mapped_blocks, before.mapped_blocks + 1);
+  EXPECT_EQ(after.reused_blocks, before.reused_blocks);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(other.get()) % (2 * kMiB), 0u);
+}
+
+TEST(Storage, TheCacheHoldsNoMoreThanItsLimitAndTheLiveBytesAreCounted) {
+  if (!paged_storage_enabled()) GTEST_SKIP() << "AddressSanitizer build: every block is heap";
+  const PagedStorageStats start = paged_storage_stats();
+  std::vector<std::shared_ptr<std::byte[]>> blocks;
+  for (int i = 0; i < 48; ++i)
+    blocks.push_back(allocate_storage(4 * kMiB, false));
+  const PagedStorageStats full = paged_storage_stats();
+  EXPECT_EQ(full.live_bytes, start.live_bytes + 48 * static_cast<std::int64_t>(4 * kMiB));
+  EXPECT_GE(full.peak_live_bytes, full.live_bytes);
+  blocks.clear();
+  const PagedStorageStats freed = paged_storage_stats();
+  EXPECT_EQ(freed.live_bytes, start.live_bytes);
+  EXPECT_EQ(freed.cache_limit_bytes,
+            std::max<std::int64_t>(std::int64_t{64} << 20, freed.peak_live_bytes / 8));
+  EXPECT_LE(freed.cached_bytes, freed.cache_limit_bytes);
+  EXPECT_GT(freed.cached_bytes, 0);
+}
+
+TEST(Storage, ThreadsAllocatingAndFreeingAtOnceLeaveTheCountsBalanced) {
+  const PagedStorageStats start = paged_storage_stats();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < 200; ++i) {
+        const std::size_t bytes = (1 + static_cast<std::size_t>((t + i) % 3)) * kMiB;
+        auto block = allocate_storage(bytes, true);
+        ASSERT_TRUE(all_zero(block.get(), bytes));
+        std::memset(block.get(), t + 1, bytes);
+      }
+    });
+  }
+  for (std::thread& thread : threads)
+    thread.join();
+  EXPECT_EQ(paged_storage_stats().live_bytes, start.live_bytes);
+}
+
+TEST(Storage, ATensorOnAReusedBlockStartsAtZero) {
+  {
+    Tensor dirty = Tensor::uninitialized(Shape{512, 1024}, DType::f32);
+    auto values = dirty.values<float>();
+    std::fill(values.begin(), values.end(), 7.0f);
+  }
+  const Tensor zeros = Tensor::zeros(Shape{512, 1024}, DType::f32);
+  for (const float v : zeros.values<float>())
+    ASSERT_EQ(v, 0.0f);
+}
+
+}  // namespace
+}  // namespace meshtensor
