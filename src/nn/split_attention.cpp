@@ -13,15 +13,37 @@ Tensor column_block(const float* matrix, std::int64_t rows, std::int64_t stride,
   return out;
 }
 
+namespace {
+
+/// out[d, i] = from[i, d] for `rows` rows of `cols` columns (row stride `stride`), out's row
+/// stride `rows`: in 16 x 16 blocks, so that the reads of a block stay in cache and each of its
+/// writes fills a cache line.
+void transpose_block(const float* from, std::int64_t stride, std::int64_t rows, std::int64_t cols,
+                     float* out) {
+  constexpr std::int64_t kBlock = 16;
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kBlock) {
+    const std::int64_t ni = std::min(kBlock, rows - i0);
+    for (std::int64_t d0 = 0; d0 < cols; d0 += kBlock) {
+      const std::int64_t nd = std::min(kBlock, cols - d0);
+      for (std::int64_t d = d0; d < d0 + nd; ++d)
+        for (std::int64_t i = i0; i < i0 + ni; ++i)
+          out[d * rows + i] = from[i * stride + d];
+    }
+  }
+}
+
+}  // namespace
+
 void HeadOperands::copy(const float* matrix, std::int64_t stride, std::int64_t column,
                         std::int64_t length, std::int64_t width, bool transpose,
                         std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(length * width));
-  for (std::int64_t i = 0; i < length; ++i) {
-    const float* row = matrix + i * stride + column;
-    for (std::int64_t d = 0; d < width; ++d)
-      out[static_cast<std::size_t>(transpose ? d * length + i : i * width + d)] = row[d];
+  if (transpose) {
+    transpose_block(matrix + column, stride, length, width, out.data());
+    return;
   }
+  for (std::int64_t i = 0; i < length; ++i)
+    std::copy_n(matrix + i * stride + column, width, out.data() + i * width);
 }
 
 kernels::HeadGradientInputs HeadOperands::inputs(const kernels::RowStats* stats,
