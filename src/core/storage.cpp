@@ -60,6 +60,7 @@ struct CachedBlock {
 class PagedStorage {
  public:
   TakenBlock take(std::size_t size) {
+    std::vector<CachedBlock> evicted;
     {
       std::lock_guard lock(mutex_);
       stats_.live_bytes += static_cast<std::int64_t>(size);
@@ -74,7 +75,9 @@ class PagedStorage {
         return {data, false};
       }
       ++stats_.mapped_blocks;
+      evicted = evict_over_limit();
     }
+    unmap(evicted);
     try {
       return {map_block(size), true};
     } catch (...) {
@@ -91,15 +94,9 @@ class PagedStorage {
       stats_.live_bytes -= static_cast<std::int64_t>(size);
       cache_.push_back({data, size});
       stats_.cached_bytes += static_cast<std::int64_t>(size);
-      stats_.cache_limit_bytes = std::max(kMinimumCacheBytes, stats_.peak_live_bytes / 8);
-      while (stats_.cached_bytes > stats_.cache_limit_bytes) {
-        evicted.push_back(cache_.front());
-        stats_.cached_bytes -= static_cast<std::int64_t>(cache_.front().size);
-        cache_.erase(cache_.begin());
-      }
+      evicted = evict_over_limit();
     }
-    for (const CachedBlock& block : evicted)
-      munmap(block.data, block.size);
+    unmap(evicted);
   }
 
   PagedStorageStats stats() {
@@ -108,6 +105,25 @@ class PagedStorage {
   }
 
  private:
+  /// Takes the oldest blocks out of the cache until it holds no more than its limit (the caller
+  /// holds the lock and unmaps them after releasing it).
+  std::vector<CachedBlock> evict_over_limit() {
+    const std::int64_t peak = stats_.peak_live_bytes;
+    stats_.cache_limit_bytes = std::max(kMinimumCacheBytes, peak + peak / 16 - stats_.live_bytes);
+    std::vector<CachedBlock> evicted;
+    while (stats_.cached_bytes > stats_.cache_limit_bytes) {
+      evicted.push_back(cache_.front());
+      stats_.cached_bytes -= static_cast<std::int64_t>(cache_.front().size);
+      cache_.erase(cache_.begin());
+    }
+    return evicted;
+  }
+
+  static void unmap(const std::vector<CachedBlock>& blocks) {
+    for (const CachedBlock& block : blocks)
+      munmap(block.data, block.size);
+  }
+
   std::mutex mutex_;
   std::vector<CachedBlock> cache_;
   PagedStorageStats stats_;

@@ -13,10 +13,12 @@ inline constexpr std::size_t kPagedStorageBytes = std::size_t{1} << 20;
 /// `bytes` of 64-byte-aligned memory for a tensor (at least one byte), zero-filled when
 /// `zeroed`. Blocks of kPagedStorageBytes or more are mapped pages (2 MiB-aligned and advised as
 /// transparent huge pages from 2 MiB up). A freed block waits in a cache for the next request of
-/// its size, since a training step frees and allocates the same buffers every step and fresh
-/// pages must be faulted in and zeroed; the cache holds at most max(64 MiB, 1/8 of the most
-/// paged storage live at once so far), its oldest blocks handed back to the system first, so the
-/// resident size stays near the bytes tensors use instead of growing with the heap's
+/// its size (rounded up to 64 KiB), since a training step frees and allocates the same buffers
+/// every step and fresh pages must be faulted in and zeroed. The cache holds at most
+/// max(64 MiB, P + P/16 - L), P the most paged storage live at once so far and L what is live
+/// now, its oldest blocks handed back to the system first: the backward's freed activations wait
+/// for the next forward, while live and cached bytes together stay within 1/16 of the peak (or
+/// 64 MiB), so the resident size follows the bytes tensors use instead of the heap's
 /// fragmentation. Thread-safe. Under AddressSanitizer every block comes from the heap, where the
 /// sanitizer watches its bounds.
 std::shared_ptr<std::byte[]> allocate_storage(std::size_t bytes, bool zeroed);
@@ -26,7 +28,7 @@ struct PagedStorageStats {
   std::int64_t live_bytes = 0;         ///< in tensors now
   std::int64_t peak_live_bytes = 0;    ///< the most in tensors at once so far
   std::int64_t cached_bytes = 0;       ///< freed, waiting in the cache
-  std::int64_t cache_limit_bytes = 0;  ///< what the cache may hold now
+  std::int64_t cache_limit_bytes = 0;  ///< what the cache could hold at the last change
   std::int64_t mapped_blocks = 0;      ///< blocks mapped fresh from the system so far
   std::int64_t reused_blocks = 0;      ///< requests served from the cache so far
 };
