@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <vector>
 
-#include <meshtensor/core/error.hpp>
 #include <meshtensor/core/storage.hpp>
 
 namespace meshtensor {
@@ -18,6 +17,13 @@ constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::int64_t kMinimumCacheBytes = std::int64_t{64} << 20;
 
 #if defined(__SANITIZE_ADDRESS__)
+#define MESHTENSOR_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MESHTENSOR_ADDRESS_SANITIZER 1
+#endif
+#endif
+#if defined(MESHTENSOR_ADDRESS_SANITIZER)
 constexpr bool kPaged = false;
 #else
 constexpr bool kPaged = true;
@@ -30,11 +36,12 @@ std::shared_ptr<std::byte[]> heap_block(std::size_t size) {
 
 /// Maps `size` bytes (a multiple of kGranule); from kHugePage up, 2 MiB-aligned and advised as
 /// huge pages, by mapping the slack of one huge page and handing back what the alignment skips.
+/// nullptr when the system refuses.
 std::byte* map_block(std::size_t size) {
   const std::size_t slack = size >= kHugePage ? kHugePage : 0;
   void* mapped =
       mmap(nullptr, size + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) throw std::bad_alloc();
+  if (mapped == MAP_FAILED) return nullptr;
   auto* start = static_cast<std::byte*>(mapped);
   if (slack == 0) return start;
   const auto address = reinterpret_cast<std::uintptr_t>(start);
@@ -78,13 +85,19 @@ class PagedStorage {
       evicted = evict_over_limit();
     }
     unmap(evicted);
-    try {
-      return {map_block(size), true};
-    } catch (...) {
+    if (std::byte* data = map_block(size)) return {data, true};
+    // Refused (a memory or address-space limit): hand back every cached block and try once more.
+    std::vector<CachedBlock> cached;
+    {
       std::lock_guard lock(mutex_);
-      stats_.live_bytes -= static_cast<std::int64_t>(size);
-      throw;
+      cached.swap(cache_);
+      stats_.cached_bytes = 0;
     }
+    unmap(cached);
+    if (std::byte* data = map_block(size)) return {data, true};
+    std::lock_guard lock(mutex_);
+    stats_.live_bytes -= static_cast<std::int64_t>(size);
+    throw std::bad_alloc();
   }
 
   void give_back(std::byte* data, std::size_t size) {

@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <new>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -93,6 +96,43 @@ TEST(Storage, FreedBlocksUpToThePeakWaitForTheNextRoundOfTheSameSizes) {
       EXPECT_EQ(after.reused_blocks, before.reused_blocks + 40) << round;
     }
   }
+}
+
+/// This process's virtual size in bytes (/proc/self/statm's first field, in pages).
+std::int64_t virtual_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages = 0;
+  statm >> pages;
+  return pages * 4096;
+}
+
+/// Fills the cache, limits the address space to what is mapped now, then asks for a block of
+/// another size (room only once the cache is handed back) and for one beyond any room. Exits 0
+/// when the first succeeds zeroed and the second throws std::bad_alloc leaving the counts as
+/// they were.
+[[noreturn]] void allocate_under_an_address_limit() {
+  std::vector<std::shared_ptr<std::byte[]>> held;
+  for (int i = 0; i < 16; ++i)  // 256 MiB live, then waiting in the cache
+    held.push_back(allocate_storage(16 * kMiB, false));
+  held.clear();
+  const auto room = static_cast<rlim_t>(virtual_bytes() + 4 * kMiB);
+  const rlimit limit{room, room};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) std::exit(2);
+  // The cache's own limit hands back 112 MiB of it first, short of the 122 MiB needed.
+  auto block = allocate_storage(120 * kMiB, true);
+  if (block == nullptr || !all_zero(block.get(), 120 * kMiB)) std::exit(3);
+  const std::int64_t live = paged_storage_stats().live_bytes;
+  try {
+    allocate_storage(std::size_t{4} << 30, false);
+    std::exit(4);
+  } catch (const std::bad_alloc&) {
+  }
+  std::exit(paged_storage_stats().live_bytes == live ? 0 : 5);
+}
+
+TEST(Storage, UnderAnAddressSpaceLimitTheCacheIsHandedBackAndARefusalThrowsBadAlloc) {
+  if (!paged_storage_enabled()) GTEST_SKIP() << "AddressSanitizer build: every block is heap";
+  EXPECT_EXIT(allocate_under_an_address_limit(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(Storage, ThreadsAllocatingAndFreeingAtOnceLeaveTheCountsBalanced) {

@@ -19,8 +19,10 @@ inline constexpr std::size_t kPagedStorageBytes = std::size_t{1} << 20;
 /// now, its oldest blocks handed back to the system first: the backward's freed activations wait
 /// for the next forward, while live and cached bytes together stay within 1/16 of the peak (or
 /// 64 MiB), so the resident size follows the bytes tensors use instead of the heap's
-/// fragmentation. Thread-safe. Under AddressSanitizer every block comes from the heap, where the
-/// sanitizer watches its bounds.
+/// fragmentation. When the system refuses a mapping (a memory or address-space limit), every
+/// cached block is handed back and the mapping tried once more; a second refusal throws
+/// std::bad_alloc, as the heap would. Thread-safe. Under AddressSanitizer every block comes from
+/// the heap, where the sanitizer watches its bounds.
 std::shared_ptr<std::byte[]> allocate_storage(std::size_t bytes, bool zeroed);
 
 /// What the paged storage holds now, in bytes and blocks.
