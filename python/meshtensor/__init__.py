@@ -78,6 +78,7 @@ from ._meshtensor import (  # noqa: E402
     lr_at,
     parse_placements,
     replicate,
+    release_cached_storage,
     rl,
     run_mpi,
     run_threads,
@@ -126,6 +127,6 @@ __all__ = [
     "Plan", "Replicate", "ResourceError", "SGD", "Shard", "Text", "TimeoutError", "check", "contribution",
     "cross_entropy", "digest", "distribute_tensor", "epoch_order", "fully_shard", "generate", "get_rank",
     "get_world", "get_world_size", "init_device_mesh", "load_checkpoint", "load_dataset", "load_text",
-    "local_layout", "lr_at", "ops", "parse_placements", "plan", "replicate", "rl", "run", "run_mpi",
-    "run_threads", "save_checkpoint", "train", "under_mpirun",
+    "local_layout", "lr_at", "ops", "parse_placements", "plan", "release_cached_storage", "replicate",
+    "rl", "run", "run_mpi", "run_threads", "save_checkpoint", "train", "under_mpirun",
 ]

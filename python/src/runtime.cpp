@@ -9,6 +9,7 @@
 #include <meshtensor/comm/mpi_backend.hpp>
 #include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/storage.hpp>
 
 #include "bindings.hpp"
 
@@ -384,6 +385,9 @@ void bind_runtime(py::module_& module) {
   module.def("under_mpirun", &under_mpirun, "True when the process was started by mpirun.");
   module.def("get_world", &current_world,
              "The world communicator of the calling rank (under mpirun: made on first use).");
+  module.def("release_cached_storage", &release_cached_storage,
+             "Hands the freed tensor memory that waits for reuse back to the system (as "
+             "torch.cuda.empty_cache does) and returns its bytes; tensors in use are untouched.");
   module.def("_finalize_mpi", &finalize_mpi);
 }
 

@@ -87,13 +87,7 @@ class PagedStorage {
     unmap(evicted);
     if (std::byte* data = map_block(size)) return {data, true};
     // Refused (a memory or address-space limit): hand back every cached block and try once more.
-    std::vector<CachedBlock> cached;
-    {
-      std::lock_guard lock(mutex_);
-      cached.swap(cache_);
-      stats_.cached_bytes = 0;
-    }
-    unmap(cached);
+    release_all();
     if (std::byte* data = map_block(size)) return {data, true};
     std::lock_guard lock(mutex_);
     stats_.live_bytes -= static_cast<std::int64_t>(size);
@@ -110,6 +104,19 @@ class PagedStorage {
       evicted = evict_over_limit();
     }
     unmap(evicted);
+  }
+
+  std::int64_t release_all() {
+    std::vector<CachedBlock> cached;
+    std::int64_t bytes = 0;
+    {
+      std::lock_guard lock(mutex_);
+      cached.swap(cache_);
+      bytes = stats_.cached_bytes;
+      stats_.cached_bytes = 0;
+    }
+    unmap(cached);
+    return bytes;
   }
 
   PagedStorageStats stats() {
@@ -165,6 +172,10 @@ std::shared_ptr<std::byte[]> allocate_storage(std::size_t bytes, bool zeroed) {
 
 PagedStorageStats paged_storage_stats() {
   return kPaged ? paged_storage().stats() : PagedStorageStats{};
+}
+
+std::int64_t release_cached_storage() {
+  return kPaged ? paged_storage().release_all() : 0;
 }
 
 bool paged_storage_enabled() {

@@ -135,6 +135,24 @@ TEST(Storage, UnderAnAddressSpaceLimitTheCacheIsHandedBackAndARefusalThrowsBadAl
   EXPECT_EXIT(allocate_under_an_address_limit(), ::testing::ExitedWithCode(0), "");
 }
 
+TEST(Storage, ReleasingTheCacheHandsBackEveryWaitingBlockAndLeavesLiveOnesAlone) {
+  if (!paged_storage_enabled()) GTEST_SKIP() << "AddressSanitizer build: every block is heap";
+  auto kept = allocate_storage(2 * kMiB, false);
+  std::memset(kept.get(), 7, 2 * kMiB);
+  allocate_storage(6 * kMiB, false).reset();
+  const std::int64_t waiting = paged_storage_stats().cached_bytes;
+  ASSERT_GE(waiting, static_cast<std::int64_t>(6 * kMiB));
+  EXPECT_EQ(release_cached_storage(), waiting);
+  const PagedStorageStats after = paged_storage_stats();
+  EXPECT_EQ(after.cached_bytes, 0);
+  EXPECT_EQ(after.live_bytes, static_cast<std::int64_t>(2 * kMiB));
+  EXPECT_EQ(kept[2 * kMiB - 1], std::byte{7});
+  const std::int64_t mapped = after.mapped_blocks;
+  allocate_storage(6 * kMiB, false).reset();  // mapped afresh: nothing waited
+  EXPECT_EQ(paged_storage_stats().mapped_blocks, mapped + 1);
+  EXPECT_EQ(release_cached_storage(), static_cast<std::int64_t>(6 * kMiB));
+}
+
 TEST(Storage, ThreadsAllocatingAndFreeingAtOnceLeaveTheCountsBalanced) {
   const PagedStorageStats start = paged_storage_stats();
   std::vector<std::thread> threads;

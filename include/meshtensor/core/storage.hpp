@@ -38,6 +38,11 @@ struct PagedStorageStats {
 /// The paged storage's counters (all zero under AddressSanitizer).
 PagedStorageStats paged_storage_stats();
 
+/// Hands every block waiting in the cache back to the system and returns their bytes (as
+/// torch.cuda.empty_cache does for its cache); tensors in use are untouched. For a program that is
+/// done with a large model and goes on to other work: the cache otherwise keeps up to the peak.
+std::int64_t release_cached_storage();
+
 /// Whether blocks of kPagedStorageBytes or more come from the paged storage in this build
 /// (false under AddressSanitizer).
 bool paged_storage_enabled();
