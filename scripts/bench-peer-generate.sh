@@ -8,10 +8,7 @@
 #        (defaults: gpt, 50 steps of training on Debian's fortunes, 64 new tokens)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=/usr/bin/python3  # Debian's interpreter: python3-torch installs for it
-bash scripts/install-deps.sh python3-torch python3-numpy
-bash scripts/build.sh default >/dev/null
-bin=build/src/meshtensor
+source scripts/torch-peer-setup.sh  # python, bin
 model=${1:-gpt}
 steps=${2:-50}
 new_tokens=${3:-64}

@@ -10,10 +10,7 @@
 #        (defaults: 600 steps of the `meshtensor train --model gpt` defaults)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=/usr/bin/python3  # Debian's interpreter: python3-torch installs for it
-bash scripts/install-deps.sh python3-torch python3-numpy
-bash scripts/build.sh default >/dev/null
-bin=build/src/meshtensor
+source scripts/torch-peer-setup.sh  # python, bin
 steps=${1:-600}
 model=${2:-gpt}
 batch=${3:-16}

@@ -12,10 +12,7 @@ cd "$(dirname "$0")/.."
 epochs=${1:-8}
 ranks=${2:-2}
 # Debian's interpreter: python3-torch installs for it, whatever python3 comes first on PATH.
-python=/usr/bin/python3
-bash scripts/install-deps.sh python3-torch python3-numpy
-bash scripts/build.sh default >/dev/null
-bin=build/src/meshtensor
+source scripts/torch-peer-setup.sh  # python, bin
 mpirun_flags=(--oversubscribe)
 [ "$(id -u)" -eq 0 ] && mpirun_flags+=(--allow-run-as-root)
 results=$(mktemp)

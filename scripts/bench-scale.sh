@@ -10,10 +10,7 @@
 #        (defaults: 6 steps of gpt:layers=8,heads=8,dim=512,context=512, global batch 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python=/usr/bin/python3  # Debian's interpreter: python3-torch installs for it
-bash scripts/install-deps.sh python3-torch python3-numpy
-bash scripts/build.sh default >/dev/null
-bin=build/src/meshtensor
+source scripts/torch-peer-setup.sh  # python, bin
 steps=${1:-6}
 model=${2:-gpt:layers=8,heads=8,dim=512,context=512}
 batch=${3:-8}

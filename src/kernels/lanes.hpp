@@ -175,6 +175,10 @@ template <int W, int NV, class Range>
                                                     const float* x, std::int64_t ldx, float* out,
                                                     std::int64_t ldo) {
   constexpr int kRows = std::clamp(kAccumulators<W> / NV, 1, 8);
+  // Row r alone over [lo, hi) of its range.
+  const auto one_row = [&](std::int64_t r, std::int64_t lo, std::int64_t hi) {
+    weighted_tile<W, 1, NV>(w, r, x, ldx, lo, hi, out + r * ldo, ldo);
+  };
   std::int64_t r0 = 0;
   for (; r0 + kRows <= rows; r0 += kRows) {
     std::int64_t shared_lo = range(r0).first;
@@ -185,20 +189,17 @@ template <int W, int NV, class Range>
     }
     if (shared_lo >= shared_hi) {
       for (int r = 0; r < kRows; ++r)
-        weighted_tile<W, 1, NV>(w, r0 + r, x, ldx, range(r0 + r).first, range(r0 + r).second,
-                                out + (r0 + r) * ldo, ldo);
+        one_row(r0 + r, range(r0 + r).first, range(r0 + r).second);
       continue;
     }
     for (int r = 0; r < kRows; ++r)
-      weighted_tile<W, 1, NV>(w, r0 + r, x, ldx, range(r0 + r).first, shared_lo,
-                              out + (r0 + r) * ldo, ldo);
+      one_row(r0 + r, range(r0 + r).first, shared_lo);
     weighted_tile<W, kRows, NV>(w, r0, x, ldx, shared_lo, shared_hi, out + r0 * ldo, ldo);
     for (int r = 0; r < kRows; ++r)
-      weighted_tile<W, 1, NV>(w, r0 + r, x, ldx, shared_hi, range(r0 + r).second,
-                              out + (r0 + r) * ldo, ldo);
+      one_row(r0 + r, shared_hi, range(r0 + r).second);
   }
   for (; r0 < rows; ++r0)
-    weighted_tile<W, 1, NV>(w, r0, x, ldx, range(r0).first, range(r0).second, out + r0 * ldo, ldo);
+    one_row(r0, range(r0).first, range(r0).second);
 }
 
 /// weighted_vectors over `columns` = nv·W columns, nv known at run time (1 to 8).
