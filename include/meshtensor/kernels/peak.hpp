@@ -22,8 +22,11 @@ struct FmaUnits {
 FmaUnits fma_units(SimdLevel level);
 
 /// The core clock measured now, in Hz: a chain of dependent integer additions (one a cycle on
-/// every x86-64 core) timed for about `seconds`. 0 where the chain cannot be built (not x86-64).
-double measured_clock_hz(double seconds = 0.05);
+/// every x86-64 core) timed for about `seconds`, under `load`: with an independent FMA of that
+/// level's width beside each addition (none at the baseline level), since some cores (Intel's,
+/// with their AVX-512 licence) run wide FMAs at a lower clock. 0 where the chain cannot be built
+/// (not x86-64); InvalidArgument when this CPU cannot run `load`.
+double measured_clock_hz(double seconds = 0.05, SimdLevel load = SimdLevel::baseline);
 
 /// f32 FLOP/s one thread reaches at `level` with a kernel that does nothing but independent
 /// fused multiply-adds held in registers (mul and add at the baseline level, which has no FMA),
