@@ -31,6 +31,46 @@ std::vector<double> row_maxima(const float* in, std::int64_t rows, std::int64_t 
   return largest;
 }
 
+/// Rows the loops over the [classes, rows] exponentials run side by side, so that each class
+/// touches a cache line or two of them: a row at a time would touch a line a class, each a
+/// column's length from the last, and wait on the misses (the store buffer fills up).
+constexpr std::int64_t kRowBlock = 16;
+
+/// Fills e[c·rows + r] = exp(logit[r][c] − largest[r]) and returns each row's total of them,
+/// summed in class order.
+std::vector<double> exponentials_and_totals(const float* in, std::int64_t rows,
+                                            std::int64_t classes,
+                                            const std::vector<double>& largest, double* e) {
+  std::vector<double> totals(static_cast<std::size_t>(rows), 0.0);
+  for (std::int64_t first_row = 0; first_row < rows; first_row += kRowBlock) {
+    const std::int64_t end_row = std::min(rows, first_row + kRowBlock);
+    for (std::int64_t c = 0; c < classes; ++c) {
+      for (std::int64_t r = first_row; r < end_row; ++r) {
+        const double v = std::exp(in[r * classes + c] - largest[static_cast<std::size_t>(r)]);
+        e[c * rows + r] = v;
+        totals[static_cast<std::size_t>(r)] += v;
+      }
+    }
+  }
+  return totals;
+}
+
+/// grad[r][c] = e[c·rows + r] / total[r] − (1 where c is row r's label, a class of this rank).
+void write_logit_gradients(const double* e, std::int64_t rows, std::int64_t classes,
+                           const std::vector<double>& totals, std::span<const std::int32_t> labels,
+                           std::int64_t first_class, float* grad) {
+  for (std::int64_t first_row = 0; first_row < rows; first_row += kRowBlock) {
+    const std::int64_t end_row = std::min(rows, first_row + kRowBlock);
+    for (std::int64_t c = 0; c < classes; ++c) {
+      for (std::int64_t r = first_row; r < end_row; ++r) {
+        const bool is_label = labels[static_cast<std::size_t>(r)] - first_class == c;
+        grad[r * classes + c] = static_cast<float>(
+            e[c * rows + r] / totals[static_cast<std::size_t>(r)] - (is_label ? 1.0 : 0.0));
+      }
+    }
+  }
+}
+
 /// Rows whose first largest logit over every rank's classes is the label.
 std::int64_t count_correct(const Tensor& z, std::span<const std::int32_t> labels,
                            ClassSplit* split) {
@@ -97,19 +137,14 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const s
   // exponentials[c][r]: column r holds row r's terms, so binned column sums give row sums.
   Tensor exponentials = Tensor::uninitialized(Shape{classes, rows}, DType::f64);
   double* e = exponentials.values<double>().data();
-  std::vector<double> totals(static_cast<std::size_t>(rows), 0.0);
+  std::vector<double> totals = exponentials_and_totals(in, rows, classes, largest, e);
   std::vector<double> target(static_cast<std::size_t>(rows), 0.0);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = in + r * classes;
-    const double m = largest[static_cast<std::size_t>(r)];
-    double total = 0.0;
-    for (std::int64_t c = 0; c < classes; ++c) {
-      e[c * rows + r] = std::exp(row[c] - m);
-      total += e[c * rows + r];
-    }
-    totals[static_cast<std::size_t>(r)] = total;
     const std::int64_t label = labels[static_cast<std::size_t>(r)] - first;
-    if (label >= 0 && label < classes) target[static_cast<std::size_t>(r)] = row[label] - m;
+    if (label >= 0 && label < classes) {
+      target[static_cast<std::size_t>(r)] =
+          in[r * classes + label] - largest[static_cast<std::size_t>(r)];
+    }
   }
   if (options.exact_sums) {
     kernels::BinnedSums sums(rows);
@@ -126,15 +161,12 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const s
   }
   if (split != nullptr) split->all_reduce(target, ReduceOp::sum);  // one non-zero term
   auto losses = result.losses.values<double>();
-  float* grad = result.grad_logits.values<float>().data();
   for (std::int64_t r = 0; r < rows; ++r) {
-    const double total = totals[static_cast<std::size_t>(r)];
-    losses[static_cast<std::size_t>(r)] = std::log(total) - target[static_cast<std::size_t>(r)];
-    const std::int64_t label = labels[static_cast<std::size_t>(r)] - first;
-    for (std::int64_t c = 0; c < classes; ++c)
-      grad[r * classes + c] =
-          static_cast<float>(e[c * rows + r] / total - (c == label ? 1.0 : 0.0));
+    losses[static_cast<std::size_t>(r)] =
+        std::log(totals[static_cast<std::size_t>(r)]) - target[static_cast<std::size_t>(r)];
   }
+  write_logit_gradients(e, rows, classes, totals, labels, first,
+                        result.grad_logits.values<float>().data());
   if (options.count_correct) result.correct = count_correct(z, labels, split);
   return result;
 }
