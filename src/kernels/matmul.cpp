@@ -557,18 +557,18 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
             pack<T>(a, row0, std::min(mr, m - row0), mr, pc, kc, packed_a.data() + p * kc * mr, mr);
           }
         }
-        for (std::int64_t p = 0; p < panels; ++p) {
-          const std::int64_t row0 = ic + p * mr;
-          const std::int64_t rows = std::min(mr, m - row0);
-          const bool in_place = direct(row0);
-          const MicroKernel<T> run = in_place ? kernel.run_direct : kernel.run;
-          const T* panel =
-              in_place ? direct_a + row0 * a.row_stride + pc : packed_a.data() + p * kc * mr;
-          for (std::int64_t s = 0; s < strips; ++s) {
-            const std::int64_t col0 = jc + s * nr;
-            const std::int64_t cols = std::min(nr, n - col0);
+        for (std::int64_t s = 0; s < strips; ++s) {
+          const std::int64_t col0 = jc + s * nr;
+          const std::int64_t cols = std::min(nr, n - col0);
+          const T* strip = packed_b.data() + s * kc * nr;
+          for (std::int64_t p = 0; p < panels; ++p) {
+            const std::int64_t row0 = ic + p * mr;
+            const std::int64_t rows = std::min(mr, m - row0);
+            const bool in_place = direct(row0);
+            const MicroKernel<T> run = in_place ? kernel.run_direct : kernel.run;
+            const T* panel =
+                in_place ? direct_a + row0 * a.row_stride + pc : packed_a.data() + p * kc * mr;
             T* tile = c + row0 * ldc + col0;
-            const T* strip = packed_b.data() + s * kc * nr;
             if (rows == mr && cols == nr) {
               run(kc, panel, a.row_stride, strip, nr, tile, ldc, load_c);
               continue;
