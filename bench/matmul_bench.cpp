@@ -56,14 +56,18 @@ std::vector<MatmulShape> default_matmul_shapes() {
       shapes.push_back({in, out, rows, "xᵀ·dy"});
     }
   }
-  // The default GPT's (dim 128, 16 windows of 128 tokens): attention's qkv and projection, the
-  // MLP's two layers.
+  // The GPTs' (2048 tokens a rank): attention's qkv and projection, the MLP's two layers, at the
+  // default GPT's dim 128 and the 25M-parameter model's dim 512 (scripts/bench-scale.sh).
   constexpr std::int64_t kGptRows = 2048;
-  for (const auto& [in, out] :
-       {std::pair<std::int64_t, std::int64_t>{128, 384}, {128, 128}, {128, 512}, {512, 128}}) {
-    shapes.push_back({kGptRows, out, in, "x·W"});
-    shapes.push_back({kGptRows, in, out, "dy·Wᵀ"});
-    shapes.push_back({in, out, kGptRows, "xᵀ·dy"});
+  for (const std::int64_t dim : {128, 512}) {
+    for (const auto& [in, out] : {std::pair<std::int64_t, std::int64_t>{dim, 3 * dim},
+                                  {dim, dim},
+                                  {dim, 4 * dim},
+                                  {4 * dim, dim}}) {
+      shapes.push_back({kGptRows, out, in, "x·W"});
+      shapes.push_back({kGptRows, in, out, "dy·Wᵀ"});
+      shapes.push_back({in, out, kGptRows, "xᵀ·dy"});
+    }
   }
   return shapes;
 }

@@ -222,9 +222,9 @@ struct KernelShape {
   int mr;
   int nr;
   MicroKernel<T> run;
-  /// The same tile reading a in place, for a row-major a of the compute type: packing a costs a
-  /// pass over it per block of b, as much as the multiply-adds where b is narrow (the GPT's 128
-  /// to 512 columns), while eight rows read side by side stream from cache as well as a panel.
+  /// The same tile reading a in place (null where there is none): one-strip outputs, where
+  /// packing a would cost as much as the multiply-adds. (Wider outputs gain nothing from it:
+  /// the same speed at the GPTs' shapes on Intel, within the runs' noise.)
   MicroKernel<T> run_direct = nullptr;
   /// direct_rows[r]: the tile of r <= mr rows (nr columns) reading a in place, for the rows of
   /// a short product (a decode step's few rows), which would otherwise be padded to mr rows of
@@ -397,7 +397,7 @@ constexpr int wide_vectors(int rows, int registers) {
 template <class T, int MR, int NV, class Kernels>
 KernelShape<T> shape_with_rows(int lanes) {
   KernelShape<T> shape{MR, NV * lanes, Kernels::template run<MR, NV, false>,
-                       Kernels::template run<MR, NV, true>};
+                       NV == 1 ? Kernels::template run<MR, NV, true> : nullptr};
   [&]<int... R>(std::integer_sequence<int, R...>) {
     ((shape.direct_rows[R + 1] = Kernels::template run<R + 1, NV, true>), ...);
     if constexpr (NV == 2) {
@@ -524,9 +524,10 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
     return gemm_in_place(kernel, m, n, k, reinterpret_cast<const T*>(a.data), a.row_stride,
                          reinterpret_cast<const T*>(b.data), b.row_stride, c, ldc, accumulate);
   }
-  const T* direct_a = kernel.run_direct != nullptr && a.col_stride == 1 && a.dtype == compute
-                          ? reinterpret_cast<const T*>(a.data)
-                          : nullptr;
+  const T* direct_a =
+      kernel.run_direct != nullptr && n <= nr && a.col_stride == 1 && a.dtype == compute
+          ? reinterpret_cast<const T*>(a.data)
+          : nullptr;
   thread_local std::vector<T> packed_a;
   thread_local std::vector<T> packed_b;
   thread_local std::vector<T> edge;
