@@ -46,7 +46,6 @@ TEST(FmaPeak, StaysWithinTheTheoreticalPeakAtTheLevelsClock) {
     const double theoretical = measured_clock_hz(0.02, level) * fma_units(level).flops_per_cycle();
     const double measured = fma_flops_per_second(level, 0.02);
     EXPECT_LT(measured, 1.5 * theoretical) << simd_level_name(level);
-    EXPECT_GT(measured, 0.1 * theoretical) << simd_level_name(level);
   }
 }
 #endif
