@@ -502,8 +502,9 @@ void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n,
   }
 }
 
-// Blocking: a kc x nc block of b stays in L2 across all row panels, a kc x mr panel of a and a
-// kc x nr strip of b in L1 for one tile. Any blocking gives the same bits.
+// Blocking: a kc x nc block of b stays in L2; each kc x nr strip of it stays in L1 while every
+// kc x mr panel of a's block (from L2) meets it, as BLIS orders its loops. Any blocking and any
+// order of the tiles give the same bits.
 template <class T>
 void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int64_t k,
           const Operand& a, const Operand& b, T* c, std::int64_t ldc, bool accumulate) {
