@@ -222,11 +222,45 @@ Operand transposed(Operand x) {
 /// k ascending. `a` is a packed panel [kc][mr] (lda unused), or for the direct kernels mr rows
 /// of a read in place (row r at a + r * lda); row k of `b` starts at b + k * ldb (a packed strip
 /// [kc][nr] has ldb = nr; b read in place has its row stride); `c` is the tile with row stride
-/// ldc; load_c false starts from +0. Every element is the same fma chain whatever the layout, so
-/// packed and in-place reads give the same bits.
+/// ldc. The chains start from `init` (row r at init + r * ld_init: c itself, or with ld_init 0 one
+/// row for all, a bias), or from +0 where it is null. Every element is the same fma chain whatever
+/// the layout, so packed and in-place reads give the same bits.
 template <class T>
 using MicroKernel = void (*)(std::int64_t kc, const T* a, std::int64_t lda, const T* b,
-                             std::int64_t ldb, T* c, std::int64_t ldc, bool load_c);
+                             std::int64_t ldb, T* c, std::int64_t ldc, const T* init,
+                             std::int64_t ld_init);
+
+/// Where each element's chain of a product starts: c's old value, the bias of its column (a row
+/// of n values shared by every row), or +0.
+template <class T>
+struct Seed {
+  bool accumulate = false;
+  const T* bias = nullptr;
+
+  /// The starting values of the tile at (row0, col0) of c (row stride ldc) and their row stride;
+  /// null for +0.
+  std::pair<const T*, std::int64_t> at(const T* c, std::int64_t ldc, std::int64_t row0,
+                                       std::int64_t col0) const {
+    if (accumulate) return {c + row0 * ldc + col0, ldc};
+    if (bias != nullptr) return {bias + col0, 0};
+    return {nullptr, 0};
+  }
+};
+
+/// Runs `run` on the edge tile of `rows` x `cols` at `tile` through a full mr x nr copy in `edge`
+/// (padded rows and columns are independent), its chains starting from `init` (null: +0).
+template <class T, class Run>
+void run_on_edge(Run run, std::vector<T>& edge, std::int64_t nr, std::int64_t rows,
+                 std::int64_t cols, T* tile, std::int64_t ldc,
+                 std::pair<const T*, std::int64_t> init) {
+  std::fill(edge.begin(), edge.end(), T{0});
+  if (init.first != nullptr)
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::copy_n(init.first + r * init.second, cols, edge.data() + r * nr);
+  run(edge.data(), init.first != nullptr ? edge.data() : nullptr);
+  for (std::int64_t r = 0; r < rows; ++r)
+    std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
+}
 
 /// Most rows a tile has at any SIMD level.
 constexpr int kMaxTileRows = 12;
@@ -252,11 +286,11 @@ struct KernelShape {
 
 template <class T, int MR, int NR>
 void micro_scalar(std::int64_t kc, const T* a, std::int64_t /*lda*/, const T* b, std::int64_t ldb,
-                  T* c, std::int64_t ldc, bool load_c) {
+                  T* c, std::int64_t ldc, const T* init, std::int64_t ld_init) {
   T acc[MR][NR];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NR; ++j)
-      acc[r][j] = load_c ? c[r * ldc + j] : T{0};
+      acc[r][j] = init != nullptr ? init[r * ld_init + j] : T{0};
   for (std::int64_t k = 0; k < kc; ++k, a += MR, b += ldb)
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NR; ++j)
@@ -356,36 +390,37 @@ struct Vector256<double> {
 };
 
 // The tile is MR rows by NV vectors; the accumulators stay in registers for the whole k loop.
-#define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                       \
-  template <class T, int MR, int NV, bool kDirectA = false>                                    \
-  [[attribute]] void name(std::int64_t kc, const T* a, std::int64_t lda, const T* b,           \
-                          std::int64_t ldb, T* c, std::int64_t ldc, bool load_c) {             \
-    using V = typename vector<T>::type;                                                        \
-    constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                            \
-    const std::int64_t a_row = kDirectA ? lda : 1;                                             \
-    const std::int64_t a_step = kDirectA ? 1 : MR;                                             \
-    const V tag{};                                                                             \
-    V acc[MR][NV];                                                                             \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                   \
-        acc[r][v] = load_c ? vload(c + r * ldc + v * kLanes, tag) : vzero(tag);                \
-      }                                                                                        \
-    }                                                                                          \
-    for (std::int64_t k = 0; k < kc; ++k, a += a_step, b += ldb) {                             \
-      V bv[NV];                                                                                \
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag); \
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                  \
-        const V ar = vbroadcast(a[r * a_row], tag);                                            \
-        _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                 \
-          acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                              \
-        }                                                                                      \
-      }                                                                                        \
-    }                                                                                          \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
-      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                   \
-        vstore(c + r * ldc + v * kLanes, acc[r][v]);                                           \
-      }                                                                                        \
-    }                                                                                          \
+#define MESHTENSOR_MICRO_KERNEL(name, attribute, vector)                                        \
+  template <class T, int MR, int NV, bool kDirectA = false>                                     \
+  [[attribute]] void name(std::int64_t kc, const T* a, std::int64_t lda, const T* b,            \
+                          std::int64_t ldb, T* c, std::int64_t ldc, const T* init,              \
+                          std::int64_t ld_init) {                                               \
+    using V = typename vector<T>::type;                                                         \
+    constexpr int kLanes = static_cast<int>(sizeof(V) / sizeof(T));                             \
+    const std::int64_t a_row = kDirectA ? lda : 1;                                              \
+    const std::int64_t a_step = kDirectA ? 1 : MR;                                              \
+    const V tag{};                                                                              \
+    V acc[MR][NV];                                                                              \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                    \
+        acc[r][v] = init != nullptr ? vload(init + r * ld_init + v * kLanes, tag) : vzero(tag); \
+      }                                                                                         \
+    }                                                                                           \
+    for (std::int64_t k = 0; k < kc; ++k, a += a_step, b += ldb) {                              \
+      V bv[NV];                                                                                 \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kLanes, tag);  \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                   \
+        const V ar = vbroadcast(a[r * a_row], tag);                                             \
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                  \
+          acc[r][v] = vfma(ar, bv[v], acc[r][v]);                                               \
+        }                                                                                       \
+      }                                                                                         \
+    }                                                                                           \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                     \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; ++v) {                                    \
+        vstore(c + r * ldc + v * kLanes, acc[r][v]);                                            \
+      }                                                                                         \
+    }                                                                                           \
   }
 
 MESHTENSOR_MICRO_KERNEL(micro_avx512, gnu::target("avx512f,fma"), Vector512)
@@ -484,7 +519,7 @@ constexpr std::int64_t kInPlaceRows = 16;
 template <class T>
 void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int64_t k,
                    const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T* c,
-                   std::int64_t ldc, bool accumulate) {
+                   std::int64_t ldc, Seed<T> seed) {
   const std::int64_t nr = kernel.nr;
   thread_local std::vector<T> strip;
   thread_local std::vector<T> edge;
@@ -496,23 +531,26 @@ void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n,
     std::int64_t col0 = 0;
     if (kernel.wide_rows[rows] != nullptr) {
       const std::int64_t width = kernel.wide_columns[rows];
-      for (; col0 + width <= n; col0 += width)
-        kernel.wide_rows[rows](k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, accumulate);
+      for (; col0 + width <= n; col0 += width) {
+        const auto init = seed.at(c, ldc, row0, col0);
+        kernel.wide_rows[rows](k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, init.first,
+                               init.second);
+      }
     }
     const MicroKernel<T> run = kernel.direct_rows[rows];
-    for (; col0 + nr <= n; col0 += nr)
-      run(k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, accumulate);
+    for (; col0 + nr <= n; col0 += nr) {
+      const auto init = seed.at(c, ldc, row0, col0);
+      run(k, a_rows, lda, b + col0, ldb, c_rows + col0, ldc, init.first, init.second);
+    }
     if (col0 == n) continue;
     const std::int64_t cols = n - col0;
     strip.assign(static_cast<std::size_t>(k * nr), T{0});
     for (std::int64_t kk = 0; kk < k; ++kk)
       std::copy_n(b + kk * ldb + col0, cols, strip.data() + kk * nr);
-    edge.assign(static_cast<std::size_t>(rows * nr), T{0});
-    for (std::int64_t r = 0; r < rows && accumulate; ++r)
-      std::copy_n(c_rows + r * ldc + col0, cols, edge.data() + r * nr);
-    run(k, a_rows, lda, strip.data(), nr, edge.data(), nr, accumulate);
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::copy_n(edge.data() + r * nr, cols, c_rows + r * ldc + col0);
+    edge.resize(static_cast<std::size_t>(rows * nr));
+    run_on_edge(
+        [&](T* out, const T* init) { run(k, a_rows, lda, strip.data(), nr, out, nr, init, nr); },
+        edge, nr, rows, cols, c_rows + col0, ldc, seed.at(c, ldc, row0, col0));
   }
 }
 
@@ -521,23 +559,27 @@ void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n,
 // order of the tiles give the same bits.
 template <class T>
 void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int64_t k,
-          const Operand& a, const Operand& b, T* c, std::int64_t ldc, bool accumulate) {
+          const Operand& a, const Operand& b, T* c, std::int64_t ldc, Seed<T> seed) {
   constexpr std::int64_t kBlockK = 256;
   const std::int64_t block_n = sizeof(T) == 4 ? 1024 : 512;
   const std::int64_t mr = kernel.mr;
   const std::int64_t nr = kernel.nr;
   const std::int64_t block_m = mr * (96 / mr);
   if (k == 0) {
-    if (!accumulate)
-      for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t i = 0; i < m && !seed.accumulate; ++i) {
+      if (seed.bias != nullptr) {
+        std::copy_n(seed.bias, n, c + i * ldc);
+      } else {
         std::fill_n(c + i * ldc, n, T{0});
+      }
+    }
     return;
   }
   const DType compute = sizeof(T) == 4 ? DType::f32 : DType::f64;
   if (m <= kInPlaceRows && kernel.direct_rows[1] != nullptr && a.col_stride == 1 &&
       a.dtype == compute && b.col_stride == 1 && b.dtype == compute) {
     return gemm_in_place(kernel, m, n, k, reinterpret_cast<const T*>(a.data), a.row_stride,
-                         reinterpret_cast<const T*>(b.data), b.row_stride, c, ldc, accumulate);
+                         reinterpret_cast<const T*>(b.data), b.row_stride, c, ldc, seed);
   }
   const T* direct_a =
       kernel.run_direct != nullptr && n <= nr && a.col_stride == 1 && a.dtype == compute
@@ -552,7 +594,8 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
 
   for (std::int64_t pc = 0; pc < k; pc += kBlockK) {
     const std::int64_t kc = std::min(kBlockK, k - pc);
-    const bool load_c = accumulate || pc > 0;
+    // Past the first block of k every chain goes on from c.
+    const Seed<T> start = pc == 0 ? seed : Seed<T>{true, nullptr};
     for (std::int64_t jc = 0; jc < n; jc += block_n) {
       const std::int64_t nc = std::min(block_n, n - jc);
       const std::int64_t strips = (nc + nr - 1) / nr;
@@ -585,18 +628,16 @@ void gemm(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n, std::int
             const T* panel =
                 in_place ? direct_a + row0 * a.row_stride + pc : packed_a.data() + p * kc * mr;
             T* tile = c + row0 * ldc + col0;
+            const auto init = start.at(c, ldc, row0, col0);
             if (rows == mr && cols == nr) {
-              run(kc, panel, a.row_stride, strip, nr, tile, ldc, load_c);
+              run(kc, panel, a.row_stride, strip, nr, tile, ldc, init.first, init.second);
               continue;
             }
-            // Edge tile: run on a full-size copy; padded rows and columns are independent.
-            std::fill(edge.begin(), edge.end(), T{0});
-            if (load_c)
-              for (std::int64_t r = 0; r < rows; ++r)
-                std::copy_n(tile + r * ldc, cols, edge.data() + r * nr);
-            run(kc, panel, a.row_stride, strip, nr, edge.data(), nr, true);
-            for (std::int64_t r = 0; r < rows; ++r)
-              std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
+            run_on_edge(
+                [&](T* out, const T* from) {
+                  run(kc, panel, a.row_stride, strip, nr, out, nr, from, nr);
+                },
+                edge, nr, rows, cols, tile, ldc, init);
           }
         }
       }
@@ -617,10 +658,10 @@ bool is_matmul_input(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16;
 }
 
-}  // namespace
-
-void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
-            Tensor c, bool accumulate) {
+/// Checks the operands of c = op(a)·op(b) and runs it, each chain starting from c (accumulate),
+/// from bias[j] (a defined bias) or from +0.
+void checked_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                    Tensor& c, bool accumulate, const Tensor& bias) {
   const ProfileScope profile(ProfileRow::matmul);
   if (!a.defined() || !b.defined() || !c.defined())
     throw InvalidArgument("matmul: an operand is undefined");
@@ -651,17 +692,38 @@ void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose t
     throw InvalidArgument(fmt::format("matmul shapes do not fit: op(a) is {}x{}, op(b) {}x{}, c {}",
                                       m, k, kb, n, c.shape().to_string()));
   }
+  if (bias.defined() &&
+      (bias.dtype() != out || bias.rank() != 1 || bias.shape()[0] != n || !bias.is_contiguous())) {
+    throw InvalidArgument(
+        fmt::format("matmul_bias: the bias must be a contiguous {} [{}], got {} {}",
+                    dtype_name(out), n, dtype_name(bias.dtype()), bias.shape().to_string()));
+  }
   if (m == 0 || n == 0) return;
   const Operand lhs = operand_of(a, transpose_a);
   const Operand rhs = operand_of(b, transpose_b);
   const std::int64_t ldc = n;
+  const auto run = [&]<class T>(T* to) {
+    const T* first = bias.defined() ? reinterpret_cast<const T*>(bias.bytes().data()) : nullptr;
+    gemm<T>(kernel_for_level<T>(n), m, n, k, lhs, rhs, to, ldc, Seed<T>{accumulate, first});
+  };
   if (out == DType::f64) {
-    gemm<double>(kernel_for_level<double>(n), m, n, k, lhs, rhs,
-                 reinterpret_cast<double*>(c.bytes().data()), ldc, accumulate);
+    run(reinterpret_cast<double*>(c.bytes().data()));
   } else {
-    gemm<float>(kernel_for_level<float>(n), m, n, k, lhs, rhs,
-                reinterpret_cast<float*>(c.bytes().data()), ldc, accumulate);
+    run(reinterpret_cast<float*>(c.bytes().data()));
   }
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+            Tensor c, bool accumulate) {
+  checked_matmul(a, transpose_a, b, transpose_b, c, accumulate, Tensor());
+}
+
+void matmul_bias(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                 const Tensor& bias, Tensor c) {
+  if (!bias.defined()) throw InvalidArgument("matmul_bias: the bias is undefined");
+  checked_matmul(a, transpose_a, b, transpose_b, c, false, bias);
 }
 
 }  // namespace meshtensor::kernels

@@ -170,6 +170,47 @@ void Linear::fill_bias_rows(Tensor& output) const {
     std::copy(bias.begin(), bias.end(), y.begin() + r * out);
 }
 
+Tensor Linear::product() const {
+  const Tensor output =
+      Tensor::uninitialized(Shape{input_.shape()[0], weight_.value.shape()[1]}, DType::f32);
+  // Each chain starts from the bias (or +0), as fill_bias_rows and an accumulating matmul do.
+  if (adds_bias()) {
+    kernels::matmul_bias(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no,
+                         bias_.value.contiguous(), output);
+  } else {
+    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output);
+  }
+  return output;
+}
+
+Tensor Linear::variant_product(const BatchVariantScope& variant) const {
+  const std::int64_t in = weight_.value.shape()[0];
+  const std::int64_t rows = input_.shape()[0];
+  Tensor output = Tensor::zeros(Shape{rows, weight_.value.shape()[1]}, DType::f32);
+  if (adds_bias()) fill_bias_rows(output);
+  if (variant.matmul()) {
+    variant.matmul()(input_, weight_.value, output);
+  } else if (rows > 1 && in > 1) {
+    // Two half sums added: the bits depend on whether the call had one row or more.
+    const std::int64_t half = in / 2;
+    Tensor second = Tensor::zeros(output.shape(), DType::f32);
+    kernels::matmul(input_.narrow(1, 0, half).contiguous(), kernels::Transpose::no,
+                    weight_.value.narrow(0, 0, half).contiguous(), kernels::Transpose::no, output,
+                    /*accumulate=*/true);
+    kernels::matmul(input_.narrow(1, half, in - half).contiguous(), kernels::Transpose::no,
+                    weight_.value.narrow(0, half, in - half).contiguous(), kernels::Transpose::no,
+                    second);
+    auto y = output.values<float>();
+    const auto z = second.values<float>();
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y[i] += z[i];
+  } else {
+    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
+                    /*accumulate=*/true);
+  }
+  return output;
+}
+
 PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
   const std::int64_t rows = input_.shape()[0];
   const std::int64_t in = weight_.value.shape()[0];
@@ -224,7 +265,6 @@ void Linear::forward_for_backward(const Tensor& given) {
 
 Tensor Linear::forward(const Tensor& given) {
   keep_input(split_ != nullptr ? split_->gather_input(given) : given);
-  const std::int64_t in = weight_.value.shape()[0];
   const std::int64_t out = weight_.value.shape()[1];
   const std::int64_t rows = input_.shape()[0];
   PartialSums partial;
@@ -233,29 +273,8 @@ Tensor Linear::forward(const Tensor& given) {
     sums = kernels::BinnedSums::uninitialized(rows * out);
     partial = forward_sums(sums);
   } else {
-    Tensor output = Tensor::zeros(Shape{rows, out}, DType::f32);
-    if (adds_bias()) fill_bias_rows(output);
     const BatchVariantScope* variant = BatchVariantScope::active();
-    if (variant != nullptr && variant->matmul()) {
-      variant->matmul()(input_, weight_.value, output);
-    } else if (variant != nullptr && rows > 1 && in > 1) {
-      // Two half sums added: the bits depend on whether the call had one row or more.
-      const std::int64_t half = in / 2;
-      Tensor second = Tensor::zeros(Shape{rows, out}, DType::f32);
-      kernels::matmul(input_.narrow(1, 0, half).contiguous(), kernels::Transpose::no,
-                      weight_.value.narrow(0, 0, half).contiguous(), kernels::Transpose::no, output,
-                      /*accumulate=*/true);
-      kernels::matmul(input_.narrow(1, half, in - half).contiguous(), kernels::Transpose::no,
-                      weight_.value.narrow(0, half, in - half).contiguous(), kernels::Transpose::no,
-                      second);
-      auto y = output.values<float>();
-      const auto z = second.values<float>();
-      for (std::size_t i = 0; i < y.size(); ++i)
-        y[i] += z[i];
-    } else {
-      kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
-                      /*accumulate=*/true);
-    }
+    const Tensor output = variant != nullptr ? variant_product(*variant) : product();
     partial.values = output.reshape(with_features(input_shape_, out));
   }
   return split_ != nullptr ? split_->complete_output(partial) : round_partial(partial);

@@ -153,6 +153,52 @@ TEST(Matmul, AccumulateContinuesTheChainFromTheOutput) {
   EXPECT_TRUE(split.bitwise_equal(product(x, T::no, w, T::no)));
 }
 
+TEST_F(SimdLevels, BiasStartsEveryChainAsAFilledAccumulatingOutputDoes) {
+  // Shapes through every path: short products read in place (m <= 16), edge tiles, several
+  // blocks of k, outputs one vector wide, k = 0.
+  for (const DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    for (const auto& [m, n, k] :
+         {std::tuple{3, 70, 33}, std::tuple{16, 32, 8}, std::tuple{45, 129, 300},
+          std::tuple{200, 16, 64}, std::tuple{9, 5, 0}}) {
+      const Tensor x = random(m, k, dtype, 31);
+      const Tensor w = random(k, n, dtype, 32);
+      const Tensor wt = random(n, k, dtype, 33);
+      const Tensor bias = Tensor::random_normal(Shape{n}, output_dtype(dtype), 34);
+      for (const SimdLevel level : levels()) {
+        set_simd_level(level);
+        for (const bool transposed : {false, true}) {
+          const Tensor& b = transposed ? wt : w;
+          const T tb = transposed ? T::yes : T::no;
+          Tensor filled(Shape{m, n}, output_dtype(dtype));
+          for (std::int64_t r = 0; r < m; ++r)
+            filled.narrow(0, r, 1).copy_from(bias.reshape(Shape{1, n}));
+          matmul(x, T::no, b, tb, filled, /*accumulate=*/true);
+          Tensor started(Shape{m, n}, output_dtype(dtype));
+          matmul_bias(x, T::no, b, tb, bias, started);
+          ASSERT_TRUE(started.bitwise_equal(filled))
+              << dtype_name(dtype) << " " << m << "x" << n << "x" << k << " level "
+              << static_cast<int>(level) << (transposed ? " b transposed" : "");
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, RejectsABiasOfTheWrongShapeOrDtype) {
+  const Tensor x = random(3, 5, DType::f32, 1);
+  const Tensor w = random(5, 4, DType::f32, 2);
+  Tensor c(Shape{3, 4}, DType::f32);
+  for (const Tensor& bias : {Tensor(Shape{5}, DType::f32), Tensor(Shape{4}, DType::f64),
+                             Tensor(Shape{1, 4}, DType::f32), Tensor()}) {
+    try {
+      matmul_bias(x, T::no, w, T::no, bias, c);
+      FAIL() << "accepted a bias of " << bias.shape().to_string();
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("bias"), std::string::npos) << error.what();
+    }
+  }
+}
+
 TEST(Matmul, RejectsShapesThatDoNotFit) {
   Tensor c(Shape{3, 4}, DType::f32);
   EXPECT_THROW(matmul(random(3, 5, DType::f32, 1), T::no, random(6, 4, DType::f32, 2), T::no, c),

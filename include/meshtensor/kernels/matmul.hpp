@@ -20,4 +20,10 @@ enum class Transpose : bool { no = false, yes = true };
 void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
             Tensor c, bool accumulate = false);
 
+/// c = bias + op(a) · op(b), bias a contiguous [n] of c's dtype: every element's chain starts from
+/// bias[j], so the bits are those of filling c's rows with the bias and calling matmul with
+/// accumulate, without that pass over c (a layer's output, written and read back again).
+void matmul_bias(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
+                 const Tensor& bias, Tensor c);
+
 }  // namespace meshtensor::kernels

@@ -97,6 +97,8 @@ class Linear : public Module {
  private:
   bool adds_bias() const;  // false on the other members when the output holds partial sums
   void fill_bias_rows(Tensor& output) const;  // every row of [rows, out] = the bias
+  Tensor product() const;                     // bias + input·W, [rows, out]
+  Tensor variant_product(const BatchVariantScope& variant) const;  // the same, batch-variant
   PartialSums forward_sums(kernels::BinnedSums& sums) const;
   /// Checks the input and keeps it for backward, as [rows, in].
   void keep_input(const Tensor& input);
