@@ -9,6 +9,7 @@
 #include <meshtensor/kernels/elementwise.hpp>
 
 #include "combine.hpp"
+#include "simd_dispatch.hpp"
 
 namespace meshtensor::kernels {
 
@@ -64,7 +65,35 @@ void with_contiguous(Tensor& tensor, Fn&& fn) {
   tensor.copy_from(staged);
 }
 
+template <class T>
+[[gnu::always_inline]] inline void column_sums_body(T* __restrict sums, const T* __restrict rows,
+                                                    std::int64_t count, std::int64_t n) {
+  for (std::int64_t r = 0; r < count; ++r)
+    for (std::int64_t j = 0; j < n; ++j)
+      sums[j] += rows[r * n + j];
+}
+MESHTENSOR_SIMD_KERNEL(column_sums_kernel, column_sums_body)
+
+template <class T>
+[[gnu::always_inline]] inline void column_products_body(T* __restrict sums, const T* __restrict a,
+                                                        const T* __restrict b, std::int64_t count,
+                                                        std::int64_t n) {
+  for (std::int64_t r = 0; r < count; ++r)
+    for (std::int64_t j = 0; j < n; ++j)
+      sums[j] += a[r * n + j] * b[r * n + j];
+}
+MESHTENSOR_SIMD_KERNEL(column_products_kernel, column_products_body)
+
 }  // namespace
+
+void column_sums_into(float* sums, const float* rows, std::int64_t count, std::int64_t n) {
+  column_sums_kernel<float>(sums, rows, count, n);
+}
+
+void column_products_into(float* sums, const float* a, const float* b, std::int64_t count,
+                          std::int64_t n) {
+  column_products_kernel<float>(sums, a, b, count, n);
+}
 
 Tensor convert(const Tensor& source, DType dtype) {
   const Tensor input = source.contiguous();

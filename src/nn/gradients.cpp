@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/gradients.hpp>
 
@@ -88,10 +89,7 @@ void DenseGradients::add_column_sums(const Parameter& p, const Tensor& a) {
   const Tensor dense = a.contiguous();
   const std::int64_t n = p.value.numel();
   float* sum = view_of(p).values<float>().data();
-  const auto values = dense.values<float>();
-  for (std::int64_t r = 0; r < dense.shape()[0]; ++r)
-    for (std::int64_t j = 0; j < n; ++j)
-      sum[j] += values[static_cast<std::size_t>(r * n + j)];
+  kernels::column_sums_into(sum, dense.values<float>().data(), dense.shape()[0], n);
 }
 
 void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, const Tensor& b) {
@@ -101,13 +99,8 @@ void DenseGradients::add_column_products(const Parameter& p, const Tensor& a, co
   const Tensor db = b.contiguous();
   const std::int64_t n = p.value.numel();
   float* sum = view_of(p).values<float>().data();
-  const auto av = da.values<float>();
-  const auto bv = db.values<float>();
-  for (std::int64_t r = 0; r < da.shape()[0]; ++r)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const auto i = static_cast<std::size_t>(r * n + j);
-      sum[j] += av[i] * bv[i];
-    }
+  kernels::column_products_into(sum, da.values<float>().data(), db.values<float>().data(),
+                                da.shape()[0], n);
 }
 
 void DenseGradients::add_indexed_rows(const Parameter& p, std::span<const std::int64_t> indices,

@@ -7,6 +7,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
+#include <meshtensor/kernels/simd.hpp>
 
 namespace meshtensor::kernels {
 namespace {
@@ -90,6 +91,46 @@ TEST(Accumulate, WorksOnViewsAndRejectsMismatches) {
   EXPECT_EQ(base.get(outside), 0);
   EXPECT_THROW(accumulate(view, Tensor::zeros({4, 2}, DType::f32), ReduceOp::sum), InvalidArgument);
   EXPECT_THROW(accumulate(view, Tensor::zeros({2, 4}, DType::f64), ReduceOp::sum), InvalidArgument);
+}
+
+TEST(ColumnSums, EveryLevelGivesThePlainLoopsBits) {
+  // Values of many magnitudes, so that any other order or a fused product would round
+  // differently; widths around the vector lengths.
+  for (const std::int64_t n : {1, 15, 16, 17, 100, 384}) {
+    const std::int64_t rows = 37;
+    const Tensor a = Tensor::random_normal(Shape{rows, n}, DType::f32, 7);
+    const Tensor b = Tensor::random_normal(Shape{rows, n}, DType::f32, 8);
+    std::vector<float> scaled(a.values<float>().begin(), a.values<float>().end());
+    for (std::size_t i = 0; i < scaled.size(); ++i)
+      scaled[i] = std::ldexp(scaled[i], static_cast<int>(i % 29) - 14);
+    std::vector<float> sums(static_cast<std::size_t>(n), 0.5f);
+    std::vector<float> products(sums);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto i = static_cast<std::size_t>(r * n + j);
+        sums[static_cast<std::size_t>(j)] += scaled[i];
+        const float product = scaled[i] * b.values<float>()[i];
+        products[static_cast<std::size_t>(j)] += product;
+      }
+    }
+    for (const SimdLevel level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+      if (static_cast<int>(level) > static_cast<int>(best_simd_level())) continue;
+      set_simd_level(level);
+      std::vector<float> got(static_cast<std::size_t>(n), 0.5f);
+      std::vector<float> got_products(got);
+      column_sums_into(got.data(), scaled.data(), rows, n);
+      column_products_into(got_products.data(), scaled.data(), b.values<float>().data(), rows, n);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto at = static_cast<std::size_t>(j);
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[at]), std::bit_cast<std::uint32_t>(sums[at]))
+            << "n " << n << " column " << j << " level " << static_cast<int>(level);
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got_products[at]),
+                  std::bit_cast<std::uint32_t>(products[at]))
+            << "n " << n << " column " << j << " level " << static_cast<int>(level);
+      }
+    }
+    set_simd_level(best_simd_level());
+  }
 }
 
 TEST(Convert, RoundsOnceAndSaturates) {

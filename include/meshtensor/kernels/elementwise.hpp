@@ -25,6 +25,17 @@ void accumulate(Tensor& target, const Tensor& addend, ReduceOp op);
 /// tensor[i] = tensor[i] / divisor (floating dtypes: one rounding; integers: rounds to nearest).
 void divide(Tensor& tensor, double divisor);
 
+/// sums[j] += rows[0][j] + rows[1][j] + ... for j < n (rows: `count` rows of n f32, row-major),
+/// each column one chain of f32 additions in ascending row order, the columns side by side in
+/// vectors: the bits of the plain loop (a bias's gradient).
+void column_sums_into(float* sums, const float* rows, std::int64_t count, std::int64_t n);
+
+/// sums[j] += a[0][j] * b[0][j] + a[1][j] * b[1][j] + ..., each product rounded before it is
+/// added (never fused), in ascending row order: the bits of the plain loop (a norm's weight
+/// gradient).
+void column_products_into(float* sums, const float* a, const float* b, std::int64_t count,
+                          std::int64_t n);
+
 /// The canonical NaN of a floating storage type (positive quiet NaN, payload 0).
 template <class T>
 T canonical_nan() {
