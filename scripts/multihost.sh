@@ -10,6 +10,8 @@
 #                                           per host (N, or N,N,... per host)
 #   scripts/multihost.sh kill DIR HOST [NAME]  kill every process of host HOST (1-based), or
 #                                           only those called NAME (the ranks, not the orted)
+#   scripts/multihost.sh stop DIR HOST      stop every process of host HOST (SIGSTOP, as a frozen
+#                                           machine: its kernel still answers, its processes not)
 #   scripts/multihost.sh unplug DIR HOST    take host HOST off the network (its link down, as a
 #                                           pulled cable or a dead switch port: no reset is sent)
 #   scripts/multihost.sh down DIR           remove the namespaces, links and bridge
@@ -115,6 +117,15 @@ kill_host() {  # kill_host DIR HOST [NAME]: every process of the host, or those 
   echo "killed host$host: $(echo $pids | wc -w) processes${name:+ called $name}"
 }
 
+stop_host() {  # stop_host DIR HOST: SIGSTOP to every process of the host
+  local dir=$1 host=$2 tag
+  tag=$(cat "$dir/tag")
+  local pids
+  pids=$(ip netns pids "${tag}h$host" || true)
+  [ -n "$pids" ] && kill -STOP $pids
+  echo "stopped host$host: $(echo $pids | wc -w) processes"
+}
+
 unplug() {  # unplug DIR HOST: the host's link down on the bridge side
   local dir=$1 host=$2 tag
   tag=$(cat "$dir/tag")
@@ -145,7 +156,8 @@ run)
   run "$@"
   ;;
 kill) kill_host "$2" "$3" "${4:-}" ;;
+stop) stop_host "$2" "$3" ;;
 unplug) unplug "$2" "$3" ;;
 down) down "$2" ;;
-*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | unplug DIR HOST | down DIR" ;;
+*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | stop DIR HOST | unplug DIR HOST | down DIR" ;;
 esac

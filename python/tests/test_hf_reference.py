@@ -307,7 +307,7 @@ def test_broken_folders_are_refused_by_name(cli, tokenizer, tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["MambaForCausalLM"]}))
     refused("architecture 'MambaForCausalLM' is not GPT2LMHeadModel")
     (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "llama3"}}))
-    refused('"rope_scaling" is set')
+    refused('"rope_scaling" has rope_type \'llama3\'')
     (folder / "config.json").write_text(json.dumps(config))
     blob = bytearray((folder / "model.safetensors").read_bytes())
     size = struct.unpack("<Q", blob[:8])[0]

@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -17,6 +19,7 @@
 #include <meshtensor/comm/agree.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/half.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
 
 #include "file_io.hpp"
@@ -1127,6 +1130,48 @@ std::vector<std::string> reconcile(const std::string& directory, const Index& in
   return problems;
 }
 
+namespace {
+
+/// The first NaN or infinity among `bytes` of a `dtype` block (which start at byte `at` of the
+/// block): its element index in the block and its value; nullopt for integers and finite data.
+std::optional<std::pair<std::int64_t, double>> first_non_finite(std::span<const std::byte> bytes,
+                                                                DType dtype, std::int64_t at) {
+  const auto size = static_cast<std::int64_t>(dtype_size(dtype));
+  const auto count = static_cast<std::int64_t>(bytes.size()) / size;
+  const auto value = [&](std::int64_t i) -> double {
+    const std::byte* p = bytes.data() + i * size;
+    switch (dtype) {
+      case DType::f64: {
+        double v = 0;
+        std::memcpy(&v, p, sizeof v);
+        return v;
+      }
+      case DType::f32: {
+        float v = 0;
+        std::memcpy(&v, p, sizeof v);
+        return v;
+      }
+      case DType::bf16: {
+        BFloat16 v;
+        std::memcpy(&v, p, sizeof v);
+        return to_float(v);
+      }
+      default: {
+        Float16 v;
+        std::memcpy(&v, p, sizeof v);
+        return to_float(v);
+      }
+    }
+  };
+  if (dtype != DType::f64 && dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    return std::nullopt;
+  for (std::int64_t i = 0; i < count; ++i)
+    if (const double v = value(i); !std::isfinite(v)) return std::pair{at / size + i, v};
+  return std::nullopt;
+}
+
+}  // namespace
+
 VerifyReport verify(const std::string& path) {
   VerifyReport report;
   report.directory = resolve(path);
@@ -1151,11 +1196,20 @@ VerifyReport verify(const std::string& path) {
       if (entry == nullptr || entry->begin != block.begin || entry->end != block.end) continue;
       try {
         std::uint64_t checksum = 0;
+        std::optional<std::pair<std::int64_t, double>> non_finite;
         for (std::int64_t at = 0; at < block.end - block.begin; at += kReadPiece) {
           piece.resize(
               static_cast<std::size_t>(std::min(kReadPiece, block.end - block.begin - at)));
           file->second.file.read_at(file->second.header.data_start + block.begin + at, piece);
           checksum += block_checksum(piece, static_cast<std::uint64_t>(at));
+          if (!non_finite) non_finite = first_non_finite(piece, tensor.dtype, at);
+        }
+        if (non_finite) {
+          report.problems.push_back(fmt::format(
+              "{}: tensor '{}', block {} at {} holds {} at element {} of the block: stored "
+              "values must be finite",
+              file->second.file.path(), tensor.name, block.shape.to_string(),
+              offset_text(block.offset), non_finite->second, non_finite->first));
         }
         report.bytes += block.end - block.begin;
         if (checksum != block.checksum) {

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <string_view>
@@ -124,6 +125,10 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     std::cerr << "meshtensor: error: out of memory (std::bad_alloc): the request needs more "
                  "memory than this machine has\n";
+    return kBadInput;
+  } catch (const std::filesystem::filesystem_error& error) {
+    // A path of the user's that the system refused (a loop of links, no permission, ...).
+    std::cerr << "meshtensor: error: " << error.what() << '\n';
     return kBadInput;
   } catch (const std::exception& error) {
     std::cerr << "meshtensor: internal error: " << error.what() << '\n';

@@ -3,6 +3,8 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,12 +36,18 @@ struct TokenizerOptions {
   std::string merges;
   std::string out;
   std::string data = train::kDefaultTextDir;
+  std::string vocabulary;  // --vocab as given: decimal digits only
   tokenize::BpeTrainerConfig trainer;
 };
 
 /// All of standard input; DataError past kMaxInputBytes.
 std::string read_input() {
   std::string text;
+  struct stat info {};
+  // A file on standard input is read into one allocation of its size, not grown by doubling.
+  if (::fstat(STDIN_FILENO, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0 &&
+      static_cast<std::size_t>(info.st_size) <= kMaxInputBytes)
+    text.reserve(static_cast<std::size_t>(info.st_size) + 1);
   char buffer[1 << 16];
   while (std::cin.read(buffer, sizeof(buffer)) || std::cin.gcount() > 0) {
     text.append(buffer, static_cast<std::size_t>(std::cin.gcount()));
@@ -51,50 +59,34 @@ std::string read_input() {
   return text;
 }
 
+/// The ids are written as they are made: the output is never held whole.
 void encode(const TokenizerOptions& options) {
   const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
-  const std::vector<std::int64_t> ids = tokenizer.encode(read_input());
-  if (options.json) {
-    std::cout << nlohmann::json(ids).dump() << '\n';
-  } else {
-    std::cout << fmt::format("{}\n", fmt::join(ids, " "));
-  }
-}
-
-/// Ids from standard input: a JSON array, an object with "ids", or numbers between spaces.
-std::vector<std::int64_t> read_ids(const std::string& text) {
-  const auto first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && (text[first] == '[' || text[first] == '{')) {
-    nlohmann::json doc = parse_untrusted_json(text, "standard input");
-    if (doc.is_object() && doc.contains("ids")) doc = doc["ids"];
-    if (!doc.is_array()) throw DataError("standard input: not a JSON array of token ids");
-    std::vector<std::int64_t> ids;
-    for (const auto& id : doc) {
-      if (!id.is_number_integer())
-        throw DataError(fmt::format("standard input: {} is not a token id", json_excerpt(id)));
-      ids.push_back(id.get<std::int64_t>());
+  const std::string text = read_input();
+  std::string line = options.json ? "[" : "";
+  bool first = true;
+  tokenizer.encode_each(text, [&](std::span<const std::int64_t> ids) {
+    for (const std::int64_t id : ids) {
+      if (!first) line += options.json ? "," : " ";
+      first = false;
+      fmt::format_to(std::back_inserter(line), "{}", id);
     }
-    return ids;
-  }
-  std::vector<std::int64_t> ids;
-  std::size_t at = 0;
-  while ((at = text.find_first_not_of(" \t\r\n", at)) != std::string::npos) {
-    const std::size_t end = std::min(text.find_first_of(" \t\r\n", at), text.size());
-    ids.push_back(integer_setting("standard input", text.substr(at, end - at),
-                                  std::numeric_limits<std::int64_t>::min(),
-                                  std::numeric_limits<std::int64_t>::max()));
-    at = end;
-  }
-  return ids;
+    std::cout << line;
+    line.clear();
+  });
+  std::cout << line << (options.json ? "]\n" : "\n");
 }
 
 void decode(const TokenizerOptions& options) {
   const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
-  const std::string bytes = tokenizer.decode(read_ids(read_input()));
+  const std::string bytes = tokenizer.decode(tokenize::parse_ids(read_input(), "standard input"));
   std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 void from_gpt2(const TokenizerOptions& options) {
+  const std::vector<NamedPath> outputs{{"--out", options.out}};
+  const std::vector<NamedPath> inputs{{"--encoder", options.encoder}, {"--merges", options.merges}};
+  check_outputs_are_not_inputs(outputs, {}, inputs);
   const auto tokenizer = tokenize::Tokenizer::from_gpt2(
       read_regular_file(options.encoder, std::int64_t{256} << 20, "an encoder.json"),
       read_regular_file(options.merges, std::int64_t{256} << 20, "a vocab.bpe"), options.encoder);
@@ -106,10 +98,15 @@ void from_gpt2(const TokenizerOptions& options) {
 
 /// Trains on the training records of the text `train` reads from the same path, so a model's
 /// validation text is text the tokenizer never saw.
-void train_tokenizer(const TokenizerOptions& options) {
+void train_tokenizer(TokenizerOptions options) {
   const std::vector<NamedPath> outputs{{"--out", options.out}};
   const std::vector<NamedPath> inputs{{"--data", options.data}};
   check_outputs_are_not_inputs(outputs, {}, inputs);
+  if (!options.vocabulary.empty()) {
+    options.trainer.vocabulary =
+        integer_setting("--vocab", options.vocabulary, 1, std::numeric_limits<std::int64_t>::max());
+  }
+  tokenize::check_trainer_config(options.trainer);
   tokenize::pattern_of(options.trainer.pattern);
   const train::TextCorpus corpus = train::load_text(options.data);
   const auto start = std::chrono::steady_clock::now();
@@ -158,13 +155,15 @@ void add_tokenizer_command(CLI::App& app) {
       "train", "learn byte-level BPE merges from the training records of a text");
   train_command->add_option("--data", options->data, "a UTF-8 text file or a directory of them")
       ->capture_default_str();
-  train_command->add_option("--vocab", options->trainer.vocabulary, "tokens in all")
-      ->capture_default_str();
+  train_command->add_option("--vocab", options->vocabulary, "tokens in all (decimal)")
+      ->default_str(std::to_string(options->trainer.vocabulary));
   train_command->add_option("--pattern", options->trainer.pattern, "pre-tokenizer: gpt2|llama3")
       ->capture_default_str();
+  // One token a --special, taken verbatim: "[SEP]" is the token [SEP], not a list.
   train_command
       ->add_option("--special", options->trainer.special_tokens,
                    "special tokens, given the last ids (repeat the option for more)")
+      ->allow_extra_args(false)
       ->capture_default_str();
   train_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
   train_command->callback([options] { train_tokenizer(*options); });

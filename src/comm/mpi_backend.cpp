@@ -20,9 +20,14 @@
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/reduce.hpp>
 
+#include "abort_enforcer.hpp"
+
 namespace meshtensor::comm {
 
 namespace detail {
+
+/// How long mpirun has to end the job after an abort before the rank's helper ends mpirun.
+constexpr int kAbortGraceSeconds = 10;
 
 // Job-wide state: options, the abort path, the timeout watchdog and the answers to other
 // ranks' questions about this rank's progress.
@@ -57,6 +62,7 @@ struct MpiShared {
       const std::lock_guard lock(abort_mutex_);  // one error line, even if several threads fail
       std::cerr << "meshtensor: error: " << message << std::endl;
     }
+    enforce_abort(std::chrono::seconds(kAbortGraceSeconds));
     MPI_Abort(MPI_COMM_WORLD, status);
     std::_Exit(status);  // MPI_Abort does not return; this keeps [[noreturn]] honest
   }

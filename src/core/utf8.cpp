@@ -89,6 +89,20 @@ void append_utf8(std::string& out, char32_t c) {
   }
 }
 
+bool is_valid_utf8(std::string_view text) {
+  for (std::size_t at = 0; at < text.size();) {
+    if (static_cast<unsigned char>(text[at]) < 0x80) {  // ASCII runs: the common case
+      ++at;
+      continue;
+    }
+    char32_t c = 0;
+    const int length = utf8_sequence(text, at, c);
+    if (length == 0) return false;
+    at += static_cast<std::size_t>(length);
+  }
+  return true;
+}
+
 std::string valid_utf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());

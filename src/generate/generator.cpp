@@ -8,6 +8,7 @@
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/generate/generator.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 
 namespace meshtensor::generate {
 
@@ -76,8 +77,8 @@ std::int64_t sample_token(std::span<const float> logits, const Sampling& samplin
   order.resize(static_cast<std::size_t>(keep));
   const double top = logits[static_cast<std::size_t>(first_largest())];
   const auto weight = [&](std::int64_t i) {
-    return std::exp((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
-                    sampling.temperature);
+    return kernels::exp_f64((static_cast<double>(logits[static_cast<std::size_t>(i)]) - top) /
+                            sampling.temperature);
   };
   if (sampling.top_p < 1) {
     // The fewest most likely classes whose probabilities add up to top_p.

@@ -5,6 +5,7 @@
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/agree.hpp>
+#include <meshtensor/comm/threads_backend.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/load.hpp>
@@ -100,7 +101,19 @@ std::shared_ptr<const tokenize::Tokenizer> model_tokenizer(const std::string& pa
 
 std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& path,
                                 std::span<const checkpoint::LoadRequest> requests) {
-  if (const auto folder = hf::folder_of(path)) return hf::load(hf::read_folder(*folder), requests);
+  if (const auto folder = hf::folder_of(path)) {
+    // Each rank reads its own blocks: a damaged one (a NaN weight) fails on its reader alone,
+    // and every rank must learn of it rather than wait in the next collective.
+    std::vector<Tensor> blocks;
+    std::exception_ptr failure;
+    try {
+      blocks = hf::load(hf::read_folder(*folder), requests);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm::throw_if_any_failed(world, failure);
+    return blocks;
+  }
   return checkpoint::load(world, path, requests);
 }
 
@@ -189,6 +202,22 @@ std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, cons
   model->set_exact_sums(mode == comm::ReductionMode::exact);
   parallelize_for_generation(*model, group);
   return model;
+}
+
+hf::ExportReport export_hf(const std::string& source, const std::string& out,
+                           const hf::ExportOptions& options) {
+  const nn::DecoderConfig config = model_architecture(source);
+  hf::architecture_of(config);  // a model Hugging Face cannot express is refused before reading
+  const std::shared_ptr<const tokenize::Tokenizer> tokenizer = model_tokenizer(source);
+  hf::ExportReport report;
+  comm::run_threads(1, [&](comm::Communicator& world) {
+    const std::unique_ptr<nn::Decoder> model = load_decoder(world, source);
+    std::map<std::string, Tensor> parameters;
+    for (nn::Parameter* p : model->parameters())
+      parameters.emplace(p->name, p->value);
+    report = hf::export_folder(out, config, *tokenizer, parameters, options);
+  });
+  return report;
 }
 
 }  // namespace meshtensor::generate

@@ -1,7 +1,10 @@
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <set>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/hf/hf_model.hpp>
 
+#include "config_json.hpp"
 #include "tensor_map.hpp"
 
 namespace meshtensor::hf {
@@ -24,7 +28,6 @@ using Json = nlohmann::json;
 namespace {
 
 constexpr std::int64_t kMaxJsonFileBytes = std::int64_t{64} << 20;
-constexpr double kGpt2LayerNormEps = 1e-5;  // nn::LayerNorm's epsilon
 
 /// A JSON file of the folder, parsed; DataError naming it.
 Json read_json(const fs::path& path, std::string_view what) {
@@ -35,147 +38,22 @@ Json read_json(const fs::path& path, std::string_view what) {
   return doc;
 }
 
-/// The ids Hugging Face's configs name as beginning and end of text: GPT-2's <|endoftext|> is
-/// both, Llama 3's <|begin_of_text|> and <|end_of_text|>; null when the tokenizer has neither.
-std::pair<Json, Json> bos_eos(const tokenize::Tokenizer& tokenizer) {
-  const auto id = [&](std::string_view content) -> Json {
-    for (const tokenize::AddedToken& token : tokenizer.added_tokens())
-      if (token.content == content) return token.id;
-    return nullptr;
-  };
-  Json bos = id("<|begin_of_text|>");
-  Json eos = id("<|end_of_text|>");
-  if (bos.is_null()) bos = id("<|endoftext|>");
-  if (eos.is_null()) eos = id("<|endoftext|>");
-  return {bos, eos};
-}
-
-std::string torch_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    default:
-      return "float32";
-  }
-}
-
-/// A field of a config.json that must be there: an integer in [low, high] or a number.
-class ConfigReader {
- public:
-  ConfigReader(const Json& config, const std::string& file) : config_(config), file_(file) {}
-  DataError bad(const std::string& key, const std::string& why) const {
-    return DataError(fmt::format("{}: \"{}\" {}", file_, key, why));
-  }
-  bool has(const std::string& key) const {
-    return config_.contains(key) && !config_[key].is_null();
-  }
-  std::int64_t integer(const std::string& key, std::int64_t low, std::int64_t high) const {
-    if (!has(key)) throw bad(key, "is missing");
-    const Json& value = config_[key];
-    if (!value.is_number_integer() || value.get<std::int64_t>() < low ||
-        value.get<std::int64_t>() > high) {
-      throw bad(key,
-                fmt::format("is {}, not an integer in [{}, {}]", json_excerpt(value), low, high));
-    }
-    return value.get<std::int64_t>();
-  }
-  double number(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!config_[key].is_number()) throw bad(key, fmt::format("is {}", json_excerpt(config_[key])));
-    return config_[key].get<double>();
-  }
-  bool flag(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!config_[key].is_boolean())
-      throw bad(key, fmt::format("is {}", json_excerpt(config_[key])));
-    return config_[key].get<bool>();
-  }
-  std::string text(const std::string& key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!config_[key].is_string()) throw bad(key, fmt::format("is {}", json_excerpt(config_[key])));
-    return config_[key].get<std::string>();
-  }
-  /// Refuses a setting meshtensor does not compute.
-  void require(const std::string& key, bool holds, const std::string& why) const {
-    if (!holds) throw bad(key, why);
-  }
-
- private:
-  const Json& config_;
-  const std::string& file_;
-};
-
-nn::DecoderConfig parse_gpt2(const ConfigReader& c, const std::string& file) {
-  nn::GptConfig gpt;
-  gpt.layers = c.integer("n_layer", 1, 256);
-  gpt.heads = c.integer("n_head", 1, 256);
-  gpt.dim = c.integer("n_embd", 1, 8192);
-  gpt.context = c.integer("n_positions", 1, 8192);
-  gpt.vocabulary = c.integer("vocab_size", 1, nn::kMaxVocabulary);
-  gpt.tie = true;
-  const std::string activation = c.text("activation_function", "gelu_new");
-  c.require("activation_function", activation == "gelu_new" || activation == "gelu_pytorch_tanh",
-            fmt::format("is '{}': the GPT computes GELU's tanh form (gelu_new)", activation));
-  if (c.has("n_inner")) {
-    c.require("n_inner", c.integer("n_inner", 1, 1 << 20) == 4 * gpt.dim,
-              fmt::format("is not 4 x n_embd ({}): the GPT's MLP is 4 x dim wide", 4 * gpt.dim));
-  }
-  const double eps = c.number("layer_norm_epsilon", kGpt2LayerNormEps);
-  c.require("layer_norm_epsilon", eps == kGpt2LayerNormEps,
-            fmt::format("is {}: the GPT's LayerNorm epsilon is 1e-05", eps));
-  c.require("tie_word_embeddings", c.flag("tie_word_embeddings", true),
-            "is false: the GPT's head is GPT-2's, the token table");
-  c.require("scale_attn_by_inverse_layer_idx", !c.flag("scale_attn_by_inverse_layer_idx", false),
-            "is true: the GPT scales attention by 1/sqrt(head_dim) alone");
-  c.require("add_cross_attention", !c.flag("add_cross_attention", false), "is true");
-  try {
-    const nn::GptConfig checked = nn::parse_gpt_config(nn::gpt_config_text(gpt));
-    gpt.seed = checked.seed;
-  } catch (const Error& e) {
-    throw DataError(fmt::format("{}: {}", file, e.what()));
-  }
-  return gpt;
-}
-
-nn::DecoderConfig parse_llama(const ConfigReader& c, const std::string& file, bool qwen3) {
-  const std::int64_t dim = c.integer("hidden_size", 1, 8192);
-  const std::int64_t heads = c.integer("num_attention_heads", 1, 256);
-  const std::int64_t kv_heads =
-      c.has("num_key_value_heads") ? c.integer("num_key_value_heads", 1, 256) : heads;
-  if (c.has("head_dim")) {
-    c.require("head_dim", c.integer("head_dim", 1, 8192) * heads == dim,
-              fmt::format("is not hidden_size / num_attention_heads ({})", dim / heads));
-  }
-  c.require("rope_scaling", !c.has("rope_scaling"),
-            "is set: rotary embeddings are computed without scaling");
-  c.require("hidden_act", c.text("hidden_act", "silu") == "silu", "is not silu");
-  c.require("attention_bias", !c.flag("attention_bias", false), "is true: the Llama has no biases");
-  c.require("mlp_bias", !c.flag("mlp_bias", false), "is true: the Llama has no biases");
-  const std::string text = fmt::format(
-      "llama:layers={},heads={},kv_heads={},dim={},ffn={},context={},rope_theta={},norm_eps={},"
-      "qk_norm={},tie={}",
-      c.integer("num_hidden_layers", 1, 256), heads, kv_heads, dim,
-      c.integer("intermediate_size", 1, 65536), c.integer("max_position_embeddings", 1, 8192),
-      c.number("rope_theta", 10000.0), c.number("rms_norm_eps", 1e-6), qwen3 ? 1 : 0,
-      c.flag("tie_word_embeddings", false) ? 1 : 0);
-  nn::LlamaConfig llama;
-  try {
-    llama = nn::parse_llama_config(text);
-  } catch (const Error& e) {
-    throw DataError(fmt::format("{}: {}", file, e.what()));
-  }
-  llama.vocabulary = c.integer("vocab_size", 1, nn::kMaxVocabulary);
-  return llama;
-}
-
 /// The safetensors files of a folder: the shards model.safetensors.index.json names (plain file
 /// names of the folder), or model.safetensors.
 std::map<std::string, std::string> weight_files(const fs::path& directory) {
   std::map<std::string, std::string> files;  // tensor -> file name ("" : every tensor of it)
   const fs::path index = directory / "model.safetensors.index.json";
-  if (!fs::exists(index)) {
+  const fs::path single = directory / "model.safetensors";
+  std::error_code error;
+  const bool has_index = fs::exists(index, error);
+  if (has_index && fs::exists(single, error)) {
+    // Decided: two sets of weights in one folder are refused, not chosen between.
+    throw DataError(fmt::format(
+        "{}: holds both model.safetensors and model.safetensors.index.json: which weights are "
+        "the model's is ambiguous (remove the one that is not)",
+        directory.string()));
+  }
+  if (!has_index) {
     files[""] = "model.safetensors";
     return files;
   }
@@ -195,9 +73,31 @@ std::map<std::string, std::string> weight_files(const fs::path& directory) {
   return files;
 }
 
+using Entry = checkpoint::SafetensorsEntry;
+
+/// A tensor's name in its base model's own files: "transformer.h.0.ln_1.weight" is
+/// "h.0.ln_1.weight" in GPT2Model's, "model.norm.weight" is "norm.weight" in LlamaModel's.
+std::string base_model_name(const std::string& name) {
+  for (const std::string_view prefix : {"transformer.", "model."})
+    if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
+  return name;
+}
+
 /// Values a row of `entry` holds (1 for a 1-D tensor).
 std::int64_t row_width(const checkpoint::SafetensorsEntry& entry) {
   return entry.shape.rank() == 2 ? entry.shape[1] : 1;
+}
+
+/// Refuses a NaN or an infinity among `values` (elements from `first` on of `stored`): such a
+/// weight would make every logit NaN.
+void check_finite(const Tensor& values, const StoredTensor& stored, std::int64_t first) {
+  const auto v = values.values<float>();
+  const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+  if (bad == v.end()) return;
+  throw DataError(
+      fmt::format("{}: tensor '{}' holds {} at element {}: a model's weights must "
+                  "be finite",
+                  stored.file, stored.entry.name, *bad, first + (bad - v.begin())));
 }
 
 /// Reads rows [first, end) of `stored` (elements of a 1-D tensor) as flat f32: only their bytes.
@@ -215,7 +115,10 @@ Tensor read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t en
     throw DataError(fmt::format("{}: cannot read tensor '{}' (bytes {} to {})", stored.file,
                                 entry.name, begin, begin + (end - first) * width * size));
   }
-  if (entry.dtype == DType::f32) return raw;
+  if (entry.dtype == DType::f32) {
+    check_finite(raw, stored, first * width);
+    return raw;
+  }
   Tensor out(raw.shape(), DType::f32);
   auto to = out.values<float>();
   if (entry.dtype == DType::bf16) {
@@ -225,6 +128,7 @@ Tensor read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t en
     const auto from = raw.values<Float16>();
     std::transform(from.begin(), from.end(), to.begin(), [](Float16 v) { return to_float(v); });
   }
+  check_finite(out, stored, first * width);
   return out;
 }
 
@@ -272,89 +176,16 @@ std::optional<std::string> folder_of(const std::string& path) {
   return path.substr(kPathPrefix.size());
 }
 
-std::string architecture_of(const nn::DecoderConfig& config) {
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
-    if (!gpt->tie) {
-      throw InvalidArgument(fmt::format(
-          "model {} has a head of its own with a bias; GPT2LMHeadModel's head is the token "
-          "table without one: train the GPT with tie=1 to export it",
-          nn::gpt_config_text(*gpt)));
-    }
-    return "GPT2LMHeadModel";
-  }
-  return std::get<nn::LlamaConfig>(config).qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-}
-
-Json config_json(const nn::DecoderConfig& config, const tokenize::Tokenizer& tokenizer,
-                 DType dtype) {
-  const auto [bos, eos] = bos_eos(tokenizer);
-  Json out = {{"architectures", {architecture_of(config)}},
-              {"bos_token_id", bos},
-              {"eos_token_id", eos},
-              {"torch_dtype", torch_dtype(dtype)},
-              {"vocab_size", nn::decoder_vocabulary(config)}};
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
-    out.update({{"model_type", "gpt2"},
-                {"n_layer", gpt->layers},
-                {"n_head", gpt->heads},
-                {"n_embd", gpt->dim},
-                {"n_positions", gpt->context},
-                {"n_ctx", gpt->context},
-                {"n_inner", nullptr},
-                {"activation_function", "gelu_new"},
-                {"layer_norm_epsilon", kGpt2LayerNormEps},
-                {"resid_pdrop", 0.0},
-                {"embd_pdrop", 0.0},
-                {"attn_pdrop", 0.0},
-                {"initializer_range", gpt->init_std},
-                {"scale_attn_weights", true},
-                {"tie_word_embeddings", true}});
-    return out;
-  }
-  const auto& llama = std::get<nn::LlamaConfig>(config);
-  out.update({{"model_type", llama.qk_norm ? "qwen3" : "llama"},
-              {"hidden_size", llama.dim},
-              {"intermediate_size", llama.ffn},
-              {"num_hidden_layers", llama.layers},
-              {"num_attention_heads", llama.heads},
-              {"num_key_value_heads", llama.kv_heads},
-              {"head_dim", llama.dim / llama.heads},
-              {"max_position_embeddings", llama.context},
-              {"rms_norm_eps", llama.norm_eps},
-              {"rope_theta", llama.rope_theta},
-              {"rope_scaling", nullptr},
-              {"hidden_act", "silu"},
-              {"attention_bias", false},
-              {"mlp_bias", false},
-              {"initializer_range", llama.init_std},
-              {"tie_word_embeddings", llama.tie}});
-  return out;
-}
-
-nn::DecoderConfig parse_config_json(const Json& config, const std::string& file) {
-  const ConfigReader reader(config, file);
-  std::string architecture;
-  if (config.contains("architectures") && config["architectures"].is_array() &&
-      config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
-    architecture = config["architectures"][0].get<std::string>();
-  }
-  if (architecture == "GPT2LMHeadModel") return parse_gpt2(reader, file);
-  if (architecture == "LlamaForCausalLM") return parse_llama(reader, file, false);
-  if (architecture == "Qwen3ForCausalLM") return parse_llama(reader, file, true);
-  const std::string named = !architecture.empty() ? "'" + architecture + "'"
-                            : config.contains("architectures")
-                                ? json_excerpt(config["architectures"])
-                                : "(none given)";
-  throw DataError(fmt::format(
-      "{}: architecture {} is not GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM", file,
-      named));
-}
-
 Folder read_folder(const std::string& directory) {
   const fs::path root(directory);
-  if (!fs::is_directory(root))
-    throw DataError(
-        fmt::format("{}: not a Hugging Face model folder (no such directory)", directory));
+  std::error_code error;
+  const fs::file_status status = fs::status(root, error);
+  if (!fs::is_directory(status)) {
+    throw DataError(fmt::format("{}: not a Hugging Face model folder ({})", directory,
+                                error                ? error.message()
+                                : fs::exists(status) ? "not a directory"
+                                                     : "no such directory"));
+  }
   Folder folder;
   folder.directory = directory;
   folder.config = parse_config_json(read_json(root / "config.json", "a model config"),
@@ -376,15 +207,36 @@ Folder read_folder(const std::string& directory) {
           headers.emplace(name, checkpoint::read_safetensors_header((root / name).string())).first;
     return found->second;
   };
-  for (const Link& link : links_of(folder.config)) {
-    const auto in_index = files.find(link.hf);
+  // A tensor is found under its name or, as a base model (GPT2Model, LlamaModel) saves it,
+  // without the prefix of the model inside the head ("transformer.", "model.").
+  const auto find = [&](const std::string& name) -> std::pair<std::string, const Entry*> {
+    const auto in_index = files.find(name);
     const std::string file = files.count("") != 0      ? files.at("")
                              : in_index == files.end() ? ""
                                                        : in_index->second;
-    const checkpoint::SafetensorsEntry* entry =
-        file.empty() ? nullptr : header_of(file).find(link.hf);
-    if (entry == nullptr)
-      throw DataError(fmt::format("{}: tensor '{}' is missing", directory, link.hf));
+    return {file, file.empty() ? nullptr : header_of(file).find(name)};
+  };
+  for (const Link& link : links_of(folder.config)) {
+    auto [file, entry] = find(link.hf);
+    const std::string bare = base_model_name(link.hf);
+    if (bare != link.hf) {
+      const auto [bare_file, bare_entry] = find(bare);
+      if (entry != nullptr && bare_entry != nullptr) {
+        throw DataError(
+            fmt::format("{}: holds both '{}' and '{}': which is the model's is "
+                        "ambiguous",
+                        directory, link.hf, bare));
+      }
+      if (entry == nullptr) {
+        file = bare_file;
+        entry = bare_entry;
+      }
+    }
+    if (entry == nullptr) {
+      throw DataError(fmt::format(
+          "{}: tensor '{}' is missing{}", directory, link.hf,
+          bare != link.hf ? fmt::format(" (and so is its base model's name '{}')", bare) : ""));
+    }
     const Shape expected = hf_shape(folder.config, link, parameter_shape(folder.config, link.ours));
     if (entry->shape != expected) {
       throw DataError(fmt::format("{}: tensor '{}' has shape [{}], the config needs [{}]",
@@ -432,6 +284,36 @@ std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadR
 
 namespace {
 
+/// The folder an export into `directory` fills: the folder itself, or the folder a symbolic
+/// link names (the link stays). It must not exist or be an empty folder.
+fs::path export_target(const std::string& directory) {
+  fs::path target = fs::path(directory).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "out/" is "out"
+  if (target.empty()) target = ".";
+  std::error_code error;
+  if (fs::is_symlink(fs::symlink_status(target, error))) {
+    const fs::path resolved = fs::canonical(target, error);
+    if (error) {
+      throw DataError(
+          fmt::format("{} is a symbolic link that leads to no folder ({}): export "
+                      "into a folder",
+                      directory, error.message()));
+    }
+    target = resolved;
+  }
+  const fs::file_status status = fs::status(target, error);
+  if (error && error != std::errc::no_such_file_or_directory)
+    throw DataError(fmt::format("{}: {}", directory, error.message()));
+  error.clear();
+  if (fs::exists(status) && (!fs::is_directory(status) || !fs::is_empty(target, error))) {
+    throw InvalidArgument(fmt::format(
+        "{} exists and is not an empty folder: export into a new one (an export replaces nothing)",
+        directory));
+  }
+  if (error) throw DataError(fmt::format("{}: {}", directory, error.message()));
+  return target;
+}
+
 /// The files of an export into `root`: the shards (with their index), config.json,
 /// generation_config.json and tokenizer.json; their names go to `report`.
 void write_files(const fs::path& root, const nn::DecoderConfig& config,
@@ -473,16 +355,43 @@ void write_files(const fs::path& root, const nn::DecoderConfig& config,
 
 }  // namespace
 
+std::int64_t parse_shard_size(std::string_view name, const std::string& text) {
+  const std::map<std::string, std::int64_t> units{{"", 1},
+                                                  {"B", 1},
+                                                  {"KB", 1000},
+                                                  {"MB", 1000 * 1000},
+                                                  {"GB", 1000000000},
+                                                  {"KiB", 1 << 10},
+                                                  {"MiB", 1 << 20},
+                                                  {"GiB", std::int64_t{1} << 30}};
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0)
+    ++digits;
+  const auto unit = units.find(text.substr(digits));
+  if (digits == 0 || unit == units.end()) {
+    throw ParseError(
+        fmt::format("{} '{}' is not a size such as 2GB, 500MB, 64MiB or 4096", name, text));
+  }
+  // Digit by digit, refusing before anything wraps.
+  constexpr std::int64_t kLargest = std::numeric_limits<std::int64_t>::max();
+  std::int64_t count = 0;
+  for (std::size_t i = 0; i < digits; ++i) {
+    const int digit = text[i] - '0';
+    if (count > (kLargest - digit) / 10 || count * 10 + digit > kLargest / unit->second)
+      throw ParseError(
+          fmt::format("{} '{}' is past the largest size ({} bytes)", name, text, kLargest));
+    count = count * 10 + digit;
+  }
+  if (count < 1) throw ParseError(fmt::format("{} '{}' is not positive", name, text));
+  return count * unit->second;
+}
+
 ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
                            const tokenize::Tokenizer& tokenizer,
                            const std::map<std::string, Tensor>& parameters,
                            const ExportOptions& options) {
   architecture_of(config);
-  if (fs::exists(directory) && (!fs::is_directory(directory) || !fs::is_empty(directory))) {
-    throw InvalidArgument(fmt::format(
-        "{} exists and is not an empty folder: export into a new one (an export replaces nothing)",
-        directory));
-  }
+  const fs::path target = export_target(directory);
   if (options.dtype != DType::f32 && options.dtype != DType::bf16 && options.dtype != DType::f16)
     throw InvalidArgument(
         fmt::format("dtype {} is not f32, bf16 or f16", dtype_name(options.dtype)));
@@ -496,6 +405,7 @@ ExportReport export_folder(const std::string& directory, const nn::DecoderConfig
   std::vector<std::vector<std::string>> shards(1);
   std::int64_t in_shard = 0;
   ExportReport report;
+  report.architecture = architecture_of(config);
   for (const auto& [name, tensor] : tensors) {
     const auto bytes = static_cast<std::int64_t>(tensor.nbytes());
     if (in_shard > 0 && in_shard + bytes > options.shard_bytes) {
@@ -509,16 +419,18 @@ ExportReport export_folder(const std::string& directory, const nn::DecoderConfig
   }
   // Everything is written into a staging folder beside the target and renamed into place, so a
   // failed export leaves nothing behind and never touches a file it did not create.
-  fs::path target = fs::path(directory).lexically_normal();
-  if (!target.has_filename()) target = target.parent_path();  // "out/" is "out"
   const fs::path root =
       target.parent_path() / fmt::format(".{}.partial-{}", target.filename().string(), ::getpid());
-  fs::remove_all(root);
-  fs::create_directories(root);
   try {
+    fs::remove_all(root);
+    fs::create_directories(root);
     write_files(root, config, tokenizer, options, tensors, shards, report);
     if (fs::exists(target)) fs::remove(target);  // an empty folder (checked first)
     fs::rename(root, target);
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+    throw DataError(fmt::format("{}: cannot write the export: {}", directory, e.code().message()));
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(root, ignored);

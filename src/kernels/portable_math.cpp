@@ -75,6 +75,34 @@ double portable_exp(double x) {
   return sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
 }
 
+double exp_f64(double x) {
+  if (x != x) return x;
+  if (x > 709.782712893384) return HUGE_VAL;
+  if (x < -745.2) return 0.0;
+  const double k = round_nearest(x * 1.44269504088896338700);
+  const double r = (x - k * kLn2High) - k * kLn2Low;
+  // e^r for |r| <= ln(2)/2: Taylor's coefficients 1/n! to r^13 (the rest below 2^-60).
+  constexpr double kInverseFactorials[] = {1.0,
+                                           1.0,
+                                           0.5,
+                                           0.16666666666666666,
+                                           0.041666666666666664,
+                                           0.008333333333333333,
+                                           0.001388888888888889,
+                                           0.0001984126984126984,
+                                           2.48015873015873e-05,
+                                           2.7557319223985893e-06,
+                                           2.755731922398589e-07,
+                                           2.505210838544172e-08,
+                                           2.08767569878681e-09,
+                                           1.6059043836821613e-10};
+  double sum = kInverseFactorials[13];
+  for (int n = 12; n >= 0; --n)
+    sum = sum * r + kInverseFactorials[n];
+  const auto exponent = static_cast<std::int64_t>(k);
+  return sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+}
+
 double portable_log(double x) {
   // x = m · 2^e with m in [sqrt(1/2), sqrt(2)).
   const auto bits = std::bit_cast<std::uint64_t>(x);

@@ -13,7 +13,8 @@ GradientLayout::GradientLayout(std::vector<Parameter*> parameters)
     : parameters_(std::move(parameters)) {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     places_[parameters_[i]] = {total_, i};
-    total_ += parameters_[i]->value.numel();
+    sizes_.push_back(parameters_[i]->value.numel());
+    total_ += sizes_.back();
   }
 }
 
@@ -153,8 +154,8 @@ void BinnedGradients::clear() {
 kernels::BinnedSums& BinnedGradients::sums() {
   for (std::size_t i = 0; i < emptied_.size(); ++i) {
     if (emptied_[i] == 0) continue;
-    const Parameter& p = *layout_.parameters()[i];
-    sums_.clear(layout_.offset_of(p), p.value.numel());
+    // Not p.value.numel(): the sums are read after the parameter was resharded (emptied).
+    sums_.clear(layout_.offset_of(*layout_.parameters()[i]), layout_.size_at(i));
     emptied_[i] = 0;
   }
   return sums_;
@@ -262,8 +263,9 @@ void BinnedGradients::set_gradients(const Tensor& flat) {
     throw InvalidArgument(fmt::format("set_gradients needs f32 [{}], got {} {}", layout_.total(),
                                       dtype_name(flat.dtype()), flat.shape().to_string()));
   }
-  for (Parameter* p : layout_.parameters()) {
-    p->grad.flatten().copy_from(flat.narrow(0, layout_.offset_of(*p), p->value.numel()));
+  for (std::size_t i = 0; i < layout_.parameters().size(); ++i) {
+    Parameter* p = layout_.parameters()[i];
+    p->grad.flatten().copy_from(flat.narrow(0, layout_.offset_of(*p), layout_.size_at(i)));
   }
 }
 

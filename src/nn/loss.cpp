@@ -5,6 +5,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/profile.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/nn/loss.hpp>
 
 namespace meshtensor::nn {
@@ -36,7 +37,8 @@ std::vector<double> row_maxima(const float* in, std::int64_t rows, std::int64_t 
 /// column's length from the last, and wait on the misses (the store buffer fills up).
 constexpr std::int64_t kRowBlock = 16;
 
-/// Fills e[c·rows + r] = exp(logit[r][c] − largest[r]) and returns each row's total of them,
+/// Fills e[c·rows + r] = exp(logit[r][c] − largest[r]) (the portable exp: the same bits with
+/// every C library) and returns each row's total of them,
 /// summed in class order.
 std::vector<double> exponentials_and_totals(const float* in, std::int64_t rows,
                                             std::int64_t classes,
@@ -46,7 +48,8 @@ std::vector<double> exponentials_and_totals(const float* in, std::int64_t rows,
     const std::int64_t end_row = std::min(rows, first_row + kRowBlock);
     for (std::int64_t c = 0; c < classes; ++c) {
       for (std::int64_t r = first_row; r < end_row; ++r) {
-        const double v = std::exp(in[r * classes + c] - largest[static_cast<std::size_t>(r)]);
+        const double v =
+            kernels::exp_f64(in[r * classes + c] - largest[static_cast<std::size_t>(r)]);
         e[c * rows + r] = v;
         totals[static_cast<std::size_t>(r)] += v;
       }
@@ -162,8 +165,10 @@ CrossEntropyResult softmax_cross_entropy(const Tensor& logits, std::span<const s
   if (split != nullptr) split->all_reduce(target, ReduceOp::sum);  // one non-zero term
   auto losses = result.losses.values<double>();
   for (std::int64_t r = 0; r < rows; ++r) {
+    const double total = totals[static_cast<std::size_t>(r)];
     losses[static_cast<std::size_t>(r)] =
-        std::log(totals[static_cast<std::size_t>(r)]) - target[static_cast<std::size_t>(r)];
+        (std::isfinite(total) && total > 0 ? kernels::portable_log(total) : std::log(total)) -
+        target[static_cast<std::size_t>(r)];
   }
   write_logit_gradients(e, rows, classes, totals, labels, first,
                         result.grad_logits.values<float>().data());

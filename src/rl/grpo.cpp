@@ -17,6 +17,7 @@
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/tp/style.hpp>
@@ -442,14 +443,14 @@ struct TokenTerms {
 TokenTerms token_terms(double logp, double old, double advantage, const RlConfig& config,
                        const double* log_reference) {
   TokenTerms terms;
-  const double ratio = std::exp(logp - old);
+  const double ratio = kernels::exp_f64(logp - old);
   const double clipped = std::clamp(ratio, 1.0 - config.clip_ratio, 1.0 + config.clip_ratio);
   const bool unclipped_wins = ratio * advantage <= clipped * advantage;
   terms.loss = -std::min(ratio * advantage, clipped * advantage);
   terms.clipped = unclipped_wins ? 0.0 : 1.0;
   terms.factor = unclipped_wins ? ratio * advantage : 0.0;
   if (log_reference != nullptr) {
-    const double ratio_reference = std::exp(*log_reference - logp);
+    const double ratio_reference = kernels::exp_f64(*log_reference - logp);
     terms.kl = ratio_reference - (*log_reference - logp) - 1.0;
     terms.loss += config.kl * terms.kl;
     terms.factor += config.kl * (ratio_reference - 1.0);

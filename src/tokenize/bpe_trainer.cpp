@@ -9,6 +9,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/utf8.hpp>
+#include <meshtensor/tokenize/added_tokens.hpp>
 #include <meshtensor/tokenize/bpe_trainer.hpp>
 #include <meshtensor/tokenize/byte_level.hpp>
 #include <meshtensor/tokenize/split_pattern.hpp>
@@ -47,22 +48,17 @@ std::unordered_map<std::string_view, std::int64_t> count_pieces(
     std::string_view text, const SplitPattern& pattern,
     const std::vector<std::string>& special_tokens, BpeTrainerReport& report) {
   std::unordered_map<std::string_view, std::int64_t> counts;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    std::size_t cut = text.size();
-    std::size_t skip = 0;
-    for (const std::string& special : special_tokens) {
-      const std::size_t found = text.find(special, at);
-      if (found < cut || (found == cut && special.size() > skip)) {
-        cut = found;
-        skip = special.size();
-      }
-    }
-    for (const std::string_view piece : pattern.pieces(text.substr(at, cut - at))) {
-      ++counts[piece];
-      ++report.pieces;
-    }
-    at = cut + skip;
+  std::vector<AddedToken> specials;
+  for (const std::string& special : special_tokens)
+    specials.push_back({.content = special});
+  // The specials are cut out in one pass, as encode() cuts them.
+  for (const TextSpan& span : AddedTokenMatcher(specials).split(text)) {
+    if (span.token >= 0) continue;
+    pattern.for_each_piece(text.substr(span.begin, span.end - span.begin),
+                           [&](std::string_view piece) {
+                             ++counts[piece];
+                             ++report.pieces;
+                           });
   }
   report.distinct_pieces = static_cast<std::int64_t>(counts.size());
   return counts;
@@ -159,7 +155,9 @@ class MergeState {
   std::priority_queue<Candidate> queue_;
 };
 
-void check_config(const BpeTrainerConfig& config) {
+}  // namespace
+
+void check_trainer_config(const BpeTrainerConfig& config) {
   const auto specials = static_cast<std::int64_t>(config.special_tokens.size());
   if (config.vocabulary < 256 + specials || config.vocabulary > (std::int64_t{1} << 24)) {
     throw InvalidArgument(
@@ -169,12 +167,17 @@ void check_config(const BpeTrainerConfig& config) {
   std::unordered_set<std::string> seen;
   for (const std::string& special : config.special_tokens) {
     if (special.empty()) throw InvalidArgument("a special token is empty");
+    if (valid_utf8(special) != special) {
+      std::string shown;
+      for (const char c : special)
+        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      throw InvalidArgument(
+          fmt::format("special token \"{}\" is not valid UTF-8: a token is text", shown));
+    }
     if (!seen.insert(special).second)
       throw InvalidArgument(fmt::format("special token '{}' is given twice", special));
   }
 }
-
-}  // namespace
 
 std::string_view pattern_of(const std::string& name) {
   if (name == "gpt2") return kGpt2Pattern;
@@ -184,7 +187,7 @@ std::string_view pattern_of(const std::string& name) {
 
 Tokenizer train_bpe(std::string_view text, const BpeTrainerConfig& config,
                     BpeTrainerReport* report) {
-  check_config(config);
+  check_trainer_config(config);
   const SplitPattern pattern{std::string(pattern_of(config.pattern))};
   BpeTrainerReport local;
   BpeTrainerReport& out = report != nullptr ? *report : local;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include <fmt/format.h>
@@ -7,6 +8,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
+#include <meshtensor/core/setting_text.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/core/utf8.hpp>
 #include <meshtensor/tokenize/byte_level.hpp>
@@ -77,7 +79,73 @@ std::pair<std::string, std::string> merge_parts(const Json& merge, const std::st
   throw DataError(fmt::format("{}: merge {} is not two tokens", source, json_excerpt(merge)));
 }
 
+/// Refuses BPE options that change how a word encodes and that meshtensor does not compute:
+/// dropout (random merges skipped), a prefix on continuing subwords or a suffix on a word's
+/// last, byte fallback.
+void check_model_options(const Json& model, const std::string& source) {
+  const auto refuse = [&](const char* key, const std::string& why) {
+    throw DataError(
+        fmt::format("{}: model \"{}\" is {}: {}", source, key, json_excerpt(model[key]), why));
+  };
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0)) {
+    refuse("dropout", "BPE dropout skips merges at random; meshtensor encodes deterministically");
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(key) && !model[key].is_null() &&
+        !(model[key].is_string() && model[key].get<std::string>().empty()))
+      refuse(key, "byte-level BPE marks no subwords");
+  }
+  if (model.contains("byte_fallback") && model["byte_fallback"] != false)
+    refuse("byte_fallback", "byte-level BPE has every byte in its vocabulary");
+}
+
+/// One entry of added_tokens: content and id, and the flags Hugging Face's AddedToken has
+/// (absent ones take its defaults: special, and normalized unless special).
+AddedToken read_added_token(const Json& added, const std::string& source) {
+  if (!added.is_object() || !added.contains("content") || !added["content"].is_string() ||
+      !added.contains("id") || !added["id"].is_number_integer() ||
+      added["content"].get<std::string>().empty()) {
+    throw DataError(
+        fmt::format("{}: added token {} has no content or id", source, json_excerpt(added)));
+  }
+  const auto flag = [&](const char* key, bool fallback) {
+    if (!added.contains(key) || added[key].is_null()) return fallback;
+    if (!added[key].is_boolean()) {
+      throw DataError(fmt::format("{}: added token {}: \"{}\" is {}, not true or false", source,
+                                  json_excerpt(added["content"]), key, json_excerpt(added[key])));
+    }
+    return added[key].get<bool>();
+  };
+  AddedToken token;
+  token.content = added["content"].get<std::string>();
+  if (!added["id"].is_number_unsigned() && added["id"].get<std::int64_t>() < 0) {
+    token.id = added["id"].get<std::int64_t>();
+  } else if (added["id"].get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxVocabulary)) {
+    throw DataError(fmt::format("{}: added token {} has id {}, past the largest vocabulary ({})",
+                                source, json_excerpt(added["content"]), added["id"].dump(),
+                                kMaxVocabulary));
+  } else {
+    token.id = added["id"].get<std::int64_t>();
+  }
+  token.special = flag("special", true);
+  token.single_word = flag("single_word", false);
+  token.lstrip = flag("lstrip", false);
+  token.rstrip = flag("rstrip", false);
+  token.normalized = flag("normalized", !token.special);
+  return token;
+}
+
 }  // namespace
+
+void Tokenizer::build_matchers() {
+  std::vector<AddedToken> raw;
+  std::vector<AddedToken> normalized;
+  for (const AddedToken& token : added_)
+    (token.normalized ? normalized : raw).push_back(token);
+  raw_matcher_ = AddedTokenMatcher(raw);
+  normalized_matcher_ = AddedTokenMatcher(normalized);
+}
 
 Tokenizer Tokenizer::load(const std::string& path) {
   return from_json(read_regular_file(path, kMaxTokenizerBytes, "a tokenizer.json"), path);
@@ -118,6 +186,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
       !model["vocab"].is_object() || !model.contains("merges") || !model["merges"].is_array()) {
     throw DataError(fmt::format("{}: its model is not a BPE with a vocab and merges", source));
   }
+  check_model_options(model, source);
   if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
     throw DataError(fmt::format("{}: normalizer {} is not supported (byte-level BPE has none)",
                                 source, json_excerpt(doc["normalizer"])));
@@ -126,10 +195,21 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
   t.ignore_merges_ = model.value("ignore_merges", false);
   read_pre_tokenizer(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : Json(), source,
                      t.pattern_, t.gpt2_byte_level_regex_, t.add_prefix_space_);
+  const Json& added_tokens = doc.contains("added_tokens") ? doc["added_tokens"] : Json();
+  if (!added_tokens.is_null() && !added_tokens.is_array()) {
+    throw DataError(fmt::format("{}: added_tokens is {}, not a list of tokens", source,
+                                json_excerpt(added_tokens)));
+  }
+  // Ids run from 0 without gaps, so none can reach the count of entries: checked before any
+  // table grows to an id.
+  const auto entries = static_cast<std::int64_t>(model["vocab"].size() + added_tokens.size());
   const auto place = [&](std::int64_t id, const std::string& token, bool added) {
-    if (id < 0 || id >= kMaxVocabulary)
-      throw DataError(fmt::format("{}: token '{}' has id {} outside [0, {})", source, token, id,
-                                  kMaxVocabulary));
+    if (id < 0 || id >= std::min(entries, kMaxVocabulary)) {
+      throw DataError(fmt::format(
+          "{}: token '{}' has id {}, outside [0, {}) (ids run from 0 without gaps over the {} "
+          "entries of the file)",
+          source, token, id, std::min(entries, kMaxVocabulary), entries));
+    }
     const auto at = static_cast<std::size_t>(id);
     if (at >= t.tokens_.size()) {
       t.tokens_.resize(at + 1);
@@ -144,6 +224,11 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer())
       throw DataError(fmt::format("{}: token '{}' has no integer id", source, token));
+    if (id.is_number_unsigned() &&
+        id.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxVocabulary)) {
+      throw DataError(fmt::format("{}: token '{}' has id {}, past the largest vocabulary ({})",
+                                  source, token, id.dump(), kMaxVocabulary));
+    }
     place(id.get<std::int64_t>(), token, false);
     if (!t.ids_.emplace(token, id.get<std::int64_t>()).second)
       throw DataError(fmt::format("{}: token '{}' appears twice", source, token));
@@ -159,22 +244,16 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
     const auto [left, right] = merge_parts(merge, source);
     t.add_merge(left, right, source);
   }
-  if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
-    for (const Json& added : doc["added_tokens"]) {
-      if (!added.is_object() || !added.contains("content") || !added["content"].is_string() ||
-          !added.contains("id") || !added["id"].is_number_integer() ||
-          added["content"].get<std::string>().empty()) {
-        throw DataError(
-            fmt::format("{}: added token {} has no content or id", source, json_excerpt(added)));
-      }
-      AddedToken token{added["content"].get<std::string>(), added["id"].get<std::int64_t>(),
-                       added.value("special", true)};
+  if (added_tokens.is_array()) {
+    for (const Json& added : added_tokens) {
+      AddedToken token = read_added_token(added, source);
       const auto in_vocab = t.ids_.find(token.content);
       if (in_vocab == t.ids_.end() || in_vocab->second != token.id)
         place(token.id, token.content, true);
       t.added_.push_back(std::move(token));
     }
   }
+  t.build_matchers();
   for (std::size_t id = 0; id < t.tokens_.size(); ++id) {
     if (t.tokens_[id].empty())
       throw DataError(fmt::format("{}: id {} names no token (ids must be 0 to {} without gaps)",
@@ -209,42 +288,115 @@ bool Tokenizer::has_byte_layout() const {
   return bytes;
 }
 
-void Tokenizer::encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const {
-  const std::string symbols = bytes_to_symbols(piece);
-  if (ignore_merges_) {
-    if (const auto whole = ids_.find(symbols); whole != ids_.end()) {
-      out.push_back(whole->second);
-      return;
-    }
+namespace {
+
+/// Calls `take` with consecutive chunks of `piece` of at most `bound` bytes, each cut at a
+/// character boundary (a chunk holds at least one byte).
+template <class Take>
+void for_each_chunk(std::string_view piece, std::size_t bound, const Take& take) {
+  std::size_t at = 0;
+  while (at < piece.size()) {
+    std::size_t end = std::min(piece.size(), at + bound);
+    while (end < piece.size() && end > at + 1 &&
+           (static_cast<unsigned char>(piece[end]) & 0xC0) == 0x80)
+      --end;
+    take(piece.substr(at, end - at));
+    at = end;
   }
-  std::vector<std::int64_t> word;
-  word.reserve(piece.size());
-  for (const char byte : piece)
-    word.push_back(byte_ids_[static_cast<unsigned char>(byte)]);
-  for (;;) {
-    std::int64_t best = std::numeric_limits<std::int64_t>::max();
-    for (std::size_t i = 0; i + 1 < word.size(); ++i) {
-      const auto found = merge_rank_.find(pair_key(word[i], word[i + 1]));
-      if (found != merge_rank_.end()) best = std::min(best, found->second);
-    }
-    if (best == std::numeric_limits<std::int64_t>::max()) break;
-    const auto [left, right] = merges_[static_cast<std::size_t>(best)];
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < word.size(); ++i) {
-      if (i + 1 < word.size() && word[i] == left && word[i + 1] == right) {
-        word[kept++] = merged_[static_cast<std::size_t>(best)];
-        ++i;
-      } else {
-        word[kept++] = word[i];
-      }
-    }
-    word.resize(kept);
-  }
-  out.insert(out.end(), word.begin(), word.end());
 }
 
-void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>& out,
-                                PieceCache& cache) const {
+}  // namespace
+
+bool Tokenizer::encode_whole(std::string_view piece, std::vector<std::int64_t>& out) const {
+  if (!ignore_merges_) return false;
+  const auto whole = ids_.find(bytes_to_symbols(piece));
+  if (whole == ids_.end()) return false;
+  out.push_back(whole->second);
+  return true;
+}
+
+void Tokenizer::encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const {
+  if (encode_whole(piece, out)) return;
+  for_each_chunk(piece, kMaxWordBytes, [&](std::string_view chunk) { merge_word(chunk, out); });
+}
+
+void Tokenizer::encode_long_piece(std::string_view piece, IdOutput& out) const {
+  if (encode_whole(piece, out.ids)) return;
+  for_each_chunk(piece, kMaxWordBytes, [&](std::string_view chunk) {
+    merge_word(chunk, out.ids);
+    out.piece_done();
+  });
+}
+
+void Tokenizer::merge_word(std::string_view word, std::vector<std::int64_t>& out) const {
+  // Symbols in a list linked by index; a heap of (rank, position) of the pairs that merge.
+  struct Symbol {
+    std::int32_t id;
+    std::int32_t prev;
+    std::int32_t next;  // -1: the last
+  };
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<std::uint64_t> heap;
+  const auto n = static_cast<std::int32_t>(word.size());
+  symbols.resize(word.size());
+  for (std::int32_t i = 0; i < n; ++i)
+    symbols[static_cast<std::size_t>(i)] = {
+        static_cast<std::int32_t>(
+            byte_ids_[static_cast<unsigned char>(word[static_cast<std::size_t>(i)])]),
+        i - 1, i + 1 < n ? i + 1 : -1};
+  const auto rank_of = [&](std::int32_t left, std::int32_t right) -> std::int64_t {
+    const auto found = merge_rank_.find(pair_key(left, right));
+    return found == merge_rank_.end() ? -1 : found->second;
+  };
+  // Smallest rank first, then the leftmost position: Hugging Face's order.
+  const auto push = [&](std::int32_t pos) {
+    const Symbol& s = symbols[static_cast<std::size_t>(pos)];
+    if (s.next < 0) return;
+    const std::int64_t rank = rank_of(s.id, symbols[static_cast<std::size_t>(s.next)].id);
+    if (rank < 0) return;
+    heap.push_back((static_cast<std::uint64_t>(rank) << 32) | static_cast<std::uint32_t>(pos));
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  };
+  heap.clear();
+  for (std::int32_t i = 0; i + 1 < n; ++i)
+    push(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const std::uint64_t top = heap.back();
+    heap.pop_back();
+    const auto rank = static_cast<std::int64_t>(top >> 32);
+    const auto pos = static_cast<std::int32_t>(top & 0xFFFFFFFFu);
+    Symbol& s = symbols[static_cast<std::size_t>(pos)];
+    if (s.id < 0 || s.next < 0) continue;  // merged into its left, or now the last
+    // An entry is stale unless the pair there still merges into the same token.
+    const std::int64_t now = rank_of(s.id, symbols[static_cast<std::size_t>(s.next)].id);
+    if (now < 0 ||
+        merged_[static_cast<std::size_t>(now)] != merged_[static_cast<std::size_t>(rank)])
+      continue;
+    Symbol& right = symbols[static_cast<std::size_t>(s.next)];
+    s.id = static_cast<std::int32_t>(merged_[static_cast<std::size_t>(rank)]);
+    right.id = -1;
+    s.next = right.next;
+    if (s.next >= 0) symbols[static_cast<std::size_t>(s.next)].prev = pos;
+    if (s.prev >= 0) push(s.prev);
+    push(pos);
+  }
+  for (std::int32_t i = 0; i >= 0 && i < n; i = symbols[static_cast<std::size_t>(i)].next)
+    out.push_back(symbols[static_cast<std::size_t>(i)].id);
+  if (symbols.capacity() > (std::size_t{1} << 16)) {  // a long word's buffers are not kept
+    symbols = {};
+    heap = {};
+  }
+}
+
+void Tokenizer::IdOutput::piece_done() {
+  constexpr std::size_t kBatch = std::size_t{1} << 16;
+  if (sink == nullptr || ids.size() < kBatch) return;
+  (*sink)(ids);
+  ids.clear();
+}
+
+void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const {
   if (text.empty()) return;
   std::string prefixed;  // the pieces of a prefixed copy die with it: they are not cached
   if (add_prefix_space_ && text.front() != ' ') {
@@ -252,17 +404,41 @@ void Tokenizer::encode_ordinary(std::string_view text, std::vector<std::int64_t>
     text = prefixed;
   }
   if (!pattern_) {
-    encode_piece(text, out);
+    encode_long_piece(text, out);
+    out.piece_done();
     return;
   }
-  for (const std::string_view piece : pattern_->pieces(text)) {
-    if (!prefixed.empty()) {
-      encode_piece(piece, out);
-      continue;
+  constexpr std::size_t kCachedPieceBytes = 256;
+  constexpr std::size_t kCachedPieces = std::size_t{1} << 16;
+  pattern_->for_each_piece(text, [&](std::string_view piece) {
+    if (piece.size() > kCachedPieceBytes) {
+      encode_long_piece(piece, out);
+    } else if (!prefixed.empty() || cache.size() >= kCachedPieces) {
+      if (const auto hit = cache.find(piece); hit != cache.end()) {
+        out.ids.insert(out.ids.end(), hit->second.begin(), hit->second.end());
+      } else {
+        encode_piece(piece, out.ids);
+      }
+    } else {
+      auto [entry, fresh] = cache.try_emplace(piece);
+      if (fresh) encode_piece(piece, entry->second);
+      out.ids.insert(out.ids.end(), entry->second.begin(), entry->second.end());
     }
-    auto [entry, fresh] = cache.try_emplace(piece);
-    if (fresh) encode_piece(piece, entry->second);
-    out.insert(out.end(), entry->second.begin(), entry->second.end());
+    out.piece_done();
+  });
+}
+
+void Tokenizer::encode_segment(std::string_view text, IdOutput& out, PieceCache& cache) const {
+  if (normalized_matcher_.empty()) {
+    encode_ordinary(text, out, cache);
+    return;
+  }
+  for (const TextSpan& span : normalized_matcher_.split(text)) {
+    if (span.token >= 0) {
+      out.ids.push_back(normalized_matcher_.token(span.token).id);
+    } else {
+      encode_ordinary(text.substr(span.begin, span.end - span.begin), out, cache);
+    }
   }
 }
 
@@ -290,37 +466,46 @@ std::string Tokenizer::name() const {
   return "bpe:" + digest_hex(digest.finish());
 }
 
-std::vector<std::int64_t> Tokenizer::encode(std::string_view given) const {
+std::vector<std::int64_t> Tokenizer::encode(std::string_view text) const {
+  IdOutput out;
+  encode_into(text, out);
+  return std::move(out.ids);
+}
+
+void Tokenizer::encode_each(std::string_view text, const IdSink& take) const {
+  IdOutput out;
+  out.sink = &take;
+  encode_into(text, out);
+  if (!out.ids.empty()) take(out.ids);
+}
+
+void Tokenizer::encode_into(std::string_view given, IdOutput& out) const {
   if (raw_bytes_) {
-    std::vector<std::int64_t> ids;
-    ids.reserve(given.size());
-    for (const char byte : given)
-      ids.push_back(static_cast<unsigned char>(byte));
-    return ids;
-  }
-  const std::string text = valid_utf8(given);
-  std::vector<std::int64_t> out;
-  PieceCache cache;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    // The leftmost added token, the longest of those starting there.
-    std::size_t first = std::string::npos;
-    const AddedToken* match = nullptr;
-    for (const AddedToken& token : added_) {
-      const std::size_t found = text.find(token.content, at);
-      if (found == std::string::npos) continue;
-      if (found < first || (found == first && token.content.size() > match->content.size())) {
-        first = found;
-        match = &token;
-      }
+    for (const char byte : given) {
+      out.ids.push_back(static_cast<unsigned char>(byte));
+      if (out.ids.size() % 4096 == 0) out.piece_done();
     }
-    encode_ordinary(std::string_view(text).substr(at, std::min(first, text.size()) - at), out,
-                    cache);
-    if (match == nullptr) break;
-    out.push_back(match->id);
-    at = first + match->content.size();
+    return;
   }
-  return out;
+  // Valid text is read in place; only text with invalid bytes is copied to be repaired.
+  std::string repaired;
+  std::string_view text = given;
+  if (!is_valid_utf8(given)) {
+    repaired = valid_utf8(given);
+    text = repaired;
+  }
+  PieceCache cache;
+  if (raw_matcher_.empty()) {
+    encode_segment(text, out, cache);
+    return;
+  }
+  for (const TextSpan& span : raw_matcher_.split(text)) {
+    if (span.token >= 0) {
+      out.ids.push_back(raw_matcher_.token(span.token).id);
+    } else {
+      encode_segment(text.substr(span.begin, span.end - span.begin), out, cache);
+    }
+  }
 }
 
 std::string Tokenizer::token_bytes(std::int64_t id) const {
@@ -361,10 +546,10 @@ std::string Tokenizer::to_json() const {
   for (const AddedToken& token : added_) {
     added.push_back({{"id", token.id},
                      {"content", token.content},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
+                     {"single_word", token.single_word},
+                     {"lstrip", token.lstrip},
+                     {"rstrip", token.rstrip},
+                     {"normalized", token.normalized},
                      {"special", token.special}});
   }
   const Json byte_level = {{"type", "ByteLevel"},
@@ -409,6 +594,35 @@ std::string Tokenizer::to_json() const {
                       {"vocab", vocab},
                       {"merges", merges}}}};
   return doc.dump(2);
+}
+
+std::vector<std::int64_t> parse_ids(const std::string& text, const std::string& source) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (text[first] == '[' || text[first] == '{')) {
+    nlohmann::json doc = parse_untrusted_json(text, source);
+    if (doc.is_object() && doc.contains("ids")) doc = doc["ids"];
+    if (!doc.is_array()) throw DataError(fmt::format("{}: not a JSON array of token ids", source));
+    std::vector<std::int64_t> ids;
+    for (const auto& id : doc) {
+      if (!id.is_number_integer() ||
+          (id.is_number_unsigned() &&
+           id.get<std::uint64_t>() >
+               static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())))
+        throw DataError(fmt::format("{}: {} is not a token id", source, json_excerpt(id)));
+      ids.push_back(id.get<std::int64_t>());
+    }
+    return ids;
+  }
+  std::vector<std::int64_t> ids;
+  std::size_t at = 0;
+  while ((at = text.find_first_not_of(" \t\r\n", at)) != std::string::npos) {
+    const std::size_t end = std::min(text.find_first_of(" \t\r\n", at), text.size());
+    ids.push_back(integer_setting(source, text.substr(at, end - at),
+                                  std::numeric_limits<std::int64_t>::min(),
+                                  std::numeric_limits<std::int64_t>::max()));
+    at = end;
+  }
+  return ids;
 }
 
 }  // namespace meshtensor::tokenize

@@ -11,6 +11,7 @@
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/attention.hpp>
 #include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
@@ -147,9 +148,10 @@ Tensor local_softmax(const Placed& p) {
       top = std::fmax(top, row[c]);
     double sum = 0;
     for (std::int64_t c = 0; c < cols; ++c)
-      sum += std::exp(static_cast<double>(row[c]) - top);
+      sum += kernels::exp_f64(static_cast<double>(row[c]) - top);
     for (std::int64_t c = 0; c < cols; ++c)
-      yv[r * cols + c] = static_cast<float>(std::exp(static_cast<double>(row[c]) - top) / sum);
+      yv[r * cols + c] =
+          static_cast<float>(kernels::exp_f64(static_cast<double>(row[c]) - top) / sum);
   }
   return y.reshape(p.local(0).shape());
 }

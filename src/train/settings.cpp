@@ -46,7 +46,8 @@ constexpr std::array kFields = {
                  "sizes of the named dims (e.g. 2x2x2)"},
     SettingField{"names",
                  "names of the `mesh` dims: pp (pipeline stages), dp (replicate), fsdp (shard), "
-                 "tp (tensor parallel), e.g. pp,fsdp,tp"},
+                 "cp (context parallel: positions of each sequence), tp (tensor parallel), e.g. "
+                 "pp,fsdp,tp or fsdp,cp"},
     SettingField{"replicas", "hsdp without `mesh`: replicas of the model (default 2)"},
     SettingField{"sequence_parallel",
                  "with a tp dim: norms and the residual stream on sequence shards", true},

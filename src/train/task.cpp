@@ -9,6 +9,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/random.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/task.hpp>
@@ -346,7 +347,7 @@ std::int64_t next_token(const Tensor& last, double temperature, std::uint64_t se
   std::vector<double> weights(logits.size());
   double total = 0.0;
   for (std::size_t c = 0; c < logits.size(); ++c) {
-    weights[c] = std::exp((static_cast<double>(logits[c]) - largest) / temperature);
+    weights[c] = kernels::exp_f64((static_cast<double>(logits[c]) - largest) / temperature);
     total += weights[c];
   }
   // A uniform draw in [0, total) from 53 random bits of (seed, step).

@@ -216,9 +216,13 @@ hf)
   rm "$dir/bad/tokenizer.json" && mkfifo "$dir/bad/tokenizer.json"
   expect 2 "not a regular file (it is a FIFO)" "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
   rm "$dir/bad/tokenizer.json" && cp "$dir/tok.json" "$dir/bad/tokenizer.json"
+  mv "$dir/bad/model.safetensors" "$dir/bad/model.keep"
   printf '{"weight_map": {"transformer.wte.weight": "../../etc/passwd"}}' \
     >"$dir/bad/model.safetensors.index.json"
   expect 2 "not a .safetensors file of the folder" "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
+  mv "$dir/bad/model.keep" "$dir/bad/model.safetensors"
+  expect 2 "holds both model.safetensors and model.safetensors.index.json" \
+    "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
   rm "$dir/bad/model.safetensors.index.json"
   "$bin" tokenizer train --vocab 300 --out "$dir/bad/tokenizer.json" >/dev/null
   expect 2 "vocab_size 512 is not the 300 tokens of its tokenizer.json" \

@@ -10,7 +10,12 @@
 #   ordered        ordered mode: replicas identical on cp x fsdp x tp
 #   errors         a context too short for the cp degree, cp on an MLP, generate/serve/rl with
 #                  cp: clear errors naming the values
-#   mpi            exact mode: 4 mpi processes on cp 2 x fsdp 2 end on the 1-rank digests
+#   reduce_scatter exact mode, --micro-batch-mode reduce-scatter with micro-batches in which a
+#                  rank owns a sequence and then none (batch 3 in 2 micro-batches): every dim
+#                  that can leave a rank without a sequence (cp, fsdp, dp; with tp beside),
+#                  the GPT and the Llama, end on the 1-rank digests
+#   mpi            exact mode: 4 mpi processes on cp 2 x fsdp 2 end on the 1-rank digests (also
+#                  in reduce-scatter micro-batches that leave a rank without a sequence)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
@@ -76,11 +81,27 @@ errors)
   expect 2 "unknown mesh dim name 'sp' (expected pp, dp, fsdp, cp and tp" \
     "$bin" "${run[@]}" --steps 1 --mesh 2 --names sp
   ;;
+reduce_scatter)
+  split=(--micro-batches 2 --micro-batch-mode reduce-scatter)
+  for model in gpt:layers=2,heads=2,dim=32,context=30 \
+    llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=96,context=30; do
+    run=(train --mode exact --model "$model" --batch 3 --seed 32 --eval-every 0)
+    one=$(digests "$bin" "${run[@]}" --steps 3 --ranks 1)
+    check_layouts "$one" "2 cp ${split[*]}" "3 cp ${split[*]}" "2x2 cp,fsdp ${split[*]}" \
+      "2x2 dp,cp ${split[*]}" "2x2 cp,tp --sequence-parallel ${split[*]}" \
+      "2x2 fsdp,tp ${split[*]}" "2x2x2 dp,fsdp,cp ${split[*]}"
+  done
+  ;;
 mpi)
   one=$(digests "$bin" "${run[@]}" --steps 3 --ranks 1)
   shift 2
   same "$one" "$(digests "$@" -np 4 "$bin" "${run[@]}" --steps 3 --backend mpi --mesh 2x2 \
     --names cp,fsdp)" "4 mpi processes on cp 2 x fsdp 2 vs 1 rank"
+  run=(train --mode exact --model gpt:layers=2,heads=2,dim=32,context=30 --batch 3 --seed 32)
+  same "$(digests "$bin" "${run[@]}" --steps 3 --ranks 1)" \
+    "$(digests "$@" -np 4 "$bin" "${run[@]}" --steps 3 --backend mpi --mesh 2x2 --names cp,fsdp \
+      --micro-batches 2 --micro-batch-mode reduce-scatter)" \
+    "4 mpi processes on cp 2 x fsdp 2, reduce-scatter micro-batches, vs 1 rank"
   ;;
 *)
   fail "unknown case $case_name"

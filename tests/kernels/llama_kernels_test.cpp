@@ -42,6 +42,29 @@ TEST(PortableMath, WithinAFewUlpOfTheCLibrary) {
   EXPECT_EQ(portable_exp(0.0), 1.0);
 }
 
+// The loss's exp: within 2 ulps of the C library's over the softmax's range, and every edge of
+// IEEE arithmetic defined (the values a diverged model's logits reach).
+TEST(PortableMath, FastExpIsAccurateAndDefinedEverywhere) {
+  double worst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const double x = -708.0 + 1417.0 * static_cast<double>(i) / 200000.0;  // normal results
+    worst = std::max(worst, ulps(exp_f64(x), std::exp(x)));
+  }
+  EXPECT_LE(worst, 2);
+  for (int i = 0; i <= 100000; ++i) {  // the softmax's usual range, finely
+    const double x = -40.0 * static_cast<double>(i) / 100000.0;
+    EXPECT_LE(ulps(exp_f64(x), std::exp(x)), 2) << x;
+  }
+  EXPECT_EQ(exp_f64(0.0), 1.0);
+  EXPECT_EQ(exp_f64(-HUGE_VAL), 0.0);
+  EXPECT_EQ(exp_f64(-1e300), 0.0);
+  EXPECT_EQ(exp_f64(-746.0), 0.0);
+  EXPECT_GT(exp_f64(-744.0), 0.0);  // subnormal
+  EXPECT_EQ(exp_f64(HUGE_VAL), HUGE_VAL);
+  EXPECT_EQ(exp_f64(710.0), HUGE_VAL);
+  EXPECT_TRUE(std::isnan(exp_f64(std::nan(""))));
+}
+
 TEST(Rotary, TablesFollowTheEquationsAndRefuseBadShapes) {
   const RotaryTable table = rotary_table(8, 64, 10000.0);
   ASSERT_EQ(table.cos.size(), 64u * 4);

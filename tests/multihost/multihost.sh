@@ -8,6 +8,10 @@
 #             redistribute over groups of 12 (8 + 4 ranks) in jagged two levels: exact bits
 #   lost      2 hosts x 2 ranks: killing host 2's ranks ends the job with an error naming the host;
 #             killing the whole host (its daemon too) ends it naming the host or the lost daemon
+#   stopped   2 hosts x 2 ranks: every process of host 2 stopped (SIGSTOP: its kernel still
+#             answers keepalives, so mpirun never learns of it) ends the job within 60 s: the
+#             collectives' timeout names host 2's ranks, and when mpirun still waits on the
+#             stopped daemon after the abort, the aborting rank's helper ends it
 #   unplugged 2 hosts x 2 ranks: host 2 taken off the network (no reset reaches anyone) ends the
 #             job within 60 s naming the host (mpirun's keepalives; the collectives' timeout is
 #             longer)
@@ -146,6 +150,14 @@ lost)
       echo "ok: host 2 lost: exit $status after ${took}s; $(grep -Eo "(Peer host|on node):? *$address|unable to reliably start one or more daemons|lost communication with a remote daemon" "$dir/out" | head -1 | tr -s ' ')"
     fi
   done
+  ;;
+stopped)
+  hosts 2
+  MESHTENSOR_TIMEOUT=15 lose_host_2 stop "$dir" 2
+  # Whichever group's collective times out first names host 2's ranks in it: [2,3], [2] or [3].
+  grep -Eq "rank\(s\) \[(2,3|2|3)\] did not answer" "$dir/out" ||
+    { tail -c 3000 "$dir/out"; fail "no message names host 2's ranks"; }
+  echo "ok: host 2 stopped: exit $status after ${took}s; $(grep -m1 -o "meshtensor: error:.*" "$dir/out" | head -c 200)"
   ;;
 unplugged)
   hosts 2

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
@@ -102,6 +103,29 @@ TEST(Gradients, ExactSumsAgreeWithDenseSumsAndDivideOnce) {
     for (std::size_t j = 0; j < a.size(); ++j)
       EXPECT_NEAR(a[j], b[j], 1e-5) << parameters[i]->name;
   }
+}
+
+// A sharded runtime empties a parameter's value (reshard) between its backward and the
+// reduction that reads the sums: a parameter that got no addition since clear() must still read
+// as zeros then, not as what the storage held before.
+TEST(Gradients, ExactSumsOfAParameterWithoutAdditionsAreZeroAfterItsValueIsEmptied) {
+  Parameter a{"a", Tensor::full(Shape{2, 3}, DType::f32, 1.0), {}, {}};
+  Parameter b{"b", Tensor::full(Shape{3}, DType::f32, 1.0), {}, {}};
+  BinnedGradients sink({&a, &b});
+  const Tensor rows = Tensor::full(Shape{4, 3}, DType::f32, 0.5);
+  sink.add_column_sums(b, rows);
+  sink.add_outer_products(a, Tensor::full(Shape{4, 2}, DType::f32, 2.0), rows);
+  Tensor first(Shape{9}, DType::f32);
+  kernels::round_binned_sums(sink.sums(), 1, first);
+  EXPECT_EQ(first.values<float>()[0], 4.0f);
+  sink.clear();
+  sink.add_column_sums(b, rows);  // a gets nothing in this backward
+  a.value = Tensor();             // resharded
+  Tensor second(Shape{9}, DType::f32);
+  kernels::round_binned_sums(sink.sums(), 1, second);
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(second.values<float>()[static_cast<std::size_t>(i)], 0.0f) << i;
+  EXPECT_EQ(second.values<float>()[6], 2.0f);
 }
 
 TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {

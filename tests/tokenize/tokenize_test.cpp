@@ -55,6 +55,25 @@ TEST(SplitPattern, PiecesCoverTheTextAndFollowGpt2sRules) {
   EXPECT_THROW(SplitPattern("(unclosed"), ParseError);
 }
 
+// \s is Unicode's White_Space, as Oniguruma has it: U+180E is a format character (PCRE2's own
+// \s would call it space), U+0085 and U+3000 are spaces, U+FEFF is not.
+TEST(SplitPattern, SpaceIsUnicodeWhiteSpace) {
+  const SplitPattern gpt2{std::string(kGpt2Pattern)};
+  const auto pieces = [&](const std::string& text) {
+    std::vector<std::string> out;
+    for (const std::string_view piece : gpt2.pieces(text))
+      out.emplace_back(piece);
+    return out;
+  };
+  EXPECT_EQ(pieces("x\u180e'll"), (std::vector<std::string>{"x", "\u180e'", "ll"}));
+  EXPECT_EQ(pieces("a\u0085b"), (std::vector<std::string>{"a", "\u0085", "b"}));
+  EXPECT_EQ(pieces("a\u3000\u3000b"), (std::vector<std::string>{"a", "\u3000", "\u3000", "b"}));
+  EXPECT_EQ(pieces("a\ufeffb"), (std::vector<std::string>{"a", "\ufeff", "b"}));
+  // A class that holds \s, and an escaped backslash before an s, keep their meaning.
+  EXPECT_EQ(SplitPattern(R"(\\s|[^\s\\]+)").pieces("ab\\s \u180e"),
+            (std::vector<std::string_view>{"ab", "\\s", " ", "\u180e"}));
+}
+
 /// A tokenizer.json of the 256 byte symbols, "ab" (256), "abc" (257) and `merges`.
 std::string small_tokenizer(const nlohmann::json& merges) {
   nlohmann::json vocab = nlohmann::json::object();

@@ -5,6 +5,7 @@
 
 #include <meshtensor/checkpoint/checkpoint.hpp>
 #include <meshtensor/comm/communicator.hpp>
+#include <meshtensor/hf/hf_model.hpp>
 #include <meshtensor/nn/models.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
@@ -79,5 +80,11 @@ std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, cons
                                                  tp::TensorParallel& group,
                                                  comm::ReductionMode mode,
                                                  std::int64_t models_in_process = 1);
+
+/// Writes the model of `source` (a checkpoint or hf:DIR) as the Hugging Face folder `out`: the
+/// architecture is checked against the format before any weight is read, then the model is read
+/// on one rank and written by hf::export_folder.
+hf::ExportReport export_hf(const std::string& source, const std::string& out,
+                           const hf::ExportOptions& options);
 
 }  // namespace meshtensor::generate

@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -78,8 +79,14 @@ struct ExportOptions {
   std::int64_t shard_bytes = std::int64_t{2} << 30;  ///< most tensor bytes in one file
 };
 
+/// A shard size: "2GB", "500MB", "4096" (bytes), decimal units as Hugging Face's
+/// max_shard_size, or binary ones (KiB, MiB, GiB); at least 1 byte and at most 2^63 - 1.
+/// ParseError starting with `name` and quoting the text.
+std::int64_t parse_shard_size(std::string_view name, const std::string& text);
+
 /// What export_folder wrote.
 struct ExportReport {
+  std::string architecture;        ///< the Hugging Face class written
   std::vector<std::string> files;  ///< in the folder, in the order written
   std::int64_t tensors = 0;
   std::int64_t bytes = 0;  ///< tensor bytes

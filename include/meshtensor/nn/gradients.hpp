@@ -19,6 +19,9 @@ class GradientLayout {
   std::int64_t offset_of(const Parameter& p) const;
   /// Position of `p` in parameters(); InvalidArgument for a parameter not in the layout.
   std::size_t index_of(const Parameter& p) const;
+  /// Elements of parameter i as the layout was made: a sharded runtime empties a parameter's
+  /// value between its backward and the reduction that reads these sums.
+  std::int64_t size_at(std::size_t i) const { return sizes_[i]; }
   /// Total number of elements.
   std::int64_t total() const { return total_; }
   /// The parameters, in order.
@@ -32,6 +35,7 @@ class GradientLayout {
   };
   const Place& place_of(const Parameter& p) const;
   std::unordered_map<const Parameter*, Place> places_;
+  std::vector<std::int64_t> sizes_;
   std::int64_t total_ = 0;
 };
 

@@ -27,6 +27,10 @@ struct BpeTrainerReport {
   bool exhausted = false;            ///< stopped before the vocabulary: no pair occurs twice
 };
 
+/// InvalidArgument naming what is wrong in `config`: a vocabulary outside [256 + specials,
+/// 2^24], a special token that is empty, given twice or not valid UTF-8.
+void check_trainer_config(const BpeTrainerConfig& config);
+
 /// The pattern text of a `BpeTrainerConfig::pattern` name; InvalidArgument naming another.
 std::string_view pattern_of(const std::string& name);
 

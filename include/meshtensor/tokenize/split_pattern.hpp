@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -30,6 +31,9 @@ class SplitPattern {
   SplitPattern& operator=(SplitPattern&&) noexcept;
   /// The pieces of `text` (valid UTF-8), in order; together they are the whole text.
   std::vector<std::string_view> pieces(std::string_view text) const;
+  /// Calls `take` with each piece of `text` in order, holding none of them.
+  void for_each_piece(std::string_view text,
+                      const std::function<void(std::string_view)>& take) const;
   /// The pattern.
   const std::string& pattern() const { return pattern_; }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -9,17 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <meshtensor/tokenize/added_tokens.hpp>
 #include <meshtensor/tokenize/split_pattern.hpp>
 
 namespace meshtensor::tokenize {
-
-/// A token matched in the text before pre-tokenization (Hugging Face's added tokens), such as the
-/// special `<|endoftext|>`: its exact content always encodes to its id.
-struct AddedToken {
-  std::string content;
-  std::int64_t id = 0;
-  bool special = true;
-};
 
 /// A byte-level BPE tokenizer (GPT-2, Llama 3, Qwen): added tokens are cut out of the text first;
 /// the rest is split by the pre-tokenizer's pattern, each piece's bytes become GPT-2's byte
@@ -28,6 +22,9 @@ struct AddedToken {
 /// implementation does.
 class Tokenizer {
  public:
+  /// Pieces longer than this are merged in chunks of it, cut at character boundaries (the
+  /// merges of a piece cost O(n log n) time and 20 bytes a byte; docs/tokenize.md).
+  static constexpr std::size_t kMaxWordBytes = std::size_t{1} << 20;
   /// Parses the text of a `tokenizer.json` (`source` names it in errors). DataError naming the
   /// part: a model that is not BPE, a pre-tokenizer or normalizer that is not byte-level, a
   /// merge of tokens the vocabulary lacks (or whose result it lacks), ids repeated or negative,
@@ -56,6 +53,11 @@ class Tokenizer {
   /// The ids of `text` (invalid UTF-8 is first replaced by U+FFFD, as a JavaScript string
   /// decoded from the bytes would be).
   std::vector<std::int64_t> encode(std::string_view text) const;
+  /// Takes a batch of ids of an encode_each() call.
+  using IdSink = std::function<void(std::span<const std::int64_t>)>;
+  /// encode(), the ids handed to `take` in order, in batches, as they are made: memory beyond
+  /// the text stays bounded however many ids it has.
+  void encode_each(std::string_view text, const IdSink& take) const;
   /// The bytes of `ids`, concatenated (added tokens by their content). InvalidArgument naming an
   /// id outside the vocabulary.
   std::string decode(std::span<const std::int64_t> ids) const;
@@ -73,15 +75,34 @@ class Tokenizer {
   /// Adds the merge of the tokens `left` and `right` at the next rank (a repeated pair keeps its
   /// first rank); DataError naming it when the vocabulary lacks either or their concatenation.
   void add_merge(const std::string& left, const std::string& right, const std::string& source);
+  /// The matchers of added_.
+  void build_matchers();
   /// The 256 byte symbols in byte order and nothing else: the byte tokenizer's file.
   bool has_byte_layout() const;
-  /// The ids of one pre-tokenized piece.
+  /// The ids of one pre-tokenized piece: Hugging Face's merge order (a heap of the adjacent
+  /// pairs by rank, then position), in chunks of at most kMaxWordBytes.
   void encode_piece(std::string_view piece, std::vector<std::int64_t>& out) const;
-  /// The ids of pieces seen before in one encode() call.
+  /// With ignore_merges, the id of a piece that is a whole token (true when it is one).
+  bool encode_whole(std::string_view piece, std::vector<std::int64_t>& out) const;
+  /// The ids of at most kMaxWordBytes of a piece, merged whole.
+  void merge_word(std::string_view word, std::vector<std::int64_t>& out) const;
+  /// The ids of pieces seen before in one encode() call (short pieces only, a bounded number).
   using PieceCache = std::unordered_map<std::string_view, std::vector<std::int64_t>>;
+  /// Ids on their way out: kept whole, or handed to a sink in batches.
+  struct IdOutput {
+    std::vector<std::int64_t> ids;
+    const IdSink* sink = nullptr;
+    /// After each piece: hands a large batch to the sink.
+    void piece_done();
+  };
   /// The ids of text without added tokens (pieces of `text` key `cache`: it must outlive it).
-  void encode_ordinary(std::string_view text, std::vector<std::int64_t>& out,
-                       PieceCache& cache) const;
+  void encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const;
+  /// The ids of a span of text between the added tokens that are matched before normalization.
+  void encode_segment(std::string_view text, IdOutput& out, PieceCache& cache) const;
+  /// encode_piece() of a long piece, each chunk's ids handed on before the next is merged.
+  void encode_long_piece(std::string_view piece, IdOutput& out) const;
+  /// encode() into `out`.
+  void encode_into(std::string_view text, IdOutput& out) const;
 
   std::vector<std::string> tokens_;  // id -> byte symbols (UTF-8); an added token: its content
   std::vector<bool> is_added_;
@@ -90,13 +111,20 @@ class Tokenizer {
   std::vector<std::pair<std::int64_t, std::int64_t>> merges_;   // by rank: (left, right)
   std::vector<std::int64_t> merged_;                            // by rank: the merged id
   std::vector<AddedToken> added_;
-  std::optional<SplitPattern> pattern_;  // none: the whole text is one piece
-  bool gpt2_byte_level_regex_ = false;   // pattern_ came from ByteLevel's use_regex
+  AddedTokenMatcher raw_matcher_;         // the added tokens matched in the text as given
+  AddedTokenMatcher normalized_matcher_;  // those matched in the normalized text
+  std::optional<SplitPattern> pattern_;   // none: the whole text is one piece
+  bool gpt2_byte_level_regex_ = false;    // pattern_ came from ByteLevel's use_regex
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
   bool raw_bytes_ = false;  // the byte tokenizer
   std::int64_t byte_ids_[256] = {};
 };
+
+/// Token ids given as text (`source` names it in errors): a JSON array, an object with "ids",
+/// or decimal numbers between spaces. DataError or ParseError naming what is not an id (a
+/// number past 2^63 - 1 is named as written, never wrapped).
+std::vector<std::int64_t> parse_ids(const std::string& text, const std::string& source);
 
 /// One shared byte tokenizer (Tokenizer::bytes()), for whatever has no other.
 const std::shared_ptr<const Tokenizer>& byte_tokenizer();

@@ -1,0 +1,157 @@
+#include <gtest/gtest.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/hf/hf_model.hpp>
+#include <meshtensor/nn/models.hpp>
+
+namespace meshtensor::hf {
+namespace {
+
+using Json = nlohmann::json;
+
+Json small_llama(const std::string& architecture = "LlamaForCausalLM") {
+  return {{"architectures", {architecture}}, {"hidden_size", 64},        {"intermediate_size", 128},
+          {"num_hidden_layers", 2},          {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"max_position_embeddings", 64},   {"head_dim", 16},           {"vocab_size", 300}};
+}
+
+Json small_gpt2() {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_layer", 2},
+          {"n_head", 4},
+          {"n_embd", 64},
+          {"n_positions", 64},
+          {"vocab_size", 300}};
+}
+
+nn::LlamaConfig llama_of(const Json& config) {
+  return std::get<nn::LlamaConfig>(parse_config_json(config, "config.json"));
+}
+
+/// The message of the DataError that parsing `config` throws ("" when it parses).
+std::string refusal(const Json& config) {
+  try {
+    parse_config_json(config, "config.json");
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConfig, RopeThetaIsReadFromTransformersFiveRopeParameters) {
+  Json config = small_llama();
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_EQ(llama_of(config).rope_theta, 500000.0);
+  config["rope_theta"] = 500000.0;  // both spellings, agreeing
+  EXPECT_EQ(llama_of(config).rope_theta, 500000.0);
+  config.erase("rope_parameters");
+  config["rope_scaling"] = {{"type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_EQ(llama_of(config).rope_theta, 500000.0);
+}
+
+TEST(HfConfig, RopeSpellingsThatDisagreeOrAnotherTypeAreRefusedByName) {
+  Json config = small_llama();
+  config["rope_theta"] = 10000.0;
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_NE(refusal(config).find("rope_parameters.rope_theta"), std::string::npos)
+      << refusal(config);
+  config.erase("rope_theta");
+  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8}};
+  EXPECT_NE(refusal(config).find("rope_type 'llama3'"), std::string::npos) << refusal(config);
+  config["rope_parameters"] = {{"rope_type", "yarn"}};
+  EXPECT_NE(refusal(config).find("'yarn'"), std::string::npos);
+  config["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  EXPECT_NE(refusal(config).find("partial_rotary_factor"), std::string::npos);
+}
+
+TEST(HfConfig, AbsentKeysTakeTheirClassDefaults) {
+  Json config = small_llama("Qwen3ForCausalLM");
+  config.erase("head_dim");  // Qwen3Config's default is 128, not hidden_size / heads
+  EXPECT_NE(refusal(config).find("128 (Qwen3Config's default)"), std::string::npos)
+      << refusal(config);
+  config["hidden_size"] = 512;
+  config["intermediate_size"] = 1024;
+  EXPECT_EQ(llama_of(config).dim, 512);
+  Json llama = small_llama();
+  llama.erase("head_dim");             // LlamaConfig's default: hidden_size / heads
+  llama.erase("num_key_value_heads");  // LlamaConfig's default: num_attention_heads
+  llama.erase("vocab_size");
+  const nn::LlamaConfig read = llama_of(llama);
+  EXPECT_EQ(read.kv_heads, 4);
+  EXPECT_EQ(read.vocabulary, 32000);
+  EXPECT_EQ(read.rope_theta, 10000.0);
+  EXPECT_EQ(read.norm_eps, 1e-6);
+  EXPECT_FALSE(read.tie);
+  Json gpt = small_gpt2();
+  gpt.erase("vocab_size");
+  EXPECT_EQ(nn::decoder_vocabulary(parse_config_json(gpt, "config.json")), 50257);
+}
+
+TEST(HfConfig, Qwen3SlidingWindowIsRefusedUnlessItCoversTheContext) {
+  Json config = small_llama("Qwen3ForCausalLM");
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 16;
+  config["max_window_layers"] = 0;
+  EXPECT_NE(refusal(config).find("sliding window of 16 positions"), std::string::npos)
+      << refusal(config);
+  config["max_window_layers"] = 2;  // no layer at or past it: none slides
+  EXPECT_EQ(refusal(config), "");
+  config["max_window_layers"] = 1;
+  EXPECT_NE(refusal(config), "");
+  config["sliding_window"] = 64;  // covers the context
+  EXPECT_EQ(refusal(config), "");
+  config["sliding_window"] = 8;
+  config["max_window_layers"] = 28;
+  config["layer_types"] = {"full_attention", "sliding_attention"};
+  EXPECT_NE(refusal(config).find("sliding window of 8"), std::string::npos) << refusal(config);
+  config.erase("use_sliding_window");  // without it Qwen3Config nulls the window
+  EXPECT_EQ(refusal(config), "");
+  config["layer_types"] = {"full_attention", "chunked"};
+  EXPECT_NE(refusal(config).find("chunked"), std::string::npos);
+}
+
+TEST(HfConfig, Gpt2FlagsThatChangeTheComputationAreRefusedByName) {
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "add_cross_attention"}) {
+    Json config = small_gpt2();
+    config[key] = true;
+    EXPECT_NE(refusal(config).find(key), std::string::npos) << key;
+  }
+  Json config = small_gpt2();
+  config["scale_attn_weights"] = false;
+  EXPECT_NE(refusal(config).find("scale_attn_weights"), std::string::npos);
+  config = small_gpt2();
+  config["activation_function"] = "relu";
+  EXPECT_NE(refusal(config).find("'relu'"), std::string::npos);
+  config = small_gpt2();
+  config["reorder_and_upcast_attn"] = true;  // inert: attention runs in f32 either way
+  config["resid_pdrop"] = 0.1;
+  EXPECT_EQ(refusal(config), "");
+  config["hidden_size"] = 32;  // GPT2Config maps hidden_size onto n_embd
+  EXPECT_NE(refusal(config).find("\"n_embd\" is 64 but \"hidden_size\" is 32"), std::string::npos)
+      << refusal(config);
+}
+
+TEST(HfConfig, ModelTypeMustNameTheArchitecturesClass) {
+  Json config = small_llama();
+  config["model_type"] = "gpt2";
+  EXPECT_NE(refusal(config).find("\"model_type\" is \"gpt2\""), std::string::npos)
+      << refusal(config);
+  config["model_type"] = "llama";
+  EXPECT_EQ(refusal(config), "");
+}
+
+TEST(HfConfig, ExportedConfigsReadBack) {
+  for (const char* text : {"gpt:layers=2,heads=2,dim=16,context=8,tie=1",
+                           "llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=32,context=8",
+                           "llama:layers=1,heads=4,kv_heads=1,dim=16,ffn=48,context=8,qk_norm=1"}) {
+    const nn::DecoderConfig config = nn::parse_decoder_config(text);
+    const Json json = config_json(config, tokenize::Tokenizer::bytes(), DType::f32);
+    EXPECT_EQ(nn::decoder_architecture_text(parse_config_json(json, "config.json")),
+              nn::decoder_architecture_text(config))
+        << text;
+  }
+}
+
+}  // namespace
+}  // namespace meshtensor::hf
