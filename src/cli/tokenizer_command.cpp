@@ -3,8 +3,6 @@
 #include <iterator>
 #include <limits>
 #include <memory>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -42,21 +40,7 @@ struct TokenizerOptions {
 
 /// All of standard input; DataError past kMaxInputBytes.
 std::string read_input() {
-  std::string text;
-  struct stat info {};
-  // A file on standard input is read into one allocation of its size, not grown by doubling.
-  if (::fstat(STDIN_FILENO, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0 &&
-      static_cast<std::size_t>(info.st_size) <= kMaxInputBytes)
-    text.reserve(static_cast<std::size_t>(info.st_size) + 1);
-  char buffer[1 << 16];
-  while (std::cin.read(buffer, sizeof(buffer)) || std::cin.gcount() > 0) {
-    text.append(buffer, static_cast<std::size_t>(std::cin.gcount()));
-    if (text.size() > kMaxInputBytes) {
-      throw DataError(
-          fmt::format("standard input: more than the {} bytes a tokenizer reads", kMaxInputBytes));
-    }
-  }
-  return text;
+  return read_standard_input(kMaxInputBytes, "a tokenizer");
 }
 
 /// The ids are written as they are made: the output is never held whole.

@@ -404,6 +404,8 @@ void add_train_command(CLI::App& app) {
            "print the tensor-parallel plan and the collectives of the first step");
   add_flag(*command, "--no-reshard-after-forward", options->no_reshard_after_forward,
            "keep gathered parameters from forward to backward");
+  add_flag(*command, "--no-sample", options->no_sample,
+           "a language model: write no sample of text at the end");
   command->add_option("--link", options->link,
                       "simulated network for threads, LATENCY,GBPS (e.g. 20us,10)");
   options->topology.add_to(*command, /*with_link=*/false);

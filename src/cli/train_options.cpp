@@ -18,6 +18,7 @@ train::TrainSettings train_settings(const TrainOptions& options) {
   if (options.settings.given("reshard_after_forward") && options.no_reshard_after_forward)
     throw ParseError("--reshard-after-forward and --no-reshard-after-forward exclude each other");
   if (options.no_reshard_after_forward) settings.set("reshard_after_forward", "false");
+  if (options.no_sample) settings.set("sample", "false");
   if (!options.trace.empty()) settings.set("trace", "true");
   return settings;
 }

@@ -36,6 +36,7 @@ struct TrainOptions {
   TimeoutOption timeout;
   bool explain_parallelism = false;
   bool no_reshard_after_forward = false;  // --reshard-after-forward is the field's flag
+  bool no_sample = false;                 // the field `sample` is on by default
   std::string link;
   TopologyOptions topology;  // --ranks-per-host and the other levels' links (--link above)
   std::string trace;         // the file; the setting `trace` records the events

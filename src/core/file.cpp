@@ -1,4 +1,7 @@
 #include <fstream>
+#include <iostream>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -40,6 +43,23 @@ std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
   in.read(text.data(), static_cast<std::streamsize>(size));
   if (in.gcount() != static_cast<std::streamsize>(size))
     throw DataError(fmt::format("{}: reading the file failed", path));
+  return text;
+}
+
+std::string read_standard_input(std::size_t max_bytes, std::string_view reader) {
+  std::string text;
+  struct stat info {};
+  if (::fstat(STDIN_FILENO, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0 &&
+      static_cast<std::size_t>(info.st_size) <= max_bytes)
+    text.reserve(static_cast<std::size_t>(info.st_size) + 1);
+  char buffer[1 << 16];
+  while (std::cin.read(buffer, sizeof(buffer)) || std::cin.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(std::cin.gcount()));
+    if (text.size() > max_bytes) {
+      throw DataError(
+          fmt::format("standard input: more than the {} bytes {} reads", max_bytes, reader));
+    }
+  }
   return text;
 }
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -396,9 +397,81 @@ void Tokenizer::IdOutput::piece_done() {
   ids.clear();
 }
 
+/// The ids of short pieces seen before in one encode() call: open addressing over a flat table
+/// of hashes, the keys and ids in two arenas, so a lookup touches a slot and a few bytes of
+/// each arena. It grows to kMaxPieces entries and then only answers.
+class Tokenizer::PieceCache {
+ public:
+  static constexpr std::size_t kMaxPieceBytes = 256;
+  static constexpr std::size_t kMaxPieces = std::size_t{1} << 16;
+
+  /// Appends the ids of `piece` to `out` (computed by `encode` the first time).
+  template <class Encode>
+  void append(std::string_view piece, std::vector<std::int64_t>& out, const Encode& encode) {
+    const std::uint64_t hash = hash_of(piece);
+    std::size_t at = hash & (slots_.size() - 1);
+    for (; slots_[at].used; at = (at + 1) & (slots_.size() - 1)) {
+      const Slot& slot = slots_[at];
+      if (slot.hash == hash && std::string_view(keys_).substr(slot.key, slot.key_length) == piece) {
+        out.insert(out.end(), ids_.begin() + slot.ids, ids_.begin() + slot.ids + slot.id_count);
+        return;
+      }
+    }
+    const std::size_t first = out.size();
+    encode(piece, out);
+    if (size_ >= kMaxPieces || out.size() - first > 0xFFFF) return;
+    slots_[at] = {hash, static_cast<std::uint32_t>(keys_.size()),
+                  static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint16_t>(piece.size()),
+                  static_cast<std::uint16_t>(out.size() - first), true};
+    keys_.append(piece);
+    ids_.insert(ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+    if (++size_ * 2 > slots_.size()) grow();
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;
+    std::uint32_t key = 0;  // offset in keys_
+    std::uint32_t ids = 0;  // offset in ids_
+    std::uint16_t key_length = 0;
+    std::uint16_t id_count = 0;
+    bool used = false;
+  };
+  static std::uint64_t hash_of(std::string_view s) {
+    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
+    std::size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, s.data() + i, 8);
+      h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    std::uint64_t tail = 0;
+    std::memcpy(&tail, s.data() + i, s.size() - i);
+    h = (h ^ tail) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& slot : old) {
+      if (!slot.used) continue;
+      std::size_t at = slot.hash & (slots_.size() - 1);
+      while (slots_[at].used)
+        at = (at + 1) & (slots_.size() - 1);
+      slots_[at] = slot;
+    }
+  }
+
+  std::vector<Slot> slots_ = std::vector<Slot>(256);
+  std::string keys_;
+  std::vector<std::int64_t> ids_;
+  std::size_t size_ = 0;
+};
+
 void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const {
   if (text.empty()) return;
-  std::string prefixed;  // the pieces of a prefixed copy die with it: they are not cached
+  std::string prefixed;
   if (add_prefix_space_ && text.front() != ' ') {
     prefixed = " " + std::string(text);
     text = prefixed;
@@ -408,21 +481,14 @@ void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache
     out.piece_done();
     return;
   }
-  constexpr std::size_t kCachedPieceBytes = 256;
-  constexpr std::size_t kCachedPieces = std::size_t{1} << 16;
+  const auto encode = [this](std::string_view piece, std::vector<std::int64_t>& ids) {
+    encode_piece(piece, ids);
+  };
   pattern_->for_each_piece(text, [&](std::string_view piece) {
-    if (piece.size() > kCachedPieceBytes) {
+    if (piece.size() > PieceCache::kMaxPieceBytes) {
       encode_long_piece(piece, out);
-    } else if (!prefixed.empty() || cache.size() >= kCachedPieces) {
-      if (const auto hit = cache.find(piece); hit != cache.end()) {
-        out.ids.insert(out.ids.end(), hit->second.begin(), hit->second.end());
-      } else {
-        encode_piece(piece, out.ids);
-      }
     } else {
-      auto [entry, fresh] = cache.try_emplace(piece);
-      if (fresh) encode_piece(piece, entry->second);
-      out.ids.insert(out.ids.end(), entry->second.begin(), entry->second.end());
+      cache.append(piece, out.ids, encode);
     }
     out.piece_done();
   });

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -30,7 +31,10 @@ TEST(MeasuredClock, IsACoreClock) {
 // Wide FMAs beside the chain may lower the clock (Intel's AVX-512 licence), never raise it (by
 // more than the turbo clock's moves between two measurements while other tests run).
 TEST(MeasuredClock, UnderFmaLoadIsNoFasterThanAlone) {
-  const double alone = measured_clock_hz(0.02);
+  // The fastest of a few: one measurement can fall in a moment another test slows the core.
+  double alone = 0;
+  for (int i = 0; i < 3; ++i)
+    alone = std::max(alone, measured_clock_hz(0.02));
   for (const SimdLevel level : levels_this_cpu_runs()) {
     const double loaded = measured_clock_hz(0.02, level);
     EXPECT_GT(loaded, 0.3 * kGHz) << simd_level_name(level);

@@ -87,7 +87,7 @@ class Tokenizer {
   /// The ids of at most kMaxWordBytes of a piece, merged whole.
   void merge_word(std::string_view word, std::vector<std::int64_t>& out) const;
   /// The ids of pieces seen before in one encode() call (short pieces only, a bounded number).
-  using PieceCache = std::unordered_map<std::string_view, std::vector<std::int64_t>>;
+  class PieceCache;
   /// Ids on their way out: kept whole, or handed to a sink in batches.
   struct IdOutput {
     std::vector<std::int64_t> ids;
