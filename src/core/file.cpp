@@ -1,8 +1,8 @@
 #include <fstream>
 #include <iostream>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <system_error>
+#include <unistd.h>
 
 #include <fmt/format.h>
 

@@ -420,9 +420,12 @@ class Tokenizer::PieceCache {
     const std::size_t first = out.size();
     encode(piece, out);
     if (size_ >= kMaxPieces || out.size() - first > 0xFFFF) return;
-    slots_[at] = {hash, static_cast<std::uint32_t>(keys_.size()),
-                  static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint16_t>(piece.size()),
-                  static_cast<std::uint16_t>(out.size() - first), true};
+    slots_[at] = {hash,
+                  static_cast<std::uint32_t>(keys_.size()),
+                  static_cast<std::uint32_t>(ids_.size()),
+                  static_cast<std::uint16_t>(piece.size()),
+                  static_cast<std::uint16_t>(out.size() - first),
+                  true};
     keys_.append(piece);
     ids_.insert(ids_.end(), out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
     if (++size_ * 2 > slots_.size()) grow();
