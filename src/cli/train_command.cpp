@@ -233,7 +233,7 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
     std::cout << fmt::format("no {} set; {} steps ({:.1f} s)\n", eval, result.steps,
                              result.seconds);
   }
-  if (loaded.language) {
+  if (loaded.language && config.sample) {
     std::cout << fmt::format("sample (temperature {}):\n", train::kSampleTemperature)
               << train::printable_text(result.sample) << "\n-- end of sample\n";
   }

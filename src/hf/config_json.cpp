@@ -273,6 +273,14 @@ std::string config_class(const Json& config, const std::string& file) {
       config["architectures"].size() == 1 && config["architectures"][0].is_string()) {
     architecture = config["architectures"][0].get<std::string>();
   }
+  // A base model's folder (GPT2Model, ...) holds the same tensors without the head: read as
+  // the head class, whose head is the token table when tied (else its lm_head is missing).
+  static const std::map<std::string, std::string> kBaseModels = {
+      {"GPT2Model", "GPT2LMHeadModel"},
+      {"LlamaModel", "LlamaForCausalLM"},
+      {"Qwen3Model", "Qwen3ForCausalLM"}};
+  if (const auto base = kBaseModels.find(architecture); base != kBaseModels.end())
+    architecture = base->second;
   static const std::map<std::string, std::string> kModelTypes = {
       {"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"}, {"Qwen3ForCausalLM", "qwen3"}};
   const auto known = kModelTypes.find(architecture);

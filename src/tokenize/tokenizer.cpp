@@ -450,7 +450,7 @@ class Tokenizer::PieceCache {
       h ^= h >> 31;
     }
     std::uint64_t tail = 0;
-    std::memcpy(&tail, s.data() + i, s.size() - i);
+    if (i < s.size()) std::memcpy(&tail, s.data() + i, s.size() - i);
     h = (h ^ tail) * 0x94D049BB133111EBull;
     return h ^ (h >> 29);
   }

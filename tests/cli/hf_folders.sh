@@ -73,6 +73,8 @@ variants)
   gpt=$(tokens "$dir/gpt")
   variant gpt 'weights = {name.removeprefix("transformer."): v for name, v in weights.items()}'
   same "$gpt" "$(tokens "$dir/v")" "a GPT2Model-style save (no transformer. prefix)"
+  variant gpt 'weights = {name.removeprefix("transformer."): v for name, v in weights.items()}; config["architectures"] = ["GPT2Model"]'
+  same "$gpt" "$(tokens "$dir/v")" "a GPT2Model folder (its head the token table)"
   variant gpt 'config["reorder_and_upcast_attn"] = True; config["summary_type"] = "cls_index"; config["resid_pdrop"] = 0.1'
   same "$gpt" "$(tokens "$dir/v")" "GPT-2's inert keys"
   ;;

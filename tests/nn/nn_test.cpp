@@ -6,6 +6,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
@@ -126,6 +127,46 @@ TEST(Gradients, ExactSumsOfAParameterWithoutAdditionsAreZeroAfterItsValueIsEmpti
   for (int i = 0; i < 6; ++i)
     EXPECT_EQ(second.values<float>()[static_cast<std::size_t>(i)], 0.0f) << i;
   EXPECT_EQ(second.values<float>()[6], 2.0f);
+}
+
+// The loss's bits come from the portable exp and log (kernels::exp_f64, portable_log), not from
+// the C library's, so every platform and libc gives them: each row's loss and gradient equal,
+// bit for bit, the formula evaluated with those functions.
+TEST(Loss, CrossEntropyBitsFollowThePortableExpAndLog) {
+  const std::int64_t rows = 64;
+  const std::int64_t classes = 97;
+  const Tensor logits = Tensor::random_normal(Shape{rows, classes}, DType::f32, 41);
+  std::vector<std::int32_t> labels;
+  for (std::int64_t r = 0; r < rows; ++r)
+    labels.push_back(static_cast<std::int32_t>((r * 31) % classes));
+  const CrossEntropyResult result = softmax_cross_entropy(logits, labels);
+  const auto z = logits.values<float>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double largest = z[static_cast<std::size_t>(r * classes)];
+    for (std::int64_t c = 1; c < classes; ++c)
+      largest =
+          std::max(largest, static_cast<double>(z[static_cast<std::size_t>(r * classes + c)]));
+    std::vector<double> e(static_cast<std::size_t>(classes));
+    double total = 0;
+    for (std::int64_t c = 0; c < classes; ++c) {
+      e[static_cast<std::size_t>(c)] =
+          kernels::exp_f64(z[static_cast<std::size_t>(r * classes + c)] - largest);
+      total += e[static_cast<std::size_t>(c)];
+    }
+    const double target =
+        z[static_cast<std::size_t>(r * classes + labels[static_cast<std::size_t>(r)])] - largest;
+    EXPECT_EQ(result.losses.values<double>()[static_cast<std::size_t>(r)],
+              kernels::portable_log(total) - target)
+        << "row " << r;
+    for (std::int64_t c = 0; c < classes; ++c) {
+      const float expected =
+          static_cast<float>(e[static_cast<std::size_t>(c)] / total -
+                             (c == labels[static_cast<std::size_t>(r)] ? 1.0 : 0.0));
+      ASSERT_EQ(result.grad_logits.values<float>()[static_cast<std::size_t>(r * classes + c)],
+                expected)
+          << r << ", " << c;
+    }
+  }
 }
 
 TEST(Loss, CrossEntropyMatchesLogSumExpAndItsGradient) {
