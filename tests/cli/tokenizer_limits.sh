@@ -72,8 +72,13 @@ long)
   head -c 100000000 /dev/zero | tr '\0' ' ' >"$dir/spaces.txt"
   peak=$( { /usr/bin/time -f "%M" "$bin" tokenizer encode --tokenizer "$dir/t.json" \
     <"$dir/spaces.txt" >/dev/null; } 2>&1 | tail -1)
-  [ "$peak" -lt 400000 ] || fail "100 MB of spaces peaked at $peak KiB (4x the input is 390,625)"
-  echo "ok: 100 MB of spaces peaked at $peak KiB"
+  if ldd "$bin" | grep -q 'libasan\|libtsan'; then
+    # A sanitizer's allocator keeps freed blocks and redzones of its own: no bound to hold.
+    echo "ok: 100 MB of spaces peaked at $peak KiB (a sanitizer build: not bounded)"
+  else
+    [ "$peak" -lt 400000 ] || fail "100 MB of spaces peaked at $peak KiB (4x the input is 390,625)"
+    echo "ok: 100 MB of spaces peaked at $peak KiB"
+  fi
   ;;
 options)
   "$bin" tokenizer train --vocab 0500 --special '[SEP]' --special '[CLS,X]' --out "$dir/t.json" >/dev/null
