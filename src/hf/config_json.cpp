@@ -102,8 +102,11 @@ nn::DecoderConfig parse_gpt2(const ConfigReader& c) {
   gpt.vocabulary = c.integer("vocab_size", 50257, 1, nn::kMaxVocabulary);
   gpt.tie = true;
   const std::string activation = c.text("activation_function", "gelu_new");
-  c.require("activation_function", activation == "gelu_new" || activation == "gelu_pytorch_tanh",
-            fmt::format("is '{}': the GPT computes GELU's tanh form (gelu_new)", activation));
+  // transformers' names of GELU's tanh form (gelu_fast writes sqrt(2/pi) to 10 digits).
+  c.require(
+      "activation_function",
+      activation == "gelu_new" || activation == "gelu_pytorch_tanh" || activation == "gelu_fast",
+      fmt::format("is '{}': the GPT computes GELU's tanh form (gelu_new)", activation));
   if (c.has("n_inner")) {
     c.require("n_inner", c.integer("n_inner", 0, 1, 1 << 20) == 4 * gpt.dim,
               fmt::format("is not 4 x n_embd ({}): the GPT's MLP is 4 x dim wide", 4 * gpt.dim));
@@ -238,9 +241,9 @@ nn::DecoderConfig parse_llama(ConfigReader& c, bool qwen3) {
                             : fmt::format(" ({}'s default)", qwen3 ? "Qwen3Config" : "LlamaConfig"),
                         dim / heads));
   const double theta = rope_theta(c);
-  c.require("hidden_act", c.text("hidden_act", "silu") == "silu",
-            fmt::format("is '{}': the Llama family's MLP is SwiGLU (silu)",
-                        c.text("hidden_act", "silu")));
+  const std::string act = c.text("hidden_act", "silu");
+  c.require("hidden_act", act == "silu" || act == "swish",  // one function in transformers
+            fmt::format("is '{}': the Llama family's MLP is SwiGLU (silu)", act));
   c.require("attention_bias", !c.flag("attention_bias", false), "is true: the Llama has no biases");
   c.require("mlp_bias", !c.flag("mlp_bias", false), "is true: the Llama has no biases");
   if (qwen3) check_sliding_window(c, layers, context);

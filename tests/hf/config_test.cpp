@@ -124,6 +124,14 @@ TEST(HfConfig, Gpt2FlagsThatChangeTheComputationAreRefusedByName) {
   config["activation_function"] = "relu";
   EXPECT_NE(refusal(config).find("'relu'"), std::string::npos);
   config = small_gpt2();
+  config["activation_function"] = "gelu_fast";  // the tanh form under another name
+  EXPECT_EQ(refusal(config), "");
+  Json llama = small_llama();
+  llama["hidden_act"] = "swish";  // SiLU's other name in transformers
+  EXPECT_EQ(refusal(llama), "");
+  llama["hidden_act"] = "gelu";
+  EXPECT_NE(refusal(llama).find("'gelu'"), std::string::npos);
+  config = small_gpt2();
   config["reorder_and_upcast_attn"] = true;  // inert: attention runs in f32 either way
   config["resid_pdrop"] = 0.1;
   EXPECT_EQ(refusal(config), "");
