@@ -124,6 +124,10 @@ Tensor read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t en
   if (entry.dtype == DType::bf16) {
     const auto from = raw.values<BFloat16>();
     std::transform(from.begin(), from.end(), to.begin(), [](BFloat16 v) { return to_float(v); });
+  } else if (entry.dtype == DType::f64) {  // rounded to nearest; past f32's range is infinite
+    const auto from = raw.values<double>();
+    std::transform(from.begin(), from.end(), to.begin(),
+                   [](double v) { return static_cast<float>(v); });
   } else {
     const auto from = raw.values<Float16>();
     std::transform(from.begin(), from.end(), to.begin(), [](Float16 v) { return to_float(v); });
@@ -243,9 +247,10 @@ Folder read_folder(const std::string& directory) {
                                   directory, link.hf, fmt::join(entry->shape.dims(), ", "),
                                   fmt::join(expected.dims(), ", ")));
     }
-    if (entry->dtype != DType::f32 && entry->dtype != DType::bf16 && entry->dtype != DType::f16) {
-      throw DataError(fmt::format("{}: tensor '{}' is {}, not F32, BF16 or F16", directory, link.hf,
-                                  checkpoint::safetensors_dtype_name(entry->dtype)));
+    if (entry->dtype != DType::f32 && entry->dtype != DType::bf16 && entry->dtype != DType::f16 &&
+        entry->dtype != DType::f64) {
+      throw DataError(fmt::format("{}: tensor '{}' is {}, not F32, BF16, F16 or F64", directory,
+                                  link.hf, checkpoint::safetensors_dtype_name(entry->dtype)));
     }
     folder.tensors[link.hf] = {(root / file).string(), *entry, header_of(file).data_start};
   }

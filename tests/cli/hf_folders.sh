@@ -3,8 +3,8 @@
 # Usage: hf_folders.sh <meshtensor> <case>
 #   variants  folders that must load as the same model: RoPE spelled as transformers 5 spells it
 #             (rope_parameters, no rope_theta), a GPT2Model-style save without the
-#             "transformer." prefix, keys a class treats as inert; each generates the export's
-#             own tokens
+#             "transformer." prefix or as GPT2Model, keys a class treats as inert, F64 weights;
+#             each generates the export's own tokens
 #   refused   folders that would load as the wrong model, each refused by name with exit 2:
 #             disagreeing RoPE spellings, another rope_type, scale_attn_weights false, a Qwen3
 #             without head_dim (its class's 128), a Qwen3 sliding window shorter than the
@@ -53,7 +53,8 @@ exec(code)
 out, data, at = {}, [], 0
 for name in sorted(weights):
     values = weights[name].astype(np.float32)
-    raw = values.tobytes() if dtype == "F32" else (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    raw = (values.tobytes() if dtype == "F32" else values.astype(np.float64).tobytes()
+           if dtype == "F64" else (values.view(np.uint32) >> 16).astype(np.uint16).tobytes())
     out[name] = {"dtype": dtype, "shape": list(values.shape), "data_offsets": [at, at + len(raw)]}
     data.append(raw)
     at += len(raw)
@@ -77,6 +78,8 @@ variants)
   same "$gpt" "$(tokens "$dir/v")" "a GPT2Model folder (its head the token table)"
   variant gpt 'config["reorder_and_upcast_attn"] = True; config["summary_type"] = "cls_index"; config["resid_pdrop"] = 0.1'
   same "$gpt" "$(tokens "$dir/v")" "GPT-2's inert keys"
+  variant qwen 'config["torch_dtype"] = "float64"' F64
+  same "$qwen" "$(tokens "$dir/v")" "weights stored as F64"
   ;;
 refused)
   refused() {  # refused <pattern> <folder>
