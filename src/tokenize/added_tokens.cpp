@@ -58,29 +58,48 @@ bool is_unicode_space(char32_t c) {
          c == 0x3000;
 }
 
+namespace {
+
+/// A one-character Unicode class compiled by PCRE2 (anchored), shared by the threads.
+class UnicodeClass {
+ public:
+  explicit UnicodeClass(const char* pattern) {
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_ANCHORED, &error, &offset, nullptr);
+  }
+  ~UnicodeClass() { pcre2_code_free(code_); }
+  UnicodeClass(const UnicodeClass&) = delete;
+  UnicodeClass& operator=(const UnicodeClass&) = delete;
+  bool contains(char32_t c) const {
+    thread_local std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
+        pcre2_match_data_create(1, nullptr), pcre2_match_data_free);
+    std::string encoded;
+    append_utf8(encoded, c);
+    return code_ != nullptr &&
+           pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(encoded.data()), encoded.size(), 0,
+                       PCRE2_NO_UTF_CHECK, data.get(), nullptr) > 0;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+}  // namespace
+
 bool is_unicode_word(char32_t c) {
   if (c < 0x80) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
   }
-  struct Pattern {
-    pcre2_code* code = nullptr;
-    Pattern() {
-      static constexpr char kWord[] = R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])";
-      int error = 0;
-      PCRE2_SIZE offset = 0;
-      code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kWord), PCRE2_ZERO_TERMINATED,
-                           PCRE2_UTF | PCRE2_ANCHORED, &error, &offset, nullptr);
-    }
-    ~Pattern() { pcre2_code_free(code); }
-  };
-  static const Pattern pattern;
-  thread_local std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
-      pcre2_match_data_create(1, nullptr), pcre2_match_data_free);
-  std::string encoded;
-  append_utf8(encoded, c);
-  return pattern.code != nullptr &&
-         pcre2_match(pattern.code, reinterpret_cast<PCRE2_SPTR>(encoded.data()), encoded.size(), 0,
-                     PCRE2_NO_UTF_CHECK, data.get(), nullptr) > 0;
+  static const UnicodeClass word(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])");
+  return word.contains(c);
+}
+
+bool is_unicode_numeric(char32_t c) {
+  if (c < 0x80) return c >= '0' && c <= '9';
+  static const UnicodeClass numeric(R"(\p{N})");
+  return numeric.contains(c);
 }
 
 AddedTokenMatcher::AddedTokenMatcher(const std::vector<AddedToken>& tokens) : tokens_(tokens) {

