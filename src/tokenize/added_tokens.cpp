@@ -13,13 +13,12 @@ namespace {
 
 constexpr std::int32_t kRoot = 0;
 
-/// The code point that ends at `end` of valid UTF-8 `text` (end > 0).
-char32_t code_point_before(std::string_view text, std::size_t end) {
+/// Where the character that ends at `end` of valid UTF-8 `text` starts (end > 0).
+std::size_t previous_start(std::string_view text, std::size_t end) {
   std::size_t begin = end - 1;
   while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80)
     --begin;
-  char32_t c = 0;
-  return utf8_sequence(text, begin, c) > 0 ? c : U'\uFFFD';
+  return begin;
 }
 
 char32_t code_point_at(std::string_view text, std::size_t at) {
@@ -27,15 +26,15 @@ char32_t code_point_at(std::string_view text, std::size_t at) {
   return utf8_sequence(text, at, c) > 0 ? c : U'\uFFFD';
 }
 
+/// The code point that ends at `end` of valid UTF-8 `text` (end > 0).
+char32_t code_point_before(std::string_view text, std::size_t end) {
+  return code_point_at(text, previous_start(text, end));
+}
+
 /// Where the whitespace that ends text[0, end) starts.
 std::size_t space_run_start(std::string_view text, std::size_t end) {
-  while (end > 0) {
-    std::size_t begin = end - 1;
-    while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80)
-      --begin;
-    if (!is_unicode_space(code_point_at(text, begin))) break;
-    end = begin;
-  }
+  while (end > 0 && is_unicode_space(code_point_before(text, end)))
+    end = previous_start(text, end);
   return end;
 }
 

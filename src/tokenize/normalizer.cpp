@@ -32,18 +32,15 @@ std::string normalize_form(std::string_view text,
   return out;
 }
 
-const icu::Normalizer2* nfc(UErrorCode& status) {
-  return icu::Normalizer2::getNFCInstance(status);
-}
-const icu::Normalizer2* nfd(UErrorCode& status) {
-  return icu::Normalizer2::getNFDInstance(status);
-}
-const icu::Normalizer2* nfkc(UErrorCode& status) {
-  return icu::Normalizer2::getNFKCInstance(status);
-}
-const icu::Normalizer2* nfkd(UErrorCode& status) {
-  return icu::Normalizer2::getNFKDInstance(status);
-}
+/// The Unicode normalization forms: their names in tokenizer.json and ICU's instances.
+struct Form {
+  const char* name;
+  const icu::Normalizer2* (*instance)(UErrorCode&);
+};
+constexpr Form kForms[] = {{"NFC", &icu::Normalizer2::getNFCInstance},
+                           {"NFD", &icu::Normalizer2::getNFDInstance},
+                           {"NFKC", &icu::Normalizer2::getNFKCInstance},
+                           {"NFKD", &icu::Normalizer2::getNFKDInstance}};
 
 std::string replace_all(std::string_view text, const std::string& pattern,
                         const std::string& replacement) {
@@ -83,14 +80,9 @@ void Normalizer::add(const Json& spec, const std::string& source, int depth) {
       throw bad("a Sequence needs a \"normalizers\" list (nested at most 8 deep)");
     for (const Json& part : spec["normalizers"])
       add(part, source, depth + 1);
-  } else if (type == "NFC") {
-    steps_.push_back({Kind::nfc, {}, {}});
-  } else if (type == "NFD") {
-    steps_.push_back({Kind::nfd, {}, {}});
-  } else if (type == "NFKC") {
-    steps_.push_back({Kind::nfkc, {}, {}});
-  } else if (type == "NFKD") {
-    steps_.push_back({Kind::nfkd, {}, {}});
+  } else if (const auto* form = std::ranges::find(kForms, type, &Form::name);
+             form != std::end(kForms)) {
+    steps_.push_back({Kind::form, type, {}});
   } else if (type == "Prepend") {
     steps_.push_back({Kind::prepend, text_field("prepend"), {}});
   } else if (type == "Replace") {
@@ -112,17 +104,8 @@ std::string Normalizer::apply(std::string_view text) const {
   std::string out(text);
   for (const Step& step : steps_) {
     switch (step.kind) {
-      case Kind::nfc:
-        out = normalize_form(out, nfc);
-        break;
-      case Kind::nfd:
-        out = normalize_form(out, nfd);
-        break;
-      case Kind::nfkc:
-        out = normalize_form(out, nfkc);
-        break;
-      case Kind::nfkd:
-        out = normalize_form(out, nfkd);
+      case Kind::form:
+        out = normalize_form(out, std::ranges::find(kForms, step.text, &Form::name)->instance);
         break;
       case Kind::prepend:
         if (!out.empty()) out.insert(0, step.text);
@@ -140,17 +123,8 @@ Json Normalizer::to_json() const {
   Json parts = Json::array();
   for (const Step& step : steps_) {
     switch (step.kind) {
-      case Kind::nfc:
-        parts.push_back({{"type", "NFC"}});
-        break;
-      case Kind::nfd:
-        parts.push_back({{"type", "NFD"}});
-        break;
-      case Kind::nfkc:
-        parts.push_back({{"type", "NFKC"}});
-        break;
-      case Kind::nfkd:
-        parts.push_back({{"type", "NFKD"}});
+      case Kind::form:
+        parts.push_back({{"type", step.text}});
         break;
       case Kind::prepend:
         parts.push_back({{"type", "Prepend"}, {"prepend", step.text}});

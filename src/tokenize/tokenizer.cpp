@@ -78,6 +78,24 @@ void read_pre_tokenizer(const Json& spec, const std::string& source,
   pattern.emplace(split["pattern"]["Regex"].get<std::string>());
 }
 
+/// The ids of `text` cut at the added tokens of `matcher`: each match's id into `ids`, and each
+/// span between matches (the whole text when the set is empty) to `between`.
+template <class Between>
+void for_each_span(const AddedTokenMatcher& matcher, std::string_view text,
+                   std::vector<std::int64_t>& ids, const Between& between) {
+  if (matcher.empty()) {
+    between(text);
+    return;
+  }
+  for (const TextSpan& span : matcher.split(text)) {
+    if (span.token >= 0) {
+      ids.push_back(matcher.token(span.token).id);
+    } else {
+      between(text.substr(span.begin, span.end - span.begin));
+    }
+  }
+}
+
 /// Calls `take` with the pieces of `text` that Hugging Face's Digits pre-tokenizer makes: runs
 /// of numeric characters (Unicode N, as Rust's char::is_numeric), or each of them alone when
 /// `each`, and the runs of other characters between them.
@@ -553,17 +571,8 @@ void Tokenizer::encode_segment(std::string_view given, IdOutput& out, PieceCache
     normalized = normalizer_.apply(given);
     text = normalized;
   }
-  if (normalized_matcher_.empty()) {
-    encode_ordinary(text, out, cache);
-    return;
-  }
-  for (const TextSpan& span : normalized_matcher_.split(text)) {
-    if (span.token >= 0) {
-      out.ids.push_back(normalized_matcher_.token(span.token).id);
-    } else {
-      encode_ordinary(text.substr(span.begin, span.end - span.begin), out, cache);
-    }
-  }
+  for_each_span(normalized_matcher_, text, out.ids,
+                [&](std::string_view between) { encode_ordinary(between, out, cache); });
 }
 
 Tokenizer Tokenizer::bytes() {
@@ -619,17 +628,8 @@ void Tokenizer::encode_into(std::string_view given, IdOutput& out) const {
     text = repaired;
   }
   PieceCache cache;
-  if (raw_matcher_.empty()) {
-    encode_segment(text, out, cache);
-    return;
-  }
-  for (const TextSpan& span : raw_matcher_.split(text)) {
-    if (span.token >= 0) {
-      out.ids.push_back(raw_matcher_.token(span.token).id);
-    } else {
-      encode_segment(text.substr(span.begin, span.end - span.begin), out, cache);
-    }
-  }
+  for_each_span(raw_matcher_, text, out.ids,
+                [&](std::string_view between) { encode_segment(between, out, cache); });
 }
 
 std::string Tokenizer::token_bytes(std::int64_t id) const {

@@ -28,10 +28,10 @@ class Normalizer {
   nlohmann::json to_json() const;
 
  private:
-  enum class Kind { nfc, nfd, nfkc, nfkd, prepend, replace };
+  enum class Kind { form, prepend, replace };
   struct Step {
     Kind kind;
-    std::string text;         ///< Prepend's string, Replace's pattern
+    std::string text;         ///< the form's name (NFC, ...), Prepend's string, Replace's pattern
     std::string replacement;  ///< Replace's content
   };
   void add(const nlohmann::json& spec, const std::string& source, int depth);
