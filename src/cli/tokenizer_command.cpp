@@ -30,6 +30,8 @@ constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
 struct TokenizerOptions {
   std::string tokenizer;
   bool json = false;
+  bool no_special_tokens = false;
+  bool skip_special_tokens = false;
   std::string encoder;
   std::string merges;
   std::string out;
@@ -43,13 +45,14 @@ std::string read_input() {
   return read_standard_input(kMaxInputBytes, "a tokenizer");
 }
 
-/// The ids are written as they are made: the output is never held whole.
+/// The ids are written as they are made: the output is never held whole. The post-processor's
+/// special tokens (Llama's bos) come first and last, as Hugging Face's encode() adds them.
 void encode(const TokenizerOptions& options) {
   const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
   const std::string text = read_input();
   std::string line = options.json ? "[" : "";
   bool first = true;
-  tokenizer.encode_each(text, [&](std::span<const std::int64_t> ids) {
+  const auto write = [&](std::span<const std::int64_t> ids) {
     for (const std::int64_t id : ids) {
       if (!first) line += options.json ? "," : " ";
       first = false;
@@ -57,13 +60,20 @@ void encode(const TokenizerOptions& options) {
     }
     std::cout << line;
     line.clear();
-  });
+  };
+  const auto& specials = tokenizer.post_processor();
+  if (!options.no_special_tokens) write(specials.before());
+  tokenizer.encode_each(text, write);
+  if (!options.no_special_tokens) write(specials.after());
   std::cout << line << (options.json ? "]\n" : "\n");
 }
 
+/// The text `encode` read: the post-processor's tokens around the ids are dropped.
 void decode(const TokenizerOptions& options) {
   const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
-  const std::string bytes = tokenizer.decode(tokenize::parse_ids(read_input(), "standard input"));
+  const std::vector<std::int64_t> ids = tokenize::parse_ids(read_input(), "standard input");
+  const std::string bytes =
+      tokenizer.decode_text(tokenizer.post_processor().inner(ids), options.skip_special_tokens);
   std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
@@ -117,17 +127,21 @@ void train_tokenizer(TokenizerOptions options) {
 }  // namespace
 
 void add_tokenizer_command(CLI::App& app) {
-  CLI::App* command = app.add_subcommand("tokenizer", "byte-level BPE tokenizers (tokenizer.json)");
+  CLI::App* command = app.add_subcommand("tokenizer", "BPE tokenizers (tokenizer.json)");
   command->require_subcommand(1);
   const auto options = std::make_shared<TokenizerOptions>();
   CLI::App* encode_command =
       command->add_subcommand("encode", "print the token ids of all of standard input");
   encode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
   add_flag(*encode_command, "--json", options->json, "print one JSON array");
+  add_flag(*encode_command, "--no-special-tokens", options->no_special_tokens,
+           "without the special tokens the post-processor adds (a bos)");
   encode_command->callback([options] { encode(*options); });
   CLI::App* decode_command = command->add_subcommand(
       "decode", "write the bytes of the token ids on standard input (JSON or between spaces)");
   decode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
+  add_flag(*decode_command, "--skip-special-tokens", options->skip_special_tokens,
+           "drop every special added token");
   decode_command->callback([options] { decode(*options); });
   CLI::App* gpt2_command = command->add_subcommand(
       "from-gpt2", "write the tokenizer.json of GPT-2's encoder.json and vocab.bpe");

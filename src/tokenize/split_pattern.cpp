@@ -87,6 +87,11 @@ std::vector<std::string_view> SplitPattern::pieces(std::string_view text) const 
 
 void SplitPattern::for_each_piece(std::string_view text,
                                   const std::function<void(std::string_view)>& take) const {
+  for_each_part(text, [&](std::string_view part, bool) { take(part); });
+}
+
+void SplitPattern::for_each_part(std::string_view text,
+                                 const std::function<void(std::string_view, bool)>& take) const {
   // Match data per thread: a pattern is shared by the ranks of a process.
   thread_local std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
       pcre2_match_data_create(1, nullptr), pcre2_match_data_free);
@@ -113,12 +118,12 @@ void SplitPattern::for_each_piece(std::string_view text,
         ++at;
       continue;
     }
-    if (start > gap) take(text.substr(gap, start - gap));
-    take(text.substr(start, end - start));
+    if (start > gap) take(text.substr(gap, start - gap), false);
+    take(text.substr(start, end - start), true);
     gap = end;
     at = end;
   }
-  if (gap < text.size()) take(text.substr(gap));
+  if (gap < text.size()) take(text.substr(gap), false);
 }
 
 }  // namespace meshtensor::tokenize

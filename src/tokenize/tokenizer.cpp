@@ -28,56 +28,6 @@ std::uint64_t pair_key(std::int64_t left, std::int64_t right) {
   return (static_cast<std::uint64_t>(left) << 32) | static_cast<std::uint64_t>(right);
 }
 
-/// The pre-tokenizer of a tokenizer.json: an optional Digits, then a ByteLevel (with or without
-/// its regex) or a Split by a regex (isolated) and a ByteLevel without one; alone or in a
-/// Sequence. Sets the pattern, the flags and the digit split (0 none, 1 runs, 2 each digit).
-void read_pre_tokenizer(const Json& spec, const std::string& source,
-                        std::optional<SplitPattern>& pattern, bool& gpt2_regex,
-                        bool& add_prefix_space, int& digits) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("{}: pre_tokenizer {}: {}", source, json_excerpt(spec), why));
-  };
-  if (!spec.is_object()) throw bad("not a byte-level pre-tokenizer");
-  Json parts = Json::array({spec});
-  if (spec.value("type", "") == "Sequence") {
-    if (!spec.contains("pretokenizers") || !spec["pretokenizers"].is_array())
-      throw bad("a Sequence needs a \"pretokenizers\" list");
-    parts = spec["pretokenizers"];
-  }
-  std::size_t at = 0;
-  if (at < parts.size() && parts[at].is_object() && parts[at].value("type", "") == "Digits") {
-    const Json& flag =
-        parts[at].contains("individual_digits") ? parts[at]["individual_digits"] : Json(false);
-    if (!flag.is_boolean()) throw bad("Digits' individual_digits is not true or false");
-    digits = flag.get<bool>() ? 2 : 1;
-    ++at;
-  }
-  const auto is = [&](std::size_t i, const char* type) {
-    return i < parts.size() && parts[i].is_object() && parts[i].value("type", "") == type;
-  };
-  if (is(at, "ByteLevel") && at + 1 == parts.size()) {
-    add_prefix_space = parts[at].value("add_prefix_space", false);
-    if (parts[at].value("use_regex", true)) {
-      pattern.emplace(std::string(kGpt2Pattern));
-      gpt2_regex = true;
-    }
-    return;
-  }
-  if (!is(at, "Split") || !is(at + 1, "ByteLevel") || at + 2 != parts.size()) {
-    throw bad("not a ByteLevel, nor a Split and a ByteLevel (after an optional Digits)");
-  }
-  const Json& split = parts[at];
-  const Json& level = parts[at + 1];
-  if (split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
-      !split.contains("pattern") || !split["pattern"].is_object() ||
-      !split["pattern"].contains("Regex") || !split["pattern"]["Regex"].is_string()) {
-    throw bad("its Split must be by a Regex, Isolated, not inverted");
-  }
-  if (level.value("use_regex", true)) throw bad("the ByteLevel after a Split must have no regex");
-  add_prefix_space = level.value("add_prefix_space", false);
-  pattern.emplace(split["pattern"]["Regex"].get<std::string>());
-}
-
 /// The ids of `text` cut at the added tokens of `matcher`: each match's id into `ids`, and each
 /// span between matches (the whole text when the set is empty) to `between`.
 template <class Between>
@@ -96,27 +46,6 @@ void for_each_span(const AddedTokenMatcher& matcher, std::string_view text,
   }
 }
 
-/// Calls `take` with the pieces of `text` that Hugging Face's Digits pre-tokenizer makes: runs
-/// of numeric characters (Unicode N, as Rust's char::is_numeric), or each of them alone when
-/// `each`, and the runs of other characters between them.
-template <class Take>
-void for_each_digit_piece(std::string_view text, bool each, const Take& take) {
-  std::size_t start = 0;
-  int kind = -1;  // of the run being built: 0 other, 1 numeric
-  for (std::size_t at = 0; at < text.size();) {
-    char32_t c = 0;
-    const int length = std::max(1, utf8_sequence(text, at, c));
-    const int now = is_unicode_numeric(c) ? 1 : 0;
-    if (at > start && (now != kind || (now == 1 && each))) {
-      take(text.substr(start, at - start));
-      start = at;
-    }
-    kind = now;
-    at += static_cast<std::size_t>(length);
-  }
-  if (start < text.size()) take(text.substr(start));
-}
-
 /// One merge of a tokenizer.json: "left right" or ["left", "right"].
 std::pair<std::string, std::string> merge_parts(const Json& merge, const std::string& source) {
   if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string())
@@ -133,7 +62,7 @@ std::pair<std::string, std::string> merge_parts(const Json& merge, const std::st
 
 /// Refuses BPE options that change how a word encodes and that meshtensor does not compute:
 /// dropout (random merges skipped), a prefix on continuing subwords or a suffix on a word's
-/// last, byte fallback.
+/// last.
 void check_model_options(const Json& model, const std::string& source) {
   const auto refuse = [&](const char* key, const std::string& why) {
     throw DataError(
@@ -146,10 +75,24 @@ void check_model_options(const Json& model, const std::string& source) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null() &&
         !(model[key].is_string() && model[key].get<std::string>().empty()))
-      refuse(key, "byte-level BPE marks no subwords");
+      refuse(key, "meshtensor computes BPE that marks no subwords");
   }
-  if (model.contains("byte_fallback") && model["byte_fallback"] != false)
-    refuse("byte_fallback", "byte-level BPE has every byte in its vocabulary");
+}
+
+/// A true-or-false field of the model (false when absent or null).
+bool model_flag(const Json& model, const char* key, const std::string& source) {
+  if (!model.contains(key) || model[key].is_null()) return false;
+  if (!model[key].is_boolean()) {
+    throw DataError(fmt::format("{}: model \"{}\" is {}, not true or false", source, key,
+                                json_excerpt(model[key])));
+  }
+  return model[key].get<bool>();
+}
+
+/// A part of the file (null when absent).
+const Json& part_of(const Json& doc, const char* key) {
+  static const Json none;
+  return doc.contains(key) ? doc[key] : none;
 }
 
 /// One entry of added_tokens: content and id, and the flags Hugging Face's AddedToken has
@@ -241,22 +184,53 @@ Tokenizer Tokenizer::from_gpt2(std::string_view encoder, std::string_view merges
 Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
   const Json doc = parse_untrusted_json(text, source);
   if (!doc.is_object()) throw DataError(fmt::format("{}: not a tokenizer.json object", source));
-  const Json& model = doc.contains("model") ? doc["model"] : Json();
+  const Json& model = part_of(doc, "model");
   if (!model.is_object() || model.value("type", "BPE") != "BPE" || !model.contains("vocab") ||
       !model["vocab"].is_object() || !model.contains("merges") || !model["merges"].is_array()) {
     throw DataError(fmt::format("{}: its model is not a BPE with a vocab and merges", source));
   }
-  check_model_options(model, source);
   Tokenizer t;
-  t.normalizer_ =
-      Normalizer::from_json(doc.contains("normalizer") ? doc["normalizer"] : Json(), source);
-  t.ignore_merges_ = model.value("ignore_merges", false);
-  read_pre_tokenizer(doc.contains("pre_tokenizer") ? doc["pre_tokenizer"] : Json(), source,
-                     t.pattern_, t.gpt2_byte_level_regex_, t.add_prefix_space_, t.digits_);
-  const Json& added_tokens = doc.contains("added_tokens") ? doc["added_tokens"] : Json();
+  t.normalizer_ = Normalizer::from_json(part_of(doc, "normalizer"), source);
+  t.pre_tokenizer_ = PreTokenizer::from_json(part_of(doc, "pre_tokenizer"), source);
+  t.byte_level_ = t.pre_tokenizer_.byte_level();
+  const Json& decoder = part_of(doc, "decoder");
+  t.decoder_ = decoder.is_null() && t.byte_level_ ? Decoder::byte_level()
+                                                  : Decoder::from_json(decoder, source);
+  if (t.byte_level_ && !t.decoder_.is_byte_level()) {
+    throw DataError(fmt::format("{}: decoder {} is not a ByteLevel, as its pre-tokenizer is",
+                                source, json_excerpt(decoder)));
+  }
+  t.post_processor_ = PostProcessor::from_json(part_of(doc, "post_processor"), source);
+  const Json& added_tokens = part_of(doc, "added_tokens");
   if (!added_tokens.is_null() && !added_tokens.is_array()) {
     throw DataError(fmt::format("{}: added_tokens is {}, not a list of tokens", source,
                                 json_excerpt(added_tokens)));
+  }
+  t.read_model(model, added_tokens, source);
+  t.build_matchers();
+  t.is_special_.resize(t.tokens_.size(), false);
+  for (std::size_t id = 0; id < t.tokens_.size(); ++id) {
+    if (t.tokens_[id].empty())
+      throw DataError(fmt::format("{}: id {} names no token (ids must be 0 to {} without gaps)",
+                                  source, id, t.tokens_.size() - 1));
+  }
+  t.check_references(source);
+  // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
+  if (t.has_byte_layout()) return Tokenizer::bytes();
+  return t;
+}
+
+void Tokenizer::read_model(const Json& model, const Json& added_tokens, const std::string& source) {
+  check_model_options(model, source);
+  ignore_merges_ = model_flag(model, "ignore_merges", source);
+  byte_fallback_ = model_flag(model, "byte_fallback", source);
+  fuse_unk_ = model_flag(model, "fuse_unk", source);
+  if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+    if (!model["unk_token"].is_string() || model["unk_token"].get<std::string>().empty()) {
+      throw DataError(fmt::format("{}: model \"unk_token\" is {}, not a token", source,
+                                  json_excerpt(model["unk_token"])));
+    }
+    unk_token_ = model["unk_token"].get<std::string>();
   }
   // Ids run from 0 without gaps, so none can reach the count of entries: checked before any
   // table grows to an id.
@@ -269,15 +243,15 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
           source, token, id, std::min(entries, kMaxVocabulary), entries));
     }
     const auto at = static_cast<std::size_t>(id);
-    if (at >= t.tokens_.size()) {
-      t.tokens_.resize(at + 1);
-      t.is_added_.resize(at + 1, false);
+    if (at >= tokens_.size()) {
+      tokens_.resize(at + 1);
+      is_added_.resize(at + 1, false);
     }
-    if (!t.tokens_[at].empty() && t.tokens_[at] != token)
+    if (!tokens_[at].empty() && tokens_[at] != token)
       throw DataError(
-          fmt::format("{}: id {} is both '{}' and '{}'", source, id, t.tokens_[at], token));
-    t.tokens_[at] = token;
-    t.is_added_[at] = t.is_added_[at] || added;
+          fmt::format("{}: id {} is both '{}' and '{}'", source, id, tokens_[at], token));
+    tokens_[at] = token;
+    is_added_[at] = is_added_[at] || added;
   };
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_integer())
@@ -288,38 +262,73 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
                                   source, token, id.dump(), kMaxVocabulary));
     }
     place(id.get<std::int64_t>(), token, false);
-    if (!t.ids_.emplace(token, id.get<std::int64_t>()).second)
+    if (!ids_.emplace(token, id.get<std::int64_t>()).second)
       throw DataError(fmt::format("{}: token '{}' appears twice", source, token));
   }
-  for (int byte = 0; byte < 256; ++byte) {
-    const std::string symbol = bytes_to_symbols(std::string(1, static_cast<char>(byte)));
-    const auto found = t.ids_.find(symbol);
-    if (found == t.ids_.end())
-      throw DataError(fmt::format("{}: the vocabulary lacks the symbol of byte {}", source, byte));
-    t.byte_ids_[byte] = found->second;
-  }
+  read_symbols(source);
   for (const Json& merge : model["merges"]) {
     const auto [left, right] = merge_parts(merge, source);
-    t.add_merge(left, right, source);
+    add_merge(left, right, source);
   }
   if (added_tokens.is_array()) {
     for (const Json& added : added_tokens) {
       AddedToken token = read_added_token(added, source);
-      const auto in_vocab = t.ids_.find(token.content);
-      if (in_vocab == t.ids_.end() || in_vocab->second != token.id)
+      const auto in_vocab = ids_.find(token.content);
+      if (in_vocab == ids_.end() || in_vocab->second != token.id)
         place(token.id, token.content, true);
-      t.added_.push_back(std::move(token));
+      is_special_.resize(tokens_.size(), false);
+      if (token.special) is_special_[static_cast<std::size_t>(token.id)] = true;
+      added_.push_back(std::move(token));
     }
   }
-  t.build_matchers();
-  for (std::size_t id = 0; id < t.tokens_.size(); ++id) {
-    if (t.tokens_[id].empty())
-      throw DataError(fmt::format("{}: id {} names no token (ids must be 0 to {} without gaps)",
-                                  source, id, t.tokens_.size() - 1));
+}
+
+void Tokenizer::read_symbols(const std::string& source) {
+  if (byte_level_) {
+    for (int byte = 0; byte < 256; ++byte) {
+      const std::string symbol = bytes_to_symbols(std::string(1, static_cast<char>(byte)));
+      const auto found = ids_.find(symbol);
+      if (found == ids_.end())
+        throw DataError(
+            fmt::format("{}: the vocabulary lacks the symbol of byte {}", source, byte));
+      byte_ids_[byte] = found->second;
+    }
+    return;
   }
-  // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
-  if (t.has_byte_layout()) return Tokenizer::bytes();
-  return t;
+  for (int byte = 0; byte < 256; ++byte) {
+    const std::string entry = fmt::format("<0x{:02X}>", byte);
+    const auto found = ids_.find(entry);
+    if (byte_fallback_ && found == ids_.end()) {
+      throw DataError(fmt::format(
+          "{}: byte_fallback needs the 256 tokens <0x00> to <0xFF>: it lacks {}", source, entry));
+    }
+    byte_ids_[byte] = found == ids_.end() ? -1 : found->second;
+  }
+  bmp_ids_.assign(0x10000, -1);
+  for (const auto& [entry, id] : ids_) {
+    char32_t c = 0;
+    if (utf8_sequence(entry, 0, c) == static_cast<int>(entry.size()) && c < 0x10000)
+      bmp_ids_[c] = static_cast<std::int32_t>(id);
+  }
+}
+
+void Tokenizer::check_references(const std::string& source) {
+  if (!unk_token_.empty()) {
+    const std::optional<std::int64_t> unk = token_id(unk_token_);
+    if (!unk) {
+      throw DataError(
+          fmt::format("{}: model \"unk_token\" '{}' is not in the vocabulary", source, unk_token_));
+    }
+    unk_id_ = *unk;
+  }
+  for (const auto* ids : {&post_processor_.before(), &post_processor_.after()}) {
+    for (const std::int64_t id : *ids) {
+      if (id >= vocabulary()) {
+        throw DataError(fmt::format("{}: post_processor adds id {}, outside the vocabulary of {}",
+                                    source, id, vocabulary()));
+      }
+    }
+  }
 }
 
 void Tokenizer::add_merge(const std::string& left, const std::string& right,
@@ -339,8 +348,10 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
 }
 
 bool Tokenizer::has_byte_layout() const {
-  bool bytes = merges_.empty() && added_.empty() && !pattern_ && !add_prefix_space_ &&
-               normalizer_.empty() && digits_ == 0 && vocabulary() == 256;
+  bool bytes = byte_level_ && merges_.empty() && added_.empty() && normalizer_.empty() &&
+               post_processor_.before().empty() && post_processor_.after().empty() &&
+               pre_tokenizer_.to_json() == PreTokenizer::plain_byte_level().to_json() &&
+               vocabulary() == 256;
   for (int byte = 0; bytes && byte < 256; ++byte)
     bytes = byte_ids_[byte] == byte;
   return bytes;
@@ -367,7 +378,7 @@ void for_each_chunk(std::string_view piece, std::size_t bound, const Take& take)
 
 bool Tokenizer::encode_whole(std::string_view piece, std::vector<std::int64_t>& out) const {
   if (!ignore_merges_) return false;
-  const auto whole = ids_.find(bytes_to_symbols(piece));
+  const auto whole = ids_.find(byte_level_ ? bytes_to_symbols(piece) : std::string(piece));
   if (whole == ids_.end()) return false;
   out.push_back(whole->second);
   return true;
@@ -386,6 +397,45 @@ void Tokenizer::encode_long_piece(std::string_view piece, IdOutput& out) const {
   });
 }
 
+std::int64_t Tokenizer::character_id(char32_t c, std::string_view bytes) const {
+  if (c < 0x10000) return bmp_ids_[c];
+  const auto found = ids_.find(std::string(bytes));
+  return found == ids_.end() ? -1 : found->second;
+}
+
+template <class Add>
+void Tokenizer::initial_symbols(std::string_view word, const Add& add) const {
+  if (byte_level_) {
+    for (const char byte : word)
+      add(byte_ids_[static_cast<unsigned char>(byte)]);
+    return;
+  }
+  bool after_unknown = false;  // the last symbol is the unknown token
+  for (std::size_t at = 0; at < word.size();) {
+    char32_t c = 0;
+    const auto length = static_cast<std::size_t>(std::max(1, utf8_sequence(word, at, c)));
+    const std::string_view bytes = word.substr(at, length);
+    at += length;
+    if (const std::int64_t id = character_id(c, bytes); id >= 0) {
+      add(id);
+      after_unknown = false;
+      continue;
+    }
+    if (byte_fallback_ && std::ranges::all_of(bytes, [&](char b) {
+          return byte_ids_[static_cast<unsigned char>(b)] >= 0;
+        })) {
+      for (const char b : bytes)
+        add(byte_ids_[static_cast<unsigned char>(b)]);
+      after_unknown = false;
+      continue;
+    }
+    // Without an unknown token the character is dropped, as Hugging Face drops it.
+    if (unk_id_ < 0 || (fuse_unk_ && after_unknown)) continue;
+    add(unk_id_);
+    after_unknown = true;
+  }
+}
+
 void Tokenizer::merge_word(std::string_view word, std::vector<std::int64_t>& out) const {
   // Symbols in a list linked by index; a heap of (rank, position) of the pairs that merge.
   struct Symbol {
@@ -395,13 +445,13 @@ void Tokenizer::merge_word(std::string_view word, std::vector<std::int64_t>& out
   };
   thread_local std::vector<Symbol> symbols;
   thread_local std::vector<std::uint64_t> heap;
-  const auto n = static_cast<std::int32_t>(word.size());
-  symbols.resize(word.size());
-  for (std::int32_t i = 0; i < n; ++i)
-    symbols[static_cast<std::size_t>(i)] = {
-        static_cast<std::int32_t>(
-            byte_ids_[static_cast<unsigned char>(word[static_cast<std::size_t>(i)])]),
-        i - 1, i + 1 < n ? i + 1 : -1};
+  symbols.clear();
+  initial_symbols(word, [&](std::int64_t id) {
+    const auto at = static_cast<std::int32_t>(symbols.size());
+    symbols.push_back({static_cast<std::int32_t>(id), at - 1, -1});
+    if (at > 0) symbols[static_cast<std::size_t>(at - 1)].next = at;
+  });
+  const auto n = static_cast<std::int32_t>(symbols.size());
   const auto rank_of = [&](std::int32_t left, std::int32_t right) -> std::int64_t {
     const auto found = merge_rank_.find(pair_key(left, right));
     return found == merge_rank_.end() ? -1 : found->second;
@@ -529,58 +579,43 @@ class Tokenizer::PieceCache {
   std::size_t size_ = 0;
 };
 
-void Tokenizer::encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const {
-  if (text.empty()) return;
+void Tokenizer::encode_ordinary(std::string_view text, bool at_start, IdOutput& out,
+                                PieceCache& cache) const {
   const auto encode = [this](std::string_view piece, std::vector<std::int64_t>& ids) {
     encode_piece(piece, ids);
   };
-  const auto take = [&](std::string_view piece) {
+  pre_tokenizer_.for_each_piece(text, at_start, [&](std::string_view piece) {
     if (piece.size() > PieceCache::kMaxPieceBytes) {
       encode_long_piece(piece, out);
     } else {
       cache.append(piece, out.ids, encode);
     }
     out.piece_done();
-  };
-  // ByteLevel prefixes each piece it receives (add_prefix_space), then splits it by its regex.
-  const auto prefixed = [&](std::string_view piece, const auto& next) {
-    if (!add_prefix_space_ || piece.front() == ' ') return next(piece);
-    const std::string spaced = " " + std::string(piece);
-    next(std::string_view(spaced));
-  };
-  const auto byte_level = [&](std::string_view piece) {
-    if (gpt2_byte_level_regex_) {
-      prefixed(piece, [&](std::string_view p) { pattern_->for_each_piece(p, take); });
-    } else if (pattern_) {  // a Split first, then a ByteLevel without regex
-      pattern_->for_each_piece(piece, [&](std::string_view p) { prefixed(p, take); });
-    } else {
-      prefixed(piece, take);
-    }
-  };
-  if (digits_ == 0) {
-    byte_level(text);
-  } else {
-    for_each_digit_piece(text, digits_ == 2, byte_level);
-  }
+  });
 }
 
-void Tokenizer::encode_segment(std::string_view given, IdOutput& out, PieceCache& cache) const {
+void Tokenizer::encode_segment(std::string_view given, bool at_start, IdOutput& out,
+                               PieceCache& cache) const {
   std::string normalized;
   std::string_view text = given;
   if (!normalizer_.empty()) {
     normalized = normalizer_.apply(given);
     text = normalized;
   }
-  for_each_span(normalized_matcher_, text, out.ids,
-                [&](std::string_view between) { encode_ordinary(between, out, cache); });
+  for_each_span(normalized_matcher_, text, out.ids, [&](std::string_view between) {
+    encode_ordinary(between, at_start && between.data() == text.data(), out, cache);
+  });
 }
 
 Tokenizer Tokenizer::bytes() {
   Tokenizer t;
   t.raw_bytes_ = true;
+  t.pre_tokenizer_ = PreTokenizer::plain_byte_level();
+  t.decoder_ = Decoder::byte_level();
   for (int byte = 0; byte < 256; ++byte) {
     t.tokens_.push_back(bytes_to_symbols(std::string(1, static_cast<char>(byte))));
     t.is_added_.push_back(false);
+    t.is_special_.push_back(false);
     t.ids_.emplace(t.tokens_.back(), byte);
     t.byte_ids_[byte] = byte;
   }
@@ -628,8 +663,9 @@ void Tokenizer::encode_into(std::string_view given, IdOutput& out) const {
     text = repaired;
   }
   PieceCache cache;
-  for_each_span(raw_matcher_, text, out.ids,
-                [&](std::string_view between) { encode_segment(between, out, cache); });
+  for_each_span(raw_matcher_, text, out.ids, [&](std::string_view between) {
+    encode_segment(between, between.data() == text.data(), out, cache);
+  });
 }
 
 std::string Tokenizer::token_bytes(std::int64_t id) const {
@@ -639,8 +675,7 @@ std::string Tokenizer::token_bytes(std::int64_t id) const {
   }
   const auto at = static_cast<std::size_t>(id);
   if (is_added_[at]) return tokens_[at];
-  std::optional<std::string> bytes = symbols_to_bytes(tokens_[at]);
-  return bytes ? *bytes : tokens_[at];  // a token of other symbols stands for its own text
+  return decoder_.entry_bytes(tokens_[at]);
 }
 
 std::string Tokenizer::decode(std::span<const std::int64_t> ids) const {
@@ -650,10 +685,21 @@ std::string Tokenizer::decode(std::span<const std::int64_t> ids) const {
   return out;
 }
 
+std::string Tokenizer::decode_text(std::span<const std::int64_t> ids, bool skip_special) const {
+  std::string out;
+  for (const std::int64_t id : ids) {
+    const std::string bytes = token_bytes(id);
+    if (skip_special && is_special_[static_cast<std::size_t>(id)]) continue;
+    out += bytes;
+  }
+  decoder_.strip(out);
+  return out;
+}
+
 std::optional<std::int64_t> Tokenizer::token_id(std::string_view text) const {
   for (const AddedToken& token : added_)
     if (token.content == text) return token.id;
-  const auto found = ids_.find(bytes_to_symbols(text));
+  const auto found = ids_.find(byte_level_ ? bytes_to_symbols(text) : std::string(text));
   if (found == ids_.end()) return std::nullopt;
   return found->second;
 }
@@ -676,50 +722,22 @@ std::string Tokenizer::to_json() const {
                      {"normalized", token.normalized},
                      {"special", token.special}});
   }
-  const Json byte_level = {{"type", "ByteLevel"},
-                           {"add_prefix_space", add_prefix_space_},
-                           {"trim_offsets", true},
-                           {"use_regex", gpt2_byte_level_regex_}};
-  Json pre_tokenizer = byte_level;
-  if (pattern_ && !gpt2_byte_level_regex_) {
-    pre_tokenizer = {{"type", "Sequence"},
-                     {"pretokenizers",
-                      {{{"type", "Split"},
-                        {"pattern", {{"Regex", pattern_->pattern()}}},
-                        {"behavior", "Isolated"},
-                        {"invert", false}},
-                       byte_level}}};
-  }
-  if (digits_ != 0) {
-    Json parts = pre_tokenizer.value("type", "") == "Sequence" ? pre_tokenizer["pretokenizers"]
-                                                               : Json::array({pre_tokenizer});
-    parts.insert(parts.begin(), Json{{"type", "Digits"}, {"individual_digits", digits_ == 2}});
-    pre_tokenizer = {{"type", "Sequence"}, {"pretokenizers", parts}};
-  }
   const Json doc = {{"version", "1.0"},
                     {"truncation", nullptr},
                     {"padding", nullptr},
                     {"added_tokens", added},
                     {"normalizer", normalizer_.to_json()},
-                    {"pre_tokenizer", pre_tokenizer},
-                    {"post_processor",
-                     {{"type", "ByteLevel"},
-                      {"add_prefix_space", true},
-                      {"trim_offsets", false},
-                      {"use_regex", true}}},
-                    {"decoder",
-                     {{"type", "ByteLevel"},
-                      {"add_prefix_space", true},
-                      {"trim_offsets", true},
-                      {"use_regex", true}}},
+                    {"pre_tokenizer", pre_tokenizer_.to_json()},
+                    {"post_processor", post_processor_.to_json(byte_level_)},
+                    {"decoder", decoder_.to_json()},
                     {"model",
                      {{"type", "BPE"},
                       {"dropout", nullptr},
-                      {"unk_token", nullptr},
+                      {"unk_token", unk_token_.empty() ? Json() : Json(unk_token_)},
                       {"continuing_subword_prefix", nullptr},
                       {"end_of_word_suffix", nullptr},
-                      {"fuse_unk", false},
-                      {"byte_fallback", false},
+                      {"fuse_unk", fuse_unk_},
+                      {"byte_fallback", byte_fallback_},
                       {"ignore_merges", ignore_merges_},
                       {"vocab", vocab},
                       {"merges", merges}}}};

@@ -34,6 +34,10 @@ class SplitPattern {
   /// Calls `take` with each piece of `text` in order, holding none of them.
   void for_each_piece(std::string_view text,
                       const std::function<void(std::string_view)>& take) const;
+  /// Calls `take` with each part of `text` in order: every non-empty match (true) and every run
+  /// of text between matches (false).
+  void for_each_part(std::string_view text,
+                     const std::function<void(std::string_view, bool)>& take) const;
   /// The pattern.
   const std::string& pattern() const { return pattern_; }
 

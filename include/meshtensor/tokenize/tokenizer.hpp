@@ -11,26 +11,31 @@
 #include <vector>
 
 #include <meshtensor/tokenize/added_tokens.hpp>
+#include <meshtensor/tokenize/decoder.hpp>
 #include <meshtensor/tokenize/normalizer.hpp>
-#include <meshtensor/tokenize/split_pattern.hpp>
+#include <meshtensor/tokenize/post_processor.hpp>
+#include <meshtensor/tokenize/pre_tokenizer.hpp>
 
 namespace meshtensor::tokenize {
 
-/// A byte-level BPE tokenizer (GPT-2, Llama 3, Qwen): added tokens are cut out of the text first;
-/// the rest is split by the pre-tokenizer's pattern, each piece's bytes become GPT-2's byte
-/// symbols, and the merges apply by rank (the lowest-ranked adjacent pair first, the leftmost of
-/// equal pairs). Reads and writes Hugging Face's `tokenizer.json`; encodes as Hugging Face's
-/// implementation does.
+/// A BPE tokenizer as Hugging Face's `tokenizer.json` describes one, encoding as Hugging Face's
+/// implementation does: added tokens are cut out of the text first; the rest is normalized,
+/// split by the pre-tokenizer, and each piece merged by rank (the lowest-ranked adjacent pair
+/// first, the leftmost of equal pairs). Byte-level files (GPT-2, Llama 3, Qwen) start a piece
+/// from GPT-2's byte symbols; SentencePiece-style files (Llama 2, Mistral, TinyLlama) start it
+/// from its characters, a character the vocabulary lacks becoming its bytes' `<0xNN>` tokens
+/// (byte fallback) or the unknown token.
 class Tokenizer {
  public:
   /// Pieces longer than this are merged in chunks of it, cut at character boundaries (the
   /// merges of a piece cost O(n log n) time and 20 bytes a byte; docs/tokenize.md).
   static constexpr std::size_t kMaxWordBytes = std::size_t{1} << 20;
   /// Parses the text of a `tokenizer.json` (`source` names it in errors). DataError naming the
-  /// part: a model that is not BPE, a pre-tokenizer or normalizer that is not byte-level, a
-  /// merge of tokens the vocabulary lacks (or whose result it lacks), ids repeated or negative,
-  /// a byte symbol missing from the vocabulary. A file of the 256 byte symbols in byte order with
-  /// no merges, no added tokens and no split is the byte tokenizer (bytes()).
+  /// part: a model that is not BPE, a normalizer, pre-tokenizer, post-processor or decoder part
+  /// meshtensor does not compute, a merge of tokens the vocabulary lacks (or whose result it
+  /// lacks), ids repeated or negative, a byte symbol missing from a byte-level vocabulary, an
+  /// unknown token the vocabulary lacks. A file of the 256 byte symbols in byte order with no
+  /// merges, no added tokens and no split is the byte tokenizer (bytes()).
   static Tokenizer from_json(std::string_view text, const std::string& source);
   /// Reads and parses the `tokenizer.json` file `path` (a regular file of at most 256 MiB).
   static Tokenizer load(const std::string& path);
@@ -52,17 +57,25 @@ class Tokenizer {
   /// True for the byte tokenizer.
   bool is_bytes() const { return raw_bytes_; }
   /// The ids of `text` (invalid UTF-8 is first replaced by U+FFFD, as a JavaScript string
-  /// decoded from the bytes would be).
+  /// decoded from the bytes would be), without the special tokens of the post-processor.
   std::vector<std::int64_t> encode(std::string_view text) const;
+  /// The special tokens the post-processor puts around a text's ids (Llama's bos): what Hugging
+  /// Face's encode() adds unless told not to.
+  const PostProcessor& post_processor() const { return post_processor_; }
   /// Takes a batch of ids of an encode_each() call.
   using IdSink = std::function<void(std::span<const std::int64_t>)>;
   /// encode(), the ids handed to `take` in order, in batches, as they are made: memory beyond
   /// the text stays bounded however many ids it has.
   void encode_each(std::string_view text, const IdSink& take) const;
-  /// The bytes of `ids`, concatenated (added tokens by their content). InvalidArgument naming an
-  /// id outside the vocabulary.
+  /// The bytes of `ids` as a continuation of text: each token's token_bytes(), concatenated.
+  /// InvalidArgument naming an id outside the vocabulary.
   std::string decode(std::span<const std::int64_t> ids) const;
-  /// The bytes of one token.
+  /// The text of `ids` from the start of a sequence, as Hugging Face's decode() gives it: without
+  /// the special added tokens when `skip_special`, and without the leading space a
+  /// SentencePiece-style decoder strips (the one encoding prepended).
+  std::string decode_text(std::span<const std::int64_t> ids, bool skip_special) const;
+  /// The bytes of one token where it continues a text (added tokens by their content; a
+  /// byte-fallback token its byte; `▁` a space).
   std::string token_bytes(std::int64_t id) const;
   /// Ids from 0 to vocabulary() - 1.
   std::int64_t vocabulary() const { return static_cast<std::int64_t>(tokens_.size()); }
@@ -87,6 +100,19 @@ class Tokenizer {
   bool encode_whole(std::string_view piece, std::vector<std::int64_t>& out) const;
   /// The ids of at most kMaxWordBytes of a piece, merged whole.
   void merge_word(std::string_view word, std::vector<std::int64_t>& out) const;
+  /// The ids a word's merges start from: its bytes' symbols (byte-level), or its characters,
+  /// with byte fallback and the unknown token.
+  template <class Add>
+  void initial_symbols(std::string_view word, const Add& add) const;
+  /// The id of the vocabulary entry that is the one character `c` (its UTF-8 `bytes`), or -1.
+  std::int64_t character_id(char32_t c, std::string_view bytes) const;
+  /// Reads the model's vocabulary, merges and options.
+  void read_model(const nlohmann::json& model, const nlohmann::json& added_tokens,
+                  const std::string& source);
+  /// The ids of the byte symbols (byte-level) or of the `<0xNN>` tokens and the characters.
+  void read_symbols(const std::string& source);
+  /// Finds the unknown token's id; checks the post-processor's ids against the vocabulary.
+  void check_references(const std::string& source);
   /// The ids of pieces seen before in one encode() call (short pieces only, a bounded number).
   class PieceCache;
   /// Ids on their way out: kept whole, or handed to a sink in batches.
@@ -97,9 +123,10 @@ class Tokenizer {
     void piece_done();
   };
   /// The ids of text without added tokens (pieces of `text` key `cache`: it must outlive it).
-  void encode_ordinary(std::string_view text, IdOutput& out, PieceCache& cache) const;
+  void encode_ordinary(std::string_view text, bool at_start, IdOutput& out,
+                       PieceCache& cache) const;
   /// The ids of a span of text between the added tokens that are matched before normalization.
-  void encode_segment(std::string_view text, IdOutput& out, PieceCache& cache) const;
+  void encode_segment(std::string_view text, bool at_start, IdOutput& out, PieceCache& cache) const;
   /// encode_piece() of a long piece, each chunk's ids handed on before the next is merged.
   void encode_long_piece(std::string_view piece, IdOutput& out) const;
   /// encode() into `out`.
@@ -107,6 +134,7 @@ class Tokenizer {
 
   std::vector<std::string> tokens_;  // id -> byte symbols (UTF-8); an added token: its content
   std::vector<bool> is_added_;
+  std::vector<bool> is_special_;                                // an added token marked special
   std::unordered_map<std::string, std::int64_t> ids_;           // byte symbols -> id
   std::unordered_map<std::uint64_t, std::int64_t> merge_rank_;  // (left, right) -> rank
   std::vector<std::pair<std::int64_t, std::int64_t>> merges_;   // by rank: (left, right)
@@ -115,13 +143,18 @@ class Tokenizer {
   AddedTokenMatcher raw_matcher_;         // the added tokens matched in the text as given
   AddedTokenMatcher normalized_matcher_;  // those matched in the normalized text
   Normalizer normalizer_;                 // of the text between the added tokens matched as given
-  std::optional<SplitPattern> pattern_;   // none: the whole text is one piece
-  bool gpt2_byte_level_regex_ = false;    // pattern_ came from ByteLevel's use_regex
-  bool add_prefix_space_ = false;
-  int digits_ = 0;  // a Digits pre-tokenizer first: 0 none, 1 runs of digits, 2 each digit
+  PreTokenizer pre_tokenizer_;
+  PostProcessor post_processor_;
+  Decoder decoder_;
+  bool byte_level_ = true;  // pieces start from byte symbols, not characters
   bool ignore_merges_ = false;
-  bool raw_bytes_ = false;  // the byte tokenizer
-  std::int64_t byte_ids_[256] = {};
+  bool byte_fallback_ = false;
+  bool fuse_unk_ = false;
+  std::string unk_token_;  // empty: none (unknown characters are dropped)
+  std::int64_t unk_id_ = -1;
+  bool raw_bytes_ = false;             // the byte tokenizer
+  std::int64_t byte_ids_[256] = {};    // byte-level: each byte's symbol; else its <0xNN> or -1
+  std::vector<std::int32_t> bmp_ids_;  // characters below U+10000 -> their entry's id or -1
 };
 
 /// Token ids given as text (`source` names it in errors): a JSON array, an object with "ids",

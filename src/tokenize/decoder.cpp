@@ -1,0 +1,237 @@
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/core/utf8.hpp>
+#include <meshtensor/tokenize/byte_level.hpp>
+#include <meshtensor/tokenize/decoder.hpp>
+
+namespace meshtensor::tokenize {
+
+namespace {
+
+using Json = nlohmann::json;
+
+std::string replace_all(std::string_view text, std::string_view pattern,
+                        std::string_view replacement) {
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t found; (found = text.find(pattern, at)) != std::string_view::npos;
+       at = found + pattern.size()) {
+    out.append(text.substr(at, found - at));
+    out.append(replacement);
+  }
+  out.append(text.substr(at));
+  return out;
+}
+
+/// The byte a byte-fallback entry (`<0xNN>`, hex digits of either case) stands for, or -1.
+int fallback_byte(std::string_view entry) {
+  if (entry.size() != 6 || !entry.starts_with("<0x") || entry.back() != '>') return -1;
+  int value = 0;
+  for (const char c : entry.substr(3, 2)) {
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+/// `text` without up to `start` leading and `stop` trailing copies of the character `content`.
+void strip_text(std::string& text, const std::string& content, int start, int stop) {
+  if (content.empty()) return;
+  std::size_t begin = 0;
+  for (int i = 0; i < start && text.compare(begin, content.size(), content) == 0; ++i)
+    begin += content.size();
+  std::size_t end = text.size();
+  for (int i = 0; i < stop && end >= begin + content.size() &&
+                  text.compare(end - content.size(), content.size(), content) == 0;
+       ++i)
+    end -= content.size();
+  text = text.substr(begin, end - begin);
+}
+
+int count_field(const Json& spec, const char* key) {
+  if (!spec.contains(key) || spec[key].is_null()) return 0;
+  if (!spec[key].is_number_integer() || spec[key].get<std::int64_t>() < 0 ||
+      spec[key].get<std::uint64_t>() > 1024)
+    throw DataError(
+        fmt::format("\"{}\" is {}, not a count up to 1024", key, json_excerpt(spec[key])));
+  return spec[key].get<int>();
+}
+
+}  // namespace
+
+Decoder Decoder::from_json(const Json& spec, const std::string& source) {
+  Decoder decoder;
+  if (!spec.is_null()) decoder.add(spec, source, 0);
+  return decoder;
+}
+
+Decoder Decoder::byte_level() {
+  Decoder decoder;
+  Step step;
+  step.kind = Kind::byte_level;
+  decoder.steps_.push_back(std::move(step));
+  return decoder;
+}
+
+void Decoder::add(const Json& spec, const std::string& source, int depth) {
+  const auto bad = [&](const std::string& why) {
+    return DataError(fmt::format("{}: decoder {}: {}", source, json_excerpt(spec), why));
+  };
+  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
+    throw bad("not an object with a \"type\"");
+  const std::string type = spec["type"].get<std::string>();
+  const auto text_field = [&](const char* key, const char* fallback) {
+    if (!spec.contains(key) || spec[key].is_null()) return std::string(fallback);
+    if (!spec[key].is_string()) throw bad(fmt::format("\"{}\" is not a string", key));
+    return spec[key].get<std::string>();
+  };
+  // Steps before the first Fuse see one entry at a time: a Strip there strips each entry.
+  const bool fused = std::ranges::any_of(
+      steps_, [](const Step& s) { return s.kind == Kind::fuse || s.kind == Kind::byte_level; });
+  Step step;
+  if (type == "Sequence") {
+    if (depth > 8 || !spec.contains("decoders") || !spec["decoders"].is_array())
+      throw bad("a Sequence needs a \"decoders\" list (nested at most 8 deep)");
+    for (const Json& part : spec["decoders"])
+      add(part, source, depth + 1);
+    return;
+  }
+  if (type == "ByteLevel") {
+    step.kind = Kind::byte_level;
+  } else if (type == "Fuse") {
+    step.kind = Kind::fuse;
+  } else if (type == "ByteFallback") {
+    step.kind = Kind::byte_fallback;
+  } else if (type == "Replace") {
+    step.kind = Kind::replace;
+    const Json pattern = spec.value("pattern", Json());
+    if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+        pattern["String"].get<std::string>().empty())
+      throw bad("meshtensor replaces a non-empty String pattern only (not a Regex)");
+    step.from = pattern["String"].get<std::string>();
+    step.to = text_field("content", "");
+  } else if (type == "Strip" || type == "Metaspace") {
+    step.kind = type == "Strip" ? Kind::strip : Kind::metaspace;
+    step.from =
+        text_field(type == "Strip" ? "content" : "replacement", type == "Strip" ? " " : "\u2581");
+    char32_t c = 0;
+    if (step.from.empty() || utf8_sequence(step.from, 0, c) != static_cast<int>(step.from.size()))
+      throw bad("its character is not one character");
+    try {
+      if (step.kind == Kind::strip) {
+        step.start = count_field(spec, "start");
+        step.stop = count_field(spec, "stop");
+      } else {
+        const bool prefix = !spec.contains("add_prefix_space") || spec["add_prefix_space"] != false;
+        const std::string scheme = text_field("prepend_scheme", prefix ? "always" : "never");
+        if (scheme != "always" && scheme != "first" && scheme != "never")
+          throw bad(fmt::format("prepend_scheme '{}' is not always, first or never", scheme));
+        step.start = scheme == "never" ? 0 : 1;
+        step.to = scheme;
+        step.split = !spec.contains("split") || spec["split"] != false;
+      }
+    } catch (const DataError& e) {
+      if (std::string_view(e.what()).starts_with(source)) throw;
+      throw bad(e.what());
+    }
+    if (step.kind == Kind::strip && step.from != " ")
+      throw bad("meshtensor strips spaces only (\"content\": \" \")");
+    if (step.kind == Kind::strip && !fused) {
+      throw bad(
+          "a Strip before any Fuse strips each token; meshtensor strips a decoded "
+          "sequence (Fuse first)");
+    }
+    if (step.kind == Kind::strip) {
+      strip_start_ += step.start;
+      strip_stop_ += step.stop;
+    } else {
+      strip_start_ += step.start;
+    }
+  } else {
+    throw bad(fmt::format(
+        "type '{}' is not one meshtensor computes (ByteLevel, ByteFallback, Fuse, Metaspace, "
+        "Replace, Strip, Sequence)",
+        type));
+  }
+  steps_.push_back(std::move(step));
+}
+
+bool Decoder::is_byte_level() const {
+  return std::ranges::any_of(steps_, [](const Step& s) { return s.kind == Kind::byte_level; });
+}
+
+std::string Decoder::entry_bytes(std::string_view entry) const {
+  std::string text(entry);
+  bool is_byte = false;  // a byte-fallback byte passes the later steps unchanged
+  for (const Step& step : steps_) {
+    switch (step.kind) {
+      case Kind::byte_level:
+        if (std::optional<std::string> bytes = symbols_to_bytes(text)) text = std::move(*bytes);
+        break;
+      case Kind::replace:
+        if (!is_byte) text = replace_all(text, step.from, step.to);
+        break;
+      case Kind::metaspace:
+        if (!is_byte) text = replace_all(text, step.from, " ");
+        break;
+      case Kind::byte_fallback:
+        if (const int byte = fallback_byte(text); byte >= 0 && !is_byte) {
+          text.assign(1, static_cast<char>(byte));
+          is_byte = true;
+        }
+        break;
+      case Kind::fuse:
+      case Kind::strip:
+        break;
+    }
+  }
+  return text;
+}
+
+void Decoder::strip(std::string& text) const {
+  strip_text(text, " ", strip_start_, strip_stop_);
+}
+
+Json Decoder::step_json(const Step& step) {
+  switch (step.kind) {
+    case Kind::byte_level:
+      return {{"type", "ByteLevel"},
+              {"add_prefix_space", true},
+              {"trim_offsets", true},
+              {"use_regex", true}};
+    case Kind::fuse:
+      return {{"type", "Fuse"}};
+    case Kind::byte_fallback:
+      return {{"type", "ByteFallback"}};
+    case Kind::replace:
+      return {{"type", "Replace"}, {"pattern", {{"String", step.from}}}, {"content", step.to}};
+    case Kind::strip:
+      return {
+          {"type", "Strip"}, {"content", step.from}, {"start", step.start}, {"stop", step.stop}};
+    case Kind::metaspace:
+      break;
+  }
+  return {{"type", "Metaspace"},
+          {"replacement", step.from},
+          {"prepend_scheme", step.to},
+          {"split", step.split}};
+}
+
+Json Decoder::to_json() const {
+  if (steps_.empty()) return nullptr;
+  if (steps_.size() == 1) return step_json(steps_[0]);
+  Json parts = Json::array();
+  for (const Step& step : steps_)
+    parts.push_back(step_json(step));
+  return {{"type", "Sequence"}, {"decoders", parts}};
+}
+
+}  // namespace meshtensor::tokenize
