@@ -34,6 +34,8 @@ struct TokenizerOptions {
   bool skip_special_tokens = false;
   std::string encoder;
   std::string merges;
+  std::string model;
+  bool hugging_face = false;
   std::string out;
   std::string data = train::kDefaultTextDir;
   std::string vocabulary;  // --vocab as given: decimal digits only
@@ -90,6 +92,21 @@ void from_gpt2(const TokenizerOptions& options) {
   std::cout << fmt::format("wrote {}: {} tokens\n", options.out, tokenizer.vocabulary());
 }
 
+/// The tokenizer.json of a SentencePiece model: meshtensor reads it back as the model itself.
+void from_sentencepiece(const TokenizerOptions& options) {
+  const std::vector<NamedPath> outputs{{"--out", options.out}};
+  const std::vector<NamedPath> inputs{{"--model", options.model}};
+  check_outputs_are_not_inputs(outputs, {}, inputs);
+  const auto tokenizer = tokenize::Tokenizer::from_sentencepiece(
+      read_regular_file(options.model, std::int64_t{256} << 20, "a SentencePiece model"),
+      options.model);
+  OutputFile out("--out", options.out);
+  out.stream() << (options.hugging_face ? tokenizer.to_hugging_face_json() : tokenizer.to_json())
+               << '\n';
+  out.commit();
+  std::cout << fmt::format("wrote {}: {} tokens\n", options.out, tokenizer.vocabulary());
+}
+
 /// Trains on the training records of the text `train` reads from the same path, so a model's
 /// validation text is text the tokenizer never saw.
 void train_tokenizer(TokenizerOptions options) {
@@ -132,14 +149,18 @@ void add_tokenizer_command(CLI::App& app) {
   const auto options = std::make_shared<TokenizerOptions>();
   CLI::App* encode_command =
       command->add_subcommand("encode", "print the token ids of all of standard input");
-  encode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
+  encode_command
+      ->add_option("--tokenizer", options->tokenizer, "a tokenizer.json or SentencePiece .model")
+      ->required();
   add_flag(*encode_command, "--json", options->json, "print one JSON array");
   add_flag(*encode_command, "--no-special-tokens", options->no_special_tokens,
            "without the special tokens the post-processor adds (a bos)");
   encode_command->callback([options] { encode(*options); });
   CLI::App* decode_command = command->add_subcommand(
       "decode", "write the bytes of the token ids on standard input (JSON or between spaces)");
-  decode_command->add_option("--tokenizer", options->tokenizer, "a tokenizer.json")->required();
+  decode_command
+      ->add_option("--tokenizer", options->tokenizer, "a tokenizer.json or SentencePiece .model")
+      ->required();
   add_flag(*decode_command, "--skip-special-tokens", options->skip_special_tokens,
            "drop every special added token");
   decode_command->callback([options] { decode(*options); });
@@ -149,6 +170,13 @@ void add_tokenizer_command(CLI::App& app) {
   gpt2_command->add_option("--merges", options->merges, "vocab.bpe")->required();
   gpt2_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
   gpt2_command->callback([options] { from_gpt2(*options); });
+  CLI::App* spm_command = command->add_subcommand(
+      "from-sentencepiece", "write the tokenizer.json of a SentencePiece BPE model (.model)");
+  spm_command->add_option("--model", options->model, "the .model file")->required();
+  spm_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
+  add_flag(*spm_command, "--hugging-face", options->hugging_face,
+           "without the model itself: the converter's file, as Hugging Face reads it");
+  spm_command->callback([options] { from_sentencepiece(*options); });
   CLI::App* train_command = command->add_subcommand(
       "train", "learn byte-level BPE merges from the training records of a text");
   train_command->add_option("--data", options->data, "a UTF-8 text file or a directory of them")

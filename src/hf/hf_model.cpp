@@ -180,6 +180,25 @@ std::optional<std::string> folder_of(const std::string& path) {
   return path.substr(kPathPrefix.size());
 }
 
+namespace {
+
+/// The tokenizer of a folder: its SentencePiece tokenizer.model where it has one meshtensor
+/// reads (the model itself, encoded by the sentencepiece library), otherwise its tokenizer.json.
+tokenize::Tokenizer folder_tokenizer(const fs::path& root) {
+  const fs::path model = root / "tokenizer.model";
+  std::error_code error;
+  if (fs::is_regular_file(model, error)) {
+    try {
+      return tokenize::Tokenizer::load(model.string());
+    } catch (const DataError&) {
+      if (!fs::exists(root / "tokenizer.json", error)) throw;
+    }
+  }
+  return tokenize::Tokenizer::load((root / "tokenizer.json").string());
+}
+
+}  // namespace
+
 Folder read_folder(const std::string& directory) {
   const fs::path root(directory);
   std::error_code error;
@@ -194,8 +213,7 @@ Folder read_folder(const std::string& directory) {
   folder.directory = directory;
   folder.config = parse_config_json(read_json(root / "config.json", "a model config"),
                                     (root / "config.json").string());
-  folder.tokenizer = std::make_shared<const tokenize::Tokenizer>(
-      tokenize::Tokenizer::load((root / "tokenizer.json").string()));
+  folder.tokenizer = std::make_shared<const tokenize::Tokenizer>(folder_tokenizer(root));
   if (folder.tokenizer->vocabulary() != nn::decoder_vocabulary(folder.config)) {
     throw DataError(fmt::format("{}: vocab_size {} is not the {} tokens of its tokenizer.json",
                                 (root / "config.json").string(),
@@ -353,9 +371,13 @@ void write_files(const fs::path& root, const nn::DecoderConfig& config,
                                                    {"max_length", nn::decoder_context(config)}}
                                                       .dump(2) +
                                                   "\n");
-  write_text(root / "tokenizer.json", tokenizer.to_json() + "\n");
   for (const char* file : {"config.json", "generation_config.json", "tokenizer.json"})
     report.files.emplace_back(file);
+  if (const auto& model = tokenizer.sentencepiece()) {
+    write_text(root / "tokenizer.model", model->serialized());
+    report.files.emplace_back("tokenizer.model");
+  }
+  write_text(root / "tokenizer.json", tokenizer.to_hugging_face_json() + "\n");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <meshtensor/core/base64.hpp>
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
@@ -151,7 +152,17 @@ void Tokenizer::build_matchers() {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-  return from_json(read_regular_file(path, kMaxTokenizerBytes, "a tokenizer.json"), path);
+  std::string bytes = read_regular_file(path, kMaxTokenizerBytes, "a tokenizer.json");
+  if (SentencePieceModel::looks_like_model(bytes))
+    return from_sentencepiece(std::move(bytes), path);
+  return from_json(bytes, path);
+}
+
+Tokenizer Tokenizer::from_sentencepiece(std::string model, const std::string& source) {
+  const auto parsed = SentencePieceModel::parse(std::move(model), source);
+  Json doc = parsed->hugging_face_json();
+  doc["sentencepiece_model"] = base64_encode(parsed->serialized());
+  return from_document(doc, source);
 }
 
 Tokenizer Tokenizer::from_gpt2(std::string_view encoder, std::string_view merges,
@@ -182,7 +193,10 @@ Tokenizer Tokenizer::from_gpt2(std::string_view encoder, std::string_view merges
 }
 
 Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
-  const Json doc = parse_untrusted_json(text, source);
+  return from_document(parse_untrusted_json(text, source), source);
+}
+
+Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source) {
   if (!doc.is_object()) throw DataError(fmt::format("{}: not a tokenizer.json object", source));
   const Json& model = part_of(doc, "model");
   if (!model.is_object() || model.value("type", "BPE") != "BPE" || !model.contains("vocab") ||
@@ -190,8 +204,18 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
     throw DataError(fmt::format("{}: its model is not a BPE with a vocab and merges", source));
   }
   Tokenizer t;
-  t.normalizer_ = Normalizer::from_json(part_of(doc, "normalizer"), source);
-  t.pre_tokenizer_ = PreTokenizer::from_json(part_of(doc, "pre_tokenizer"), source);
+  if (const Json& spm = part_of(doc, "sentencepiece_model"); !spm.is_null()) {
+    // The library encodes: the normalizer and pre-tokenizer are kept as written, not computed.
+    if (!spm.is_string())
+      throw DataError(fmt::format("{}: sentencepiece_model is not a base64 string", source));
+    t.sentencepiece_ = SentencePieceModel::parse(
+        base64_decode(spm.get<std::string>(), source + ": sentencepiece_model"), source);
+    t.sentencepiece_parts_ = {{"normalizer", part_of(doc, "normalizer")},
+                              {"pre_tokenizer", part_of(doc, "pre_tokenizer")}};
+  } else {
+    t.normalizer_ = Normalizer::from_json(part_of(doc, "normalizer"), source);
+    t.pre_tokenizer_ = PreTokenizer::from_json(part_of(doc, "pre_tokenizer"), source);
+  }
   t.byte_level_ = t.pre_tokenizer_.byte_level();
   const Json& decoder = part_of(doc, "decoder");
   t.decoder_ = decoder.is_null() && t.byte_level_ ? Decoder::byte_level()
@@ -215,6 +239,16 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
                                   source, id, t.tokens_.size() - 1));
   }
   t.check_references(source);
+  if (t.sentencepiece_) {
+    const auto pieces = static_cast<std::int64_t>(t.sentencepiece_->size());
+    for (std::int64_t id = 0; id < std::max(pieces, t.vocabulary()); ++id) {
+      if (id >= pieces || id >= t.vocabulary() ||
+          t.tokens_[static_cast<std::size_t>(id)] !=
+              t.sentencepiece_->piece(static_cast<std::size_t>(id)))
+        throw DataError(fmt::format(
+            "{}: its vocabulary and its sentencepiece_model differ at id {}", source, id));
+    }
+  }
   // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
   if (t.has_byte_layout()) return Tokenizer::bytes();
   return t;
@@ -648,6 +682,10 @@ void Tokenizer::encode_each(std::string_view text, const IdSink& take) const {
 }
 
 void Tokenizer::encode_into(std::string_view given, IdOutput& out) const {
+  if (sentencepiece_) {
+    sentencepiece_->encode(given, out.ids);
+    return;
+  }
   if (raw_bytes_) {
     for (const char byte : given) {
       out.ids.push_back(static_cast<unsigned char>(byte));
@@ -705,6 +743,16 @@ std::optional<std::int64_t> Tokenizer::token_id(std::string_view text) const {
 }
 
 std::string Tokenizer::to_json() const {
+  return document().dump(2);
+}
+
+std::string Tokenizer::to_hugging_face_json() const {
+  Json doc = document();
+  doc.erase("sentencepiece_model");
+  return doc.dump(2);
+}
+
+Json Tokenizer::document() const {
   Json vocab = Json::object();
   for (const auto& [symbols, id] : ids_)
     vocab[symbols] = id;
@@ -741,7 +789,12 @@ std::string Tokenizer::to_json() const {
                       {"ignore_merges", ignore_merges_},
                       {"vocab", vocab},
                       {"merges", merges}}}};
-  return doc.dump(2);
+  if (!sentencepiece_) return doc;
+  Json with_model = doc;
+  with_model["normalizer"] = sentencepiece_parts_["normalizer"];
+  with_model["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];
+  with_model["sentencepiece_model"] = base64_encode(sentencepiece_->serialized());
+  return with_model;
 }
 
 std::vector<std::int64_t> parse_ids(const std::string& text, const std::string& source) {

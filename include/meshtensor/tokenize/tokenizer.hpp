@@ -15,6 +15,7 @@
 #include <meshtensor/tokenize/normalizer.hpp>
 #include <meshtensor/tokenize/post_processor.hpp>
 #include <meshtensor/tokenize/pre_tokenizer.hpp>
+#include <meshtensor/tokenize/sentencepiece.hpp>
 
 namespace meshtensor::tokenize {
 
@@ -37,8 +38,14 @@ class Tokenizer {
   /// unknown token the vocabulary lacks. A file of the 256 byte symbols in byte order with no
   /// merges, no added tokens and no split is the byte tokenizer (bytes()).
   static Tokenizer from_json(std::string_view text, const std::string& source);
-  /// Reads and parses the `tokenizer.json` file `path` (a regular file of at most 256 MiB).
+  /// Reads and parses the `tokenizer.json` or SentencePiece `.model` file `path` (a regular
+  /// file of at most 256 MiB).
   static Tokenizer load(const std::string& path);
+  /// A SentencePiece BPE model (the bytes of a `.model` file): encoded by the sentencepiece
+  /// library, so its ids are `spm_encode`'s; everything else as the tokenizer.json Hugging Face's
+  /// converter makes of it. to_json() holds the model itself besides, under
+  /// "sentencepiece_model" (base64), and reads back as this tokenizer.
+  static Tokenizer from_sentencepiece(std::string model, const std::string& source);
   /// GPT-2's own files as a tokenizer: `encoder` (the text of encoder.json: byte symbols -> id)
   /// and `merges` (the text of vocab.bpe: a "#version" line, then one "left right" merge a
   /// line, by rank), GPT-2's pre-tokenizer, and `<|endoftext|>` as the special token it names.
@@ -50,6 +57,11 @@ class Tokenizer {
   /// A `tokenizer.json` Hugging Face's implementations read back as this tokenizer (for the
   /// byte tokenizer: a byte-level BPE without merges, which encodes UTF-8 text the same way).
   std::string to_json() const;
+  /// to_json() as Hugging Face's readers take it: without "sentencepiece_model" (a tokenizer of
+  /// a SentencePiece model is then the converter's tokenizer.json).
+  std::string to_hugging_face_json() const;
+  /// The SentencePiece model this tokenizer encodes with (null for a tokenizer.json's).
+  const std::shared_ptr<const SentencePieceModel>& sentencepiece() const { return sentencepiece_; }
   /// The name a model's architecture records: "bytes" for the byte tokenizer, otherwise "bpe:"
   /// and the 16 hex digits of the digest of to_json(), so two tokenizers with one name encode
   /// alike.
@@ -86,6 +98,10 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
+  /// The tokenizer of a parsed tokenizer.json.
+  static Tokenizer from_document(const nlohmann::json& doc, const std::string& source);
+  /// The document to_json() writes.
+  nlohmann::json document() const;
   /// Adds the merge of the tokens `left` and `right` at the next rank (a repeated pair keeps its
   /// first rank); DataError naming it when the vocabulary lacks either or their concatenation.
   void add_merge(const std::string& left, const std::string& right, const std::string& source);
@@ -152,9 +168,11 @@ class Tokenizer {
   bool fuse_unk_ = false;
   std::string unk_token_;  // empty: none (unknown characters are dropped)
   std::int64_t unk_id_ = -1;
-  bool raw_bytes_ = false;             // the byte tokenizer
-  std::int64_t byte_ids_[256] = {};    // byte-level: each byte's symbol; else its <0xNN> or -1
-  std::vector<std::int32_t> bmp_ids_;  // characters below U+10000 -> their entry's id or -1
+  bool raw_bytes_ = false;                                   // the byte tokenizer
+  std::shared_ptr<const SentencePieceModel> sentencepiece_;  // encodes, when set
+  nlohmann::json sentencepiece_parts_;  // its normalizer and pre_tokenizer, as the file has them
+  std::int64_t byte_ids_[256] = {};     // byte-level: each byte's symbol; else its <0xNN> or -1
+  std::vector<std::int32_t> bmp_ids_;   // characters below U+10000 -> their entry's id or -1
 };
 
 /// Token ids given as text (`source` names it in errors): a JSON array, an object with "ids",
