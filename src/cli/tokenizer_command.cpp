@@ -1,17 +1,11 @@
-#include <chrono>
 #include <iostream>
-#include <iterator>
 #include <limits>
 #include <memory>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
-#include <meshtensor/core/error.hpp>
 #include <meshtensor/core/file.hpp>
 #include <meshtensor/core/setting_text.hpp>
-#include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/tokenize/bpe_trainer.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/train/text_data.hpp>
@@ -24,7 +18,7 @@ namespace meshtensor::cli {
 
 namespace {
 
-/// Most bytes `tokenizer encode` and `decode` read from standard input.
+/// Most bytes `tokenizer encode` and `decode` read from standard input (DataError past it).
 constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
 
 struct TokenizerOptions {
@@ -42,64 +36,28 @@ struct TokenizerOptions {
   tokenize::BpeTrainerConfig trainer;
 };
 
-/// All of standard input; DataError past kMaxInputBytes.
-std::string read_input() {
-  return read_standard_input(kMaxInputBytes, "a tokenizer");
-}
-
-/// The ids are written as they are made: the output is never held whole. The post-processor's
-/// special tokens (Llama's bos) come first and last, as Hugging Face's encode() adds them.
 void encode(const TokenizerOptions& options) {
-  const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
-  const std::string text = read_input();
-  std::string line = options.json ? "[" : "";
-  bool first = true;
-  const auto write = [&](std::span<const std::int64_t> ids) {
-    for (const std::int64_t id : ids) {
-      if (!first) line += options.json ? "," : " ";
-      first = false;
-      fmt::format_to(std::back_inserter(line), "{}", id);
-    }
-    std::cout << line;
-    line.clear();
-  };
-  const auto& specials = tokenizer.post_processor();
-  if (!options.no_special_tokens) write(specials.before());
-  tokenizer.encode_each(text, write);
-  if (!options.no_special_tokens) write(specials.after());
-  std::cout << line << (options.json ? "]\n" : "\n");
+  tokenize::write_ids(std::cout, tokenize::Tokenizer::load(options.tokenizer),
+                      read_standard_input(kMaxInputBytes, "a tokenizer"),
+                      {options.json, !options.no_special_tokens});
 }
 
 /// The text `encode` read: the post-processor's tokens around the ids are dropped.
 void decode(const TokenizerOptions& options) {
   const auto tokenizer = tokenize::Tokenizer::load(options.tokenizer);
-  const std::vector<std::int64_t> ids = tokenize::parse_ids(read_input(), "standard input");
+  const std::vector<std::int64_t> ids =
+      tokenize::parse_ids(read_standard_input(kMaxInputBytes, "a tokenizer"), "standard input");
   const std::string bytes =
       tokenizer.decode_text(tokenizer.post_processor().inner(ids), options.skip_special_tokens);
   std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-void from_gpt2(const TokenizerOptions& options) {
-  const std::vector<NamedPath> outputs{{"--out", options.out}};
-  const std::vector<NamedPath> inputs{{"--encoder", options.encoder}, {"--merges", options.merges}};
-  check_outputs_are_not_inputs(outputs, {}, inputs);
-  const auto tokenizer = tokenize::Tokenizer::from_gpt2(
-      read_regular_file(options.encoder, std::int64_t{256} << 20, "an encoder.json"),
-      read_regular_file(options.merges, std::int64_t{256} << 20, "a vocab.bpe"), options.encoder);
-  OutputFile out("--out", options.out);
-  out.stream() << tokenizer.to_json() << '\n';
-  out.commit();
-  std::cout << fmt::format("wrote {}: {} tokens\n", options.out, tokenizer.vocabulary());
-}
-
-/// The tokenizer.json of a SentencePiece model: meshtensor reads it back as the model itself.
-void from_sentencepiece(const TokenizerOptions& options) {
-  const std::vector<NamedPath> outputs{{"--out", options.out}};
-  const std::vector<NamedPath> inputs{{"--model", options.model}};
-  check_outputs_are_not_inputs(outputs, {}, inputs);
-  const auto tokenizer = tokenize::Tokenizer::from_sentencepiece(
-      read_regular_file(options.model, std::int64_t{256} << 20, "a SentencePiece model"),
-      options.model);
+/// Writes the tokenizer `convert` makes of the files `inputs` name to --out (never one of them).
+template <class Convert>
+void convert_files(const TokenizerOptions& options, const std::vector<NamedPath>& inputs,
+                   const Convert& convert) {
+  check_outputs_are_not_inputs(std::vector<NamedPath>{{"--out", options.out}}, {}, inputs);
+  const tokenize::Tokenizer tokenizer = convert();
   OutputFile out("--out", options.out);
   out.stream() << (options.hugging_face ? tokenizer.to_hugging_face_json() : tokenizer.to_json())
                << '\n';
@@ -110,9 +68,8 @@ void from_sentencepiece(const TokenizerOptions& options) {
 /// Trains on the training records of the text `train` reads from the same path, so a model's
 /// validation text is text the tokenizer never saw.
 void train_tokenizer(TokenizerOptions options) {
-  const std::vector<NamedPath> outputs{{"--out", options.out}};
-  const std::vector<NamedPath> inputs{{"--data", options.data}};
-  check_outputs_are_not_inputs(outputs, {}, inputs);
+  check_outputs_are_not_inputs(std::vector<NamedPath>{{"--out", options.out}}, {},
+                               std::vector<NamedPath>{{"--data", options.data}});
   if (!options.vocabulary.empty()) {
     options.trainer.vocabulary =
         integer_setting("--vocab", options.vocabulary, 1, std::numeric_limits<std::int64_t>::max());
@@ -120,11 +77,8 @@ void train_tokenizer(TokenizerOptions options) {
   tokenize::check_trainer_config(options.trainer);
   tokenize::pattern_of(options.trainer.pattern);
   const train::TextCorpus corpus = train::load_text(options.data);
-  const auto start = std::chrono::steady_clock::now();
   tokenize::BpeTrainerReport report;
   const auto tokenizer = tokenize::train_bpe(corpus.train, options.trainer, &report);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   OutputFile out("--out", options.out);
   out.stream() << tokenizer.to_json() << '\n';
   out.commit();
@@ -133,7 +87,7 @@ void train_tokenizer(TokenizerOptions options) {
       "files; {} pieces, {} distinct) in {:.2f} s\n",
       tokenizer.vocabulary(), report.merges, options.trainer.special_tokens.size(),
       corpus.train.size(), corpus.records, corpus.files, report.pieces, report.distinct_pieces,
-      seconds);
+      report.seconds);
   if (report.exhausted) {
     std::cout << fmt::format("stopped below the {} tokens asked: no pair occurs twice any more\n",
                              options.trainer.vocabulary);
@@ -169,14 +123,21 @@ void add_tokenizer_command(CLI::App& app) {
   gpt2_command->add_option("--encoder", options->encoder, "encoder.json")->required();
   gpt2_command->add_option("--merges", options->merges, "vocab.bpe")->required();
   gpt2_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
-  gpt2_command->callback([options] { from_gpt2(*options); });
+  gpt2_command->callback([options] {
+    convert_files(*options, {{"--encoder", options->encoder}, {"--merges", options->merges}}, [&] {
+      return tokenize::Tokenizer::load_gpt2(options->encoder, options->merges);
+    });
+  });
   CLI::App* spm_command = command->add_subcommand(
       "from-sentencepiece", "write the tokenizer.json of a SentencePiece BPE model (.model)");
   spm_command->add_option("--model", options->model, "the .model file")->required();
   spm_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
   add_flag(*spm_command, "--hugging-face", options->hugging_face,
            "without the model itself: the converter's file, as Hugging Face reads it");
-  spm_command->callback([options] { from_sentencepiece(*options); });
+  spm_command->callback([options] {
+    convert_files(*options, {{"--model", options->model}},
+                  [&] { return tokenize::Tokenizer::load_sentencepiece(options->model); });
+  });
   CLI::App* train_command = command->add_subcommand(
       "train", "learn byte-level BPE merges from the training records of a text");
   train_command->add_option("--data", options->data, "a UTF-8 text file or a directory of them")

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <queue>
 #include <unordered_map>
@@ -188,6 +189,7 @@ std::string_view pattern_of(const std::string& name) {
 Tokenizer train_bpe(std::string_view text, const BpeTrainerConfig& config,
                     BpeTrainerReport* report) {
   check_trainer_config(config);
+  const auto start = std::chrono::steady_clock::now();
   const SplitPattern pattern{std::string(pattern_of(config.pattern))};
   BpeTrainerReport local;
   BpeTrainerReport& out = report != nullptr ? *report : local;
@@ -239,7 +241,9 @@ Tokenizer train_bpe(std::string_view text, const BpeTrainerConfig& config,
   const Json doc = {{"added_tokens", added},
                     {"pre_tokenizer", pre_tokenizer},
                     {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-  return Tokenizer::from_json(doc.dump(), "the trained tokenizer");
+  Tokenizer tokenizer = Tokenizer::from_json(doc.dump(), "the trained tokenizer");
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return tokenizer;
 }
 
 }  // namespace meshtensor::tokenize

@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <ostream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -158,11 +160,21 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return from_json(bytes, path);
 }
 
+Tokenizer Tokenizer::load_sentencepiece(const std::string& path) {
+  return from_sentencepiece(read_regular_file(path, kMaxTokenizerBytes, "a SentencePiece model"),
+                            path);
+}
+
 Tokenizer Tokenizer::from_sentencepiece(std::string model, const std::string& source) {
   const auto parsed = SentencePieceModel::parse(std::move(model), source);
   Json doc = parsed->hugging_face_json();
   doc["sentencepiece_model"] = base64_encode(parsed->serialized());
   return from_document(doc, source);
+}
+
+Tokenizer Tokenizer::load_gpt2(const std::string& encoder, const std::string& merges) {
+  return from_gpt2(read_regular_file(encoder, kMaxTokenizerBytes, "an encoder.json"),
+                   read_regular_file(merges, kMaxTokenizerBytes, "a vocab.bpe"), encoder);
 }
 
 Tokenizer Tokenizer::from_gpt2(std::string_view encoder, std::string_view merges,
@@ -795,6 +807,25 @@ Json Tokenizer::document() const {
   with_model["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];
   with_model["sentencepiece_model"] = base64_encode(sentencepiece_->serialized());
   return with_model;
+}
+
+void write_ids(std::ostream& out, const Tokenizer& tokenizer, std::string_view text,
+               const IdFormat& format) {
+  std::string line = format.json ? "[" : "";
+  bool first = true;
+  const auto write = [&](std::span<const std::int64_t> ids) {
+    for (const std::int64_t id : ids) {
+      if (!first) line += format.json ? "," : " ";
+      first = false;
+      fmt::format_to(std::back_inserter(line), "{}", id);
+    }
+    out << line;
+    line.clear();
+  };
+  if (format.with_specials) write(tokenizer.post_processor().before());
+  tokenizer.encode_each(text, write);
+  if (format.with_specials) write(tokenizer.post_processor().after());
+  out << line << (format.json ? "]\n" : "\n");
 }
 
 std::vector<std::int64_t> parse_ids(const std::string& text, const std::string& source) {

@@ -25,6 +25,7 @@ struct BpeTrainerReport {
   std::int64_t distinct_pieces = 0;  ///< of them different
   std::int64_t merges = 0;           ///< merges learned
   bool exhausted = false;            ///< stopped before the vocabulary: no pair occurs twice
+  double seconds = 0;                ///< the training took
 };
 
 /// InvalidArgument naming what is wrong in `config`: a vocabulary outside [256 + specials,

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,11 +47,15 @@ class Tokenizer {
   /// converter makes of it. to_json() holds the model itself besides, under
   /// "sentencepiece_model" (base64), and reads back as this tokenizer.
   static Tokenizer from_sentencepiece(std::string model, const std::string& source);
+  /// from_sentencepiece() of the `.model` file `path`.
+  static Tokenizer load_sentencepiece(const std::string& path);
   /// GPT-2's own files as a tokenizer: `encoder` (the text of encoder.json: byte symbols -> id)
   /// and `merges` (the text of vocab.bpe: a "#version" line, then one "left right" merge a
   /// line, by rank), GPT-2's pre-tokenizer, and `<|endoftext|>` as the special token it names.
   static Tokenizer from_gpt2(std::string_view encoder, std::string_view merges,
                              const std::string& source);
+  /// from_gpt2() of the files `encoder` (encoder.json) and `merges` (vocab.bpe).
+  static Tokenizer load_gpt2(const std::string& encoder, const std::string& merges);
   /// The byte tokenizer: id b is byte b (256 tokens, no merges), and encode() keeps every byte
   /// as it is, valid UTF-8 or not.
   static Tokenizer bytes();
@@ -179,6 +184,18 @@ class Tokenizer {
 /// or decimal numbers between spaces. DataError or ParseError naming what is not an id (a
 /// number past 2^63 - 1 is named as written, never wrapped).
 std::vector<std::int64_t> parse_ids(const std::string& text, const std::string& source);
+
+/// How write_ids() writes.
+struct IdFormat {
+  bool json = false;          ///< one JSON array, or decimal ids between spaces
+  bool with_specials = true;  ///< the post-processor's special tokens around the text's ids
+};
+
+/// Writes the ids of `text` to `out` as they are made (the output is never held whole), then a
+/// newline: the post-processor's special tokens (Llama's bos) first and last unless `format`
+/// leaves them out, as Hugging Face's encode() adds them.
+void write_ids(std::ostream& out, const Tokenizer& tokenizer, std::string_view text,
+               const IdFormat& format);
 
 /// One shared byte tokenizer (Tokenizer::bytes()), for whatever has no other.
 const std::shared_ptr<const Tokenizer>& byte_tokenizer();
