@@ -355,6 +355,12 @@ void Tokenizer::read_symbols(const std::string& source) {
     char32_t c = 0;
     if (utf8_sequence(entry, 0, c) == static_cast<int>(entry.size()) && c < 0x10000)
       bmp_ids_[c] = static_cast<std::int32_t>(id);
+    char32_t previous = 0;
+    for (std::size_t at = 0; at < entry.size(); previous = c) {
+      const bool first = at == 0;
+      at += static_cast<std::size_t>(std::max(1, utf8_sequence(entry, at, c)));
+      if (!first) joined_.insert(pair_key(previous, c));
+    }
   }
 }
 
@@ -625,18 +631,45 @@ class Tokenizer::PieceCache {
   std::size_t size_ = 0;
 };
 
+template <class Take>
+void Tokenizer::for_each_word(std::string_view piece, const Take& take) const {
+  std::size_t start = 0;
+  char32_t previous = 0;
+  bool previous_known = false;
+  for (std::size_t at = 0; at < piece.size();) {
+    char32_t c = 0;
+    const auto length = static_cast<std::size_t>(std::max(1, utf8_sequence(piece, at, c)));
+    const bool known = character_id(c, piece.substr(at, length)) >= 0;
+    if (at > start && previous_known && known && !joined_.contains(pair_key(previous, c))) {
+      take(piece.substr(start, at - start));
+      start = at;
+    }
+    previous = c;
+    previous_known = known;
+    at += length;
+  }
+  if (start < piece.size()) take(piece.substr(start));
+}
+
 void Tokenizer::encode_ordinary(std::string_view text, bool at_start, IdOutput& out,
                                 PieceCache& cache) const {
   const auto encode = [this](std::string_view piece, std::vector<std::int64_t>& ids) {
     encode_piece(piece, ids);
   };
-  pre_tokenizer_.for_each_piece(text, at_start, [&](std::string_view piece) {
-    if (piece.size() > PieceCache::kMaxPieceBytes) {
-      encode_long_piece(piece, out);
+  const auto encode_word = [&](std::string_view word) {
+    if (word.size() > PieceCache::kMaxPieceBytes) {
+      encode_long_piece(word, out);
     } else {
-      cache.append(piece, out.ids, encode);
+      cache.append(word, out.ids, encode);
     }
     out.piece_done();
+  };
+  pre_tokenizer_.for_each_piece(text, at_start, [&](std::string_view piece) {
+    if (byte_level_) {
+      encode_word(piece);
+    } else {
+      for_each_word(piece, encode_word);
+    }
   });
 }
 

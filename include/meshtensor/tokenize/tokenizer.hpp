@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <meshtensor/tokenize/added_tokens.hpp>
@@ -125,6 +126,11 @@ class Tokenizer {
   /// with byte fallback and the unknown token.
   template <class Add>
   void initial_symbols(std::string_view word, const Add& add) const;
+  /// Calls `take` with the words of a SentencePiece-style piece: it is cut between two
+  /// characters of the vocabulary that no entry holds side by side, where no merge can cross,
+  /// so the words merge as the whole piece would.
+  template <class Take>
+  void for_each_word(std::string_view piece, const Take& take) const;
   /// The id of the vocabulary entry that is the one character `c` (its UTF-8 `bytes`), or -1.
   std::int64_t character_id(char32_t c, std::string_view bytes) const;
   /// Reads the model's vocabulary, merges and options.
@@ -178,6 +184,7 @@ class Tokenizer {
   nlohmann::json sentencepiece_parts_;  // its normalizer and pre_tokenizer, as the file has them
   std::int64_t byte_ids_[256] = {};     // byte-level: each byte's symbol; else its <0xNN> or -1
   std::vector<std::int32_t> bmp_ids_;   // characters below U+10000 -> their entry's id or -1
+  std::unordered_set<std::uint64_t> joined_;  // character pairs some entry holds side by side
 };
 
 /// Token ids given as text (`source` names it in errors): a JSON array, an object with "ids",
