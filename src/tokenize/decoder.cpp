@@ -8,24 +8,13 @@
 #include <meshtensor/tokenize/byte_level.hpp>
 #include <meshtensor/tokenize/decoder.hpp>
 
+#include "pipeline_part.hpp"
+
 namespace meshtensor::tokenize {
 
 namespace {
 
 using Json = nlohmann::json;
-
-std::string replace_all(std::string_view text, std::string_view pattern,
-                        std::string_view replacement) {
-  std::string out;
-  std::size_t at = 0;
-  for (std::size_t found; (found = text.find(pattern, at)) != std::string_view::npos;
-       at = found + pattern.size()) {
-    out.append(text.substr(at, found - at));
-    out.append(replacement);
-  }
-  out.append(text.substr(at));
-  return out;
-}
 
 /// The byte a byte-fallback entry (`<0xNN>`, hex digits of either case) stands for, or -1.
 int fallback_byte(std::string_view entry) {
@@ -69,7 +58,10 @@ int count_field(const Json& spec, const char* key) {
 
 Decoder Decoder::from_json(const Json& spec, const std::string& source) {
   Decoder decoder;
-  if (!spec.is_null()) decoder.add(spec, source, 0);
+  if (!spec.is_null()) {
+    for_each_part(spec, source, "decoder", "decoders",
+                  [&](const Json& part, const std::string& type) { decoder.add(part, type); });
+  }
   return decoder;
 }
 
@@ -81,13 +73,8 @@ Decoder Decoder::byte_level() {
   return decoder;
 }
 
-void Decoder::add(const Json& spec, const std::string& source, int depth) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("{}: decoder {}: {}", source, json_excerpt(spec), why));
-  };
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
-    throw bad("not an object with a \"type\"");
-  const std::string type = spec["type"].get<std::string>();
+void Decoder::add(const Json& spec, const std::string& type) {
+  const auto bad = [](const std::string& why) { return DataError(why); };
   const auto text_field = [&](const char* key, const char* fallback) {
     if (!spec.contains(key) || spec[key].is_null()) return std::string(fallback);
     if (!spec[key].is_string()) throw bad(fmt::format("\"{}\" is not a string", key));
@@ -97,13 +84,6 @@ void Decoder::add(const Json& spec, const std::string& source, int depth) {
   const bool fused = std::ranges::any_of(
       steps_, [](const Step& s) { return s.kind == Kind::fuse || s.kind == Kind::byte_level; });
   Step step;
-  if (type == "Sequence") {
-    if (depth > 8 || !spec.contains("decoders") || !spec["decoders"].is_array())
-      throw bad("a Sequence needs a \"decoders\" list (nested at most 8 deep)");
-    for (const Json& part : spec["decoders"])
-      add(part, source, depth + 1);
-    return;
-  }
   if (type == "ByteLevel") {
     step.kind = Kind::byte_level;
   } else if (type == "Fuse") {
@@ -125,7 +105,7 @@ void Decoder::add(const Json& spec, const std::string& source, int depth) {
     char32_t c = 0;
     if (step.from.empty() || utf8_sequence(step.from, 0, c) != static_cast<int>(step.from.size()))
       throw bad("its character is not one character");
-    try {
+    {
       if (step.kind == Kind::strip) {
         step.start = count_field(spec, "start");
         step.stop = count_field(spec, "stop");
@@ -138,9 +118,6 @@ void Decoder::add(const Json& spec, const std::string& source, int depth) {
         step.to = scheme;
         step.split = !spec.contains("split") || spec["split"] != false;
       }
-    } catch (const DataError& e) {
-      if (std::string_view(e.what()).starts_with(source)) throw;
-      throw bad(e.what());
     }
     if (step.kind == Kind::strip && step.from != " ")
       throw bad("meshtensor strips spaces only (\"content\": \" \")");

@@ -8,6 +8,8 @@
 #include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/tokenize/normalizer.hpp>
 
+#include "pipeline_part.hpp"
+
 namespace meshtensor::tokenize {
 
 namespace {
@@ -42,46 +44,25 @@ constexpr Form kForms[] = {{"NFC", &icu::Normalizer2::getNFCInstance},
                            {"NFKC", &icu::Normalizer2::getNFKCInstance},
                            {"NFKD", &icu::Normalizer2::getNFKDInstance}};
 
-std::string replace_all(std::string_view text, const std::string& pattern,
-                        const std::string& replacement) {
-  std::string out;
-  std::size_t at = 0;
-  for (std::size_t found; (found = text.find(pattern, at)) != std::string_view::npos;
-       at = found + pattern.size()) {
-    out.append(text.substr(at, found - at));
-    out += replacement;
-  }
-  out.append(text.substr(at));
-  return out;
-}
-
 }  // namespace
 
 Normalizer Normalizer::from_json(const Json& spec, const std::string& source) {
   Normalizer normalizer;
-  if (!spec.is_null()) normalizer.add(spec, source, 0);
+  if (!spec.is_null()) {
+    for_each_part(spec, source, "normalizer", "normalizers",
+                  [&](const Json& part, const std::string& type) { normalizer.add(part, type); });
+  }
   return normalizer;
 }
 
-void Normalizer::add(const Json& spec, const std::string& source, int depth) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("{}: normalizer {}: {}", source, json_excerpt(spec), why));
-  };
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
-    throw bad("not an object with a \"type\"");
-  const std::string type = spec["type"].get<std::string>();
+void Normalizer::add(const Json& spec, const std::string& type) {
+  const auto bad = [](const std::string& why) { return DataError(why); };
   const auto text_field = [&](const char* key) {
     if (!spec.contains(key) || !spec[key].is_string())
       throw bad(fmt::format("\"{}\" is not a string", key));
     return spec[key].get<std::string>();
   };
-  if (type == "Sequence") {
-    if (depth > 8 || !spec.contains("normalizers") || !spec["normalizers"].is_array())
-      throw bad("a Sequence needs a \"normalizers\" list (nested at most 8 deep)");
-    for (const Json& part : spec["normalizers"])
-      add(part, source, depth + 1);
-  } else if (const auto* form = std::ranges::find(kForms, type, &Form::name);
-             form != std::end(kForms)) {
+  if (const auto* form = std::ranges::find(kForms, type, &Form::name); form != std::end(kForms)) {
     steps_.push_back({Kind::form, type, {}});
   } else if (type == "Prepend") {
     steps_.push_back({Kind::prepend, text_field("prepend"), {}});

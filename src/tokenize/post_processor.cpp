@@ -6,6 +6,8 @@
 #include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/tokenize/post_processor.hpp>
 
+#include "pipeline_part.hpp"
+
 namespace meshtensor::tokenize {
 
 namespace {
@@ -32,7 +34,8 @@ std::int64_t pair_id(const Json& pair) {
 PostProcessor PostProcessor::from_json(const Json& spec, const std::string& source) {
   PostProcessor post;
   if (spec.is_null()) return post;
-  post.add(spec, source, 0);
+  for_each_part(spec, source, "post_processor", "processors",
+                [&](const Json& part, const std::string& type) { post.add(part, type); });
   if (!post.before_.empty() || !post.after_.empty()) post.spec_ = spec;
   return post;
 }
@@ -71,38 +74,20 @@ PostProcessor PostProcessor::around(std::vector<std::int64_t> before,
   return post;
 }
 
-void PostProcessor::add(const Json& spec, const std::string& source, int depth) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("{}: post_processor {}: {}", source, json_excerpt(spec), why));
-  };
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
-    throw bad("not an object with a \"type\"");
-  const std::string type = spec["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (depth > 8 || !spec.contains("processors") || !spec["processors"].is_array())
-      throw bad("a Sequence needs a \"processors\" list (nested at most 8 deep)");
-    for (const Json& part : spec["processors"])
-      add(part, source, depth + 1);
-    return;
-  }
+void PostProcessor::add(const Json& spec, const std::string& type) {
   if (type == "ByteLevel") return;  // its offsets change; its ids do not
-  if (!before_.empty() || !after_.empty()) throw bad("a second part that adds tokens");
-  try {
-    if (type == "TemplateProcessing") {
-      add_template(spec);
-    } else if (type == "BertProcessing" || type == "RobertaProcessing") {
-      if (!spec.contains("cls") || !spec.contains("sep")) throw bad("it has no cls or sep");
-      before_.push_back(pair_id(spec["cls"]));
-      after_.push_back(pair_id(spec["sep"]));
-    } else {
-      throw bad(fmt::format(
-          "type '{}' is not one meshtensor computes (TemplateProcessing, BertProcessing, "
-          "RobertaProcessing, ByteLevel, Sequence)",
-          type));
-    }
-  } catch (const DataError& e) {
-    if (std::string_view(e.what()).starts_with(source)) throw;
-    throw bad(e.what());
+  if (!before_.empty() || !after_.empty()) throw DataError("a second part that adds tokens");
+  if (type == "TemplateProcessing") {
+    add_template(spec);
+  } else if (type == "BertProcessing" || type == "RobertaProcessing") {
+    if (!spec.contains("cls") || !spec.contains("sep")) throw DataError("it has no cls or sep");
+    before_.push_back(pair_id(spec["cls"]));
+    after_.push_back(pair_id(spec["sep"]));
+  } else {
+    throw DataError(
+        fmt::format("type '{}' is not one meshtensor computes (TemplateProcessing, BertProcessing, "
+                    "RobertaProcessing, ByteLevel, Sequence)",
+                    type));
   }
 }
 

@@ -8,6 +8,8 @@
 #include <meshtensor/tokenize/added_tokens.hpp>
 #include <meshtensor/tokenize/pre_tokenizer.hpp>
 
+#include "pipeline_part.hpp"
+
 namespace meshtensor::tokenize {
 
 namespace {
@@ -110,7 +112,10 @@ constexpr std::pair<const char*, int> kBehaviors[] = {
 
 PreTokenizer PreTokenizer::from_json(const Json& spec, const std::string& source) {
   PreTokenizer pre;
-  if (!spec.is_null()) pre.add(spec, source, 0);
+  if (!spec.is_null()) {
+    for_each_part(spec, source, "pre_tokenizer", "pretokenizers",
+                  [&](const Json& part, const std::string& type) { pre.add(part, type); });
+  }
   for (std::size_t i = 0; i + 1 < pre.steps_.size(); ++i) {
     if (pre.steps_[i].kind == Kind::byte_level) {
       throw DataError(
@@ -136,22 +141,10 @@ PreTokenizer PreTokenizer::plain_byte_level() {
   return pre;
 }
 
-void PreTokenizer::add(const Json& spec, const std::string& source, int depth) {
-  const auto bad = [&](const std::string& why) {
-    return DataError(fmt::format("{}: pre_tokenizer {}: {}", source, json_excerpt(spec), why));
-  };
-  if (!spec.is_object() || !spec.contains("type") || !spec["type"].is_string())
-    throw bad("not an object with a \"type\"");
-  const std::string type = spec["type"].get<std::string>();
+void PreTokenizer::add(const Json& spec, const std::string& type) {
+  const auto bad = [](const std::string& why) { return DataError(why); };
   try {
     Step step;
-    if (type == "Sequence") {
-      if (depth > 8 || !spec.contains("pretokenizers") || !spec["pretokenizers"].is_array())
-        throw bad("a Sequence needs a \"pretokenizers\" list (nested at most 8 deep)");
-      for (const Json& part : spec["pretokenizers"])
-        add(part, source, depth + 1);
-      return;
-    }
     if (type == "Digits") {
       step.kind = Kind::digits;
       step.flag = json_flag(spec, "individual_digits", false);
@@ -207,10 +200,7 @@ void PreTokenizer::add(const Json& spec, const std::string& source, int depth) {
           type));
     }
     steps_.push_back(std::move(step));
-  } catch (const ParseError& e) {
-    throw bad(e.what());
-  } catch (const DataError& e) {
-    if (std::string_view(e.what()).starts_with(source)) throw;
+  } catch (const ParseError& e) {  // a pattern that does not compile
     throw bad(e.what());
   }
 }

@@ -47,7 +47,7 @@ class Decoder {
     int stop = 0;       ///< strip: stop
     bool split = true;  ///< metaspace
   };
-  void add(const nlohmann::json& spec, const std::string& source, int depth);
+  void add(const nlohmann::json& spec, const std::string& type);
   static nlohmann::json step_json(const Step& step);
   std::vector<Step> steps_;
   int strip_start_ = 0;

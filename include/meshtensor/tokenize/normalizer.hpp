@@ -34,7 +34,7 @@ class Normalizer {
     std::string text;         ///< the form's name (NFC, ...), Prepend's string, Replace's pattern
     std::string replacement;  ///< Replace's content
   };
-  void add(const nlohmann::json& spec, const std::string& source, int depth);
+  void add(const nlohmann::json& spec, const std::string& type);
   std::vector<Step> steps_;
 };
 

@@ -37,7 +37,7 @@ class PostProcessor {
   std::span<const std::int64_t> inner(std::span<const std::int64_t> ids) const;
 
  private:
-  void add(const nlohmann::json& spec, const std::string& source, int depth);
+  void add(const nlohmann::json& spec, const std::string& type);
   void add_template(const nlohmann::json& spec);
   nlohmann::json spec_;  // null when it adds nothing
   std::vector<std::int64_t> before_;

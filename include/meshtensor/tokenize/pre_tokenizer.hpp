@@ -56,7 +56,7 @@ class PreTokenizer {
     Behavior behavior = Behavior::isolated;
     Prepend prepend = Prepend::always;
   };
-  void add(const nlohmann::json& spec, const std::string& source, int depth);
+  void add(const nlohmann::json& spec, const std::string& type);
   void run(std::size_t step, std::string_view piece, bool at_start, const PieceSink& take) const;
   void run_split(const Step& step, std::size_t next, std::string_view piece, bool at_start,
                  const PieceSink& take) const;
