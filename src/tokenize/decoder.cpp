@@ -74,15 +74,6 @@ Decoder Decoder::byte_level() {
 }
 
 void Decoder::add(const Json& spec, const std::string& type) {
-  const auto bad = [](const std::string& why) { return DataError(why); };
-  const auto text_field = [&](const char* key, const char* fallback) {
-    if (!spec.contains(key) || spec[key].is_null()) return std::string(fallback);
-    if (!spec[key].is_string()) throw bad(fmt::format("\"{}\" is not a string", key));
-    return spec[key].get<std::string>();
-  };
-  // Steps before the first Fuse see one entry at a time: a Strip there strips each entry.
-  const bool fused = std::ranges::any_of(
-      steps_, [](const Step& s) { return s.kind == Kind::fuse || s.kind == Kind::byte_level; });
   Step step;
   if (type == "ByteLevel") {
     step.kind = Kind::byte_level;
@@ -92,52 +83,36 @@ void Decoder::add(const Json& spec, const std::string& type) {
     step.kind = Kind::byte_fallback;
   } else if (type == "Replace") {
     step.kind = Kind::replace;
-    const Json pattern = spec.value("pattern", Json());
-    if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
-        pattern["String"].get<std::string>().empty())
-      throw bad("meshtensor replaces a non-empty String pattern only (not a Regex)");
-    step.from = pattern["String"].get<std::string>();
-    step.to = text_field("content", "");
-  } else if (type == "Strip" || type == "Metaspace") {
-    step.kind = type == "Strip" ? Kind::strip : Kind::metaspace;
-    step.from =
-        text_field(type == "Strip" ? "content" : "replacement", type == "Strip" ? " " : "\u2581");
-    char32_t c = 0;
-    if (step.from.empty() || utf8_sequence(step.from, 0, c) != static_cast<int>(step.from.size()))
-      throw bad("its character is not one character");
-    {
-      if (step.kind == Kind::strip) {
-        step.start = count_field(spec, "start");
-        step.stop = count_field(spec, "stop");
-      } else {
-        const bool prefix = !spec.contains("add_prefix_space") || spec["add_prefix_space"] != false;
-        const std::string scheme = text_field("prepend_scheme", prefix ? "always" : "never");
-        if (scheme != "always" && scheme != "first" && scheme != "never")
-          throw bad(fmt::format("prepend_scheme '{}' is not always, first or never", scheme));
-        step.start = scheme == "never" ? 0 : 1;
-        step.to = scheme;
-        step.split = !spec.contains("split") || spec["split"] != false;
-      }
+    step.from = replace_pattern(spec);
+    step.to = string_field(spec, "content", "");
+  } else if (type == "Strip") {
+    // Steps before the first Fuse see one entry at a time: a Strip there strips each entry.
+    if (std::ranges::none_of(steps_, [](const Step& s) {
+          return s.kind == Kind::fuse || s.kind == Kind::byte_level;
+        })) {
+      throw DataError(
+          "a Strip before any Fuse strips each token; meshtensor strips a decoded sequence "
+          "(Fuse first)");
     }
-    if (step.kind == Kind::strip && step.from != " ")
-      throw bad("meshtensor strips spaces only (\"content\": \" \")");
-    if (step.kind == Kind::strip && !fused) {
-      throw bad(
-          "a Strip before any Fuse strips each token; meshtensor strips a decoded "
-          "sequence (Fuse first)");
-    }
-    if (step.kind == Kind::strip) {
-      strip_start_ += step.start;
-      strip_stop_ += step.stop;
-    } else {
-      strip_start_ += step.start;
-    }
+    step.kind = Kind::strip;
+    step.from = character_field(spec, "content", " ");
+    if (step.from != " ") throw DataError("meshtensor strips spaces only (\"content\": \" \")");
+    step.start = count_field(spec, "start");
+    step.stop = count_field(spec, "stop");
+  } else if (type == "Metaspace") {
+    step.kind = Kind::metaspace;
+    step.from = character_field(spec, "replacement", "\u2581");
+    step.to = prepend_scheme(spec);
+    step.start = step.to == "never" ? 0 : 1;
+    step.split = flag_field(spec, "split", true);
   } else {
-    throw bad(fmt::format(
+    throw DataError(fmt::format(
         "type '{}' is not one meshtensor computes (ByteLevel, ByteFallback, Fuse, Metaspace, "
         "Replace, Strip, Sequence)",
         type));
   }
+  strip_start_ += step.start;
+  strip_stop_ += step.stop;
   steps_.push_back(std::move(step));
 }
 

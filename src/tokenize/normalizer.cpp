@@ -56,10 +56,9 @@ Normalizer Normalizer::from_json(const Json& spec, const std::string& source) {
 }
 
 void Normalizer::add(const Json& spec, const std::string& type) {
-  const auto bad = [](const std::string& why) { return DataError(why); };
   const auto text_field = [&](const char* key) {
     if (!spec.contains(key) || !spec[key].is_string())
-      throw bad(fmt::format("\"{}\" is not a string", key));
+      throw DataError(fmt::format("\"{}\" is not a string", key));
     return spec[key].get<std::string>();
   };
   if (const auto* form = std::ranges::find(kForms, type, &Form::name); form != std::end(kForms)) {
@@ -67,14 +66,9 @@ void Normalizer::add(const Json& spec, const std::string& type) {
   } else if (type == "Prepend") {
     steps_.push_back({Kind::prepend, text_field("prepend"), {}});
   } else if (type == "Replace") {
-    const Json pattern = spec.value("pattern", Json());
-    if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
-        pattern["String"].get<std::string>().empty()) {
-      throw bad("meshtensor replaces a non-empty String pattern only (not a Regex)");
-    }
-    steps_.push_back({Kind::replace, pattern["String"].get<std::string>(), text_field("content")});
+    steps_.push_back({Kind::replace, replace_pattern(spec), text_field("content")});
   } else {
-    throw bad(
+    throw DataError(
         fmt::format("type '{}' is not one meshtensor computes (NFC, NFD, NFKC, NFKD, "
                     "Prepend, Replace, Sequence)",
                     type));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/untrusted_json.hpp>
+#include <meshtensor/core/utf8.hpp>
 
 namespace meshtensor::tokenize {
 
@@ -43,6 +44,45 @@ void for_each_part(const nlohmann::json& spec, const std::string& source, const 
                    const char* list,
                    const std::function<void(const nlohmann::json&, const std::string&)>& add) {
   add_parts(spec, source, stage, list, add, 0);
+}
+
+std::string string_field(const nlohmann::json& part, const char* key, const std::string& fallback) {
+  if (!part.contains(key) || part[key].is_null()) return fallback;
+  if (!part[key].is_string())
+    throw DataError(fmt::format("\"{}\" is {}, not a string", key, json_excerpt(part[key])));
+  return part[key].get<std::string>();
+}
+
+bool flag_field(const nlohmann::json& part, const char* key, bool fallback) {
+  if (!part.contains(key) || part[key].is_null()) return fallback;
+  if (!part[key].is_boolean()) {
+    throw DataError(fmt::format("\"{}\" is {}, not true or false", key, json_excerpt(part[key])));
+  }
+  return part[key].get<bool>();
+}
+
+std::string character_field(const nlohmann::json& part, const char* key, const char* fallback) {
+  const std::string text = string_field(part, key, fallback);
+  char32_t c = 0;
+  if (text.empty() || utf8_sequence(text, 0, c) != static_cast<int>(text.size()))
+    throw DataError(fmt::format("its {} is not one character", key));
+  return text;
+}
+
+std::string prepend_scheme(const nlohmann::json& part) {
+  const std::string scheme = string_field(
+      part, "prepend_scheme", flag_field(part, "add_prefix_space", true) ? "always" : "never");
+  if (scheme != "always" && scheme != "first" && scheme != "never")
+    throw DataError(fmt::format("prepend_scheme '{}' is not always, first or never", scheme));
+  return scheme;
+}
+
+std::string replace_pattern(const nlohmann::json& part) {
+  const nlohmann::json pattern = part.value("pattern", nlohmann::json());
+  if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+      pattern["String"].get<std::string>().empty())
+    throw DataError("meshtensor replaces a non-empty String pattern only (not a Regex)");
+  return pattern["String"].get<std::string>();
 }
 
 std::string replace_all(std::string_view text, std::string_view pattern,

@@ -89,22 +89,6 @@ std::vector<Part> merge_parts(const std::vector<Part>& parts, int merged_with) {
   return out;
 }
 
-std::string json_string(const Json& spec, const char* key, const std::string& fallback) {
-  if (!spec.contains(key) || spec[key].is_null()) return fallback;
-  if (!spec[key].is_string()) {
-    throw DataError(fmt::format("\"{}\" is {}, not a string", key, json_excerpt(spec[key])));
-  }
-  return spec[key].get<std::string>();
-}
-
-bool json_flag(const Json& spec, const char* key, bool fallback) {
-  if (!spec.contains(key) || spec[key].is_null()) return fallback;
-  if (!spec[key].is_boolean()) {
-    throw DataError(fmt::format("\"{}\" is {}, not true or false", key, json_excerpt(spec[key])));
-  }
-  return spec[key].get<bool>();
-}
-
 constexpr std::pair<const char*, int> kBehaviors[] = {
     {"Isolated", 0}, {"Removed", 0}, {"MergedWithPrevious", -1}, {"MergedWithNext", 1}};
 
@@ -147,11 +131,11 @@ void PreTokenizer::add(const Json& spec, const std::string& type) {
     Step step;
     if (type == "Digits") {
       step.kind = Kind::digits;
-      step.flag = json_flag(spec, "individual_digits", false);
+      step.flag = flag_field(spec, "individual_digits", false);
     } else if (type == "ByteLevel") {
       step.kind = Kind::byte_level;
-      step.flag = json_flag(spec, "add_prefix_space", false);
-      if (json_flag(spec, "use_regex", true))
+      step.flag = flag_field(spec, "add_prefix_space", false);
+      if (flag_field(spec, "use_regex", true))
         step.pattern = std::make_shared<const SplitPattern>(std::string(kGpt2Pattern));
     } else if (type == "Split") {
       step.kind = Kind::split;
@@ -164,7 +148,7 @@ void PreTokenizer::add(const Json& spec, const std::string& type) {
       step.text = pattern.begin()->get<std::string>();
       step.pattern = std::make_shared<const SplitPattern>(step.literal ? literal_pattern(step.text)
                                                                        : step.text);
-      const std::string behavior = json_string(spec, "behavior", "");
+      const std::string behavior = string_field(spec, "behavior", "");
       const auto* known =
           std::ranges::find(kBehaviors, behavior, &std::pair<const char*, int>::first);
       if (known == std::end(kBehaviors)) {
@@ -174,25 +158,15 @@ void PreTokenizer::add(const Json& spec, const std::string& type) {
                         behavior));
       }
       step.behavior = static_cast<Behavior>(known - std::begin(kBehaviors));
-      if (json_flag(spec, "invert", false)) throw bad("an inverted Split is not computed");
+      if (flag_field(spec, "invert", false)) throw bad("an inverted Split is not computed");
     } else if (type == "Metaspace") {
       step.kind = Kind::metaspace;
-      step.text = json_string(spec, "replacement", "\u2581");
-      char32_t c = 0;
-      if (step.text.empty() || utf8_sequence(step.text, 0, c) != static_cast<int>(step.text.size()))
-        throw bad("its replacement is not one character");
-      step.flag = json_flag(spec, "split", true);
-      const std::string scheme = json_string(
-          spec, "prepend_scheme", json_flag(spec, "add_prefix_space", true) ? "always" : "never");
-      if (scheme == "always") {
-        step.prepend = Prepend::always;
-      } else if (scheme == "first") {
-        step.prepend = Prepend::first;
-      } else if (scheme == "never") {
-        step.prepend = Prepend::never;
-      } else {
-        throw bad(fmt::format("prepend_scheme '{}' is not always, first or never", scheme));
-      }
+      step.text = character_field(spec, "replacement", "\u2581");
+      step.flag = flag_field(spec, "split", true);
+      const std::string scheme = prepend_scheme(spec);
+      step.prepend = scheme == "always"  ? Prepend::always
+                     : scheme == "first" ? Prepend::first
+                                         : Prepend::never;
     } else {
       throw bad(fmt::format(
           "type '{}' is not one meshtensor computes (ByteLevel, Digits, Metaspace, Split, "

@@ -63,6 +63,15 @@ class WireReader {
     std::memcpy(&value, &bits, 4);
     return value;
   }
+  /// Calls `take(number, wire type)` with each field left; a field it does not read (it returns
+  /// false) is skipped.
+  template <class Take>
+  void fields(const Take& take) {
+    while (!done()) {
+      const auto [number, wire] = key();
+      if (!take(number, wire)) skip(wire);
+    }
+  }
   void skip(int type) {
     if (type == 0) {
       varint();
@@ -113,61 +122,47 @@ bool SentencePieceModel::looks_like_model(std::string_view bytes) {
   return first != std::string_view::npos && bytes[first] != '{' && bytes[first] != '[';
 }
 
+std::uint64_t SentencePieceModel::read_protobuf(const std::string& source) {
+  std::uint64_t model_type = 1;  // the protobuf's default: unigram
+  WireReader reader(serialized_, source);
+  reader.fields([&](std::uint64_t field, int wire) {
+    if (wire != 2) return false;
+    WireReader inner(reader.bytes(), source);  // a length-delimited field is read, or passed
+    if (field == 1) pieces_.emplace_back();
+    inner.fields([&](std::uint64_t number, int type) {
+      if (field == 1 && number == 1 && type == 2) {
+        pieces_.back().text = std::string(inner.bytes());
+      } else if (field == 1 && number == 2 && type == 5) {
+        pieces_.back().score = inner.fixed32_float();
+      } else if (field == 1 && number == 3 && type == 0) {
+        pieces_.back().type = static_cast<int>(inner.varint());
+      } else if (field == 2 && number == 3 && type == 0) {
+        model_type = inner.varint();
+      } else if (field == 2 && number == 35 && type == 0) {
+        byte_fallback_ = inner.varint() != 0;
+      } else if (field == 3 && number == 1 && type == 2) {
+        normalization_ = std::string(inner.bytes());
+      } else if (field == 3 && number == 2 && type == 2) {
+        charsmap_ = std::string(inner.bytes());
+      } else if (field == 3 && number == 3 && type == 0) {
+        add_dummy_prefix_ = inner.varint() != 0;
+      } else if (field == 3 && number == 4 && type == 0) {
+        remove_extra_whitespaces_ = inner.varint() != 0;
+      } else {
+        return false;
+      }
+      return true;
+    });
+    return true;
+  });
+  return model_type;
+}
+
 std::shared_ptr<const SentencePieceModel> SentencePieceModel::parse(std::string serialized,
                                                                     const std::string& source) {
   std::shared_ptr<SentencePieceModel> model(new SentencePieceModel());
-  std::uint64_t model_type = 1;  // the protobuf's default: unigram
-  WireReader reader(serialized, source);
-  while (!reader.done()) {
-    const auto [field, type] = reader.key();
-    if (field == 1 && type == 2) {
-      Piece piece;
-      WireReader fields(reader.bytes(), source);
-      while (!fields.done()) {
-        const auto [number, wire] = fields.key();
-        if (number == 1 && wire == 2) {
-          piece.text = std::string(fields.bytes());
-        } else if (number == 2 && wire == 5) {
-          piece.score = fields.fixed32_float();
-        } else if (number == 3 && wire == 0) {
-          piece.type = static_cast<int>(fields.varint());
-        } else {
-          fields.skip(wire);
-        }
-      }
-      model->pieces_.push_back(std::move(piece));
-    } else if (field == 2 && type == 2) {
-      WireReader fields(reader.bytes(), source);
-      while (!fields.done()) {
-        const auto [number, wire] = fields.key();
-        if (number == 3 && wire == 0) {
-          model_type = fields.varint();
-        } else if (number == 35 && wire == 0) {
-          model->byte_fallback_ = fields.varint() != 0;
-        } else {
-          fields.skip(wire);
-        }
-      }
-    } else if (field == 3 && type == 2) {
-      WireReader fields(reader.bytes(), source);
-      while (!fields.done()) {
-        const auto [number, wire] = fields.key();
-        if (number == 1 && wire == 2) {
-          model->normalization_ = std::string(fields.bytes());
-        } else if (number == 2 && wire == 2) {
-          model->charsmap_ = std::string(fields.bytes());
-        } else if (number == 3 && wire == 0) {
-          model->add_dummy_prefix_ = fields.varint() != 0;
-        } else if (number == 4 && wire == 0) {
-          model->remove_extra_whitespaces_ = fields.varint() != 0;
-        } else {
-          fields.skip(wire);
-        }
-      }
-    } else {
-      reader.skip(type);
-    }
-  }
+  model->serialized_ = std::move(serialized);
+  const std::uint64_t model_type = model->read_protobuf(source);
   if (model->pieces_.empty()) {
     throw DataError(fmt::format("{} is not a SentencePiece model: it has no pieces", source));
   }
@@ -176,7 +171,7 @@ std::shared_ptr<const SentencePieceModel> SentencePieceModel::parse(std::string 
         "{}: a SentencePiece {} model; meshtensor reads BPE models (spm_train --model_type bpe)",
         source, model_type_name(model_type)));
   }
-  const auto status = model->library_->processor.LoadFromSerializedProto(serialized);
+  const auto status = model->library_->processor.LoadFromSerializedProto(model->serialized_);
   if (!status.ok()) {
     throw DataError(fmt::format("{}: the sentencepiece library refuses the model: {}", source,
                                 status.ToString()));
@@ -185,7 +180,6 @@ std::shared_ptr<const SentencePieceModel> SentencePieceModel::parse(std::string 
     throw DataError(fmt::format("{}: the library reads {} pieces, the file holds {}", source,
                                 model->library_->processor.GetPieceSize(), model->pieces_.size()));
   }
-  model->serialized_ = std::move(serialized);
   return model;
 }
 
@@ -197,32 +191,32 @@ void SentencePieceModel::encode(std::string_view text, std::vector<std::int64_t>
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
-Json SentencePieceModel::hugging_face_json() const {
-  Json vocab = Json::object();
-  std::unordered_map<std::string, std::size_t> id_of;
+Json SentencePieceModel::added_tokens_json() const {
   Json added = Json::array();
-  std::string unk;
   for (std::size_t id = 0; id < pieces_.size(); ++id) {
     const Piece& piece = pieces_[id];
-    vocab[piece.text] = id;
-    id_of.emplace(piece.text, id);
-    if (piece.type == kUnknown) unk = piece.text;
-    if (piece.type == kUnknown || piece.type == kControl || piece.type == kUserDefined) {
-      added.push_back({{"id", id},
-                       {"content", piece.text},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", false},
-                       {"special", piece.type != kUserDefined}});
-    }
+    if (piece.type != kUnknown && piece.type != kControl && piece.type != kUserDefined) continue;
+    added.push_back({{"id", id},
+                     {"content", piece.text},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", piece.type != kUserDefined}});
   }
+  return added;
+}
+
+Json SentencePieceModel::merges_json() const {
+  std::unordered_map<std::string_view, std::size_t> id_of;
+  for (std::size_t id = 0; id < pieces_.size(); ++id)
+    id_of.emplace(pieces_[id].text, id);
   // A merge for each way a normal piece splits into two pieces; by the piece's score, highest
   // first, then by the parts' ids.
   std::vector<std::tuple<float, std::size_t, std::size_t, std::size_t>> merges;
   for (std::size_t id = 0; id < pieces_.size(); ++id) {
     if (pieces_[id].type != kNormal) continue;
-    const std::string& text = pieces_[id].text;
+    const std::string_view text = pieces_[id].text;
     for (std::size_t cut = 1; cut < text.size(); ++cut) {
       if ((static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) continue;
       const auto left = id_of.find(text.substr(0, cut));
@@ -232,9 +226,13 @@ Json SentencePieceModel::hugging_face_json() const {
     }
   }
   std::stable_sort(merges.begin(), merges.end());
-  Json merge_list = Json::array();
+  Json list = Json::array();
   for (const auto& [score, id, left, right] : merges)
-    merge_list.push_back(Json::array({pieces_[left].text, pieces_[right].text}));
+    list.push_back(Json::array({pieces_[left].text, pieces_[right].text}));
+  return list;
+}
+
+Json SentencePieceModel::hugging_face_json() const {
   const std::string space = "\u2581";
   Json normalizer = Json::array();
   Json pre_tokenizer;
@@ -259,10 +257,14 @@ Json SentencePieceModel::hugging_face_json() const {
                    {{"type", "Fuse"}}});
   if (add_dummy_prefix_)
     decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  const auto unk = std::ranges::find(pieces_, kUnknown, &Piece::type);
+  Json vocab = Json::object();
+  for (std::size_t id = 0; id < pieces_.size(); ++id)
+    vocab[pieces_[id].text] = id;
   return {{"version", "1.0"},
           {"truncation", nullptr},
           {"padding", nullptr},
-          {"added_tokens", added},
+          {"added_tokens", added_tokens_json()},
           {"normalizer", {{"type", "Sequence"}, {"normalizers", normalizer}}},
           {"pre_tokenizer", pre_tokenizer},
           {"post_processor", nullptr},
@@ -270,14 +272,14 @@ Json SentencePieceModel::hugging_face_json() const {
           {"model",
            {{"type", "BPE"},
             {"dropout", nullptr},
-            {"unk_token", unk.empty() ? Json() : Json(unk)},
+            {"unk_token", unk == pieces_.end() ? Json() : Json(unk->text)},
             {"continuing_subword_prefix", nullptr},
             {"end_of_word_suffix", nullptr},
             {"fuse_unk", true},
             {"byte_fallback", byte_fallback_},
             {"ignore_merges", false},
             {"vocab", vocab},
-            {"merges", merge_list}}}};
+            {"merges", merges_json()}}}};
 }
 
 }  // namespace meshtensor::tokenize

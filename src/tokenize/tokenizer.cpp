@@ -18,6 +18,8 @@
 #include <meshtensor/tokenize/byte_level.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
 
+#include "pipeline_part.hpp"
+
 namespace meshtensor::tokenize {
 
 namespace {
@@ -84,12 +86,11 @@ void check_model_options(const Json& model, const std::string& source) {
 
 /// A true-or-false field of the model (false when absent or null).
 bool model_flag(const Json& model, const char* key, const std::string& source) {
-  if (!model.contains(key) || model[key].is_null()) return false;
-  if (!model[key].is_boolean()) {
-    throw DataError(fmt::format("{}: model \"{}\" is {}, not true or false", source, key,
-                                json_excerpt(model[key])));
+  try {
+    return flag_field(model, key, false);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: model {}", source, e.what()));
   }
-  return model[key].get<bool>();
 }
 
 /// A part of the file (null when absent).
@@ -155,6 +156,10 @@ void Tokenizer::build_matchers() {
 
 Tokenizer Tokenizer::load(const std::string& path) {
   std::string bytes = read_regular_file(path, kMaxTokenizerBytes, "a tokenizer.json");
+  if (bytes.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw DataError(
+        fmt::format("{}: empty: neither a tokenizer.json nor a SentencePiece model", path));
+  }
   if (SentencePieceModel::looks_like_model(bytes))
     return from_sentencepiece(std::move(bytes), path);
   return from_json(bytes, path);
@@ -169,7 +174,7 @@ Tokenizer Tokenizer::from_sentencepiece(std::string model, const std::string& so
   const auto parsed = SentencePieceModel::parse(std::move(model), source);
   Json doc = parsed->hugging_face_json();
   doc["sentencepiece_model"] = base64_encode(parsed->serialized());
-  return from_document(doc, source);
+  return from_document(doc, source, parsed);
 }
 
 Tokenizer Tokenizer::load_gpt2(const std::string& encoder, const std::string& merges) {
@@ -205,10 +210,11 @@ Tokenizer Tokenizer::from_gpt2(std::string_view encoder, std::string_view merges
 }
 
 Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
-  return from_document(parse_untrusted_json(text, source), source);
+  return from_document(parse_untrusted_json(text, source), source, nullptr);
 }
 
-Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source) {
+Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
+                                   std::shared_ptr<const SentencePieceModel> parsed) {
   if (!doc.is_object()) throw DataError(fmt::format("{}: not a tokenizer.json object", source));
   const Json& model = part_of(doc, "model");
   if (!model.is_object() || model.value("type", "BPE") != "BPE" || !model.contains("vocab") ||
@@ -220,8 +226,11 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source) {
     // The library encodes: the normalizer and pre-tokenizer are kept as written, not computed.
     if (!spm.is_string())
       throw DataError(fmt::format("{}: sentencepiece_model is not a base64 string", source));
-    t.sentencepiece_ = SentencePieceModel::parse(
-        base64_decode(spm.get<std::string>(), source + ": sentencepiece_model"), source);
+    t.sentencepiece_ =
+        parsed
+            ? std::move(parsed)
+            : SentencePieceModel::parse(
+                  base64_decode(spm.get<std::string>(), source + ": sentencepiece_model"), source);
     t.sentencepiece_parts_ = {{"normalizer", part_of(doc, "normalizer")},
                               {"pre_tokenizer", part_of(doc, "pre_tokenizer")}};
   } else {
@@ -353,8 +362,13 @@ void Tokenizer::read_symbols(const std::string& source) {
   bmp_ids_.assign(0x10000, -1);
   for (const auto& [entry, id] : ids_) {
     char32_t c = 0;
-    if (utf8_sequence(entry, 0, c) == static_cast<int>(entry.size()) && c < 0x10000)
-      bmp_ids_[c] = static_cast<std::int32_t>(id);
+    if (utf8_sequence(entry, 0, c) == static_cast<int>(entry.size())) {
+      if (c < 0x10000) {
+        bmp_ids_[c] = static_cast<std::int32_t>(id);
+      } else {
+        astral_ids_.emplace(c, static_cast<std::int32_t>(id));
+      }
+    }
     char32_t previous = 0;
     for (std::size_t at = 0; at < entry.size(); previous = c) {
       const bool first = at == 0;
@@ -449,10 +463,10 @@ void Tokenizer::encode_long_piece(std::string_view piece, IdOutput& out) const {
   });
 }
 
-std::int64_t Tokenizer::character_id(char32_t c, std::string_view bytes) const {
+std::int64_t Tokenizer::character_id(char32_t c) const {
   if (c < 0x10000) return bmp_ids_[c];
-  const auto found = ids_.find(std::string(bytes));
-  return found == ids_.end() ? -1 : found->second;
+  const auto found = astral_ids_.find(c);
+  return found == astral_ids_.end() ? -1 : found->second;
 }
 
 template <class Add>
@@ -468,7 +482,7 @@ void Tokenizer::initial_symbols(std::string_view word, const Add& add) const {
     const auto length = static_cast<std::size_t>(std::max(1, utf8_sequence(word, at, c)));
     const std::string_view bytes = word.substr(at, length);
     at += length;
-    if (const std::int64_t id = character_id(c, bytes); id >= 0) {
+    if (const std::int64_t id = character_id(c); id >= 0) {
       add(id);
       after_unknown = false;
       continue;
@@ -639,7 +653,7 @@ void Tokenizer::for_each_word(std::string_view piece, const Take& take) const {
   for (std::size_t at = 0; at < piece.size();) {
     char32_t c = 0;
     const auto length = static_cast<std::size_t>(std::max(1, utf8_sequence(piece, at, c)));
-    const bool known = character_id(c, piece.substr(at, length)) >= 0;
+    const bool known = character_id(c) >= 0;
     if (at > start && previous_known && known && !joined_.contains(pair_key(previous, c))) {
       take(piece.substr(start, at - start));
       start = at;
@@ -771,9 +785,9 @@ std::string Tokenizer::decode(std::span<const std::int64_t> ids) const {
 std::string Tokenizer::decode_text(std::span<const std::int64_t> ids, bool skip_special) const {
   std::string out;
   for (const std::int64_t id : ids) {
-    const std::string bytes = token_bytes(id);
-    if (skip_special && is_special_[static_cast<std::size_t>(id)]) continue;
-    out += bytes;
+    if (skip_special && id >= 0 && id < vocabulary() && is_special_[static_cast<std::size_t>(id)])
+      continue;
+    out += token_bytes(id);
   }
   decoder_.strip(out);
   return out;

@@ -37,6 +37,12 @@ class SentencePieceModel {
 
  private:
   SentencePieceModel();
+  /// Reads the pieces and the options of serialized_; returns the trainer's model type.
+  std::uint64_t read_protobuf(const std::string& source);
+  /// The control, unknown and user-defined pieces as tokenizer.json added tokens.
+  nlohmann::json added_tokens_json() const;
+  /// The merges of the normal pieces, by score.
+  nlohmann::json merges_json() const;
   struct Library;
   std::unique_ptr<Library> library_;
   std::string serialized_;

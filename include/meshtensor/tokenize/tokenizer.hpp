@@ -104,8 +104,10 @@ class Tokenizer {
 
  private:
   Tokenizer() = default;
-  /// The tokenizer of a parsed tokenizer.json.
-  static Tokenizer from_document(const nlohmann::json& doc, const std::string& source);
+  /// The tokenizer of a parsed tokenizer.json; `parsed`, when given, is its sentencepiece_model
+  /// already parsed.
+  static Tokenizer from_document(const nlohmann::json& doc, const std::string& source,
+                                 std::shared_ptr<const SentencePieceModel> parsed);
   /// The document to_json() writes.
   nlohmann::json document() const;
   /// Adds the merge of the tokens `left` and `right` at the next rank (a repeated pair keeps its
@@ -131,8 +133,8 @@ class Tokenizer {
   /// so the words merge as the whole piece would.
   template <class Take>
   void for_each_word(std::string_view piece, const Take& take) const;
-  /// The id of the vocabulary entry that is the one character `c` (its UTF-8 `bytes`), or -1.
-  std::int64_t character_id(char32_t c, std::string_view bytes) const;
+  /// The id of the vocabulary entry that is the one character `c`, or -1.
+  std::int64_t character_id(char32_t c) const;
   /// Reads the model's vocabulary, merges and options.
   void read_model(const nlohmann::json& model, const nlohmann::json& added_tokens,
                   const std::string& source);
@@ -184,6 +186,7 @@ class Tokenizer {
   nlohmann::json sentencepiece_parts_;  // its normalizer and pre_tokenizer, as the file has them
   std::int64_t byte_ids_[256] = {};     // byte-level: each byte's symbol; else its <0xNN> or -1
   std::vector<std::int32_t> bmp_ids_;   // characters below U+10000 -> their entry's id or -1
+  std::unordered_map<char32_t, std::int32_t> astral_ids_;  // and those above
   std::unordered_set<std::uint64_t> joined_;  // character pairs some entry holds side by side
 };
 
