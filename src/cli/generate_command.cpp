@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -15,6 +14,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
+#include <meshtensor/generate/prompt_source.hpp>
 #include <meshtensor/kernels/simd.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/text_data.hpp>
@@ -49,67 +49,14 @@ struct GenerateOptions {
   CLI::Option* prompts_option = nullptr;
 };
 
-/// Longest prompt line read, and most bytes read from a --prompts file.
-constexpr std::int64_t kMaxPromptLineBytes = std::int64_t{1} << 20;
-constexpr std::int64_t kMaxPromptFileBytes = std::int64_t{1} << 30;
-
-/// The prompts, one at a time: --prompt, or the lines of --prompts (without their line ends),
-/// read as they are needed, so a file of millions of prompts streams. Lines and the file are
-/// capped (DataError naming the line, the file and the cap); a directory is refused at once.
-class PromptSource {
- public:
-  explicit PromptSource(const GenerateOptions& options) : path_(options.prompts) {
-    if (options.prompt_option->count() > 0 && options.prompts_option->count() > 0)
-      throw ParseError("--prompt and --prompts exclude each other: give one");
-    if (options.prompts_option->count() == 0) {
-      if (options.prompt_option->count() == 0)
-        throw ParseError("give --prompt TEXT or --prompts FILE");
-      single_ = options.prompt;
-      return;
-    }
-    std::error_code error;
-    if (std::filesystem::is_directory(path_, error))
-      throw DataError(fmt::format("--prompts {}: is a directory, not a file of prompts", path_));
-    file_.open(path_, std::ios::binary);
-    if (!file_) throw DataError(fmt::format("--prompts {}: cannot open the file", path_));
-  }
-
-  /// The next prompt, or nothing at the end.
-  std::optional<std::string> next() {
-    if (single_) return std::exchange(single_, std::nullopt);
-    if (!file_.is_open()) return std::nullopt;
-    std::string line;
-    bool any = false;
-    for (int c; (c = file_.get()) != std::char_traits<char>::eof();) {
-      any = true;
-      if (++bytes_ > kMaxPromptFileBytes) {
-        throw DataError(fmt::format("--prompts {}: more than the {} bytes a prompt file may hold",
-                                    path_, kMaxPromptFileBytes));
-      }
-      if (c == '\n') break;
-      if (static_cast<std::int64_t>(line.size()) >= kMaxPromptLineBytes) {
-        throw DataError(fmt::format("--prompts {}: line {} is longer than {} bytes", path_,
-                                    lines_ + 1, kMaxPromptLineBytes));
-      }
-      line += static_cast<char>(c);
-    }
-    if (!any) {
-      if (lines_ == 0) throw DataError(fmt::format("--prompts {} holds no line", path_));
-      file_.close();
-      return std::nullopt;
-    }
-    ++lines_;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    return line;
-  }
-
- private:
-  std::string path_;
-  std::optional<std::string> single_;
-  std::ifstream file_;
-  std::int64_t lines_ = 0;
-  std::int64_t bytes_ = 0;
-};
+/// The prompts --prompt or --prompts give.
+generate::PromptSource prompt_source(const GenerateOptions& options) {
+  const auto given = [](const CLI::Option* option, const std::string& value) {
+    return option->count() > 0 ? std::optional<std::string>(value) : std::nullopt;
+  };
+  return {given(options.prompt_option, options.prompt),
+          given(options.prompts_option, options.prompts)};
+}
 
 void print_completions(const std::vector<std::string>& prompts,
                        const std::vector<generate::Completion>& completions,
@@ -153,7 +100,7 @@ std::int64_t window_size(const generate::GeneratorOptions& options) {
 }
 
 /// Rank 0's next window of prompts, on every rank (collective). Empty at the end.
-std::vector<std::string> next_window(comm::Communicator& world, PromptSource* source,
+std::vector<std::string> next_window(comm::Communicator& world, generate::PromptSource* source,
                                      std::int64_t size) {
   std::vector<std::string> window;
   std::exception_ptr failure;
@@ -187,7 +134,8 @@ std::vector<std::string> next_window(comm::Communicator& world, PromptSource* so
 /// Loads the checkpoint on every rank, splits it over the ranks (a tensor-parallel group) and
 /// generates window after window of prompts; rank 0 prints each window's completions in input
 /// order as soon as they are done.
-void generate_on_ranks(comm::Communicator& world, const GenerateJob& job, PromptSource* source) {
+void generate_on_ranks(comm::Communicator& world, const GenerateJob& job,
+                       generate::PromptSource* source) {
   const std::unique_ptr<tp::TensorParallel> tp = generate::generation_group(world, job.mode);
   const std::unique_ptr<nn::Decoder> model =
       generate::load_for_generation(world, job.options.checkpoint, *tp, job.mode,
@@ -226,7 +174,7 @@ void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
   if (options.prompts_option->count() == 0 || !std::filesystem::is_regular_file(options.prompts)) {
     return;
   }
-  PromptSource source(options);
+  generate::PromptSource source = prompt_source(options);
   std::size_t i = 0;
   for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
     generate::check_request({job.tokenizer->encode(*prompt), job.new_tokens, job.sampling}, i,
@@ -252,7 +200,7 @@ void run_generate(const GenerateOptions& options) {
   const Backend backend = parse_backend(options.backend);
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "generate");
-  PromptSource source(options);
+  generate::PromptSource source = prompt_source(options);
   const nn::DecoderConfig config =
       check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1), job);
   check_prompts_ahead(options, job, config);

@@ -29,6 +29,10 @@ struct TokenizerOptions {
   std::string encoder;
   std::string merges;
   std::string model;
+  std::string ranks;
+  std::string encoding = "cl100k_base";
+  std::string pattern;
+  std::vector<std::string> specials;
   bool hugging_face = false;
   std::string out;
   std::string data = train::kDefaultTextDir;
@@ -137,6 +141,23 @@ void add_tokenizer_command(CLI::App& app) {
   spm_command->callback([options] {
     convert_files(*options, {{"--model", options->model}},
                   [&] { return tokenize::Tokenizer::load_sentencepiece(options->model); });
+  });
+  CLI::App* tiktoken_command = command->add_subcommand(
+      "from-tiktoken", "write the tokenizer.json of a tiktoken rank file (cl100k, Llama 3's)");
+  tiktoken_command->add_option("--ranks", options->ranks, "the rank file")->required();
+  tiktoken_command->add_option("--encoding", options->encoding, tokenize::tiktoken_encoding_names())
+      ->capture_default_str();
+  tiktoken_command->add_option("--pattern", options->pattern, "a pre-tokenizer regex instead");
+  tiktoken_command->add_option("--special", options->specials, "TEXT=ID, one more or instead")
+      ->allow_extra_args(false);
+  tiktoken_command->add_option("--out", options->out, "the tokenizer.json to write")->required();
+  tiktoken_command->callback([options] {
+    tokenize::TiktokenEncoding encoding = tokenize::tiktoken_encoding(options->encoding);
+    if (!options->pattern.empty()) encoding.pattern = options->pattern;
+    for (const std::string& special : options->specials)
+      tokenize::set_special_token(encoding, special);
+    convert_files(*options, {{"--ranks", options->ranks}},
+                  [&] { return tokenize::Tokenizer::load_tiktoken(options->ranks, encoding); });
   });
   CLI::App* train_command = command->add_subcommand(
       "train", "learn byte-level BPE merges from the training records of a text");

@@ -28,6 +28,7 @@ using Json = nlohmann::json;
 
 constexpr std::int64_t kMaxTokenizerBytes = std::int64_t{256} << 20;
 constexpr std::int64_t kMaxVocabulary = std::int64_t{1} << 24;
+constexpr std::int64_t kMaxUnusedIds = 4096;
 
 std::uint64_t pair_key(std::int64_t left, std::int64_t right) {
   return (static_cast<std::uint64_t>(left) << 32) | static_cast<std::uint64_t>(right);
@@ -160,9 +161,26 @@ Tokenizer Tokenizer::load(const std::string& path) {
     throw DataError(
         fmt::format("{}: empty: neither a tokenizer.json nor a SentencePiece model", path));
   }
+  if (looks_like_tiktoken(bytes)) {
+    throw DataError(fmt::format(
+        "{}: a tiktoken rank file, without its pattern and special tokens: convert it with "
+        "`meshtensor tokenizer from-tiktoken --ranks {} --encoding NAME --out tokenizer.json` "
+        "(NAME one of {})",
+        path, path, tiktoken_encoding_names()));
+  }
   if (SentencePieceModel::looks_like_model(bytes))
     return from_sentencepiece(std::move(bytes), path);
   return from_json(bytes, path);
+}
+
+Tokenizer Tokenizer::load_tiktoken(const std::string& path, const TiktokenEncoding& encoding) {
+  return from_tiktoken(read_regular_file(path, kMaxTokenizerBytes, "a tiktoken rank file"),
+                       encoding, path);
+}
+
+Tokenizer Tokenizer::from_tiktoken(std::string_view ranks, const TiktokenEncoding& encoding,
+                                   const std::string& source) {
+  return from_document(tiktoken_document(ranks, encoding, source), source, nullptr);
 }
 
 Tokenizer Tokenizer::load_sentencepiece(const std::string& path) {
@@ -254,11 +272,6 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
   t.read_model(model, added_tokens, source);
   t.build_matchers();
   t.is_special_.resize(t.tokens_.size(), false);
-  for (std::size_t id = 0; id < t.tokens_.size(); ++id) {
-    if (t.tokens_[id].empty())
-      throw DataError(fmt::format("{}: id {} names no token (ids must be 0 to {} without gaps)",
-                                  source, id, t.tokens_.size() - 1));
-  }
   t.check_references(source);
   if (t.sentencepiece_) {
     const auto pieces = static_cast<std::int64_t>(t.sentencepiece_->size());
@@ -278,6 +291,7 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
 void Tokenizer::read_model(const Json& model, const Json& added_tokens, const std::string& source) {
   check_model_options(model, source);
   ignore_merges_ = model_flag(model, "ignore_merges", source);
+  tiktoken_merges_ = model_flag(model, "tiktoken_merges", source);
   byte_fallback_ = model_flag(model, "byte_fallback", source);
   fuse_unk_ = model_flag(model, "fuse_unk", source);
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {
@@ -287,15 +301,16 @@ void Tokenizer::read_model(const Json& model, const Json& added_tokens, const st
     }
     unk_token_ = model["unk_token"].get<std::string>();
   }
-  // Ids run from 0 without gaps, so none can reach the count of entries: checked before any
-  // table grows to an id.
+  // Ids run from 0 with at most kMaxUnusedIds unused among them (cl100k's specials leave some):
+  // checked before any table grows to an id.
   const auto entries = static_cast<std::int64_t>(model["vocab"].size() + added_tokens.size());
+  const std::int64_t bound = std::min(entries + kMaxUnusedIds, kMaxVocabulary);
   const auto place = [&](std::int64_t id, const std::string& token, bool added) {
-    if (id < 0 || id >= std::min(entries, kMaxVocabulary)) {
+    if (id < 0 || id >= bound) {
       throw DataError(fmt::format(
-          "{}: token '{}' has id {}, outside [0, {}) (ids run from 0 without gaps over the {} "
-          "entries of the file)",
-          source, token, id, std::min(entries, kMaxVocabulary), entries));
+          "{}: token '{}' has id {}, outside [0, {}) (ids run from 0 over the {} entries of the "
+          "file, with at most {} unused)",
+          source, token, id, bound, entries, kMaxUnusedIds));
     }
     const auto at = static_cast<std::size_t>(id);
     if (at >= tokens_.size()) {
@@ -325,6 +340,7 @@ void Tokenizer::read_model(const Json& model, const Json& added_tokens, const st
     const auto [left, right] = merge_parts(merge, source);
     add_merge(left, right, source);
   }
+  first_merge_making_ = {};
   if (added_tokens.is_array()) {
     for (const Json& added : added_tokens) {
       AddedToken token = read_added_token(added, source);
@@ -407,7 +423,10 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
         fmt::format("{}: merge '{} {}' names a token the vocabulary lacks", source, left, right));
   }
   const auto rank = static_cast<std::int64_t>(merges_.size());
-  if (merge_rank_.emplace(pair_key(l->second, r->second), rank).second) {
+  // tiktoken's rule: a pair merges at the rank of the token it makes (the first merge making it).
+  const std::int64_t priority =
+      tiktoken_merges_ ? first_merge_making_.emplace(m->second, rank).first->second : rank;
+  if (merge_rank_.emplace(pair_key(l->second, r->second), priority).second) {
     merges_.emplace_back(l->second, r->second);
     merged_.push_back(m->second);
   }
@@ -829,31 +848,31 @@ Json Tokenizer::document() const {
                      {"normalized", token.normalized},
                      {"special", token.special}});
   }
-  const Json doc = {{"version", "1.0"},
-                    {"truncation", nullptr},
-                    {"padding", nullptr},
-                    {"added_tokens", added},
-                    {"normalizer", normalizer_.to_json()},
-                    {"pre_tokenizer", pre_tokenizer_.to_json()},
-                    {"post_processor", post_processor_.to_json(byte_level_)},
-                    {"decoder", decoder_.to_json()},
-                    {"model",
-                     {{"type", "BPE"},
-                      {"dropout", nullptr},
-                      {"unk_token", unk_token_.empty() ? Json() : Json(unk_token_)},
-                      {"continuing_subword_prefix", nullptr},
-                      {"end_of_word_suffix", nullptr},
-                      {"fuse_unk", fuse_unk_},
-                      {"byte_fallback", byte_fallback_},
-                      {"ignore_merges", ignore_merges_},
-                      {"vocab", vocab},
-                      {"merges", merges}}}};
+  Json doc = {{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", added},
+              {"normalizer", normalizer_.to_json()},
+              {"pre_tokenizer", pre_tokenizer_.to_json()},
+              {"post_processor", post_processor_.to_json(byte_level_)},
+              {"decoder", decoder_.to_json()},
+              {"model",
+               {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", unk_token_.empty() ? Json() : Json(unk_token_)},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", fuse_unk_},
+                {"byte_fallback", byte_fallback_},
+                {"ignore_merges", ignore_merges_},
+                {"vocab", vocab},
+                {"merges", merges}}}};
+  if (tiktoken_merges_) doc["model"]["tiktoken_merges"] = true;
   if (!sentencepiece_) return doc;
-  Json with_model = doc;
-  with_model["normalizer"] = sentencepiece_parts_["normalizer"];
-  with_model["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];
-  with_model["sentencepiece_model"] = base64_encode(sentencepiece_->serialized());
-  return with_model;
+  doc["normalizer"] = sentencepiece_parts_["normalizer"];
+  doc["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];
+  doc["sentencepiece_model"] = base64_encode(sentencepiece_->serialized());
+  return doc;
 }
 
 void write_ids(std::ostream& out, const Tokenizer& tokenizer, std::string_view text,

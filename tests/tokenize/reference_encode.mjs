@@ -1,7 +1,10 @@
 // Encodes a file with the reference implementations: Hugging Face's own JavaScript port
 // (@huggingface/tokenizers) for any tokenizer.json, with the special tokens its post-processor
 // adds, and, when named, the vocabulary's own npm package as well: --gpt2 (gpt-3-encoder),
-// --llama2 (llama-tokenizer-js) or --mistral (mistral-tokenizer-js), each with its defaults.
+// --llama2 (llama-tokenizer-js) or --mistral (mistral-tokenizer-js), each with its defaults;
+// --llama3 (llama3-tokenizer-js, with its bos and without its eos, as Llama 3's tokenizer.json
+// does); --cl100k_base, --o200k_base, --r50k_base or --p50k_base (js-tiktoken, every special
+// token allowed).
 // Prints one JSON array of ids per implementation, one a line.
 // Usage: node reference_encode.mjs <node_modules> <tokenizer.json> <text file> [--PACKAGE]
 import fs from "fs";
@@ -24,4 +27,11 @@ if (own === "--gpt2") {
 } else if (own === "--mistral") {
   const mistral = (await import(`${modules}/mistral-tokenizer-js/mistral-tokenizer.js`)).default;
   console.log(JSON.stringify(mistral.encode(text)));
+} else if (own === "--llama3") {
+  const llama3 = (await import(`${modules}/llama3-tokenizer-js/bundle/llama3-tokenizer-with-baked-data.js`)).default;
+  console.log(JSON.stringify(llama3.encode(text, { bos: true, eos: false })));
+} else if (own && own.endsWith("_base")) {
+  const { Tiktoken } = await import(`${modules}/js-tiktoken/dist/lite.js`);
+  const ranks = (await import(`${modules}/js-tiktoken/dist/ranks/${own.slice(2)}.js`)).default;
+  console.log(JSON.stringify(new Tiktoken(ranks).encode(text, "all")));
 }

@@ -13,11 +13,16 @@ namespace meshtensor::tokenize {
 inline constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-/// Llama 3's pre-tokenizer pattern: case-insensitive contractions, letters with one leading
-/// non-letter, digits in groups of at most three, symbols with their trailing newlines, and
-/// whitespace.
+/// Llama 3's (and tiktoken's cl100k_base) pre-tokenizer pattern: case-insensitive contractions,
+/// letters with one leading non-letter, digits in groups of at most three, symbols with their
+/// trailing newlines, and whitespace.
 inline constexpr std::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+/// tiktoken's o200k_base pattern (GPT-4o): words split at case changes with their contractions,
+/// digits in groups of at most three, symbols with trailing newlines or slashes, and whitespace.
+inline constexpr std::string_view kO200kPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 /// A pre-tokenizer's split of UTF-8 text by a regular expression with Unicode classes (PCRE2,
 /// JIT-compiled, Unicode properties for \p, \s, \w and \d), Hugging Face's Split with the

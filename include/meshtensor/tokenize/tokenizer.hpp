@@ -18,6 +18,7 @@
 #include <meshtensor/tokenize/post_processor.hpp>
 #include <meshtensor/tokenize/pre_tokenizer.hpp>
 #include <meshtensor/tokenize/sentencepiece.hpp>
+#include <meshtensor/tokenize/tiktoken.hpp>
 
 namespace meshtensor::tokenize {
 
@@ -41,7 +42,8 @@ class Tokenizer {
   /// merges, no added tokens and no split is the byte tokenizer (bytes()).
   static Tokenizer from_json(std::string_view text, const std::string& source);
   /// Reads and parses the `tokenizer.json` or SentencePiece `.model` file `path` (a regular
-  /// file of at most 256 MiB).
+  /// file of at most 256 MiB). A tiktoken rank file is refused with the command that converts it
+  /// (its pattern and special tokens are not in it).
   static Tokenizer load(const std::string& path);
   /// A SentencePiece BPE model (the bytes of a `.model` file): encoded by the sentencepiece
   /// library, so its ids are `spm_encode`'s; everything else as the tokenizer.json Hugging Face's
@@ -55,6 +57,12 @@ class Tokenizer {
   /// line, by rank), GPT-2's pre-tokenizer, and `<|endoftext|>` as the special token it names.
   static Tokenizer from_gpt2(std::string_view encoder, std::string_view merges,
                              const std::string& source);
+  /// The tokenizer of a tiktoken rank file's text (tiktoken_document()): it encodes as tiktoken
+  /// does, and its to_json() as Hugging Face's converter writes it besides.
+  static Tokenizer from_tiktoken(std::string_view ranks, const TiktokenEncoding& encoding,
+                                 const std::string& source);
+  /// from_tiktoken() of the rank file `path`.
+  static Tokenizer load_tiktoken(const std::string& path, const TiktokenEncoding& encoding);
   /// from_gpt2() of the files `encoder` (encoder.json) and `merges` (vocab.bpe).
   static Tokenizer load_gpt2(const std::string& encoder, const std::string& merges);
   /// The byte tokenizer: id b is byte b (256 tokens, no merges), and encode() keeps every byte
@@ -93,7 +101,8 @@ class Tokenizer {
   /// SentencePiece-style decoder strips (the one encoding prepended).
   std::string decode_text(std::span<const std::int64_t> ids, bool skip_special) const;
   /// The bytes of one token where it continues a text (added tokens by their content; a
-  /// byte-fallback token its byte; `▁` a space).
+  /// byte-fallback token its byte; `▁` a space; an id no token has, as cl100k's between its
+  /// special tokens: nothing, as Hugging Face and tiktoken decode it).
   std::string token_bytes(std::int64_t id) const;
   /// Ids from 0 to vocabulary() - 1.
   std::int64_t vocabulary() const { return static_cast<std::int64_t>(tokens_.size()); }
@@ -177,6 +186,8 @@ class Tokenizer {
   Decoder decoder_;
   bool byte_level_ = true;  // pieces start from byte symbols, not characters
   bool ignore_merges_ = false;
+  bool tiktoken_merges_ = false;  // merge_rank_ holds the first rank making the pair's token
+  std::unordered_map<std::int64_t, std::int64_t> first_merge_making_;  // while reading merges
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   std::string unk_token_;  // empty: none (unknown characters are dropped)
