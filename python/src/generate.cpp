@@ -7,20 +7,21 @@ namespace meshtensor::python {
 
 namespace {
 
-/// A prompt as token ids: a str (UTF-8) or bytes encoded by the model's tokenizer, or a
-/// sequence of its ids.
-std::vector<std::int64_t> prompt_tokens(const py::handle& prompt,
-                                        const tokenize::Tokenizer& tokenizer) {
+/// The request of a prompt: a str (UTF-8) or bytes encoded by the model's tokenizer with its
+/// special tokens (a bos), or a sequence of its ids as given; it ends at the tokenizer's end ids.
+generate::Request prompt_request(const py::handle& prompt, const tokenize::Tokenizer& tokenizer,
+                                 std::int64_t max_new_tokens, const generate::Sampling& sampling) {
   if (py::isinstance<py::str>(prompt) || py::isinstance<py::bytes>(prompt)) {
     const std::string bytes = py::isinstance<py::str>(prompt)
                                   ? prompt.cast<std::string>()
                                   : std::string(prompt.cast<py::bytes>());
-    return tokenizer.encode(bytes);
+    return generate::text_request(tokenizer, bytes, max_new_tokens, sampling);
   }
-  std::vector<std::int64_t> tokens;
+  generate::Request request{{}, max_new_tokens, sampling};
+  request.stop_tokens = tokenizer.roles().end_ids;
   for (const auto& token : prompt.cast<py::sequence>())
-    tokens.push_back(cast_argument<std::int64_t>(token, "generate() prompt token"));
-  return tokens;
+    request.prompt.push_back(cast_argument<std::int64_t>(token, "generate() prompt token"));
+  return request;
 }
 
 py::list run_generate(const std::string& checkpoint, const py::object& prompts,
@@ -31,13 +32,12 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
   const std::shared_ptr<const tokenize::Tokenizer> tokenizer =
       generate::model_tokenizer(checkpoint);
   std::vector<generate::Request> requests;
+  const generate::Sampling sampling{temperature, top_k, seed};
   if (single) {
-    requests.push_back(
-        {prompt_tokens(prompts, *tokenizer), max_new_tokens, {temperature, top_k, seed}});
+    requests.push_back(prompt_request(prompts, *tokenizer, max_new_tokens, sampling));
   } else {
     for (const auto& p : prompts.cast<py::sequence>())
-      requests.push_back(
-          {prompt_tokens(p, *tokenizer), max_new_tokens, {temperature, top_k, seed}});
+      requests.push_back(prompt_request(p, *tokenizer, max_new_tokens, sampling));
   }
   const comm::ReductionMode reduction = mode_from(mode);
   if (reduction == comm::ReductionMode::native) {
@@ -60,11 +60,14 @@ py::list run_generate(const std::string& checkpoint, const py::object& prompts,
     completions = generator.generate(requests);
   }
   py::list out;
-  for (const generate::Completion& c : completions) {
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    const generate::Completion& c = completions[i];
+    const auto shown = generate::text_tokens(c, requests[i]);
     py::dict d;
     d["tokens"] = c.tokens;
     d["logprobs"] = c.logprobs;
-    d["text"] = py::bytes(tokenizer->decode(c.tokens));
+    d["text"] = py::bytes(tokenizer->decode(shown));
+    d["finish_reason"] = shown.size() < c.tokens.size() ? "stop" : "length";
     out.append(d);
   }
   return out;

@@ -58,18 +58,23 @@ generate::PromptSource prompt_source(const GenerateOptions& options) {
           given(options.prompts_option, options.prompts)};
 }
 
+/// Each completion: its text (without the stop token that ended it), tokens and scores.
 void print_completions(const std::vector<std::string>& prompts,
+                       const std::vector<generate::Request>& requests,
                        const std::vector<generate::Completion>& completions,
                        const tokenize::Tokenizer& tokenizer, bool json, std::size_t first) {
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const generate::Completion& c = completions[i];
-    const std::string text = train::printable_text(tokenizer.decode(c.tokens));
+    const auto shown = generate::text_tokens(c, requests[i]);
+    const std::string text = train::printable_text(tokenizer.decode(shown));
     if (json) {
       // Doubles print with the digits that read back to the same bits.
-      const nlohmann::json out = {{"prompt", train::printable_text(prompts[i])},
-                                  {"text", text},
-                                  {"tokens", c.tokens},
-                                  {"logprobs", c.logprobs}};
+      const nlohmann::json out = {
+          {"prompt", train::printable_text(prompts[i])},
+          {"text", text},
+          {"tokens", c.tokens},
+          {"logprobs", c.logprobs},
+          {"finish_reason", shown.size() < c.tokens.size() ? "stop" : "length"}};
       std::cout << out.dump() << '\n';
     } else {
       double total = 0;
@@ -147,12 +152,13 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job,
     if (prompts.empty()) break;
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      requests.push_back({job.tokenizer->encode(prompts[i]), job.new_tokens, job.sampling});
+      requests.push_back(
+          generate::text_request(*job.tokenizer, prompts[i], job.new_tokens, job.sampling));
       generate::check_request(requests.back(), first + i, model->decoder_config());
     }
     const std::vector<generate::Completion> completions = generator.generate(requests);
     if (world.rank() == 0)
-      print_completions(prompts, completions, *job.tokenizer, job.options.json, first);
+      print_completions(prompts, requests, completions, *job.tokenizer, job.options.json, first);
     first += prompts.size();
   }
 }
@@ -177,8 +183,8 @@ void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
   generate::PromptSource source = prompt_source(options);
   std::size_t i = 0;
   for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
-    generate::check_request({job.tokenizer->encode(*prompt), job.new_tokens, job.sampling}, i,
-                            config);
+    generate::check_request(
+        generate::text_request(*job.tokenizer, *prompt, job.new_tokens, job.sampling), i, config);
 }
 
 void run_generate(const GenerateOptions& options) {
@@ -250,7 +256,7 @@ void add_generate_command(CLI::App& app) {
   command->add_option("--names", options->names, "tp (the only dim generation takes)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
   add_flag(*command, "--json", options->json,
-           "one JSON object per prompt: prompt, text, tokens, logprobs");
+           "one JSON object per prompt: prompt, text, tokens, logprobs, finish_reason");
   command->callback([options] { run_generate(*options); });
 }
 

@@ -98,7 +98,9 @@ std::vector<StepEvent> ContinuousBatch::step() {
     Running& r = running_[to_score[i].running];
     event.drawn = scored[i];
     r.sequence.push_back(scored[i].token);
-    event.finished = ++r.drawn == r.request.max_new_tokens;
+    const std::vector<std::int64_t>& stops = r.request.stop_tokens;
+    event.finished = ++r.drawn == r.request.max_new_tokens ||
+                     std::find(stops.begin(), stops.end(), scored[i].token) != stops.end();
   }
   for (const StepEvent& event : events)
     if (event.finished) remove(event.id);

@@ -43,6 +43,10 @@ void check_request(const Request& request, std::size_t index, const nn::DecoderC
     throw bad(fmt::format("top_logprobs {} is not between 0 and the vocabulary of {}",
                           request.top_logprobs, vocabulary));
   }
+  for (const std::int64_t token : request.stop_tokens) {
+    if (token < 0 || token >= vocabulary)
+      throw bad(fmt::format("stop token {} is outside the vocabulary of {}", token, vocabulary));
+  }
 }
 
 std::vector<std::int64_t> byte_tokens(std::string_view text) {
@@ -138,6 +142,21 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
   }
   stats_ = batch.stats();
   return done;
+}
+
+Request text_request(const tokenize::Tokenizer& tokenizer, std::string_view prompt,
+                     std::int64_t max_new_tokens, const Sampling& sampling) {
+  Request request{tokenizer.encode_with_specials(prompt), max_new_tokens, sampling};
+  request.stop_tokens = tokenizer.roles().end_ids;
+  return request;
+}
+
+std::span<const std::int64_t> text_tokens(const Completion& completion, const Request& request) {
+  std::span<const std::int64_t> tokens = completion.tokens;
+  const std::vector<std::int64_t>& stops = request.stop_tokens;
+  if (!tokens.empty() && std::find(stops.begin(), stops.end(), tokens.back()) != stops.end())
+    tokens = tokens.first(tokens.size() - 1);
+  return tokens;
 }
 
 }  // namespace meshtensor::generate

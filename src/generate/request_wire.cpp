@@ -15,7 +15,8 @@ nlohmann::json request_to_json(const Request& r) {
           {"seed", r.sampling.seed},
           {"top_p_bits", std::bit_cast<std::uint64_t>(r.sampling.top_p)},
           {"score_prompt", r.score_prompt},
-          {"top_logprobs", r.top_logprobs}};
+          {"top_logprobs", r.top_logprobs},
+          {"stop_tokens", r.stop_tokens}};
 }
 
 Request request_from_json(const nlohmann::json& json) {
@@ -30,6 +31,7 @@ Request request_from_json(const nlohmann::json& json) {
     r.sampling.top_p = std::bit_cast<double>(json.at("top_p_bits").get<std::uint64_t>());
     r.score_prompt = json.at("score_prompt").get<bool>();
     r.top_logprobs = json.at("top_logprobs").get<std::int64_t>();
+    r.stop_tokens = json.at("stop_tokens").get<std::vector<std::int64_t>>();
     return r;
   } catch (const nlohmann::json::exception& error) {
     throw DataError(fmt::format("a request on the wire is malformed: {}", error.what()));

@@ -19,6 +19,7 @@
 
 #include "config_json.hpp"
 #include "tensor_map.hpp"
+#include "tokenizer_config.hpp"
 
 namespace meshtensor::hf {
 
@@ -197,6 +198,21 @@ tokenize::Tokenizer folder_tokenizer(const fs::path& root) {
   return tokenize::Tokenizer::load((root / "tokenizer.json").string());
 }
 
+/// The folder's tokenizer with its tokenizer_config.json and generation_config.json applied.
+tokenize::Tokenizer configured_tokenizer(const fs::path& root, const Json& model_config) {
+  tokenize::Tokenizer tokenizer = folder_tokenizer(root);
+  const auto optional_json = [&](const char* name, std::string_view what) {
+    std::error_code error;
+    return fs::exists(root / name, error) ? read_json(root / name, what) : Json();
+  };
+  apply_tokenizer_configs(tokenizer, optional_json("tokenizer_config.json", "a tokenizer config"),
+                          (root / "tokenizer_config.json").string(),
+                          optional_json("generation_config.json", "a generation config"),
+                          (root / "generation_config.json").string(), model_config,
+                          (root / "config.json").string());
+  return tokenizer;
+}
+
 }  // namespace
 
 Folder read_folder(const std::string& directory) {
@@ -211,9 +227,10 @@ Folder read_folder(const std::string& directory) {
   }
   Folder folder;
   folder.directory = directory;
-  folder.config = parse_config_json(read_json(root / "config.json", "a model config"),
-                                    (root / "config.json").string());
-  folder.tokenizer = std::make_shared<const tokenize::Tokenizer>(folder_tokenizer(root));
+  const Json model_config = read_json(root / "config.json", "a model config");
+  folder.config = parse_config_json(model_config, (root / "config.json").string());
+  folder.tokenizer =
+      std::make_shared<const tokenize::Tokenizer>(configured_tokenizer(root, model_config));
   if (folder.tokenizer->vocabulary() != nn::decoder_vocabulary(folder.config)) {
     throw DataError(fmt::format("{}: vocab_size {} is not the {} tokens of its tokenizer.json",
                                 (root / "config.json").string(),
@@ -364,14 +381,14 @@ void write_files(const fs::path& root, const nn::DecoderConfig& config,
     write_text(root / "model.safetensors.index.json", index.dump(2) + "\n");
     report.files.push_back("model.safetensors.index.json");
   }
-  const auto [bos, eos] = bos_eos(tokenizer);
+  const std::int64_t context = nn::decoder_context(config);
   write_text(root / "config.json", config_json(config, tokenizer, options.dtype).dump(2) + "\n");
-  write_text(root / "generation_config.json", Json{{"bos_token_id", bos},
-                                                   {"eos_token_id", eos},
-                                                   {"max_length", nn::decoder_context(config)}}
-                                                      .dump(2) +
-                                                  "\n");
-  for (const char* file : {"config.json", "generation_config.json", "tokenizer.json"})
+  write_text(root / "generation_config.json",
+             generation_config_json(tokenizer, context).dump(2) + "\n");
+  write_text(root / "tokenizer_config.json",
+             tokenizer_config_json(tokenizer, context).dump(2) + "\n");
+  for (const char* file :
+       {"config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"})
     report.files.emplace_back(file);
   if (const auto& model = tokenizer.sentencepiece()) {
     write_text(root / "tokenizer.model", model->serialized());

@@ -40,15 +40,23 @@ bool same_bits(double a, double b) {
   return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
 }
 
+/// True for one of the tokenizer's end-of-sequence ids.
+bool is_end_token(const tokenize::Tokenizer& tokenizer, std::int64_t token) {
+  const std::vector<std::int64_t>& ends = tokenizer.roles().end_ids;
+  return std::find(ends.begin(), ends.end(), token) != ends.end();
+}
+
 /// Prompts decoded before the first step and after the last (RlResult::before / after).
 constexpr std::int64_t kShownSamples = 3;
 
 /// The rollouts of one step, the same on every rank: for sequence q = prompt * G + sample, its
-/// completion's tokens and the generator's log-probabilities (new_tokens each), and its reward.
+/// completion's tokens and the generator's log-probabilities (new_tokens each: a completion that
+/// ended at an end-of-sequence token is padded with it, scored 0), its length, and its reward.
 struct Rollouts {
   std::vector<std::int64_t> prompt_ids;  ///< pool index of each of the P prompts
   std::vector<std::int64_t> tokens;      ///< [P * G * new_tokens]
   std::vector<double> logprobs;          ///< [P * G * new_tokens]
+  std::vector<std::int64_t> lengths;     ///< [P * G]: tokens up to and with its end token
   std::vector<double> rewards;           ///< [P * G]
   std::vector<double> advantages;        ///< [P * G]
 };
@@ -329,6 +337,7 @@ std::vector<generate::Request> RlRun::requests(std::int64_t step,
                       static_cast<std::uint64_t>(id)) +
                 static_cast<std::uint64_t>(sample));
       made.push_back({prompt, config_.new_tokens, {config_.temperature, config_.top_k, seed}});
+      made.back().stop_tokens = task_.tokenizer->roles().end_ids;
     }
   }
   return made;
@@ -358,10 +367,11 @@ void RlRun::generate_all(const std::vector<generate::Request>& all, Rollouts& ro
   Tensor logprobs(Shape{sent}, DType::f64);
   for (std::int64_t i = 0; i < sent; ++i) {
     const generate::Completion& c = made[static_cast<std::size_t>(i / n)];
+    const auto at = static_cast<std::size_t>(i % n);
+    const bool made_here = at < c.tokens.size();  // past an end token: padding with it
     tokens.values<std::int64_t>()[static_cast<std::size_t>(i)] =
-        c.tokens[static_cast<std::size_t>(i % n)];
-    logprobs.values<double>()[static_cast<std::size_t>(i)] =
-        c.logprobs[static_cast<std::size_t>(i % n)];
+        made_here ? c.tokens[at] : c.tokens.back();
+    logprobs.values<double>()[static_cast<std::size_t>(i)] = made_here ? c.logprobs[at] : 0.0;
   }
   Tensor all_tokens(Shape{total * n}, DType::i64);
   Tensor all_logprobs(Shape{total * n}, DType::f64);
@@ -371,6 +381,13 @@ void RlRun::generate_all(const std::vector<generate::Request>& all, Rollouts& ro
   const auto logprob_values = all_logprobs.values<double>();
   rollouts.tokens.assign(token_values.begin(), token_values.end());
   rollouts.logprobs.assign(logprob_values.begin(), logprob_values.end());
+  const std::vector<std::int64_t>& ends = task_.tokenizer->roles().end_ids;
+  rollouts.lengths.assign(static_cast<std::size_t>(total), n);
+  for (std::int64_t q = 0; q < total; ++q) {
+    const auto first = rollouts.tokens.begin() + q * n;
+    const auto end = std::find_first_of(first, first + n, ends.begin(), ends.end());
+    if (end != first + n) rollouts.lengths[static_cast<std::size_t>(q)] = end - first + 1;
+  }
 }
 
 /// Rewards on world rank 0 (a Python callback runs once, and its numbers are data every rank
@@ -385,8 +402,11 @@ void RlRun::score(Rollouts& rollouts) {
       const std::int64_t id = rollouts.prompt_ids[static_cast<std::size_t>(q / g)];
       const std::string& prompt = task_.prompts[static_cast<std::size_t>(id)];
       const auto first = rollouts.tokens.begin() + q * config_.new_tokens;
+      const std::int64_t length = rollouts.lengths[static_cast<std::size_t>(q)];
+      const std::int64_t text =
+          length - (is_end_token(*task_.tokenizer, *(first + length - 1)) ? 1 : 0);
       const std::string completion = task_.tokenizer->decode(
-          std::span<const std::int64_t>(&*first, static_cast<std::size_t>(config_.new_tokens)));
+          std::span<const std::int64_t>(&*first, static_cast<std::size_t>(text)));
       const auto name = [&] {
         return fmt::format("step {}, prompt {} ('{}'), sample {}", step_ + 1, q / g,
                            train::printable_text(prompt), q % g);
@@ -541,7 +561,7 @@ Tensor RlRun::weigh_tokens(const Rollouts& rollouts, std::int64_t start, std::in
       const std::int64_t row = s * length_ + t;
       const std::int64_t position = t - (prompt_tokens_ - 1);
       double factor = 0;
-      if (position >= 0) {
+      if (position >= 0 && position < rollouts.lengths[static_cast<std::size_t>(q)]) {
         const double logp = -nll.values<double>()[static_cast<std::size_t>(row)];
         const double old = rollouts.logprobs[static_cast<std::size_t>(q * n + position)];
         double log_reference = 0;
@@ -623,7 +643,8 @@ std::vector<RlSample> RlRun::show_samples() {
   std::vector<RlSample> samples;
   for (std::size_t i = 0; i < firsts.size(); ++i) {
     const std::string& prompt = task_.prompts[static_cast<std::size_t>(ids[i])];
-    const std::string completion = task_.tokenizer->decode(completions[i].tokens);
+    const std::string completion =
+        task_.tokenizer->decode(generate::text_tokens(completions[i], firsts[i]));
     double reward = std::nan("");
     try {
       if (world_.rank() == 0) reward = task_.reward(prompt, completion);

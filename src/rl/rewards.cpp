@@ -167,7 +167,7 @@ RlTask tokenized(RlTask task, std::shared_ptr<const tokenize::Tokenizer> tokeniz
   std::vector<std::vector<std::int64_t>> tokens;
   std::map<std::size_t, std::int64_t> lengths;
   for (const std::string& prompt : task.prompts) {
-    tokens.push_back(task.tokenizer->encode(prompt));
+    tokens.push_back(task.tokenizer->encode_with_specials(prompt));
     ++lengths[tokens.back().size()];
   }
   std::size_t kept = 0;

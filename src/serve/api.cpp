@@ -156,14 +156,14 @@ std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
   if (value == nullptr) throw bad("prompt", "'prompt' is required");
   std::vector<std::vector<std::int64_t>> prompts;
   if (value->is_string()) {
-    prompts.push_back(tokenizer.encode(value->get<std::string>()));
+    prompts.push_back(tokenizer.encode_with_specials(value->get<std::string>()));
   } else if (value->is_array() && !value->empty()) {
     const json& first = value->front();
     for (std::size_t i = 0; i < value->size(); ++i) {
       const json& item = (*value)[i];
       if (first.is_number() && item.is_number()) continue;
       if (item.is_string() && first.is_string()) {
-        prompts.push_back(tokenizer.encode(item.get<std::string>()));
+        prompts.push_back(tokenizer.encode_with_specials(item.get<std::string>()));
       } else if (item.is_array() && first.is_array()) {
         prompts.push_back(token_prompt(item, i, config));
       } else {

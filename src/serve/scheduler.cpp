@@ -185,6 +185,7 @@ StepPlan Scheduler::next_plan(std::int64_t running, std::int64_t free_slots,
     request.sampling.seed += static_cast<std::uint64_t>(sample);
     request.score_prompt = params.echo && params.logprobs.has_value();
     request.top_logprobs = params.logprobs.value_or(0);
+    request.stop_tokens = params.tokenizer->roles().end_ids;
     metrics_.add_prompt_tokens(static_cast<std::int64_t>(request.prompt.size()));
     const std::uint64_t id = next_id_++;
     plan.add.push_back({id, std::move(request)});
@@ -223,8 +224,16 @@ void Scheduler::deliver(const std::vector<generate::StepEvent>& events) {
         }
         slot.last_token = now;
         metrics_.add_generated_tokens(1);
-        choice.tokens.push_back(*event.drawn);
-        if (const auto cut = stop_cut(choice.tokens, job.params.stop, *job.params.tokenizer)) {
+        // An end-of-sequence token ends the choice without being part of it.
+        const std::vector<std::int64_t>& ends = job.params.tokenizer->roles().end_ids;
+        const bool at_end = std::find(ends.begin(), ends.end(), event.drawn->token) != ends.end();
+        if (!at_end) choice.tokens.push_back(*event.drawn);
+        const std::optional<StopCut> cut =
+            at_end ? std::nullopt : stop_cut(choice.tokens, job.params.stop, *job.params.tokenizer);
+        if (at_end) {
+          finish_choice(slot, "stop");
+          done = true;
+        } else if (cut) {
           choice.tokens.resize(cut->tokens);
           choice.text_bytes = cut->text_bytes;
           finish_choice(slot, "stop");

@@ -37,8 +37,8 @@ void read_rank_line(std::string_view line, std::size_t number, const std::string
   const std::string_view digits = line.substr(space + 1);
   std::int64_t rank = -1;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), rank);
-  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty() ||
-      rank < 0 || rank >= kMaxRank)
+  if (error != std::errc() || end != digits.data() + digits.size() || digits.empty() || rank < 0 ||
+      rank >= kMaxRank)
     throw bad(fmt::format("its rank is not a whole number below {}", kMaxRank));
   std::string bytes =
       base64_decode(line.substr(0, space), fmt::format("{}: line {}", source, number));
@@ -124,10 +124,12 @@ TiktokenEncoding tiktoken_encoding(std::string_view name) {
             ""};
   }
   if (name == "o200k_base")
-    return {std::string(kO200kPattern), {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}, ""};
+    return {
+        std::string(kO200kPattern), {{"<|endoftext|>", 199999}, {"<|endofprompt|>", 200018}}, ""};
   if (name == "r50k_base" || name == "p50k_base")
     return {std::string(kGpt2Pattern), {{"<|endoftext|>", 50256}}, ""};
-  if (name == "llama3") return {std::string(kLlama3Pattern), llama3_specials(), "<|begin_of_text|>"};
+  if (name == "llama3")
+    return {std::string(kLlama3Pattern), llama3_specials(), "<|begin_of_text|>"};
   throw InvalidArgument(fmt::format("tiktoken encoding '{}' is not one meshtensor knows ({})", name,
                                     tiktoken_encoding_names()));
 }
@@ -188,8 +190,10 @@ nlohmann::json tiktoken_document(std::string_view text, const TiktokenEncoding& 
                      {"normalized", false},
                      {"special", true}});
   }
-  const Json byte_level = {
-      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  const Json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", false}};
   const Json split = {{"type", "Split"},
                       {"pattern", {{"Regex", encoding.pattern}}},
                       {"behavior", "Isolated"},
@@ -205,11 +209,13 @@ nlohmann::json tiktoken_document(std::string_view text, const TiktokenEncoding& 
       throw InvalidArgument(fmt::format("bos {} is not one of the special tokens", encoding.bos));
     const Json template_of = {
         {"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", encoding.bos}, {"type_id", 0}}}},
-                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"single",
+         {{{"SpecialToken", {{"id", encoding.bos}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
         {"pair", Json::array()},
         {"special_tokens",
-         {{encoding.bos, {{"id", encoding.bos}, {"ids", {bos->second}}, {"tokens", {encoding.bos}}}}}}};
+         {{encoding.bos,
+           {{"id", encoding.bos}, {"ids", {bos->second}}, {"tokens", {encoding.bos}}}}}}};
     post = {{"type", "Sequence"}, {"processors", {post, template_of}}};
   }
   return {{"version", "1.0"},

@@ -94,6 +94,32 @@ bool model_flag(const Json& model, const char* key, const std::string& source) {
   }
 }
 
+/// The "special_roles" meshtensor writes: token names (null: none) and the end ids.
+SpecialRoles read_roles(const Json& roles, const std::string& source) {
+  const auto bad = [&] {
+    return DataError(
+        fmt::format("{}: special_roles {} is not bos_token, eos_token, pad_token "
+                    "(a token or null) and end_ids (a list of ids)",
+                    source, json_excerpt(roles)));
+  };
+  if (!roles.is_object()) throw bad();
+  SpecialRoles out;
+  for (const auto& [key, field] :
+       {std::pair{"bos_token", &out.bos_token}, std::pair{"eos_token", &out.eos_token},
+        std::pair{"pad_token", &out.pad_token}}) {
+    const Json& value = roles.contains(key) ? roles[key] : Json();
+    if (!value.is_null() && !value.is_string()) throw bad();
+    if (value.is_string()) *field = value.get<std::string>();
+  }
+  const Json& ends = roles.contains("end_ids") ? roles["end_ids"] : Json::array();
+  if (!ends.is_array()) throw bad();
+  for (const Json& id : ends) {
+    if (!id.is_number_integer()) throw bad();
+    out.end_ids.push_back(id.get<std::int64_t>());
+  }
+  return out;
+}
+
 /// A part of the file (null when absent).
 const Json& part_of(const Json& doc, const char* key) {
   static const Json none;
@@ -273,6 +299,8 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
   t.build_matchers();
   t.is_special_.resize(t.tokens_.size(), false);
   t.check_references(source);
+  if (const Json& roles = part_of(doc, "special_roles"); !roles.is_null())
+    t.set_roles(read_roles(roles, source), source);
   if (t.sentencepiece_) {
     const auto pieces = static_cast<std::int64_t>(t.sentencepiece_->size());
     for (std::int64_t id = 0; id < std::max(pieces, t.vocabulary()); ++id) {
@@ -752,6 +780,45 @@ std::vector<std::int64_t> Tokenizer::encode(std::string_view text) const {
   return std::move(out.ids);
 }
 
+std::vector<std::int64_t> Tokenizer::encode_with_specials(std::string_view text) const {
+  std::vector<std::int64_t> ids = post_processor_.before();
+  IdOutput out;
+  out.ids = std::move(ids);
+  encode_into(text, out);
+  out.ids.insert(out.ids.end(), post_processor_.after().begin(), post_processor_.after().end());
+  return std::move(out.ids);
+}
+
+void Tokenizer::set_roles(SpecialRoles roles, const std::string& source) {
+  for (const std::string* token : {&roles.bos_token, &roles.eos_token, &roles.pad_token}) {
+    if (!token->empty() && !token_id(*token))
+      throw DataError(
+          fmt::format("{}: special token '{}' is not in the tokenizer", source, *token));
+  }
+  for (const std::int64_t id : roles.end_ids) {
+    if (id < 0 || id >= vocabulary() || tokens_[static_cast<std::size_t>(id)].empty())
+      throw DataError(fmt::format("{}: end-of-sequence id {} names no token of the {}", source, id,
+                                  vocabulary()));
+  }
+  roles_ = std::move(roles);
+}
+
+void Tokenizer::set_post_processor(PostProcessor post_processor, const std::string& source) {
+  std::swap(post_processor_, post_processor);
+  try {
+    check_references(source);
+  } catch (...) {
+    std::swap(post_processor_, post_processor);
+    throw;
+  }
+}
+
+void Tokenizer::set_special(std::int64_t id, bool special) {
+  is_special_.at(static_cast<std::size_t>(id)) = special;
+  for (AddedToken& token : added_)
+    if (token.id == id) token.special = special;
+}
+
 void Tokenizer::encode_each(std::string_view text, const IdSink& take) const {
   IdOutput out;
   out.sink = &take;
@@ -827,6 +894,7 @@ std::string Tokenizer::to_json() const {
 std::string Tokenizer::to_hugging_face_json() const {
   Json doc = document();
   doc.erase("sentencepiece_model");
+  doc.erase("special_roles");
   return doc.dump(2);
 }
 
@@ -868,6 +936,15 @@ Json Tokenizer::document() const {
                 {"vocab", vocab},
                 {"merges", merges}}}};
   if (tiktoken_merges_) doc["model"]["tiktoken_merges"] = true;
+  if (roles_ != SpecialRoles{}) {
+    const auto named = [](const std::string& token) {
+      return token.empty() ? Json() : Json(token);
+    };
+    doc["special_roles"] = {{"bos_token", named(roles_.bos_token)},
+                            {"eos_token", named(roles_.eos_token)},
+                            {"pad_token", named(roles_.pad_token)},
+                            {"end_ids", roles_.end_ids}};
+  }
   if (!sentencepiece_) return doc;
   doc["normalizer"] = sentencepiece_parts_["normalizer"];
   doc["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];

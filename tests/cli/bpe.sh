@@ -173,7 +173,7 @@ hf)
   "$bin" "${run[@]}" --model "$tied" --ranks 1 --save "$dir/ck" >/dev/null
   "$bin" checkpoint export --format hf "$dir/ck" "$dir/hf" | grep -q "as GPT2LMHeadModel" ||
     fail "no GPT2LMHeadModel export"
-  for file in config.json generation_config.json tokenizer.json model.safetensors; do
+  for file in config.json generation_config.json tokenizer_config.json tokenizer.json model.safetensors; do
     [ -s "$dir/hf/$file" ] || fail "the export has no $file"
   done
   cmp -s "$dir/hf/tokenizer.json" <("$bin" checkpoint inspect "$dir/ck" --json |
@@ -225,6 +225,9 @@ hf)
     "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
   rm "$dir/bad/model.safetensors.index.json"
   "$bin" tokenizer train --vocab 300 --out "$dir/bad/tokenizer.json" >/dev/null
+  expect 2 "added_tokens_decoder gives id 511 to '<|endoftext|>', which the tokenizer has as id 299" \
+    "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
+  rm "$dir/bad/tokenizer_config.json"
   expect 2 "vocab_size 512 is not the 300 tokens of its tokenizer.json" \
     "$bin" generate --checkpoint "hf:$dir/bad" --prompt a
   ;;

@@ -14,6 +14,10 @@
 #   bpe     a model on byte-level BPE tokens: completions with generate's tokens and bits, text
 #           and logprobs.tokens from the tokenizer, byte offsets, token-id prompts, a stop sequence
 #           starting inside a token (non-streamed and streamed alike)
+#   roles   a Hugging Face folder whose tokenizer_config.json adds a bos and whose
+#           generation_config.json names end ids: completions stop at an end id (not part of the
+#           choice) with generate's tokens; an echoed prompt starts with the bos, its text, token
+#           and offset included; streamed alike
 #   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
 #           on headers), 1,000 idle and trickling connections, the connection limit
@@ -73,6 +77,63 @@ train "$dir/ckpt" 3
 serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
 
 case $case_name in
+roles)
+  "$bin" tokenizer train --vocab 300 --special '<|begin_of_text|>' --special '<|end_of_text|>' \
+    --out "$dir/tok.json" >/dev/null
+  "$bin" train --tokenizer "$dir/tok.json" --model llama:layers=2,heads=2,kv_heads=1,dim=32,context=32,tie=1 \
+    --mode exact --batch 8 --steps 20 --seed 3 --save "$dir/ck" >/dev/null
+  "$bin" checkpoint export --format hf "$dir/ck" "$dir/hf" >/dev/null
+  generated() {
+    "$bin" generate --checkpoint "hf:$dir/hf" --mode exact --prompt "The " --temperature 1 --seed 5 \
+      --max-new-tokens 12 --json
+  }
+  /usr/bin/python3 - "$dir/hf" <<'PY'
+import json, sys
+path = sys.argv[1] + "/tokenizer_config.json"
+c = json.load(open(path))
+c.update(add_bos_token=True, bos_token="<|begin_of_text|>")
+json.dump(c, open(path, "w"))
+PY
+  third=$(generated | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["tokens"][2])')
+  echo "{\"eos_token_id\": [298, $third]}" >"$dir/hf/generation_config.json"
+  generated >"$dir/generated"
+  start_server roles "$bin" serve --checkpoint "hf:$dir/hf" --mode exact --port 0
+  /usr/bin/python3 - "$url_roles" "$dir/generated" <<'PY' || fail "serving a folder's bos and eos"
+import json, sys, urllib.request
+url, generated = sys.argv[1:]
+expected = json.load(open(generated))
+assert expected["finish_reason"] == "stop" and len(expected["tokens"]) == 3, expected
+
+def post(body):
+    request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        data = response.read()
+    if not body.get("stream"):
+        return json.loads(data)["choices"][0]
+    events = [line[6:] for line in data.decode().split("\n") if line.startswith("data: ")]
+    chunks = [json.loads(e)["choices"][0] for e in events if e != "[DONE]"]
+    return {"text": "".join(c["text"] for c in chunks),
+            "token_ids": sum((c.get("token_ids") or [] for c in chunks), []),
+            "finish_reason": chunks[-1]["finish_reason"]}
+
+sampling = {"prompt": "The ", "max_tokens": 12, "temperature": 1, "seed": 5}
+for stream in (False, True):
+    choice = post({**sampling, "logprobs": 0, "stream": stream})
+    assert choice["token_ids"] == expected["tokens"][:-1], (choice, expected)
+    assert choice["finish_reason"] == "stop", choice
+    assert choice["text"] == expected["text"], (choice["text"], expected["text"])
+print("ok: the completion stops at an end id, which is not part of it (streamed alike)")
+echoed = post({**sampling, "logprobs": 0, "echo": True})
+bos = "<|begin_of_text|>"
+assert echoed["text"] == bos + "The " + expected["text"], echoed["text"]
+logprobs = echoed["logprobs"]
+assert logprobs["tokens"][0] == bos and logprobs["token_logprobs"][0] is None, logprobs
+assert logprobs["text_offset"][:2] == [0, len(bos)], logprobs["text_offset"]
+print("ok: the echoed prompt starts with the bos: its text, token and offset")
+PY
+  stop_server roles
+  ;;
 llama)
   "$bin" train --mode exact --model llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=64,tie=1 \
     --batch 8 --steps 3 --seed 4 --eval-every 0 --save "$dir/llama" >/dev/null

@@ -19,14 +19,16 @@ using Ids = std::vector<std::int64_t>;
 std::string ranks_of(const std::vector<std::string>& tokens) {
   std::string out;
   for (int byte = 0; byte < 256; ++byte)
-    out += base64_encode(std::string(1, static_cast<char>(byte))) + " " +
-           std::to_string(byte) + "\n";
+    out +=
+        base64_encode(std::string(1, static_cast<char>(byte))) + " " + std::to_string(byte) + "\n";
   for (std::size_t i = 0; i < tokens.size(); ++i)
     out += base64_encode(tokens[i]) + " " + std::to_string(256 + i) + "\n";
   return out;
 }
 
-TiktokenEncoding plain() { return {"[a-z]+|[^a-z]+", {}, ""}; }
+TiktokenEncoding plain() {
+  return {"[a-z]+|[^a-z]+", {}, ""};
+}
 
 TEST(Tiktoken, TheDocumentListsEverySplitByTheRankOfItsToken) {
   const Json doc = tiktoken_document(ranks_of({"ab", "abc", "bc"}), plain(), "r");
@@ -48,14 +50,17 @@ TEST(Tiktoken, TiktokenMergesRankAPairByTheTokenItMakes) {
   Json doc = tiktoken_document(ranks_of({"aa", "aaa", "ab"}), plain(), "r");
   doc["model"]["merges"] = Json::array({Json::array({"a", "a"}), Json::array({"a", "aa"}),
                                         Json::array({"a", "b"}), Json::array({"aa", "a"})});
-  const auto id = [&](const char* token) { return doc["model"]["vocab"][token].get<std::int64_t>(); };
+  const auto id = [&](const char* token) {
+    return doc["model"]["vocab"][token].get<std::int64_t>();
+  };
   const Tokenizer tiktoken = Tokenizer::from_json(doc.dump(), "t");
   EXPECT_EQ(tiktoken.encode("aaaba"), (Ids{id("aaa"), id("b"), id("a")}));
   doc["model"]["tiktoken_merges"] = false;
   const Tokenizer listed = Tokenizer::from_json(doc.dump(), "t");
   EXPECT_EQ(listed.encode("aaaba"), (Ids{id("aa"), id("ab"), id("a")}));
   // The rule is kept in the file meshtensor writes.
-  EXPECT_EQ(Tokenizer::from_json(tiktoken.to_json(), "t").encode("aaaba"), tiktoken.encode("aaaba"));
+  EXPECT_EQ(Tokenizer::from_json(tiktoken.to_json(), "t").encode("aaaba"),
+            tiktoken.encode("aaaba"));
 }
 
 TEST(Tiktoken, SpecialTokensMayLeaveIdsUnusedThatDecodeToNothing) {

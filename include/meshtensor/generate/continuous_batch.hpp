@@ -27,7 +27,7 @@ struct StepEvent {
   /// the prompt's first token has none, so the i-th score is prompt token i + 1's.
   std::vector<ScoredToken> prompt;
   std::optional<ScoredToken> drawn;  ///< the token drawn this step, if its prompt is all in
-  bool finished = false;             ///< max_new_tokens reached: the request has left the batch
+  bool finished = false;  ///< max_new_tokens reached or a stop token drawn: the request left
 };
 
 /// The engine under Generator, one decode step at a time, for callers whose requests arrive and

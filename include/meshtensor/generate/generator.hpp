@@ -10,6 +10,7 @@
 
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
 namespace meshtensor::generate {
@@ -33,10 +34,14 @@ struct Request {
   Sampling sampling;
   bool score_prompt = false;      ///< also score the prompt's tokens (ContinuousBatch)
   std::int64_t top_logprobs = 0;  ///< the most likely tokens reported with each score
+  /// The request ends once it draws one of these (kept as its last token): the tokenizer's end
+  /// ids (SpecialRoles::end_ids).
+  std::vector<std::int64_t> stop_tokens = {};
 };
 
 /// What a request produced: each generated token and its log-probability under the model
-/// (log softmax of the logits at temperature 1, computed as the trainer's loss computes it).
+/// (log softmax of the logits at temperature 1, computed as the trainer's loss computes it);
+/// max_new_tokens of them, or fewer ending in a stop token.
 struct Completion {
   std::vector<std::int64_t> tokens;
   std::vector<double> logprobs;
@@ -60,9 +65,9 @@ struct GeneratorStats {
 
 /// InvalidArgument naming request `index` and the value unless `request` can run on a model of
 /// `config`: a non-empty prompt inside the vocabulary, at least one new token, prompt plus new
-/// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in [0, 1] and
-/// top_logprobs from 0 to the vocabulary. generate() checks every request with it before
-/// generating anything.
+/// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in [0, 1],
+/// top_logprobs from 0 to the vocabulary and stop tokens inside it. generate() checks every request
+/// with it before generating anything.
 void check_request(const Request& request, std::size_t index, const nn::DecoderConfig& config);
 
 /// Generates with continuous batching over a decoder (any family): requests join the running batch
@@ -95,6 +100,14 @@ class Generator {
   GeneratorStats stats_;
   std::function<void()> between_steps_;
 };
+
+/// The request of a text prompt: its ids with the tokenizer's special tokens around them (a bos
+/// first, as Hugging Face's encode() puts it), ending at the tokenizer's end ids.
+Request text_request(const tokenize::Tokenizer& tokenizer, std::string_view prompt,
+                     std::int64_t max_new_tokens, const Sampling& sampling);
+
+/// The completion's tokens without a stop token that ended it: what its text is made of.
+std::span<const std::int64_t> text_tokens(const Completion& completion, const Request& request);
 
 /// The token `sampling` picks from a row of logits for `position` (see Sampling).
 std::int64_t sample_token(std::span<const float> logits, const Sampling& sampling,

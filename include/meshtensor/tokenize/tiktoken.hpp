@@ -13,7 +13,7 @@ namespace meshtensor::tokenize {
 /// What a tiktoken encoding holds besides its rank file: the pre-tokenizer pattern, the special
 /// tokens with their ids, and the special token a text starts with (Llama 3's bos; empty: none).
 struct TiktokenEncoding {
-  std::string pattern;                                        ///< a PCRE2 pattern
+  std::string pattern;                                         ///< a PCRE2 pattern
   std::vector<std::pair<std::string, std::int64_t>> specials;  ///< text and id
   std::string bos;  ///< one of `specials` the post-processor puts first, or empty
 };

@@ -22,6 +22,16 @@
 
 namespace meshtensor::tokenize {
 
+/// The roles a model folder's tokenizer_config.json and generation_config.json give special
+/// tokens: what starts, ends and pads a sequence. Empty: none.
+struct SpecialRoles {
+  std::string bos_token;              ///< the token a prompt may start with
+  std::string eos_token;              ///< the tokenizer's end-of-sequence token
+  std::string pad_token;              ///< the padding token
+  std::vector<std::int64_t> end_ids;  ///< generation stops at any of them (eos first)
+  bool operator==(const SpecialRoles&) const = default;
+};
+
 /// A BPE tokenizer as Hugging Face's `tokenizer.json` describes one, encoding as Hugging Face's
 /// implementation does: added tokens are cut out of the text first; the rest is normalized,
 /// split by the pre-tokenizer, and each piece merged by rank (the lowest-ranked adjacent pair
@@ -72,7 +82,8 @@ class Tokenizer {
   /// byte tokenizer: a byte-level BPE without merges, which encodes UTF-8 text the same way).
   std::string to_json() const;
   /// to_json() as Hugging Face's readers take it: without "sentencepiece_model" (a tokenizer of
-  /// a SentencePiece model is then the converter's tokenizer.json).
+  /// a SentencePiece model is then the converter's tokenizer.json) nor "special_roles" (an
+  /// export writes those into tokenizer_config.json and generation_config.json).
   std::string to_hugging_face_json() const;
   /// The SentencePiece model this tokenizer encodes with (null for a tokenizer.json's).
   const std::shared_ptr<const SentencePieceModel>& sentencepiece() const { return sentencepiece_; }
@@ -88,6 +99,17 @@ class Tokenizer {
   /// The special tokens the post-processor puts around a text's ids (Llama's bos): what Hugging
   /// Face's encode() adds unless told not to.
   const PostProcessor& post_processor() const { return post_processor_; }
+  /// encode() with the post-processor's tokens around the ids: a prompt as Hugging Face's
+  /// encode() gives it (Llama's bos first).
+  std::vector<std::int64_t> encode_with_specials(std::string_view text) const;
+  /// The roles of its special tokens (empty for a tokenizer.json without them).
+  const SpecialRoles& roles() const { return roles_; }
+  /// Sets the roles. DataError naming `source` and a token it lacks or an id outside it.
+  void set_roles(SpecialRoles roles, const std::string& source);
+  /// Puts `post_processor` around encoded texts instead (ids checked against the vocabulary).
+  void set_post_processor(PostProcessor post_processor, const std::string& source);
+  /// Marks the added token `id` special or not (what decode_text(.., true) skips).
+  void set_special(std::int64_t id, bool special);
   /// Takes a batch of ids of an encode_each() call.
   using IdSink = std::function<void(std::span<const std::int64_t>)>;
   /// encode(), the ids handed to `take` in order, in batches, as they are made: memory beyond
@@ -192,6 +214,7 @@ class Tokenizer {
   bool fuse_unk_ = false;
   std::string unk_token_;  // empty: none (unknown characters are dropped)
   std::int64_t unk_id_ = -1;
+  SpecialRoles roles_;
   bool raw_bytes_ = false;                                   // the byte tokenizer
   std::shared_ptr<const SentencePieceModel> sentencepiece_;  // encodes, when set
   nlohmann::json sentencepiece_parts_;  // its normalizer and pre_tokenizer, as the file has them
