@@ -1,3 +1,5 @@
+#include "tokenizer_config.hpp"
+
 #include <algorithm>
 #include <charconv>
 
@@ -5,8 +7,6 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/untrusted_json.hpp>
-
-#include "tokenizer_config.hpp"
 
 namespace meshtensor::hf {
 
@@ -21,17 +21,18 @@ std::string token_field(const Json& config, const char* key, const std::string& 
   if (value.is_string()) return value.get<std::string>();
   if (value.is_object() && value.contains("content") && value["content"].is_string())
     return value["content"].get<std::string>();
-  throw DataError(fmt::format("{}: \"{}\" is {}, not a token (its text, or an object with its "
-                              "\"content\")",
-                              file, key, json_excerpt(value)));
+  throw DataError(
+      fmt::format("{}: \"{}\" is {}, not a token (its text, or an object with its "
+                  "\"content\")",
+                  file, key, json_excerpt(value)));
 }
 
 /// A true-or-false field, or nullopt when absent or null.
 std::optional<bool> flag(const Json& config, const char* key, const std::string& file) {
   if (!config.contains(key) || config[key].is_null()) return std::nullopt;
   if (!config[key].is_boolean())
-    throw DataError(fmt::format("{}: \"{}\" is {}, not true or false", file, key,
-                                json_excerpt(config[key])));
+    throw DataError(
+        fmt::format("{}: \"{}\" is {}, not true or false", file, key, json_excerpt(config[key])));
   return config[key].get<bool>();
 }
 
@@ -81,23 +82,24 @@ void apply_added_tokens(tokenize::Tokenizer& tokenizer, const Json& config,
   if (!config.contains("added_tokens_decoder") || config["added_tokens_decoder"].is_null()) return;
   const Json& added = config["added_tokens_decoder"];
   if (!added.is_object())
-    throw DataError(fmt::format("{}: \"added_tokens_decoder\" is not an object of tokens by id",
-                                file));
+    throw DataError(
+        fmt::format("{}: \"added_tokens_decoder\" is not an object of tokens by id", file));
   for (const auto& [key, token] : added.items()) {
     std::int64_t id = -1;
     const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
     const std::string content = token.is_object() ? token_field(token, "content", file) : "";
     if (error != std::errc() || end != key.data() + key.size() || content.empty()) {
-      throw DataError(fmt::format("{}: added_tokens_decoder \"{}\" is not an id with a token's "
-                                  "\"content\"",
-                                  file, key));
+      throw DataError(
+          fmt::format("{}: added_tokens_decoder \"{}\" is not an id with a token's "
+                      "\"content\"",
+                      file, key));
     }
     if (tokenizer.token_id(content) != id) {
-      throw DataError(fmt::format("{}: added_tokens_decoder gives id {} to '{}', which the "
-                                  "tokenizer has {}",
-                                  file, id, content,
-                                  tokenizer.token_id(content)
-                                      ? fmt::format("as id {}", *tokenizer.token_id(content))
+      throw DataError(fmt::format(
+          "{}: added_tokens_decoder gives id {} to '{}', which the "
+          "tokenizer has {}",
+          file, id, content,
+          tokenizer.token_id(content) ? fmt::format("as id {}", *tokenizer.token_id(content))
                                       : std::string("not at all")));
     }
     if (const std::optional<bool> special = flag(token, "special", file))
@@ -134,17 +136,16 @@ void apply_tokenizer_configs(tokenize::Tokenizer& tokenizer, const Json& tokeniz
     roles.bos_token = token_field(tokenizer_config, "bos_token", file);
     roles.eos_token = token_field(tokenizer_config, "eos_token", file);
     roles.pad_token = token_field(tokenizer_config, "pad_token", file);
-    for (const auto& [token, key] : {std::pair{&roles.bos_token, "bos_token"},
-                                     std::pair{&roles.eos_token, "eos_token"},
-                                     std::pair{&roles.pad_token, "pad_token"}}) {
+    for (const auto& [token, key] :
+         {std::pair{&roles.bos_token, "bos_token"}, std::pair{&roles.eos_token, "eos_token"},
+          std::pair{&roles.pad_token, "pad_token"}}) {
       if (!token->empty()) id_of(tokenizer, *token, file, key);
     }
     apply_added_tokens(tokenizer, tokenizer_config, file);
     apply_added_ends(tokenizer, tokenizer_config, file, roles);
   }
-  roles.end_ids = generation_config.is_object()
-                      ? eos_ids(generation_config, generation_config_file)
-                      : eos_ids(model_config, model_config_file);
+  roles.end_ids = generation_config.is_object() ? eos_ids(generation_config, generation_config_file)
+                                                : eos_ids(model_config, model_config_file);
   if (!roles.eos_token.empty()) {
     const std::int64_t eos = *tokenizer.token_id(roles.eos_token);
     if (std::find(roles.end_ids.begin(), roles.end_ids.end(), eos) == roles.end_ids.end())
@@ -165,12 +166,10 @@ Json tokenizer_config_json(const tokenize::Tokenizer& tokenizer, std::int64_t co
   if (eos.empty() && post.after().size() == 1) eos = tokenizer.token_bytes(post.after()[0]);
   Json added = Json::object();
   for (const tokenize::AddedToken& token : tokenizer.added_tokens()) {
-    added[std::to_string(token.id)] = {{"content", token.content},
-                                       {"lstrip", token.lstrip},
-                                       {"normalized", token.normalized},
-                                       {"rstrip", token.rstrip},
-                                       {"single_word", token.single_word},
-                                       {"special", token.special}};
+    added[std::to_string(token.id)] = {
+        {"content", token.content},         {"lstrip", token.lstrip},
+        {"normalized", token.normalized},   {"rstrip", token.rstrip},
+        {"single_word", token.single_word}, {"special", token.special}};
   }
   Json out = {{"added_tokens_decoder", added},
               {"bos_token", named(bos)},
@@ -188,7 +187,7 @@ Json generation_config_json(const tokenize::Tokenizer& tokenizer, std::int64_t c
   const std::vector<std::int64_t>& ends = tokenizer.roles().end_ids;
   const std::vector<std::int64_t>& before = tokenizer.post_processor().before();
   return {{"bos_token_id", before.size() == 1 ? Json(before[0]) : Json()},
-          {"eos_token_id", ends.empty()        ? Json()
+          {"eos_token_id", ends.empty()       ? Json()
                            : ends.size() == 1 ? Json(ends[0])
                                               : Json(ends)},
           {"max_length", context}};

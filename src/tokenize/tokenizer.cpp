@@ -299,6 +299,7 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
   t.build_matchers();
   t.is_special_.resize(t.tokens_.size(), false);
   t.check_references(source);
+  t.build_piece_bytes();
   if (const Json& roles = part_of(doc, "special_roles"); !roles.is_null())
     t.set_roles(read_roles(roles, source), source);
   if (t.sentencepiece_) {
@@ -332,6 +333,7 @@ void Tokenizer::read_model(const Json& model, const Json& added_tokens, const st
   // Ids run from 0 with at most kMaxUnusedIds unused among them (cl100k's specials leave some):
   // checked before any table grows to an id.
   const auto entries = static_cast<std::int64_t>(model["vocab"].size() + added_tokens.size());
+  ids_.reserve(model["vocab"].size());
   const std::int64_t bound = std::min(entries + kMaxUnusedIds, kMaxVocabulary);
   const auto place = [&](std::int64_t id, const std::string& token, bool added) {
     if (id < 0 || id >= bound) {
@@ -369,6 +371,13 @@ void Tokenizer::read_model(const Json& model, const Json& added_tokens, const st
     add_merge(left, right, source);
   }
   first_merge_making_ = {};
+  if (ignore_merges_) {
+    for (const auto& [entry, id] : ids_) {
+      const std::optional<std::string> bytes =
+          byte_level_ ? symbols_to_bytes(entry) : std::optional<std::string>(entry);
+      if (bytes) whole_ids_.insert(*bytes, id);
+    }
+  }
   if (added_tokens.is_array()) {
     for (const Json& added : added_tokens) {
       AddedToken token = read_added_token(added, source);
@@ -443,9 +452,11 @@ void Tokenizer::check_references(const std::string& source) {
 
 void Tokenizer::add_merge(const std::string& left, const std::string& right,
                           const std::string& source) {
+  thread_local std::string joined;
+  joined.assign(left).append(right);
   const auto l = ids_.find(left);
   const auto r = ids_.find(right);
-  const auto m = ids_.find(left + right);
+  const auto m = ids_.find(joined);
   if (l == ids_.end() || r == ids_.end() || m == ids_.end()) {
     throw DataError(
         fmt::format("{}: merge '{} {}' names a token the vocabulary lacks", source, left, right));
@@ -454,7 +465,7 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
   // tiktoken's rule: a pair merges at the rank of the token it makes (the first merge making it).
   const std::int64_t priority =
       tiktoken_merges_ ? first_merge_making_.emplace(m->second, rank).first->second : rank;
-  if (merge_rank_.emplace(pair_key(l->second, r->second), priority).second) {
+  if (merge_rank_.insert(pair_key(l->second, r->second), static_cast<std::int32_t>(priority))) {
     merges_.emplace_back(l->second, r->second);
     merged_.push_back(m->second);
   }
@@ -491,9 +502,9 @@ void for_each_chunk(std::string_view piece, std::size_t bound, const Take& take)
 
 bool Tokenizer::encode_whole(std::string_view piece, std::vector<std::int64_t>& out) const {
   if (!ignore_merges_) return false;
-  const auto whole = ids_.find(byte_level_ ? bytes_to_symbols(piece) : std::string(piece));
-  if (whole == ids_.end()) return false;
-  out.push_back(whole->second);
+  const std::int64_t whole = whole_ids_.find(piece);
+  if (whole < 0) return false;
+  out.push_back(whole);
   return true;
 }
 
@@ -566,8 +577,7 @@ void Tokenizer::merge_word(std::string_view word, std::vector<std::int64_t>& out
   });
   const auto n = static_cast<std::int32_t>(symbols.size());
   const auto rank_of = [&](std::int32_t left, std::int32_t right) -> std::int64_t {
-    const auto found = merge_rank_.find(pair_key(left, right));
-    return found == merge_rank_.end() ? -1 : found->second;
+    return static_cast<std::int64_t>(merge_rank_.find(pair_key(left, right)));
   };
   // Smallest rank first, then the leftmost position: Hugging Face's order.
   const auto push = [&](std::int32_t pos) {
@@ -660,20 +670,7 @@ class Tokenizer::PieceCache {
     std::uint16_t id_count = 0;
     bool used = false;
   };
-  static std::uint64_t hash_of(std::string_view s) {
-    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ s.size();
-    std::size_t i = 0;
-    for (; i + 8 <= s.size(); i += 8) {
-      std::uint64_t word = 0;
-      std::memcpy(&word, s.data() + i, 8);
-      h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
-      h ^= h >> 31;
-    }
-    std::uint64_t tail = 0;
-    if (i < s.size()) std::memcpy(&tail, s.data() + i, s.size() - i);
-    h = (h ^ tail) * 0x94D049BB133111EBull;
-    return h ^ (h >> 29);
-  }
+  static std::uint64_t hash_of(std::string_view s) { return hash_bytes(s); }
   void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
@@ -759,6 +756,7 @@ Tokenizer Tokenizer::bytes() {
     t.ids_.emplace(t.tokens_.back(), byte);
     t.byte_ids_[byte] = byte;
   }
+  t.build_piece_bytes();
   return t;
 }
 
@@ -851,31 +849,47 @@ void Tokenizer::encode_into(std::string_view given, IdOutput& out) const {
   });
 }
 
+void Tokenizer::build_piece_bytes() {
+  piece_bytes_.clear();
+  piece_offsets_.assign(1, 0);
+  for (std::size_t at = 0; at < tokens_.size(); ++at) {
+    piece_bytes_ += is_added_[at] ? tokens_[at] : decoder_.entry_bytes(tokens_[at]);
+    piece_offsets_.push_back(static_cast<std::uint32_t>(piece_bytes_.size()));
+  }
+}
+
 std::string Tokenizer::token_bytes(std::int64_t id) const {
   if (id < 0 || id >= vocabulary()) {
     throw InvalidArgument(
         fmt::format("token id {} is outside the vocabulary of {}", id, vocabulary()));
   }
-  const auto at = static_cast<std::size_t>(id);
-  if (is_added_[at]) return tokens_[at];
-  return decoder_.entry_bytes(tokens_[at]);
+  return std::string(piece_of(id));
 }
 
 std::string Tokenizer::decode(std::span<const std::int64_t> ids) const {
-  std::string out;
-  for (const std::int64_t id : ids)
-    out += token_bytes(id);
-  return out;
+  return decode_text_raw(ids, false);
 }
 
 std::string Tokenizer::decode_text(std::span<const std::int64_t> ids, bool skip_special) const {
-  std::string out;
-  for (const std::int64_t id : ids) {
-    if (skip_special && id >= 0 && id < vocabulary() && is_special_[static_cast<std::size_t>(id)])
-      continue;
-    out += token_bytes(id);
-  }
+  std::string out = decode_text_raw(ids, skip_special);
   decoder_.strip(out);
+  return out;
+}
+
+std::string Tokenizer::decode_text_raw(std::span<const std::int64_t> ids, bool skip_special) const {
+  std::size_t bytes = 0;
+  for (const std::int64_t id : ids) {
+    if (id < 0 || id >= vocabulary()) {
+      throw InvalidArgument(
+          fmt::format("token id {} is outside the vocabulary of {}", id, vocabulary()));
+    }
+    bytes += piece_of(id).size();
+  }
+  std::string out;
+  out.reserve(bytes);
+  for (const std::int64_t id : ids) {
+    if (!(skip_special && is_special_[static_cast<std::size_t>(id)])) out += piece_of(id);
+  }
   return out;
 }
 

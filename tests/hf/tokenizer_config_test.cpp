@@ -1,3 +1,5 @@
+#include "hf/tokenizer_config.hpp"
+
 #include <string>
 #include <vector>
 
@@ -7,8 +9,6 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/tokenize/tiktoken.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
-
-#include "hf/tokenizer_config.hpp"
 
 namespace meshtensor::hf {
 namespace {
@@ -20,8 +20,8 @@ using Ids = std::vector<std::int64_t>;
 tokenize::Tokenizer tokenizer() {
   std::string ranks;
   for (int byte = 0; byte < 256; ++byte)
-    ranks += base64_encode(std::string(1, static_cast<char>(byte))) + " " +
-             std::to_string(byte) + "\n";
+    ranks +=
+        base64_encode(std::string(1, static_cast<char>(byte))) + " " + std::to_string(byte) + "\n";
   return tokenize::Tokenizer::from_tiktoken(
       ranks, {"[a-z]+|[^a-z]+", {{"<s>", 256}, {"</s>", 257}, {"<eot>", 258}}, ""}, "ranks");
 }

@@ -14,6 +14,7 @@
 
 #include <meshtensor/tokenize/added_tokens.hpp>
 #include <meshtensor/tokenize/decoder.hpp>
+#include <meshtensor/tokenize/flat_tables.hpp>
 #include <meshtensor/tokenize/normalizer.hpp>
 #include <meshtensor/tokenize/post_processor.hpp>
 #include <meshtensor/tokenize/pre_tokenizer.hpp>
@@ -146,6 +147,17 @@ class Tokenizer {
   void add_merge(const std::string& left, const std::string& right, const std::string& source);
   /// The matchers of added_.
   void build_matchers();
+  /// The bytes of `ids` (InvalidArgument naming one outside the vocabulary), without the special
+  /// ones when `skip_special`.
+  std::string decode_text_raw(std::span<const std::int64_t> ids, bool skip_special) const;
+  /// Each id's bytes (token_bytes()) into piece_bytes_, for decoding by copies.
+  void build_piece_bytes();
+  /// token_bytes() of an id inside the vocabulary, without a copy.
+  std::string_view piece_of(std::int64_t id) const {
+    const auto at = static_cast<std::size_t>(id);
+    return std::string_view(piece_bytes_)
+        .substr(piece_offsets_[at], piece_offsets_[at + 1] - piece_offsets_[at]);
+  }
   /// The 256 byte symbols in byte order and nothing else: the byte tokenizer's file.
   bool has_byte_layout() const;
   /// The ids of one pre-tokenized piece: Hugging Face's merge order (a heap of the adjacent
@@ -194,11 +206,12 @@ class Tokenizer {
 
   std::vector<std::string> tokens_;  // id -> byte symbols (UTF-8); an added token: its content
   std::vector<bool> is_added_;
-  std::vector<bool> is_special_;                                // an added token marked special
-  std::unordered_map<std::string, std::int64_t> ids_;           // byte symbols -> id
-  std::unordered_map<std::uint64_t, std::int64_t> merge_rank_;  // (left, right) -> rank
-  std::vector<std::pair<std::int64_t, std::int64_t>> merges_;   // by rank: (left, right)
-  std::vector<std::int64_t> merged_;                            // by rank: the merged id
+  std::vector<bool> is_special_;                       // an added token marked special
+  std::unordered_map<std::string, std::int64_t> ids_;  // byte symbols -> id
+  PairTable merge_rank_;  // (left, right) -> rank (tiktoken_merges_: the first making the token)
+  BytesTable whole_ids_;  // ignore_merges_: a piece's text (bytes, not symbols) -> its entry
+  std::vector<std::pair<std::int64_t, std::int64_t>> merges_;  // by rank: (left, right)
+  std::vector<std::int64_t> merged_;                           // by rank: the merged id
   std::vector<AddedToken> added_;
   AddedTokenMatcher raw_matcher_;         // the added tokens matched in the text as given
   AddedTokenMatcher normalized_matcher_;  // those matched in the normalized text
@@ -208,14 +221,16 @@ class Tokenizer {
   Decoder decoder_;
   bool byte_level_ = true;  // pieces start from byte symbols, not characters
   bool ignore_merges_ = false;
-  bool tiktoken_merges_ = false;  // merge_rank_ holds the first rank making the pair's token
+  bool tiktoken_merges_ = false;
   std::unordered_map<std::int64_t, std::int64_t> first_merge_making_;  // while reading merges
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   std::string unk_token_;  // empty: none (unknown characters are dropped)
   std::int64_t unk_id_ = -1;
   SpecialRoles roles_;
-  bool raw_bytes_ = false;                                   // the byte tokenizer
+  std::string piece_bytes_;                   // every id's bytes, in id order
+  std::vector<std::uint32_t> piece_offsets_;  // id -> its start in piece_bytes_ (and one past)
+  bool raw_bytes_ = false;                    // the byte tokenizer
   std::shared_ptr<const SentencePieceModel> sentencepiece_;  // encodes, when set
   nlohmann::json sentencepiece_parts_;  // its normalizer and pre_tokenizer, as the file has them
   std::int64_t byte_ids_[256] = {};     // byte-level: each byte's symbol; else its <0xNN> or -1
