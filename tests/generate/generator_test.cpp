@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -190,7 +191,32 @@ TEST(Generator, BadRequestsNameTheValue) {
   Request too_many{{1}, 1, {}};
   too_many.top_logprobs = 30;
   fails(too_many, "top_logprobs 30");
+  Request bad_stop{{1}, 1, {}};
+  bad_stop.stop_tokens = {3, 29};
+  fails(bad_stop, "stop token 29");
   EXPECT_THROW(Generator(model, {0, 1, false}), InvalidArgument);
+}
+
+// A request ends at the first stop token it draws, which it keeps; what it drew before has the
+// bits it has without stop tokens, and the others in the batch are unaffected.
+TEST(Generator, ARequestEndsAtItsFirstStopToken) {
+  nn::Gpt model(config());
+  Generator generator(model, {4, 4, false});
+  const Request free_running = request(5, 9, 12);
+  const Completion whole = generator.generate({free_running}).front();
+  ASSERT_EQ(whole.tokens.size(), 12u);
+  Request stopping = free_running;
+  stopping.stop_tokens = {whole.tokens[4]};
+  const auto first = static_cast<std::size_t>(
+      std::find(whole.tokens.begin(), whole.tokens.end(), whole.tokens[4]) - whole.tokens.begin());
+  const std::vector<Completion> both = generator.generate({stopping, free_running});
+  Completion prefix;
+  prefix.tokens.assign(whole.tokens.begin(), whole.tokens.begin() + first + 1);
+  prefix.logprobs.assign(whole.logprobs.begin(), whole.logprobs.begin() + first + 1);
+  expect_same_bits(both[0], prefix, "stopped");
+  expect_same_bits(both[1], whole, "the other request");
+  EXPECT_EQ(text_tokens(both[0], stopping).size(), first);
+  EXPECT_EQ(text_tokens(both[1], stopping).size(), 12u - (whole.tokens[11] == whole.tokens[4]));
 }
 
 /// Requests added and removed between steps (a server's traffic) get the bits they get alone.

@@ -19,6 +19,7 @@ TEST(RequestWire, RoundTripsEveryFieldBitForBit) {
   sent.sampling.top_p = std::nextafter(1.0, 0.0);
   sent.score_prompt = true;
   sent.top_logprobs = 3;
+  sent.stop_tokens = {2, 128009};
   const Request got = request_from_json(nlohmann::json::parse(request_to_json(sent).dump()));
   EXPECT_EQ(got.prompt, sent.prompt);
   EXPECT_EQ(got.max_new_tokens, sent.max_new_tokens);
@@ -28,8 +29,9 @@ TEST(RequestWire, RoundTripsEveryFieldBitForBit) {
   EXPECT_EQ(std::memcmp(&got.sampling.top_p, &sent.sampling.top_p, sizeof(double)), 0);
   EXPECT_EQ(got.score_prompt, sent.score_prompt);
   EXPECT_EQ(got.top_logprobs, sent.top_logprobs);
+  EXPECT_EQ(got.stop_tokens, sent.stop_tokens);
   // Every field is carried by name: one entry per field of Request and Sampling.
-  EXPECT_EQ(request_to_json(sent).size(), 8u);
+  EXPECT_EQ(request_to_json(sent).size(), 9u);
 }
 
 TEST(RequestWire, AMalformedRequestIsADataError) {
