@@ -90,6 +90,19 @@ same "Hello" "$("$bin" tokenizer decode --tokenizer "$dir/cl100k_base.json" <<<"
 same "Hello<|endoftext|>" "$("$bin" tokenizer decode --tokenizer "$dir/cl100k_base.json" <<<"[9906, 100257]")" \
   "a special token decodes to its text"
 
+# A model on Llama 3's converted rank file (its bos template, tiktoken's merge rule): trained,
+# exported and read back, it generates the same tokens; the export's tokenizer_config.json puts
+# the bos first.
+"$bin" train --tokenizer "$dir/llama3_ranks.json" --model llama:layers=1,heads=2,kv_heads=1,dim=16,context=16,tie=1 \
+  --mode exact --batch 4 --steps 2 --seed 3 --eval-every 0 --save "$dir/ck" >/dev/null
+"$bin" checkpoint export --format hf "$dir/ck" "$dir/hf" >/dev/null
+generated() {
+  "$bin" generate --checkpoint "$1" --prompt "Hello there" --temperature 1 --seed 4 \
+    --max-new-tokens 6 --json --mode exact
+}
+same "$(generated "$dir/ck")" "$(generated "hf:$dir/hf")" "the export of a Llama 3 tokenizer model generates its tokens"
+grep -q '"add_bos_token": true' "$dir/hf/tokenizer_config.json" || fail "the export does not add the bos"
+
 printf 'QQ== 0\nQQ== 1\n' >"$dir/twice.tiktoken"
 printf 'QQ== 0\nQg== x\n' >"$dir/rank.tiktoken"
 printf 'Q!Q= 0\n' >"$dir/base64.tiktoken"
