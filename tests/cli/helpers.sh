@@ -41,3 +41,21 @@ same() {
   fi
   echo "ok: $3: $2"
 }
+
+# npm_packages SCRATCH PACKAGE@VERSION...: the packages installed into SCRATCH/node_modules
+# (once; the folder is kept between runs); exits 77 (skipped) where node or npm's registry is
+# missing. Prints the node_modules folder.
+npm_packages() {
+  local scratch=$1 package missing=0
+  shift
+  command -v node >/dev/null || { echo "SKIPPED: node is not installed" >&2; exit 77; }
+  for package in "$@"; do
+    [ -d "$scratch/node_modules/${package%@*}" ] || missing=1
+  done
+  if [ "$missing" = 1 ]; then
+    mkdir -p "$scratch"
+    npm install --prefix "$scratch" --no-audit --no-fund --silent "$@" >/dev/null 2>&1 ||
+      { echo "SKIPPED: cannot install the npm packages" >&2; exit 77; }
+  fi
+  echo "$scratch/node_modules"
+}

@@ -15,15 +15,8 @@ bin=$1
 scratch=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
-modules=$scratch/node_modules
-if [ ! -d "$modules/@huggingface/tokenizers" ] || [ ! -d "$modules/llama-tokenizer-js" ] ||
-  [ ! -d "$modules/mistral-tokenizer-js" ]; then
-  mkdir -p "$scratch"
-  npm install --prefix "$scratch" --no-audit --no-fund --silent @huggingface/tokenizers@0.2.0 \
-    llama-tokenizer-js@1.2.2 mistral-tokenizer-js@1.0.0 >/dev/null 2>&1 ||
-    { echo "SKIPPED: cannot install the npm packages"; exit 77; }
-fi
+modules=$(npm_packages "$scratch" @huggingface/tokenizers@0.2.0 \
+  llama-tokenizer-js@1.2.2 mistral-tokenizer-js@1.0.0)
 here=$(dirname "$0")/../tokenize
 reference=(node "$here/reference_encode.mjs" "$modules")
 

