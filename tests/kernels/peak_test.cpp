@@ -44,10 +44,14 @@ TEST(MeasuredClock, UnderFmaLoadIsNoFasterThanAlone) {
 
 // The FMA kernel cannot beat the theoretical peak at its own clock: where it seems to, the unit
 // table or the clock is wrong (by a factor: the bound leaves room for the turbo clock's moves
-// between the two measurements while other tests run).
+// between the two measurements while other tests run; a clock measured while the thread was
+// preempted reads low, so the fastest of three counts).
 TEST(FmaPeak, StaysWithinTheTheoreticalPeakAtTheLevelsClock) {
   for (const SimdLevel level : levels_this_cpu_runs()) {
-    const double theoretical = measured_clock_hz(0.02, level) * fma_units(level).flops_per_cycle();
+    double clock = 0;
+    for (int i = 0; i < 3; ++i)
+      clock = std::max(clock, measured_clock_hz(0.02, level));
+    const double theoretical = clock * fma_units(level).flops_per_cycle();
     const double measured = fma_flops_per_second(level, 0.02);
     EXPECT_LT(measured, 1.5 * theoretical) << simd_level_name(level);
   }
