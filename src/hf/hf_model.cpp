@@ -205,11 +205,18 @@ tokenize::Tokenizer configured_tokenizer(const fs::path& root, const Json& model
     std::error_code error;
     return fs::exists(root / name, error) ? read_json(root / name, what) : Json();
   };
+  std::optional<std::string> template_file;  // transformers' newer place for the template
+  std::error_code error;
+  if (fs::exists(root / "chat_template.jinja", error)) {
+    template_file = read_regular_file((root / "chat_template.jinja").string(), kMaxJsonFileBytes,
+                                      "a chat template");
+  }
   apply_tokenizer_configs(tokenizer, optional_json("tokenizer_config.json", "a tokenizer config"),
                           (root / "tokenizer_config.json").string(),
                           optional_json("generation_config.json", "a generation config"),
                           (root / "generation_config.json").string(), model_config,
-                          (root / "config.json").string());
+                          (root / "config.json").string(),
+                          template_file ? &*template_file : nullptr);
   return tokenizer;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -107,6 +108,24 @@ void apply_added_tokens(tokenize::Tokenizer& tokenizer, const Json& config,
   }
 }
 
+/// A chat_template field: its text, or the "default" one of a list of {"name", "template"}.
+std::string chat_template_field(const Json& config, const std::string& file) {
+  if (!config.contains("chat_template") || config["chat_template"].is_null()) return "";
+  const Json& value = config["chat_template"];
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_array()) {
+    for (const Json& named : value) {
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+          named["template"].is_string())
+        return named["template"].get<std::string>();
+    }
+  }
+  throw DataError(
+      fmt::format("{}: \"chat_template\" is {}, not a template's text (or a list "
+                  "holding one named \"default\")",
+                  file, json_excerpt(value)));
+}
+
 /// The ids an eos_token_id field holds: one id, a list of them, or none.
 std::vector<std::int64_t> eos_ids(const Json& config, const std::string& file) {
   std::vector<std::int64_t> ids;
@@ -129,7 +148,8 @@ void apply_tokenizer_configs(tokenize::Tokenizer& tokenizer, const Json& tokeniz
                              const std::string& tokenizer_config_file,
                              const Json& generation_config,
                              const std::string& generation_config_file, const Json& model_config,
-                             const std::string& model_config_file) {
+                             const std::string& model_config_file,
+                             const std::string* chat_template_file) {
   tokenize::SpecialRoles roles;
   if (tokenizer_config.is_object()) {
     const std::string& file = tokenizer_config_file;
@@ -143,7 +163,9 @@ void apply_tokenizer_configs(tokenize::Tokenizer& tokenizer, const Json& tokeniz
     }
     apply_added_tokens(tokenizer, tokenizer_config, file);
     apply_added_ends(tokenizer, tokenizer_config, file, roles);
+    tokenizer.set_chat_template(chat_template_field(tokenizer_config, file));
   }
+  if (chat_template_file != nullptr) tokenizer.set_chat_template(*chat_template_file);
   roles.end_ids = generation_config.is_object() ? eos_ids(generation_config, generation_config_file)
                                                 : eos_ids(model_config, model_config_file);
   if (!roles.eos_token.empty()) {
@@ -178,6 +200,7 @@ Json tokenizer_config_json(const tokenize::Tokenizer& tokenizer, std::int64_t co
               {"model_max_length", context},
               {"pad_token", named(roles.pad_token)},
               {"tokenizer_class", "PreTrainedTokenizerFast"}};
+  if (!tokenizer.chat_template().empty()) out["chat_template"] = tokenizer.chat_template();
   if (post.before().size() <= 1) out["add_bos_token"] = post.before().size() == 1;
   if (post.after().size() <= 1) out["add_eos_token"] = post.after().size() == 1;
   return out;

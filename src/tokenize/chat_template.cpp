@@ -15,8 +15,12 @@ namespace {
 
 using Value = nlohmann::ordered_json;
 
-Value undefined() { return Value(Value::value_t::discarded); }
-bool is_undefined(const Value& v) { return v.is_discarded(); }
+Value undefined() {
+  return Value(Value::value_t::discarded);
+}
+bool is_undefined(const Value& v) {
+  return v.is_discarded();
+}
 
 // ---- Lexing: text, {{ output }} and {% block %} segments, whitespace control applied. ----
 
@@ -26,7 +30,6 @@ struct Segment {
   int line;
 };
 
-
 /// Where the tag opened at `at` (its opener two bytes long) closes: the index of `closer`
 /// outside quoted strings.
 std::size_t tag_end(std::string_view source, std::size_t at, std::string_view closer, int line) {
@@ -34,8 +37,10 @@ std::size_t tag_end(std::string_view source, std::size_t at, std::string_view cl
   for (std::size_t i = at + 2; i + 1 < source.size(); ++i) {
     const char c = source[i];
     if (quote != 0) {
-      if (c == '\\') ++i;
-      else if (c == quote) quote = 0;
+      if (c == '\\')
+        ++i;
+      else if (c == quote)
+        quote = 0;
     } else if (c == '\'' || c == '"') {
       quote = c;
     } else if (source.substr(i, 2) == closer) {
@@ -48,28 +53,29 @@ std::size_t tag_end(std::string_view source, std::size_t at, std::string_view cl
 std::vector<Segment> lex(std::string_view source) {
   std::vector<Segment> out;
   int line = 1;
-  std::size_t counted = 0;  // newlines before `counted` are in `line`
+  std::size_t counted = 0;                          // newlines before `counted` are in `line`
   const auto line_at = [&](std::size_t position) {  // positions only grow
-    line += static_cast<int>(std::count(source.begin() + static_cast<std::ptrdiff_t>(counted),
-                                        source.begin() + static_cast<std::ptrdiff_t>(position),
-                                        '\n'));
+    line +=
+        static_cast<int>(std::count(source.begin() + static_cast<std::ptrdiff_t>(counted),
+                                    source.begin() + static_cast<std::ptrdiff_t>(position), '\n'));
     counted = position;
     return line;
   };
   std::size_t at = 0;
-  bool strip_next = false;     // a '-' closed the last tag
-  bool newline_next = false;   // a block closed: trim_blocks drops one newline
+  bool strip_next = false;    // a '-' closed the last tag
+  bool newline_next = false;  // a block closed: trim_blocks drops one newline
   while (at <= source.size()) {
     std::size_t open = source.find('{', at);
-    while (open != std::string_view::npos && open + 1 < source.size() &&
-           source[open + 1] != '{' && source[open + 1] != '%' && source[open + 1] != '#')
+    while (open != std::string_view::npos && open + 1 < source.size() && source[open + 1] != '{' &&
+           source[open + 1] != '%' && source[open + 1] != '#')
       open = source.find('{', open + 1);
     if (open + 1 >= source.size()) open = std::string_view::npos;
     std::string text(source.substr(at, open == std::string_view::npos ? source.npos : open - at));
     if (newline_next && !text.empty() && text[0] == '\n') text.erase(0, 1);
-    if (strip_next) text.erase(0, text.find_first_not_of(" \t\r\n") == std::string::npos
-                                       ? text.size()
-                                       : text.find_first_not_of(" \t\r\n"));
+    if (strip_next)
+      text.erase(0, text.find_first_not_of(" \t\r\n") == std::string::npos
+                        ? text.size()
+                        : text.find_first_not_of(" \t\r\n"));
     if (open == std::string_view::npos) {
       if (!text.empty()) out.push_back({Segment::text, text, line_at(at)});
       break;
@@ -144,8 +150,8 @@ std::vector<Token> tokenize_expression(std::string_view s, int line) {
         ++j;
       }
       const std::string digits(s.substr(i, j - i));
-      out.push_back({Token::number, digits,
-                     real ? Value(std::stod(digits)) : Value(std::stoll(digits))});
+      out.push_back(
+          {Token::number, digits, real ? Value(std::stod(digits)) : Value(std::stoll(digits))});
       i = j;
     } else if (c == '\'' || c == '"') {
       std::string text;
@@ -178,24 +184,35 @@ std::vector<Token> tokenize_expression(std::string_view s, int line) {
 
 struct Expr {
   enum Kind {
-    literal, name, attribute, item, slice, call, filter, test, binary, unary, conditional,
-    list, dict
+    literal,
+    name,
+    attribute,
+    item,
+    slice,
+    call,
+    filter,
+    test,
+    binary,
+    unary,
+    conditional,
+    list,
+    dict
   } kind;
-  Value value;                                // literal
-  std::string text;                           // name, attribute, filter, test, operator
-  std::vector<std::shared_ptr<Expr>> args;    // operands, then call / filter arguments
+  Value value;                              // literal
+  std::string text;                         // name, attribute, filter, test, operator
+  std::vector<std::shared_ptr<Expr>> args;  // operands, then call / filter arguments
   std::vector<std::pair<std::string, std::shared_ptr<Expr>>> keywords;
-  bool negated = false;                       // `is not`
+  bool negated = false;  // `is not`
   int line = 0;
 };
 using ExprPtr = std::shared_ptr<Expr>;
 
-const char* const kFilters[] = {"trim", "upper", "lower", "length", "count", "string",
-                                "tojson", "default", "d", "join", "first", "last", "list",
-                                "items", "reverse", "capitalize", "replace", "int"};
-const char* const kTests[] = {"defined", "undefined", "none", "string", "number", "integer",
-                              "float", "boolean", "true", "false", "mapping", "sequence",
-                              "iterable", "equalto", "eq", "sameas", "odd", "even"};
+const char* const kFilters[] = {"trim",   "upper",   "lower",   "length",     "count",   "string",
+                                "tojson", "default", "d",       "join",       "first",   "last",
+                                "list",   "items",   "reverse", "capitalize", "replace", "int"};
+const char* const kTests[] = {"defined",  "undefined", "none", "string", "number",  "integer",
+                              "float",    "boolean",   "true", "false",  "mapping", "sequence",
+                              "iterable", "equalto",   "eq",   "sameas", "odd",     "even"};
 
 bool known(const char* const* names, std::size_t count, const std::string& name) {
   return std::find(names, names + count, name) != names + count;
@@ -211,12 +228,12 @@ class ExpressionParser {
     return (peek().kind == Token::op || peek().kind == Token::name) && peek().text == text;
   }
   void expect(std::string_view text) {
-    if (!next_is(text))
-      throw bad(fmt::format("expected '{}', found '{}'", text, peek().text));
+    if (!next_is(text)) throw bad(fmt::format("expected '{}', found '{}'", text, peek().text));
     ++at_;
   }
   std::string name() {
-    if (peek().kind != Token::name) throw bad(fmt::format("expected a name, found '{}'", peek().text));
+    if (peek().kind != Token::name)
+      throw bad(fmt::format("expected a name, found '{}'", peek().text));
     return tokens_[at_++].text;
   }
   ParseError bad(const std::string& why) const {
@@ -378,8 +395,8 @@ class ExpressionParser {
         t->args.push_back(e);
         if (next_is("(")) {
           arguments(*t);
-        } else if (peek().kind != Token::end && peek().kind != Token::op &&
-                   !next_is("and") && !next_is("or") && !next_is("else") && !next_is("if")) {
+        } else if (peek().kind != Token::end && peek().kind != Token::op && !next_is("and") &&
+                   !next_is("or") && !next_is("else") && !next_is("if")) {
           t->args.push_back(primary());  // `is equalto 3`
         }
         e = t;
@@ -436,10 +453,14 @@ class ExpressionParser {
     if (token.kind == Token::name) {
       ++at_;
       ExprPtr e = make(Expr::literal);
-      if (token.text == "true" || token.text == "True") e->value = true;
-      else if (token.text == "false" || token.text == "False") e->value = false;
-      else if (token.text == "none" || token.text == "None") e->value = nullptr;
-      else e = make(Expr::name, token.text);
+      if (token.text == "true" || token.text == "True")
+        e->value = true;
+      else if (token.text == "false" || token.text == "False")
+        e->value = false;
+      else if (token.text == "none" || token.text == "None")
+        e->value = nullptr;
+      else
+        e = make(Expr::name, token.text);
       return e;
     }
     if (next_is("(")) {
@@ -497,10 +518,11 @@ class ExpressionParser {
 
 struct ChatTemplate::Node {
   enum Kind { raw, output, if_, for_, set, set_attribute, break_, continue_ } kind;
-  std::string text;                 // text; set's name; for's targets joined by ','
-  std::vector<std::string> names;   // for's targets; set_attribute's (name, attribute)
-  std::vector<ExprPtr> exprs;       // output's; if's conditions; for's iterable (+ filter); set's
-  std::vector<std::vector<std::shared_ptr<Node>>> bodies;  // if's branches (+ else); for's body, else
+  std::string text;                // text; set's name; for's targets joined by ','
+  std::vector<std::string> names;  // for's targets; set_attribute's (name, attribute)
+  std::vector<ExprPtr> exprs;      // output's; if's conditions; for's iterable (+ filter); set's
+  std::vector<std::vector<std::shared_ptr<Node>>>
+      bodies;  // if's branches (+ else); for's body, else
   int line = 0;
 };
 
@@ -524,8 +546,7 @@ class StatementParser {
   /// Parses nodes until a block whose keyword is one of `ends` (its keyword into `end`).
   Body parse_body(const std::vector<std::string>& ends, std::string& end) {
     if (++depth_ > kMaxDepth) {
-      throw ParseError(
-          fmt::format("chat template: blocks nest deeper than {}", kMaxDepth));
+      throw ParseError(fmt::format("chat template: blocks nest deeper than {}", kMaxDepth));
     }
     struct Leave {
       int& depth;
@@ -554,8 +575,8 @@ class StatementParser {
       body.push_back(statement(keyword, p, s.line));
     }
     if (!ends.empty())
-      throw ParseError(fmt::format("chat template: a block is not closed (expected '{}')",
-                                   ends.back()));
+      throw ParseError(
+          fmt::format("chat template: a block is not closed (expected '{}')", ends.back()));
     return body;
   }
 
@@ -667,16 +688,19 @@ std::string str(const Value& v) {
 
 /// A Python string literal of `text`, quoted as repr() quotes it.
 std::string quoted(const std::string& text) {
-  const char quote = text.find('\'') != std::string::npos && text.find('"') == std::string::npos
-                         ? '"'
-                         : '\'';
+  const char quote =
+      text.find('\'') != std::string::npos && text.find('"') == std::string::npos ? '"' : '\'';
   std::string out(1, quote);
   for (const char c : text) {
     if (c == '\\' || c == quote) out += '\\';
-    if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else out += c;
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else
+      out += c;
   }
   return out + quote;
 }
@@ -706,14 +730,16 @@ std::string python_json(const Value& v, int indent, int depth = 0) {
     return v.dump(-1, ' ', false, Value::error_handler_t::replace);
   }
   if (v.empty()) return v.is_array() ? "[]" : "{}";
-  const std::string pad = indent < 0 ? "" : "\n" + std::string(static_cast<std::size_t>(indent * (depth + 1)), ' ');
+  const std::string pad =
+      indent < 0 ? "" : "\n" + std::string(static_cast<std::size_t>(indent * (depth + 1)), ' ');
   std::string out = v.is_array() ? "[" : "{";
   bool first = true;
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (!first) out += indent < 0 ? ", " : ",";
     first = false;
     out += pad;
-    if (v.is_object()) out += Value(it.key()).dump(-1, ' ', false, Value::error_handler_t::replace) + ": ";
+    if (v.is_object())
+      out += Value(it.key()).dump(-1, ' ', false, Value::error_handler_t::replace) + ": ";
     out += python_json(*it, indent, depth + 1);
   }
   if (indent >= 0) out += "\n" + std::string(static_cast<std::size_t>(indent * depth), ' ');
@@ -756,7 +782,9 @@ std::vector<Value> elements(const Value& v, int line) {
 
 class Renderer {
  public:
-  explicit Renderer(const Value& context) { scopes_.push_back(context.is_object() ? context : Value::object()); }
+  explicit Renderer(const Value& context) {
+    scopes_.push_back(context.is_object() ? context : Value::object());
+  }
 
   void run(const Body& body, std::string& out) {
     for (const NodePtr& node : body) {
@@ -806,8 +834,8 @@ class Renderer {
       case Node::set_attribute: {
         Value* target = find_variable(node.names[0]);
         if (target == nullptr || !target->is_object())
-          fail(node.line, fmt::format("'{}' is not a namespace to set '{}' of", node.names[0],
-                                      node.names[1]));
+          fail(node.line,
+               fmt::format("'{}' is not a namespace to set '{}' of", node.names[0], node.names[1]));
         (*target)[node.names[1]] = eval(*node.exprs[0]);
         return;
       }
@@ -842,9 +870,12 @@ class Renderer {
       bind(node, items[i]);
       const auto n = static_cast<std::int64_t>(items.size());
       const auto k = static_cast<std::int64_t>(i);
-      scopes_.back()["loop"] = {{"index", k + 1},       {"index0", k},
-                                {"revindex", n - k},    {"revindex0", n - k - 1},
-                                {"first", i == 0},      {"last", k == n - 1},
+      scopes_.back()["loop"] = {{"index", k + 1},
+                                {"index0", k},
+                                {"revindex", n - k},
+                                {"revindex0", n - k - 1},
+                                {"first", i == 0},
+                                {"last", k == n - 1},
                                 {"length", n},
                                 {"previtem", i > 0 ? items[i - 1] : undefined()},
                                 {"nextitem", k + 1 < n ? items[i + 1] : undefined()}};
@@ -865,7 +896,8 @@ class Renderer {
       return;
     }
     if (!item.is_array() || item.size() != node.names.size())
-      fail(node.line, fmt::format("{} does not unpack into {} names", repr(item), node.names.size()));
+      fail(node.line,
+           fmt::format("{} does not unpack into {} names", repr(item), node.names.size()));
     for (std::size_t i = 0; i < node.names.size(); ++i)
       scopes_.back()[node.names[i]] = item[i];
   }
@@ -926,7 +958,8 @@ class Renderer {
       return v.contains(k) ? v[k] : undefined();
     }
     if ((v.is_array() || v.is_string()) && key.is_number_integer()) {
-      const auto size = static_cast<std::int64_t>(v.is_array() ? v.size() : v.get<std::string>().size());
+      const auto size =
+          static_cast<std::int64_t>(v.is_array() ? v.size() : v.get<std::string>().size());
       std::int64_t at = key.get<std::int64_t>();
       if (at < 0) at += size;
       if (at < 0 || at >= size) return undefined();
@@ -943,11 +976,13 @@ class Renderer {
       if (!e.args[static_cast<std::size_t>(i)]) return fallback;
       const Value p = eval(*e.args[static_cast<std::size_t>(i)]);
       if (p.is_null()) return fallback;
-      if (!p.is_number_integer()) fail(e.line, fmt::format("a slice bound {} is not an integer", repr(p)));
+      if (!p.is_number_integer())
+        fail(e.line, fmt::format("a slice bound {} is not an integer", repr(p)));
       return p.get<std::int64_t>();
     };
     if (!v.is_array() && !v.is_string()) fail(e.line, fmt::format("{} cannot be sliced", repr(v)));
-    const auto size = static_cast<std::int64_t>(v.is_array() ? v.size() : v.get<std::string>().size());
+    const auto size =
+        static_cast<std::int64_t>(v.is_array() ? v.size() : v.get<std::string>().size());
     const std::int64_t step = part(3, 1);
     if (step == 0) fail(e.line, "a slice step is 0");
     const auto clamp = [&](std::int64_t i, bool is_start) {
@@ -960,8 +995,10 @@ class Renderer {
     Value out = v.is_array() ? Value::array() : Value("");
     std::string text;
     for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (v.is_array()) out.push_back(v[static_cast<std::size_t>(i)]);
-      else text += v.get<std::string>()[static_cast<std::size_t>(i)];
+      if (v.is_array())
+        out.push_back(v[static_cast<std::size_t>(i)]);
+      else
+        text += v.get<std::string>()[static_cast<std::size_t>(i)];
     }
     return v.is_array() ? out : Value(text);
   }
@@ -1003,14 +1040,16 @@ class Renderer {
         return out;
       }
       fail(e.line, fmt::format("'{}' is not a function meshtensor calls (namespace, range, "
-                               "raise_exception)", callee.text));
+                               "raise_exception)",
+                               callee.text));
     }
     if (callee.kind != Expr::attribute)
       fail(e.line, "only methods, namespace, range and raise_exception are called");
     return method(eval(*callee.args[0]), callee.text, args, e.line);
   }
 
-  Value method(const Value& self, const std::string& name, const std::vector<Value>& args, int line) {
+  Value method(const Value& self, const std::string& name, const std::vector<Value>& args,
+               int line) {
     const auto text_arg = [&](std::size_t i) {
       if (i >= args.size() || !args[i].is_string())
         fail(line, fmt::format("{}() takes a string", name));
@@ -1018,7 +1057,9 @@ class Renderer {
     };
     if (self.is_string()) {
       const std::string s = self.get<std::string>();
-      const auto strip_set = [&]() { return args.empty() || args[0].is_null() ? std::string(" \t\n\r\f\v") : text_arg(0); };
+      const auto strip_set = [&]() {
+        return args.empty() || args[0].is_null() ? std::string(" \t\n\r\f\v") : text_arg(0);
+      };
       if (name == "startswith") return s.rfind(text_arg(0), 0) == 0;
       if (name == "endswith") {
         const std::string t = text_arg(0);
@@ -1027,8 +1068,12 @@ class Renderer {
       if (name == "strip" || name == "lstrip" || name == "rstrip") {
         const std::string set = strip_set();
         std::size_t from = 0, to = s.size();
-        if (name != "rstrip") while (from < to && set.find(s[from]) != std::string::npos) ++from;
-        if (name != "lstrip") while (to > from && set.find(s[to - 1]) != std::string::npos) --to;
+        if (name != "rstrip")
+          while (from < to && set.find(s[from]) != std::string::npos)
+            ++from;
+        if (name != "lstrip")
+          while (to > from && set.find(s[to - 1]) != std::string::npos)
+            --to;
         return s.substr(from, to - from);
       }
       if (name == "upper" || name == "lower") {
@@ -1140,7 +1185,8 @@ class Renderer {
     }
     if (name == "items") return method(v, "items", {}, e.line);
     if (name == "reverse") {
-      if (v.is_string()) return std::string(v.get<std::string>().rbegin(), v.get<std::string>().rend());
+      if (v.is_string())
+        return std::string(v.get<std::string>().rbegin(), v.get<std::string>().rend());
       Value out = Value::array();
       const std::vector<Value> items = elements(v, e.line);
       for (auto it = items.rbegin(); it != items.rend(); ++it)
@@ -1208,13 +1254,18 @@ class Renderer {
     if (op == "!=") return !equal(a, b);
     if (op == "in" || op == "not in") {
       bool found = false;
-      if (b.is_string() && a.is_string()) found = b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
-      else if (b.is_object() && a.is_string()) found = b.contains(a.get<std::string>());
-      else if (b.is_array()) found = std::any_of(b.begin(), b.end(), [&](const Value& x) { return equal(x, a); });
-      else if (!is_undefined(b)) fail(e.line, fmt::format("'in' of {}", repr(b)));
+      if (b.is_string() && a.is_string())
+        found = b.get<std::string>().find(a.get<std::string>()) != std::string::npos;
+      else if (b.is_object() && a.is_string())
+        found = b.contains(a.get<std::string>());
+      else if (b.is_array())
+        found = std::any_of(b.begin(), b.end(), [&](const Value& x) { return equal(x, a); });
+      else if (!is_undefined(b))
+        fail(e.line, fmt::format("'in' of {}", repr(b)));
       return found == (op == "in");
     }
-    if (op == "+" && a.is_string() && b.is_string()) return a.get<std::string>() + b.get<std::string>();
+    if (op == "+" && a.is_string() && b.is_string())
+      return a.get<std::string>() + b.get<std::string>();
     if (op == "+" && a.is_array() && b.is_array()) {
       Value out = a;
       out.insert(out.end(), b.begin(), b.end());
@@ -1228,7 +1279,8 @@ class Renderer {
       if (op == ">=") return c >= 0;
     }
     if (!a.is_number() || !b.is_number())
-      fail(e.line, fmt::format("{} {} {} is not an operation on numbers or strings", repr(a), op, repr(b)));
+      fail(e.line,
+           fmt::format("{} {} {} is not an operation on numbers or strings", repr(a), op, repr(b)));
     const bool integers = a.is_number_integer() && b.is_number_integer();
     const double x = a.get<double>(), y = b.get<double>();
     if (op == "<") return x < y;

@@ -300,6 +300,12 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
   t.is_special_.resize(t.tokens_.size(), false);
   t.check_references(source);
   t.build_piece_bytes();
+  if (const Json& chat = part_of(doc, "chat_template"); !chat.is_null()) {
+    if (!chat.is_string())
+      throw DataError(fmt::format("{}: chat_template is {}, not a template's text", source,
+                                  json_excerpt(chat)));
+    t.chat_template_ = chat.get<std::string>();
+  }
   if (const Json& roles = part_of(doc, "special_roles"); !roles.is_null())
     t.set_roles(read_roles(roles, source), source);
   if (t.sentencepiece_) {
@@ -909,6 +915,7 @@ std::string Tokenizer::to_hugging_face_json() const {
   Json doc = document();
   doc.erase("sentencepiece_model");
   doc.erase("special_roles");
+  doc.erase("chat_template");
   return doc.dump(2);
 }
 
@@ -959,6 +966,7 @@ Json Tokenizer::document() const {
                             {"pad_token", named(roles_.pad_token)},
                             {"end_ids", roles_.end_ids}};
   }
+  if (!chat_template_.empty()) doc["chat_template"] = chat_template_;
   if (!sentencepiece_) return doc;
   doc["normalizer"] = sentencepiece_parts_["normalizer"];
   doc["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];

@@ -93,6 +93,24 @@ TEST(TokenizerConfig, TheRolesTravelWithTheTokenizerAndExportBack) {
   EXPECT_EQ(again.encode_with_specials("a"), t.encode_with_specials("a"));
 }
 
+TEST(TokenizerConfig, TheChatTemplateTravelsWithTheTokenizer) {
+  const std::string chat = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+  const tokenize::Tokenizer t = configured({{"chat_template", chat}}, nullptr);
+  EXPECT_EQ(t.chat_template(), chat);
+  EXPECT_EQ(tokenize::Tokenizer::from_json(t.to_json(), "t").chat_template(), chat);
+  EXPECT_EQ(Json::parse(t.to_hugging_face_json()).count("chat_template"), 0u);
+  EXPECT_EQ(tokenizer_config_json(t, 8)["chat_template"], chat);
+  // A list of named templates: the default one.
+  const Json named = Json::array(
+      {{{"name", "tool_use"}, {"template", "x"}}, {{"name", "default"}, {"template", chat}}});
+  EXPECT_EQ(configured({{"chat_template", named}}, nullptr).chat_template(), chat);
+  // A template meshtensor cannot render still loads: it is refused only when a chat renders.
+  const std::string macro = "{% macro m() %}{% endmacro %}";
+  EXPECT_EQ(configured({{"chat_template", macro}}, nullptr).chat_template(), macro);
+  EXPECT_NE(refusal({{"chat_template", 5}}, nullptr).find("\"chat_template\" is 5"),
+            std::string::npos);
+}
+
 TEST(TokenizerConfig, AddedTokensDecoderMarksSpecialTokensByTheirIds) {
   const Json decoder = {{"258", {{"content", "<eot>"}, {"special", false}}}};
   const tokenize::Tokenizer t = configured({{"added_tokens_decoder", decoder}}, nullptr);

@@ -83,8 +83,9 @@ class Tokenizer {
   /// byte tokenizer: a byte-level BPE without merges, which encodes UTF-8 text the same way).
   std::string to_json() const;
   /// to_json() as Hugging Face's readers take it: without "sentencepiece_model" (a tokenizer of
-  /// a SentencePiece model is then the converter's tokenizer.json) nor "special_roles" (an
-  /// export writes those into tokenizer_config.json and generation_config.json).
+  /// a SentencePiece model is then the converter's tokenizer.json) nor "special_roles" and
+  /// "chat_template" (an export writes those into tokenizer_config.json and
+  /// generation_config.json).
   std::string to_hugging_face_json() const;
   /// The SentencePiece model this tokenizer encodes with (null for a tokenizer.json's).
   const std::shared_ptr<const SentencePieceModel>& sentencepiece() const { return sentencepiece_; }
@@ -107,6 +108,10 @@ class Tokenizer {
   const SpecialRoles& roles() const { return roles_; }
   /// Sets the roles. DataError naming `source` and a token it lacks or an id outside it.
   void set_roles(SpecialRoles roles, const std::string& source);
+  /// The model's chat template (Jinja source, rendered by ChatTemplate), empty for none.
+  const std::string& chat_template() const { return chat_template_; }
+  /// Sets the chat template (kept as given: it is parsed when a chat is rendered).
+  void set_chat_template(std::string source) { chat_template_ = std::move(source); }
   /// Puts `post_processor` around encoded texts instead (ids checked against the vocabulary).
   void set_post_processor(PostProcessor post_processor, const std::string& source);
   /// Marks the added token `id` special or not (what decode_text(.., true) skips).
@@ -228,6 +233,7 @@ class Tokenizer {
   std::string unk_token_;  // empty: none (unknown characters are dropped)
   std::int64_t unk_id_ = -1;
   SpecialRoles roles_;
+  std::string chat_template_;
   std::string piece_bytes_;                   // every id's bytes, in id order
   std::vector<std::uint32_t> piece_offsets_;  // id -> its start in piece_bytes_ (and one past)
   bool raw_bytes_ = false;                    // the byte tokenizer
