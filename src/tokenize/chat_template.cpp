@@ -517,12 +517,12 @@ class ExpressionParser {
 // ---- Statements ----
 
 struct ChatTemplate::Node {
-  enum Kind { raw, output, if_, for_, set, set_attribute, break_, continue_ } kind;
+  enum Kind { raw, output, block, if_, for_, set, set_attribute, break_, continue_ } kind;
   std::string text;                // text; set's name; for's targets joined by ','
   std::vector<std::string> names;  // for's targets; set_attribute's (name, attribute)
   std::vector<ExprPtr> exprs;      // output's; if's conditions; for's iterable (+ filter); set's
   std::vector<std::vector<std::shared_ptr<Node>>>
-      bodies;  // if's branches (+ else); for's body, else
+      bodies;  // if's branches (+ else); for's body, else; block's one
   int line = 0;
 };
 
@@ -590,14 +590,8 @@ class StatementParser {
     }
     if (keyword == "generation") {  // transformers' assistant-mask marker: its body as is
       std::string end;
-      Body inner = parse_body({"endgeneration"}, end);
-      auto n = std::make_shared<Node>(Node{Node::if_, "", {}, {}, {}, line});
-      auto always = std::make_shared<Expr>();
-      always->kind = Expr::literal;
-      always->value = true;
-      n->exprs.push_back(always);
-      n->bodies.push_back(std::move(inner));
-      return n;
+      return std::make_shared<Node>(
+          Node{Node::block, "", {}, {}, {parse_body({"endgeneration"}, end)}, line});
     }
     throw ParseError(fmt::format(
         "chat template line {}: '{{% {} %}}' is not a construct meshtensor renders (if, for, set, "
@@ -820,6 +814,8 @@ class Renderer {
       case Node::output:
         out += str(eval(*node.exprs[0]));
         return;
+      case Node::block:
+        return run(node.bodies[0], out);
       case Node::if_:
         for (std::size_t i = 0; i < node.exprs.size(); ++i) {
           if (truthy(eval(*node.exprs[i]))) return run(node.bodies[i], out);
@@ -864,7 +860,6 @@ class Renderer {
       if (node.bodies.size() > 1) run(node.bodies[1], out);
       return;
     }
-    const Value outer_loop = lookup("loop");
     for (std::size_t i = 0; i < items.size(); ++i) {
       scopes_.push_back(Value::object());
       bind(node, items[i]);
@@ -879,7 +874,6 @@ class Renderer {
                                 {"length", n},
                                 {"previtem", i > 0 ? items[i - 1] : undefined()},
                                 {"nextitem", k + 1 < n ? items[i + 1] : undefined()}};
-      (void)outer_loop;
       run(node.bodies[0], out);
       scopes_.pop_back();
       if (stop_ == Stop::break_loop) {
@@ -985,13 +979,13 @@ class Renderer {
         static_cast<std::int64_t>(v.is_array() ? v.size() : v.get<std::string>().size());
     const std::int64_t step = part(3, 1);
     if (step == 0) fail(e.line, "a slice step is 0");
-    const auto clamp = [&](std::int64_t i, bool is_start) {
+    const auto clamp = [&](std::int64_t i) {  // Python's bounds: [0, size] up, [-1, size) down
       if (i < 0) i += size;
-      if (step > 0) return std::clamp<std::int64_t>(i, 0, size);
-      return std::clamp<std::int64_t>(i, -1, size - 1) + (is_start ? 0 : 0);
+      return step > 0 ? std::clamp<std::int64_t>(i, 0, size)
+                      : std::clamp<std::int64_t>(i, -1, size - 1);
     };
-    std::int64_t start = e.args[1] ? clamp(part(1, 0), true) : (step > 0 ? 0 : size - 1);
-    std::int64_t stop = e.args[2] ? clamp(part(2, 0), false) : (step > 0 ? size : -1);
+    const std::int64_t start = e.args[1] ? clamp(part(1, 0)) : (step > 0 ? 0 : size - 1);
+    const std::int64_t stop = e.args[2] ? clamp(part(2, 0)) : (step > 0 ? size : -1);
     Value out = v.is_array() ? Value::array() : Value("");
     std::string text;
     for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
@@ -1317,13 +1311,8 @@ class Renderer {
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::string_view source) {
-  auto root = std::make_shared<Node>(Node{Node::if_, "", {}, {}, {}, 1});
-  auto always = std::make_shared<Expr>();
-  always->kind = Expr::literal;
-  always->value = true;
-  root->exprs.push_back(always);
-  root->bodies.push_back(StatementParser(lex(source)).parse_all());
-  root_ = root;
+  root_ = std::make_shared<Node>(
+      Node{Node::block, "", {}, {}, {StatementParser(lex(source)).parse_all()}, 1});
 }
 
 ChatTemplate::~ChatTemplate() = default;

@@ -372,11 +372,11 @@ void Tokenizer::read_model(const Json& model, const Json& added_tokens, const st
       throw DataError(fmt::format("{}: token '{}' appears twice", source, token));
   }
   read_symbols(source);
+  std::unordered_map<std::int64_t, std::int64_t> first_merge_making;  // tiktoken_merges_
   for (const Json& merge : model["merges"]) {
     const auto [left, right] = merge_parts(merge, source);
-    add_merge(left, right, source);
+    add_merge(left, right, source, first_merge_making);
   }
-  first_merge_making_ = {};
   if (ignore_merges_) {
     for (const auto& [entry, id] : ids_) {
       const std::optional<std::string> bytes =
@@ -457,7 +457,8 @@ void Tokenizer::check_references(const std::string& source) {
 }
 
 void Tokenizer::add_merge(const std::string& left, const std::string& right,
-                          const std::string& source) {
+                          const std::string& source,
+                          std::unordered_map<std::int64_t, std::int64_t>& first_making) {
   thread_local std::string joined;
   joined.assign(left).append(right);
   const auto l = ids_.find(left);
@@ -470,7 +471,7 @@ void Tokenizer::add_merge(const std::string& left, const std::string& right,
   const auto rank = static_cast<std::int64_t>(merges_.size());
   // tiktoken's rule: a pair merges at the rank of the token it makes (the first merge making it).
   const std::int64_t priority =
-      tiktoken_merges_ ? first_merge_making_.emplace(m->second, rank).first->second : rank;
+      tiktoken_merges_ ? first_making.emplace(m->second, rank).first->second : rank;
   if (merge_rank_.insert(pair_key(l->second, r->second), static_cast<std::int32_t>(priority))) {
     merges_.emplace_back(l->second, r->second);
     merged_.push_back(m->second);
@@ -644,7 +645,7 @@ class Tokenizer::PieceCache {
   /// Appends the ids of `piece` to `out` (computed by `encode` the first time).
   template <class Encode>
   void append(std::string_view piece, std::vector<std::int64_t>& out, const Encode& encode) {
-    const std::uint64_t hash = hash_of(piece);
+    const std::uint64_t hash = hash_bytes(piece);
     std::size_t at = hash & (slots_.size() - 1);
     for (; slots_[at].used; at = (at + 1) & (slots_.size() - 1)) {
       const Slot& slot = slots_[at];
@@ -676,7 +677,6 @@ class Tokenizer::PieceCache {
     std::uint16_t id_count = 0;
     bool used = false;
   };
-  static std::uint64_t hash_of(std::string_view s) { return hash_bytes(s); }
   void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
@@ -864,11 +864,15 @@ void Tokenizer::build_piece_bytes() {
   }
 }
 
-std::string Tokenizer::token_bytes(std::int64_t id) const {
+void Tokenizer::check_id(std::int64_t id) const {
   if (id < 0 || id >= vocabulary()) {
     throw InvalidArgument(
         fmt::format("token id {} is outside the vocabulary of {}", id, vocabulary()));
   }
+}
+
+std::string Tokenizer::token_bytes(std::int64_t id) const {
+  check_id(id);
   return std::string(piece_of(id));
 }
 
@@ -885,10 +889,7 @@ std::string Tokenizer::decode_text(std::span<const std::int64_t> ids, bool skip_
 std::string Tokenizer::decode_text_raw(std::span<const std::int64_t> ids, bool skip_special) const {
   std::size_t bytes = 0;
   for (const std::int64_t id : ids) {
-    if (id < 0 || id >= vocabulary()) {
-      throw InvalidArgument(
-          fmt::format("token id {} is outside the vocabulary of {}", id, vocabulary()));
-    }
+    check_id(id);
     bytes += piece_of(id).size();
   }
   std::string out;

@@ -59,3 +59,14 @@ npm_packages() {
   fi
   echo "$scratch/node_modules"
 }
+
+# agree_with_references WHAT IDS REFERENCES: fails unless every line of the file REFERENCES (one
+# JSON array of ids per reference implementation) is IDS; prints how many agreed.
+agree_with_references() {
+  local what=$1 ids=$2 references=$3 line
+  while read -r line; do
+    [ "$line" = "$ids" ] ||
+      fail "$what: ours $(head -c 300 <<<"$ids"), reference $(head -c 300 <<<"$line")"
+  done <"$references"
+  echo "ok: $what: $(wc -l <"$references") reference(s) agree ($(tr -cd , <<<"$ids" | wc -c) ids)"
+}

@@ -148,13 +148,18 @@ class Tokenizer {
   /// The document to_json() writes.
   nlohmann::json document() const;
   /// Adds the merge of the tokens `left` and `right` at the next rank (a repeated pair keeps its
-  /// first rank); DataError naming it when the vocabulary lacks either or their concatenation.
-  void add_merge(const std::string& left, const std::string& right, const std::string& source);
+  /// first rank; with tiktoken_merges_, the rank of the first merge making the same token, kept
+  /// in `first_making`); DataError naming it when the vocabulary lacks either or their
+  /// concatenation.
+  void add_merge(const std::string& left, const std::string& right, const std::string& source,
+                 std::unordered_map<std::int64_t, std::int64_t>& first_making);
   /// The matchers of added_.
   void build_matchers();
   /// The bytes of `ids` (InvalidArgument naming one outside the vocabulary), without the special
   /// ones when `skip_special`.
   std::string decode_text_raw(std::span<const std::int64_t> ids, bool skip_special) const;
+  /// InvalidArgument naming `id` unless it is inside the vocabulary.
+  void check_id(std::int64_t id) const;
   /// Each id's bytes (token_bytes()) into piece_bytes_, for decoding by copies.
   void build_piece_bytes();
   /// token_bytes() of an id inside the vocabulary, without a copy.
@@ -227,7 +232,6 @@ class Tokenizer {
   bool byte_level_ = true;  // pieces start from byte symbols, not characters
   bool ignore_merges_ = false;
   bool tiktoken_merges_ = false;
-  std::unordered_map<std::int64_t, std::int64_t> first_merge_making_;  // while reading merges
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   std::string unk_token_;  // empty: none (unknown characters are dropped)
