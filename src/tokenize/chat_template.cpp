@@ -228,12 +228,11 @@ class ExpressionParser {
     return (peek().kind == Token::op || peek().kind == Token::name) && peek().text == text;
   }
   void expect(std::string_view text) {
-    if (!next_is(text)) throw bad(fmt::format("expected '{}', found '{}'", text, peek().text));
+    if (!next_is(text)) throw bad(fmt::format("expected '{}', found {}", text, shown()));
     ++at_;
   }
   std::string name() {
-    if (peek().kind != Token::name)
-      throw bad(fmt::format("expected a name, found '{}'", peek().text));
+    if (peek().kind != Token::name) throw bad(fmt::format("expected a name, found {}", shown()));
     return tokens_[at_++].text;
   }
   ParseError bad(const std::string& why) const {
@@ -250,6 +249,10 @@ class ExpressionParser {
 
  private:
   const Token& peek() const { return tokens_[at_]; }
+  /// The next token as errors name it.
+  std::string shown() const {
+    return peek().kind == Token::end ? "the end" : fmt::format("'{}'", peek().text);
+  }
   ExprPtr make(Expr::Kind kind, std::string text = {}) {
     auto e = std::make_shared<Expr>();
     e->kind = kind;
@@ -502,7 +505,8 @@ class ExpressionParser {
       ++at_;
       return d;
     }
-    throw bad(fmt::format("unexpected '{}' in an expression", token.text));
+    throw bad(peek().kind == Token::end ? std::string("an expression is missing or ends too early")
+                                        : fmt::format("unexpected {} in an expression", shown()));
   }
 
   static constexpr int kMaxDepth = 64;

@@ -68,6 +68,8 @@ TEST(ChatTemplate, UnsupportedConstructsAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(refusal("{% if x %}").find("not closed"), std::string::npos);
   EXPECT_NE(refusal("{{ 'open }}").find("not closed"), std::string::npos);
+  EXPECT_NE(refusal("{{ }}").find("an expression is missing or ends too early"), std::string::npos);
+  EXPECT_NE(refusal("{% for %}").find("expected a name, found the end"), std::string::npos);
   // Input nesting is bounded before it costs a deep stack.
   std::string deep_if;
   for (int i = 0; i < 100000; ++i)
