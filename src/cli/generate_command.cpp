@@ -44,7 +44,10 @@ struct GenerateOptions {
   std::string mesh;
   std::string names;
   std::string backend = "threads";
+  std::string chat_template;
+  std::string system;
   bool json = false;
+  bool chat = false;
   CLI::Option* prompt_option = nullptr;
   CLI::Option* prompts_option = nullptr;
 };
@@ -71,6 +74,7 @@ void print_completions(const std::vector<std::string>& prompts,
       // Doubles print with the digits that read back to the same bits.
       const nlohmann::json out = {
           {"prompt", train::printable_text(prompts[i])},
+          {"prompt_tokens", requests[i].prompt.size()},
           {"text", text},
           {"tokens", c.tokens},
           {"logprobs", c.logprobs},
@@ -91,7 +95,7 @@ void print_completions(const std::vector<std::string>& prompts,
 /// How every window of prompts is turned into requests and printed.
 struct GenerateJob {
   const GenerateOptions& options;
-  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+  generate::PromptFormat format;
   comm::ReductionMode mode;
   generate::GeneratorOptions generator;
   generate::Sampling sampling;
@@ -152,24 +156,25 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job,
     if (prompts.empty()) break;
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
-      requests.push_back(
-          generate::text_request(*job.tokenizer, prompts[i], job.new_tokens, job.sampling));
+      requests.push_back(job.format.request(prompts[i], job.new_tokens, job.sampling));
       generate::check_request(requests.back(), first + i, model->decoder_config());
     }
     const std::vector<generate::Completion> completions = generator.generate(requests);
     if (world.rank() == 0)
-      print_completions(prompts, requests, completions, *job.tokenizer, job.options.json, first);
+      print_completions(prompts, requests, completions, *job.format.tokenizer, job.options.json,
+                        first);
     first += prompts.size();
   }
 }
 
 /// The architecture of the checkpoint, checked against its tensors, and the layout against it,
-/// before any rank starts or allocates; sets the job's tokenizer.
+/// before any rank starts or allocates; sets the job's prompt format.
 nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree,
                                               GenerateJob& job) {
   const nn::DecoderConfig config = generate::model_architecture(options.checkpoint);
   if (degree > 1) tp::check_decoder_degree(config, degree);
-  job.tokenizer = generate::model_tokenizer(options.checkpoint);
+  job.format = generate::prompt_format(generate::model_tokenizer(options.checkpoint), options.chat,
+                                       options.chat_template, options.system);
   return config;
 }
 
@@ -183,12 +188,11 @@ void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
   generate::PromptSource source = prompt_source(options);
   std::size_t i = 0;
   for (std::optional<std::string> prompt; (prompt = source.next()); ++i)
-    generate::check_request(
-        generate::text_request(*job.tokenizer, *prompt, job.new_tokens, job.sampling), i, config);
+    generate::check_request(job.format.request(*prompt, job.new_tokens, job.sampling), i, config);
 }
 
 void run_generate(const GenerateOptions& options) {
-  GenerateJob job{options, nullptr, comm::ReductionMode::ordered, {}, {}, 0};
+  GenerateJob job{options, {}, comm::ReductionMode::ordered, {}, {}, 0};
   job.sampling.temperature = real_setting("--temperature", options.temperature, 0.0, 1e6);
   job.sampling.top_k = integer_setting("--top-k", options.top_k, 0, 1 << 30);
   job.sampling.seed = seed_setting("--seed", options.seed);
@@ -255,6 +259,11 @@ void add_generate_command(CLI::App& app) {
   command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
   command->add_option("--names", options->names, "tp (the only dim generation takes)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
+  add_flag(*command, "--chat", options->chat,
+           "each prompt is a user message, rendered by the model's chat template");
+  command->add_option("--system", options->system, "with --chat: a system message first");
+  command->add_option("--chat-template", options->chat_template,
+                      "with --chat: a file holding a Jinja chat template to use instead");
   add_flag(*command, "--json", options->json,
            "one JSON object per prompt: prompt, text, tokens, logprobs, finish_reason");
   command->callback([options] { run_generate(*options); });

@@ -154,8 +154,9 @@ void add_serve_command(CLI::App& app) {
   auto options = std::make_shared<ServeCliOptions>();
   CLI::App* command = app.add_subcommand(
       "serve",
-      "Serve a GPT checkpoint over an OpenAI-compatible HTTP API (POST /v1/completions, GET "
-      "/v1/models, /health, /metrics): continuous batching, and the same bits for a request "
+      "Serve a GPT checkpoint over an OpenAI-compatible HTTP API (POST /v1/completions and "
+      "/v1/chat/completions, GET /v1/models, /health, /metrics): continuous batching, and the same "
+      "bits for a request "
       "under any load");
   options->settings.add_to(*command, serve::ServeSettings::table(),
                            {"checkpoint", "host", "port", "mode"});
@@ -170,8 +171,9 @@ void add_serve_command(CLI::App& app) {
   command->add_option("--api-key", options->api_key,
                       "require 'Authorization: Bearer KEY' on /v1 and /admin (default: the "
                       "environment variable MESHTENSOR_API_KEY, else none)");
-  options->settings.add_to(*command, serve::ServeSettings::table(),
-                           {"model_name", "stream_interval_ms", "max_connections"});
+  options->settings.add_to(
+      *command, serve::ServeSettings::table(),
+      {"model_name", "chat_template", "stream_interval_ms", "max_connections"});
   add_flag(*command, "--batch-variant", options->batch_variant,
            "run the batch-variant fast path (OpenBLAS sgemm in every Linear), giving up "
            "batch invariance: for comparisons only");

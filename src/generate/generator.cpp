@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/generate/generator.hpp>
@@ -149,6 +150,35 @@ Request text_request(const tokenize::Tokenizer& tokenizer, std::string_view prom
   Request request{tokenizer.encode_with_specials(prompt), max_new_tokens, sampling};
   request.stop_tokens = tokenizer.roles().end_ids;
   return request;
+}
+
+Request PromptFormat::request(std::string_view prompt, std::int64_t max_new_tokens,
+                              const Sampling& sampling) const {
+  if (!chat) return text_request(*tokenizer, prompt, max_new_tokens, sampling);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  messages.push_back({{"role", "user"}, {"content", std::string(prompt)}});
+  Request request{chat->encode(messages, {}), max_new_tokens, sampling};
+  request.stop_tokens = tokenizer->roles().end_ids;
+  return request;
+}
+
+PromptFormat prompt_format(std::shared_ptr<const tokenize::Tokenizer> tokenizer, bool chat,
+                           const std::string& template_path, std::string system) {
+  PromptFormat format{tokenizer, nullptr, std::move(system)};
+  if (!chat) {
+    if (!template_path.empty() || !format.system.empty())
+      throw ParseError("--chat-template and --system shape a chat: give --chat with them");
+    return format;
+  }
+  if (template_path.empty()) {
+    format.chat = std::make_shared<const tokenize::ChatFormat>(std::move(tokenizer));
+  } else {
+    format.chat = std::make_shared<const tokenize::ChatFormat>(
+        std::move(tokenizer),
+        read_regular_file(template_path, std::int64_t{1} << 20, "a chat template"), template_path);
+  }
+  return format;
 }
 
 std::span<const std::int64_t> text_tokens(const Completion& completion, const Request& request) {

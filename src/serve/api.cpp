@@ -10,66 +10,13 @@
 #include <meshtensor/core/utf8.hpp>
 #include <meshtensor/serve/api.hpp>
 
+#include "request_fields.hpp"
+
 namespace meshtensor::serve {
 
 namespace {
 
 using nlohmann::json;
-
-ApiError bad(const std::string& param, const std::string& message) {
-  return {400, message, "invalid_request_error", param, ""};
-}
-
-std::string excerpt(const json& value) {
-  return json_excerpt(value);
-}
-
-/// The field `key`, or null when absent or null (optional fields take null as absent).
-const json* field(const json& doc, const char* key) {
-  const auto found = doc.find(key);
-  if (found == doc.end() || found->is_null()) return nullptr;
-  return &*found;
-}
-
-std::int64_t integer_value(const json& value, const std::string& key, std::int64_t low,
-                           std::int64_t high) {
-  std::int64_t result = 0;
-  if (value.is_number_integer() && !value.is_number_unsigned()) {
-    result = value.get<std::int64_t>();
-  } else if (value.is_number_unsigned() &&
-             value.get<std::uint64_t>() <= static_cast<std::uint64_t>(high)) {
-    result = static_cast<std::int64_t>(value.get<std::uint64_t>());
-  } else if (value.is_number_unsigned()) {
-    throw bad(key, fmt::format("'{}': {} is more than {}", key, excerpt(value), high));
-  } else if (value.is_number_float() && std::isfinite(value.get<double>()) &&
-             value.get<double>() == std::trunc(value.get<double>()) &&
-             std::abs(value.get<double>()) < 0x1p62) {
-    result = static_cast<std::int64_t>(value.get<double>());
-  } else {
-    throw bad(key, fmt::format("'{}' must be an integer, got {}", key, excerpt(value)));
-  }
-  if (result < low) throw bad(key, fmt::format("'{}': {} is less than {}", key, result, low));
-  if (result > high) throw bad(key, fmt::format("'{}': {} is more than {}", key, result, high));
-  return result;
-}
-
-double number_value(const json& value, const std::string& key, double low, double high) {
-  if (!value.is_number()) {
-    throw bad(key, fmt::format("'{}' must be a number, got {}", key, excerpt(value)));
-  }
-  const double result = value.get<double>();
-  if (!(result >= low && result <= high)) {
-    throw bad(key,
-              fmt::format("'{}': {} is not between {} and {}", key, excerpt(value), low, high));
-  }
-  return result;
-}
-
-bool bool_value(const json& value, const std::string& key) {
-  if (!value.is_boolean())
-    throw bad(key, fmt::format("'{}' must be true or false, got {}", key, excerpt(value)));
-  return value.get<bool>();
-}
 
 const std::set<std::string>& known_fields() {
   static const std::set<std::string> fields{"model",
@@ -92,46 +39,6 @@ const std::set<std::string>& known_fields() {
                                             "presence_penalty",
                                             "frequency_penalty"};
   return fields;
-}
-
-/// Why `body` is not valid JSON, naming the top-level field the parser stopped in (a number
-/// past the range of a double, such as 1e999, is one).
-ApiError invalid_json(std::string_view body) {
-  std::string key;
-  const json::parser_callback_t last_key = [&](int depth, json::parse_event_t event, json& value) {
-    if (depth == 1 && event == json::parse_event_t::key) key = value.get<std::string>();
-    return true;
-  };
-  try {
-    const json reparsed = json::parse(body, last_key);
-    (void)reparsed;
-  } catch (const json::out_of_range& e) {
-    return bad(key, fmt::format("'{}' is not a number the server can read: {}", key, e.what()));
-  } catch (const json::exception& e) {
-    return bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
-  }
-  return bad("", "the request body is not valid JSON");
-}
-
-json parse_body(std::string_view body) {
-  json doc;
-  try {
-    doc = parse_untrusted_json(body, "the request body");
-  } catch (const Error& e) {
-    throw bad("", e.what());
-  }
-  if (doc.is_discarded()) throw invalid_json(body);
-  if (!doc.is_object()) {
-    throw bad("", fmt::format("the request body must be a JSON object, got {}", excerpt(doc)));
-  }
-  for (const auto& [key, value] : doc.items()) {
-    if (known_fields().count(key) == 0) {
-      throw bad(key, fmt::format("Unrecognized request argument supplied: '{}' (a misspelt field "
-                                 "is refused rather than ignored)",
-                                 key));
-    }
-  }
-  return doc;
 }
 
 std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
@@ -209,94 +116,23 @@ std::int64_t parse_max_tokens(const json& doc, const CompletionParams& params,
   return max_tokens;
 }
 
-std::vector<std::string> parse_stop(const json& doc, const ApiLimits& limits) {
-  const json* value = field(doc, "stop");
-  if (value == nullptr) return {};
-  std::vector<std::string> stop;
-  if (value->is_string()) {
-    stop.push_back(value->get<std::string>());
-  } else if (value->is_array()) {
-    for (const json& item : *value) {
-      if (!item.is_string())
-        throw bad("stop", fmt::format("'stop' items must be strings, got {}", excerpt(item)));
-      stop.push_back(item.get<std::string>());
-    }
-  } else {
-    throw bad("stop",
-              fmt::format("'stop' must be a string or a list of strings, got {}", excerpt(*value)));
-  }
-  if (static_cast<std::int64_t>(stop.size()) > limits.max_stop) {
-    throw bad("stop", fmt::format("'stop' has {} sequences; at most {} are allowed", stop.size(),
-                                  limits.max_stop));
-  }
-  for (const std::string& s : stop) {
-    if (s.empty()) throw bad("stop", "'stop' sequences must not be empty");
-    if (static_cast<std::int64_t>(s.size()) > limits.max_stop_bytes) {
-      throw bad("stop", fmt::format("a 'stop' sequence of {} bytes is longer than the {} allowed",
-                                    s.size(), limits.max_stop_bytes));
-    }
-  }
-  return stop;
-}
-
-/// OpenAI fields the server takes only at their neutral values.
-void check_unsupported(const json& doc, std::int64_t n) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* value = field(doc, key); value && number_value(*value, key, -2, 2) != 0)
-      throw bad(key, fmt::format("'{}' is not supported: only 0, got {}", key, excerpt(*value)));
-  }
+/// Completions fields the server takes only at their neutral values.
+void check_completion_only_fields(const json& doc, std::int64_t n) {
+  check_neutral_fields(doc);
   if (const json* value = field(doc, "best_of");
       value && integer_value(*value, "best_of", 1, 1 << 20) != n) {
     throw bad("best_of", fmt::format("'best_of' {} is not supported: give n choices instead",
                                      excerpt(*value)));
   }
-  if (const json* value = field(doc, "logit_bias");
-      value && !(value->is_object() && value->empty())) {
-    throw bad("logit_bias", "'logit_bias' is not supported");
-  }
   if (const json* value = field(doc, "suffix"); value && *value != "")
     throw bad("suffix", "'suffix' is not supported");
-  if (const json* value = field(doc, "user"); value && !value->is_string())
-    throw bad("user", fmt::format("'user' must be a string, got {}", excerpt(*value)));
-}
-
-void parse_sampling(const json& doc, CompletionParams& params, std::uint64_t default_seed) {
-  params.sampling.temperature = 1.0;
-  if (const json* v = field(doc, "temperature"))
-    params.sampling.temperature = number_value(*v, "temperature", 0, 2);
-  if (const json* v = field(doc, "top_p")) params.sampling.top_p = number_value(*v, "top_p", 0, 1);
-  if (const json* v = field(doc, "top_k")) {
-    params.sampling.top_k = std::max<std::int64_t>(0, integer_value(*v, "top_k", -1, 1 << 30));
-  }
-  params.sampling.seed = default_seed;
-  if (const json* v = field(doc, "seed")) {
-    params.seed_given = true;
-    if (v->is_number_unsigned()) {
-      params.sampling.seed = v->get<std::uint64_t>();
-    } else {
-      params.sampling.seed = static_cast<std::uint64_t>(
-          integer_value(*v, "seed", std::numeric_limits<std::int64_t>::min(),
-                        std::numeric_limits<std::int64_t>::max()));
-    }
-  }
 }
 
 void parse_output_options(const json& doc, CompletionParams& params, const ApiLimits& limits) {
   if (const json* v = field(doc, "logprobs"))
     params.logprobs = integer_value(*v, "logprobs", 0, limits.max_top_logprobs);
   if (const json* v = field(doc, "echo")) params.echo = bool_value(*v, "echo");
-  if (const json* v = field(doc, "stream")) params.stream = bool_value(*v, "stream");
-  if (const json* v = field(doc, "stream_options")) {
-    if (!v->is_object()) {
-      throw bad("stream_options",
-                fmt::format("'stream_options' must be an object, got {}", excerpt(*v)));
-    }
-    for (const auto& [key, value] : v->items()) {
-      if (key != "include_usage")
-        throw bad("stream_options", fmt::format("unknown 'stream_options' field '{}'", key));
-      params.include_usage = bool_value(value, "stream_options.include_usage");
-    }
-  }
+  parse_stream(doc, params);
 }
 
 }  // namespace
@@ -316,17 +152,8 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
                                           const nn::DecoderConfig& config,
                                           std::shared_ptr<const tokenize::Tokenizer> tokenizer,
                                           const ApiLimits& limits, std::uint64_t default_seed) {
-  const json doc = parse_body(body);
-  if (const json* model = field(doc, "model")) {
-    if (!model->is_string())
-      throw bad("model", fmt::format("'model' must be a string, got {}", excerpt(*model)));
-    if (model->get<std::string>() != model_name) {
-      throw ApiError{404,
-                     fmt::format("The model '{}' does not exist: this server serves '{}'",
-                                 model->get<std::string>(), model_name),
-                     "invalid_request_error", "model", "model_not_found"};
-    }
-  }
+  const json doc = parse_body(body, known_fields());
+  check_model(doc, model_name);
   CompletionParams params;
   params.tokenizer = std::move(tokenizer);
   params.prompts = parse_prompts(doc, config, *params.tokenizer);
@@ -338,7 +165,7 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
   }
   params.max_tokens = parse_max_tokens(doc, params, config);
   params.stop = parse_stop(doc, limits);
-  check_unsupported(doc, params.n);
+  check_completion_only_fields(doc, params.n);
   parse_sampling(doc, params, default_seed);
   parse_output_options(doc, params, limits);
   for (std::size_t i = 0; i < params.prompts.size(); ++i) {
@@ -454,8 +281,62 @@ std::string choice_text(const CompletionParams& params, const ChoiceResult& choi
   return text;
 }
 
+/// One entry of a chat choice's logprobs.content: the token, its log-probability and bytes.
+Json chat_token_entry(std::int64_t token, double logprob, const tokenize::Tokenizer& tokenizer) {
+  const std::string bytes = tokenizer.token_bytes(token);
+  Json out;
+  out["token"] = token_label(token, tokenizer);
+  out["logprob"] = logprob;
+  Json list = Json::array();
+  for (const char byte : bytes)
+    list.push_back(static_cast<unsigned char>(byte));
+  out["bytes"] = std::move(list);
+  return out;
+}
+
+/// A chat choice's logprobs object for generated tokens [from, to).
+Json chat_logprobs(const CompletionParams& params, const ChoiceResult& choice, std::size_t from,
+                   std::size_t to) {
+  const tokenize::Tokenizer& tokenizer = *params.tokenizer;
+  Json content = Json::array();
+  for (std::size_t i = from; i < to; ++i) {
+    const generate::ScoredToken& scored = choice.tokens[i];
+    Json entry = chat_token_entry(scored.token, scored.logprob, tokenizer);
+    Json top = Json::array();
+    for (const auto& [token, logprob] : scored.top)
+      top.push_back(chat_token_entry(token, logprob, tokenizer));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  Json out;
+  out["content"] = std::move(content);
+  return out;
+}
+
+/// A chat choice: the assistant's message (a stream's delta, its role in the first chunk).
+Json chat_choice_object(const CompletionParams& params, std::size_t index,
+                        const ChoiceResult& choice, std::size_t from, std::size_t to, bool first,
+                        bool finished) {
+  Json message = Json::object();
+  if (first || !params.stream) message["role"] = "assistant";
+  if (!params.stream || to > from || first)
+    message["content"] = choice_text(params, choice, from, to);
+  std::vector<std::int64_t> ids;
+  for (std::size_t i = from; i < to; ++i)
+    ids.push_back(choice.tokens[i].token);
+  Json out;
+  out["index"] = index;
+  out[params.stream ? "delta" : "message"] = std::move(message);
+  out["logprobs"] = params.logprobs ? chat_logprobs(params, choice, from, to) : Json();
+  out["finish_reason"] = finished ? Json(choice.finish_reason) : Json();
+  out["token_ids"] = ids;
+  return out;
+}
+
 Json choice_object(const CompletionParams& params, std::size_t index, const ChoiceResult& choice,
                    std::size_t from, std::size_t to, bool with_prompt, bool finished) {
+  if (params.chat)
+    return chat_choice_object(params, index, choice, from, to, with_prompt, finished);
   std::string text;
   if (with_prompt) text = params.tokenizer->decode(choice.prompt);
   text += choice_text(params, choice, from, to);
@@ -472,10 +353,10 @@ Json choice_object(const CompletionParams& params, std::size_t index, const Choi
   return out;
 }
 
-Json response_start(const ResponseHeader& header) {
+Json response_start(const ResponseHeader& header, const char* object) {
   Json out;
   out["id"] = header.id;
-  out["object"] = "text_completion";
+  out["object"] = object;
   out["created"] = header.created;
   out["model"] = header.model;
   out["system_fingerprint"] = fmt::format("meshtensor-step-{}", header.weights_step);
@@ -483,6 +364,11 @@ Json response_start(const ResponseHeader& header) {
 }
 
 }  // namespace
+
+const char* response_object(bool chat, bool chunk) {
+  if (chat) return chunk ? "chat.completion.chunk" : "chat.completion";
+  return "text_completion";
+}
 
 std::optional<StopCut> stop_cut(std::span<const generate::ScoredToken> tokens,
                                 const std::vector<std::string>& stop,
@@ -565,7 +451,7 @@ Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choi
 
 Json completion_response(const ResponseHeader& header, const CompletionParams& params,
                          const std::vector<ChoiceResult>& choices) {
-  Json out = response_start(header);
+  Json out = response_start(header, response_object(params.chat, false));
   Json list = Json::array();
   for (std::size_t i = 0; i < choices.size(); ++i)
     list.push_back(
@@ -580,7 +466,7 @@ Json completion_response(const ResponseHeader& header, const CompletionParams& p
 Json completion_chunk(const ResponseHeader& header, const CompletionParams& params,
                       std::size_t index, const ChoiceResult& choice, std::size_t from,
                       std::size_t to, bool with_prompt, bool finished) {
-  Json out = response_start(header);
+  Json out = response_start(header, response_object(params.chat, true));
   Json list = Json::array();
   list.push_back(choice_object(params, index, choice, from, to, with_prompt, finished));
   out["choices"] = std::move(list);
@@ -588,8 +474,8 @@ Json completion_chunk(const ResponseHeader& header, const CompletionParams& para
   return out;
 }
 
-ChunkWriter::ChunkWriter(const ResponseHeader& header) {
-  Json start = response_start(header);
+ChunkWriter::ChunkWriter(const ResponseHeader& header, bool chat) {
+  Json start = response_start(header, response_object(chat, true));
   start["choices"] = Json::array();
   start["weights_step"] = header.weights_step;
   const std::string whole = dump(start);

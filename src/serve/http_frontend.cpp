@@ -74,8 +74,9 @@ Answer no_route(std::string_view method, const std::string& path) {
          "invalid_request_error", "", ""});
   }
   return error_answer({404,
-                       fmt::format("No endpoint {} {}: the server has POST /v1/completions, GET "
-                                   "/v1/models, GET /health, GET /metrics and POST /admin/reload",
+                       fmt::format("No endpoint {} {}: the server has POST /v1/completions, "
+                                   "POST /v1/chat/completions, GET /v1/models, GET /health, GET "
+                                   "/metrics and POST /admin/reload",
                                    shown_path(method), shown_path(path)),
                        "invalid_request_error", "", ""});
 }
@@ -160,15 +161,10 @@ Reply HttpFrontend::route(const HttpRequest& request, std::function<void()> on_c
   if (method == http::verb::get && served_by != nullptr && std::string_view(served_by) == "GET")
     return get(path);
   if (method == http::verb::post && path == "/v1/completions")
-    return completions(request, std::move(on_change));
+    return completions(request, false, std::move(on_change));
+  if (method == http::verb::post && path == "/v1/chat/completions")
+    return completions(request, true, std::move(on_change));
   if (method == http::verb::post && path == "/admin/reload") return admin_reload();
-  if (method == http::verb::post && path == "/v1/chat/completions") {
-    return answer_with(error_answer({404,
-                                     "/v1/chat/completions is not served: the model is a "
-                                     "byte-level GPT that was not tuned for chat; use "
-                                     "/v1/completions",
-                                     "invalid_request_error", "", "unsupported_endpoint"}));
-  }
   return answer_with(no_route(view(request.method_string()), path));
 }
 
@@ -225,21 +221,22 @@ void HttpFrontend::set_model(const ServedModel& model) {
   model_ = model;
 }
 
-Reply HttpFrontend::completions(const HttpRequest& request, std::function<void()> on_change) {
+Reply HttpFrontend::completions(const HttpRequest& request, bool chat,
+                                std::function<void()> on_change) {
   auto job = std::make_shared<Job>();
-  nn::DecoderConfig config;
-  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+  ServedModel model;
   std::uint64_t seed = 0;
   {
     const std::lock_guard lock(mutex_);
-    config = model_.config;
-    tokenizer = model_.tokenizer;
+    model = model_;
     seed = random_();
-    job->header.id = fmt::format("cmpl-{:016x}", random_());
+    job->header.id = fmt::format("{}-{:016x}", chat ? "chatcmpl" : "cmpl", random_());
   }
   try {
-    job->params = parse_completion_request(request.body(), config_.model_name, config,
-                                           std::move(tokenizer), config_.limits, seed);
+    job->params = chat ? parse_chat_request(request.body(), config_.model_name, model.config,
+                                            model.chat, config_.limits, seed)
+                       : parse_completion_request(request.body(), config_.model_name, model.config,
+                                                  std::move(model.tokenizer), config_.limits, seed);
     job->header.created = static_cast<std::int64_t>(std::time(nullptr));
     job->header.model = config_.model_name;
     job->header.seed = job->params.sampling.seed;

@@ -22,6 +22,7 @@ struct ServedModel {
   nn::DecoderConfig config;
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::string directory;
+  ChatSupport chat;  ///< the tokenizer's chat format, or why there is none
 };
 
 /// The HTTP server on world rank 0: an event loop on a few threads that accepts connections
@@ -58,7 +59,8 @@ class HttpFrontend : private HttpRoutes {
   void accept();
   void admit(net::ip::tcp::socket socket);
   Reply get(const std::string& path);
-  Reply completions(const HttpRequest& request, std::function<void()> on_change);
+  /// POST /v1/completions, or /v1/chat/completions when `chat`.
+  Reply completions(const HttpRequest& request, bool chat, std::function<void()> on_change);
   Reply admin_reload();
   Json model_object() const;
   void response_ended();

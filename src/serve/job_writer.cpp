@@ -29,7 +29,7 @@ JobWriter::Output JobWriter::next() {
 JobWriter::Output JobWriter::stream_events() {
   const Job& job = *job_;
   if (!job.admitted) return {};
-  if (!chunks_) chunks_.emplace(job.header);
+  if (!chunks_) chunks_.emplace(job.header, job.params.chat);
   const CompletionParams& params = job.params;
   const std::size_t count = job.choices.size();
   sent_.resize(count, 0);
@@ -42,9 +42,11 @@ JobWriter::Output JobWriter::stream_events() {
     const bool ended = !choice.finish_reason.empty();
     const std::size_t to = ended ? choice.tokens.size()
                                  : streamable_tokens(choice.tokens, params.stop, *params.tokenizer);
-    const bool with_prompt = params.echo && !started_[c];
+    // A chat choice's first chunk carries the role; a completion's, an echoed prompt.
+    const bool with_prompt = (params.chat || params.echo) && !started_[c];
     // An echoed prompt goes out with its scores: it waits until the whole prompt is scored.
-    const bool scored = !params.logprobs || choice.prompt_scores.size() + 1 >= choice.prompt.size();
+    const bool scored =
+        !params.echo || !params.logprobs || choice.prompt_scores.size() + 1 >= choice.prompt.size();
     if (with_prompt && !scored && !ended) continue;
     if (to <= sent_[c] && !with_prompt && !ended) continue;
     out.text += event(chunks_->chunk(params, c, choice, sent_[c], to, with_prompt, ended));
@@ -63,7 +65,7 @@ JobWriter::Output JobWriter::stream_events() {
 std::string JobWriter::usage_event() const {
   Json last;
   last["id"] = job_->header.id;
-  last["object"] = "text_completion";
+  last["object"] = response_object(job_->params.chat, true);
   last["created"] = job_->header.created;
   last["model"] = job_->header.model;
   last["choices"] = Json::array();

@@ -40,7 +40,11 @@ std::unique_ptr<nn::Decoder> ModelHost::load(const std::string& directory, std::
 std::shared_ptr<const tokenize::Tokenizer> ModelHost::load_tokenizer(
     const std::string& directory) const {
   if (world_.rank() != 0) return nullptr;
-  return generate::model_tokenizer(directory);
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer = generate::model_tokenizer(directory);
+  if (config_.chat_template.empty()) return tokenizer;
+  auto with_template = std::make_shared<tokenize::Tokenizer>(*tokenizer);
+  with_template->set_chat_template(config_.chat_template);
+  return with_template;
 }
 
 ReloadResult ModelHost::reload() {

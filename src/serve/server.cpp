@@ -1,3 +1,4 @@
+#include <iostream>
 #include <optional>
 
 #include <fmt/format.h>
@@ -39,6 +40,11 @@ void ServeControl::attach(Scheduler* scheduler) {
 
 namespace {
 
+/// What rank 0 serves of the host's model.
+ServedModel served_model(const ModelHost& host) {
+  return {host.config(), host.tokenizer(), host.directory(), chat_support(host.tokenizer())};
+}
+
 /// Carries out a plan on this rank; false when it says to leave. On rank 0, `scheduler` and
 /// `http` hear what happened.
 bool run_plan(StepPlan& plan, ModelHost& host, Scheduler* scheduler, HttpFrontend* http) {
@@ -46,7 +52,7 @@ bool run_plan(StepPlan& plan, ModelHost& host, Scheduler* scheduler, HttpFronten
   if (plan.reload) {
     const ReloadResult result = host.reload();
     if (scheduler != nullptr) {
-      if (result.ok) http->set_model({host.config(), host.tokenizer(), host.directory()});
+      if (result.ok) http->set_model(served_model(host));
       scheduler->reloaded(result);
     }
     return true;
@@ -90,6 +96,14 @@ void serve(comm::Communicator& world, const ServeConfig& config, ServeControl* c
         fmt::format("serve: max_batch {}, max_queue {} and prefill_chunk {} must be >= 1",
                     config.max_batch, config.max_queue, config.prefill_chunk));
   }
+  if (!config.chat_template.empty()) {
+    // A template given to the server is checked before the model loads.
+    try {
+      (void)tokenize::ChatTemplate(config.chat_template);
+    } catch (const ParseError& e) {
+      throw ParseError(fmt::format("{}: {}", config.chat_template_origin, e.what()));
+    }
+  }
   ModelHost host(world, config);
   std::optional<nn::BatchVariantScope> batch_variant;
   if (config.batch_variant) batch_variant.emplace(config.batch_variant);
@@ -98,8 +112,10 @@ void serve(comm::Communicator& world, const ServeConfig& config, ServeControl* c
   Metrics metrics;
   Scheduler scheduler({config.max_batch, config.max_queue}, metrics);
   scheduler.set_weights_step(host.step());
-  HttpFrontend http(config, scheduler, metrics,
-                    {host.config(), host.tokenizer(), host.directory()});
+  const ServedModel served = served_model(host);
+  if (!served.chat.format && !served.tokenizer->chat_template().empty())
+    std::cerr << "serve: /v1/chat/completions is refused: " << served.chat.missing << '\n';
+  HttpFrontend http(config, scheduler, metrics, served);
   http.start();
   if (config.on_listening) config.on_listening(http.url());
   if (control != nullptr) control->attach(&scheduler);

@@ -1,6 +1,7 @@
 #include <array>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/file.hpp>
 #include <meshtensor/serve/settings.hpp>
 
 namespace meshtensor::serve {
@@ -20,6 +21,9 @@ constexpr std::array kFields = {
     SettingField{"model_name",
                  "the model's id in the API (default meshtensor-FAMILY: meshtensor-gpt, "
                  "meshtensor-llama)"},
+    SettingField{"chat_template",
+                 "a file holding a Jinja chat template used for /v1/chat/completions instead of "
+                 "the model's own (tokenizer_config.json's)"},
     SettingField{"stream_interval_ms",
                  "after its first chunk, a stream writes at most once per interval, carrying "
                  "every token that arrived meanwhile (default 10; 0: every step)"},
@@ -52,6 +56,10 @@ ServeConfig ServeSettings::config() const {
   config.limits.max_body_bytes = integer("max_body_bytes", "1048576", 1024, std::int64_t{1} << 30);
   config.model_name = text("model_name", "meshtensor-gpt");
   if (config.model_name.empty()) throw ParseError("`model_name` is empty");
+  if (const std::string path = text("chat_template", ""); !path.empty()) {
+    config.chat_template = read_regular_file(path, std::int64_t{1} << 20, "a chat template");
+    config.chat_template_origin = path;
+  }
   config.stream_interval_ms = integer("stream_interval_ms", "10", 0, 10000);
   config.max_connections = integer("max_connections", "4096", 1, 1 << 20);
   return config;

@@ -18,6 +18,11 @@
 #           generation_config.json names end ids: completions stop at an end id (not part of the
 #           choice) with generate's tokens; an echoed prompt starts with the bos, its text, token
 #           and offset included; streamed alike
+#   chat    /v1/chat/completions on a folder whose tokenizer_config.json holds a chat template:
+#           the official client's chat.completions.create, streamed and not, gives `generate
+#           --chat`'s tokens and bits, stops at an end id, counts the rendered prompt; a template's
+#           raise_exception, bad messages, a model without a template and a template construct
+#           the renderer refuses get errors naming them
 #   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
 #           on headers), 1,000 idle and trickling connections, the connection limit
@@ -73,10 +78,100 @@ stop_server() {
   grep -q 'drained, exiting' "$dir/$1.out" || fail "server $1 did not say it drained"
 }
 
+# need_openai: the official client in the scratch dir (installed once), or exit 77.
+need_openai() {
+  command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
+  if [ ! -d "$scratch/node_modules/openai" ]; then
+    mkdir -p "$scratch"
+    npm install --prefix "$scratch" --no-audit --no-fund --silent openai@6 >/dev/null 2>&1 ||
+      { echo "SKIPPED: cannot install the npm package openai into $scratch"; exit 77; }
+  fi
+}
+
 train "$dir/ckpt" 3
 serve=(serve --checkpoint "$dir/ckpt" --mode exact --port 0)
 
 case $case_name in
+chat)
+  need_openai
+  "$bin" tokenizer train --vocab 300 --special '<|im_start|>' --special '<|im_end|>' \
+    --out "$dir/tok.json" >/dev/null
+  "$bin" train --tokenizer "$dir/tok.json" --model llama:layers=2,heads=2,kv_heads=1,dim=32,context=96,tie=1 \
+    --mode exact --batch 8 --steps 20 --seed 3 --save "$dir/ck" >/dev/null
+  "$bin" checkpoint export --format hf "$dir/ck" "$dir/hf" >/dev/null
+  /usr/bin/python3 - "$dir/hf" <<'PY'
+import json, sys
+path = sys.argv[1] + "/tokenizer_config.json"
+c = json.load(open(path))
+c["eos_token"] = "<|im_end|>"
+c["chat_template"] = (
+    "{%- if messages[0]['role'] == 'assistant' %}"
+    "{{- raise_exception('Conversations must start with a user or system message') }}{%- endif %}"
+    "{%- if messages[0]['role'] != 'system' %}"
+    "{{- '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content | trim + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+json.dump(c, open(path, "w"))
+PY
+  chatted() {
+    "$bin" generate --checkpoint "hf:$dir/hf" --mode exact --chat --system "Be brief." \
+      --prompt "Tell me a fortune. " --temperature 0.9 --seed 7 --max-new-tokens 24 --json
+  }
+  third=$(chatted | /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["tokens"][2])')
+  echo "{\"eos_token_id\": [299, $third]}" >"$dir/hf/generation_config.json"
+  chatted >"$dir/generated"
+  printf '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTell me a fortune.<|im_end|>\n<|im_start|>assistant\n' |
+    "$bin" tokenizer encode --tokenizer "$dir/hf/tokenizer.json" --no-special-tokens --json \
+    >"$dir/rendered"
+  /usr/bin/python3 - "$dir/generated" "$dir/rendered" >"$dir/expected.json" <<'PY'
+import json, sys
+generated = json.load(open(sys.argv[1]))
+rendered = json.load(open(sys.argv[2]))
+assert generated["prompt_tokens"] == len(rendered), (generated["prompt_tokens"], len(rendered))
+assert generated["finish_reason"] == "stop" and len(generated["tokens"]) == 3, generated
+print(json.dumps({"model": "chatty", "generated": generated, "prompt_tokens": len(rendered),
+                  "messages": [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Tell me a fortune. "}],
+                  "request": {"max_tokens": 24, "temperature": 0.9, "seed": 7}}))
+PY
+  echo "ok: generate --chat renders the template (the prompt is the hand-rendered text's tokens)"
+  start_server chat "$bin" serve --checkpoint "hf:$dir/hf" --mode exact --port 0 --model-name chatty
+  node "$(dirname "$0")/../serve/openai_chat.mjs" "$scratch/node_modules" "$url_chat" \
+    "$dir/expected.json"
+  post_chat() {  # post_chat <url> <body>: prints the status, then the body
+    curl -s -o "$dir/body" -w '%{http_code}\n' -H 'Content-Type: application/json' \
+      -d "$2" "$1/v1/chat/completions"
+    cat "$dir/body"
+  }
+  post_chat "$url_chat" '{"messages": [{"role": "assistant", "content": "Hi"}]}' >"$dir/reply"
+  grep -q '^400' "$dir/reply" && grep -q 'must start with a user or system message' "$dir/reply" ||
+    fail "a template's raise_exception is not a 400 with its message: $(cat "$dir/reply")"
+  post_chat "$url_chat" '{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}' \
+    >"$dir/reply"
+  grep -q '^400' "$dir/reply" && grep -q 'messages\[0\].content\[0\]' "$dir/reply" ||
+    fail "an image part is not refused by name: $(cat "$dir/reply")"
+  post_chat "$url_chat" \
+    '{"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]}' \
+    >"$dir/reply"
+  grep -q '^400' "$dir/reply" && grep -q "'tools' is not supported" "$dir/reply" ||
+    fail "tools are not refused: $(cat "$dir/reply")"
+  echo "ok: raise_exception, a non-text part and tools are 400s naming them"
+  stop_server chat
+  start_server plain "$bin" "${serve[@]}"
+  post_chat "$url_plain" '{"messages": [{"role": "user", "content": "Hi"}]}' >"$dir/reply"
+  grep -q '^400' "$dir/reply" && grep -q 'chat_template_missing' "$dir/reply" &&
+    grep -q -- '--chat-template' "$dir/reply" ||
+    fail "a model without a chat template: $(cat "$dir/reply")"
+  stop_server plain
+  printf '{%% macro turn(m) %%}{{ m.content }}{%% endmacro %%}' >"$dir/macro.jinja"
+  expect 2 'macro.jinja.*macro' "$bin" serve --checkpoint "$dir/ckpt" --port 0 \
+    --chat-template "$dir/macro.jinja"
+  expect 2 'no chat template.*--chat-template' "$bin" generate --checkpoint "$dir/ckpt" \
+    --chat --prompt Hi
+  echo "ok: a model without a template and a refused construct are named"
+  ;;
 roles)
   "$bin" tokenizer train --vocab 300 --special '<|begin_of_text|>' --special '<|end_of_text|>' \
     --out "$dir/tok.json" >/dev/null
@@ -222,12 +317,7 @@ PY
   stop_server bpe
   ;;
 openai)
-  command -v node >/dev/null || { echo "SKIPPED: node is not installed"; exit 77; }
-  if [ ! -d "$scratch/node_modules/openai" ]; then
-    mkdir -p "$scratch"
-    npm install --prefix "$scratch" --no-audit --no-fund --silent openai@6 >/dev/null 2>&1 ||
-      { echo "SKIPPED: cannot install the npm package openai into $scratch"; exit 77; }
-  fi
+  need_openai
   "$bin" generate --checkpoint "$dir/ckpt" --mode exact --prompt "The fortune" \
     --max-new-tokens 12 --temperature 0.9 --top-k 20 --seed 7 --json >"$dir/generated"
   node -e '
@@ -294,7 +384,7 @@ errors)
   expect 411 "needs a Content-Length" "${auth[@]}" -H "Transfer-Encoding: chunked" \
     --data-binary @"$dir/zeros" "$c"
   expect 400 "can never fit" "${auth[@]}" "$c" -d '{"prompt":"a","n":9}'
-  expect 404 "not tuned for chat" "${auth[@]}" "$url_one/v1/chat/completions" -d '{}'
+  expect 400 "chat_template_missing" "${auth[@]}" "$url_one/v1/chat/completions" -d '{}'
   expect 404 "model_not_found" "${auth[@]}" "$c" -d '{"prompt":"a","model":"gpt-4o"}'
   # Requests past the queue: some answer 429 with Retry-After, none fails otherwise.
   for i in $(seq 1 12); do

@@ -214,5 +214,118 @@ TEST(Api, ResponsesHaveOpenAIsShapeAndTheLogprobBits) {
             dump(completion_chunk(header, params, 0, choice, 0, 2, true, false)));
 }
 
+/// A chat format of the byte tokenizer: "<role>: content" lines, then "A:" for the reply.
+ChatSupport byte_chat() {
+  auto tokenizer = std::make_shared<tokenize::Tokenizer>(tokenize::Tokenizer::bytes());
+  tokenizer->set_chat_template(
+      "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}{{ suffix }}\n{% endfor %}"
+      "{% if add_generation_prompt %}A:{% endif %}");
+  return chat_support(tokenizer);
+}
+
+CompletionParams parse_chat(const std::string& body) {
+  return parse_chat_request(body, "m", config(), byte_chat(), ApiLimits{}, 99);
+}
+
+TEST(ChatApi, TheMessagesAreRenderedByTheTemplate) {
+  const CompletionParams p = parse_chat(R"({"messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_TRUE(p.chat);
+  const std::string rendered = "u:hi\nA:";
+  EXPECT_EQ(p.prompts,
+            (std::vector<std::vector<std::int64_t>>{{rendered.begin(), rendered.end()}}));
+  EXPECT_EQ(p.max_tokens, 32 - 7);  // the rest of the context
+  EXPECT_FALSE(p.logprobs.has_value());
+  // Text parts are joined by newlines; kwargs are the template's variables.
+  const CompletionParams q = parse_chat(
+      R"({"messages":[{"role":"system","content":[{"type":"text","text":"a"},
+          {"type":"text","text":"b"}]}],"add_generation_prompt":false,
+          "chat_template_kwargs":{"suffix":"!"},"max_completion_tokens":3,"logprobs":true,
+          "top_logprobs":2,"tool_choice":"none","response_format":{"type":"text"}})");
+  const std::string joined = "s:a\nb!\n";
+  EXPECT_EQ(q.prompts[0], std::vector<std::int64_t>(joined.begin(), joined.end()));
+  EXPECT_EQ(q.max_tokens, 3);
+  EXPECT_EQ(q.logprobs, 2);
+}
+
+TEST(ChatApi, BadRequestsNameTheFieldAndTheValue) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases{
+      {R"({})", "messages", "required"},
+      {R"({"messages":[]})", "messages", "non-empty"},
+      {R"({"messages":[{"role":"user"}]})", "messages", "messages[0] has no content"},
+      {R"({"messages":[{"role":"bot","content":"x"}]})", "messages", "\"bot\""},
+      {R"({"messages":[{"role":"user","content":7}]})", "messages", "content must be"},
+      {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", "top_logprobs",
+       "needs 'logprobs'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"logprobs":2})", "logprobs", "true or false"},
+      {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":40})", "max_tokens",
+       "context of 32"},
+      {R"({"messages":[{"role":"user","content":")" + std::string(40, 'x') + R"("}]})", "messages",
+       "context is 32"},
+      {R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"messages":1}})",
+       "chat_template_kwargs", "may not set 'messages'"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})", "tool_choice",
+       "only \"none\""},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       "response_format", "not supported"},
+      {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", "echo", "Unrecognized"},
+  };
+  for (const auto& [body, param, word] : cases) {
+    try {
+      parse_chat(body);
+      ADD_FAILURE() << "accepted " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_EQ(e.param, param) << body << ": " << e.message;
+      EXPECT_NE(e.message.find(word), std::string::npos) << body << ": " << e.message;
+    }
+  }
+}
+
+TEST(ChatApi, AModelWithoutAUsableTemplateIsNamed) {
+  auto plain = std::make_shared<const tokenize::Tokenizer>(tokenize::Tokenizer::bytes());
+  const ChatSupport none = chat_support(plain);
+  EXPECT_EQ(none.format, nullptr);
+  auto macro = std::make_shared<tokenize::Tokenizer>(tokenize::Tokenizer::bytes());
+  macro->set_chat_template("{% macro m() %}{% endmacro %}");
+  const ChatSupport refused = chat_support(macro);
+  EXPECT_NE(refused.missing.find("macro"), std::string::npos) << refused.missing;
+  try {
+    parse_chat_request(R"({"messages":[{"role":"user","content":"x"}]})", "m", config(), none,
+                       ApiLimits{}, 1);
+    ADD_FAILURE() << "a model without a template chatted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.code, "chat_template_missing");
+    EXPECT_NE(e.message.find("--chat-template"), std::string::npos) << e.message;
+  }
+}
+
+TEST(ChatApi, ResponsesHaveOpenAIsChatShape) {
+  const CompletionParams params = parse_chat(
+      R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":1})");
+  ChoiceResult choice;
+  choice.prompt = params.prompts[0];
+  choice.tokens = {{'o', -0.25, {{'o', -0.25}}}, {'k', -0.5, {{'x', -0.125}}}};
+  choice.finish_reason = "stop";
+  const ResponseHeader header{"chatcmpl-1", 5, "m", 3, 99};
+  const Json r = Json::parse(dump(completion_response(header, params, {choice})));
+  EXPECT_EQ(r["object"], "chat.completion");
+  const Json& c = r["choices"][0];
+  EXPECT_EQ(c["message"], Json({{"role", "assistant"}, {"content", "ok"}}));
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(c["logprobs"]["content"][1]["token"], "k");
+  EXPECT_EQ(c["logprobs"]["content"][1]["bytes"], Json::array({'k'}));
+  EXPECT_EQ(c["logprobs"]["content"][1]["top_logprobs"][0]["token"], "x");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 6);  // "u:x\nA:"
+  CompletionParams streamed = params;
+  streamed.stream = true;
+  const Json first = completion_chunk(header, streamed, 0, choice, 0, 1, true, false);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], Json({{"role", "assistant"}, {"content", "o"}}));
+  const Json last = completion_chunk(header, streamed, 0, choice, 2, 2, false, true);
+  EXPECT_EQ(last["choices"][0]["delta"], Json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ChunkWriter(header, true).chunk(streamed, 0, choice, 0, 1, true, false), dump(first));
+}
+
 }  // namespace
 }  // namespace meshtensor::serve

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -10,6 +11,7 @@
 
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/chat_format.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
 #include <meshtensor/tp/tensor_parallel.hpp>
 
@@ -105,6 +107,25 @@ class Generator {
 /// first, as Hugging Face's encode() puts it), ending at the tokenizer's end ids.
 Request text_request(const tokenize::Tokenizer& tokenizer, std::string_view prompt,
                      std::int64_t max_new_tokens, const Sampling& sampling);
+
+/// How text prompts become requests: plain, as text_request() makes them; or as a chat, each
+/// prompt one user message (after a system message when one is given) rendered by the chat
+/// format with the assistant's turn opened, ending at the tokenizer's end ids.
+struct PromptFormat {
+  std::shared_ptr<const tokenize::Tokenizer> tokenizer;
+  std::shared_ptr<const tokenize::ChatFormat> chat;  ///< null: plain text prompts
+  std::string system;                                ///< the chat's system message (empty: none)
+  /// The request of `prompt`. DataError when the chat template raises an exception.
+  Request request(std::string_view prompt, std::int64_t max_new_tokens,
+                  const Sampling& sampling) const;
+};
+
+/// The prompt format of a model reading tokens of `tokenizer`: plain unless `chat`; a chat
+/// renders `template_path`'s template when given (a file of at most 1 MiB), else the
+/// tokenizer's own. ParseError naming the file or the construct the renderer refuses, or
+/// saying the model has no template.
+PromptFormat prompt_format(std::shared_ptr<const tokenize::Tokenizer> tokenizer, bool chat,
+                           const std::string& template_path, std::string system);
 
 /// The completion's tokens without a stop token that ended it: what its text is made of.
 std::span<const std::int64_t> text_tokens(const Completion& completion, const Request& request);

@@ -16,6 +16,7 @@
 
 #include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/nn/models.hpp>
+#include <meshtensor/tokenize/chat_format.hpp>
 #include <meshtensor/tokenize/tokenizer.hpp>
 
 namespace meshtensor::serve {
@@ -58,6 +59,9 @@ struct CompletionParams {
   bool echo = false;
   bool stream = false;
   bool include_usage = false;  ///< stream_options.include_usage
+  /// A /v1/chat/completions request: chat.completion objects, the assistant's message (a
+  /// stream's deltas, the role first) and logprobs.content; one prompt, the rendered messages.
+  bool chat = false;
 };
 
 /// Parses and checks a POST /v1/completions body for `model_name`, a decoder of `config` reading
@@ -69,6 +73,26 @@ CompletionParams parse_completion_request(std::string_view body, const std::stri
                                           const nn::DecoderConfig& config,
                                           std::shared_ptr<const tokenize::Tokenizer> tokenizer,
                                           const ApiLimits& limits, std::uint64_t default_seed);
+
+/// What the served model offers for chat: its chat format, or why it has none (a model without
+/// a template, or one using a construct the renderer refuses).
+struct ChatSupport {
+  std::shared_ptr<const tokenize::ChatFormat> format;
+  std::string missing;  ///< why `format` is null
+};
+
+/// The chat support of a model reading tokens of `tokenizer` (its chat template's).
+ChatSupport chat_support(std::shared_ptr<const tokenize::Tokenizer> tokenizer);
+
+/// Parses and checks a POST /v1/chat/completions body as parse_completion_request() does, the
+/// messages rendered by `chat`'s template with add_generation_prompt (default true) and
+/// chat_template_kwargs, encoded without added specials (the template writes them):
+/// max_tokens or max_completion_tokens (default: the rest of the context), logprobs (a bool)
+/// with top_logprobs; 400 naming the field for a message not well formed or a template that
+/// raises an exception; 400 (chat_template_missing) when the model has no usable template.
+CompletionParams parse_chat_request(std::string_view body, const std::string& model_name,
+                                    const nn::DecoderConfig& config, const ChatSupport& chat,
+                                    const ApiLimits& limits, std::uint64_t default_seed);
 
 /// One choice as generated so far: the prompt, its scores (echo with logprobs) and its tokens.
 struct ChoiceResult {
@@ -125,7 +149,7 @@ Json completion_chunk(const ResponseHeader& header, const CompletionParams& para
 /// dump(completion_chunk(...)) at a fraction of the cost, for the tokens of a busy stream.
 class ChunkWriter {
  public:
-  explicit ChunkWriter(const ResponseHeader& header);
+  explicit ChunkWriter(const ResponseHeader& header, bool chat = false);
   std::string chunk(const CompletionParams& params, std::size_t index, const ChoiceResult& choice,
                     std::size_t from, std::size_t to, bool with_prompt, bool finished) const;
 
@@ -133,6 +157,9 @@ class ChunkWriter {
   std::string prefix_;
   std::string suffix_;
 };
+
+/// The "object" of a response: chat.completion[.chunk] for chat, else text_completion.
+const char* response_object(bool chat, bool chunk);
 
 /// The usage object: prompt, completion and total tokens of `choices`.
 Json usage(const CompletionParams& params, const std::vector<ChoiceResult>& choices);

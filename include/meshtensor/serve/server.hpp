@@ -25,6 +25,10 @@ struct ServeConfig {
   std::int64_t prefill_chunk = 64;  ///< prompt tokens a choice feeds per step
   std::string api_key;              ///< empty: no key asked for
   std::string model_name = "meshtensor-gpt";
+  /// A chat template (Jinja source) used instead of the model's own (empty: the model's), and
+  /// what to call it in errors (its file).
+  std::string chat_template;
+  std::string chat_template_origin;
   ApiLimits limits;
   std::int64_t http_threads = 0;        ///< threads of the HTTP event loop (0: 2)
   std::int64_t max_connections = 4096;  ///< open at once; more are answered 503 and closed
