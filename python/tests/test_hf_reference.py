@@ -1,11 +1,14 @@
 """Hugging Face folders checked by an independent float64 PyTorch forward of the published
-GPT-2, Llama and Qwen3 equations that reads a folder by its Hugging Face tensor names alone
-(config.json, model.safetensors or its shards, in f32, bf16 or f16):
+GPT-2, Llama, Qwen2 and Qwen3 equations (heads of any width, biases wherever the folder has
+them, RoPE's linear and llama3 rescaling) that reads a folder by its Hugging Face tensor names
+alone (config.json, model.safetensors or its shards, in f32, bf16 or f16):
 
 - a folder `meshtensor checkpoint export --format hf` wrote scores what `meshtensor generate`
   produced from the checkpoint (and from the folder itself, with the same bits) to 1e-5;
-- a folder written here, outside meshtensor, generates with `generate --checkpoint hf:DIR` the
-  tokens of the reference's own greedy decode;
+- a folder written here, outside meshtensor, in the published shapes of Qwen3-0.6B, Qwen2.5,
+  Llama 3.2, SmolLM2 and TinyLlama (smaller), generates with `generate --checkpoint hf:DIR` the
+  tokens of the reference's own greedy decode over 40 tokens, their log-probabilities within
+  1e-4 relative;
 - export -> import -> export gives the same bytes; a folder with a missing tensor, a wrong shape
   or an unknown architecture is refused by name."""
 
@@ -93,39 +96,67 @@ def gpt2_logits(c, w, tokens):
     return h @ w["transformer.wte.weight"].T
 
 
-def rope(x, theta):
+def rope_frequencies(c, hd):
+    """inv_freq of transformers' rope_init_functions: default, linear and llama3."""
+    inverse = 1.0 / c.get("rope_theta", 10000.0) ** (torch.arange(0, hd, 2) / hd)
+    scaling = c.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "linear":
+        return inverse / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = (scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor"))
+        old = scaling["original_max_position_embeddings"]
+        wavelength = 2 * math.pi / inverse
+        scaled = torch.where(wavelength > old / low, inverse / factor, inverse)
+        smooth = (old / wavelength - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelength < old / high) & ~(wavelength > old / low)
+        return torch.where(medium, smoothed, scaled)
+    assert kind == "default", kind
+    return inverse
+
+
+def rope(x, inverse):
     """Rotary embedding of [heads, T, hd] by Hugging Face's rotate_half."""
     hd = x.shape[-1]
-    inverse = 1.0 / theta ** (torch.arange(0, hd, 2) / hd)
     angles = torch.outer(torch.arange(x.shape[-2]), inverse)
     angles = torch.cat((angles, angles), dim=-1)
     rotated = torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), dim=-1)
     return x * angles.cos() + rotated * angles.sin()
 
 
+def linear(x, w, name):
+    """torch.nn.Linear of the tensors `name`.weight ([out, in]) and `name`.bias when it exists."""
+    y = x @ w[name + ".weight"].T
+    return y + w[name + ".bias"] if name + ".bias" in w else y
+
+
 def llama_logits(c, w, tokens):
-    """LlamaForCausalLM and Qwen3ForCausalLM (RMSNorm of each query and key head first)."""
+    """LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k, v) and Qwen3ForCausalLM (RMSNorm of
+    each query and key head first); heads as wide as q_proj says; biases wherever the folder has
+    them (attention_bias, mlp_bias); RoPE rescaled as rope_scaling says."""
     heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
-    eps, theta = c["rms_norm_eps"], c["rope_theta"]
+    eps = c["rms_norm_eps"]
     qwen3 = c["architectures"] == ["Qwen3ForCausalLM"]
     t = len(tokens)
     h = w["model.embed_tokens.weight"][tokens]
+    inverse = rope_frequencies(c, w["model.layers.0.self_attn.q_proj.weight"].shape[0] // heads)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rms_norm(h, w[p + "input_layernorm.weight"], eps)
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(t, heads, -1).transpose(0, 1)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(t, kv, -1).transpose(0, 1)
-        v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(t, kv, -1).transpose(0, 1)
+        q = linear(x, w, p + "self_attn.q_proj").reshape(t, heads, -1).transpose(0, 1)
+        k = linear(x, w, p + "self_attn.k_proj").reshape(t, kv, -1).transpose(0, 1)
+        v = linear(x, w, p + "self_attn.v_proj").reshape(t, kv, -1).transpose(0, 1)
         if qwen3:
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
-        q, k = rope(q, theta), rope(k, theta)
+        q, k = rope(q, inverse), rope(k, inverse)
         k, v = k.repeat_interleave(heads // kv, dim=0), v.repeat_interleave(heads // kv, dim=0)
-        h = h + causal_attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T
+        h = h + linear(causal_attention(q, k, v), w, p + "self_attn.o_proj")
         x = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
-        gate = x @ w[p + "mlp.gate_proj.weight"].T
-        h = h + (torch.nn.functional.silu(gate) * (x @ w[p + "mlp.up_proj.weight"].T)) @ \
-            w[p + "mlp.down_proj.weight"].T
+        gate = linear(x, w, p + "mlp.gate_proj")
+        up = linear(x, w, p + "mlp.up_proj")
+        h = h + linear(torch.nn.functional.silu(gate) * up, w, p + "mlp.down_proj")
     head = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings") else w["lm_head.weight"]
     return rms_norm(h, w["model.norm.weight"], eps) @ head.T
 
@@ -161,6 +192,13 @@ MODELS = [
                                                                     "--shard-size", "20KB"]),
     ("llama:layers=2,heads=4,kv_heads=1,dim=32,ffn=64,context=48,qk_norm=1,tie=1,"
      "rope_theta=500000", []),
+    # Published shapes: Qwen2's biases with an MLP of 2 blocks; Llama 3.2's rescaled RoPE with
+    # heads wider than dim / heads; a Llama's attention_bias and mlp_bias with linear scaling.
+    ("llama:layers=2,heads=6,kv_heads=2,dim=48,ffn=44,context=48,qkv_bias=1", []),
+    ("llama:layers=2,heads=4,kv_heads=2,dim=32,ffn=64,context=48,head_dim=16,tie=1,"
+     "rope_theta=500000,rope_scaling=llama3:4:1:4:512", []),
+    ("llama:layers=2,heads=4,kv_heads=4,dim=32,ffn=48,context=48,qkv_bias=1,out_bias=1,"
+     "mlp_bias=1,rope_scaling=linear:2", []),
 ]
 
 
@@ -261,7 +299,76 @@ def outside_gpt2(vocab, rng):
     return config, w
 
 
-@pytest.mark.parametrize("make,dtype", [(outside_llama, "BF16"), (outside_gpt2, "F16")])
+def outside_family(vocab, rng, architecture, d=32, heads=4, kv=2, hd=None, ffn=48, layers=2,
+                   qkv_bias=False, o_bias=False, mlp_bias=False, tie=False, pad=0, **keys):
+    """A Llama-family config of `architecture` and random weights of its published layout, as
+    another tool would write them; `pad` rows past the tokenizer (Qwen's padded embedding)."""
+    hd = hd or d // heads
+    vocab += pad
+    config = {"architectures": [architecture], "vocab_size": vocab, "hidden_size": d,
+              "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv, "head_dim": hd, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu",
+              "tie_word_embeddings": tie, "torch_dtype": "bfloat16", **keys}
+    if mlp_bias:
+        config["mlp_bias"] = True
+    w = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, d)),
+         "model.norm.weight": 1 + rng.normal(0, 0.1, d)}
+    if not tie:
+        w["lm_head.weight"] = rng.normal(0, 0.3, (vocab, d))
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, d),
+                  p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, d),
+                  p + "self_attn.q_proj.weight": rng.normal(0, 0.3, (heads * hd, d)),
+                  p + "self_attn.k_proj.weight": rng.normal(0, 0.3, (kv * hd, d)),
+                  p + "self_attn.v_proj.weight": rng.normal(0, 0.3, (kv * hd, d)),
+                  p + "self_attn.o_proj.weight": rng.normal(0, 0.3, (d, heads * hd)),
+                  p + "mlp.gate_proj.weight": rng.normal(0, 0.3, (ffn, d)),
+                  p + "mlp.up_proj.weight": rng.normal(0, 0.3, (ffn, d)),
+                  p + "mlp.down_proj.weight": rng.normal(0, 0.3, (d, ffn))})
+        if architecture == "Qwen3ForCausalLM":
+            w[p + "self_attn.q_norm.weight"] = 1 + rng.normal(0, 0.1, hd)
+            w[p + "self_attn.k_norm.weight"] = 1 + rng.normal(0, 0.1, hd)
+        biases = {"q_proj": heads * hd, "k_proj": kv * hd, "v_proj": kv * hd} if qkv_bias else {}
+        biases.update({"o_proj": d} if o_bias else {})
+        for name, size in biases.items():
+            w[p + f"self_attn.{name}.bias"] = rng.normal(0, 0.3, size)
+        if mlp_bias:
+            w.update({p + "mlp.gate_proj.bias": rng.normal(0, 0.3, ffn),
+                      p + "mlp.up_proj.bias": rng.normal(0, 0.3, ffn),
+                      p + "mlp.down_proj.bias": rng.normal(0, 0.3, d)})
+    return config, w
+
+
+def published(architecture, **shape):
+    return lambda vocab, rng: outside_family(vocab, rng, architecture, **shape)
+
+
+OUTSIDE = [
+    (outside_llama, "BF16"),
+    (outside_gpt2, "F16"),
+    # Qwen3-0.6B's shape: heads of 128 over a width of 1024 (here 16 over 32), tied.
+    (published("Qwen3ForCausalLM", hd=16, tie=True, attention_bias=False), "BF16"),
+    # Qwen2.5-0.5B's: biases on q, k, v, 14 heads of 2 groups, an MLP of gcd(4864, 14) = 2
+    # blocks, the embedding padded past the tokenizer.
+    (published("Qwen2ForCausalLM", d=56, heads=14, kv=2, ffn=44, qkv_bias=True, tie=True, pad=24,
+               use_sliding_window=False, sliding_window=32768, max_window_layers=21), "BF16"),
+    # Llama 3.2's: llama3-rescaled RoPE whose three frequency bands all occur, tied.
+    (published("LlamaForCausalLM", d=64, heads=4, kv=2, ffn=96, tie=True, rope_theta=500000.0,
+               rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 64, "rope_type": "llama3"}),
+     "BF16"),
+    # SmolLM2-135M's: 9 heads of 3 groups, tied; TinyLlama's with a Llama's biases and
+    # linear scaling.
+    (published("LlamaForCausalLM", d=36, heads=9, kv=3, ffn=48, tie=True), "F32"),
+    (published("LlamaForCausalLM", kv=4, qkv_bias=True, o_bias=True, mlp_bias=True,
+               attention_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+     "F32"),
+]
+
+
+@pytest.mark.parametrize("make,dtype", OUTSIDE)
 def test_an_outside_folder_generates_the_references_greedy_tokens(cli, tokenizer, tmp_path,
                                                                  make, dtype):
     vocab = json.load(open(tokenizer))
@@ -273,11 +380,16 @@ def test_an_outside_folder_generates_the_references_greedy_tokens(cli, tokenizer
     shutil.copy(tokenizer, folder / "tokenizer.json")
     write_safetensors(str(folder / "model.safetensors"), weights, dtype)
     prompt = "A fortune"
-    made = generate(cli, "hf:" + str(folder), prompt, 12, 0)
+    new = 40
+    made = generate(cli, "hf:" + str(folder), prompt, new, 0)
     tokens = encode(cli, tokenizer, prompt)
-    for _ in range(12):  # the reference's own greedy decode
+    first = len(tokens)
+    logprobs = log_probabilities(str(folder), tokens + made["tokens"][:-1])
+    for _ in range(new):  # the reference's own greedy decode
         tokens.append(int(log_probabilities(str(folder), tokens)[-1].argmax()))
-    assert made["tokens"] == tokens[-12:]
+    assert made["tokens"] == tokens[-new:]
+    expected = [logprobs[first - 1 + i, t].item() for i, t in enumerate(made["tokens"])]
+    np.testing.assert_allclose(made["logprobs"], expected, rtol=1e-4, atol=0)
 
 
 def test_broken_folders_are_refused_by_name(cli, tokenizer, tmp_path):
@@ -305,9 +417,9 @@ def test_broken_folders_are_refused_by_name(cli, tokenizer, tmp_path):
             "needs [8, 16]")
     write_safetensors(str(folder / "model.safetensors"), write, "F32")
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["MambaForCausalLM"]}))
-    refused("architecture 'MambaForCausalLM' is not GPT2LMHeadModel")
-    (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "llama3"}}))
-    refused('"rope_scaling" has rope_type \'llama3\'')
+    refused("architecture 'MambaForCausalLM' is not one of GPT2LMHeadModel")
+    (folder / "config.json").write_text(json.dumps({**config, "rope_scaling": {"type": "yarn", "factor": 4.0}}))
+    refused('"rope_scaling" has rope_type \'yarn\'')
     (folder / "config.json").write_text(json.dumps(config))
     blob = bytearray((folder / "model.safetensors").read_bytes())
     size = struct.unpack("<Q", blob[:8])[0]

@@ -236,14 +236,17 @@ Folder read_folder(const std::string& directory) {
   folder.directory = directory;
   const Json model_config = read_json(root / "config.json", "a model config");
   folder.config = parse_config_json(model_config, (root / "config.json").string());
-  folder.tokenizer =
-      std::make_shared<const tokenize::Tokenizer>(configured_tokenizer(root, model_config));
-  if (folder.tokenizer->vocabulary() != nn::decoder_vocabulary(folder.config)) {
-    throw DataError(fmt::format("{}: vocab_size {} is not the {} tokens of its tokenizer.json",
-                                (root / "config.json").string(),
-                                nn::decoder_vocabulary(folder.config),
-                                folder.tokenizer->vocabulary()));
+  tokenize::Tokenizer tokenizer = configured_tokenizer(root, model_config);
+  if (tokenizer.vocabulary() > nn::decoder_vocabulary(folder.config)) {
+    throw DataError(
+        fmt::format("{}: vocab_size {} is fewer than the {} tokens of its "
+                    "tokenizer.json",
+                    (root / "config.json").string(), nn::decoder_vocabulary(folder.config),
+                    tokenizer.vocabulary()));
   }
+  // An embedding padded past the tokenizer (Qwen's): the ids past its tokens decode to nothing.
+  tokenizer.pad_vocabulary(nn::decoder_vocabulary(folder.config), (root / "config.json").string());
+  folder.tokenizer = std::make_shared<const tokenize::Tokenizer>(std::move(tokenizer));
   const std::map<std::string, std::string> files = weight_files(root);
   std::map<std::string, checkpoint::SafetensorsHeader> headers;
   const auto header_of = [&](const std::string& name) -> const checkpoint::SafetensorsHeader& {

@@ -8,6 +8,8 @@
 
 #include <meshtensor/core/error.hpp>
 
+#include "architecture.hpp"
+
 namespace meshtensor::hf {
 
 namespace {
@@ -27,7 +29,7 @@ std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Column
     }
     case Columns::llama_qkv: {
       const auto& llama = std::get<nn::LlamaConfig>(config);
-      const std::int64_t hd = llama.dim / llama.heads;
+      const std::int64_t hd = nn::llama_head_dim(llama);
       const std::int64_t per = llama.heads / llama.kv_heads;
       const std::int64_t group = c / ((per + 2) * hd);
       const std::int64_t slot = (c % ((per + 2) * hd)) / hd;
@@ -36,7 +38,7 @@ std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Column
     }
     case Columns::gate_up: {
       const auto& llama = std::get<nn::LlamaConfig>(config);
-      const std::int64_t width = llama.ffn / llama.heads;  // of a block's gate (and up)
+      const std::int64_t width = llama.ffn / nn::llama_mlp_blocks(llama);  // a block's gate (up)
       const std::int64_t block = c / (2 * width);
       const std::int64_t part = (c % (2 * width)) / width;
       return {static_cast<int>(part), block * width + c % width};
@@ -64,64 +66,11 @@ void for_each_column(const nn::DecoderConfig& config, const Link& link, std::int
   }
 }
 
-void add_gpt_links(const nn::GptConfig& gpt, std::vector<Link>& links) {
-  links.push_back({"transformer.wte.weight", "embed.token.weight"});
-  links.push_back({"transformer.wpe.weight", "embed.position.weight"});
-  for (std::int64_t i = 0; i < gpt.layers; ++i) {
-    const std::string hf = fmt::format("transformer.h.{}.", i);
-    const std::string ours = fmt::format("blocks.{}.", i);
-    for (const char* kind : {"weight", "bias"}) {
-      links.push_back({hf + "ln_1." + kind, ours + "norm1." + kind});
-      links.push_back({hf + "attn.c_attn." + kind, ours + "attn.qkv." + kind, Columns::gpt_qkv});
-      links.push_back({hf + "attn.c_proj." + kind, ours + "attn.proj." + kind});
-      links.push_back({hf + "ln_2." + kind, ours + "norm2." + kind});
-      links.push_back({hf + "mlp.c_fc." + kind, ours + "mlp.fc." + kind});
-      links.push_back({hf + "mlp.c_proj." + kind, ours + "mlp.proj." + kind});
-    }
-  }
-  links.push_back({"transformer.ln_f.weight", "head.norm.weight"});
-  links.push_back({"transformer.ln_f.bias", "head.norm.bias"});
-}
-
-void add_llama_links(const nn::LlamaConfig& llama, std::vector<Link>& links) {
-  links.push_back({"model.embed_tokens.weight", "embed.token.weight"});
-  for (std::int64_t i = 0; i < llama.layers; ++i) {
-    const std::string hf = fmt::format("model.layers.{}.", i);
-    const std::string ours = fmt::format("blocks.{}.", i);
-    links.push_back({hf + "input_layernorm.weight", ours + "norm1.weight"});
-    const char* projections[] = {"q_proj", "k_proj", "v_proj"};
-    for (int part = 0; part < 3; ++part) {
-      links.push_back({hf + "self_attn." + projections[part] + ".weight", ours + "attn.qkv.weight",
-                       Columns::llama_qkv, part, true});
-    }
-    links.push_back(
-        {hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", Columns::identity, 0, true});
-    if (llama.qk_norm) {
-      links.push_back({hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight"});
-      links.push_back({hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight"});
-    }
-    links.push_back({hf + "post_attention_layernorm.weight", ours + "norm2.weight"});
-    links.push_back(
-        {hf + "mlp.gate_proj.weight", ours + "mlp.gate_up.weight", Columns::gate_up, 0, true});
-    links.push_back(
-        {hf + "mlp.up_proj.weight", ours + "mlp.gate_up.weight", Columns::gate_up, 1, true});
-    links.push_back(
-        {hf + "mlp.down_proj.weight", ours + "mlp.down.weight", Columns::identity, 0, true});
-  }
-  links.push_back({"model.norm.weight", "head.norm.weight"});
-  if (!llama.tie)
-    links.push_back({"lm_head.weight", "head.output.weight", Columns::identity, 0, true});
-}
-
 }  // namespace
 
 std::vector<Link> links_of(const nn::DecoderConfig& config) {
   std::vector<Link> links;
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
-    add_gpt_links(*gpt, links);
-  } else {
-    add_llama_links(std::get<nn::LlamaConfig>(config), links);
-  }
+  export_architecture(config).links(config, links);
   return links;
 }
 
@@ -140,11 +89,14 @@ Shape parameter_shape(const nn::DecoderConfig& config, const std::string& ours) 
     return Shape{d};  // norms and the remaining biases
   }
   const auto& llama = std::get<nn::LlamaConfig>(config);
-  const std::int64_t hd = d / llama.heads;
-  if (ends("attn.qkv.weight")) return Shape{d, (llama.heads + 2 * llama.kv_heads) * hd};
-  if (ends("attn.proj.weight")) return Shape{d, d};
+  const std::int64_t hd = nn::llama_head_dim(llama);
+  const std::int64_t qkv = (llama.heads + 2 * llama.kv_heads) * hd;
+  if (ends("attn.qkv.weight")) return Shape{d, qkv};
+  if (ends("attn.qkv.bias")) return Shape{qkv};
+  if (ends("attn.proj.weight")) return Shape{llama.heads * hd, d};
   if (ends("_norm.weight")) return Shape{hd};
   if (ends("mlp.gate_up.weight")) return Shape{d, 2 * llama.ffn};
+  if (ends("mlp.gate_up.bias")) return Shape{2 * llama.ffn};
   if (ends("mlp.down.weight")) return Shape{llama.ffn, d};
   if (ours == "head.output.weight") return Shape{d, v};
   return Shape{d};  // the norms

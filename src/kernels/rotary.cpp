@@ -1,4 +1,7 @@
 #include <cmath>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -38,7 +41,54 @@ void rotate(float* x, std::int64_t rows, std::int64_t heads, const std::int64_t*
 
 }  // namespace
 
-RotaryTable rotary_table(std::int64_t head_dim, std::int64_t positions, double theta) {
+std::vector<double> rotary_frequencies(std::int64_t head_dim, double theta,
+                                       const RotaryScaling& scaling) {
+  const std::int64_t half = head_dim / 2;
+  const double log_theta = portable_log(theta);
+  std::vector<double> frequency(static_cast<std::size_t>(half));
+  for (std::int64_t i = 0; i < half; ++i) {
+    frequency[static_cast<std::size_t>(i)] =
+        portable_exp(-static_cast<double>(2 * i) / static_cast<double>(head_dim) * log_theta);
+  }
+  if (scaling.kind == RotaryScaling::Kind::none) return frequency;
+  const auto positive = [](double x) { return std::isfinite(x) && x > 0; };
+  if (!positive(scaling.factor) || !positive(scaling.low_freq_factor) ||
+      !positive(scaling.high_freq_factor) || scaling.original_context < 1) {
+    throw InvalidArgument(
+        fmt::format("rotary scaling: factor {}, low_freq_factor {}, high_freq_factor {} and "
+                    "original_context {} must be positive",
+                    scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+                    scaling.original_context));
+  }
+  if (scaling.kind == RotaryScaling::Kind::linear) {
+    for (double& f : frequency)
+      f /= scaling.factor;
+    return frequency;
+  }
+  if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+    throw InvalidArgument(
+        fmt::format("rotary scaling llama3: high_freq_factor {} must be above low_freq_factor {}",
+                    scaling.high_freq_factor, scaling.low_freq_factor));
+  }
+  const auto original = static_cast<double>(scaling.original_context);
+  const double low_wavelength = original / scaling.low_freq_factor;
+  const double high_wavelength = original / scaling.high_freq_factor;
+  const double two_pi = 2.0 * 3.14159265358979323846;
+  for (double& f : frequency) {
+    const double wavelength = two_pi / f;
+    if (wavelength > low_wavelength) {
+      f /= scaling.factor;
+    } else if (wavelength >= high_wavelength) {
+      const double smooth = (original / wavelength - scaling.low_freq_factor) /
+                            (scaling.high_freq_factor - scaling.low_freq_factor);
+      f = (1 - smooth) * f / scaling.factor + smooth * f;
+    }
+  }
+  return frequency;
+}
+
+RotaryTable rotary_table(std::int64_t head_dim, std::int64_t positions, double theta,
+                         const RotaryScaling& scaling) {
   if (head_dim < 2 || head_dim % 2 != 0) {
     throw InvalidArgument(fmt::format(
         "rotary embeddings turn pairs of values: the head dim {} must be even", head_dim));
@@ -53,12 +103,7 @@ RotaryTable rotary_table(std::int64_t head_dim, std::int64_t positions, double t
   const std::int64_t half = head_dim / 2;
   table.cos.resize(static_cast<std::size_t>(positions * half));
   table.sin.resize(static_cast<std::size_t>(positions * half));
-  const double log_theta = portable_log(theta);
-  std::vector<double> frequency(static_cast<std::size_t>(half));
-  for (std::int64_t i = 0; i < half; ++i) {
-    frequency[static_cast<std::size_t>(i)] =
-        portable_exp(-static_cast<double>(2 * i) / static_cast<double>(head_dim) * log_theta);
-  }
+  const std::vector<double> frequency = rotary_frequencies(head_dim, theta, scaling);
   for (std::int64_t p = 0; p < positions; ++p) {
     for (std::int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(p) * frequency[static_cast<std::size_t>(i)];
@@ -77,6 +122,30 @@ void rotary_forward(float* x, std::int64_t rows, std::int64_t heads, const std::
 void rotary_backward(float* grad, std::int64_t rows, std::int64_t heads,
                      const std::int64_t* positions, const RotaryTable& table) {
   rotate(grad, rows, heads, positions, table, -1.0f);
+}
+
+std::shared_ptr<const RotaryTable> shared_rotary_table(std::int64_t head_dim,
+                                                       std::int64_t positions, double theta,
+                                                       const RotaryScaling& scaling) {
+  struct Key {
+    std::int64_t head_dim;
+    std::int64_t positions;
+    double theta;
+    RotaryScaling scaling;
+    bool operator==(const Key&) const = default;
+  };
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, std::weak_ptr<const RotaryTable>>> tables;
+  const Key key{head_dim, positions, theta, scaling};
+  const std::lock_guard lock(mutex);
+  std::erase_if(tables, [](const auto& entry) { return entry.second.expired(); });
+  for (const auto& [known, table] : tables)
+    if (known == key)
+      if (auto held = table.lock()) return held;
+  auto table =
+      std::make_shared<const RotaryTable>(rotary_table(head_dim, positions, theta, scaling));
+  tables.emplace_back(key, table);
+  return table;
 }
 
 }  // namespace meshtensor::kernels

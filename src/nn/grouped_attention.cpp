@@ -43,13 +43,12 @@ void check_config(const GroupedAttentionConfig& c) {
     throw InvalidArgument(fmt::format(
         "attention: {} key/value heads do not divide the {} query heads", c.kv_heads, c.heads));
   }
-  if (c.dim < 1 || c.dim % c.heads != 0)
+  if (c.dim < 1 || c.head_dim < 0 || (c.head_dim == 0 && c.dim % c.heads != 0))
     throw InvalidArgument(
         fmt::format("attention: dim {} does not split into {} heads", c.dim, c.heads));
-  if ((c.dim / c.heads) % 2 != 0) {
+  if (attention_head_dim(c) % 2 != 0) {
     throw InvalidArgument(fmt::format(
-        "attention: the head dim {} (dim {} / {} heads) must be even for rotary embeddings",
-        c.dim / c.heads, c.dim, c.heads));
+        "attention: the head dim {} must be even for rotary embeddings", attention_head_dim(c)));
   }
   if (c.context < 1)
     throw InvalidArgument(fmt::format("attention: context {} is below 1", c.context));
@@ -57,15 +56,21 @@ void check_config(const GroupedAttentionConfig& c) {
 
 }  // namespace
 
+std::int64_t attention_head_dim(const GroupedAttentionConfig& config) {
+  return config.head_dim > 0 ? config.head_dim
+                             : config.dim / std::max<std::int64_t>(config.heads, 1);
+}
+
 GroupedQueryAttention::GroupedQueryAttention(const GroupedAttentionConfig& config,
                                              std::uint64_t seed, double init_std,
                                              double projection_std)
     : config_((check_config(config), config)),
-      rotary_(kernels::rotary_table(config.dim / config.heads, config.context, config.rope_theta)),
-      qkv_(config.dim, (config.heads + 2 * config.kv_heads) * (config.dim / config.heads),
-           mix64(seed ^ 0x716b76ULL), init_std, /*bias=*/false),
-      projection_(config.dim, config.dim, mix64(seed ^ 0x70726f6aULL), projection_std,
-                  /*bias=*/false) {
+      rotary_(kernels::shared_rotary_table(attention_head_dim(config), config.context,
+                                           config.rope_theta, config.rope_scaling)),
+      qkv_(config.dim, (config.heads + 2 * config.kv_heads) * attention_head_dim(config),
+           mix64(seed ^ 0x716b76ULL), init_std, config.qkv_bias),
+      projection_(config.heads * attention_head_dim(config), config.dim,
+                  mix64(seed ^ 0x70726f6aULL), projection_std, config.out_bias) {
   prefix_parameter_names(qkv_, "qkv");
   prefix_parameter_names(projection_, "proj");
   if (config.qk_norm) {
@@ -77,15 +82,19 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedAttentionConfig& confi
 }
 
 std::vector<Parameter*> GroupedQueryAttention::parameters() {
-  std::vector<Parameter*> all = {&qkv_.weight()};
+  std::vector<Parameter*> all = qkv_.parameters();
   if (q_norm_) all.insert(all.end(), {q_norm_->parameters()[0], k_norm_->parameters()[0]});
-  all.push_back(&projection_.weight());
+  for (Parameter* p : projection_.parameters())
+    all.push_back(p);
   return all;
 }
 
 std::string GroupedQueryAttention::describe() const {
-  return fmt::format("GroupedQueryAttention({}, heads={}, kv_heads={}{})", config_.dim,
-                     config_.heads, config_.kv_heads, config_.qk_norm ? ", qk_norm" : "");
+  return fmt::format("GroupedQueryAttention({}, heads={}, kv_heads={}{}{}{}{})", config_.dim,
+                     config_.heads, config_.kv_heads,
+                     config_.head_dim > 0 ? fmt::format(", head_dim={}", head_dim()) : "",
+                     config_.qk_norm ? ", qk_norm" : "", config_.qkv_bias ? ", qkv_bias" : "",
+                     config_.out_bias ? ", out_bias" : "");
 }
 
 std::vector<std::pair<std::string, Module*>> GroupedQueryAttention::children() {
@@ -134,9 +143,9 @@ GroupedQueryAttention::Heads GroupedQueryAttention::prepare_heads(
                      .reshape(heads.keys.shape());
   }
   kernels::rotary_forward(heads.queries.values<float>().data(), rows, groups * group,
-                          positions.data(), rotary_);
+                          positions.data(), *rotary_);
   kernels::rotary_forward(heads.keys.values<float>().data(), rows, groups, positions.data(),
-                          rotary_);
+                          *rotary_);
   return heads;
 }
 
@@ -389,8 +398,8 @@ Tensor GroupedQueryAttention::merge_heads(Tensor& grad_q, Tensor& grad_k, const 
   const std::int64_t rows = batch * length;
   const std::vector<std::int64_t> positions = row_positions(split_, batch, length);
   kernels::rotary_backward(grad_q.values<float>().data(), rows, groups * group, positions.data(),
-                           rotary_);
-  kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(), rotary_);
+                           *rotary_);
+  kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(), *rotary_);
   if (q_norm_) {
     grad_q = run_backward(*q_norm_, grad_q.reshape(Shape{rows * groups * group, hd}), sink, true)
                  .reshape(grad_q.shape());

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -16,29 +18,38 @@ double residual_std(const LlamaConfig& config) {
 }
 
 GroupedAttentionConfig attention_config(const LlamaConfig& c) {
-  return {c.dim, c.heads, c.kv_heads, c.context, c.rope_theta, c.qk_norm, c.norm_eps};
+  return {c.dim,      c.heads,    c.kv_heads, c.context,  c.rope_theta,  c.qk_norm,
+          c.norm_eps, c.head_dim, c.qkv_bias, c.out_bias, c.rope_scaling};
 }
 
-/// The MLP's blocks: one per head; InvalidArgument unless they split ffn evenly.
+/// The MLP's blocks; InvalidArgument without heads or hidden features.
 std::int64_t mlp_blocks(const LlamaConfig& c) {
-  if (c.heads < 1 || c.ffn < 1 || c.ffn % c.heads != 0) {
-    throw InvalidArgument(fmt::format(
-        "llama: ffn {} must be a positive multiple of the {} heads (the MLP splits by heads)",
-        c.ffn, c.heads));
+  if (c.heads < 1 || c.ffn < 1) {
+    throw InvalidArgument(
+        fmt::format("llama: ffn {} and heads {} must be positive", c.ffn, c.heads));
   }
-  return c.heads;
+  return llama_mlp_blocks(c);
 }
 
 }  // namespace
+
+std::int64_t llama_head_dim(const LlamaConfig& config) {
+  return config.head_dim > 0 ? config.head_dim
+                             : config.dim / std::max<std::int64_t>(config.heads, 1);
+}
+
+std::int64_t llama_mlp_blocks(const LlamaConfig& config) {
+  return std::gcd(config.ffn, config.heads);
+}
 
 LlamaBlock::LlamaBlock(const LlamaConfig& config, std::uint64_t seed)
     : blocks_(mlp_blocks(config)),
       norm1_(config.dim, config.norm_eps),
       attention_(attention_config(config), mix64(seed ^ 1), config.init_std, residual_std(config)),
       norm2_(config.dim, config.norm_eps),
-      gate_up_(config.dim, 2 * config.ffn, mix64(seed ^ 2), config.init_std, /*bias=*/false),
+      gate_up_(config.dim, 2 * config.ffn, mix64(seed ^ 2), config.init_std, config.mlp_bias),
       swiglu_(config.ffn / blocks_),
-      down_(config.ffn, config.dim, mix64(seed ^ 3), residual_std(config), /*bias=*/false) {
+      down_(config.ffn, config.dim, mix64(seed ^ 3), residual_std(config), config.mlp_bias) {
   prefix_parameter_names(norm1_, "norm1");
   prefix_parameter_names(attention_, "attn");
   prefix_parameter_names(norm2_, "norm2");

@@ -17,7 +17,52 @@ namespace {
 
 constexpr std::string_view kLlamaUsage =
     "llama or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,norm_eps=E,"
-    "qk_norm=0|1,tie=0|1";
+    "qk_norm=0|1,tie=0|1,head_dim=N,qkv_bias=0|1,out_bias=0|1,mlp_bias=0|1,"
+    "rope_scaling=linear:F|llama3:F:LOW:HIGH:ORIGINAL";
+
+/// Longest context a Llama may name (Llama 3.1's 131072 and then some).
+constexpr std::int64_t kMaxLlamaContext = std::int64_t{1} << 20;
+
+/// "linear:F" or "llama3:F:LOW:HIGH:ORIGINAL".
+kernels::RotaryScaling parse_rope_scaling(const std::string& value, const std::string& what) {
+  const std::vector<std::string_view> parts = split(value, ':');
+  kernels::RotaryScaling scaling;
+  const auto factor = [&](std::size_t i, const char* name) {
+    return real_setting(fmt::format("{} {}", what, name), std::string(parts[i]), 1e-9, 1e9);
+  };
+  if (parts[0] == "linear" && parts.size() == 2) {
+    scaling.kind = kernels::RotaryScaling::Kind::linear;
+    scaling.factor = factor(1, "factor");
+  } else if (parts[0] == "llama3" && parts.size() == 5) {
+    scaling.kind = kernels::RotaryScaling::Kind::llama3;
+    scaling.factor = factor(1, "factor");
+    scaling.low_freq_factor = factor(2, "low_freq_factor");
+    scaling.high_freq_factor = factor(3, "high_freq_factor");
+    scaling.original_context =
+        integer_setting(what + " original context", std::string(parts[4]), 1, kMaxLlamaContext);
+    if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+      throw ParseError(fmt::format("{}: high_freq_factor {} must be above low_freq_factor {}", what,
+                                   scaling.high_freq_factor, scaling.low_freq_factor));
+    }
+  } else if (parts[0] != "none" || parts.size() != 1) {
+    throw ParseError(
+        fmt::format("{}: '{}' is not linear:F, llama3:F:LOW:HIGH:ORIGINAL or none", what, value));
+  }
+  return scaling;
+}
+
+std::string rope_scaling_text(const kernels::RotaryScaling& s) {
+  switch (s.kind) {
+    case kernels::RotaryScaling::Kind::none:
+      return "none";
+    case kernels::RotaryScaling::Kind::linear:
+      return fmt::format("linear:{}", s.factor);
+    case kernels::RotaryScaling::Kind::llama3:
+      return fmt::format("llama3:{}:{}:{}:{}", s.factor, s.low_freq_factor, s.high_freq_factor,
+                         s.original_context);
+  }
+  return "none";
+}
 
 /// Sets one key of `config` from its text; false for an unknown key.
 bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string& value,
@@ -25,7 +70,8 @@ bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string&
   const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> integers = {
       {"layers", {&config.layers, 256}},     {"heads", {&config.heads, 256}},
       {"kv_heads", {&config.kv_heads, 256}}, {"dim", {&config.dim, 8192}},
-      {"ffn", {&config.ffn, 65536}},         {"context", {&config.context, 8192}}};
+      {"ffn", {&config.ffn, 65536}},         {"context", {&config.context, kMaxLlamaContext}},
+      {"head_dim", {&config.head_dim, 1024}}};
   if (const auto entry = integers.find(key); entry != integers.end()) {
     *entry->second.first = integer_setting(what, value, 1, entry->second.second);
   } else if (key == "rope_theta") {
@@ -36,6 +82,14 @@ bool set_llama_key(LlamaConfig& config, std::string_view key, const std::string&
     config.qk_norm = bool_setting(what, value);
   } else if (key == "tie") {
     config.tie = bool_setting(what, value);
+  } else if (key == "qkv_bias") {
+    config.qkv_bias = bool_setting(what, value);
+  } else if (key == "out_bias") {
+    config.out_bias = bool_setting(what, value);
+  } else if (key == "mlp_bias") {
+    config.mlp_bias = bool_setting(what, value);
+  } else if (key == "rope_scaling") {
+    config.rope_scaling = parse_rope_scaling(value, what);
   } else {
     return false;
   }
@@ -48,18 +102,16 @@ void check_llama_shape(const LlamaConfig& c, const std::string& text) {
     throw ParseError(fmt::format("model '{}': {} kv_heads do not divide the {} heads", text,
                                  c.kv_heads, c.heads));
   }
-  if (c.dim % c.heads != 0) {
-    throw ParseError(
-        fmt::format("model '{}': dim {} does not split into {} heads", text, c.dim, c.heads));
+  if (c.head_dim == 0 && c.dim % c.heads != 0) {
+    throw ParseError(fmt::format(
+        "model '{}': dim {} does not split into {} heads (give head_dim=N for heads of another "
+        "width)",
+        text, c.dim, c.heads));
   }
-  if ((c.dim / c.heads) % 2 != 0) {
+  if (llama_head_dim(c) % 2 != 0) {
     throw ParseError(
         fmt::format("model '{}': the head dim {} is odd; rotary embeddings turn pairs of values",
-                    text, c.dim / c.heads));
-  }
-  if (c.ffn % c.heads != 0) {
-    throw ParseError(
-        fmt::format("model '{}': ffn {} is not a multiple of the {} heads", text, c.ffn, c.heads));
+                    text, llama_head_dim(c)));
   }
 }
 
@@ -103,18 +155,30 @@ LlamaConfig parse_llama_config(const std::string& text) {
 }
 
 std::string llama_config_text(const LlamaConfig& c) {
-  return fmt::format(
+  std::string text = fmt::format(
       "llama:layers={},heads={},kv_heads={},dim={},ffn={},context={},rope_theta={},norm_eps={},"
       "qk_norm={},tie={}",
       c.layers, c.heads, c.kv_heads, c.dim, c.ffn, c.context, c.rope_theta, c.norm_eps,
       c.qk_norm ? 1 : 0, c.tie ? 1 : 0);
+  // The keys published architectures added come only where they are not their defaults, so the
+  // texts of earlier checkpoints read back as they were written.
+  if (c.head_dim > 0 && (c.heads < 1 || c.head_dim * c.heads != c.dim))
+    text += fmt::format(",head_dim={}", c.head_dim);
+  if (c.qkv_bias) text += ",qkv_bias=1";
+  if (c.out_bias) text += ",out_bias=1";
+  if (c.mlp_bias) text += ",mlp_bias=1";
+  if (c.rope_scaling.kind != kernels::RotaryScaling::Kind::none)
+    text += ",rope_scaling=" + rope_scaling_text(c.rope_scaling);
+  return text;
 }
 
 std::int64_t llama_parameter_count(const LlamaConfig& c) {
-  const std::int64_t head_dim = c.dim / std::max<std::int64_t>(c.heads, 1);
-  const std::int64_t attention = c.dim * (c.heads + 2 * c.kv_heads) * head_dim + c.dim * c.dim +
-                                 (c.qk_norm ? 2 * head_dim : 0);
-  const std::int64_t block = 2 * c.dim + attention + 3 * c.dim * c.ffn;
+  const std::int64_t hd = llama_head_dim(c);
+  const std::int64_t qkv = (c.heads + 2 * c.kv_heads) * hd;
+  const std::int64_t attention = c.dim * qkv + c.heads * hd * c.dim + (c.qk_norm ? 2 * hd : 0) +
+                                 (c.qkv_bias ? qkv : 0) + (c.out_bias ? c.dim : 0);
+  const std::int64_t mlp = 3 * c.dim * c.ffn + (c.mlp_bias ? 2 * c.ffn + c.dim : 0);
+  const std::int64_t block = 2 * c.dim + attention + mlp;
   return c.vocabulary * c.dim + c.layers * block + c.dim + (c.tie ? 0 : c.dim * c.vocabulary);
 }
 
@@ -188,7 +252,7 @@ std::vector<KeyValueCache> Llama::make_caches(std::int64_t slots) {
   std::vector<std::int64_t> heads;  // key/value heads: one per group
   for (auto& block : blocks_)
     heads.push_back(block->attention().local_groups());
-  return make_layer_caches(slots, heads, config_.dim / config_.heads, config_.context);
+  return make_layer_caches(slots, heads, llama_head_dim(config_), config_.context);
 }
 
 Tensor Llama::decode(const Tensor& tokens, const DecodeRows& rows,

@@ -14,13 +14,29 @@ namespace meshtensor::serve {
 namespace {
 
 const std::set<std::string>& chat_fields() {
-  static const std::set<std::string> fields{
-      "model",       "messages",          "max_tokens",     "max_completion_tokens",
-      "temperature", "top_p",             "top_k",          "seed",
-      "n",           "stop",              "logprobs",       "top_logprobs",
-      "stream",      "stream_options",    "user",           "logit_bias",
-      "tools",       "tool_choice",       "response_format", "presence_penalty",
-      "frequency_penalty", "add_generation_prompt", "chat_template_kwargs"};
+  static const std::set<std::string> fields{"model",
+                                            "messages",
+                                            "max_tokens",
+                                            "max_completion_tokens",
+                                            "temperature",
+                                            "top_p",
+                                            "top_k",
+                                            "seed",
+                                            "n",
+                                            "stop",
+                                            "logprobs",
+                                            "top_logprobs",
+                                            "stream",
+                                            "stream_options",
+                                            "user",
+                                            "logit_bias",
+                                            "tools",
+                                            "tool_choice",
+                                            "response_format",
+                                            "presence_penalty",
+                                            "frequency_penalty",
+                                            "add_generation_prompt",
+                                            "chat_template_kwargs"};
   return fields;
 }
 
@@ -32,8 +48,8 @@ void check_chat_only_fields(const json& doc) {
               "'tools' is not supported: the server does not parse tool calls out of the text");
   }
   if (const json* v = field(doc, "tool_choice"); v && *v != "none")
-    throw bad("tool_choice", fmt::format("'tool_choice' {} is not supported: only \"none\"",
-                                         excerpt(*v)));
+    throw bad("tool_choice",
+              fmt::format("'tool_choice' {} is not supported: only \"none\"", excerpt(*v)));
   if (const json* v = field(doc, "response_format");
       v && !(v->is_object() && v->size() == 1 && v->value("type", "") == "text")) {
     throw bad("response_format", fmt::format("'response_format' {} is not supported: only "
@@ -117,8 +133,7 @@ void chat_logprobs(const json& doc, CompletionParams& params, const ApiLimits& l
   if (wanted && bool_value(*wanted, "logprobs")) params.logprobs = 0;
   if (top != nullptr) {
     const std::int64_t k = integer_value(*top, "top_logprobs", 0, limits.max_top_logprobs);
-    if (!params.logprobs)
-      throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (!params.logprobs) throw bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     params.logprobs = k;
   }
 }
@@ -143,8 +158,8 @@ CompletionParams parse_chat_request(std::string_view body, const std::string& mo
   CompletionParams params;
   params.chat = true;
   params.prompts.push_back(chat_prompt(doc, body, chat, config));
-  params.tokenizer = std::shared_ptr<const tokenize::Tokenizer>(chat.format,
-                                                                &chat.format->tokenizer());
+  params.tokenizer =
+      std::shared_ptr<const tokenize::Tokenizer>(chat.format, &chat.format->tokenizer());
   if (const json* v = field(doc, "n")) params.n = integer_value(*v, "n", 1, limits.max_choices);
   params.max_tokens =
       chat_max_tokens(doc, static_cast<std::int64_t>(params.prompts[0].size()), config);

@@ -57,9 +57,9 @@ Json checked_message(const Json& message, std::size_t index) {
   } else if (content->is_array()) {
     out["content"] = joined_parts(*content, index);
   } else if (!content->is_string() && !content->is_null()) {
-    throw DataError(fmt::format(
-        "messages[{}].content must be a string, null or a list of text parts, got {}", index,
-        json_excerpt(*content)));
+    throw DataError(
+        fmt::format("messages[{}].content must be a string, null or a list of text parts, got {}",
+                    index, json_excerpt(*content)));
   }
   return out;
 }
@@ -105,9 +105,9 @@ std::string ChatFormat::render(const Json& messages, const ChatOptions& options)
   Json context = Json::object();
   const SpecialRoles& roles = tokenizer_->roles();
   // transformers passes the special tokens map: a token the tokenizer lacks is undefined.
-  for (const auto& [key, token] : {std::pair{"bos_token", &roles.bos_token},
-                                   std::pair{"eos_token", &roles.eos_token},
-                                   std::pair{"pad_token", &roles.pad_token}}) {
+  for (const auto& [key, token] :
+       {std::pair{"bos_token", &roles.bos_token}, std::pair{"eos_token", &roles.eos_token},
+        std::pair{"pad_token", &roles.pad_token}}) {
     if (!token->empty()) context[key] = *token;
   }
   if (options.variables.is_object()) {

@@ -318,9 +318,31 @@ Tokenizer Tokenizer::from_document(const Json& doc, const std::string& source,
             "{}: its vocabulary and its sentencepiece_model differ at id {}", source, id));
     }
   }
+  if (const Json& padded = part_of(doc, "padded_vocabulary"); !padded.is_null()) {
+    if (!padded.is_number_integer())
+      throw DataError(fmt::format("{}: padded_vocabulary is {}, not a number of ids", source,
+                                  json_excerpt(padded)));
+    t.pad_vocabulary(padded.get<std::int64_t>(), source);
+  }
   // The byte tokenizer's own file (to_json() of bytes()) reads back as the byte tokenizer.
   if (t.has_byte_layout()) return Tokenizer::bytes();
   return t;
+}
+
+void Tokenizer::pad_vocabulary(std::int64_t size, const std::string& source) {
+  if (size < vocabulary() || size > kMaxVocabulary) {
+    throw DataError(
+        fmt::format("{}: a vocabulary of {} ids cannot hold the tokenizer's {} (at "
+                    "most {})",
+                    source, size, vocabulary(), kMaxVocabulary));
+  }
+  if (size == vocabulary()) return;
+  padded_vocabulary_ = size;
+  const auto n = static_cast<std::size_t>(size);
+  tokens_.resize(n);
+  is_added_.resize(n, false);
+  is_special_.resize(n, false);
+  piece_offsets_.resize(n + 1, piece_offsets_.back());
 }
 
 void Tokenizer::read_model(const Json& model, const Json& added_tokens, const std::string& source) {
@@ -917,6 +939,7 @@ std::string Tokenizer::to_hugging_face_json() const {
   doc.erase("sentencepiece_model");
   doc.erase("special_roles");
   doc.erase("chat_template");
+  doc.erase("padded_vocabulary");
   return doc.dump(2);
 }
 
@@ -968,6 +991,7 @@ Json Tokenizer::document() const {
                             {"end_ids", roles_.end_ids}};
   }
   if (!chat_template_.empty()) doc["chat_template"] = chat_template_;
+  if (padded_vocabulary_ > 0) doc["padded_vocabulary"] = padded_vocabulary_;
   if (!sentencepiece_) return doc;
   doc["normalizer"] = sentencepiece_parts_["normalizer"];
   doc["pre_tokenizer"] = sentencepiece_parts_["pre_tokenizer"];

@@ -500,6 +500,12 @@ void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree) {
         "replicated: choose a degree that divides {}, or kv_heads=...)",
         degree, config.kv_heads, config.kv_heads));
   }
+  if (nn::llama_mlp_blocks(config) % degree != 0) {
+    throw InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the model's {} MLP blocks (gcd of ffn {} and "
+        "the {} heads: each rank computes whole blocks of gate and up columns)",
+        degree, nn::llama_mlp_blocks(config), config.ffn, config.heads));
+  }
   if (config.vocabulary < degree) {
     throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
                                       degree, config.vocabulary));

@@ -6,8 +6,9 @@
 #             "transformer." prefix or as GPT2Model, keys a class treats as inert, F64 weights;
 #             each generates the export's own tokens
 #   refused   folders that would load as the wrong model, each refused by name with exit 2:
-#             disagreeing RoPE spellings, another rope_type, scale_attn_weights false, a Qwen3
-#             without head_dim (its class's 128), a Qwen3 sliding window shorter than the
+#             disagreeing RoPE spellings, a rope_type it does not compute or without its
+#             factors, scale_attn_weights false, a Qwen3 without head_dim (its class's 128,
+#             which its tensors do not have), a Qwen3 sliding window shorter than the
 #             context, model_type naming another model, NaN and infinite weights (f32 and
 #             bf16; checkpoint verify reports them too), a tensor under both names
 #   paths     a folder that is a loop of links, exports onto a dangling link and under /proc exit
@@ -87,10 +88,13 @@ refused)
   }
   variant qwen 'config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}'
   refused 'gives RoPE theta 10000 but rope_theta gives 500000' "$dir/v"
+  variant qwen 'config["rope_parameters"] = {"rope_type": "yarn", "factor": 8.0, "rope_theta": 500000.0}'
+  refused "has rope_type 'yarn'" "$dir/v"
   variant qwen 'config["rope_parameters"] = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}'
-  refused "has rope_type 'llama3'" "$dir/v"
+  refused "has no low_freq_factor" "$dir/v"
+  # Without head_dim a Qwen3's heads are its class's 128 wide: the tensors do not fit.
   variant qwen 'config.pop("head_dim")'
-  refused "\"head_dim\" is 128 (Qwen3Config's default)" "$dir/v"
+  refused "tensor 'model.layers.0.self_attn.q_proj.weight' has shape \[32, 32\], the config needs \[512, 32\]" "$dir/v"
   variant qwen 'config.update(use_sliding_window=True, sliding_window=16, max_window_layers=1)'
   refused 'sliding window of 16 positions, shorter than the context of 32' "$dir/v"
   variant qwen 'config["model_type"] = "gpt2"'

@@ -101,7 +101,8 @@ errors)
   expect 2 "rope_theta" "$bin" train --model llama:rope_theta=0 --steps 1
   expect 2 "the tied head reads the token embedding's table, which a pp mesh dim of 2" \
     "$bin" train --model "$model,tie=1" --mesh 2 --names pp --steps 1
-  expect 2 "ffn 100 is not a multiple of the 8 heads" "$bin" train --model llama:heads=8,ffn=100 --steps 1
+  expect 2 "tensor-parallel degree 4 does not divide the model's 2 MLP blocks (gcd of ffn 102" \
+    "$bin" train --model llama:heads=4,kv_heads=4,ffn=102 --mesh 4 --names tp --steps 1
   "$bin" "${run[@]}" --ranks 1 --save "$dir/ckpt" >/dev/null
   expect 2 "tensor-parallel degree 4 does not divide the model's 2 key/value heads" \
     "$bin" generate --checkpoint "$dir/ckpt" --prompt a --ranks 4

@@ -85,6 +85,43 @@ TEST(Rotary, TablesFollowTheEquationsAndRefuseBadShapes) {
   EXPECT_THROW(rotary_table(8, 0, 10000.0), InvalidArgument);
 }
 
+/// transformers' _compute_llama3_parameters and linear scaling, written out in double.
+TEST(Rotary, ScalingsRescaleFrequenciesAsTransformersDoes) {
+  const double theta = 500000.0;
+  const std::int64_t hd = 64;
+  const RotaryScaling llama3{RotaryScaling::Kind::llama3, 32.0, 1.0, 4.0, 8192};
+  const std::vector<double> plain = rotary_frequencies(hd, theta, {});
+  const std::vector<double> scaled = rotary_frequencies(hd, theta, llama3);
+  int low = 0, high = 0, medium = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_NEAR(plain[i], std::pow(theta, -2.0 * static_cast<double>(i) / hd), 1e-15 * plain[0]);
+    const double wavelength = 2 * M_PI / plain[i];
+    double expected = plain[i];
+    if (wavelength > 8192.0) {
+      expected = plain[i] / 32.0;
+      ++low;
+    } else if (wavelength >= 2048.0) {
+      const double smooth = (8192.0 / wavelength - 1.0) / 3.0;
+      expected = (1 - smooth) * plain[i] / 32.0 + smooth * plain[i];
+      ++medium;
+    } else {
+      ++high;
+    }
+    EXPECT_NEAR(scaled[i], expected, 1e-12 * expected) << i;
+  }
+  EXPECT_TRUE(low > 0 && medium > 0 && high > 0) << low << " " << medium << " " << high;
+  const std::vector<double> linear =
+      rotary_frequencies(hd, theta, {RotaryScaling::Kind::linear, 4.0});
+  EXPECT_EQ(linear[3], plain[3] / 4.0);
+  EXPECT_THROW(rotary_frequencies(hd, theta, {RotaryScaling::Kind::llama3, 8.0, 4.0, 1.0, 8192}),
+               InvalidArgument);
+  // The table is shared while held, and is the unscaled one's for no scaling.
+  const auto a = shared_rotary_table(8, 16, theta, llama3);
+  EXPECT_EQ(a, shared_rotary_table(8, 16, theta, llama3));
+  EXPECT_EQ(shared_rotary_table(8, 16, theta)->cos, rotary_table(8, 16, theta).cos);
+  EXPECT_NE(a->cos, rotary_table(8, 16, theta).cos);
+}
+
 TEST(Rotary, TurnsEachHalfPairAndBackwardIsTheInverse) {
   const RotaryTable table = rotary_table(4, 16, 500.0);
   // Two rows of two heads of 4: (x1, x2) pairs are (v[0], v[2]) and (v[1], v[3]).

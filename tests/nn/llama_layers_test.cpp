@@ -163,8 +163,43 @@ TEST(LlamaBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
                 ordered.values<float>()[static_cast<std::size_t>(i)], 1e-5);
   }
   LlamaConfig uneven = tiny_llama(false);
-  uneven.ffn = 9;
+  uneven.ffn = 9;  // an odd width over 2 heads: one MLP block (gcd(9, 2))
+  EXPECT_EQ(llama_mlp_blocks(uneven), 1);
+  EXPECT_EQ(LlamaBlock(uneven, 1).forward(x).shape(), x.shape());
+  uneven.ffn = 0;
   EXPECT_THROW(LlamaBlock(uneven, 1), InvalidArgument);
+}
+
+/// Published shapes: heads wider than dim / heads (Qwen3), biases on q, k, v and the output
+/// (Qwen2, a Llama's attention_bias), on the MLP (mlp_bias), and llama3-rescaled rotations.
+TEST(LlamaBlock, PublishedShapesHaveTheirGradientsAndParameters) {
+  LlamaConfig config = tiny_llama(true);
+  config.head_dim = 6;
+  config.qkv_bias = true;
+  config.out_bias = true;
+  config.mlp_bias = true;
+  config.rope_scaling = {kernels::RotaryScaling::Kind::llama3, 8.0, 1.0, 4.0, 4};
+  LlamaBlock block(config, 3);
+  std::int64_t biases = 0;
+  for (const Parameter* p : block.parameters())
+    biases += p->name.ends_with("bias") ? p->value.numel() : 0;
+  EXPECT_EQ(biases, (2 + 2 * 1) * 6 + 8 + 2 * 12 + 8);  // qkv, proj, gate_up, down
+  // Biases start at zero: make them count in the gradient check.
+  for (Parameter* p : block.parameters()) {
+    if (!p->name.ends_with("bias")) continue;
+    p->value = Tensor::random_normal(p->value.shape(), DType::f32, 9);
+  }
+  check_gradients(block, Tensor::random_normal(Shape{2, 4, 8}, DType::f32, 6), 3e-2, 3);
+  config.layers = 1;
+  config.vocabulary = 11;
+  Llama model(config);
+  std::int64_t count = 0;
+  for (const Parameter* p : model.parameters())
+    count += p->value.numel();
+  EXPECT_EQ(count, llama_parameter_count(config));
+  EXPECT_EQ(llama_config_text(parse_llama_config(llama_config_text(config))),
+            llama_config_text(config));
+  EXPECT_EQ(parse_llama_config(llama_config_text(config)).rope_scaling, config.rope_scaling);
 }
 
 TEST(Llama, ConfigTextRoundTripsAndBadShapesAreNamed) {
@@ -189,7 +224,14 @@ TEST(Llama, ConfigTextRoundTripsAndBadShapesAreNamed) {
   EXPECT_NE(message("llama:heads=5,kv_heads=1,dim=24,ffn=100").find("dim 24 does not split"),
             std::string::npos);
   EXPECT_NE(message("llama:heads=4,dim=20").find("the head dim 5 is odd"), std::string::npos);
-  EXPECT_NE(message("llama:ffn=102").find("ffn 102 is not a multiple"), std::string::npos);
+  EXPECT_NE(message("llama:heads=5,kv_heads=1,dim=24").find("give head_dim=N"), std::string::npos);
+  EXPECT_EQ(parse_llama_config("llama:heads=5,kv_heads=1,dim=24,head_dim=8").head_dim, 8);
+  EXPECT_NE(message("llama:rope_scaling=yarn:4").find("'yarn:4' is not linear:F"),
+            std::string::npos);
+  EXPECT_NE(message("llama:rope_scaling=llama3:8:4:1:8192").find("must be above"),
+            std::string::npos);
+  // The keys of published shapes are written only when set: older texts read back unchanged.
+  EXPECT_EQ(llama_config_text(parse_llama_config("llama")).find("bias"), std::string::npos);
   EXPECT_NE(message("llama:layers=2,layers=3").find("twice"), std::string::npos);
   EXPECT_NE(message("llama:bias=1").find("'bias=1'"), std::string::npos);
   EXPECT_NE(message("llama:qk_norm=2").find("not true or false"), std::string::npos);

@@ -20,15 +20,24 @@ struct GroupedAttentionConfig {
   double rope_theta = 10000.0;
   bool qk_norm = false;  ///< Qwen3: an RMSNorm over each head's queries and keys
   double norm_eps = 1e-5;
+  std::int64_t head_dim = 0;  ///< values per head (0: dim / heads)
+  bool qkv_bias = false;      ///< biases on the queries, keys and values (Qwen2)
+  bool out_bias = false;      ///< a bias on the output projection
+  kernels::RotaryScaling rope_scaling;
 };
+
+/// Values per head of `config`: its head_dim, or dim / heads.
+std::int64_t attention_head_dim(const GroupedAttentionConfig& config);
 
 /// Causal self-attention of the Llama family over f32 [batch, sequence, dim]: grouped-query
 /// attention (K key/value heads, each shared by G = H / K query heads), rotary position
 /// embeddings on queries and keys (kernels::rotary_forward, position t for row t), an optional
-/// RMSNorm of each head's queries and keys before the rotation (Qwen3), no biases.
+/// RMSNorm of each head's queries and keys before the rotation (Qwen3), and biases where the
+/// config asks for them (Qwen2's on q, k, v). Heads are head_dim wide (dim / H unless the config
+/// says otherwise, as Qwen3's 128): the output projection takes H · head_dim features to dim.
 ///
 /// Queries, keys and values come from one Linear `qkv` laid out group after group: for group g
-/// its G query heads, then its key head, then its value head (head_dim = dim / H columns each),
+/// its G query heads, then its key head, then its value head (head_dim columns each),
 /// so a column-parallel split along whole groups keeps each group on one rank (a GPT's per-head
 /// q, k, v layout is the case K = H). A key or value gradient is the sum of its group's query
 /// heads' in ascending order, on one rank. Every sequence and head is computed on its own in a
@@ -36,8 +45,9 @@ struct GroupedAttentionConfig {
 class GroupedQueryAttention : public Module {
  public:
   /// Weights start as normal samples times `init_std`, the output projection's times
-  /// `projection_std`. InvalidArgument naming the values: K not dividing H, dim not a multiple
-  /// of H, an odd head dim (rotary pairs), a context below 1.
+  /// `projection_std`; biases start at zero. InvalidArgument naming the values: K not dividing
+  /// H, dim not a multiple of H (without a head_dim), an odd head dim (rotary pairs), a context
+  /// below 1.
   GroupedQueryAttention(const GroupedAttentionConfig& config, std::uint64_t seed, double init_std,
                         double projection_std);
   Tensor forward(const Tensor& input) override;
@@ -53,7 +63,7 @@ class GroupedQueryAttention : public Module {
   /// columns.
   void set_exact_blocks(bool on);
   /// Values per head.
-  std::int64_t head_dim() const { return config_.dim / config_.heads; }
+  std::int64_t head_dim() const { return attention_head_dim(config_); }
   /// Query heads per key/value head.
   std::int64_t group_size() const { return config_.heads / config_.kv_heads; }
   /// Groups (key/value heads) this rank computes: all unless a tensor-parallel split holds part
@@ -102,7 +112,7 @@ class GroupedQueryAttention : public Module {
                      std::int64_t batch, std::int64_t length);
 
   GroupedAttentionConfig config_;
-  kernels::RotaryTable rotary_;
+  std::shared_ptr<const kernels::RotaryTable> rotary_;  // shared by the layers of a model
   Linear qkv_;
   Linear projection_;
   std::unique_ptr<RMSNorm> q_norm_;

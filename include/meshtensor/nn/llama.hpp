@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include <meshtensor/kernels/rotary.hpp>
 #include <meshtensor/nn/decode.hpp>
 #include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/nn/embedding.hpp>
@@ -13,29 +14,43 @@
 
 namespace meshtensor::nn {
 
-/// A Llama-family decoder's shape (Llama 3, Qwen 2/3, Mistral): RMSNorm, rotary embeddings,
-/// grouped-query attention, a SwiGLU MLP, no biases and (Qwen3) an RMSNorm of each head's
-/// queries and keys. The defaults cost about what the default GPT's do (12·dim² a block).
+/// A Llama-family decoder's shape (Llama 2/3, Qwen 2/2.5/3, Mistral, SmolLM, TinyLlama):
+/// RMSNorm, rotary embeddings (with transformers' linear or llama3 rescaling), grouped-query
+/// attention with heads of any width, a SwiGLU MLP, biases where the family has them (Qwen2's
+/// on q, k, v) and (Qwen3) an RMSNorm of each head's queries and keys. The defaults cost about
+/// what the default GPT's do (12·dim² a block).
 struct LlamaConfig {
   std::int64_t layers = 4;
   std::int64_t heads = 4;
   std::int64_t kv_heads = 2;
   std::int64_t dim = 128;
-  std::int64_t ffn = 384;  ///< SwiGLU hidden features (a multiple of heads)
+  std::int64_t ffn = 384;  ///< SwiGLU hidden features
   std::int64_t context = 128;
   std::int64_t vocabulary = 256;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
-  bool qk_norm = false;  ///< Qwen3's RMSNorm of queries and keys
-  bool tie = false;      ///< the head's weight is the token embedding table (transposed)
+  bool qk_norm = false;       ///< Qwen3's RMSNorm of queries and keys
+  bool tie = false;           ///< the head's weight is the token embedding table (transposed)
+  std::int64_t head_dim = 0;  ///< values per head (0: dim / heads)
+  bool qkv_bias = false;      ///< biases on q, k and v (Qwen2; a Llama's attention_bias)
+  bool out_bias = false;      ///< a bias on the attention's output (a Llama's attention_bias)
+  bool mlp_bias = false;      ///< biases on the MLP's projections (a Llama's mlp_bias)
+  kernels::RotaryScaling rope_scaling;
   std::uint64_t seed = 0;
   double init_std = 0.02;
 };
 
+/// Values per head: head_dim, or dim / heads.
+std::int64_t llama_head_dim(const LlamaConfig& config);
+
+/// The MLP's blocks (the exact sums' and the tensor-parallel split's units): gcd(ffn, heads),
+/// which is the heads when they divide ffn.
+std::int64_t llama_mlp_blocks(const LlamaConfig& config);
+
 /// x + attn(norm1(x)), then x + down(SwiGLU(gate_up(norm2(x)))) over f32 [batch, sequence, dim]:
 /// RMSNorm, GroupedQueryAttention, and the MLP's gate and up projections as one Linear laid out
-/// in `heads` blocks (each block's gate columns, then its up columns), so a column-parallel split
-/// along whole heads keeps each pair on one rank. No biases.
+/// in llama_mlp_blocks() blocks (each block's gate columns, then its up columns), so a
+/// column-parallel split along whole blocks keeps each pair on one rank.
 class LlamaBlock : public Module {
  public:
   LlamaBlock(const LlamaConfig& config, std::uint64_t seed);
@@ -67,12 +82,15 @@ class LlamaBlock : public Module {
 bool is_llama_model(const std::string& text);
 
 /// Parses "llama" or "llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,
-/// norm_eps=E,qk_norm=0|1,tie=0|1" (any subset of the keys, in any order). ParseError naming the
-/// bad part: an unknown or repeated key, a value out of range, K not dividing H, dim not a multiple
-/// of H, an odd head dim, ffn not a multiple of H.
+/// norm_eps=E,qk_norm=0|1,tie=0|1[,head_dim=N][,qkv_bias=1][,out_bias=1][,mlp_bias=1]
+/// [,rope_scaling=linear:F|llama3:F:LOW:HIGH:ORIGINAL]" (any subset of the keys, in any order).
+/// ParseError naming the bad part: an unknown or repeated key, a value out of range, K not
+/// dividing H, dim not a multiple of H (without head_dim), an odd head dim, a scaling that does
+/// not parse.
 LlamaConfig parse_llama_config(const std::string& text);
 
-/// The text parse_llama_config reads back (every key).
+/// The text parse_llama_config reads back: every key of the first line above, then the others
+/// where they are not their defaults.
 std::string llama_config_text(const LlamaConfig& config);
 
 /// Number of parameters of the model a config builds.

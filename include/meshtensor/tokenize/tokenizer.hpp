@@ -134,6 +134,11 @@ class Tokenizer {
   std::string token_bytes(std::int64_t id) const;
   /// Ids from 0 to vocabulary() - 1.
   std::int64_t vocabulary() const { return static_cast<std::int64_t>(tokens_.size()); }
+  /// Makes the vocabulary `size` ids, those past its own entries unused (decoding to nothing):
+  /// a model's embedding padded past its tokenizer (Qwen's 151,936 rows for 151,665 tokens).
+  /// Kept by to_json() as "padded_vocabulary". DataError naming `source` for a size below the
+  /// tokenizer's own or above 2^24.
+  void pad_vocabulary(std::int64_t size, const std::string& source);
   /// The added tokens.
   const std::vector<AddedToken>& added_tokens() const { return added_; }
   /// The id of a token given by its text (an added token's content, or a token's bytes).
@@ -238,6 +243,7 @@ class Tokenizer {
   std::int64_t unk_id_ = -1;
   SpecialRoles roles_;
   std::string chat_template_;
+  std::int64_t padded_vocabulary_ = 0;        // 0: its own entries'
   std::string piece_bytes_;                   // every id's bytes, in id order
   std::vector<std::uint32_t> piece_offsets_;  // id -> its start in piece_bytes_ (and one past)
   bool raw_bytes_ = false;                    // the byte tokenizer
