@@ -166,8 +166,9 @@ void add_serve_command(CLI::App& app) {
   command->add_option("--mesh", options->mesh, "the tensor-parallel degree, with --names tp");
   command->add_option("--names", options->names, "tp (the only dim serving takes)");
   command->add_option("--backend", options->backend, "threads (default) or mpi (under mpirun)");
-  options->settings.add_to(*command, serve::ServeSettings::table(),
-                           {"max_batch", "max_queue", "prefill_chunk", "max_body_bytes"});
+  options->settings.add_to(
+      *command, serve::ServeSettings::table(),
+      {"max_batch", "max_queue", "prefill_chunk", "max_context", "max_body_bytes"});
   command->add_option("--api-key", options->api_key,
                       "require 'Authorization: Bearer KEY' on /v1 and /admin (default: the "
                       "environment variable MESHTENSOR_API_KEY, else none)");

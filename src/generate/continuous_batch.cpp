@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/memory.hpp>
 #include <meshtensor/generate/continuous_batch.hpp>
 #include <meshtensor/nn/loss.hpp>
 
@@ -29,7 +30,21 @@ ContinuousBatch::ContinuousBatch(nn::Decoder& model, GeneratorOptions options,
         fmt::format("continuous batch: slots {} and prefill_chunk {} must be >= 1", slots,
                     options_.prefill_chunk));
   }
+  positions_ = options_.cache_positions > 0 ? options_.cache_positions : model_.context();
+  if (positions_ > model_.context()) {
+    throw InvalidArgument(fmt::format("continuous batch: cache positions {} exceed the context {}",
+                                      positions_, model_.context()));
+  }
   caches_ = model_.make_caches(slots);
+  double bytes = 0;
+  for (const nn::KeyValueCache& cache : caches_)
+    bytes += static_cast<double>(slots) * cache.slot_bytes(positions_);
+  require_memory(bytes, fmt::format("key/value caches for {} sequence(s) of {} positions (fewer "
+                                    "requests at once or fewer positions need less)",
+                                    slots, positions_));
+  for (std::int64_t slot = 0; slot < slots; ++slot)
+    for (nn::KeyValueCache& cache : caches_)
+      cache.reserve(slot, positions_);
   free_.resize(static_cast<std::size_t>(slots));
   std::iota(free_.rbegin(), free_.rend(), 0);
 }
@@ -39,6 +54,15 @@ void ContinuousBatch::add(std::uint64_t id, Request request, std::size_t index) 
   if (free_.empty()) throw InvalidArgument(fmt::format("request {}: no cache slot is free", index));
   if (std::any_of(running_.begin(), running_.end(), [&](const Running& r) { return r.id == id; }))
     throw InvalidArgument(fmt::format("request {}: id {} is already running", index, id));
+  // The slot holds the prompt and the new tokens (the last one drawn is never fed).
+  const auto positions =
+      static_cast<std::int64_t>(request.prompt.size()) + request.max_new_tokens - 1;
+  if (positions > positions_) {
+    throw InvalidArgument(fmt::format(
+        "request {}: a prompt of {} tokens and {} new tokens need {} positions of key/value "
+        "cache; a slot holds {}",
+        index, request.prompt.size(), request.max_new_tokens, positions, positions_));
+  }
   std::vector<std::int64_t> sequence = request.prompt;
   running_.push_back({id, free_.back(), std::move(request), std::move(sequence), 0, 0});
   free_.pop_back();

@@ -127,7 +127,18 @@ std::vector<Completion> Generator::generate(const std::vector<Request>& requests
     check_request(requests[i], i, config);
   const std::int64_t slots =
       std::min<std::int64_t>(options_.max_batch, std::max<std::size_t>(requests.size(), 1));
-  ContinuousBatch batch(model_, options_, tp_, slots);
+  // Slots as long as the longest request needs (unless the options say), not the whole context.
+  GeneratorOptions options = options_;
+  if (options.cache_positions == 0) {
+    for (const Request& r : requests) {
+      options.cache_positions =
+          std::max(options.cache_positions,
+                   static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens - 1);
+    }
+    options.cache_positions =
+        std::clamp<std::int64_t>(options.cache_positions, 1, model_.context());
+  }
+  ContinuousBatch batch(model_, options, tp_, slots);
   batch.check_between_steps(between_steps_);
   std::vector<Completion> done(requests.size());
   std::size_t next = 0;

@@ -75,12 +75,13 @@ Tensor CausalSelfAttention::forward_decode(const Tensor& input) {
   const std::int64_t head_dim = this->head_dim();
   const std::int64_t stride = qkv_rows.shape()[2];
   const std::int64_t heads = stride / (3 * head_dim);
-  const std::int64_t context = cache_->context();
   const float* qkv = qkv_rows.values<float>().data();
+  check_cache_rows(rows, *cache_);
   // Every row's keys and values first: rows of one slot see the earlier rows of this call.
   for (std::int64_t r = 0; r < rows.size(); ++r) {
     const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
     const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    const std::int64_t context = cache_->capacity(slot);
     for (std::int64_t h = 0; h < heads; ++h) {
       const float* row = qkv + r * stride + h * 3 * head_dim;
       float* keys_t = cache_->keys_t(slot, h);
@@ -90,15 +91,15 @@ Tensor CausalSelfAttention::forward_decode(const Tensor& input) {
     }
   }
   Tensor attended = Tensor::uninitialized(Shape{1, rows.size(), heads * head_dim}, DType::f32);
-  std::vector<float> probabilities(static_cast<std::size_t>(context));
+  std::vector<float> probabilities(static_cast<std::size_t>(cache_->context()));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   float* out = attended.values<float>().data();
   for (std::int64_t r = 0; r < rows.size(); ++r) {
     const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
     const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
     for (std::int64_t h = 0; h < heads; ++h) {
-      const kernels::HeadCache cache{cache_->keys_t(slot, h), cache_->values(slot, h), context,
-                                     head_dim};
+      const kernels::HeadCache cache{cache_->keys_t(slot, h), cache_->values(slot, h),
+                                     cache_->capacity(slot), head_dim};
       kernels::attention_row(qkv + r * stride + h * 3 * head_dim, cache, position + 1, scale,
                              probabilities.data(), out + (r * heads + h) * head_dim);
     }

@@ -1,6 +1,5 @@
 #include <fmt/format.h>
 
-#include <meshtensor/core/memory.hpp>
 #include <meshtensor/nn/decoder.hpp>
 
 namespace meshtensor::nn {
@@ -23,13 +22,6 @@ std::vector<Parameter*> Decoder::parameters() {
 std::vector<KeyValueCache> make_layer_caches(std::int64_t slots,
                                              const std::vector<std::int64_t>& heads,
                                              std::int64_t head_dim, std::int64_t context) {
-  double bytes = 0;  // keys and values, f32
-  for (const std::int64_t layer_heads : heads) {
-    bytes += 2.0 * 4.0 * static_cast<double>(slots) * static_cast<double>(layer_heads * head_dim) *
-             static_cast<double>(context);
-  }
-  require_memory(
-      bytes, fmt::format("key/value caches for {} sequence(s) of {} positions", slots, context));
   std::vector<KeyValueCache> caches;
   for (const std::int64_t layer_heads : heads)
     caches.emplace_back(slots, layer_heads, head_dim, context);

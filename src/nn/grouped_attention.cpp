@@ -286,11 +286,12 @@ Tensor GroupedQueryAttention::forward_decode(const Tensor& input) {
   const std::int64_t hd = head_dim();
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
-  const std::int64_t context = cache_->context();
+  check_cache_rows(rows, *cache_);
   // Every row's keys and values first: rows of one slot see the earlier rows of this call.
   for (std::int64_t r = 0; r < rows.size(); ++r) {
     const std::int64_t slot = rows.slots[static_cast<std::size_t>(r)];
     const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
+    const std::int64_t context = cache_->capacity(slot);
     for (std::int64_t g = 0; g < groups; ++g) {
       const float* key = heads.keys.values<float>().data() + (r * groups + g) * hd;
       float* keys_t = cache_->keys_t(slot, g);
@@ -301,7 +302,7 @@ Tensor GroupedQueryAttention::forward_decode(const Tensor& input) {
     }
   }
   Tensor attended = Tensor::uninitialized(Shape{1, rows.size(), groups * group * hd}, DType::f32);
-  std::vector<float> probabilities(static_cast<std::size_t>(context));
+  std::vector<float> probabilities(static_cast<std::size_t>(cache_->context()));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   const float* q = heads.queries.values<float>().data();
   float* out = attended.values<float>().data();
@@ -310,7 +311,7 @@ Tensor GroupedQueryAttention::forward_decode(const Tensor& input) {
     const std::int64_t position = rows.positions[static_cast<std::size_t>(r)];
     for (std::int64_t h = 0; h < groups * group; ++h) {
       const kernels::HeadCache cache{cache_->keys_t(slot, h / group),
-                                     cache_->values(slot, h / group), context, hd};
+                                     cache_->values(slot, h / group), cache_->capacity(slot), hd};
       kernels::attention_row(q + (r * groups * group + h) * hd, cache, position + 1, scale,
                              probabilities.data(), out + (r * groups * group + h) * hd);
     }

@@ -130,6 +130,11 @@ bool decoder_tied(const DecoderConfig& config) {
   return std::visit([](const auto& c) { return c.tie; }, config);
 }
 
+DecoderConfig with_context(DecoderConfig config, std::int64_t context) {
+  std::visit([context](auto& c) { c.context = context; }, config);
+  return config;
+}
+
 DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed) {
   std::visit([seed](auto& c) { c.seed = seed; }, config);
   return config;

@@ -208,7 +208,7 @@ Json HttpFrontend::model_object() const {
   model["object"] = "model";
   model["created"] = 0;
   model["owned_by"] = "meshtensor";
-  model["architecture"] = nn::decoder_config_text(model_.config);
+  model["architecture"] = model_.architecture;
   model["context"] = nn::decoder_context(model_.config);
   model["checkpoint"] = model_.directory;
   model["weights_step"] = scheduler_.weights_step();

@@ -19,7 +19,9 @@ namespace meshtensor::serve {
 
 /// What the HTTP side knows of the served model.
 struct ServedModel {
+  /// The model's config, its context the positions a choice may use (ServeConfig::max_context).
   nn::DecoderConfig config;
+  std::string architecture;  ///< the model's own config text
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::string directory;
   ChatSupport chat;  ///< the tokenizer's chat format, or why there is none

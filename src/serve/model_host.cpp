@@ -15,6 +15,7 @@ generate::GeneratorOptions generator_options(const ServeConfig& config) {
   options.max_batch = config.max_batch;
   options.prefill_chunk = config.prefill_chunk;
   options.exact_logprobs = config.mode == comm::ReductionMode::exact;
+  options.cache_positions = config.max_context;
   return options;
 }
 

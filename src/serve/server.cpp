@@ -41,8 +41,10 @@ void ServeControl::attach(Scheduler* scheduler) {
 namespace {
 
 /// What rank 0 serves of the host's model.
-ServedModel served_model(const ModelHost& host) {
-  return {host.config(), host.tokenizer(), host.directory(), chat_support(host.tokenizer())};
+ServedModel served_model(ModelHost& host) {
+  return {nn::with_context(host.config(), host.batch().cache_positions()),
+          nn::decoder_config_text(host.config()), host.tokenizer(), host.directory(),
+          chat_support(host.tokenizer())};
 }
 
 /// Carries out a plan on this rank; false when it says to leave. On rank 0, `scheduler` and

@@ -17,6 +17,9 @@ constexpr std::array kFields = {
     SettingField{"max_batch", "choices generated together (default 16)"},
     SettingField{"max_queue", "choices that may wait for a slot; more answer 429 (default 256)"},
     SettingField{"prefill_chunk", "prompt tokens a choice feeds per step (default 64)"},
+    SettingField{"max_context",
+                 "positions a choice may use, prompt and new tokens (default: the model's "
+                 "context); each of max_batch choices holds a key/value cache of this many"},
     SettingField{"max_body_bytes", "largest request body; larger answer 413 (default 1048576)"},
     SettingField{"model_name",
                  "the model's id in the API (default meshtensor-FAMILY: meshtensor-gpt, "
@@ -53,6 +56,7 @@ ServeConfig ServeSettings::config() const {
   config.max_batch = integer("max_batch", "16", 1, 4096);
   config.max_queue = integer("max_queue", "256", 1, 1 << 20);
   config.prefill_chunk = integer("prefill_chunk", "64", 1, 1 << 20);
+  config.max_context = integer("max_context", "0", 0, std::int64_t{1} << 20);
   config.limits.max_body_bytes = integer("max_body_bytes", "1048576", 1024, std::int64_t{1} << 30);
   config.model_name = text("model_name", "meshtensor-gpt");
   if (config.model_name.empty()) throw ParseError("`model_name` is empty");

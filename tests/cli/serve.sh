@@ -25,7 +25,8 @@
 #           the renderer refuses get errors naming them
 #   edges   raw sockets (tests/serve/http_edges.py): streamed prompt scores, whole-text offsets,
 #           the idle gauge, framing (overflowing numbers, two Content-Lengths, pipelining, 413
-#           on headers), 1,000 idle and trickling connections, the connection limit
+#           on headers), 1,000 idle and trickling connections, the connection limit;
+#           --max-context
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
 bin=$1
@@ -503,7 +504,15 @@ edges)
   stop_server one
   start_server few "$bin" "${serve[@]}" --max-connections 20
   "${edges[@]}" over_limit "$url_few" 20
-  stop_server few
+  stop_server few  # --max-context: choices of up to 16 positions (caches of 16, not the model's 64).
+  start_server short "$bin" "${serve[@]}" --max-context 16
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$url_short/v1/completions" \
+    -d '{"prompt":"abcd","max_tokens":12}')" = 200 ] || fail "a choice of 16 positions"
+  curl -s "$url_short/v1/completions" -d '{"prompt":"abcd","max_tokens":13}' >"$dir/reply"
+  grep -q "more than the model's context of 16" "$dir/reply" || fail "17 positions: $(cat "$dir/reply")"
+  curl -s "$url_short/v1/models" | grep -q '"context":16' || fail "/v1/models: not context 16"
+  stop_server short
+  echo "ok: --max-context 16 serves choices of up to 16 positions"
   ;;
 *)
   fail "unknown case $case_name"

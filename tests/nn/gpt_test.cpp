@@ -345,6 +345,9 @@ TEST(GptDecode, RowsFromTheCacheHaveTheWholeSequenceBits) {
     const Tensor tokens = random_tokens(3, 6, 11, 21);
     const Tensor whole = model.forward(tokens);  // [3, 6, 11]
     std::vector<KeyValueCache> caches = model.make_caches(4);
+    reserve_slot(caches, 0, 2);  // an unused slot of another size
+    for (std::int64_t slot = 1; slot < 4; ++slot)
+      reserve_slot(caches, slot, 6);
     // Sequence s lives in slot 3 - s; chunks of 1, 2 and 3 rows, sequences interleaved.
     const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> calls{
         {{0, 0}, {2, 0}, {2, 1}},

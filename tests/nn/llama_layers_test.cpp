@@ -57,6 +57,15 @@ TEST(GroupedQueryAttention, DecodingFromAKeyValueCacheGivesTheForwardsBits) {
   const Tensor whole_a = attention.forward(a);
   const Tensor whole_b = attention.forward(b);
   KeyValueCache cache(2, attention.local_groups(), attention.head_dim(), 6);
+  {
+    DecodeRows unreserved{{0}, {0}};  // a slot holds no position before it is reserved
+    attention.set_decode(&unreserved, &cache);
+    EXPECT_THROW(attention.forward(Tensor::random_normal(Shape{1, 1, 16}, DType::f32, 3)),
+                 InvalidArgument);
+    attention.set_decode(nullptr, nullptr);
+  }
+  cache.reserve(0, 6);
+  cache.reserve(1, 6);
   // Chunks of a (slot 0) and b (slot 1) interleaved in the same calls.
   const auto decode = [&](std::int64_t from, std::int64_t to) {
     DecodeRows rows;
@@ -268,6 +277,7 @@ TEST(Llama, DecodingGivesTheForwardsBitsAndTrainingLowersTheLoss) {
       Tensor::from_values(Shape{1, 8}, DType::i64, std::vector<double>{3, 1, 4, 1, 5, 9, 2, 6});
   const Tensor whole = model.forward(tokens);
   std::vector<KeyValueCache> caches = model.make_caches(1);
+  reserve_slot(caches, 0, 8);
   ASSERT_EQ(caches.front().heads(), 2);  // key/value heads, not the 4 query heads
   for (std::int64_t p = 0; p < 8; ++p) {
     DecodeRows rows{{0}, {p}};
@@ -317,6 +327,7 @@ TEST(Decoder, BothFamiliesDecodeWithTheForwardsBitsThroughOneInterface) {
         Tensor::from_values(Shape{1, 6}, DType::i64, std::vector<double>{7, 0, 255, 3, 3, 9});
     const Tensor whole = model->forward(tokens);
     std::vector<KeyValueCache> caches = model->make_caches(2);
+    reserve_slot(caches, 1, 6);
     DecodeRows rows{{1, 1, 1, 1, 1, 1}, {0, 1, 2, 3, 4, 5}};
     const Tensor decoded = model->decode(tokens.reshape(Shape{6}), rows, caches);
     EXPECT_EQ(decoded.digest(), whole.reshape(Shape{6, model->vocabulary()}).digest()) << text;

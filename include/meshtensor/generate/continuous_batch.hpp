@@ -39,15 +39,20 @@ struct StepEvent {
 class ContinuousBatch {
  public:
   /// Over `model` (which must outlive it) with `slots` cache slots (at most `slots` requests
-  /// running). `tp` as for Generator. InvalidArgument for slots or prefill_chunk below 1.
+  /// running) of options.cache_positions positions each, reserved now. `tp` as for Generator.
+  /// InvalidArgument for slots or prefill_chunk below 1 or cache positions past the context;
+  /// ResourceError naming the caches when they do not fit in memory.
   ContinuousBatch(nn::Decoder& model, GeneratorOptions options, tp::TensorParallel* tp,
                   std::int64_t slots);
   /// Requests running now.
   std::int64_t size() const { return static_cast<std::int64_t>(running_.size()); }
+  /// Positions a slot holds.
+  std::int64_t cache_positions() const { return positions_; }
   /// Slots free for add().
   std::int64_t free_slots() const { return static_cast<std::int64_t>(free_.size()); }
   /// Starts `request` under `id`. InvalidArgument when no slot is free, `id` is running, or the
-  /// request cannot run on the model (check_request; `index` names it in the message).
+  /// request cannot run on the model (check_request) or in a slot (its prompt and new tokens
+  /// past the cache's positions; `index` names it in the message).
   void add(std::uint64_t id, Request request, std::size_t index = 0);
   /// Stops request `id` and frees its slot; false when it is not running.
   bool remove(std::uint64_t id);
@@ -83,6 +88,7 @@ class ContinuousBatch {
   tp::TensorParallel* tp_;
   std::vector<nn::KeyValueCache> caches_;
   std::vector<std::int64_t> free_;
+  std::int64_t positions_ = 0;
   std::vector<Running> running_;
   GeneratorStats stats_;
   std::function<void()> between_steps_;

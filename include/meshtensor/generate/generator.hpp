@@ -56,6 +56,10 @@ struct GeneratorOptions {
   /// Exact softmax denominators in the log-probabilities (exact mode; the model's own exact
   /// sums are set on the model).
   bool exact_logprobs = false;
+  /// Positions each cache slot holds, reserved up front (0: the model's context): a request's
+  /// prompt and new tokens must fit. A model of a long context (Qwen3's 40,960) serves shorter
+  /// requests in the memory they need.
+  std::int64_t cache_positions = 0;
 };
 
 /// Figures of the last generate() call.

@@ -41,8 +41,8 @@ class Decoder : public Module {
   /// whole sequence through `split`; every row has the bits it has in the whole sequence. It
   /// must outlive the model or be removed first.
   virtual void set_sequence_split(SequenceSplit* split) = 0;
-  /// One key/value cache per block for `slots` sequences of the whole context, sized for the
-  /// key/value heads this rank computes.
+  /// One key/value cache per block for `slots` sequences of up to the whole context, sized for
+  /// the key/value heads this rank computes; a slot holds memory once reserved (reserve_slot).
   virtual std::vector<KeyValueCache> make_caches(std::int64_t slots) = 0;
   /// Incremental forward of the rows `rows` places with the keys and values of earlier
   /// positions in `caches`: logits [rows, vocabulary], each row's the bits forward() gives that
@@ -63,9 +63,8 @@ class Decoder : public Module {
   virtual std::string config_text() const = 0;
 };
 
-/// One key/value cache per layer for `slots` sequences of `context` positions, layer l holding
-/// heads[l] heads of `head_dim` values; ResourceError naming the caches when they do not fit in
-/// memory, before any is allocated.
+/// One key/value cache per layer for `slots` sequences of up to `context` positions, layer l
+/// holding heads[l] heads of `head_dim` values; no slot reserved yet (reserve_slot).
 std::vector<KeyValueCache> make_layer_caches(std::int64_t slots,
                                              const std::vector<std::int64_t>& heads,
                                              std::int64_t head_dim, std::int64_t context);

@@ -66,6 +66,9 @@ bool decoder_tied(const DecoderConfig& config);
 /// The config's vocabulary.
 std::int64_t decoder_vocabulary(const DecoderConfig& config);
 
+/// `config` with a context of `context` positions.
+DecoderConfig with_context(DecoderConfig config, std::int64_t context);
+
 /// `config` with its initial weights drawn from `seed`.
 DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed);
 

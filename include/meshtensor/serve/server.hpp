@@ -23,7 +23,10 @@ struct ServeConfig {
   std::int64_t max_batch = 16;      ///< choices generated together
   std::int64_t max_queue = 256;     ///< choices waiting; more: 429
   std::int64_t prefill_chunk = 64;  ///< prompt tokens a choice feeds per step
-  std::string api_key;              ///< empty: no key asked for
+  /// Positions a choice may use (its prompt and new tokens), cache reserved for each of
+  /// max_batch choices at start (0: the model's context; more than it is refused).
+  std::int64_t max_context = 0;
+  std::string api_key;  ///< empty: no key asked for
   std::string model_name = "meshtensor-gpt";
   /// A chat template (Jinja source) used instead of the model's own (empty: the model's), and
   /// what to call it in errors (its file).
