@@ -1,4 +1,5 @@
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -144,22 +145,74 @@ nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string
   return nn::parse_decoder_architecture(comm::broadcast_text(world, architecture, 0));
 }
 
+namespace {
+
+/// Most bytes of whole parameters one read brings in before they are copied into the model.
+constexpr double kLoadBatchBytes = 256.0 * (1 << 20);
+
+/// The request of this rank's block of `p` (its split's, or the whole parameter).
+checkpoint::LoadRequest block_request(const nn::Parameter& p, const comm::Communicator& world) {
+  const bool split = p.split.global_shape.rank() > 0;
+  return {"model." + p.name, p.global_shape(),
+          DType::f32,        split ? p.split.offset : std::vector<std::int64_t>{},
+          p.value.shape(),   split ? p.split.saves : world.rank() == 0};
+}
+
+/// Reads every parameter's block of `model` from `path` into it, a batch at a time: batches end
+/// at the same parameters on every rank (by whole shapes), so the collective reads pair up, and
+/// no more than one batch is held twice.
+void load_parameters(comm::Communicator& world, const std::string& path, nn::Decoder& model) {
+  const std::vector<nn::Parameter*> parameters = model.parameters();
+  std::optional<hf::Folder> folder;
+  if (const auto directory = hf::folder_of(path)) {
+    std::exception_ptr failure;
+    try {
+      folder = hf::read_folder(*directory);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm::throw_if_any_failed(world, failure);
+  }
+  for (std::size_t first = 0; first < parameters.size();) {
+    std::vector<checkpoint::LoadRequest> requests;
+    double bytes = 0;
+    std::size_t end = first;
+    for (; end < parameters.size() && (end == first || bytes < kLoadBatchBytes); ++end) {
+      requests.push_back(block_request(*parameters[end], world));
+      bytes += 4.0 * static_cast<double>(parameters[end]->global_shape().numel());
+    }
+    std::vector<Tensor> loaded;
+    if (folder) {
+      std::exception_ptr failure;
+      try {
+        loaded = hf::load(*folder, requests);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      comm::throw_if_any_failed(world, failure);
+    } else {
+      loaded = checkpoint::load(world, path, requests);
+    }
+    for (std::size_t i = first; i < end; ++i)
+      parameters[i]->value.copy_from(loaded[i - first]);
+    first = end;
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::string& path,
-                                          std::int64_t models_in_process) {
-  std::unique_ptr<nn::Decoder> model =
-      nn::make_decoder(read_architecture(world, path, models_in_process));
-  std::vector<checkpoint::LoadRequest> requests;
-  for (nn::Parameter* p : model->parameters())
-    requests.push_back({"model." + p->name,
-                        p->value.shape(),
-                        DType::f32,
-                        {},
-                        p->value.shape(),
-                        world.rank() == 0});
-  const std::vector<Tensor> loaded = load_blocks(world, path, requests);
-  const std::vector<nn::Parameter*> parameters = model->parameters();
-  for (std::size_t i = 0; i < parameters.size(); ++i)
-    parameters[i]->value.copy_from(loaded[i]);
+                                          std::int64_t models_in_process,
+                                          const std::function<void(nn::Decoder&)>& prepare) {
+  const nn::DecoderConfig config = read_architecture(world, path, models_in_process);
+  std::unique_ptr<nn::Decoder> model;
+  {
+    const nn::WeightsToBeLoaded loaded_next;
+    model = nn::make_decoder(config);
+  }
+  if (prepare) prepare(*model);
+  load_parameters(world, path, *model);
+  model->refresh_tied_weights();
   return model;
 }
 
@@ -198,10 +251,11 @@ std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, cons
                                                  tp::TensorParallel& group,
                                                  comm::ReductionMode mode,
                                                  std::int64_t models_in_process) {
-  std::unique_ptr<nn::Decoder> model = load_decoder(world, path, models_in_process);
-  model->set_exact_sums(mode == comm::ReductionMode::exact);
-  parallelize_for_generation(*model, group);
-  return model;
+  // Split before reading: each rank reads and holds its own blocks only.
+  return load_decoder(world, path, models_in_process, [&](nn::Decoder& model) {
+    model.set_exact_sums(mode == comm::ReductionMode::exact);
+    parallelize_for_generation(model, group);
+  });
 }
 
 hf::ExportReport export_hf(const std::string& source, const std::string& out,

@@ -142,54 +142,76 @@ Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ou
 
 namespace {
 
-/// Calls visit(i, row, column) for every element of `block` that `link` holds: its flat index
-/// in the block and its place in the Hugging Face tensor (a 1-D tensor's elements are rows).
-template <typename Visit>
-void for_each_block_element(const nn::DecoderConfig& config, const Link& link, const Block& block,
-                            Visit visit) {
-  const bool matrix = block.ours.rank() == 2;
-  const int last = matrix ? 1 : 0;
-  const auto start = [&](int d) { return block.offset.empty() ? 0 : block.offset[d]; };
-  const std::int64_t rows = matrix ? block.extent[0] : 1;
-  const std::int64_t columns = block.extent[last];
-  for (std::int64_t j = 0; j < columns; ++j) {
-    const auto [part, index] = column_home(config, link.columns, start(last) + j);
+/// Where the columns of `block` that `link` holds lie: for each such block column, its index
+/// in the block and its index in the Hugging Face tensor (a column, or a row when transposed).
+struct BlockColumns {
+  std::vector<std::int64_t> ours;
+  std::vector<std::int64_t> theirs;
+};
+
+BlockColumns block_columns(const nn::DecoderConfig& config, const Link& link, const Block& block) {
+  const int last = block.ours.rank() == 2 ? 1 : 0;
+  const std::int64_t start =
+      block.offset.empty() ? 0 : block.offset[static_cast<std::size_t>(last)];
+  BlockColumns columns;
+  for (std::int64_t j = 0; j < block.extent[last]; ++j) {
+    const auto [part, index] = column_home(config, link.columns, start + j);
     if (part != link.part) continue;
-    for (std::int64_t i = 0; i < rows; ++i) {
-      const std::int64_t r = matrix ? start(0) + i : 0;
-      const std::size_t at = static_cast<std::size_t>(i * columns + j);
-      if (!matrix) {
-        visit(at, index, 0);
-      } else if (link.transposed) {
-        visit(at, index, r);
-      } else {
-        visit(at, r, index);
-      }
-    }
+    columns.ours.push_back(j);
+    columns.theirs.push_back(index);
   }
+  return columns;
 }
 
 }  // namespace
 
 std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config, const Link& link,
                                                 const Block& block) {
-  std::int64_t first = std::numeric_limits<std::int64_t>::max();
-  std::int64_t end = 0;
-  for_each_block_element(config, link, block, [&](std::size_t, std::int64_t row, std::int64_t) {
-    first = std::min(first, row);
-    end = std::max(end, row + 1);
-  });
-  return first < end ? std::pair{first, end} : std::pair<std::int64_t, std::int64_t>{0, 0};
+  const BlockColumns columns = block_columns(config, link, block);
+  if (columns.ours.empty()) return {0, 0};
+  if (block.ours.rank() == 2 && !link.transposed) {
+    const std::int64_t first = block.offset.empty() ? 0 : block.offset[0];
+    return {first, first + block.extent[0]};
+  }
+  // A 1-D tensor's elements and a transposed matrix's rows are the columns' indices.
+  const auto [low, high] = std::minmax_element(columns.theirs.begin(), columns.theirs.end());
+  return {*low, *high + 1};
 }
 
 void block_from_rows(const nn::DecoderConfig& config, const Link& link, const Block& block,
                      std::span<const float> rows, std::int64_t first, std::int64_t width,
                      Tensor& out) {
-  auto to = out.values<float>();
-  for_each_block_element(config, link, block,
-                         [&](std::size_t at, std::int64_t row, std::int64_t column) {
-                           to[at] = rows[static_cast<std::size_t>((row - first) * width + column)];
-                         });
+  const BlockColumns columns = block_columns(config, link, block);
+  float* to = out.values<float>().data();
+  const std::size_t count = columns.ours.size();
+  if (block.ours.rank() != 2) {
+    for (std::size_t c = 0; c < count; ++c)
+      to[columns.ours[c]] = rows[static_cast<std::size_t>(columns.theirs[c] - first)];
+    return;
+  }
+  const std::int64_t row_start = block.offset.empty() ? 0 : block.offset[0];
+  const std::int64_t extent_rows = block.extent[0];
+  const std::int64_t stride = block.extent[1];
+  if (!link.transposed) {
+    for (std::int64_t i = 0; i < extent_rows; ++i) {
+      const float* source = rows.data() + (row_start + i - first) * width;
+      float* target = to + i * stride;
+      for (std::size_t c = 0; c < count; ++c)
+        target[columns.ours[c]] = source[columns.theirs[c]];
+    }
+    return;
+  }
+  // Our column j is their row: tiles of columns, so the writes of a row stay together.
+  constexpr std::size_t kTile = 16;
+  for (std::size_t c0 = 0; c0 < count; c0 += kTile) {
+    const std::size_t c1 = std::min(count, c0 + kTile);
+    for (std::int64_t i = 0; i < extent_rows; ++i) {
+      float* target = to + i * stride;
+      for (std::size_t c = c0; c < c1; ++c)
+        target[columns.ours[c]] =
+            rows[static_cast<std::size_t>((columns.theirs[c] - first) * width + row_start + i)];
+    }
+  }
 }
 
 }  // namespace meshtensor::hf

@@ -15,6 +15,11 @@ Embedding::Embedding(std::int64_t count, std::int64_t dim, std::uint64_t seed, d
   if (!(init_std > 0.0 && init_std <= 1e3))
     throw InvalidArgument(fmt::format("Embedding init_std {} is not within (0, 1000]", init_std));
   weight_.name = "weight";
+  total_rows_ = count;
+  if (WeightsToBeLoaded::active()) {
+    weight_.value = Tensor::uninitialized(Shape{count, dim}, DType::f32);
+    return;
+  }
   weight_.value = Tensor(Shape{count, dim}, DType::f32);
   auto w = weight_.value.values<float>();
   for (std::size_t i = 0; i < w.size(); ++i)

@@ -58,9 +58,15 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
         fmt::format("Linear needs positive sizes, got {} -> {}", in_features, out_features));
   }
   weight_.name = "weight";
-  weight_.value = Tensor(Shape{in_features, out_features}, DType::f32);
   if (!(init_std >= 0.0 && init_std <= 1e3))
     throw InvalidArgument(fmt::format("Linear init_std {} is not within [0, 1000]", init_std));
+  if (has_bias_) bias_.name = "bias";
+  if (WeightsToBeLoaded::active()) {
+    weight_.value = Tensor::uninitialized(Shape{in_features, out_features}, DType::f32);
+    if (has_bias_) bias_.value = Tensor::uninitialized(Shape{out_features}, DType::f32);
+    return;
+  }
+  weight_.value = Tensor(Shape{in_features, out_features}, DType::f32);
   const double scale =
       init_std > 0.0 ? init_std : std::sqrt(2.0 / static_cast<double>(in_features));
   auto w = weight_.value.values<float>();
@@ -68,7 +74,6 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
     w[i] = static_cast<float>(normal_sample(seed, i) * scale);
   weight_.grad = Tensor(weight_.value.shape(), DType::f32);
   if (!has_bias_) return;
-  bias_.name = "bias";
   bias_.value = Tensor(Shape{out_features}, DType::f32);
   bias_.grad = Tensor(bias_.value.shape(), DType::f32);
 }
@@ -97,7 +102,7 @@ void Linear::set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks) {
 
 namespace {
 
-/// [rows, columns] f32 -> [columns, rows].
+/// [rows, columns] f32 -> [columns, rows], in tiles that stay in cache.
 Tensor transposed(const Tensor& matrix) {
   const Tensor m = matrix.contiguous();
   const std::int64_t rows = m.shape()[0];
@@ -105,9 +110,14 @@ Tensor transposed(const Tensor& matrix) {
   Tensor out = Tensor::uninitialized(Shape{columns, rows}, DType::f32);
   const float* in = m.values<float>().data();
   float* o = out.values<float>().data();
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < columns; ++c)
-      o[c * rows + r] = in[r * columns + c];
+  constexpr std::int64_t kTile = 32;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (std::int64_t c0 = 0; c0 < columns; c0 += kTile) {
+      for (std::int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (std::int64_t c = c0; c < std::min(columns, c0 + kTile); ++c)
+          o[c * rows + r] = in[r * columns + c];
+    }
+  }
   return out;
 }
 
@@ -146,6 +156,12 @@ void Linear::tie_weight_to(Parameter& table) {
   }
   tied_ = &table;
   weight_.grad = Tensor();
+  // A model whose weights are read next refreshes once they are in (Decoder::
+  // refresh_tied_weights); transposing the unread table would be wasted.
+  if (WeightsToBeLoaded::active()) {
+    weight_.value = Tensor::uninitialized(Shape{w[0], w[1]}, DType::f32);
+    return;
+  }
   refresh_tied_weight();
 }
 
@@ -251,7 +267,7 @@ PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums)
 }
 
 void Linear::keep_input(const Tensor& input) {
-  if (tied_ != nullptr) refresh_tied_weight();
+  if (tied_ != nullptr && !hold_tied_) refresh_tied_weight();
   const std::int64_t in = weight_.value.shape()[0];
   check_input(input, in, describe());
   input_shape_ = input.shape();

@@ -9,6 +9,22 @@
 
 namespace meshtensor::nn {
 
+namespace {
+thread_local bool weights_to_be_loaded = false;
+}  // namespace
+
+WeightsToBeLoaded::WeightsToBeLoaded() : outer_(weights_to_be_loaded) {
+  weights_to_be_loaded = true;
+}
+
+WeightsToBeLoaded::~WeightsToBeLoaded() {
+  weights_to_be_loaded = outer_;
+}
+
+bool WeightsToBeLoaded::active() {
+  return weights_to_be_loaded;
+}
+
 Tensor run_forward(Module& module, const Tensor& input) {
   Tensor x = input;
   for (ModuleBoundary* boundary : module.boundaries())

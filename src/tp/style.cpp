@@ -169,7 +169,7 @@ void check_layout(const Placement& p, const std::string& style) {
 void keep_chunk(nn::Parameter& p, int dim, const Chunk& chunk) {
   const Shape global = p.value.shape();
   p.value = p.value.narrow(dim, chunk.offset, chunk.size).contiguous();
-  p.grad = Tensor(p.value.shape(), DType::f32);
+  if (p.grad.defined()) p.grad = Tensor(p.value.shape(), DType::f32);
   std::vector<std::int64_t> offset(static_cast<std::size_t>(global.rank()), 0);
   offset[static_cast<std::size_t>(dim)] = chunk.offset;
   p.split = {global, offset, true, false};

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,15 +46,18 @@ std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& pa
 nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,
                                     std::int64_t models_in_process = 1);
 
-/// The decoder saved in the checkpoint `path` (a checkpoint directory or a root with LATEST), whole
-/// on every rank of `world` (collective): built from the checkpoint's architecture and loaded
-/// from its "model.<name>" tensors, whatever layout saved them. The architecture is checked
-/// against the tensors (checked_architecture()) and `models_in_process` copies of the model
-/// against the memory available (ResourceError) before anything is allocated. DataError naming
-/// the checkpoint for a checkpoint of another model (an MLP, another architecture, a missing
-/// tensor).
+/// The decoder saved in the checkpoint `path` (a checkpoint directory or a root with LATEST, or
+/// "hf:DIR") on every rank of `world` (collective), for generation or export (no gradients):
+/// built from the checkpoint's architecture without drawing initial weights, given to `prepare`
+/// (which may split it: each rank then reads only its blocks), and loaded from its
+/// "model.<name>" tensors, whatever layout saved them, a batch of parameters at a time. The
+/// architecture is checked against the tensors (checked_architecture()) and `models_in_process`
+/// copies of the model against the memory available (ResourceError) before anything is
+/// allocated. DataError naming the checkpoint for a checkpoint of another model (an MLP, another
+/// architecture, a missing tensor).
 std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::string& path,
-                                          std::int64_t models_in_process = 1);
+                                          std::int64_t models_in_process = 1,
+                                          const std::function<void(nn::Decoder&)>& prepare = {});
 
 /// Where a checkpoint path (a checkpoint directory or a root with LATEST) resolves: rank 0
 /// reads the directory and its step, every rank of `world` gets both (collective; an error on

@@ -91,8 +91,11 @@ class Linear : public Module {
   /// The table the weight is tied to, or null.
   Parameter* tied_table() const { return tied_; }
   /// For a tied layer: W again from the table's current local rows (a tensor-parallel split of
-  /// the table changes them).
+  /// the table changes them). Every forward does it unless the weight is held.
   void refresh_tied_weight();
+  /// While held, forward uses W as last refreshed (decoding, whose weights do not change
+  /// between steps, spares a transpose of the table per step).
+  void hold_tied_weight(bool hold) { hold_tied_ = hold; }
 
  private:
   bool adds_bias() const;  // false on the other members when the output holds partial sums
@@ -107,6 +110,7 @@ class Linear : public Module {
   bool has_bias_ = true;
   Parameter weight_;  // a tied layer: tableᵀ, copied at each forward, no gradient
   Parameter* tied_ = nullptr;
+  bool hold_tied_ = false;
   Parameter bias_;
   Tensor input_;  // [rows, in]
   Shape input_shape_;

@@ -38,6 +38,22 @@ struct Parameter {
   }
 };
 
+/// While one is alive on a thread, the layers built on it leave their weights uninitialized and
+/// allocate no gradients: a model whose weights are about to be read from a file (generation,
+/// export) skips drawing and zeroing what it would overwrite and never trains.
+class WeightsToBeLoaded {
+ public:
+  WeightsToBeLoaded();
+  ~WeightsToBeLoaded();
+  WeightsToBeLoaded(const WeightsToBeLoaded&) = delete;
+  WeightsToBeLoaded& operator=(const WeightsToBeLoaded&) = delete;
+  /// True while one is alive on this thread.
+  static bool active();
+
+ private:
+  bool outer_;
+};
+
 /// Receives the sums over samples that make parameter gradients. Modules never add gradients
 /// into parameters themselves: they report per-sample factors, and the sink decides how the sums
 /// are formed (a fixed-order f32 sum, or an exact binned sum that any split of the batch over
