@@ -181,20 +181,23 @@ void load_parameters(comm::Communicator& world, const std::string& path, nn::Dec
       requests.push_back(block_request(*parameters[end], world));
       bytes += 4.0 * static_cast<double>(parameters[end]->global_shape().numel());
     }
-    std::vector<Tensor> loaded;
     if (folder) {
+      // Straight into the parameters.
+      std::vector<Tensor> targets;
+      for (std::size_t i = first; i < end; ++i)
+        targets.push_back(parameters[i]->value);
       std::exception_ptr failure;
       try {
-        loaded = hf::load(*folder, requests);
+        hf::load_into(*folder, requests, targets);
       } catch (...) {
         failure = std::current_exception();
       }
       comm::throw_if_any_failed(world, failure);
     } else {
-      loaded = checkpoint::load(world, path, requests);
+      const std::vector<Tensor> loaded = checkpoint::load(world, path, requests);
+      for (std::size_t i = first; i < end; ++i)
+        parameters[i]->value.copy_from(loaded[i - first]);
     }
-    for (std::size_t i = first; i < end; ++i)
-      parameters[i]->value.copy_from(loaded[i - first]);
     first = end;
   }
 }

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -91,8 +92,7 @@ std::int64_t row_width(const checkpoint::SafetensorsEntry& entry) {
 
 /// Refuses a NaN or an infinity among `values` (elements from `first` on of `stored`): such a
 /// weight would make every logit NaN.
-void check_finite(const Tensor& values, const StoredTensor& stored, std::int64_t first) {
-  const auto v = values.values<float>();
+void check_finite(std::span<const float> v, const StoredTensor& stored, std::int64_t first) {
   const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
   if (bad == v.end()) return;
   throw DataError(
@@ -101,40 +101,56 @@ void check_finite(const Tensor& values, const StoredTensor& stored, std::int64_t
                   stored.file, stored.entry.name, *bad, first + (bad - v.begin())));
 }
 
-/// Reads rows [first, end) of `stored` (elements of a 1-D tensor) as flat f32: only their bytes.
-Tensor read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t end) {
+/// Buffers a load reuses from tensor to tensor, so that reading a model touches fresh memory
+/// only for its parameters.
+struct ReadBuffers {
+  std::vector<char> raw;
+  std::vector<float> values;
+};
+
+/// Reads rows [first, end) of `stored` (elements of a 1-D tensor) into buffers.values as flat
+/// f32: only their bytes.
+void read_rows(const StoredTensor& stored, std::int64_t first, std::int64_t end,
+               ReadBuffers& buffers) {
   std::ifstream in(stored.file, std::ios::binary);
   const auto& entry = stored.entry;
   const std::int64_t width = row_width(entry);
   const auto size = static_cast<std::int64_t>(dtype_size(entry.dtype));
-  Tensor raw = Tensor::uninitialized(Shape{(end - first) * width}, entry.dtype);
+  const auto count = static_cast<std::size_t>((end - first) * width);
+  buffers.raw.resize(count * static_cast<std::size_t>(size));
   const std::int64_t begin = entry.begin + first * width * size;
   in.seekg(stored.data_start + begin);
-  in.read(reinterpret_cast<char*>(raw.bytes().data()),
-          static_cast<std::streamsize>((end - first) * width * size));
+  in.read(buffers.raw.data(), static_cast<std::streamsize>(buffers.raw.size()));
   if (!in) {
     throw DataError(fmt::format("{}: cannot read tensor '{}' (bytes {} to {})", stored.file,
                                 entry.name, begin, begin + (end - first) * width * size));
   }
+  buffers.values.resize(count);
+  float* to = buffers.values.data();
+  const char* from = buffers.raw.data();
   if (entry.dtype == DType::f32) {
-    check_finite(raw, stored, first * width);
-    return raw;
-  }
-  Tensor out(raw.shape(), DType::f32);
-  auto to = out.values<float>();
-  if (entry.dtype == DType::bf16) {
-    const auto from = raw.values<BFloat16>();
-    std::transform(from.begin(), from.end(), to.begin(), [](BFloat16 v) { return to_float(v); });
+    std::memcpy(to, from, count * sizeof(float));
+  } else if (entry.dtype == DType::bf16) {
+    for (std::size_t i = 0; i < count; ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, from + 2 * i, 2);
+      const std::uint32_t wide = static_cast<std::uint32_t>(bits) << 16;
+      std::memcpy(to + i, &wide, 4);
+    }
   } else if (entry.dtype == DType::f64) {  // rounded to nearest; past f32's range is infinite
-    const auto from = raw.values<double>();
-    std::transform(from.begin(), from.end(), to.begin(),
-                   [](double v) { return static_cast<float>(v); });
+    for (std::size_t i = 0; i < count; ++i) {
+      double v = 0;
+      std::memcpy(&v, from + 8 * i, 8);
+      to[i] = static_cast<float>(v);
+    }
   } else {
-    const auto from = raw.values<Float16>();
-    std::transform(from.begin(), from.end(), to.begin(), [](Float16 v) { return to_float(v); });
+    for (std::size_t i = 0; i < count; ++i) {
+      Float16 v;
+      std::memcpy(&v, from + 2 * i, 2);
+      to[i] = to_float(v);
+    }
   }
-  check_finite(out, stored, first * width);
-  return out;
+  check_finite(buffers.values, stored, first * width);
 }
 
 /// `tensor` (f32) as `dtype`.
@@ -302,10 +318,12 @@ Folder read_folder(const std::string& directory) {
   return folder;
 }
 
-std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadRequest> requests) {
+void load_into(const Folder& folder, std::span<const checkpoint::LoadRequest> requests,
+               std::span<Tensor> targets) {
   const std::vector<Link> links = links_of(folder.config);
-  std::vector<Tensor> out;
-  for (const checkpoint::LoadRequest& request : requests) {
+  ReadBuffers buffers;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    const checkpoint::LoadRequest& request = requests[r];
     const std::string name = request.name.rfind("model.", 0) == 0 ? request.name.substr(6) : "";
     const bool known = request.dtype == DType::f32 && !name.empty() &&
                        std::any_of(links.begin(), links.end(),
@@ -315,20 +333,29 @@ std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadR
                                   folder.directory, request.name, dtype_name(request.dtype),
                                   request.global_shape.to_string()));
     }
+    Tensor& values = targets[r];
+    if (values.dtype() != DType::f32 || values.shape() != request.shape || !values.is_contiguous())
+      throw InvalidArgument(fmt::format("{}: the target of '{}' is not a contiguous f32 {}",
+                                        folder.directory, request.name, request.shape.to_string()));
     const Block block{request.global_shape, request.offset, request.shape};
-    Tensor values(request.shape, DType::f32);
     for (const Link& link : links) {
       if (link.ours != name) continue;
       // Only the rows of the Hugging Face tensor this block reads are read.
       const auto [first, end] = rows_read(folder.config, link, block);
       if (first == end) continue;
       const StoredTensor& stored = folder.tensors.at(link.hf);
-      const Tensor rows = read_rows(stored, first, end);
-      block_from_rows(folder.config, link, block, rows.values<float>(), first,
-                      row_width(stored.entry), values);
+      read_rows(stored, first, end, buffers);
+      block_from_rows(folder.config, link, block, buffers.values, first, row_width(stored.entry),
+                      values);
     }
-    out.push_back(std::move(values));
   }
+}
+
+std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadRequest> requests) {
+  std::vector<Tensor> out;
+  for (const checkpoint::LoadRequest& request : requests)
+    out.emplace_back(request.shape, DType::f32);
+  load_into(folder, requests, out);
   return out;
 }
 

@@ -4,7 +4,8 @@ run where no download is possible.
 Usage: published_folders.py <out dir> <tokenizer.json> <model>...
   model: qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b, smollm2-135m, tinyllama-1.1b, gpt2, or any of
   them with ":layers=N" (fewer layers, the same widths) for a quicker run.
-The tokenizer is copied in; a vocab_size above its tokens pads the embedding (as Qwen's does)."""
+The tokenizer is copied in; a vocab_size above its tokens pads the embedding (as Qwen's does),
+and a bos or eos id it lacks is written as null."""
 
 import json
 import os
@@ -164,6 +165,11 @@ def main():
             key, value = option.split("=")
             assert key == "layers", spec
             config["n_layer" if model == "gpt2" else "num_hidden_layers"] = int(value)
+        vocabulary = json.load(open(tokenizer))
+        size = len(vocabulary["model"]["vocab"]) + len(vocabulary.get("added_tokens", []))
+        for key in ("bos_token_id", "eos_token_id"):  # ids the tokenizer given may lack
+            if config[key] >= size:
+                config[key] = None
         folder = os.path.join(out, spec.replace(":", "-").replace("=", ""))
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "config.json"), "w") as f:

@@ -73,6 +73,11 @@ Folder read_folder(const std::string& directory);
 /// parameter of the decoder or has another shape.
 std::vector<Tensor> load(const Folder& folder, std::span<const checkpoint::LoadRequest> requests);
 
+/// load(), each block written into the matching tensor of `targets` (contiguous f32 of the
+/// block's shape, e.g. a parameter's value): nothing is allocated per block.
+void load_into(const Folder& folder, std::span<const checkpoint::LoadRequest> requests,
+               std::span<Tensor> targets);
+
 /// How export_folder writes.
 struct ExportOptions {
   DType dtype = DType::f32;                          ///< f32, bf16 or f16
