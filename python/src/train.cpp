@@ -96,6 +96,12 @@ train::ImageSet first_images(const train::ImageSet& set, std::int64_t count) {
   return result;
 }
 
+/// The seq_len keyword (windows of that many tokens), or 0.
+std::int64_t seq_len(const py::kwargs& kwargs) {
+  if (!kwargs.contains("seq_len") || kwargs["seq_len"].is_none()) return 0;
+  return kwargs["seq_len"].cast<std::int64_t>();
+}
+
 /// A language task: the decoder `model` on the tokens of `tokenizer_path` (bytes when empty), or
 /// the model and tokenizer of the `init` keyword (which `model` and `tokenizer` must leave alone).
 std::unique_ptr<train::Task> language_task(std::shared_ptr<const train::TextCorpus> corpus,
@@ -109,7 +115,8 @@ std::unique_ptr<train::Task> language_task(std::shared_ptr<const train::TextCorp
           init));
     }
     return std::make_unique<train::LanguageModelling>(
-        std::move(corpus), generate::model_architecture(init), generate::model_tokenizer(init));
+        std::move(corpus), generate::model_architecture(init), generate::model_tokenizer(init),
+        seq_len(kwargs));
   }
   nn::DecoderConfig decoder = nn::parse_decoder_config(model);
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
@@ -119,7 +126,7 @@ std::unique_ptr<train::Task> language_task(std::shared_ptr<const train::TextCorp
     decoder = nn::with_vocabulary(decoder, tokenizer->vocabulary());
   }
   return std::make_unique<train::LanguageModelling>(std::move(corpus), std::move(decoder),
-                                                    std::move(tokenizer));
+                                                    std::move(tokenizer), seq_len(kwargs));
 }
 
 /// The task train() runs: the model keyword (an MLP for images, "gpt..." for text; default by

@@ -57,6 +57,12 @@ std::pair<nn::DecoderConfig, std::shared_ptr<const tokenize::Tokenizer>> init_mo
   return {generate::model_architecture(init), generate::model_tokenizer(init)};
 }
 
+/// --seq-len, or 0.
+std::int64_t window(const TrainOptions& options) {
+  const std::string given = options.settings.value("seq_len");
+  return given.empty() ? 0 : integer_setting("--seq-len", given, 1, std::int64_t{1} << 20);
+}
+
 LoadedTask load_task(const TrainOptions& options) {
   LoadedTask loaded;
   const std::string init = options.settings.given("init") ? options.settings.value("init") : "";
@@ -65,7 +71,7 @@ LoadedTask load_task(const TrainOptions& options) {
     loaded.data = options.data.empty() ? train::kDefaultTextDir : options.data;
     auto corpus = std::make_shared<const train::TextCorpus>(train::load_text(loaded.data));
     loaded.task = std::make_unique<train::LanguageModelling>(std::move(corpus), std::move(decoder),
-                                                             std::move(tokenizer));
+                                                             std::move(tokenizer), window(options));
     loaded.language = true;
     return loaded;
   }
@@ -86,7 +92,8 @@ LoadedTask load_task(const TrainOptions& options) {
     }
     loaded.task = std::make_unique<train::LanguageModelling>(
         std::move(corpus),
-        tokenizer ? nn::with_vocabulary(decoder, tokenizer->vocabulary()) : decoder, tokenizer);
+        tokenizer ? nn::with_vocabulary(decoder, tokenizer->vocabulary()) : decoder, tokenizer,
+        window(options));
     loaded.language = true;
     return loaded;
   }
@@ -123,7 +130,7 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
                      "gpt/llama: a byte-level BPE tokenizer.json (`meshtensor tokenizer train`); "
                      "the model's vocabulary is its (default: bytes, 256 tokens)");
   options.settings.add_to(command, train::TrainSettings::table(),
-                          {"batch", "optimizer", "lr", "seed"});
+                          {"batch", "seq_len", "optimizer", "lr", "seed"});
   options.timeout.add_to(command);
 }
 

@@ -77,6 +77,9 @@ constexpr std::array kFields = {
                  "a language model: start from the weights of this checkpoint or Hugging Face "
                  "folder (hf:DIR); its model and tokenizer are the run's"},
     SettingField{"stop_after", "stop after N epochs (N steps with `steps`), as a preemption would"},
+    SettingField{"seq_len",
+                 "a language model: tokens of a training window (default: the model's context, "
+                 "which it may not pass)"},
     SettingField{"sample", "a language model: write a sample of text at the end (default true)",
                  true},
 };
@@ -216,6 +219,7 @@ void TrainSettings::parse_checkpoints(TrainConfig& config) const {
   config.save_dir = text("save", "");
   config.resume_dir = text("resume", "");
   config.init_dir = text("init", "");
+  config.seq_len = integer("seq_len", "0", 0, std::int64_t{1} << 20);
   config.save_every = integer("save_every", "0", 0, kMaxCount);
   config.keep_checkpoints = static_cast<int>(integer("keep_checkpoints", "0", 0, 1 << 20));
   if (config.save_dir.empty() && (config.save_every > 0 || config.keep_checkpoints > 0))
@@ -268,6 +272,7 @@ nlohmann::json settings_json(const TrainConfig& c) {
       {"keep_checkpoints", c.keep_checkpoints},
       {"resume", c.resume_dir},
       {"init", c.init_dir},
+      {"seq_len", c.seq_len},
       {"stop_after", c.stop_after},
       {"stop_after_epochs", c.stop_after_epochs},
       {"eval_every", c.eval_every},

@@ -242,12 +242,19 @@ double bytes_per_target(const tokenize::Tokenizer& tokenizer, const std::vector<
 
 LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
                                      nn::DecoderConfig model,
-                                     std::shared_ptr<const tokenize::Tokenizer> tokenizer)
+                                     std::shared_ptr<const tokenize::Tokenizer> tokenizer,
+                                     std::int64_t window)
     : corpus_(std::move(corpus)),
       model_(std::move(model)),
       tokenizer_(tokenizer ? std::move(tokenizer) : tokenize::byte_tokenizer()),
-      context_(nn::decoder_context(model_)),
+      context_(window > 0 ? window : nn::decoder_context(model_)),
       vocabulary_(nn::decoder_vocabulary(model_)) {
+  if (context_ > nn::decoder_context(model_)) {
+    throw InvalidArgument(
+        fmt::format("a window of {} tokens is longer than the model's context "
+                    "of {}",
+                    context_, nn::decoder_context(model_)));
+  }
   if (vocabulary_ != tokenizer_->vocabulary()) {
     throw InvalidArgument(fmt::format("the tokenizer has {} tokens, the model's vocabulary {}",
                                       tokenizer_->vocabulary(), vocabulary_));
@@ -332,8 +339,14 @@ Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) cons
 }
 
 ModelFootprint LanguageModelling::footprint() const {
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&model_)) return gpt_footprint(*gpt);
-  return llama_footprint(std::get<nn::LlamaConfig>(model_));
+  // A sample is a window: its activations and attention cost are the window's.
+  const nn::DecoderConfig windowed = nn::with_context(model_, context_);
+  if (const auto* gpt = std::get_if<nn::GptConfig>(&windowed)) {
+    ModelFootprint footprint = gpt_footprint(*gpt);
+    footprint.parameters = gpt_footprint(std::get<nn::GptConfig>(model_)).parameters;
+    return footprint;
+  }
+  return llama_footprint(std::get<nn::LlamaConfig>(windowed));
 }
 
 namespace {

@@ -372,7 +372,7 @@ std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
 /// windows' openings, then this run's forward and loss on its own layout score the same tokens.
 /// Collective.
 void TrainingRun::verify_generator() {
-  const std::int64_t context = dynamic_cast<nn::Decoder&>(model_->module()).context();
+  const std::int64_t context = task_.targets_per_sample();  // a window's tokens
   const std::vector<generate::Request> requests = opening_requests(task_, context, config_.seed);
   const std::vector<generate::Completion> made = generate_on_one_rank(requests);
   const auto count = static_cast<std::int64_t>(requests.size());

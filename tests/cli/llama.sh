@@ -5,6 +5,11 @@
 #                  micro-batches, dp x tp with selective checkpointing
 #   qk_norm        the same with QK-norm and 4 query heads per key/value head, over 1 rank, tp 2
 #                  with sequence parallelism and pp 2 x fsdp 2
+#   published      the published architectures' features (heads of head_dim, q/k/v, output and
+#                  MLP biases, llama3-rescaled RoPE, an MLP of gcd(ffn, heads) blocks) trained
+#                  on windows shorter than the context (--seq-len): one digest on 1 rank, fsdp
+#                  3, tp 2 with sequence parallelism, hsdp 2x2 with 3 micro-batches, cp 2;
+#                  generate on tp 2 gives the 1-rank bits
 #   tie            a head tied to the embedding: one digest on 1 rank, fsdp 3, tp 2 with sequence
 #                  parallelism, hsdp 2x2 with 3 micro-batches, fsdp 2 with full checkpointing;
 #                  generate on tp 2 gives the 1-rank bits; the checkpoint holds one table;
@@ -47,6 +52,20 @@ qk_norm)
   run=(train --mode exact --model llama:layers=2,heads=8,kv_heads=2,dim=32,ffn=64,context=24,qk_norm=1
        --batch 8 --steps 3 --seed 4)
   same_over_layouts "$(digests "$bin" "${run[@]}" --ranks 1)" "2 tp --sequence-parallel" "2x2 pp,fsdp"
+  ;;
+published)
+  published=llama:layers=2,heads=4,kv_heads=2,dim=24,ffn=44,context=48,head_dim=10,qkv_bias=1
+  published+=,out_bias=1,mlp_bias=1,rope_theta=500000,rope_scaling=llama3:8:1:4:32
+  run=(train --mode exact --model "$published" --seq-len 16 --batch 12 --steps 3 --seed 4)
+  same_over_layouts "$(digests "$bin" "${run[@]}" --ranks 1)" "3 fsdp" \
+    "2 tp --sequence-parallel" "2x2 dp,fsdp --micro-batches 3" "2 cp"
+  "$bin" "${run[@]}" --mesh 2 --names tp --save "$dir/ckpt" >/dev/null
+  gen=(generate --checkpoint "$dir/ckpt" --prompt "Someone" --max-new-tokens 30 --json --mode exact)
+  [ "$("$bin" "${gen[@]}" --ranks 1)" = "$("$bin" "${gen[@]}" --ranks 2)" ] ||
+    fail "the published features generated other bits on tp 2"
+  echo "ok: generate on tp 2 gives the 1-rank bits, past the training windows"
+  expect 2 "a window of 64 tokens is longer than the model's context of 48" \
+    "$bin" train --model "$published" --seq-len 64 --steps 1
   ;;
 tie)
   run=(train --mode exact --model "$model,tie=1" --batch 12 --steps 3 --seed 4)

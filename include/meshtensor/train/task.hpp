@@ -144,11 +144,13 @@ class LanguageModelling : public Task {
  public:
   /// Most validation windows one evaluation runs.
   static constexpr std::int64_t kMaxEvalWindows = 64;
-  /// InvalidArgument naming the context and the text's length when the training text is shorter
-  /// than one window (context + 1 tokens), or the model's vocabulary is not the tokenizer's.
-  /// No `tokenizer`: the byte tokenizer.
+  /// Windows of `window` tokens (0: the model's context). InvalidArgument naming the window and
+  /// the text's length when the training text is shorter than one window (window + 1 tokens),
+  /// a window past the model's context, or the model's vocabulary is not the tokenizer's. No
+  /// `tokenizer`: the byte tokenizer.
   LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model,
-                    std::shared_ptr<const tokenize::Tokenizer> tokenizer = nullptr);
+                    std::shared_ptr<const tokenize::Tokenizer> tokenizer = nullptr,
+                    std::int64_t window = 0);
   std::string architecture() const override;
   std::unique_ptr<nn::Module> make_model(std::uint64_t seed) const override;
   std::vector<std::vector<nn::Module*>> parameter_groups(nn::Module& model) const override;
@@ -170,7 +172,7 @@ class LanguageModelling : public Task {
   bool exact_loss_sums() const override { return true; }
   /// The decoder's config.
   const nn::DecoderConfig& model() const { return model_; }
-  /// The decoder's longest sequence (a window's length).
+  /// A window's length (the decoder's longest sequence unless the task was given another).
   std::int64_t context() const { return context_; }
   /// The corpus.
   const TextCorpus& corpus() const { return *corpus_; }

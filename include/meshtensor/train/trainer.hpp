@@ -96,6 +96,9 @@ struct TrainConfig {
   /// "hf:DIR"; "": the seed's); a resume, which holds its own, goes without them. Its model and
   /// tokenizer must be the task's.
   std::string init_dir;
+  /// A language model's training and validation windows hold this many tokens (0: the model's
+  /// context): a published model of a long context (Qwen3's 40,960) fine-tunes on shorter ones.
+  std::int64_t seq_len = 0;
   /// Stop once this many steps are done in total (0: run to the end), as a preempted job would:
   /// the schedule still spans the whole run, so a resume continues it unchanged.
   std::int64_t stop_after = 0;
