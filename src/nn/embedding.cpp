@@ -18,6 +18,7 @@ Embedding::Embedding(std::int64_t count, std::int64_t dim, std::uint64_t seed, d
   total_rows_ = count;
   if (WeightsToBeLoaded::active()) {
     weight_.value = Tensor::uninitialized(Shape{count, dim}, DType::f32);
+    if (WeightsToBeLoaded::gradients()) weight_.grad = Tensor(weight_.value.shape(), DType::f32);
     return;
   }
   weight_.value = Tensor(Shape{count, dim}, DType::f32);

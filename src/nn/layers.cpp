@@ -64,6 +64,10 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, std::uint64_
   if (WeightsToBeLoaded::active()) {
     weight_.value = Tensor::uninitialized(Shape{in_features, out_features}, DType::f32);
     if (has_bias_) bias_.value = Tensor::uninitialized(Shape{out_features}, DType::f32);
+    if (WeightsToBeLoaded::gradients()) {
+      weight_.grad = Tensor(weight_.value.shape(), DType::f32);
+      if (has_bias_) bias_.grad = Tensor(bias_.value.shape(), DType::f32);
+    }
     return;
   }
   weight_.value = Tensor(Shape{in_features, out_features}, DType::f32);

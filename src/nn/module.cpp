@@ -11,18 +11,26 @@ namespace meshtensor::nn {
 
 namespace {
 thread_local bool weights_to_be_loaded = false;
+thread_local bool loaded_weights_train = false;
 }  // namespace
 
-WeightsToBeLoaded::WeightsToBeLoaded() : outer_(weights_to_be_loaded) {
+WeightsToBeLoaded::WeightsToBeLoaded(bool gradients)
+    : outer_(weights_to_be_loaded), outer_gradients_(loaded_weights_train) {
   weights_to_be_loaded = true;
+  loaded_weights_train = gradients;
 }
 
 WeightsToBeLoaded::~WeightsToBeLoaded() {
   weights_to_be_loaded = outer_;
+  loaded_weights_train = outer_gradients_;
 }
 
 bool WeightsToBeLoaded::active() {
   return weights_to_be_loaded;
+}
+
+bool WeightsToBeLoaded::gradients() {
+  return loaded_weights_train;
 }
 
 Tensor run_forward(Module& module, const Tensor& input) {

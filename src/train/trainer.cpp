@@ -356,11 +356,16 @@ std::vector<generate::Request> opening_requests(const Task& task, std::int64_t c
 std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
     const std::vector<generate::Request>& requests) {
   const std::vector<Tensor> values = model_->whole_parameters();
-  std::unique_ptr<nn::Module> built = task_.make_model(config_.seed);
+  std::unique_ptr<nn::Module> built;
+  {
+    const nn::WeightsToBeLoaded copied_next;
+    built = task_.make_model(config_.seed);
+  }
   auto& decoder = dynamic_cast<nn::Decoder&>(*built);
   const std::vector<nn::Parameter*> whole = decoder.parameters();
   for (std::size_t i = 0; i < whole.size(); ++i)
     whole[i]->value.copy_from(values[i]);
+  decoder.refresh_tied_weights();
   const bool exact = config_.mode == comm::ReductionMode::exact;
   decoder.set_exact_sums(exact);
   generate::GeneratorOptions options;

@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -90,7 +91,12 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
     data_ranks_ = train::data_ranks(config);
     data_rank_ = at[dp_dim] * mesh_dim(config, "fsdp") + at[dp_dim + 1];
   }
-  model_ = task.make_model(seed);
+  {
+    // A run that starts from saved weights reads every parameter: none is drawn first.
+    std::optional<nn::WeightsToBeLoaded> loaded_next;
+    if (!config.init_dir.empty() || !config.resume_dir.empty()) loaded_next.emplace(true);
+    model_ = task.make_model(seed);
+  }
   // MeshGroups shares the world communicator; the caller owns it.
   groups_ = std::make_unique<comm::MeshGroups>(
       layout_.mesh, std::shared_ptr<comm::Communicator>(&world, [](comm::Communicator*) {}));

@@ -38,20 +38,24 @@ struct Parameter {
   }
 };
 
-/// While one is alive on a thread, the layers built on it leave their weights uninitialized and
-/// allocate no gradients: a model whose weights are about to be read from a file (generation,
-/// export) skips drawing and zeroing what it would overwrite and never trains.
+/// While one is alive on a thread, the layers built on it leave their weights uninitialized: a
+/// model whose weights are about to be read (a checkpoint, a folder, another model's values)
+/// skips drawing what it would overwrite. Without `gradients` they allocate no gradients either
+/// (generation, export: a model that never trains).
 class WeightsToBeLoaded {
  public:
-  WeightsToBeLoaded();
+  explicit WeightsToBeLoaded(bool gradients = false);
   ~WeightsToBeLoaded();
   WeightsToBeLoaded(const WeightsToBeLoaded&) = delete;
   WeightsToBeLoaded& operator=(const WeightsToBeLoaded&) = delete;
   /// True while one is alive on this thread.
   static bool active();
+  /// Whether the innermost one allocates gradients.
+  static bool gradients();
 
  private:
   bool outer_;
+  bool outer_gradients_;
 };
 
 /// Receives the sums over samples that make parameter gradients. Modules never add gradients
