@@ -1,8 +1,9 @@
 #pragma once
 
 // Hugging Face model folders: config.json, model.safetensors (or shards with
-// model.safetensors.index.json), tokenizer.json and generation_config.json, for the GPT (as
-// GPT2LMHeadModel) and the Llama family (LlamaForCausalLM; Qwen3ForCausalLM with QK-norm).
+// model.safetensors.index.json), tokenizer.json and its configs, for the classes of the
+// registry (src/hf/architecture.hpp): GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and
+// Qwen3ForCausalLM.
 
 #include <cstdint>
 #include <map>
@@ -29,9 +30,10 @@ inline constexpr std::string_view kPathPrefix = "hf:";
 /// The folder of an "hf:DIR" path, or nullopt for any other path.
 std::optional<std::string> folder_of(const std::string& path);
 
-/// The Hugging Face class a decoder exports as: "GPT2LMHeadModel", "LlamaForCausalLM", or
-/// "Qwen3ForCausalLM" (QK-norm). InvalidArgument with the reason for a model that has no such
-/// class: a GPT with its own head (GPT2LMHeadModel's head is the token table, without bias).
+/// The Hugging Face class a decoder exports as: "GPT2LMHeadModel", "Qwen3ForCausalLM" (QK-norm),
+/// "Qwen2ForCausalLM" (biases on q, k and v alone) or "LlamaForCausalLM". InvalidArgument with
+/// the reason for a model that has no such class: a GPT with its own head (GPT2LMHeadModel's
+/// head is the token table, without bias), biases no class lays out.
 std::string architecture_of(const nn::DecoderConfig& config);
 
 /// The config.json of a decoder reading `tokenizer`'s tokens, its weights stored as `dtype`.
@@ -40,7 +42,8 @@ nlohmann::json config_json(const nn::DecoderConfig& config, const tokenize::Toke
 
 /// The decoder a config.json describes (`file` names it in errors): DataError naming the field
 /// for an unknown architecture, a missing or out-of-range field, or a setting meshtensor does
-/// not compute (another activation or norm epsilon, RoPE scaling, biases in a Llama, ...).
+/// not compute (another activation or norm epsilon, a RoPE type other than default, linear and
+/// llama3, a sliding window shorter than the context, ...).
 nn::DecoderConfig parse_config_json(const nlohmann::json& config, const std::string& file);
 
 /// One tensor of a folder: its file and where its bytes lie.
@@ -63,8 +66,8 @@ struct Folder {
 /// Reads the folder `directory`: config.json, tokenizer.json, model.safetensors.index.json and
 /// its shards or model.safetensors. DataError naming the file and the problem: a missing file,
 /// an unknown architecture, a missing tensor, a wrong shape or dtype, a shard the index names
-/// outside the folder, a safetensors header that does not describe its file, a vocabulary that
-/// is not the tokenizer's.
+/// outside the folder, a safetensors header that does not describe its file, a vocab_size below
+/// the tokenizer's tokens (one above pads the tokenizer: Tokenizer::pad_vocabulary).
 Folder read_folder(const std::string& directory);
 
 /// The blocks `requests` name ("model.<parameter>" of the folder's decoder, as a checkpoint of
