@@ -135,6 +135,12 @@ TEST(HfConfig, PublishedShapesAreRead) {
   EXPECT_EQ(nn::llama_head_dim(c), 32);
   EXPECT_TRUE(c.qkv_bias && c.out_bias);
   EXPECT_EQ(architecture_of(c), "Qwen3ForCausalLM");
+  Json smollm = small_llama();
+  smollm.update({{"rope_interleaved", false}, {"is_llama_config", true}});
+  EXPECT_EQ(refusal(smollm), "");
+  smollm["rope_interleaved"] = true;
+  EXPECT_NE(refusal(smollm).find("\"rope_interleaved\" is true"), std::string::npos)
+      << refusal(smollm);
   Json biased = small_llama();
   biased.update({{"attention_bias", true}, {"mlp_bias", true}});
   const nn::LlamaConfig d = llama_of(biased);

@@ -219,6 +219,10 @@ nn::DecoderConfig LlamaFamilyArchitecture::parse(ConfigReader& c) const {
               fmt::format("is true: {} has no sliding window", cls.config_class));
   }
   c.integer("pretraining_tp", 1, 1, 1 << 20);  // inert: the same products, split or not
+  // SmolLM's configs carry it (false): pairs of neighbours would be another rotation.
+  c.require("rope_interleaved", !c.flag("rope_interleaved", false),
+            "is true: meshtensor rotates the two halves of a head (rotate_half), not "
+            "interleaved pairs");
   try {
     llama = nn::parse_llama_config(nn::llama_config_text(llama));
   } catch (const Error& e) {
