@@ -38,13 +38,6 @@ void KeyValueCache::reserve(std::int64_t slot, std::int64_t positions) {
   capacity_[at] = positions;
 }
 
-void KeyValueCache::release(std::int64_t slot) {
-  const auto at = static_cast<std::size_t>(slot);
-  keys_.at(at) = {};
-  values_.at(at) = {};
-  capacity_.at(at) = 0;
-}
-
 double KeyValueCache::slot_bytes(std::int64_t positions) const {
   return 2.0 * 4.0 * static_cast<double>(heads_ * head_dim_) * static_cast<double>(positions);
 }

@@ -40,8 +40,6 @@ class KeyValueCache {
   /// Gives `slot` room for positions [0, positions), its earlier contents dropped.
   /// InvalidArgument past the context.
   void reserve(std::int64_t slot, std::int64_t positions);
-  /// Frees `slot`'s memory.
-  void release(std::int64_t slot);
   /// Bytes reserving `positions` for one slot takes.
   double slot_bytes(std::int64_t positions) const;
   /// Keys of (slot, head), transposed: [head_dim, capacity(slot)].
