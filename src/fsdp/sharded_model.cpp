@@ -63,7 +63,10 @@ struct ShardedModule::Lane {
 
 namespace {
 
-/// Exact sums carried between the backwards of one step. The first sums taken are swapped in
+/// Bytes of one element of binned sums: its bin and three digit sums.
+constexpr std::int64_t kBinnedBytes = 4 + 3 * 8;
+
+/// Exact sums carried between the backwards of one step. The first sums taken are moved in
 /// rather than copied; storage that holds nothing is emptied only when it is read.
 struct CarriedSums {
   kernels::BinnedSums sums;
@@ -78,12 +81,12 @@ struct CarriedSums {
       sums = kernels::BinnedSums(count);
     }
   }
-  /// Adds the sums of `from` (same count), leaving `from` holding unspecified values: its owner
-  /// empties or overwrites it before its next use.
+  /// Adds the sums of `from` (same count), leaving `from` holding unspecified values (or none):
+  /// its owner makes, empties or overwrites it before its next use.
   void take(kernels::BinnedSums& from) {
     if (!holds_sums) {
-      if (sums.count() != from.count()) sums = kernels::BinnedSums(from.count());
-      std::swap(sums, from);
+      sums = std::move(from);
+      from = kernels::BinnedSums();
       holds_sums = true;
       return;
     }
@@ -97,12 +100,16 @@ struct CarriedSums {
   }
   /// Back to holding nothing.
   void reset() { holds_sums = false; }
+  /// Holding nothing, and its storage handed back.
+  void release() {
+    sums = kernels::BinnedSums();
+    holds_sums = false;
+  }
 };
 
 }  // namespace
 
-// What a group's reductions carry between the backwards of one step (this rank's shard only),
-// and the gradient sinks its reductions are done with, kept for the next backward.
+// What a group's reductions carry between the backwards of one step (this rank's shard only).
 struct ShardedModule::StepAccumulator {
   Tensor partial;                     // ordered: f32 sums over the shard group, not yet all-reduced
   Tensor pending;                     // ordered: a reduce-scatter output its all-reduce will take
@@ -110,30 +117,6 @@ struct ShardedModule::StepAccumulator {
   CarriedSums full;                   // exact: reduced over shard and replicate groups
   kernels::BinnedSums slice;          // exact: this rank's slice of a reduce-scatter (scratch)
   kernels::BinnedSums replica_slice;  // exact: the other replicas' states of its slice (scratch)
-
-  /// A sink the reductions are done with (zeroed), or null.
-  template <class Sink>
-  std::shared_ptr<Sink> take_spare() {
-    const std::lock_guard lock(spare_mutex_);
-    if constexpr (std::is_same_v<Sink, nn::BinnedGradients>)
-      return std::exchange(binned_, nullptr);
-    else
-      return std::exchange(dense_, nullptr);
-  }
-  /// Keeps `sink` (zeroed by the caller) for the next backward.
-  void keep_spare(std::shared_ptr<nn::BinnedGradients> sink) {
-    const std::lock_guard lock(spare_mutex_);
-    binned_ = std::move(sink);
-  }
-  void keep_spare(std::shared_ptr<nn::DenseGradients> sink) {
-    const std::lock_guard lock(spare_mutex_);
-    dense_ = std::move(sink);
-  }
-
- private:
-  std::mutex spare_mutex_;  // reductions give sinks back on their queue threads
-  std::shared_ptr<nn::BinnedGradients> binned_;
-  std::shared_ptr<nn::DenseGradients> dense_;
 };
 
 ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> members,
@@ -374,9 +357,8 @@ void ShardedModule::launch_reduce() {
   if (runs_all_reduce) model.record_order(static_cast<int>(OrderKind::all_reduce), *this);
 
   if (exact && job->acc->shard.sums.count() != job->mine && !job->acc->shard.holds_sums) {
-    job->acc->shard.reserve(job->mine);
-    model.memory().add(MemoryKind::gradients,
-                       bytes_of(job->acc->shard.sums.bins) + bytes_of(job->acc->shard.sums.digits));
+    // The reduction makes the carried sums of this rank's slice.
+    model.memory().add(MemoryKind::gradients, kBinnedBytes * job->mine);
   }
   const comm::Work rs_work = reduce_lane_->queue.submit([this, job, exact, runs_all_reduce] {
     if (exact) {
@@ -417,6 +399,9 @@ void ShardedModule::reduce_scatter_exact(const Reduction& job) {
   if (!group) {
     job.acc->shard.take(sums);
   } else {
+    // The first sums of a step reduce straight into the carried storage; later ones into the
+    // scratch slice, then join.
+    CarriedSums& carried = job.acc->shard;
     comm::CollectiveOptions options = reduce_options("reduce-scatter");
     options.mode = comm::ReductionMode::ordered;  // integer digit sums: exact in any order
     Tensor bins = sums.bins.clone();
@@ -425,14 +410,16 @@ void ShardedModule::reduce_scatter_exact(const Reduction& job) {
     max_options.label = "reduce-scatter bins " + job.label;
     group->all_reduce(bins, max_options);
     kernels::align_bins(sums, bins);
-    kernels::BinnedSums& slice = job.acc->slice;
+    kernels::BinnedSums& slice = carried.holds_sums ? job.acc->slice : carried.sums;
     if (slice.count() != job.mine) slice = kernels::BinnedSums::uninitialized(job.mine);
     layout_.pack_segment(layout_.parameter_views(bins), shard_rank(), slice.bins);
     reduce_scatter_digits(*group, layout_, sums, slice, options);
-    job.acc->shard.take(slice);  // overwritten whole by the next reduce-scatter
+    if (carried.holds_sums) {
+      carried.take(slice);  // overwritten whole by the next reduce-scatter
+    } else {
+      carried.holds_sums = true;
+    }
   }
-  job.binned->clear();
-  job.acc->keep_spare(job.binned);
   model_.memory().add(MemoryKind::unsharded, -job.sink_bytes);
 }
 
@@ -442,8 +429,6 @@ void ShardedModule::reduce_scatter_ordered(const Reduction& job) {
   Tensor packed(Shape{layout_.total()}, DType::f32);
   model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
   layout_.pack(layout_.parameter_views(job.dense->sums()), packed);
-  job.dense->clear();
-  job.acc->keep_spare(job.dense);
   if (job.rs_factors.pre != 1.0) kernels::divide(packed, job.rs_factors.pre);
   const Tensor send =
       job.reduce_dtype == DType::f32 ? packed : kernels::convert(packed, job.reduce_dtype);
@@ -505,7 +490,14 @@ void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* repli
     kernels::round_binned_sums(acc.shard.sums, job.divisor, rounded);
   }
   kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
-  acc.shard.reset();
+  // The step's sums are rounded: no exact state is held until the next backward (a model's
+  // binned sums are 28 bytes an element; kept per group, they would outweigh the rest).
+  model_.memory().add(MemoryKind::gradients,
+                      -kBinnedBytes * (acc.shard.sums.count() + acc.full.sums.count()));
+  acc.shard.release();
+  acc.full.release();
+  acc.slice = kernels::BinnedSums();
+  acc.replica_slice = kernels::BinnedSums();
 }
 
 void ShardedModule::all_reduce_ordered(const Reduction& job) {
@@ -712,17 +704,14 @@ void ShardedModel::pre_backward(nn::Module& module) {
   // The sink lays out the sums by the gathered parameters' shapes.
   if (!group.dense_sink_ && !group.binned_sink_) {
     std::int64_t bytes = 0;
-    // A sink the group's last reduction is done with is reused (zeroed): no allocation a step.
-    ShardedModule::StepAccumulator& acc = *group.accumulator_;
+    // A fresh sink per backward, freed once its reduction is done: no group holds a whole
+    // gradient between backwards (the storage cache hands the next group of its size the same
+    // memory).
     if (options_.mode == comm::ReductionMode::exact) {
-      group.binned_sink_ = acc.template take_spare<nn::BinnedGradients>();
-      if (!group.binned_sink_)
-        group.binned_sink_ = std::make_shared<nn::BinnedGradients>(group.parameters_);
-      bytes = group.layout_.total() * (4 + 3 * 8);
+      group.binned_sink_ = std::make_shared<nn::BinnedGradients>(group.parameters_);
+      bytes = group.layout_.total() * kBinnedBytes;
     } else {
-      group.dense_sink_ = acc.template take_spare<nn::DenseGradients>();
-      if (!group.dense_sink_)
-        group.dense_sink_ = std::make_shared<nn::DenseGradients>(group.parameters_);
+      group.dense_sink_ = std::make_shared<nn::DenseGradients>(group.parameters_);
       bytes = group.layout_.total() * 4;
     }
     group.sink_bytes_ = bytes;

@@ -36,7 +36,6 @@ ContinuousBatch::ContinuousBatch(nn::Decoder& model, GeneratorOptions options,
                                       positions_, model_.context()));
   }
   caches_ = model_.make_caches(slots);
-  model_.refresh_tied_weights();  // decode reads the head's weight as refreshed here
   double bytes = 0;
   for (const nn::KeyValueCache& cache : caches_)
     bytes += static_cast<double>(slots) * cache.slot_bytes(positions_);

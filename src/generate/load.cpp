@@ -17,6 +17,9 @@ namespace meshtensor::generate {
 
 namespace {
 
+/// Most bytes of whole parameters one read brings in before they are copied into their targets.
+constexpr double kLoadBatchBytes = 256.0 * (1 << 20);
+
 /// The tokenizer `architecture` names, from `index`'s metadata; DataError naming the problem.
 tokenize::Tokenizer named_tokenizer(const checkpoint::Index& index,
                                     const std::string& architecture) {
@@ -118,6 +121,46 @@ std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& pa
   return checkpoint::load(world, path, requests);
 }
 
+void load_blocks_into(comm::Communicator& world, const std::string& path,
+                      std::span<const checkpoint::LoadRequest> requests,
+                      std::span<Tensor> targets) {
+  if (requests.size() != targets.size())
+    throw InvalidArgument(fmt::format("load_blocks_into: {} requests but {} targets",
+                                      requests.size(), targets.size()));
+  std::optional<hf::Folder> folder;
+  if (const auto directory = hf::folder_of(path)) {
+    std::exception_ptr failure;
+    try {
+      folder = hf::read_folder(*directory);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm::throw_if_any_failed(world, failure);
+  }
+  for (std::size_t first = 0; first < requests.size();) {
+    double bytes = 0;
+    std::size_t end = first;
+    for (; end < requests.size() && (end == first || bytes < kLoadBatchBytes); ++end)
+      bytes += 4.0 * static_cast<double>(requests[end].global_shape.numel());
+    const auto batch = requests.subspan(first, end - first);
+    if (folder) {
+      // Straight into the targets; a rank's failure reaches every rank.
+      std::exception_ptr failure;
+      try {
+        hf::load_into(*folder, batch, targets.subspan(first, end - first));
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      comm::throw_if_any_failed(world, failure);
+    } else {
+      const std::vector<Tensor> loaded = checkpoint::load(world, path, batch);
+      for (std::size_t i = first; i < end; ++i)
+        targets[i].copy_from(loaded[i - first]);
+    }
+    first = end;
+  }
+}
+
 tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const std::string& path) {
   checked_architecture(index, path);
   return named_tokenizer(index, index.metadata.at("architecture"));
@@ -147,9 +190,6 @@ nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string
 
 namespace {
 
-/// Most bytes of whole parameters one read brings in before they are copied into the model.
-constexpr double kLoadBatchBytes = 256.0 * (1 << 20);
-
 /// The request of this rank's block of `p` (its split's, or the whole parameter).
 checkpoint::LoadRequest block_request(const nn::Parameter& p, const comm::Communicator& world) {
   const bool split = p.split.global_shape.rank() > 0;
@@ -158,48 +198,15 @@ checkpoint::LoadRequest block_request(const nn::Parameter& p, const comm::Commun
           p.value.shape(),   split ? p.split.saves : world.rank() == 0};
 }
 
-/// Reads every parameter's block of `model` from `path` into it, a batch at a time: batches end
-/// at the same parameters on every rank (by whole shapes), so the collective reads pair up, and
-/// no more than one batch is held twice.
+/// Reads every parameter's block of `model` from `path` into it.
 void load_parameters(comm::Communicator& world, const std::string& path, nn::Decoder& model) {
-  const std::vector<nn::Parameter*> parameters = model.parameters();
-  std::optional<hf::Folder> folder;
-  if (const auto directory = hf::folder_of(path)) {
-    std::exception_ptr failure;
-    try {
-      folder = hf::read_folder(*directory);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    comm::throw_if_any_failed(world, failure);
+  std::vector<checkpoint::LoadRequest> requests;
+  std::vector<Tensor> targets;
+  for (nn::Parameter* p : model.parameters()) {
+    requests.push_back(block_request(*p, world));
+    targets.push_back(p->value);
   }
-  for (std::size_t first = 0; first < parameters.size();) {
-    std::vector<checkpoint::LoadRequest> requests;
-    double bytes = 0;
-    std::size_t end = first;
-    for (; end < parameters.size() && (end == first || bytes < kLoadBatchBytes); ++end) {
-      requests.push_back(block_request(*parameters[end], world));
-      bytes += 4.0 * static_cast<double>(parameters[end]->global_shape().numel());
-    }
-    if (folder) {
-      // Straight into the parameters.
-      std::vector<Tensor> targets;
-      for (std::size_t i = first; i < end; ++i)
-        targets.push_back(parameters[i]->value);
-      std::exception_ptr failure;
-      try {
-        hf::load_into(*folder, requests, targets);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      comm::throw_if_any_failed(world, failure);
-    } else {
-      const std::vector<Tensor> loaded = checkpoint::load(world, path, requests);
-      for (std::size_t i = first; i < end; ++i)
-        parameters[i]->value.copy_from(loaded[i - first]);
-    }
-    first = end;
-  }
+  load_blocks_into(world, path, requests, targets);
 }
 
 }  // namespace
@@ -215,7 +222,6 @@ std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::
   }
   if (prepare) prepare(*model);
   load_parameters(world, path, *model);
-  model->refresh_tied_weights();
   return model;
 }
 

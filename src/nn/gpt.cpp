@@ -300,10 +300,8 @@ Tensor Gpt::decode(const Tensor& tokens, const DecodeRows& rows,
       gpt.embedding_.set_decode(nullptr);
       for (auto& block : gpt.blocks_)
         block->attention().set_decode(nullptr, nullptr);
-      gpt.head_.output().hold_tied_weight(false);
     }
   } restore{*this};
-  head_.output().hold_tied_weight(true);
   embedding_.set_decode(&rows);
   for (std::size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->attention().set_decode(&rows, &caches[i]);

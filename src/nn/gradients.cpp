@@ -137,8 +137,8 @@ void DenseGradients::finish(std::int64_t divisor) {
 
 BinnedGradients::BinnedGradients(std::vector<Parameter*> parameters)
     : layout_(std::move(parameters)),
-      sums_(layout_.total()),
-      emptied_(layout_.parameters().size(), 0) {}
+      sums_(kernels::BinnedSums::uninitialized(layout_.total())),
+      emptied_(layout_.parameters().size(), 1) {}  // emptied on first use: no pass over memory
 
 template <class Add>
 void BinnedGradients::add_to(const Parameter& p, const Add& add) {

@@ -96,8 +96,8 @@ void Linear::set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks) {
           fmt::format("Linear: {} {} features do not split into {} blocks", size, which, blocks));
     }
   };
-  check(in_blocks, weight_.value.shape()[0], "input");
-  check(out_blocks, weight_.value.shape()[1], "output");
+  check(in_blocks, weight_shape()[0], "input");
+  check(out_blocks, weight_shape()[1], "output");
   if (in_blocks == kEveryColumn)
     throw InvalidArgument("Linear: the input blocks must be a positive count");
   in_blocks_ = in_blocks;
@@ -125,6 +125,10 @@ Tensor transposed(const Tensor& matrix) {
   return out;
 }
 
+kernels::Transpose flipped(kernels::Transpose t) {
+  return t == kernels::Transpose::no ? kernels::Transpose::yes : kernels::Transpose::no;
+}
+
 /// Adds each element of `values` (f32, any shape) to the matching element of `sums` once.
 void add_elements(kernels::BinnedSums& sums, const Tensor& values, kernels::Start start) {
   kernels::add_column_sums(sums, 0, values.reshape(Shape{1, values.numel()}), start);
@@ -150,7 +154,7 @@ const BatchVariantScope* BatchVariantScope::active() {
 }
 
 void Linear::tie_weight_to(Parameter& table) {
-  const Shape& w = weight_.value.shape();
+  const Shape w = weight_.value.shape();
   if (has_bias_ || table.value.rank() != 2 || table.value.shape()[0] != w[1] ||
       table.value.shape()[1] != w[0]) {
     throw InvalidArgument(
@@ -159,22 +163,40 @@ void Linear::tie_weight_to(Parameter& table) {
                     describe(), w[1], w[0], table.name, table.value.shape().to_string()));
   }
   tied_ = &table;
+  tied_shape_ = w;
+  // W is the table read transposed by the products: no copy of it is made or held.
+  weight_.value = Tensor();
   weight_.grad = Tensor();
-  // A model whose weights are read next refreshes once they are in (Decoder::
-  // refresh_tied_weights); transposing the unread table would be wasted.
-  if (WeightsToBeLoaded::active()) {
-    weight_.value = Tensor::uninitialized(Shape{w[0], w[1]}, DType::f32);
-    return;
-  }
-  refresh_tied_weight();
 }
 
 void Linear::refresh_tied_weight() {
-  if (tied_ == nullptr) return;
-  if (!tied_->value.defined())
+  if (tied_ != nullptr && tied_->value.defined())
+    tied_shape_ = Shape{tied_->value.shape()[1], tied_->value.shape()[0]};
+}
+
+Shape Linear::weight_shape() const {
+  return tied_ != nullptr ? tied_shape_ : weight_.value.shape();
+}
+
+Linear::WeightOperand Linear::weight_operand() const {
+  if (tied_ == nullptr) return {weight_.value, kernels::Transpose::no};
+  if (!tied_->value.defined()) {
     throw InvalidArgument(
         fmt::format("{}: the tied table '{}' holds no values", describe(), tied_->name));
-  weight_.value = transposed(tied_->value);
+  }
+  return {tied_->value, kernels::Transpose::yes};
+}
+
+Linear::WeightOperand Linear::weight_rows(std::int64_t first, std::int64_t count) const {
+  const WeightOperand w = weight_operand();
+  if (tied_ == nullptr) return {w.matrix.narrow(0, first, count), w.transpose};
+  return {w.matrix.narrow(1, first, count).contiguous(), w.transpose};
+}
+
+Linear::WeightOperand Linear::weight_columns(std::int64_t first, std::int64_t count) const {
+  const WeightOperand w = weight_operand();
+  if (tied_ == nullptr) return {w.matrix.narrow(1, first, count).contiguous(), w.transpose};
+  return {w.matrix.narrow(0, first, count), w.transpose};
 }
 
 bool Linear::adds_bias() const {
@@ -192,40 +214,43 @@ void Linear::fill_bias_rows(Tensor& output) const {
 
 Tensor Linear::product() const {
   const Tensor output =
-      Tensor::uninitialized(Shape{input_.shape()[0], weight_.value.shape()[1]}, DType::f32);
+      Tensor::uninitialized(Shape{input_.shape()[0], weight_shape()[1]}, DType::f32);
+  const WeightOperand w = weight_operand();
   // Each chain starts from the bias (or +0), as fill_bias_rows and an accumulating matmul do.
   if (adds_bias()) {
-    kernels::matmul_bias(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no,
+    kernels::matmul_bias(input_, kernels::Transpose::no, w.matrix, w.transpose,
                          bias_.value.contiguous(), output);
   } else {
-    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output);
+    kernels::matmul(input_, kernels::Transpose::no, w.matrix, w.transpose, output);
   }
   return output;
 }
 
 Tensor Linear::variant_product(const BatchVariantScope& variant) const {
-  const std::int64_t in = weight_.value.shape()[0];
+  const std::int64_t in = weight_shape()[0];
   const std::int64_t rows = input_.shape()[0];
-  Tensor output = Tensor::zeros(Shape{rows, weight_.value.shape()[1]}, DType::f32);
+  Tensor output = Tensor::zeros(Shape{rows, weight_shape()[1]}, DType::f32);
   if (adds_bias()) fill_bias_rows(output);
+  const WeightOperand w = weight_operand();
   if (variant.matmul()) {
-    variant.matmul()(input_, weight_.value, output);
+    variant.matmul()(input_, tied_ != nullptr ? transposed(w.matrix) : w.matrix, output);
   } else if (rows > 1 && in > 1) {
     // Two half sums added: the bits depend on whether the call had one row or more.
     const std::int64_t half = in / 2;
     Tensor second = Tensor::zeros(output.shape(), DType::f32);
+    const WeightOperand first_rows = weight_rows(0, half);
+    const WeightOperand last_rows = weight_rows(half, in - half);
     kernels::matmul(input_.narrow(1, 0, half).contiguous(), kernels::Transpose::no,
-                    weight_.value.narrow(0, 0, half).contiguous(), kernels::Transpose::no, output,
+                    first_rows.matrix.contiguous(), first_rows.transpose, output,
                     /*accumulate=*/true);
     kernels::matmul(input_.narrow(1, half, in - half).contiguous(), kernels::Transpose::no,
-                    weight_.value.narrow(0, half, in - half).contiguous(), kernels::Transpose::no,
-                    second);
+                    last_rows.matrix.contiguous(), last_rows.transpose, second);
     auto y = output.values<float>();
     const auto z = second.values<float>();
     for (std::size_t i = 0; i < y.size(); ++i)
       y[i] += z[i];
   } else {
-    kernels::matmul(input_, kernels::Transpose::no, weight_.value, kernels::Transpose::no, output,
+    kernels::matmul(input_, kernels::Transpose::no, w.matrix, w.transpose, output,
                     /*accumulate=*/true);
   }
   return output;
@@ -233,14 +258,14 @@ Tensor Linear::variant_product(const BatchVariantScope& variant) const {
 
 PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
   const std::int64_t rows = input_.shape()[0];
-  const std::int64_t in = weight_.value.shape()[0];
-  const std::int64_t out = weight_.value.shape()[1];
+  const std::int64_t in = weight_shape()[0];
+  const std::int64_t out = weight_shape()[1];
   const std::int64_t width = in / in_blocks_;
   Tensor product = Tensor::uninitialized(Shape{rows, out}, DType::f32);
   for (std::int64_t b = 0; b < in_blocks_; ++b) {
+    const WeightOperand block = weight_rows(b * width, width);
     kernels::matmul(input_.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
-                    weight_.value.narrow(0, b * width, width).contiguous(), kernels::Transpose::no,
-                    product);
+                    block.matrix.contiguous(), block.transpose, product);
     add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
   }
   if (adds_bias()) {
@@ -252,18 +277,21 @@ PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
 
 PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const {
   const std::int64_t rows = input_.shape()[0];
-  const std::int64_t in = weight_.value.shape()[0];
-  const std::int64_t out = weight_.value.shape()[1];
+  const std::int64_t in = weight_shape()[0];
+  const std::int64_t out = weight_shape()[1];
   if (out_blocks_ == kEveryColumn) {
-    kernels::add_outer_products(sums, 0, transposed(dy), transposed(weight_.value),
+    // Wᵀ: the table itself for a tied layer.
+    const WeightOperand w = weight_operand();
+    kernels::add_outer_products(sums, 0, transposed(dy),
+                                tied_ != nullptr ? w.matrix.contiguous() : transposed(w.matrix),
                                 kernels::Start::empty);
   } else {
     const std::int64_t width = out / out_blocks_;
     Tensor product = Tensor::uninitialized(Shape{rows, in}, DType::f32);
     for (std::int64_t b = 0; b < out_blocks_; ++b) {
+      const WeightOperand block = weight_columns(b * width, width);
       kernels::matmul(dy.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
-                      weight_.value.narrow(1, b * width, width).contiguous(),
-                      kernels::Transpose::yes, product);
+                      block.matrix.contiguous(), flipped(block.transpose), product);
       add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
     }
   }
@@ -271,8 +299,8 @@ PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums)
 }
 
 void Linear::keep_input(const Tensor& input) {
-  if (tied_ != nullptr && !hold_tied_) refresh_tied_weight();
-  const std::int64_t in = weight_.value.shape()[0];
+  refresh_tied_weight();
+  const std::int64_t in = weight_shape()[0];
   check_input(input, in, describe());
   input_shape_ = input.shape();
   input_ = input.contiguous().reshape(Shape{input.numel() / in, in});
@@ -280,12 +308,12 @@ void Linear::keep_input(const Tensor& input) {
 
 void Linear::forward_for_backward(const Tensor& given) {
   keep_input(split_ != nullptr ? split_->gather_input(given) : given);
-  if (split_ != nullptr) split_->skip_output(with_features(input_shape_, weight_.value.shape()[1]));
+  if (split_ != nullptr) split_->skip_output(with_features(input_shape_, weight_shape()[1]));
 }
 
 Tensor Linear::forward(const Tensor& given) {
   keep_input(split_ != nullptr ? split_->gather_input(given) : given);
-  const std::int64_t out = weight_.value.shape()[1];
+  const std::int64_t out = weight_shape()[1];
   const std::int64_t rows = input_.shape()[0];
   PartialSums partial;
   kernels::BinnedSums sums;
@@ -303,14 +331,13 @@ Tensor Linear::forward(const Tensor& given) {
 Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input_grad) {
   if (!input_.defined()) throw InvalidArgument(describe() + ": backward without a forward");
   const Tensor grad_output = split_ != nullptr ? split_->gather_output_grad(given) : given;
-  const Shape expected = with_features(input_shape_, weight_.value.shape()[1]);
+  const Shape expected = with_features(input_shape_, weight_shape()[1]);
   if (!grad_output.defined() || grad_output.dtype() != DType::f32 ||
       grad_output.shape() != expected) {
     throw InvalidArgument(
         fmt::format("{}: the gradient must be f32 {}", describe(), expected.to_string()));
   }
-  const Tensor dy =
-      grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_.value.shape()[1]});
+  const Tensor dy = grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_shape()[1]});
   // Rows come in samples of the positions of one sequence ([batch, sequence, in] inputs).
   const std::int64_t sample_rows =
       input_shape_.rank() >= 3 && input_shape_[0] > 0 ? input_.shape()[0] / input_shape_[0] : 1;
@@ -329,7 +356,8 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
       partial = input_grad_sums(dy, sums);
     } else {
       Tensor product = Tensor::uninitialized(input_.shape(), DType::f32);
-      kernels::matmul(dy, kernels::Transpose::no, weight_.value, kernels::Transpose::yes, product);
+      const WeightOperand w = weight_operand();
+      kernels::matmul(dy, kernels::Transpose::no, w.matrix, flipped(w.transpose), product);
       partial.values = product.reshape(input_shape_);
     }
     grad_input = split_ != nullptr ? split_->complete_input_grad(partial) : round_partial(partial);
@@ -339,7 +367,7 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
 }
 
 std::string Linear::describe() const {
-  return fmt::format("Linear({}, {}{}{})", weight_.value.shape()[0], weight_.value.shape()[1],
+  return fmt::format("Linear({}, {}{}{})", weight_shape()[0], weight_shape()[1],
                      has_bias_ ? "" : ", bias=false", tied_ != nullptr ? ", tied" : "");
 }
 

@@ -264,10 +264,8 @@ Tensor Llama::decode(const Tensor& tokens, const DecodeRows& rows,
     ~Restore() {
       for (auto& block : llama.blocks_)
         block->attention().set_decode(nullptr, nullptr);
-      llama.head_.output().hold_tied_weight(false);
     }
   } restore{*this};
-  head_.output().hold_tied_weight(true);
   for (std::size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->attention().set_decode(&rows, &caches[i]);
   const Tensor logits = forward(tokens.reshape(Shape{1, rows.size()}));

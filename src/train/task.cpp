@@ -140,6 +140,8 @@ ModelFootprint ImageClassification::footprint() const {
   for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
     const double layer = widths[i] * widths[i + 1] + widths[i + 1] * (model_.layernorm ? 3 : 1);
     footprint.parameters += layer;
+    footprint.next_largest_unit =
+        std::max(footprint.next_largest_unit, std::min(footprint.largest_unit, layer));
     footprint.largest_unit = std::max(footprint.largest_unit, layer);
     footprint.activation_floats += 4.0 * widths[i + 1];
     footprint.training_flops_per_target += 6.0 * widths[i] * widths[i + 1];
@@ -162,6 +164,7 @@ ModelFootprint gpt_footprint(const nn::GptConfig& model) {
   ModelFootprint footprint;
   footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model));
   footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
+  footprint.next_largest_unit = std::min(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
   // Per token and layer, kept for backward: the normalised inputs, qkv, each head's softmax
   // statistics (2 values), the attention output, the MLP's input, GELU input and output (4 dim
   // each), the residual streams (18 dim); plus backward's temporaries of the layer in flight.
@@ -188,17 +191,21 @@ ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
   const auto t = static_cast<double>(model.context);
   const auto v = static_cast<double>(model.vocabulary);
   const auto f = static_cast<double>(model.ffn);
-  const auto kv = static_cast<double>(2 * model.kv_heads * (model.dim / model.heads));
+  const auto head_dim = static_cast<double>(nn::llama_head_dim(model));
+  const auto kv = 2.0 * static_cast<double>(model.kv_heads) * head_dim;
+  const double q = static_cast<double>(model.heads) * head_dim;
   ModelFootprint footprint;
   footprint.parameters = static_cast<double>(nn::llama_parameter_count(model));
-  const double block = 2.0 * d + d * (2.0 * d + kv) + 3.0 * d * f;
+  const double block = 2.0 * d + d * (2.0 * q + kv) + 3.0 * d * f;
   footprint.largest_unit = std::max({block, d * v, d * v + d});
+  // The embedding and an untied head are both [vocabulary, dim]; a tied model's next is a block.
+  footprint.next_largest_unit = model.tie ? std::min(block, d * v + d) : d * v;
   // Per token and layer, kept for backward: the normalised inputs (2 dim), qkv and its rotated
   // queries, keys and values (2 dim + 2 kv), one row of probabilities per head, the attention
   // output, gate/up (2 ffn), SwiGLU's output (ffn), the residual streams; plus backward's
   // temporaries of the layer in flight, counted as the GPT's (twice what is kept).
   const auto h = static_cast<double>(model.heads);
-  const double per_layer = 2.0 * (6.0 * d + 2.0 * kv + 3.0 * f) + 4.0 * h;
+  const double per_layer = 2.0 * (4.0 * d + 2.0 * q + 2.0 * kv + 3.0 * f) + 4.0 * h;
   footprint.activation_floats =
       t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
@@ -208,7 +215,7 @@ ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
   footprint.sequence_gather_floats = t * (4.0 * kv + 3.0 * d + 3.0 * h + d + 2.0 * f);
   const auto layers = static_cast<double>(model.layers);
   footprint.training_flops_per_target =
-      6.0 * (layers * (d * (2.0 * d + kv) + 3.0 * d * f) + d * v) + 6.0 * layers * d * t;
+      6.0 * (layers * (d * (2.0 * q + kv) + 3.0 * d * f) + d * v) + 6.0 * layers * q * t;
   return footprint;
 }
 

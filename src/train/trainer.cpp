@@ -365,7 +365,6 @@ std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
   const std::vector<nn::Parameter*> whole = decoder.parameters();
   for (std::size_t i = 0; i < whole.size(); ++i)
     whole[i]->value.copy_from(values[i]);
-  decoder.refresh_tied_weights();
   const bool exact = config_.mode == comm::ReductionMode::exact;
   decoder.set_exact_sums(exact);
   generate::GeneratorOptions options;
@@ -444,9 +443,12 @@ void TrainingRun::load_init() {
     throw InvalidArgument(fmt::format("init {} holds the model '{}', but this run trains '{}'",
                                       config_.init_dir, architecture, task_.architecture()));
   }
+  // Straight into the shards: no rank holds the whole model.
   const std::vector<checkpoint::SaveItem> items = model_state(model_->sharded(), nullptr, leader_);
-  restore_model_state(items, generate::load_blocks(world_, config_.init_dir, load_requests(items)),
-                      nullptr);
+  std::vector<Tensor> targets;
+  for (const checkpoint::SaveItem& item : items)
+    targets.push_back(item.data);
+  generate::load_blocks_into(world_, config_.init_dir, load_requests(items), targets);
 }
 
 void TrainingRun::resume() {
@@ -581,8 +583,13 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
 Totals TrainingRun::evaluate() {
   const std::int64_t count = task_.eval_samples();
   const Chunk slice = chunk_extent(count, model_->data_ranks(), model_->data_rank());
+  // Up to 1000 targets a forward, and logits of about 64 MiB (f32) over a large vocabulary: a
+  // row's loss does not depend on the rows evaluated beside it.
+  constexpr std::int64_t kEvalLogitFloats = std::int64_t{1} << 24;
+  const std::int64_t targets_per_forward = std::clamp<std::int64_t>(
+      kEvalLogitFloats / std::max<std::int64_t>(1, task_.classes()), 1, 1000);
   const std::int64_t rows_per_forward =
-      std::max<std::int64_t>(1, 1000 / task_.targets_per_sample());
+      std::max<std::int64_t>(1, targets_per_forward / task_.targets_per_sample());
   const std::int64_t largest = chunk_extent(count, model_->data_ranks(), 0).size;
   kernels::BinnedSums losses(1);
   std::int64_t correct = 0;
@@ -948,11 +955,14 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   const double state_copies = config.optimizer == OptimizerKind::adamw ? 4.0 : 3.0;
   const bool exact = config.mode == comm::ReductionMode::exact;
   const double sink = exact ? 28.0 : 4.0;
+  // Exact sums carried through a step: every group's, from its first backward to the step's
+  // last, when the step has several micro-batches; otherwise one group's at a time.
+  const double held = config.micro_batches > 1 ? parameters : model.largest_unit;
+  const double carried = exact ? 28.0 * held / shards : 0.0;
   // Exact: the other replicas' states of this rank's slice, received for the merge.
   const double replica_group =
       config.strategy == Strategy::ddp ? static_cast<double>(ranks) : replicas;
-  const double received =
-      exact ? 28.0 * parameters / shards * (replica_group - 1) / replica_group : 0.0;
+  const double received = exact ? 28.0 * held / shards * (replica_group - 1) / replica_group : 0.0;
   const double rows = std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks));
   // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
   // state hold about 1.2 MiB whatever the model.
@@ -964,14 +974,22 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   // elements at a time (at least one weight's worth).
   const double unit = static_cast<double>(model.largest_unit);
   const double per_sample_products = 4.0 * std::min(32.0 * unit, std::max(4194304.0, unit));
-  return kRankRuntimeBytes + 4.0 * parameters          // the whole model, before sharding
-         + 4.0 * state_copies * parameters / shards    // shards: values, grads, optimizer
-         + (exact ? 28.0 * parameters / shards : 0.0)  // exact sums carried over a step
-         + received +
-         (4.0 * (1 + config.prefetch) + 2 * sink) * model.largest_unit  // gathered, sinks
-         + kActivationMargin * 4.0 * rows * (model.activation_floats + model.input_floats) +
-         (exact ? rows * model.exact_scratch_bytes : 0.0)  // exact kernels' packed operands
-         + (exact ? per_sample_products : 0.0) + context_gather_bytes(config, model);
+  const double steady =
+      kRankRuntimeBytes + 4.0 * state_copies * parameters / shards  // values, grads, optimizer
+      + carried + received + 4.0 * (1 + config.prefetch) * model.largest_unit  // gathered
+      + sink * (model.largest_unit + model.next_largest_unit)                  // sinks in flight
+      + kActivationMargin * 4.0 * rows * (model.activation_floats + model.input_floats) +
+      (exact ? rows * model.exact_scratch_bytes : 0.0)  // exact kernels' packed operands
+      + (exact ? per_sample_products : 0.0) + context_gather_bytes(config, model) +
+      (exact && shards > 1 ? 12.0 * unit : 0.0);  // a reduce-scatter's bins and digit plane
+  // Before sharding each rank builds the whole model: drawn values and zeroed gradients, which
+  // the shards replace a group at a time; a model whose weights are read next touches neither.
+  const bool loaded = !config.init_dir.empty() || !config.resume_dir.empty();
+  const double build = loaded ? 0.0 : 8.0 * parameters + 8.0 * parameters / shards;
+  // Measured: freed blocks the storage cache keeps for reuse, the data and the allocator's
+  // slack add up to a tenth of what is live at the peak.
+  constexpr double kSlack = 1.1;
+  return kSlack * std::max(steady, kRankRuntimeBytes + build);
 }
 
 namespace {

@@ -92,9 +92,10 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
     data_rank_ = at[dp_dim] * mesh_dim(config, "fsdp") + at[dp_dim + 1];
   }
   {
-    // A run that starts from saved weights reads every parameter: none is drawn first.
+    // A run that starts from saved weights reads every parameter: none is drawn first, and no
+    // whole gradient is made (the sharded runtime keeps its own).
     std::optional<nn::WeightsToBeLoaded> loaded_next;
-    if (!config.init_dir.empty() || !config.resume_dir.empty()) loaded_next.emplace(true);
+    if (!config.init_dir.empty() || !config.resume_dir.empty()) loaded_next.emplace(false);
     model_ = task.make_model(seed);
   }
   // MeshGroups shares the world communicator; the caller owns it.

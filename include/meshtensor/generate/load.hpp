@@ -40,6 +40,14 @@ std::shared_ptr<const tokenize::Tokenizer> model_tokenizer(const std::string& pa
 std::vector<Tensor> load_blocks(comm::Communicator& world, const std::string& path,
                                 std::span<const checkpoint::LoadRequest> requests);
 
+/// The same blocks read straight into `targets` (contiguous f32 tensors of the requests' block
+/// shapes, one per request; a shard of a parameter, say), a batch of about 256 MiB of whole
+/// tensors at a time: no copy of the whole model is held. Batches end at the same requests on
+/// every rank (by whole shapes), so the collective reads of a checkpoint pair up; a Hugging Face
+/// folder is read by each rank alone, and a rank's failure reaches every rank.
+void load_blocks_into(comm::Communicator& world, const std::string& path,
+                      std::span<const checkpoint::LoadRequest> requests, std::span<Tensor> targets);
+
 /// The architecture of the checkpoint `path` on every rank of `world` (collective): rank 0 reads
 /// the index, checks it (checked_architecture()) and `models_in_process` copies of the model
 /// against the memory available (ResourceError), and broadcasts it.

@@ -49,9 +49,6 @@ class Decoder : public Module {
   /// position of its whole sequence.
   virtual Tensor decode(const Tensor& tokens, const DecodeRows& rows,
                         std::vector<KeyValueCache>& caches) = 0;
-  /// A tied head's weight again from the token table (decode() uses it as last refreshed; a
-  /// forward refreshes it). Nothing for an untied model.
-  virtual void refresh_tied_weights() {}
   /// Longest sequence.
   virtual std::int64_t context() const = 0;
   /// Tokens of the vocabulary.

@@ -104,7 +104,7 @@ class LanguageModelHead : public Module {
   std::vector<std::pair<std::string, Module*>> children() override;
   /// The input gradient as the exact sum over the vocabulary's products.
   void set_exact_blocks(bool on);
-  /// The tied output's weight (Linear::refresh_tied_weight, Linear::hold_tied_weight).
+  /// The tied output layer.
   Linear& output() { return output_; }
 
  private:
@@ -157,7 +157,6 @@ class Gpt : public Decoder {
   std::int64_t layers() const override { return config_.layers; }
   std::int64_t dim() const override { return config_.dim; }
   DecoderConfig decoder_config() const override;
-  void refresh_tied_weights() override { head_.output().refresh_tied_weight(); }
   /// gpt_config_text of its config.
   std::string config_text() const override;
 

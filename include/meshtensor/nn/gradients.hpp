@@ -68,6 +68,7 @@ class DenseGradients : public GradientSink {
 /// split of the batch over micro-batches and ranks.
 class BinnedGradients : public GradientSink {
  public:
+  /// Sums for `parameters`, empty; no pass over their memory until each is first added to.
   explicit BinnedGradients(std::vector<Parameter*> parameters);
   void add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) override;
   /// Each sample's xᵀ·dy as one batch-invariant f32 product (its rows in ascending order), the

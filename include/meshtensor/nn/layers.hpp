@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 
+#include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/module.hpp>
 
 namespace meshtensor::nn {
@@ -84,18 +85,16 @@ class Linear : public Module {
   /// Blocks of one column each (set_exact_blocks).
   static constexpr std::int64_t kEveryColumn = -1;
   /// Ties the weight to `table` ([out, in], an embedding table, which must outlive the layer):
-  /// from now on W is tableᵀ, read at every forward, and W's gradient goes to `table`; the layer
-  /// has no parameter of its own. InvalidArgument for a layer with a bias or a table of another
-  /// shape.
+  /// from now on W is tableᵀ, which the products read in place (no copy is made: the bits are
+  /// those of a copy, every element being one chain over k either way), and W's gradient goes
+  /// to `table`; the layer has no parameter of its own. InvalidArgument for a layer with a bias
+  /// or a table of another shape.
   void tie_weight_to(Parameter& table);
   /// The table the weight is tied to, or null.
   Parameter* tied_table() const { return tied_; }
-  /// For a tied layer: W again from the table's current local rows (a tensor-parallel split of
-  /// the table changes them). Every forward does it unless the weight is held.
+  /// For a tied layer: W's shape again from the table's current local rows (a tensor-parallel
+  /// split of the table changes them); every forward does it.
   void refresh_tied_weight();
-  /// While held, forward uses W as last refreshed (decoding, whose weights do not change
-  /// between steps, spares a transpose of the table per step).
-  void hold_tied_weight(bool hold) { hold_tied_ = hold; }
 
  private:
   bool adds_bias() const;  // false on the other members when the output holds partial sums
@@ -106,11 +105,20 @@ class Linear : public Module {
   /// Checks the input and keeps it for backward, as [rows, in].
   void keep_input(const Tensor& input);
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
+  /// W as a matmul operand: the weight as stored, or a tied layer's table read transposed.
+  struct WeightOperand {
+    Tensor matrix;
+    kernels::Transpose transpose;
+  };
+  WeightOperand weight_operand() const;
+  WeightOperand weight_rows(std::int64_t first, std::int64_t count) const;     // W[first:+count, :]
+  WeightOperand weight_columns(std::int64_t first, std::int64_t count) const;  // W[:, first:+count]
+  Shape weight_shape() const;                                                  // [in, out]
 
   bool has_bias_ = true;
-  Parameter weight_;  // a tied layer: tableᵀ, copied at each forward, no gradient
+  Parameter weight_;  // a tied layer: none (the table is read in place)
   Parameter* tied_ = nullptr;
-  bool hold_tied_ = false;
+  Shape tied_shape_;  // a tied layer's W shape [in, out], kept while the table is not gathered
   Parameter bias_;
   Tensor input_;  // [rows, in]
   Shape input_shape_;

@@ -30,8 +30,11 @@ struct Batch {
 
 /// The sizes train() needs to estimate a rank's memory.
 struct ModelFootprint {
-  double parameters = 0;         ///< values in the whole model
-  double largest_unit = 0;       ///< values in the largest parameter group
+  double parameters = 0;    ///< values in the whole model
+  double largest_unit = 0;  ///< values in the largest parameter group
+  /// Values in the largest group whose backward may run while the largest one's gradients
+  /// reduce, or whose reduction may run during its backward (the next largest group).
+  double next_largest_unit = 0;
   double activation_floats = 0;  ///< f32 values one sample keeps through forward and backward
   double input_floats = 0;       ///< f32 (or i64 / 2) values of one sample's input
   /// Bytes an exact weight gradient packs per sample for the largest layer (its x as term
