@@ -1,6 +1,8 @@
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <meshtensor/core/error.hpp>
@@ -151,6 +153,41 @@ TEST(Matmul, AccumulateContinuesTheChainFromTheOutput) {
   matmul(x.narrow(1, 20, 20).contiguous(), T::no, w.narrow(0, 20, 20).contiguous(), T::no, split,
          /*accumulate=*/true);
   EXPECT_TRUE(split.bitwise_equal(product(x, T::no, w, T::no)));
+}
+
+TEST_F(SimdLevels, ShortProductsWithATransposedTableHaveTheBitsOfACopy) {
+  // A tied head reads its table [n, k] transposed in place: short products (decode's rows)
+  // take their own path, which must give the bits of the product with a transposed copy, with
+  // partial blocks of 16 columns and of 16 k, from +0, a bias or the output.
+  for (const auto& [m, n, k] :
+       {std::tuple{1, 100, 70}, std::tuple{3, 16, 16}, std::tuple{4, 17, 15}, std::tuple{7, 33, 1},
+        std::tuple{16, 5, 130}}) {
+    const Tensor x = random(m, k, DType::f32, 41);
+    const Tensor table = random(n, k, DType::f32, 42);
+    Tensor copy(Shape{k, n}, DType::f32);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t i = 0; i < k; ++i)
+        copy.values<float>()[static_cast<std::size_t>(i * n + j)] =
+            table.values<float>()[static_cast<std::size_t>(j * k + i)];
+    const Tensor bias = Tensor::random_normal(Shape{n}, DType::f32, 43);
+    const Tensor start = random(m, n, DType::f32, 44);
+    for (const SimdLevel level : levels()) {
+      set_simd_level(level);
+      const std::string where = fmt::format("{}x{}x{} level {}", m, n, k, static_cast<int>(level));
+      ASSERT_TRUE(product(x, T::no, table, T::yes).bitwise_equal(product(x, T::no, copy, T::no)))
+          << where;
+      Tensor biased(Shape{m, n}, DType::f32);
+      Tensor expected(Shape{m, n}, DType::f32);
+      matmul_bias(x, T::no, table, T::yes, bias, biased);
+      matmul_bias(x, T::no, copy, T::no, bias, expected);
+      ASSERT_TRUE(biased.bitwise_equal(expected)) << where << " bias";
+      Tensor accumulated = start.clone();
+      expected = start.clone();
+      matmul(x, T::no, table, T::yes, accumulated, /*accumulate=*/true);
+      matmul(x, T::no, copy, T::no, expected, /*accumulate=*/true);
+      ASSERT_TRUE(accumulated.bitwise_equal(expected)) << where << " accumulate";
+    }
+  }
 }
 
 TEST_F(SimdLevels, BiasStartsEveryChainAsAFilledAccumulatingOutputDoes) {
