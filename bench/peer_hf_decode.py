@@ -65,6 +65,10 @@ class Peer:
     @torch.inference_mode()
     def forward(self, tokens, start, cache):
         """tokens [B, T] at positions start.. ; cache: per layer [k, v] of [B, kv, P, hd]."""
+        return self.hidden(tokens, start, cache)[:, -1] @ self.head.T
+
+    def hidden(self, tokens, start, cache):
+        """The final norm's output [B, T, dim] (gradients flow when the weights ask for them)."""
         b, t = tokens.shape
         positions = torch.arange(start, start + t)
         h = self.w["model.embed_tokens.weight"][tokens]
@@ -93,7 +97,7 @@ class Peer:
             gate = self.linear(x, p + "mlp.gate_proj")
             h = h + self.linear(torch.nn.functional.silu(gate) * self.linear(x, p + "mlp.up_proj"),
                                 p + "mlp.down_proj")
-        return self.norm(h[:, -1], self.w["model.norm.weight"]) @ self.head.T
+        return self.norm(h, self.w["model.norm.weight"])
 
 
 def decode_rate(peer, batch, prompt, new):

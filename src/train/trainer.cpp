@@ -963,7 +963,11 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   const double replica_group =
       config.strategy == Strategy::ddp ? static_cast<double>(ranks) : replicas;
   const double received = exact ? 28.0 * held / shards * (replica_group - 1) / replica_group : 0.0;
-  const double rows = std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks));
+  // A micro-batch's samples hold activations at once; a pipeline holds several micro-batches.
+  const double micro_batches =
+      has_mesh_dim(config, "pp") ? 1.0 : static_cast<double>(config.micro_batches);
+  const double rows =
+      std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks) / micro_batches);
   // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
   // state hold about 1.2 MiB whatever the model.
   constexpr double kRankRuntimeBytes = 1.5 * 1024 * 1024;
