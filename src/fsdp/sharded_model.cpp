@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string_view>
 #include <type_traits>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <meshtensor/comm/binned_reduction.hpp>
+#include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/profile.hpp>
 #include <meshtensor/core/random.hpp>
@@ -965,11 +967,29 @@ std::vector<Tensor> ShardedModel::full_parameters() {
   return result;
 }
 
+void ShardedModel::visit_full_parameters(
+    const std::function<void(std::span<nn::Parameter* const>)>& visit) {
+  for (auto& module : modules_) {
+    module->unshard();
+    module->unshard_work_.wait();
+    visit(module->parameters());
+    module->reshard();
+  }
+}
+
 std::uint64_t ShardedModel::full_parameters_digest() {
-  unshard_all();
-  const std::uint64_t digest = nn::parameters_digest(root_.parameters());
-  reshard();
-  return digest;
+  // nn::parameters_digest's fold, each value's digest taken while its group alone is gathered.
+  std::map<const nn::Parameter*, std::uint64_t> digests;
+  visit_full_parameters([&](std::span<nn::Parameter* const> group) {
+    for (const nn::Parameter* p : group)
+      digests[p] = p->value.digest();
+  });
+  Digest64 digest;
+  for (const nn::Parameter* p : root_.parameters()) {
+    digest.update(p->name);
+    digest.update_u64(digests.at(p));
+  }
+  return digest.finish();
 }
 
 }  // namespace meshtensor::fsdp

@@ -944,14 +944,27 @@ double context_gather_bytes(const TrainConfig& config, const ModelFootprint& mod
 }  // namespace
 
 double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int64_t ranks) {
-  const ModelFootprint model = task.footprint();
+  const ModelFootprint footprint = task.footprint();
+  // A named mesh splits the model over tp and pp (each rank holds 1 / (tp x pp) of the
+  // parameters, and 1 / tp of a group) and shards it over fsdp, replicated over dp.
+  const auto tp = static_cast<double>(mesh_dim(config, "tp"));
+  ModelFootprint model = footprint;
+  model.parameters /= tp * static_cast<double>(mesh_dim(config, "pp"));
+  model.largest_unit /= tp;
+  model.next_largest_unit /= tp;
   const double parameters = model.parameters;
-  const auto replicas = static_cast<double>(
+  double replicas =
       config.strategy == Strategy::hsdp
-          ? (config.replicas > 0 ? config.replicas : std::min<std::int64_t>(2, ranks))
-          : 1);
-  const double shards =
-      config.strategy == Strategy::ddp ? 1.0 : static_cast<double>(ranks) / replicas;
+          ? static_cast<double>(config.replicas > 0 ? config.replicas
+                                                    : std::min<std::int64_t>(2, ranks))
+          : 1.0;
+  double shards = config.strategy == Strategy::ddp ? 1.0 : static_cast<double>(ranks) / replicas;
+  double data = static_cast<double>(ranks);
+  if (config.mesh) {
+    replicas = static_cast<double>(mesh_dim(config, "dp"));
+    shards = static_cast<double>(mesh_dim(config, "fsdp"));
+    data = static_cast<double>(data_ranks(config));
+  }
   const double state_copies = config.optimizer == OptimizerKind::adamw ? 4.0 : 3.0;
   const bool exact = config.mode == comm::ReductionMode::exact;
   const double sink = exact ? 28.0 : 4.0;
@@ -961,13 +974,12 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
   const double carried = exact ? 28.0 * held / shards : 0.0;
   // Exact: the other replicas' states of this rank's slice, received for the merge.
   const double replica_group =
-      config.strategy == Strategy::ddp ? static_cast<double>(ranks) : replicas;
+      config.strategy == Strategy::ddp && !config.mesh ? static_cast<double>(ranks) : replicas;
   const double received = exact ? 28.0 * held / shards * (replica_group - 1) / replica_group : 0.0;
   // A micro-batch's samples hold activations at once; a pipeline holds several micro-batches.
   const double micro_batches =
       has_mesh_dim(config, "pp") ? 1.0 : static_cast<double>(config.micro_batches);
-  const double rows =
-      std::ceil(static_cast<double>(config.batch) / static_cast<double>(ranks) / micro_batches);
+  const double rows = std::ceil(static_cast<double>(config.batch) / data / micro_batches);
   // Measured: a thread rank's threads (compute and reduction lanes), queues and communicator
   // state hold about 1.2 MiB whatever the model.
   constexpr double kRankRuntimeBytes = 1.5 * 1024 * 1024;
@@ -986,10 +998,11 @@ double estimate_rank_bytes(const TrainConfig& config, const Task& task, std::int
       (exact ? rows * model.exact_scratch_bytes : 0.0)  // exact kernels' packed operands
       + (exact ? per_sample_products : 0.0) + context_gather_bytes(config, model) +
       (exact && shards > 1 ? 12.0 * unit : 0.0);  // a reduce-scatter's bins and digit plane
-  // Before sharding each rank builds the whole model: drawn values and zeroed gradients, which
-  // the shards replace a group at a time; a model whose weights are read next touches neither.
+  // Before splitting and sharding each rank builds the whole model: drawn values and zeroed
+  // gradients, which the shards replace a group at a time; a model whose weights are read next
+  // touches neither.
   const bool loaded = !config.init_dir.empty() || !config.resume_dir.empty();
-  const double build = loaded ? 0.0 : 8.0 * parameters + 8.0 * parameters / shards;
+  const double build = loaded ? 0.0 : 8.0 * footprint.parameters + 8.0 * parameters / shards;
   // Measured: freed blocks the storage cache keeps for reuse, the data and the allocator's
   // slack add up to a tenth of what is live at the peak.
   constexpr double kSlack = 1.1;

@@ -428,28 +428,44 @@ std::vector<Tensor> TrainingModel::whole_parameters() {
   return whole;
 }
 
+Tensor TrainingModel::whole_of(const nn::Parameter& p, const Tensor& local) const {
+  const Shape whole = p.global_shape();
+  for (int d = 0; d < whole.rank(); ++d) {
+    if (whole[d] == local.shape()[d]) continue;
+    return tp_->redistribute(local, whole, meshtensor::Placement::shard(d),
+                             meshtensor::Placement::replicate(), p.name, "digest", "gather");
+  }
+  return local;
+}
+
 std::vector<Tensor> TrainingModel::stage_parameters() {
   std::vector<Tensor> values = sharded_->full_parameters();
   if (loss_.tp == nullptr) return values;
   const std::vector<nn::Parameter*> parameters = root_->parameters();
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const nn::Parameter& p = *parameters[i];
-    const Shape whole = p.global_shape();
-    for (int d = 0; d < whole.rank(); ++d) {
-      if (whole[d] == values[i].shape()[d]) continue;
-      values[i] = tp_->redistribute(values[i], whole, meshtensor::Placement::shard(d),
-                                    meshtensor::Placement::replicate(), p.name, "digest", "gather");
-      break;
-    }
-  }
+  for (std::size_t i = 0; i < parameters.size(); ++i)
+    values[i] = whole_of(*parameters[i], values[i]);
   return values;
 }
 
 std::uint64_t TrainingModel::full_digest() {
   if (loss_.tp == nullptr && pipeline_ == nullptr) return sharded_->full_parameters_digest();
-  const std::vector<Tensor> values = whole_parameters();
   const std::vector<nn::Parameter*> parameters = model_->parameters();
   Digest64 digest;
+  if (pipeline_ == nullptr) {
+    // One whole parameter at a time, a group gathered at a time: no copy of the model is held.
+    const std::vector<nn::Parameter*> local = root_->parameters();
+    std::map<const nn::Parameter*, std::uint64_t> digests;
+    sharded_->visit_full_parameters([&](std::span<nn::Parameter* const> group) {
+      for (nn::Parameter* p : group)
+        digests[p] = whole_of(*p, p->value).digest();
+    });
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      digest.update(parameters[i]->name);
+      digest.update_u64(digests.at(local[i]));
+    }
+    return digest.finish();
+  }
+  const std::vector<Tensor> values = whole_parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     digest.update(parameters[i]->name);
     digest.update_u64(values[i].digest());

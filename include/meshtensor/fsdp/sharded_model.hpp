@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -261,11 +263,15 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   /// One optimizer slot per parameter shard (empty shards included): the optimizer steps on
   /// local shards only and its state has their size.
   std::vector<nn::OptimizerSlot> optimizer_slots();
-  /// Digest of the full parameters (nn::parameters_digest of the root): gathers every group,
-  /// then frees them. Collective.
+  /// Digest of the full parameters (nn::parameters_digest of the root), one group gathered at a
+  /// time. Collective.
   std::uint64_t full_parameters_digest();
   /// The full parameters as tensors in root order (gathered, copied, freed again). Collective.
   std::vector<Tensor> full_parameters();
+  /// Runs `visit` on each group's parameters while that group alone is gathered (each holds its
+  /// full value), group by group in the same order on every rank: no copy is made, and no more
+  /// than one group is whole at a time. Collective.
+  void visit_full_parameters(const std::function<void(std::span<nn::Parameter* const>)>& visit);
 
   /// The bytes this rank holds, by kind.
   MemoryTracker& memory() { return memory_; }

@@ -168,6 +168,8 @@ class TrainingModel {
   /// Whether this rank holds parameter i of model_->parameters() (its stage runs here).
   bool holds(std::size_t i) const { return pp_owner_.empty() || pp_owner_[i] == pp_rank_; }
   std::vector<Tensor> stage_parameters();  // whole (tp-gathered) values of root_'s parameters
+  /// `local` (this rank's split of p, gathered over fsdp) whole: gathered over tp when split.
+  Tensor whole_of(const nn::Parameter& p, const Tensor& local) const;
 
   comm::Communicator& world_;
   const Task& task_;
