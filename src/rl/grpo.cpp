@@ -176,8 +176,11 @@ void RlRun::build() {
     config_.model = generate::read_architecture(world_, config_.init,
                                                 world_.backend() == "threads" ? world_.size() : 1);
   }
-  language_ =
-      std::make_unique<train::LanguageModelling>(task_.corpus, config_.model, task_.tokenizer);
+  // The trainer's windows are the rollouts' sequences (prompt and completion), not the context:
+  // the memory it needs follows them.
+  language_ = std::make_unique<train::LanguageModelling>(
+      task_.corpus, config_.model, task_.tokenizer,
+      std::min(length_ + 1, nn::decoder_context(config_.model)));
   validate_rl_config(config_, task_, world_.size());
   train::TrainConfig trainer = config_.train;
   trainer.batch = config_.prompts * config_.samples / config_.minibatches;

@@ -10,7 +10,8 @@
 #             factors, scale_attn_weights false, a Qwen3 without head_dim (its class's 128,
 #             which its tensors do not have), a Qwen3 sliding window shorter than the
 #             context, model_type naming another model, NaN and infinite weights (f32 and
-#             bf16; checkpoint verify reports them too), a tensor under both names
+#             bf16; checkpoint verify reports them too), a tensor under both names, a
+#             truncated shard, and a folder too large for the memory (before it is read)
 #   paths     a folder that is a loop of links, exports onto a dangling link and under /proc exit
 #             2; an export onto a link to an empty folder fills that folder and keeps the link
 set -euo pipefail
@@ -107,6 +108,48 @@ refused)
   refused "tensor 'model.norm.weight' holds inf at element 7" "$dir/v"
   variant gpt 'weights["wpe.weight"] = weights["transformer.wpe.weight"]'
   refused "holds both 'transformer.wpe.weight' and 'wpe.weight'" "$dir/v"
+  # A shard shorter than its header says: every command refuses it by name.
+  cp -r "$dir/qwen" "$dir/short"
+  truncate -s -100 "$dir/short/model.safetensors"
+  refused "model.safetensors is not a valid safetensors file: the file is .* bytes, but its header describes .* (truncated)" "$dir/short"
+  expect 2 "(truncated)" "$bin" train --init "hf:$dir/short" --steps 1
+  # A folder too large for this machine (a 70B-parameter Llama; its shard a sparse file): the
+  # memory check refuses it by name before a byte of it is read, for every command.
+  mkdir "$dir/big" && cp "$dir/tok.json" "$dir/big/tokenizer.json"
+  /usr/bin/python3 - "$dir/big" <<'PY'
+import json, pathlib, struct, sys
+folder = pathlib.Path(sys.argv[1])
+d, f, layers, vocab, heads, kv = 8192, 28672, 80, 300, 64, 8
+config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d,
+          "intermediate_size": f, "num_attention_heads": heads, "num_key_value_heads": kv,
+          "num_hidden_layers": layers, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+          "rope_theta": 500000.0, "max_position_embeddings": 8192, "tie_word_embeddings": False}
+(folder / "config.json").write_text(json.dumps(config))
+shapes = {"model.embed_tokens.weight": [vocab, d], "model.norm.weight": [d], "lm_head.weight": [vocab, d]}
+for i in range(layers):
+    p, q, k = f"model.layers.{i}.", d, kv * d // heads
+    shapes.update({p + "self_attn.q_proj.weight": [q, d], p + "self_attn.k_proj.weight": [k, d],
+                   p + "self_attn.v_proj.weight": [k, d], p + "self_attn.o_proj.weight": [d, q],
+                   p + "mlp.gate_proj.weight": [f, d], p + "mlp.up_proj.weight": [f, d],
+                   p + "mlp.down_proj.weight": [d, f], p + "input_layernorm.weight": [d],
+                   p + "post_attention_layernorm.weight": [d]})
+header, at = {}, 0
+for name, shape in shapes.items():
+    size = 2
+    for n in shape:
+        size *= n
+    header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [at, at + size]}
+    at += size
+head = json.dumps(header).encode()
+with open(folder / "model.safetensors", "wb") as out:
+    out.write(struct.pack("<Q", len(head)) + head)
+    out.truncate(8 + len(head) + at)
+PY
+  too_big="needs about .* of memory, but only .* is available"
+  expect 2 "of checkpoint hf:$dir/big (.* parameters) $too_big"     "$bin" generate --checkpoint "hf:$dir/big" --prompt a
+  expect 2 "$too_big" "$bin" serve --checkpoint "hf:$dir/big" --port 0
+  expect 2 "training model llama layers=80 .* $too_big"     "$bin" train --init "hf:$dir/big" --steps 1
+  expect 2 "$too_big" "$bin" rl --init "hf:$dir/big" --steps 1
   # A checkpoint of meshtensor's own with a NaN: verify names the tensor.
   cp -r "$dir/gpt-ck" "$dir/nan-ck"
   /usr/bin/python3 - "$dir/nan-ck" <<'PY'

@@ -277,5 +277,42 @@ TEST(LanguageTraining, ACheckpointOfFsdpResumesOnHsdpWithTheUninterruptedBits) {
   EXPECT_EQ(resumed.digest, whole.digest);
 }
 
+TEST(LanguageModelling, TheMemoryEstimateFollowsWhatARankHolds) {
+  // A Llama with a vocabulary large beside its blocks, as the published ones have.
+  nn::LlamaConfig llama;
+  llama.layers = 2;
+  llama.heads = 4;
+  llama.kv_heads = 2;
+  llama.dim = 64;
+  llama.ffn = 128;
+  llama.context = 32;
+  llama.vocabulary = 256;
+  llama.tie = true;
+  const LanguageModelling task(synthetic_text(), llama);
+  TrainConfig one;
+  one.batch = 8;
+  const double whole = estimate_rank_bytes(one, task, 1);
+  TrainConfig fsdp = one;
+  fsdp.strategy = Strategy::fsdp;
+  EXPECT_LT(estimate_rank_bytes(fsdp, task, 2), whole);
+  // A tp mesh splits the model: each rank holds half of it, and the whole batch.
+  TrainConfig tp = one;
+  tp.mesh = DeviceMesh({2}, {"tp"});
+  const double split = estimate_rank_bytes(tp, task, 2);
+  EXPECT_LT(split, whole);
+  EXPECT_GT(split, estimate_rank_bytes(fsdp, task, 2) / 2);
+  // Micro-batches bound the activations; exact sums cost more; a model whose weights are read
+  // next draws none.
+  TrainConfig micro = one;
+  micro.micro_batches = 4;
+  EXPECT_LT(estimate_rank_bytes(micro, task, 1), whole);
+  TrainConfig exact = one;
+  exact.mode = comm::ReductionMode::exact;
+  EXPECT_GT(estimate_rank_bytes(exact, task, 1), whole);
+  TrainConfig loaded = one;
+  loaded.init_dir = "hf:/nowhere";
+  EXPECT_LE(estimate_rank_bytes(loaded, task, 1), whole);
+}
+
 }  // namespace
 }  // namespace meshtensor::train
