@@ -189,10 +189,18 @@ void RlRun::build() {
   std::exception_ptr failure;
   if (world_.rank() == 0) {
     try {
-      // The trainer's peak, its reference model, and the generator's copy of the model.
+      // The trainer's peak, its reference model (values and gradients, sharded like the
+      // policy), and the generator's copy of the model (split over its tp ranks).
       const double process_ranks = world_.backend() == "threads" ? world_.size() : 1.0;
+      if (trainer.init_dir.empty()) trainer.init_dir = config_.init;
+      const double whole = nn::decoder_model_bytes(config_.model);  // values and gradients
+      double shards = trainer.strategy == train::Strategy::fsdp
+                          ? static_cast<double>(trainer_ranks_)
+                          : 1.0;  // hsdp: at least its replicas' worth, counted as ddp
+      if (trainer.mesh) shards = static_cast<double>(train::mesh_dim(trainer, "fsdp"));
       const double per_rank = train::estimate_rank_bytes(trainer, *language_, trainer_ranks_) +
-                              nn::decoder_model_bytes(config_.model) * (config_.kl > 0 ? 2.0 : 1.0);
+                              (config_.kl > 0 ? whole / shards : 0.0) +
+                              whole / 2.0 / static_cast<double>(config_.generator.tp);
       require_memory(per_rank * process_ranks,
                      fmt::format("GRPO on model {} with {} rank(s) in this process ({} a rank)",
                                  language_->architecture(), process_ranks, format_bytes(per_rank)));
@@ -206,10 +214,13 @@ void RlRun::build() {
   trainer_world_ = std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {});
   if (trainer_copies_ > 1)
     trainer_world_ = world_.split(world_.rank() / trainer_ranks_, world_.rank(), {});
-  policy_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, config_.train,
+  // Weights read next (the init, a resume, or the sync that fills a copy) are not drawn first.
+  train::TrainConfig models = config_.train;
+  if (models.init_dir.empty()) models.init_dir = config_.init;
+  policy_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, models,
                                                    config_.train.seed, trains_);
   if (config_.kl > 0 && trains_) {
-    reference_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, config_.train,
+    reference_ = std::make_unique<train::TrainingModel>(*trainer_world_, *language_, models,
                                                         config_.train.seed, false);
   }
   result_.parameters = policy_->parameter_count();
@@ -225,7 +236,11 @@ void RlRun::build_generator() {
   const GeneratorLayout held{world_.size() / config_.generator.tp, config_.generator.tp};
   generator_groups_ = std::make_shared<comm::MeshGroups>(
       held.mesh(), std::shared_ptr<comm::Communicator>(&world_, [](comm::Communicator*) {}));
-  generator_model_ = language_->make_model(config_.train.seed);
+  {
+    // The sync fills every parameter before the generator first runs.
+    const nn::WeightsToBeLoaded filled_by_sync;
+    generator_model_ = language_->make_model(config_.train.seed);
+  }
   auto& decoder = dynamic_cast<nn::Decoder&>(*generator_model_);
   const comm::ReductionMode mode = config_.generator_mode.value_or(config_.train.mode);
   const bool exact_generator = mode == comm::ReductionMode::exact;
@@ -249,11 +264,13 @@ void RlRun::load_init() {
   std::vector<train::TrainingModel*> models{policy_.get()};
   if (reference_ != nullptr) models.push_back(reference_.get());
   for (train::TrainingModel* model : models) {
+    // Straight into the shards: no rank holds the whole model.
     const std::vector<checkpoint::SaveItem> items =
         train::model_state(model->sharded(), nullptr, trainer_world_->rank() == 0);
-    const std::vector<Tensor> loaded =
-        generate::load_blocks(*trainer_world_, config_.init, train::load_requests(items));
-    train::restore_model_state(items, loaded, nullptr);
+    std::vector<Tensor> targets;
+    for (const checkpoint::SaveItem& item : items)
+      targets.push_back(item.data);
+    generate::load_blocks_into(*trainer_world_, config_.init, train::load_requests(items), targets);
   }
 }
 
