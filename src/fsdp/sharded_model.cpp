@@ -977,12 +977,13 @@ void ShardedModel::visit_full_parameters(
   }
 }
 
-std::uint64_t ShardedModel::full_parameters_digest() {
+std::uint64_t ShardedModel::full_parameters_digest(
+    const std::function<Tensor(const nn::Parameter&)>& whole) {
   // nn::parameters_digest's fold, each value's digest taken while its group alone is gathered.
   std::map<const nn::Parameter*, std::uint64_t> digests;
   visit_full_parameters([&](std::span<nn::Parameter* const> group) {
     for (const nn::Parameter* p : group)
-      digests[p] = p->value.digest();
+      digests[p] = whole ? whole(*p).digest() : p->value.digest();
   });
   Digest64 digest;
   for (const nn::Parameter* p : root_.parameters()) {

@@ -585,60 +585,45 @@ void gemm_in_place(const KernelShape<T>& kernel, std::int64_t m, std::int64_t n,
   }
 }
 
-/// R rows of c, the 16·JB columns from `col0`, for a b stored transposed (op(b)[k][j] at
+/// R rows of c, the 16 columns from `col0`, for a b stored transposed (op(b)[k][j] at
 /// b[k + j·ldb], a tied head's table): each 16 x 16 block of the table is loaded row by row and
-/// transposed in registers, so b is read in place, never packed; JB blocks side by side keep
-/// that many independent chains in flight. Columns at or past n are masked. The chains are
-/// gemm()'s: one fma per k in ascending order from the seed.
-template <int R, int JB>
+/// transposed in registers, so b is read in place, never packed. Columns at or past n are
+/// masked. The chains are gemm()'s: one fma per k in ascending order from the seed. (Two or
+/// four blocks side by side spill the transposed blocks: measured slower on Zen 5.)
+template <int R>
 [[gnu::target("avx512f,fma")]] void transposed_b_rows(std::int64_t n, std::int64_t k,
                                                       const float* a, std::int64_t lda,
                                                       const float* b, std::int64_t ldb, float* c,
                                                       std::int64_t ldc, std::int64_t col0,
                                                       std::pair<const float*, std::int64_t> init) {
-  std::int64_t valid[JB];
-  __mmask16 columns[JB];
-  __m512 acc[R][JB];
-  for (int jb = 0; jb < JB; ++jb) {
-    const std::int64_t first = col0 + 16 * jb;
-    valid[jb] = std::clamp<std::int64_t>(n - first, 0, 16);
-    columns[jb] = static_cast<__mmask16>((1U << valid[jb]) - 1U);
-    for (int r = 0; r < R; ++r) {
-      acc[r][jb] = init.first == nullptr
-                       ? _mm512_setzero_ps()
-                       : _mm512_maskz_loadu_ps(columns[jb], init.first + r * init.second + first);
-    }
+  const std::int64_t valid = std::min<std::int64_t>(n - col0, 16);
+  const auto columns = static_cast<__mmask16>((1U << valid) - 1U);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = init.first == nullptr
+                 ? _mm512_setzero_ps()
+                 : _mm512_maskz_loadu_ps(columns, init.first + r * init.second + col0);
   }
   for (std::int64_t k0 = 0; k0 < k; k0 += 16) {
     const std::int64_t depth = std::min<std::int64_t>(k - k0, 16);
     const auto loaded = static_cast<__mmask16>((1U << depth) - 1U);
-    __m512 block[JB][16];
-    for (int jb = 0; jb < JB; ++jb) {
-      // Measured: asking for the 16 rows' lines first keeps them in flight together (23.7 ms
-      // against 31.4 for a Qwen3 head row on Zen 5; the masked loads alone wait more).
-      for (std::int64_t j = 0; j < 16; ++j) {
-        if (j < valid[jb])
-          _mm_prefetch(reinterpret_cast<const char*>(b + (col0 + 16 * jb + j) * ldb + k0),
-                       _MM_HINT_T0);
-      }
-      for (std::int64_t j = 0; j < 16; ++j) {
-        block[jb][j] = j < valid[jb]
-                           ? _mm512_maskz_loadu_ps(loaded, b + (col0 + 16 * jb + j) * ldb + k0)
+    // Measured: asking for the 16 rows' lines first keeps them in flight together (23.7 ms
+    // against 31.4 for a Qwen3 head row on Zen 5; the masked loads alone wait more).
+    for (std::int64_t j = 0; j < valid; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(b + (col0 + j) * ldb + k0), _MM_HINT_T0);
+    __m512 block[16];
+    for (std::int64_t j = 0; j < 16; ++j) {
+      block[j] = j < valid ? _mm512_maskz_loadu_ps(loaded, b + (col0 + j) * ldb + k0)
                            : _mm512_setzero_ps();
-      }
-      transpose_16x16(block[jb]);
     }
+    transpose_16x16(block);
     for (std::int64_t kk = 0; kk < depth; ++kk) {
-      for (int r = 0; r < R; ++r) {
-        const __m512 x = _mm512_set1_ps(a[r * lda + k0 + kk]);
-        for (int jb = 0; jb < JB; ++jb)
-          acc[r][jb] = _mm512_fmadd_ps(x, block[jb][kk], acc[r][jb]);
-      }
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k0 + kk]), block[kk], acc[r]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int jb = 0; jb < JB; ++jb)
-      _mm512_mask_storeu_ps(c + r * ldc + col0 + 16 * jb, columns[jb], acc[r][jb]);
+    _mm512_mask_storeu_ps(c + r * ldc + col0, columns, acc[r]);
 }
 
 /// c = a·op(b) (+ c) for at most kInPlaceRows rows of a row-major f32 `a` and a b stored
@@ -649,27 +634,24 @@ template <int R, int JB>
                                                       std::int64_t lda, const float* b,
                                                       std::int64_t ldb, float* c, std::int64_t ldc,
                                                       Seed<float> seed) {
-  // One column block at a time: two or four side by side spill the transposed blocks (measured
-  // slower on Zen 5).
-  constexpr int kBlocks = 1;
   for (std::int64_t row0 = 0; row0 < m; row0 += 4) {
     const std::int64_t rows = std::min<std::int64_t>(4, m - row0);
     const auto init = seed.at(c, ldc, row0, 0);
     const float* a_rows = a + row0 * lda;
     float* c_rows = c + row0 * ldc;
-    for (std::int64_t col0 = 0; col0 < n; col0 += 16 * kBlocks) {
+    for (std::int64_t col0 = 0; col0 < n; col0 += 16) {
       switch (rows) {
         case 1:
-          transposed_b_rows<1, kBlocks>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
+          transposed_b_rows<1>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
           break;
         case 2:
-          transposed_b_rows<2, kBlocks>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
+          transposed_b_rows<2>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
           break;
         case 3:
-          transposed_b_rows<3, kBlocks>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
+          transposed_b_rows<3>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
           break;
         default:
-          transposed_b_rows<4, kBlocks>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
+          transposed_b_rows<4>(n, k, a_rows, lda, b, ldb, c_rows, ldc, col0, init);
           break;
       }
     }

@@ -263,15 +263,8 @@ void RlRun::build_generator() {
 void RlRun::load_init() {
   std::vector<train::TrainingModel*> models{policy_.get()};
   if (reference_ != nullptr) models.push_back(reference_.get());
-  for (train::TrainingModel* model : models) {
-    // Straight into the shards: no rank holds the whole model.
-    const std::vector<checkpoint::SaveItem> items =
-        train::model_state(model->sharded(), nullptr, trainer_world_->rank() == 0);
-    std::vector<Tensor> targets;
-    for (const checkpoint::SaveItem& item : items)
-      targets.push_back(item.data);
-    generate::load_blocks_into(*trainer_world_, config_.init, train::load_requests(items), targets);
-  }
+  for (train::TrainingModel* model : models)
+    train::read_model_weights(*trainer_world_, config_.init, model->sharded());
 }
 
 std::vector<checkpoint::SaveItem> RlRun::state() {

@@ -1,5 +1,6 @@
 #include <string>
 
+#include <meshtensor/generate/load.hpp>
 #include <meshtensor/train/model_state.hpp>
 
 namespace meshtensor::train {
@@ -72,6 +73,15 @@ void restore_model_state(std::span<const checkpoint::SaveItem> items,
     }
   }
   if (optimizer != nullptr) optimizer->set_scalar_state(optimizer_scalars);
+}
+
+void read_model_weights(comm::Communicator& world, const std::string& path,
+                        fsdp::ShardedModel& sharded) {
+  const std::vector<checkpoint::SaveItem> items = model_state(sharded, nullptr, world.rank() == 0);
+  std::vector<Tensor> targets;
+  for (const checkpoint::SaveItem& item : items)
+    targets.push_back(item.data);
+  generate::load_blocks_into(world, path, load_requests(items), targets);
 }
 
 }  // namespace meshtensor::train

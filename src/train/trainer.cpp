@@ -443,12 +443,7 @@ void TrainingRun::load_init() {
     throw InvalidArgument(fmt::format("init {} holds the model '{}', but this run trains '{}'",
                                       config_.init_dir, architecture, task_.architecture()));
   }
-  // Straight into the shards: no rank holds the whole model.
-  const std::vector<checkpoint::SaveItem> items = model_state(model_->sharded(), nullptr, leader_);
-  std::vector<Tensor> targets;
-  for (const checkpoint::SaveItem& item : items)
-    targets.push_back(item.data);
-  generate::load_blocks_into(world_, config_.init_dir, load_requests(items), targets);
+  read_model_weights(world_, config_.init_dir, model_->sharded());
 }
 
 void TrainingRun::resume() {

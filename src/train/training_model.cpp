@@ -448,23 +448,14 @@ std::vector<Tensor> TrainingModel::stage_parameters() {
 }
 
 std::uint64_t TrainingModel::full_digest() {
-  if (loss_.tp == nullptr && pipeline_ == nullptr) return sharded_->full_parameters_digest();
-  const std::vector<nn::Parameter*> parameters = model_->parameters();
-  Digest64 digest;
   if (pipeline_ == nullptr) {
     // One whole parameter at a time, a group gathered at a time: no copy of the model is held.
-    const std::vector<nn::Parameter*> local = root_->parameters();
-    std::map<const nn::Parameter*, std::uint64_t> digests;
-    sharded_->visit_full_parameters([&](std::span<nn::Parameter* const> group) {
-      for (nn::Parameter* p : group)
-        digests[p] = whole_of(*p, p->value).digest();
-    });
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      digest.update(parameters[i]->name);
-      digest.update_u64(digests.at(local[i]));
-    }
-    return digest.finish();
+    if (loss_.tp == nullptr) return sharded_->full_parameters_digest();
+    return sharded_->full_parameters_digest(
+        [this](const nn::Parameter& p) { return whole_of(p, p.value); });
   }
+  const std::vector<nn::Parameter*> parameters = model_->parameters();
+  Digest64 digest;
   const std::vector<Tensor> values = whole_parameters();
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     digest.update(parameters[i]->name);

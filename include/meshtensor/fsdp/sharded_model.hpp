@@ -264,14 +264,13 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   /// local shards only and its state has their size.
   std::vector<nn::OptimizerSlot> optimizer_slots();
   /// Digest of the full parameters (nn::parameters_digest of the root), one group gathered at a
-  /// time. Collective.
-  std::uint64_t full_parameters_digest();
+  /// time; with `whole`, of whole(p) for each gathered p instead of its value (a tensor-parallel
+  /// split gathered whole, say; it may run collectives, in group order on every rank).
+  /// Collective.
+  std::uint64_t full_parameters_digest(
+      const std::function<Tensor(const nn::Parameter&)>& whole = {});
   /// The full parameters as tensors in root order (gathered, copied, freed again). Collective.
   std::vector<Tensor> full_parameters();
-  /// Runs `visit` on each group's parameters while that group alone is gathered (each holds its
-  /// full value), group by group in the same order on every rank: no copy is made, and no more
-  /// than one group is whole at a time. Collective.
-  void visit_full_parameters(const std::function<void(std::span<nn::Parameter* const>)>& visit);
 
   /// The bytes this rank holds, by kind.
   MemoryTracker& memory() { return memory_; }
@@ -314,6 +313,10 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
                 const std::optional<std::vector<ShardedModule*>>& explicit_list);
   void finish_step();
   void unshard_all();  // gathers every group and waits
+  /// Runs `visit` on each group's parameters while that group alone is gathered (each holds its
+  /// full value), group by group in the same order on every rank: no copy is made, and no more
+  /// than one group is whole at a time. Collective.
+  void visit_full_parameters(const std::function<void(std::span<nn::Parameter* const>)>& visit);
   void check_order();
 
   nn::Module& root_;

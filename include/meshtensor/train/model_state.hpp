@@ -27,4 +27,10 @@ std::vector<checkpoint::LoadRequest> load_requests(std::span<const checkpoint::S
 void restore_model_state(std::span<const checkpoint::SaveItem> items,
                          std::span<const Tensor> loaded, nn::Optimizer* optimizer);
 
+/// Reads the "model.*" tensors of `path` (a checkpoint or "hf:DIR") straight into the shards of
+/// `sharded` (generate::load_blocks_into): no rank holds the whole model. Collective over
+/// `world`, the ranks of `sharded`'s mesh.
+void read_model_weights(comm::Communicator& world, const std::string& path,
+                        fsdp::ShardedModel& sharded);
+
 }  // namespace meshtensor::train
