@@ -221,8 +221,7 @@ int run_cp_bench(const ContextBenchConfig& options) {
   std::unique_ptr<nn::Module> built = task.make_model(0);
   const auto& decoder = dynamic_cast<nn::Decoder&>(*built);
   const std::int64_t length = decoder.context();
-  const std::int64_t head_dim =
-      std::visit([](const auto& c) { return c.dim / c.heads; }, language->model());
+  const std::int64_t head_dim = nn::decoder_head_dim(language->model());
   for (const std::int64_t d : options.degrees) {
     if (!context_splits(length, d))
       throw ParseError(fmt::format("--degrees: cp {} does not split the context {}", d, length));

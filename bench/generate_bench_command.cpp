@@ -96,7 +96,7 @@ void run_generate_bench(const GenerateBenchCliOptions& options) {
     bench_options.batches.push_back(integer_setting("--batches", b, 1, 4096));
   run_ranks(Backend::threads, 1, "bench generate", [&](comm::Communicator& world) {
     std::unique_ptr<nn::Decoder> model =
-        options.checkpoint.empty() ? nn::make_decoder(nn::parse_decoder_config(options.model))
+        options.checkpoint.empty() ? nn::make_decoder(nn::parse_decoder_spec(options.model))
                                    : generate::load_decoder(world, options.checkpoint);
     if (bench_options.prompt_tokens + bench_options.new_tokens > model->context()) {
       throw ParseError(

@@ -104,7 +104,7 @@ class ReplayedStages : public pp::StageWork {
   std::chrono::duration<double> backward_;
 };
 
-ReplayFigures replay_on_link(const train::Task& task, const nn::DecoderConfig& model,
+ReplayFigures replay_on_link(const train::Task& task, const nn::DecoderSpec& model,
                              const pp::ScheduleConfig& schedule, std::int64_t rows,
                              const std::string& link, std::int64_t rounds) {
   ReplayFigures figures;
@@ -118,8 +118,7 @@ ReplayFigures replay_on_link(const train::Task& task, const nn::DecoderConfig& m
       static_cast<int>(schedule.ranks),
       [&](comm::Communicator& world) {
         pp::Pipeline pipeline(world, schedule);
-        ReplayedStages work(Shape{rows, nn::decoder_context(model), nn::decoder_dim(model)},
-                            forward, backward);
+        ReplayedStages work(Shape{rows, model.context, model.dim}, forward, backward);
         for (std::int64_t r = 0; r <= rounds; ++r) {
           const pp::PipelineStepStats stats = pipeline.run_step(work);
           if (r == 0) continue;  // the links' first messages start their threads
@@ -195,7 +194,7 @@ nlohmann::json run_json(const TrainingFigures& f) {
 
 /// Everything `bench pp` measured.
 struct PpBenchFigures {
-  const nn::DecoderConfig& model;
+  const nn::DecoderSpec& model;
   comm::ReductionMode mode;
   pp::ScheduleConfig schedule;
   std::int64_t rows;  // windows per micro-batch
@@ -215,7 +214,7 @@ struct PpBenchFigures {
 
 void print_pp_json(const PpBenchFigures& f) {
   const ReplayFigures& replay = f.replay;
-  nlohmann::json out = {{"model", nn::decoder_config_text(f.model)},
+  nlohmann::json out = {{"model", nn::decoder_spec_text(f.model)},
                         {"mode", comm::reduction_mode_name(f.mode)},
                         {"stages", f.schedule.ranks},
                         {"schedule", pp::schedule_name(f.schedule.kind)},
@@ -246,7 +245,7 @@ void print_pp_text(const PpBenchFigures& f) {
   std::cout << fmt::format(
       "model {}, mode {}, {} stages, {} schedule ({} virtual stage(s) a rank), {} "
       "micro-batches of {} window(s), link {}\n",
-      nn::decoder_config_text(f.model), comm::reduction_mode_name(f.mode), f.schedule.ranks,
+      nn::decoder_spec_text(f.model), comm::reduction_mode_name(f.mode), f.schedule.ranks,
       pp::schedule_name(f.schedule.kind), f.schedule.virtual_stages, f.schedule.micro_batches,
       f.rows, f.link);
   std::cout << fmt::format(
@@ -287,7 +286,7 @@ int run_pp_bench(const PipelineBenchConfig& options) {
   const auto* language = dynamic_cast<const train::LanguageModelling*>(&task);
   if (language == nullptr)
     throw ParseError("bench pp splits a decoder: give --model gpt[:...] or llama[:...]");
-  const nn::DecoderConfig& model = language->model();
+  const nn::DecoderSpec& model = language->model();
   train::TrainConfig piped = base;
   piped.mesh = train::parse_named_mesh(std::to_string(stages), "pp");
   if (!options.micro_batches_given) piped.micro_batches = 2 * stages;

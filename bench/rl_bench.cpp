@@ -163,7 +163,7 @@ double generator_alone(const RlBenchConfig& config, const rl::RlTask& task,
 }
 
 /// Whether a model of `model` splits over `degree` tensor-parallel ranks.
-bool splits_over(const nn::DecoderConfig& model, std::int64_t degree) {
+bool splits_over(const nn::DecoderSpec& model, std::int64_t degree) {
   try {
     tp::check_decoder_degree(model, degree);
     return true;

@@ -12,7 +12,7 @@ namespace meshtensor::bench {
 struct RlBenchConfig {
   int ranks = 4;                 ///< thread ranks of the sync comparison and the spread run
   std::string link = "20us,10";  ///< the simulated link of those runs
-  nn::DecoderConfig model;       ///< the policy (fresh weights; the default GPT by default)
+  nn::DecoderSpec model;         ///< the policy (fresh weights; the default GPT by default)
   int repeats = 5;               ///< syncs timed per layout pair (median)
   int steps = 4;                 ///< RL steps of each step-share run (the first is not counted)
 };

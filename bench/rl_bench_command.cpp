@@ -57,7 +57,7 @@ nlohmann::json to_json(const bench::RlBenchResult& r) {
 void print(const bench::RlBenchResult& r, const bench::RlBenchConfig& config) {
   std::cout << fmt::format(
       "weight sync, {} thread ranks, simulated link {}, model {} (median of {}):\n", config.ranks,
-      config.link, nn::decoder_config_text(config.model), config.repeats);
+      config.link, nn::decoder_spec_text(config.model), config.repeats);
   for (const bench::SyncComparison& s : r.syncs) {
     std::cout << fmt::format(
         "  {:<28} -> {:<14} planner {:>8.2f} ms ({:>3} collectives, {:>9}/rank)  naive {:>8.2f} "
@@ -106,7 +106,7 @@ void add_rl_bench(CLI::App& bench) {
           fmt::format("--ranks {}: the layouts compared need an even count", config.ranks));
     }
     config.link = options->link;
-    config.model = nn::parse_decoder_config(options->model);
+    config.model = nn::parse_decoder_spec(options->model);
     config.repeats = static_cast<int>(integer_setting("--repeats", options->repeats, 1, 1000));
     config.steps = static_cast<int>(integer_setting("--steps", options->steps, 2, 1000));
     const bench::RlBenchResult result = bench::run_rl_bench(config);

@@ -151,7 +151,7 @@ std::string request_body(const std::string& prompt, std::int64_t new_tokens, boo
 }
 
 /// A fresh decoder of `config` saved as a checkpoint under `root` (what `train` writes).
-void save_fresh_decoder(const nn::DecoderConfig& config, const std::string& root) {
+void save_fresh_decoder(const nn::DecoderSpec& config, const std::string& root) {
   comm::run_threads(1, [&](comm::Communicator& world) {
     const std::unique_ptr<nn::Decoder> model = nn::make_decoder(config);
     std::vector<checkpoint::SaveItem> items;
@@ -376,16 +376,16 @@ ServeBenchResult run_serve_bench(const ServeBenchConfig& config) {
   }
   ServeBenchResult result;
   try {
-    nn::DecoderConfig served;
+    nn::DecoderSpec served;
     comm::run_threads(1, [&](comm::Communicator& world) {
       served = generate::read_architecture(world, checkpoint);
     });
-    if (config.prompt_tokens + config.new_tokens > nn::decoder_context(served)) {
+    if (config.prompt_tokens + config.new_tokens > served.context) {
       throw InvalidArgument(fmt::format(
           "bench serve: --prompt-tokens {} plus --new-tokens {} exceed the model's context of {}",
-          config.prompt_tokens, config.new_tokens, nn::decoder_context(served)));
+          config.prompt_tokens, config.new_tokens, served.context));
     }
-    result.model = nn::decoder_config_text(served);
+    result.model = nn::decoder_spec_text(served);
     // The servers run in alternating rounds, with the generator timed before, between and
     // after them, so that a machine whose speed drifts during the run favours none of them.
     std::vector<double> rates;

@@ -10,7 +10,7 @@ namespace meshtensor::bench {
 /// What `meshtensor bench serve` runs.
 struct ServeBenchConfig {
   std::string checkpoint;  ///< the served checkpoint (empty: a fresh `model` saved to a temp dir)
-  nn::DecoderConfig model;
+  nn::DecoderSpec model;
   std::int64_t clients = 32;             ///< concurrent streaming clients
   double seconds = 10;                   ///< load time of each server, in 3 alternating rounds
   std::int64_t prompt_tokens = 16;       ///< each request's prompt

@@ -52,7 +52,7 @@ void print_load(const std::string& name, const bench::LoadFigures& f) {
 void run_serve_bench_command(const ServeBenchCliOptions& options) {
   bench::ServeBenchConfig config;
   config.checkpoint = options.checkpoint;
-  config.model = nn::parse_decoder_config(options.model);
+  config.model = nn::parse_decoder_spec(options.model);
   config.clients = integer_setting("--clients", options.clients, 1, 1024);
   config.seconds = real_setting("--seconds", options.seconds, 0.1, 3600);
   config.prompt_tokens = integer_setting("--prompt-tokens", options.prompt_tokens, 1, 1 << 20);

@@ -118,7 +118,7 @@ std::unique_ptr<train::Task> language_task(std::shared_ptr<const train::TextCorp
         std::move(corpus), generate::model_architecture(init), generate::model_tokenizer(init),
         seq_len(kwargs));
   }
-  nn::DecoderConfig decoder = nn::parse_decoder_config(model);
+  nn::DecoderSpec decoder = nn::parse_decoder_spec(model);
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   if (!tokenizer_path.empty()) {
     tokenizer =
@@ -689,7 +689,7 @@ void bind_data(py::module_& module) {
           [](const PyText& t, std::int64_t context) {
             nn::GptConfig model;
             model.context = context;
-            return train::LanguageModelling(t.corpus, model).samples();
+            return train::LanguageModelling(t.corpus, nn::gpt_spec(model)).samples();
           },
           py::arg("context"), "Training windows of `context` tokens in one epoch.")
       .def(
@@ -707,8 +707,8 @@ void bind_data(py::module_& module) {
                            fmt::format("windows: {} windows of {} tokens", count, context));
             nn::GptConfig model;
             model.context = context;
-            const train::Batch batch =
-                train::LanguageModelling(t.corpus, model).train_batch(seed, epoch, first, count);
+            const train::Batch batch = train::LanguageModelling(t.corpus, nn::gpt_spec(model))
+                                           .train_batch(seed, epoch, first, count);
             Tensor targets(batch.input.shape(), DType::i64);
             std::copy(batch.targets.begin(), batch.targets.end(),
                       targets.values<std::int64_t>().begin());

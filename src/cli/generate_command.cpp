@@ -157,7 +157,7 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job,
     std::vector<generate::Request> requests;
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       requests.push_back(job.format.request(prompts[i], job.new_tokens, job.sampling));
-      generate::check_request(requests.back(), first + i, model->decoder_config());
+      generate::check_request(requests.back(), first + i, model->decoder_spec());
     }
     const std::vector<generate::Completion> completions = generator.generate(requests);
     if (world.rank() == 0)
@@ -169,9 +169,9 @@ void generate_on_ranks(comm::Communicator& world, const GenerateJob& job,
 
 /// The architecture of the checkpoint, checked against its tensors, and the layout against it,
 /// before any rank starts or allocates; sets the job's prompt format.
-nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree,
-                                              GenerateJob& job) {
-  const nn::DecoderConfig config = generate::model_architecture(options.checkpoint);
+nn::DecoderSpec check_checkpoint_and_layout(const GenerateOptions& options, std::int64_t degree,
+                                            GenerateJob& job) {
+  const nn::DecoderSpec config = generate::model_architecture(options.checkpoint);
   if (degree > 1) tp::check_decoder_degree(config, degree);
   job.format = generate::prompt_format(generate::model_tokenizer(options.checkpoint), options.chat,
                                        options.chat_template, options.system);
@@ -181,7 +181,7 @@ nn::DecoderConfig check_checkpoint_and_layout(const GenerateOptions& options, st
 /// Every prompt of a regular file checked before anything is generated, so a bad line is an
 /// error with no output; other sources (a pipe) are checked window by window.
 void check_prompts_ahead(const GenerateOptions& options, const GenerateJob& job,
-                         const nn::DecoderConfig& config) {
+                         const nn::DecoderSpec& config) {
   if (options.prompts_option->count() == 0 || !std::filesystem::is_regular_file(options.prompts)) {
     return;
   }
@@ -211,7 +211,7 @@ void run_generate(const GenerateOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "generate");
   generate::PromptSource source = prompt_source(options);
-  const nn::DecoderConfig config =
+  const nn::DecoderSpec config =
       check_checkpoint_and_layout(options, std::max<std::int64_t>(given, 1), job);
   check_prompts_ahead(options, job, config);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "generate", [&](comm::Communicator& world) {

@@ -120,11 +120,11 @@ void run_serve(const ServeCliOptions& options) {
   const std::int64_t given =
       tensor_parallel_option(options.ranks, options.mesh, options.names, "serve");
   // The checkpoint and the layout are checked before any rank starts.
-  const nn::DecoderConfig model = generate::model_architecture(base.checkpoint);
+  const nn::DecoderSpec model = generate::model_architecture(base.checkpoint);
   if (given > 1) tp::check_decoder_degree(model, given);
   // The default id names the model's family: meshtensor-gpt, meshtensor-llama.
   if (!options.settings.given("model_name"))
-    base.model_name = "meshtensor-" + nn::decoder_family(model);
+    base.model_name = "meshtensor-" + nn::decoder_family_name(model);
   serve::ServeControl control;
   const SignalWatcher signals(control);
   run_ranks(backend, std::max<std::int64_t>(given, 1), "serve", [&](comm::Communicator& world) {
@@ -138,7 +138,7 @@ void run_serve(const ServeCliOptions& options) {
       std::cout << fmt::format(
                        "meshtensor serve: listening on {} (model {}: {}, {} mode, {} rank{}; "
                        "pid {})",
-                       url, config.model_name, nn::decoder_config_text(model),
+                       url, config.model_name, nn::decoder_spec_text(model),
                        comm::reduction_mode_name(config.mode), world.size(),
                        world.size() == 1 ? "" : "s", getpid())
                 << std::endl;

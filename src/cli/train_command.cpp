@@ -60,8 +60,7 @@ std::string describe_task(const LoadedTask& loaded) {
 /// The model a run trains, as its config text (an --init's decoder).
 std::string model_name(const TrainOptions& options, const LoadedTask& loaded) {
   if (!options.settings.given("init")) return options.model;
-  return nn::decoder_config_text(
-      dynamic_cast<const train::LanguageModelling&>(*loaded.task).model());
+  return nn::decoder_spec_text(dynamic_cast<const train::LanguageModelling&>(*loaded.task).model());
 }
 
 /// One line per report.

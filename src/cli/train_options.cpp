@@ -45,7 +45,7 @@ std::string strategy_text(const TrainOptions& options) {
 /// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
 /// The decoder and tokenizer of `init` (a checkpoint or hf:DIR), which --model and --tokenizer
 /// must leave alone.
-std::pair<nn::DecoderConfig, std::shared_ptr<const tokenize::Tokenizer>> init_model(
+std::pair<nn::DecoderSpec, std::shared_ptr<const tokenize::Tokenizer>> init_model(
     const TrainOptions& options, const std::string& init) {
   if ((options.model_option != nullptr && options.model_option->count() > 0) ||
       !options.tokenizer.empty()) {
@@ -76,7 +76,7 @@ LoadedTask load_task(const TrainOptions& options) {
     return loaded;
   }
   if (nn::is_decoder_model(options.model)) {
-    const nn::DecoderConfig decoder = nn::parse_decoder_config(options.model);
+    const nn::DecoderSpec decoder = nn::parse_decoder_spec(options.model);
     if ((options.activation_option != nullptr && options.activation_option->count() > 0) ||
         options.layernorm) {
       throw ParseError(fmt::format(
@@ -125,7 +125,7 @@ void add_shared_train_options(CLI::App& command, TrainOptions& options) {
           nn::gpt_config_text(nn::GptConfig{}) +
           "); or llama / llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,"
           "rope_theta=R,norm_eps=E,qk_norm=0|1,tie=0|1 (default " +
-          nn::llama_config_text(nn::LlamaConfig{}) + ")");
+          nn::llama_config_text(nn::DecoderSpec{}) + ")");
   command.add_option("--tokenizer", options.tokenizer,
                      "gpt/llama: a byte-level BPE tokenizer.json (`meshtensor tokenizer train`); "
                      "the model's vocabulary is its (default: bytes, 256 tokens)");

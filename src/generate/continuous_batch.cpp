@@ -50,7 +50,7 @@ ContinuousBatch::ContinuousBatch(nn::Decoder& model, GeneratorOptions options,
 }
 
 void ContinuousBatch::add(std::uint64_t id, Request request, std::size_t index) {
-  check_request(request, index, model_.decoder_config());
+  check_request(request, index, model_.decoder_spec());
   if (free_.empty()) throw InvalidArgument(fmt::format("request {}: no cache slot is free", index));
   if (std::any_of(running_.begin(), running_.end(), [&](const Running& r) { return r.id == id; }))
     throw InvalidArgument(fmt::format("request {}: id {} is already running", index, id));

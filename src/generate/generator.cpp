@@ -13,9 +13,9 @@
 
 namespace meshtensor::generate {
 
-void check_request(const Request& request, std::size_t index, const nn::DecoderConfig& model) {
-  const std::int64_t vocabulary = nn::decoder_vocabulary(model);
-  const std::int64_t context = nn::decoder_context(model);
+void check_request(const Request& request, std::size_t index, const nn::DecoderSpec& model) {
+  const std::int64_t vocabulary = model.vocabulary;
+  const std::int64_t context = model.context;
   const auto bad = [&](const std::string& what) {
     return InvalidArgument(fmt::format("request {}: {}", index, what));
   };
@@ -122,7 +122,7 @@ Generator::Generator(nn::Decoder& model, GeneratorOptions options, tp::TensorPar
 }
 
 std::vector<Completion> Generator::generate(const std::vector<Request>& requests) {
-  const nn::DecoderConfig config = model_.decoder_config();
+  const nn::DecoderSpec config = model_.decoder_spec();
   for (std::size_t i = 0; i < requests.size(); ++i)
     check_request(requests[i], i, config);
   const std::int64_t slots =

@@ -24,8 +24,7 @@ constexpr double kLoadBatchBytes = 256.0 * (1 << 20);
 tokenize::Tokenizer named_tokenizer(const checkpoint::Index& index,
                                     const std::string& architecture) {
   const std::string name = nn::architecture_tokenizer(architecture);
-  const std::int64_t vocabulary =
-      nn::decoder_vocabulary(nn::parse_decoder_architecture(architecture));
+  const std::int64_t vocabulary = (nn::parse_decoder_architecture(architecture)).vocabulary;
   if (name == "bytes") {
     if (vocabulary != 256) {
       throw DataError(
@@ -59,7 +58,7 @@ tokenize::Tokenizer named_tokenizer(const checkpoint::Index& index,
 std::string architecture_problem(const checkpoint::Index& index) {
   const auto found = index.metadata.find("architecture");
   if (found == index.metadata.end()) return "it names no model architecture";
-  nn::DecoderConfig config;
+  nn::DecoderSpec config;
   try {
     config = nn::parse_decoder_architecture(found->second);
     named_tokenizer(index, found->second);
@@ -86,13 +85,13 @@ std::string architecture_problem(const checkpoint::Index& index) {
   return {};
 }
 
-nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std::string& path) {
+nn::DecoderSpec checked_architecture(const checkpoint::Index& index, const std::string& path) {
   if (const std::string problem = architecture_problem(index); !problem.empty())
     throw DataError(fmt::format("checkpoint {}: {}", path, problem));
   return nn::parse_decoder_architecture(index.metadata.at("architecture"));
 }
 
-nn::DecoderConfig model_architecture(const std::string& path) {
+nn::DecoderSpec model_architecture(const std::string& path) {
   if (const auto folder = hf::folder_of(path)) return hf::read_folder(*folder).config;
   return checked_architecture(checkpoint::read_index(path), path);
 }
@@ -166,15 +165,15 @@ tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const s
   return named_tokenizer(index, index.metadata.at("architecture"));
 }
 
-nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,
-                                    std::int64_t models_in_process) {
+nn::DecoderSpec read_architecture(comm::Communicator& world, const std::string& path,
+                                  std::int64_t models_in_process) {
   // Rank 0 reads the index and checks its architecture against its tensors and this process's
   // memory before anything is allocated; every rank then builds the model it names.
   std::string architecture;
   std::exception_ptr failure;
   if (world.rank() == 0) {
     try {
-      const nn::DecoderConfig config = model_architecture(path);
+      const nn::DecoderSpec config = model_architecture(path);
       require_memory(nn::decoder_model_bytes(config) * static_cast<double>(models_in_process),
                      fmt::format("{} cop{} of the model of checkpoint {} ({} parameters)",
                                  models_in_process, models_in_process == 1 ? "y" : "ies", path,
@@ -214,7 +213,7 @@ void load_parameters(comm::Communicator& world, const std::string& path, nn::Dec
 std::unique_ptr<nn::Decoder> load_decoder(comm::Communicator& world, const std::string& path,
                                           std::int64_t models_in_process,
                                           const std::function<void(nn::Decoder&)>& prepare) {
-  const nn::DecoderConfig config = read_architecture(world, path, models_in_process);
+  const nn::DecoderSpec config = read_architecture(world, path, models_in_process);
   std::unique_ptr<nn::Decoder> model;
   {
     const nn::WeightsToBeLoaded loaded_next;
@@ -251,7 +250,7 @@ std::unique_ptr<tp::TensorParallel> generation_group(comm::Communicator& world,
 
 void parallelize_for_generation(nn::Decoder& model, tp::TensorParallel& group) {
   if (group.size() <= 1) return;
-  const nn::DecoderConfig config = model.decoder_config();
+  const nn::DecoderSpec config = model.decoder_spec();
   tp::check_decoder_degree(config, group.size());
   tp::parallelize_module(model, group, tp::decoder_plan(config, false));
 }
@@ -269,7 +268,7 @@ std::unique_ptr<nn::Decoder> load_for_generation(comm::Communicator& world, cons
 
 hf::ExportReport export_hf(const std::string& source, const std::string& out,
                            const hf::ExportOptions& options) {
-  const nn::DecoderConfig config = model_architecture(source);
+  const nn::DecoderSpec config = model_architecture(source);
   hf::architecture_of(config);  // a model Hugging Face cannot express is refused before reading
   const std::shared_ptr<const tokenize::Tokenizer> tokenizer = model_tokenizer(source);
   hf::ExportReport report;

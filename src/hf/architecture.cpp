@@ -26,19 +26,19 @@ const Architecture* find_architecture(const std::string& name) {
   return nullptr;
 }
 
-const Architecture& export_architecture(const nn::DecoderConfig& config) {
+const Architecture& export_architecture(const nn::DecoderSpec& config) {
   for (const Architecture* a : architectures())
     if (a->exports(config)) return *a;
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
+  if (config.family == nn::DecoderFamily::gpt) {
     throw InvalidArgument(fmt::format(
         "model {} has a head of its own with a bias; GPT2LMHeadModel's head is the token "
         "table without one: train the GPT with tie=1 to export it",
-        nn::gpt_config_text(*gpt)));
+        nn::decoder_spec_text(config)));
   }
   throw InvalidArgument(fmt::format(
       "model {} has biases no Hugging Face class lays out so (LlamaForCausalLM's attention_bias "
       "puts them on q, k, v and o together, Qwen2ForCausalLM's on q, k and v alone)",
-      nn::decoder_config_text(config)));
+      nn::decoder_spec_text(config)));
 }
 
 }  // namespace meshtensor::hf

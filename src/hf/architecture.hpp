@@ -26,13 +26,13 @@ class Architecture {
   const char* model_type;  ///< config.json's "model_type": "qwen2"
   const char* base_model;  ///< the class without the head, read as this one: "Qwen2Model"
   /// The decoder a config.json of the class describes (absent keys: the class's defaults).
-  virtual nn::DecoderConfig parse(ConfigReader& reader) const = 0;
+  virtual nn::DecoderSpec parse(ConfigReader& reader) const = 0;
   /// Whether a decoder exports as this class (the first class that takes it is chosen).
-  virtual bool exports(const nn::DecoderConfig& config) const = 0;
+  virtual bool exports(const nn::DecoderSpec& config) const = 0;
   /// config.json's keys of the class for `config`, besides those every class writes.
-  virtual void write(const nn::DecoderConfig& config, nlohmann::json& out) const = 0;
+  virtual void write(const nn::DecoderSpec& config, nlohmann::json& out) const = 0;
   /// Every tensor of a model of `config`, in model order.
-  virtual void links(const nn::DecoderConfig& config, std::vector<Link>& out) const = 0;
+  virtual void links(const nn::DecoderSpec& config, std::vector<Link>& out) const = 0;
 };
 
 /// Every class, in the order export tries them.
@@ -42,6 +42,6 @@ std::span<const Architecture* const> architectures();
 const Architecture* find_architecture(const std::string& name);
 
 /// The class `config` exports as. InvalidArgument with the reason when none expresses it.
-const Architecture& export_architecture(const nn::DecoderConfig& config);
+const Architecture& export_architecture(const nn::DecoderSpec& config);
 
 }  // namespace meshtensor::hf

@@ -52,7 +52,7 @@ const Architecture& config_class(const Json& config, const std::string& file) {
 
 }  // namespace
 
-std::string architecture_of(const nn::DecoderConfig& config) {
+std::string architecture_of(const nn::DecoderSpec& config) {
   return export_architecture(config).name;
 }
 
@@ -69,8 +69,7 @@ std::pair<Json, Json> bos_eos(const tokenize::Tokenizer& tokenizer) {
   return {bos, eos};
 }
 
-Json config_json(const nn::DecoderConfig& config, const tokenize::Tokenizer& tokenizer,
-                 DType dtype) {
+Json config_json(const nn::DecoderSpec& config, const tokenize::Tokenizer& tokenizer, DType dtype) {
   const Architecture& architecture = export_architecture(config);
   const auto [bos, eos] = bos_eos(tokenizer);
   Json out = {{"architectures", {architecture.name}},
@@ -79,13 +78,13 @@ Json config_json(const nn::DecoderConfig& config, const tokenize::Tokenizer& tok
               {"torch_dtype", dtype == DType::bf16  ? "bfloat16"
                               : dtype == DType::f16 ? "float16"
                                                     : "float32"},
-              {"vocab_size", nn::decoder_vocabulary(config)},
+              {"vocab_size", config.vocabulary},
               {"model_type", architecture.model_type}};
   architecture.write(config, out);
   return out;
 }
 
-nn::DecoderConfig parse_config_json(const Json& config, const std::string& file) {
+nn::DecoderSpec parse_config_json(const Json& config, const std::string& file) {
   const Architecture& architecture = config_class(config, file);
   ConfigReader reader(config, file);
   return architecture.parse(reader);

@@ -253,15 +253,14 @@ Folder read_folder(const std::string& directory) {
   const Json model_config = read_json(root / "config.json", "a model config");
   folder.config = parse_config_json(model_config, (root / "config.json").string());
   tokenize::Tokenizer tokenizer = configured_tokenizer(root, model_config);
-  if (tokenizer.vocabulary() > nn::decoder_vocabulary(folder.config)) {
-    throw DataError(
-        fmt::format("{}: vocab_size {} is fewer than the {} tokens of its "
-                    "tokenizer.json",
-                    (root / "config.json").string(), nn::decoder_vocabulary(folder.config),
-                    tokenizer.vocabulary()));
+  if (tokenizer.vocabulary() > folder.config.vocabulary) {
+    throw DataError(fmt::format(
+        "{}: vocab_size {} is fewer than the {} tokens of its "
+        "tokenizer.json",
+        (root / "config.json").string(), folder.config.vocabulary, tokenizer.vocabulary()));
   }
   // An embedding padded past the tokenizer (Qwen's): the ids past its tokens decode to nothing.
-  tokenizer.pad_vocabulary(nn::decoder_vocabulary(folder.config), (root / "config.json").string());
+  tokenizer.pad_vocabulary(folder.config.vocabulary, (root / "config.json").string());
   folder.tokenizer = std::make_shared<const tokenize::Tokenizer>(std::move(tokenizer));
   const std::map<std::string, std::string> files = weight_files(root);
   std::map<std::string, checkpoint::SafetensorsHeader> headers;
@@ -393,7 +392,7 @@ fs::path export_target(const std::string& directory) {
 
 /// The files of an export into `root`: the shards (with their index), config.json,
 /// generation_config.json and tokenizer.json; their names go to `report`.
-void write_files(const fs::path& root, const nn::DecoderConfig& config,
+void write_files(const fs::path& root, const nn::DecoderSpec& config,
                  const tokenize::Tokenizer& tokenizer, const ExportOptions& options,
                  const std::map<std::string, Tensor>& tensors,
                  const std::vector<std::vector<std::string>>& shards, ExportReport& report) {
@@ -418,7 +417,7 @@ void write_files(const fs::path& root, const nn::DecoderConfig& config,
     write_text(root / "model.safetensors.index.json", index.dump(2) + "\n");
     report.files.push_back("model.safetensors.index.json");
   }
-  const std::int64_t context = nn::decoder_context(config);
+  const std::int64_t context = config.context;
   write_text(root / "config.json", config_json(config, tokenizer, options.dtype).dump(2) + "\n");
   write_text(root / "generation_config.json",
              generation_config_json(tokenizer, context).dump(2) + "\n");
@@ -467,7 +466,7 @@ std::int64_t parse_shard_size(std::string_view name, const std::string& text) {
   return count * unit->second;
 }
 
-ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
+ExportReport export_folder(const std::string& directory, const nn::DecoderSpec& config,
                            const tokenize::Tokenizer& tokenizer,
                            const std::map<std::string, Tensor>& parameters,
                            const ExportOptions& options) {

@@ -15,21 +15,20 @@ namespace meshtensor::hf {
 namespace {
 
 /// The part and the index within it of column `c` of a parameter laid out as `columns`.
-std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Columns columns,
+std::pair<int, std::int64_t> column_home(const nn::DecoderSpec& config, Columns columns,
                                          std::int64_t c) {
   switch (columns) {
     case Columns::identity:
       return {0, c};
     case Columns::gpt_qkv: {
-      const auto& gpt = std::get<nn::GptConfig>(config);
-      const std::int64_t hd = gpt.dim / gpt.heads;
+      const std::int64_t hd = nn::decoder_head_dim(config);
       const std::int64_t head = c / (3 * hd);
       const std::int64_t part = (c % (3 * hd)) / hd;
-      return {0, part * gpt.dim + head * hd + c % hd};
+      return {0, part * config.dim + head * hd + c % hd};
     }
     case Columns::llama_qkv: {
-      const auto& llama = std::get<nn::LlamaConfig>(config);
-      const std::int64_t hd = nn::llama_head_dim(llama);
+      const auto& llama = config;
+      const std::int64_t hd = nn::decoder_head_dim(llama);
       const std::int64_t per = llama.heads / llama.kv_heads;
       const std::int64_t group = c / ((per + 2) * hd);
       const std::int64_t slot = (c % ((per + 2) * hd)) / hd;
@@ -37,8 +36,8 @@ std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Column
       return {slot == per ? 1 : 2, group * hd + c % hd};
     }
     case Columns::gate_up: {
-      const auto& llama = std::get<nn::LlamaConfig>(config);
-      const std::int64_t width = llama.ffn / nn::llama_mlp_blocks(llama);  // a block's gate (up)
+      const auto& llama = config;
+      const std::int64_t width = llama.ffn / nn::decoder_mlp_blocks(llama);  // a block's gate (up)
       const std::int64_t block = c / (2 * width);
       const std::int64_t part = (c % (2 * width)) / width;
       return {static_cast<int>(part), block * width + c % width};
@@ -48,7 +47,7 @@ std::pair<int, std::int64_t> column_home(const nn::DecoderConfig& config, Column
 }
 
 /// Columns of a parameter with `count` columns that `link` takes.
-std::int64_t part_columns(const nn::DecoderConfig& config, const Link& link, std::int64_t count) {
+std::int64_t part_columns(const nn::DecoderSpec& config, const Link& link, std::int64_t count) {
   std::int64_t n = 0;
   for (std::int64_t c = 0; c < count; ++c)
     n += column_home(config, link.columns, c).first == link.part ? 1 : 0;
@@ -58,7 +57,7 @@ std::int64_t part_columns(const nn::DecoderConfig& config, const Link& link, std
 /// Calls copy(c, index) for each column c of a parameter with `count` columns that `link`
 /// takes, with its index in the Hugging Face tensor.
 template <typename Copy>
-void for_each_column(const nn::DecoderConfig& config, const Link& link, std::int64_t count,
+void for_each_column(const nn::DecoderSpec& config, const Link& link, std::int64_t count,
                      Copy copy) {
   for (std::int64_t c = 0; c < count; ++c) {
     const auto [part, index] = column_home(config, link.columns, c);
@@ -68,41 +67,35 @@ void for_each_column(const nn::DecoderConfig& config, const Link& link, std::int
 
 }  // namespace
 
-std::vector<Link> links_of(const nn::DecoderConfig& config) {
+std::vector<Link> links_of(const nn::DecoderSpec& config) {
   std::vector<Link> links;
   export_architecture(config).links(config, links);
   return links;
 }
 
-Shape parameter_shape(const nn::DecoderConfig& config, const std::string& ours) {
+Shape parameter_shape(const nn::DecoderSpec& config, const std::string& ours) {
   const auto ends = [&](std::string_view tail) { return ours.ends_with(tail); };
-  const std::int64_t d = nn::decoder_dim(config);
-  const std::int64_t v = nn::decoder_vocabulary(config);
+  const std::int64_t d = config.dim;
+  const std::int64_t v = config.vocabulary;
+  const std::int64_t hd = nn::decoder_head_dim(config);
+  const std::int64_t qkv = nn::decoder_qkv_width(config);
+  const std::int64_t mlp_in = (config.mlp == nn::MlpKind::swiglu ? 2 : 1) * config.ffn;
+  const auto [mlp_first, mlp_second] = nn::mlp_projection_names(config);
   if (ours == "embed.token.weight") return Shape{v, d};
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
-    if (ours == "embed.position.weight") return Shape{gpt->context, d};
-    if (ends("attn.qkv.weight")) return Shape{d, 3 * d};
-    if (ends("attn.qkv.bias")) return Shape{3 * d};
-    if (ends("mlp.fc.weight")) return Shape{d, 4 * d};
-    if (ends("mlp.fc.bias")) return Shape{4 * d};
-    if (ends("proj.weight")) return ends("mlp.proj.weight") ? Shape{4 * d, d} : Shape{d, d};
-    return Shape{d};  // norms and the remaining biases
-  }
-  const auto& llama = std::get<nn::LlamaConfig>(config);
-  const std::int64_t hd = nn::llama_head_dim(llama);
-  const std::int64_t qkv = (llama.heads + 2 * llama.kv_heads) * hd;
+  if (ours == "embed.position.weight") return Shape{config.context, d};
   if (ends("attn.qkv.weight")) return Shape{d, qkv};
   if (ends("attn.qkv.bias")) return Shape{qkv};
-  if (ends("attn.proj.weight")) return Shape{llama.heads * hd, d};
+  if (ends("attn.proj.weight")) return Shape{config.heads * hd, d};
   if (ends("_norm.weight")) return Shape{hd};
-  if (ends("mlp.gate_up.weight")) return Shape{d, 2 * llama.ffn};
-  if (ends("mlp.gate_up.bias")) return Shape{2 * llama.ffn};
-  if (ends("mlp.down.weight")) return Shape{llama.ffn, d};
+  if (ends(mlp_first + ".weight")) return Shape{d, mlp_in};
+  if (ends(mlp_first + ".bias")) return Shape{mlp_in};
+  if (ends(mlp_second + ".weight")) return Shape{config.ffn, d};
   if (ours == "head.output.weight") return Shape{d, v};
-  return Shape{d};  // the norms
+  if (ours == "head.output.bias") return Shape{v};
+  return Shape{d};  // the norms and the remaining biases
 }
 
-Shape hf_shape(const nn::DecoderConfig& config, const Link& link, const Shape& ours) {
+Shape hf_shape(const nn::DecoderSpec& config, const Link& link, const Shape& ours) {
   const std::int64_t columns = part_columns(config, link, ours.dims().back());
   if (ours.rank() == 1) return Shape{columns};
   if (ours.rank() != 2)
@@ -115,7 +108,7 @@ namespace {
 /// Calls pair(i, j) for every element i of a parameter of shape `ours` that `link` takes, with
 /// its place j in the Hugging Face tensor of shape `hf` (flat row-major indices both).
 template <typename Pair>
-void for_each_element(const nn::DecoderConfig& config, const Link& link, const Shape& ours,
+void for_each_element(const nn::DecoderSpec& config, const Link& link, const Shape& ours,
                       const Shape& hf, Pair pair) {
   const std::int64_t count = ours.dims().back();
   const std::int64_t rows = ours.rank() == 2 ? ours[0] : 1;
@@ -130,7 +123,7 @@ void for_each_element(const nn::DecoderConfig& config, const Link& link, const S
 
 }  // namespace
 
-Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ours) {
+Tensor to_hf(const nn::DecoderSpec& config, const Link& link, const Tensor& ours) {
   const Tensor source = ours.contiguous();
   Tensor out(hf_shape(config, link, source.shape()), DType::f32);
   const auto from = source.values<float>();
@@ -149,7 +142,7 @@ struct BlockColumns {
   std::vector<std::int64_t> theirs;
 };
 
-BlockColumns block_columns(const nn::DecoderConfig& config, const Link& link, const Block& block) {
+BlockColumns block_columns(const nn::DecoderSpec& config, const Link& link, const Block& block) {
   const int last = block.ours.rank() == 2 ? 1 : 0;
   const std::int64_t start =
       block.offset.empty() ? 0 : block.offset[static_cast<std::size_t>(last)];
@@ -165,7 +158,7 @@ BlockColumns block_columns(const nn::DecoderConfig& config, const Link& link, co
 
 }  // namespace
 
-std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config, const Link& link,
+std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderSpec& config, const Link& link,
                                                 const Block& block) {
   const BlockColumns columns = block_columns(config, link, block);
   if (columns.ours.empty()) return {0, 0};
@@ -178,7 +171,7 @@ std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config,
   return {*low, *high + 1};
 }
 
-void block_from_rows(const nn::DecoderConfig& config, const Link& link, const Block& block,
+void block_from_rows(const nn::DecoderSpec& config, const Link& link, const Block& block,
                      std::span<const float> rows, std::int64_t first, std::int64_t width,
                      Tensor& out) {
   const BlockColumns columns = block_columns(config, link, block);

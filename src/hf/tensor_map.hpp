@@ -34,16 +34,16 @@ struct Link {
 
 /// Every Hugging Face tensor of the decoder `config` (architecture_of() must accept it), in
 /// the order of the model.
-std::vector<Link> links_of(const nn::DecoderConfig& config);
+std::vector<Link> links_of(const nn::DecoderSpec& config);
 
 /// The shape of meshtensor's parameter `ours` (a Link's) in the decoder `config`.
-Shape parameter_shape(const nn::DecoderConfig& config, const std::string& ours);
+Shape parameter_shape(const nn::DecoderSpec& config, const std::string& ours);
 
 /// The Hugging Face tensor of `link` from the whole parameter `ours` (f32).
-Tensor to_hf(const nn::DecoderConfig& config, const Link& link, const Tensor& ours);
+Tensor to_hf(const nn::DecoderSpec& config, const Link& link, const Tensor& ours);
 
 /// The shape the Hugging Face tensor of `link` has for a parameter of shape `ours`.
-Shape hf_shape(const nn::DecoderConfig& config, const Link& link, const Shape& ours);
+Shape hf_shape(const nn::DecoderSpec& config, const Link& link, const Shape& ours);
 
 /// A block of a parameter of shape `ours`: its first element and its extent (empty offset: the
 /// origin).
@@ -55,12 +55,12 @@ struct Block {
 
 /// The rows [first, end) of the Hugging Face tensor of `link` that `block` reads (elements of a
 /// 1-D tensor); first == end when it reads none.
-std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderConfig& config, const Link& link,
+std::pair<std::int64_t, std::int64_t> rows_read(const nn::DecoderSpec& config, const Link& link,
                                                 const Block& block);
 
 /// Writes into `out` (f32, the block's extent) the elements of `block` that `link` holds, from
 /// `rows`: rows [first, ...) of the Hugging Face tensor, flat f32 of `width` values a row.
-void block_from_rows(const nn::DecoderConfig& config, const Link& link, const Block& block,
+void block_from_rows(const nn::DecoderSpec& config, const Link& link, const Block& block,
                      std::span<const float> rows, std::int64_t first, std::int64_t width,
                      Tensor& out);
 

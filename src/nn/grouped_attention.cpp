@@ -46,7 +46,7 @@ void check_config(const GroupedAttentionConfig& c) {
   if (c.dim < 1 || c.head_dim < 0 || (c.head_dim == 0 && c.dim % c.heads != 0))
     throw InvalidArgument(
         fmt::format("attention: dim {} does not split into {} heads", c.dim, c.heads));
-  if (attention_head_dim(c) % 2 != 0) {
+  if (c.rotary && attention_head_dim(c) % 2 != 0) {
     throw InvalidArgument(fmt::format(
         "attention: the head dim {} must be even for rotary embeddings", attention_head_dim(c)));
   }
@@ -65,8 +65,10 @@ GroupedQueryAttention::GroupedQueryAttention(const GroupedAttentionConfig& confi
                                              std::uint64_t seed, double init_std,
                                              double projection_std)
     : config_((check_config(config), config)),
-      rotary_(kernels::shared_rotary_table(attention_head_dim(config), config.context,
-                                           config.rope_theta, config.rope_scaling)),
+      rotary_(config.rotary
+                  ? kernels::shared_rotary_table(attention_head_dim(config), config.context,
+                                                 config.rope_theta, config.rope_scaling)
+                  : nullptr),
       qkv_(config.dim, (config.heads + 2 * config.kv_heads) * attention_head_dim(config),
            mix64(seed ^ 0x716b76ULL), init_std, config.qkv_bias),
       projection_(config.heads * attention_head_dim(config), config.dim,
@@ -142,10 +144,12 @@ GroupedQueryAttention::Heads GroupedQueryAttention::prepare_heads(
     heads.keys = run_forward(*k_norm_, heads.keys.reshape(Shape{rows * groups, hd}))
                      .reshape(heads.keys.shape());
   }
-  kernels::rotary_forward(heads.queries.values<float>().data(), rows, groups * group,
-                          positions.data(), *rotary_);
-  kernels::rotary_forward(heads.keys.values<float>().data(), rows, groups, positions.data(),
-                          *rotary_);
+  if (rotary_) {
+    kernels::rotary_forward(heads.queries.values<float>().data(), rows, groups * group,
+                            positions.data(), *rotary_);
+    kernels::rotary_forward(heads.keys.values<float>().data(), rows, groups, positions.data(),
+                            *rotary_);
+  }
   return heads;
 }
 
@@ -397,10 +401,13 @@ Tensor GroupedQueryAttention::merge_heads(Tensor& grad_q, Tensor& grad_k, const 
   const std::int64_t group = group_size();
   const std::int64_t groups = local_groups();
   const std::int64_t rows = batch * length;
-  const std::vector<std::int64_t> positions = row_positions(split_, batch, length);
-  kernels::rotary_backward(grad_q.values<float>().data(), rows, groups * group, positions.data(),
-                           *rotary_);
-  kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(), *rotary_);
+  if (rotary_) {
+    const std::vector<std::int64_t> positions = row_positions(split_, batch, length);
+    kernels::rotary_backward(grad_q.values<float>().data(), rows, groups * group, positions.data(),
+                             *rotary_);
+    kernels::rotary_backward(grad_k.values<float>().data(), rows, groups, positions.data(),
+                             *rotary_);
+  }
   if (q_norm_) {
     grad_q = run_backward(*q_norm_, grad_q.reshape(Shape{rows * groups * group, hd}), sink, true)
                  .reshape(grad_q.shape());

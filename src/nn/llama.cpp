@@ -1,107 +1,149 @@
-#include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <map>
 
 #include <fmt/format.h>
 
 #include <meshtensor/core/error.hpp>
-#include <meshtensor/core/random.hpp>
+#include <meshtensor/core/setting_text.hpp>
+#include <meshtensor/core/shape.hpp>
 #include <meshtensor/nn/llama.hpp>
+#include <meshtensor/nn/models.hpp>
 
 namespace meshtensor::nn {
 
 namespace {
 
-/// The projections into the residual stream start at init_std / sqrt(2 · layers).
-double residual_std(const LlamaConfig& config) {
-  return config.init_std / std::sqrt(2.0 * static_cast<double>(config.layers));
-}
+constexpr std::string_view kLlamaUsage =
+    "llama or llama:layers=L,heads=H,kv_heads=K,dim=D,ffn=F,context=T,rope_theta=R,norm_eps=E,"
+    "qk_norm=0|1,tie=0|1,head_dim=N,qkv_bias=0|1,out_bias=0|1,mlp_bias=0|1,"
+    "rope_scaling=linear:F|llama3:F:LOW:HIGH:ORIGINAL";
 
-GroupedAttentionConfig attention_config(const LlamaConfig& c) {
-  return {c.dim,      c.heads,    c.kv_heads, c.context,  c.rope_theta,  c.qk_norm,
-          c.norm_eps, c.head_dim, c.qkv_bias, c.out_bias, c.rope_scaling};
-}
+/// Longest context a Llama may name (Llama 3.1's 131072 and then some).
+constexpr std::int64_t kMaxLlamaContext = std::int64_t{1} << 20;
 
-/// The MLP's blocks; InvalidArgument without heads or hidden features.
-std::int64_t mlp_blocks(const LlamaConfig& c) {
-  if (c.heads < 1 || c.ffn < 1) {
-    throw InvalidArgument(
-        fmt::format("llama: ffn {} and heads {} must be positive", c.ffn, c.heads));
+/// "linear:F" or "llama3:F:LOW:HIGH:ORIGINAL".
+kernels::RotaryScaling parse_rope_scaling(const std::string& value, const std::string& what) {
+  const std::vector<std::string_view> parts = split(value, ':');
+  kernels::RotaryScaling scaling;
+  const auto factor = [&](std::size_t i, const char* name) {
+    return real_setting(fmt::format("{} {}", what, name), std::string(parts[i]), 1e-9, 1e9);
+  };
+  if (parts[0] == "linear" && parts.size() == 2) {
+    scaling.kind = kernels::RotaryScaling::Kind::linear;
+    scaling.factor = factor(1, "factor");
+  } else if (parts[0] == "llama3" && parts.size() == 5) {
+    scaling.kind = kernels::RotaryScaling::Kind::llama3;
+    scaling.factor = factor(1, "factor");
+    scaling.low_freq_factor = factor(2, "low_freq_factor");
+    scaling.high_freq_factor = factor(3, "high_freq_factor");
+    scaling.original_context =
+        integer_setting(what + " original context", std::string(parts[4]), 1, kMaxLlamaContext);
+    if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
+      throw ParseError(fmt::format("{}: high_freq_factor {} must be above low_freq_factor {}", what,
+                                   scaling.high_freq_factor, scaling.low_freq_factor));
+    }
+  } else if (parts[0] != "none" || parts.size() != 1) {
+    throw ParseError(
+        fmt::format("{}: '{}' is not linear:F, llama3:F:LOW:HIGH:ORIGINAL or none", what, value));
   }
-  return llama_mlp_blocks(c);
+  return scaling;
+}
+
+std::string rope_scaling_text(const kernels::RotaryScaling& s) {
+  switch (s.kind) {
+    case kernels::RotaryScaling::Kind::none:
+      return "none";
+    case kernels::RotaryScaling::Kind::linear:
+      return fmt::format("linear:{}", s.factor);
+    case kernels::RotaryScaling::Kind::llama3:
+      return fmt::format("llama3:{}:{}:{}:{}", s.factor, s.low_freq_factor, s.high_freq_factor,
+                         s.original_context);
+  }
+  return "none";
+}
+
+/// Sets one key of `config` from its text; false for an unknown key.
+bool set_llama_key(DecoderSpec& config, std::string_view key, const std::string& value,
+                   const std::string& what) {
+  const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> integers = {
+      {"layers", {&config.layers, 256}},     {"heads", {&config.heads, 256}},
+      {"kv_heads", {&config.kv_heads, 256}}, {"dim", {&config.dim, 8192}},
+      {"ffn", {&config.ffn, 65536}},         {"context", {&config.context, kMaxLlamaContext}},
+      {"head_dim", {&config.head_dim, 1024}}};
+  if (const auto entry = integers.find(key); entry != integers.end()) {
+    *entry->second.first = integer_setting(what, value, 1, entry->second.second);
+  } else if (key == "rope_theta") {
+    config.rope_theta = real_setting(what, value, 1.0 + 1e-9, 1e9);
+  } else if (key == "norm_eps") {
+    config.norm_eps = real_setting(what, value, 1e-12, 0.1);
+  } else if (key == "qk_norm") {
+    config.qk_norm = bool_setting(what, value);
+  } else if (key == "tie") {
+    config.tie = bool_setting(what, value);
+  } else if (key == "qkv_bias") {
+    config.qkv_bias = bool_setting(what, value);
+  } else if (key == "out_bias") {
+    config.out_bias = bool_setting(what, value);
+  } else if (key == "mlp_bias") {
+    config.mlp_bias = bool_setting(what, value);
+  } else if (key == "rope_scaling") {
+    config.rope_scaling = parse_rope_scaling(value, what);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// ParseError naming `text` unless the shape splits as the layers need.
+void check_llama_shape(const DecoderSpec& c, const std::string& text) {
+  if (const std::string problem = decoder_spec_problem(c); !problem.empty())
+    throw ParseError(fmt::format("model '{}': {}", text, problem));
 }
 
 }  // namespace
 
-std::int64_t llama_head_dim(const LlamaConfig& config) {
-  return config.head_dim > 0 ? config.head_dim
-                             : config.dim / std::max<std::int64_t>(config.heads, 1);
+bool is_llama_model(const std::string& text) {
+  return text == "llama" || text.rfind("llama:", 0) == 0;
 }
 
-std::int64_t llama_mlp_blocks(const LlamaConfig& config) {
-  return std::gcd(config.ffn, config.heads);
+DecoderSpec parse_llama_config(const std::string& text) {
+  DecoderSpec config;
+  if (text == "llama") return config;
+  if (!is_llama_model(text))
+    throw ParseError(fmt::format("model '{}' is not a llama (expected {})", text, kLlamaUsage));
+  std::map<std::string_view, bool> seen;
+  for (std::string_view part : split(std::string_view(text).substr(6), ',')) {
+    const auto equals = part.find('=');
+    const std::string_view key = part.substr(0, equals);
+    if (equals == std::string_view::npos ||
+        !set_llama_key(config, key, std::string(part.substr(equals + 1)),
+                       fmt::format("model '{}': {}", text, key))) {
+      throw ParseError(
+          fmt::format("'{}' in model '{}' is not a key=value of {}", part, text, kLlamaUsage));
+    }
+    if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
+    seen[key] = true;
+  }
+  check_llama_shape(config, text);
+  return config;
 }
 
-LlamaBlock::LlamaBlock(const LlamaConfig& config, std::uint64_t seed)
-    : blocks_(mlp_blocks(config)),
-      norm1_(config.dim, config.norm_eps),
-      attention_(attention_config(config), mix64(seed ^ 1), config.init_std, residual_std(config)),
-      norm2_(config.dim, config.norm_eps),
-      gate_up_(config.dim, 2 * config.ffn, mix64(seed ^ 2), config.init_std, config.mlp_bias),
-      swiglu_(config.ffn / blocks_),
-      down_(config.ffn, config.dim, mix64(seed ^ 3), residual_std(config), config.mlp_bias) {
-  prefix_parameter_names(norm1_, "norm1");
-  prefix_parameter_names(attention_, "attn");
-  prefix_parameter_names(norm2_, "norm2");
-  prefix_parameter_names(gate_up_, "mlp.gate_up");
-  prefix_parameter_names(down_, "mlp.down");
-}
-
-Tensor LlamaBlock::forward(const Tensor& input) {
-  Tensor x = run_forward(attention_, run_forward(norm1_, input));
-  add_into(x, input);
-  Tensor y =
-      run_forward(down_, run_forward(swiglu_, run_forward(gate_up_, run_forward(norm2_, x))));
-  add_into(y, x);
-  return y;
-}
-
-void LlamaBlock::forward_for_backward(const Tensor& input) {
-  Tensor x = run_forward(attention_, run_forward(norm1_, input));
-  add_into(x, input);
-  run_forward_for_backward(down_,
-                           run_forward(swiglu_, run_forward(gate_up_, run_forward(norm2_, x))));
-}
-
-Tensor LlamaBlock::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
-  const Tensor dy = grad_output.contiguous();
-  const Tensor d_hidden = run_backward(swiglu_, run_backward(down_, dy, sink, true), sink, true);
-  Tensor dx = run_backward(norm2_, run_backward(gate_up_, d_hidden, sink, true), sink, true);
-  add_into(dx, dy);
-  Tensor d_input =
-      run_backward(norm1_, run_backward(attention_, dx, sink, true), sink, need_input_grad);
-  if (!need_input_grad) return {};
-  add_into(d_input, dx);
-  return d_input;
-}
-
-std::vector<Parameter*> LlamaBlock::parameters() {
-  return parameters_of({&norm1_, &attention_, &norm2_, &gate_up_, &down_});
-}
-
-std::vector<std::pair<std::string, Module*>> LlamaBlock::children() {
-  return {{"norm1", &norm1_},         {"attn", &attention_}, {"norm2", &norm2_},
-          {"mlp.gate_up", &gate_up_}, {"mlp.act", &swiglu_}, {"mlp.down", &down_}};
-}
-
-void LlamaBlock::set_exact_blocks(bool on) {
-  attention_.set_exact_blocks(on);
-  gate_up_.set_exact_blocks(0, on ? blocks_ : 0);
-  down_.set_exact_blocks(on ? blocks_ : 0, 0);
-}
-
-std::string LlamaBlock::describe() const {
-  return fmt::format("LlamaBlock({}, SwiGLU)", attention_.describe());
+std::string llama_config_text(const DecoderSpec& c) {
+  std::string text = fmt::format(
+      "llama:layers={},heads={},kv_heads={},dim={},ffn={},context={},rope_theta={},norm_eps={},"
+      "qk_norm={},tie={}",
+      c.layers, c.heads, c.kv_heads, c.dim, c.ffn, c.context, c.rope_theta, c.norm_eps,
+      c.qk_norm ? 1 : 0, c.tie ? 1 : 0);
+  // The keys published architectures added come only where they are not their defaults, so the
+  // texts of earlier checkpoints read back as they were written.
+  if (c.head_dim > 0 && (c.heads < 1 || c.head_dim * c.heads != c.dim))
+    text += fmt::format(",head_dim={}", c.head_dim);
+  if (c.qkv_bias) text += ",qkv_bias=1";
+  if (c.out_bias) text += ",out_bias=1";
+  if (c.mlp_bias) text += ",mlp_bias=1";
+  if (c.rope_scaling.kind != kernels::RotaryScaling::Kind::none)
+    text += ",rope_scaling=" + rope_scaling_text(c.rope_scaling);
+  return text;
 }
 
 }  // namespace meshtensor::nn

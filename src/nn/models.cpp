@@ -15,26 +15,20 @@ bool is_decoder_model(const std::string& text) {
   return is_gpt_model(text) || is_llama_model(text);
 }
 
-DecoderConfig parse_decoder_config(const std::string& text) {
-  if (is_gpt_model(text)) return parse_gpt_config(text);
+DecoderSpec parse_decoder_spec(const std::string& text) {
+  if (is_gpt_model(text)) return gpt_spec(parse_gpt_config(text));
   if (is_llama_model(text)) return parse_llama_config(text);
   throw ParseError(fmt::format(
       "model '{}' is not a decoder: expected gpt[:layers=L,...] or llama[:layers=L,...]", text));
 }
 
-std::string decoder_config_text(const DecoderConfig& config) {
-  if (const auto* gpt = std::get_if<GptConfig>(&config)) return gpt_config_text(*gpt);
-  return llama_config_text(std::get<LlamaConfig>(config));
+std::string decoder_spec_text(const DecoderSpec& spec) {
+  if (spec.family == DecoderFamily::gpt) return gpt_config_text(gpt_config_of(spec));
+  return llama_config_text(spec);
 }
 
-std::int64_t decoder_parameter_count(const DecoderConfig& config) {
-  if (const auto* gpt = std::get_if<GptConfig>(&config)) return gpt_parameter_count(*gpt);
-  return llama_parameter_count(std::get<LlamaConfig>(config));
-}
-
-std::string decoder_architecture_text(const DecoderConfig& config, const std::string& tokenizer) {
-  if (const auto* gpt = std::get_if<GptConfig>(&config)) return architecture_text(*gpt, tokenizer);
-  const auto& llama = std::get<LlamaConfig>(config);
+std::string decoder_architecture_text(const DecoderSpec& llama, const std::string& tokenizer) {
+  if (llama.family == DecoderFamily::gpt) return architecture_text(gpt_config_of(llama), tokenizer);
   std::string keys = llama_config_text(llama).substr(6);  // after "llama:"
   std::replace(keys.begin(), keys.end(), ',', ' ');
   return fmt::format("llama {} vocabulary={} tokenizer={}", keys, llama.vocabulary, tokenizer);
@@ -47,15 +41,10 @@ std::string architecture_tokenizer(const std::string& text) {
   return {};
 }
 
-DecoderConfig with_vocabulary(DecoderConfig config, std::int64_t vocabulary) {
-  std::visit([vocabulary](auto& c) { c.vocabulary = vocabulary; }, config);
-  return config;
-}
-
 namespace {
 
 /// The Llama of a "llama k=v ... vocabulary=V tokenizer=NAME" architecture text.
-LlamaConfig parse_llama_architecture(const std::string& text) {
+DecoderSpec parse_llama_architecture(const std::string& text) {
   std::istringstream words(text);
   std::string word;
   words >> word;  // "llama"
@@ -83,7 +72,7 @@ LlamaConfig parse_llama_architecture(const std::string& text) {
     throw bad(fmt::format("vocabulary '{}' is not between 1 and {}", vocabulary, kMaxVocabulary));
   }
   try {
-    LlamaConfig config = parse_llama_config(fmt::format("llama:{}", fmt::join(keys, ",")));
+    DecoderSpec config = parse_llama_config(fmt::format("llama:{}", fmt::join(keys, ",")));
     config.vocabulary = tokens;
     return config;
   } catch (const ParseError& e) {
@@ -93,56 +82,37 @@ LlamaConfig parse_llama_architecture(const std::string& text) {
 
 }  // namespace
 
-DecoderConfig parse_decoder_architecture(const std::string& text) {
+DecoderSpec parse_decoder_architecture(const std::string& text) {
   const std::string family = text.substr(0, text.find(' '));
   if (family == "llama") return parse_llama_architecture(text);
-  if (family == "gpt") return parse_architecture(text);
+  if (family == "gpt") return gpt_spec(parse_architecture(text));
   throw DataError(
       fmt::format("architecture '{}' is not a decoder's: its family '{}' is neither gpt nor llama",
                   text, family));
 }
 
-double decoder_model_bytes(const DecoderConfig& config) {
-  return 2.0 * 4.0 * static_cast<double>(decoder_parameter_count(config));
+double decoder_model_bytes(const DecoderSpec& spec) {
+  return 2.0 * 4.0 * static_cast<double>(decoder_parameter_count(spec));
 }
 
-std::string decoder_family(const DecoderConfig& config) {
-  return std::holds_alternative<GptConfig>(config) ? "gpt" : "llama";
+DecoderSpec with_vocabulary(DecoderSpec spec, std::int64_t vocabulary) {
+  spec.vocabulary = vocabulary;
+  return spec;
 }
 
-std::int64_t decoder_context(const DecoderConfig& config) {
-  return std::visit([](const auto& c) { return c.context; }, config);
+DecoderSpec with_context(DecoderSpec spec, std::int64_t context) {
+  spec.context = context;
+  return spec;
 }
 
-std::int64_t decoder_layers(const DecoderConfig& config) {
-  return std::visit([](const auto& c) { return c.layers; }, config);
+DecoderSpec with_seed(DecoderSpec spec, std::uint64_t seed) {
+  spec.seed = seed;
+  return spec;
 }
 
-std::int64_t decoder_dim(const DecoderConfig& config) {
-  return std::visit([](const auto& c) { return c.dim; }, config);
-}
-
-std::int64_t decoder_vocabulary(const DecoderConfig& config) {
-  return std::visit([](const auto& c) { return c.vocabulary; }, config);
-}
-
-bool decoder_tied(const DecoderConfig& config) {
-  return std::visit([](const auto& c) { return c.tie; }, config);
-}
-
-DecoderConfig with_context(DecoderConfig config, std::int64_t context) {
-  std::visit([context](auto& c) { c.context = context; }, config);
-  return config;
-}
-
-DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed) {
-  std::visit([seed](auto& c) { c.seed = seed; }, config);
-  return config;
-}
-
-std::unique_ptr<Decoder> make_decoder(const DecoderConfig& config) {
-  if (const auto* gpt = std::get_if<GptConfig>(&config)) return std::make_unique<Gpt>(*gpt);
-  return std::make_unique<Llama>(std::get<LlamaConfig>(config));
+std::unique_ptr<Decoder> make_decoder(const DecoderSpec& spec) {
+  if (spec.family == DecoderFamily::gpt) return std::make_unique<Gpt>(gpt_config_of(spec));
+  return std::make_unique<TransformerDecoder>(spec);
 }
 
 }  // namespace meshtensor::nn

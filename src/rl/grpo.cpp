@@ -179,8 +179,7 @@ void RlRun::build() {
   // The trainer's windows are the rollouts' sequences (prompt and completion), not the context:
   // the memory it needs follows them.
   language_ = std::make_unique<train::LanguageModelling>(
-      task_.corpus, config_.model, task_.tokenizer,
-      std::min(length_ + 1, nn::decoder_context(config_.model)));
+      task_.corpus, config_.model, task_.tokenizer, std::min(length_ + 1, config_.model.context));
   validate_rl_config(config_, task_, world_.size());
   train::TrainConfig trainer = config_.train;
   trainer.batch = config_.prompts * config_.samples / config_.minibatches;
@@ -773,7 +772,7 @@ std::string rl_description(const RlConfig& c, const RlTask& task) {
       "kl {} epochs {} minibatches {} eps {} slots {} chunk {} generator {} naive {} generator "
       "mode {} trainer {}",
       task.name, task.prompts.size(), task.tokenizer ? task.tokenizer->name() : "none", c.init,
-      nn::decoder_config_text(c.model), c.steps, c.prompts, c.samples, c.new_tokens, c.temperature,
+      nn::decoder_spec_text(c.model), c.steps, c.prompts, c.samples, c.new_tokens, c.temperature,
       c.top_k, c.clip_ratio, c.kl, c.ppo_epochs, c.minibatches, c.advantage_eps, c.max_batch,
       c.prefill_chunk, c.generator.describe(), c.compare_naive_sync,
       c.generator_mode ? comm::reduction_mode_name(*c.generator_mode) : "as the trainer",
@@ -874,16 +873,15 @@ void validate_rl_config(const RlConfig& config, const RlTask& task, std::int64_t
                                         i, task.prompt_tokens[i].size(), prompt));
     }
   }
-  if (task.tokenizer->vocabulary() != nn::decoder_vocabulary(config.model)) {
+  if (task.tokenizer->vocabulary() != config.model.vocabulary) {
     throw InvalidArgument(
         fmt::format("task {}: the tokenizer {} has {} tokens, the model's vocabulary {}", task.name,
-                    task.tokenizer->name(), task.tokenizer->vocabulary(),
-                    nn::decoder_vocabulary(config.model)));
+                    task.tokenizer->name(), task.tokenizer->vocabulary(), config.model.vocabulary));
   }
-  if (prompt + config.new_tokens > nn::decoder_context(config.model)) {
+  if (prompt + config.new_tokens > config.model.context) {
     throw InvalidArgument(
         fmt::format("a prompt of {} tokens and {} new tokens do not fit the model's context of {}",
-                    prompt, config.new_tokens, nn::decoder_context(config.model)));
+                    prompt, config.new_tokens, config.model.context));
   }
   validate_layouts(config, world_ranks);
 }

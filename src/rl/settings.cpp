@@ -104,7 +104,7 @@ RlConfig RlSettings::config() const {
     throw ParseError(fmt::format("`init` {} brings its own model; `model` {} does not apply",
                                  config.init, text("model", "")));
   }
-  config.model = nn::parse_decoder_config(text("model", "gpt"));
+  config.model = nn::parse_decoder_spec(text("model", "gpt"));
   config.steps = integer("steps", "20", 1, kMaxCount);
   config.prompts = integer("prompts", "8", 1, kMaxCount);
   config.samples = integer("samples", "4", 0, kMaxCount);

@@ -42,22 +42,21 @@ const std::set<std::string>& known_fields() {
 }
 
 std::vector<std::int64_t> token_prompt(const json& tokens, std::size_t index,
-                                       const nn::DecoderConfig& config) {
-  if (tokens.size() > static_cast<std::size_t>(nn::decoder_context(config))) {
+                                       const nn::DecoderSpec& config) {
+  if (tokens.size() > static_cast<std::size_t>(config.context)) {
     throw bad("prompt", fmt::format("prompt {} is {} tokens, but the model's context is {}", index,
-                                    tokens.size(), nn::decoder_context(config)));
+                                    tokens.size(), config.context));
   }
   std::vector<std::int64_t> prompt;
   for (const json& token : tokens) {
     const std::string key = fmt::format("prompt[{}]", index);
-    prompt.push_back(integer_value(token, key, 0, nn::decoder_vocabulary(config) - 1));
+    prompt.push_back(integer_value(token, key, 0, config.vocabulary - 1));
   }
   return prompt;
 }
 
 /// string | [string, ...] | [token, ...] | [[token, ...], ...]
-std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
-                                                     const nn::DecoderConfig& config,
+std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc, const nn::DecoderSpec& config,
                                                      const tokenize::Tokenizer& tokenizer) {
   const json* value = field(doc, "prompt");
   if (value == nullptr) throw bad("prompt", "'prompt' is required");
@@ -88,21 +87,21 @@ std::vector<std::vector<std::int64_t>> parse_prompts(const json& doc,
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     if (prompts[i].empty())
       throw bad("prompt", fmt::format("prompt {} is empty: give at least one token", i));
-    if (static_cast<std::int64_t>(prompts[i].size()) >= nn::decoder_context(config)) {
+    if (static_cast<std::int64_t>(prompts[i].size()) >= config.context) {
       throw bad("prompt", fmt::format("prompt {} is {} tokens, but the model's context is {} "
                                       "(it must leave room for a new token)",
-                                      i, prompts[i].size(), nn::decoder_context(config)));
+                                      i, prompts[i].size(), config.context));
     }
   }
   return prompts;
 }
 
 std::int64_t parse_max_tokens(const json& doc, const CompletionParams& params,
-                              const nn::DecoderConfig& config) {
+                              const nn::DecoderSpec& config) {
   std::int64_t longest = 0;
   for (const auto& prompt : params.prompts)
     longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(prompt.size()));
-  const std::int64_t room = nn::decoder_context(config) - longest;
+  const std::int64_t room = config.context - longest;
   const json* value = field(doc, "max_tokens");
   if (value == nullptr) return std::min<std::int64_t>(16, room);
   const std::int64_t max_tokens =
@@ -111,7 +110,7 @@ std::int64_t parse_max_tokens(const json& doc, const CompletionParams& params,
     throw bad("max_tokens",
               fmt::format("'max_tokens': {} new tokens after a prompt of {} tokens is more than "
                           "the model's context of {} (at most {} here)",
-                          max_tokens, longest, nn::decoder_context(config), room));
+                          max_tokens, longest, config.context, room));
   }
   return max_tokens;
 }
@@ -149,7 +148,7 @@ Json error_body(const ApiError& error) {
 }
 
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::DecoderConfig& config,
+                                          const nn::DecoderSpec& config,
                                           std::shared_ptr<const tokenize::Tokenizer> tokenizer,
                                           const ApiLimits& limits, std::uint64_t default_seed) {
   const json doc = parse_body(body, known_fields());

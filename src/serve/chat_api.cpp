@@ -86,7 +86,7 @@ tokenize::ChatOptions chat_options(const json& doc, const Json& ordered) {
 
 /// The rendered conversation's ids, within the context.
 std::vector<std::int64_t> chat_prompt(const json& doc, std::string_view body,
-                                      const ChatSupport& chat, const nn::DecoderConfig& config) {
+                                      const ChatSupport& chat, const nn::DecoderSpec& config) {
   if (!chat.format) {
     throw ApiError{400, "This model does not chat: " + chat.missing, "invalid_request_error",
                    "messages", "chat_template_missing"};
@@ -100,20 +100,19 @@ std::vector<std::int64_t> chat_prompt(const json& doc, std::string_view body,
     throw bad("messages", e.what());
   }
   if (prompt.empty()) throw bad("messages", "the rendered conversation has no tokens");
-  if (static_cast<std::int64_t>(prompt.size()) >= nn::decoder_context(config)) {
+  if (static_cast<std::int64_t>(prompt.size()) >= config.context) {
     throw bad("messages",
               fmt::format("the rendered conversation is {} tokens, but the model's context is {} "
                           "(it must leave room for a new token)",
-                          prompt.size(), nn::decoder_context(config)));
+                          prompt.size(), config.context));
   }
   return prompt;
 }
 
 /// max_completion_tokens (OpenAI's newer name) or max_tokens; by default the rest of the
 /// context, as vLLM does.
-std::int64_t chat_max_tokens(const json& doc, std::int64_t prompt,
-                             const nn::DecoderConfig& config) {
-  const std::int64_t room = nn::decoder_context(config) - prompt;
+std::int64_t chat_max_tokens(const json& doc, std::int64_t prompt, const nn::DecoderSpec& config) {
+  const std::int64_t room = config.context - prompt;
   const char* key = field(doc, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   const json* value = field(doc, key);
   if (value == nullptr) return room;
@@ -122,7 +121,7 @@ std::int64_t chat_max_tokens(const json& doc, std::int64_t prompt,
   if (max_tokens > room) {
     throw bad(key, fmt::format("'{}': {} new tokens after a conversation of {} tokens is more "
                                "than the model's context of {} (at most {} here)",
-                               key, max_tokens, prompt, nn::decoder_context(config), room));
+                               key, max_tokens, prompt, config.context, room));
   }
   return max_tokens;
 }
@@ -151,7 +150,7 @@ ChatSupport chat_support(std::shared_ptr<const tokenize::Tokenizer> tokenizer) {
 }
 
 CompletionParams parse_chat_request(std::string_view body, const std::string& model_name,
-                                    const nn::DecoderConfig& config, const ChatSupport& chat,
+                                    const nn::DecoderSpec& config, const ChatSupport& chat,
                                     const ApiLimits& limits, std::uint64_t default_seed) {
   const json doc = parse_body(body, chat_fields());
   check_model(doc, model_name);

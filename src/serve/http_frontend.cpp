@@ -209,7 +209,7 @@ Json HttpFrontend::model_object() const {
   model["created"] = 0;
   model["owned_by"] = "meshtensor";
   model["architecture"] = model_.architecture;
-  model["context"] = nn::decoder_context(model_.config);
+  model["context"] = model_.config.context;
   model["checkpoint"] = model_.directory;
   model["weights_step"] = scheduler_.weights_step();
   model["mode"] = std::string(comm::reduction_mode_name(config_.mode));

@@ -20,7 +20,7 @@ namespace meshtensor::serve {
 /// What the HTTP side knows of the served model.
 struct ServedModel {
   /// The model's config, its context the positions a choice may use (ServeConfig::max_context).
-  nn::DecoderConfig config;
+  nn::DecoderSpec config;
   std::string architecture;  ///< the model's own config text
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::string directory;

@@ -22,7 +22,7 @@ class ModelHost {
   /// are reported, on every rank.
   ReloadResult reload();
   generate::ContinuousBatch& batch() { return *batch_; }
-  nn::DecoderConfig config() const { return model_->decoder_config(); }
+  nn::DecoderSpec config() const { return model_->decoder_spec(); }
   /// The model's tokenizer (on world rank 0, which speaks HTTP; null on the others).
   std::shared_ptr<const tokenize::Tokenizer> tokenizer() const { return tokenizer_; }
   std::int64_t step() const { return step_; }

@@ -43,7 +43,7 @@ namespace {
 /// What rank 0 serves of the host's model.
 ServedModel served_model(ModelHost& host) {
   return {nn::with_context(host.config(), host.batch().cache_positions()),
-          nn::decoder_config_text(host.config()), host.tokenizer(), host.directory(),
+          nn::decoder_spec_text(host.config()), host.tokenizer(), host.directory(),
           chat_support(host.tokenizer())};
 }
 

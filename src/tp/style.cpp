@@ -447,15 +447,16 @@ namespace {
 
 /// Megatron's plan for a decoder whose blocks have the two projections `mlp_in` (column-parallel)
 /// and `mlp_out` (row-parallel): the rest is the same for every family.
-ParallelizePlan megatron_plan(bool sequence_parallel, const char* mlp_in, const char* mlp_out) {
+ParallelizePlan megatron_plan(bool sequence_parallel, const std::string& mlp_in,
+                              const std::string& mlp_out) {
   const Placement activations = sequence_parallel ? Placement::shard(1) : Placement::replicate();
   const auto colwise = std::make_shared<ColwiseParallel>(activations);
   const auto rowwise = std::make_shared<RowwiseParallel>(activations);
   ParallelizePlan plan{{"embed", rowwise},
                        {"blocks.*.attn.qkv", colwise},
                        {"blocks.*.attn.proj", rowwise},
-                       {fmt::format("blocks.*.mlp.{}", mlp_in), colwise},
-                       {fmt::format("blocks.*.mlp.{}", mlp_out), rowwise},
+                       {"blocks.*." + mlp_in, colwise},
+                       {"blocks.*." + mlp_out, rowwise},
                        {"head.output", colwise}};
   if (sequence_parallel) {
     const auto sequence = std::make_shared<SequenceParallel>();
@@ -467,55 +468,10 @@ ParallelizePlan megatron_plan(bool sequence_parallel, const char* mlp_in, const 
 
 }  // namespace
 
-ParallelizePlan gpt_plan(bool sequence_parallel) {
-  return megatron_plan(sequence_parallel, "fc", "proj");
-}
-
-void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree) {
-  if (degree < 1)
-    throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
-  if (config.heads % degree != 0) {
-    throw InvalidArgument(fmt::format(
-        "tensor-parallel degree {} does not divide the model's {} heads (each rank computes whole "
-        "heads; choose a degree that divides {}, or heads=...)",
-        degree, config.heads, config.heads));
-  }
-  if (config.vocabulary < degree) {
-    throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
-                                      degree, config.vocabulary));
-  }
-}
-
-ParallelizePlan llama_plan(bool sequence_parallel) {
-  return megatron_plan(sequence_parallel, "gate_up", "down");
-}
-
-void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree) {
-  if (degree < 1)
-    throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
-  if (config.kv_heads % degree != 0) {
-    throw InvalidArgument(fmt::format(
-        "tensor-parallel degree {} does not divide the model's {} key/value heads (each rank "
-        "computes whole groups of query heads with their key/value head; key/value heads are not "
-        "replicated: choose a degree that divides {}, or kv_heads=...)",
-        degree, config.kv_heads, config.kv_heads));
-  }
-  if (nn::llama_mlp_blocks(config) % degree != 0) {
-    throw InvalidArgument(fmt::format(
-        "tensor-parallel degree {} does not divide the model's {} MLP blocks (gcd of ffn {} and "
-        "the {} heads: each rank computes whole blocks of gate and up columns)",
-        degree, nn::llama_mlp_blocks(config), config.ffn, config.heads));
-  }
-  if (config.vocabulary < degree) {
-    throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
-                                      degree, config.vocabulary));
-  }
-}
-
-ParallelizePlan decoder_plan(const nn::DecoderConfig& config, bool sequence_parallel) {
-  if (std::holds_alternative<nn::GptConfig>(config)) return gpt_plan(sequence_parallel);
-  ParallelizePlan plan = llama_plan(sequence_parallel);
-  if (std::get<nn::LlamaConfig>(config).qk_norm) {
+ParallelizePlan decoder_plan(const nn::DecoderSpec& spec, bool sequence_parallel) {
+  const auto [mlp_in, mlp_out] = nn::mlp_projection_names(spec);
+  ParallelizePlan plan = megatron_plan(sequence_parallel, mlp_in, mlp_out);
+  if (spec.qk_norm) {
     const auto heads = std::make_shared<SequenceParallel>(2);
     plan.emplace_back("blocks.*.attn.q_norm", heads);
     plan.emplace_back("blocks.*.attn.k_norm", heads);
@@ -523,11 +479,31 @@ ParallelizePlan decoder_plan(const nn::DecoderConfig& config, bool sequence_para
   return plan;
 }
 
-void check_decoder_degree(const nn::DecoderConfig& config, std::int64_t degree) {
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&config)) {
-    check_gpt_degree(*gpt, degree);
-  } else {
-    check_llama_degree(std::get<nn::LlamaConfig>(config), degree);
+void check_decoder_degree(const nn::DecoderSpec& spec, std::int64_t degree) {
+  if (degree < 1)
+    throw InvalidArgument(fmt::format("tensor-parallel degree {} is not positive", degree));
+  if (spec.kv_heads % degree != 0 && spec.kv_heads == spec.heads) {
+    throw InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the model's {} heads (each rank computes whole "
+        "heads; choose a degree that divides {}, or heads=...)",
+        degree, spec.heads, spec.heads));
+  }
+  if (spec.kv_heads % degree != 0) {
+    throw InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the model's {} key/value heads (each rank "
+        "computes whole groups of query heads with their key/value head; key/value heads are not "
+        "replicated: choose a degree that divides {}, or kv_heads=...)",
+        degree, spec.kv_heads, spec.kv_heads));
+  }
+  if (nn::decoder_mlp_blocks(spec) % degree != 0) {
+    throw InvalidArgument(fmt::format(
+        "tensor-parallel degree {} does not divide the model's {} MLP blocks (gcd of ffn {} and "
+        "the {} heads: each rank computes whole blocks of the MLP's columns)",
+        degree, nn::decoder_mlp_blocks(spec), spec.ffn, spec.heads));
+  }
+  if (spec.vocabulary < degree) {
+    throw InvalidArgument(fmt::format("tensor-parallel degree {} exceeds the vocabulary of {}",
+                                      degree, spec.vocabulary));
   }
 }
 

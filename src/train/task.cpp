@@ -157,67 +157,44 @@ ModelFootprint ImageClassification::footprint() const {
 
 namespace {
 
-ModelFootprint gpt_footprint(const nn::GptConfig& model) {
-  const auto d = static_cast<double>(model.dim);
-  const auto t = static_cast<double>(model.context);
-  const auto v = static_cast<double>(model.vocabulary);
-  ModelFootprint footprint;
-  footprint.parameters = static_cast<double>(nn::gpt_parameter_count(model));
-  footprint.largest_unit = std::max(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
-  footprint.next_largest_unit = std::min(12.0 * d * d + 13.0 * d, 2.0 * d * v + v + 2 * d);
-  // Per token and layer, kept for backward: the normalised inputs, qkv, each head's softmax
-  // statistics (2 values), the attention output, the MLP's input, GELU input and output (4 dim
-  // each), the residual streams (18 dim); plus backward's temporaries of the layer in flight.
-  // Measured peaks stay below 24 dim and twice the statistics. Then the logits with their
-  // gradient and probabilities.
-  const auto h = static_cast<double>(model.heads);
-  const double per_layer = 24.0 * d + 4.0 * h;
-  footprint.activation_floats =
-      t * (static_cast<double>(model.layers) * per_layer + 3.0 * v + 4.0 * d);
-  footprint.input_floats = 2.0 * t;
-  footprint.exact_scratch_bytes =
-      t * std::max({16.0 * 4 * d + 8.0 * d, 16.0 * d + 8.0 * 4 * d, 16.0 * d + 8.0 * v});
-  // Keys and values (2 dim, twice: the layer's and the heads' copies), the query side (2 dim +
-  // 3 per head), an exact weight's rows (5 dim: the MLP's input and output).
-  footprint.sequence_gather_floats = t * (11.0 * d + 3.0 * h);
-  const auto layers = static_cast<double>(model.layers);
-  footprint.training_flops_per_target =
-      6.0 * (layers * 12.0 * d * d + d * v) + 6.0 * layers * d * t;
-  return footprint;
-}
-
-ModelFootprint llama_footprint(const nn::LlamaConfig& model) {
+/// What a decoder of `model` holds, over sequences of its context.
+ModelFootprint decoder_footprint(const nn::DecoderSpec& model) {
   const auto d = static_cast<double>(model.dim);
   const auto t = static_cast<double>(model.context);
   const auto v = static_cast<double>(model.vocabulary);
   const auto f = static_cast<double>(model.ffn);
-  const auto head_dim = static_cast<double>(nn::llama_head_dim(model));
+  const auto head_dim = static_cast<double>(nn::decoder_head_dim(model));
   const auto kv = 2.0 * static_cast<double>(model.kv_heads) * head_dim;
   const double q = static_cast<double>(model.heads) * head_dim;
+  const bool swiglu = model.mlp == nn::MlpKind::swiglu;
+  const double mlp_in = (swiglu ? 2.0 : 1.0) * f;  // gate and up, or fc
   ModelFootprint footprint;
-  footprint.parameters = static_cast<double>(nn::llama_parameter_count(model));
-  const double block = 2.0 * d + d * (2.0 * q + kv) + 3.0 * d * f;
-  footprint.largest_unit = std::max({block, d * v, d * v + d});
+  footprint.parameters = static_cast<double>(nn::decoder_parameter_count(model));
+  const auto block = static_cast<double>(nn::decoder_block_parameters(model));
+  const double table = d * v + (model.positions == nn::PositionKind::learned ? t * d : 0.0);
+  const double head = model.tie ? 0.0 : d * v + (model.head_bias ? v : 0.0);
+  footprint.largest_unit = std::max({block, table + (model.tie ? 2.0 * d : 0.0), head + 2.0 * d});
   // The embedding and an untied head are both [vocabulary, dim]; a tied model's next is a block.
-  footprint.next_largest_unit = model.tie ? std::min(block, d * v + d) : d * v;
+  footprint.next_largest_unit =
+      model.tie ? std::min(block, table + 2.0 * d) : std::min(table, head);
   // Per token and layer, kept for backward: the normalised inputs, the queries (q wide), keys and
-  // values and their rotated copies, one row of statistics per head, the attention output,
-  // gate/up (2 ffn), SwiGLU's output (ffn), the residual streams; plus backward's temporaries of
-  // the layer in flight (one layer's worth again), then the logits, their gradient and
-  // probabilities. Measured (Qwen3-0.6B's shape, 128 rows a rank): 2.5 MB a row counted against
-  // 4.5 MB estimated.
+  // values and their rotated copies, one row of statistics per head, the attention output, the
+  // MLP's hidden features (mlp_in) and its activation's output (ffn), the residual streams; plus
+  // backward's temporaries of the layer in flight (one layer's worth again), then the logits,
+  // their gradient and probabilities. Measured (Qwen3-0.6B's shape, 128 rows a rank): 2.5 MB a
+  // row counted against 4.5 MB estimated; the default GPT's peaks stay below 24 dim a layer.
   const auto h = static_cast<double>(model.heads);
-  const double kept = 6.0 * d + 2.0 * q + 2.0 * kv + 3.0 * f + 4.0 * h;
+  const double kept = 6.0 * d + 2.0 * q + 2.0 * kv + mlp_in + f + 4.0 * h;
   footprint.activation_floats =
       t * ((static_cast<double>(model.layers) + 1.0) * kept + 3.0 * v + 4.0 * d);
   footprint.input_floats = 2.0 * t;
   footprint.exact_scratch_bytes =
-      t * std::max({16.0 * 2 * f + 8.0 * d, 16.0 * f + 8.0 * d, 16.0 * d + 8.0 * v});
-  // Keys and values (twice), the query side, an exact weight's rows (the MLP's gate/up).
-  footprint.sequence_gather_floats = t * (4.0 * kv + 3.0 * d + 3.0 * h + d + 2.0 * f);
+      t * std::max({16.0 * mlp_in + 8.0 * d, 16.0 * f + 8.0 * d, 16.0 * d + 8.0 * v});
+  // Keys and values (twice), the query side, an exact weight's rows (the MLP's first).
+  footprint.sequence_gather_floats = t * (4.0 * kv + 3.0 * d + 3.0 * h + d + mlp_in);
   const auto layers = static_cast<double>(model.layers);
-  footprint.training_flops_per_target =
-      6.0 * (layers * (d * (2.0 * q + kv) + 3.0 * d * f) + d * v) + 6.0 * layers * q * t;
+  const double matmuls = d * (2.0 * q + kv) + (swiglu ? 3.0 : 2.0) * d * f;
+  footprint.training_flops_per_target = 6.0 * (layers * matmuls + d * v) + 6.0 * layers * q * t;
   return footprint;
 }
 
@@ -250,19 +227,19 @@ double bytes_per_target(const tokenize::Tokenizer& tokenizer, const std::vector<
 }  // namespace
 
 LanguageModelling::LanguageModelling(std::shared_ptr<const TextCorpus> corpus,
-                                     nn::DecoderConfig model,
+                                     nn::DecoderSpec model,
                                      std::shared_ptr<const tokenize::Tokenizer> tokenizer,
                                      std::int64_t window)
     : corpus_(std::move(corpus)),
       model_(std::move(model)),
       tokenizer_(tokenizer ? std::move(tokenizer) : tokenize::byte_tokenizer()),
-      context_(window > 0 ? window : nn::decoder_context(model_)),
-      vocabulary_(nn::decoder_vocabulary(model_)) {
-  if (context_ > nn::decoder_context(model_)) {
+      context_(window > 0 ? window : model_.context),
+      vocabulary_(model_.vocabulary) {
+  if (context_ > model_.context) {
     throw InvalidArgument(
         fmt::format("a window of {} tokens is longer than the model's context "
                     "of {}",
-                    context_, nn::decoder_context(model_)));
+                    context_, model_.context));
   }
   if (vocabulary_ != tokenizer_->vocabulary()) {
     throw InvalidArgument(fmt::format("the tokenizer has {} tokens, the model's vocabulary {}",
@@ -349,13 +326,10 @@ Batch LanguageModelling::eval_batch(std::int64_t first, std::int64_t count) cons
 
 ModelFootprint LanguageModelling::footprint() const {
   // A sample is a window: its activations and attention cost are the window's.
-  const nn::DecoderConfig windowed = nn::with_context(model_, context_);
-  if (const auto* gpt = std::get_if<nn::GptConfig>(&windowed)) {
-    ModelFootprint footprint = gpt_footprint(*gpt);
-    footprint.parameters = gpt_footprint(std::get<nn::GptConfig>(model_)).parameters;
-    return footprint;
-  }
-  return llama_footprint(std::get<nn::LlamaConfig>(windowed));
+  const nn::DecoderSpec windowed = nn::with_context(model_, context_);
+  ModelFootprint footprint = decoder_footprint(windowed);
+  footprint.parameters = static_cast<double>(nn::decoder_parameter_count(model_));
+  return footprint;
 }
 
 namespace {

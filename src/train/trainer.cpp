@@ -791,12 +791,12 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
                                       task.architecture()));
   }
   if (pipeline) {
-    if (nn::decoder_tied(language->model())) {
+    if (language->model().tie) {
       throw InvalidArgument(fmt::format(
           "model {}: the tied head reads the token embedding's table, which a pp mesh dim of {} "
           "would put on the first and the last stage; train a tied model without a pp dim, or "
           "give tie=0",
-          nn::decoder_config_text(language->model()), mesh_dim(config, "pp")));
+          nn::decoder_spec_text(language->model()), mesh_dim(config, "pp")));
     }
   }
   if (!pipeline) {
@@ -820,7 +820,7 @@ void validate_pipeline(const TrainConfig& config, const Task& task) {
         pp::schedule_name(config.pipeline_schedule), config.micro_batches, mesh_dim(config, "pp"),
         mesh_dim(config, "pp")));
   }
-  pp::split_blocks(nn::decoder_layers(language->model()), schedule.stages());
+  pp::split_blocks(language->model().layers, schedule.stages());
   if (config.micro_batch_mode != MicroBatchMode::no_sync) {
     throw InvalidArgument(
         "a pipeline reduces each stage's gradients once, after its last micro-batch: the "

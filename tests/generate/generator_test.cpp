@@ -93,7 +93,7 @@ TEST(Generator, OnTensorParallelRanksLogprobsAreThatLayoutsTrainerBits) {
   comm::run_threads(2, [&](std::shared_ptr<comm::Communicator> world) {
     nn::Gpt model(config());
     tp::TensorParallel group(world, comm::ReductionMode::ordered, false);
-    tp::parallelize_module(model, group, tp::gpt_plan(false));
+    tp::parallelize_module(model, group, tp::decoder_plan(model.spec(), false));
     Generator generator(model, {2, 4, false}, &group);
     const auto completions = generator.generate(requests);
     for (std::size_t r = 0; r < requests.size(); ++r) {

@@ -26,8 +26,8 @@ Json small_gpt2() {
           {"vocab_size", 300}};
 }
 
-nn::LlamaConfig llama_of(const Json& config) {
-  return std::get<nn::LlamaConfig>(parse_config_json(config, "config.json"));
+nn::DecoderSpec llama_of(const Json& config) {
+  return parse_config_json(config, "config.json");
 }
 
 /// The message of the DataError that parsing `config` throws ("" when it parses).
@@ -77,15 +77,15 @@ TEST(HfConfig, RopeSpellingsThatDisagreeOrAnotherTypeAreRefusedByName) {
 TEST(HfConfig, AbsentKeysTakeTheirClassDefaults) {
   Json config = small_llama("Qwen3ForCausalLM");
   config.erase("head_dim");  // Qwen3Config's default is 128, not hidden_size / heads
-  EXPECT_EQ(nn::llama_head_dim(llama_of(config)), 128);
+  EXPECT_EQ(nn::decoder_head_dim(llama_of(config)), 128);
   config["hidden_size"] = 512;
   config["intermediate_size"] = 1024;
   EXPECT_EQ(llama_of(config).dim, 512);
   Json llama = small_llama();
-  llama.erase("head_dim");             // LlamaConfig's default: hidden_size / heads
-  llama.erase("num_key_value_heads");  // LlamaConfig's default: num_attention_heads
+  llama.erase("head_dim");             // DecoderSpec's default: hidden_size / heads
+  llama.erase("num_key_value_heads");  // DecoderSpec's default: num_attention_heads
   llama.erase("vocab_size");
-  const nn::LlamaConfig read = llama_of(llama);
+  const nn::DecoderSpec read = llama_of(llama);
   EXPECT_EQ(read.kv_heads, 4);
   EXPECT_EQ(read.vocabulary, 32000);
   EXPECT_EQ(read.rope_theta, 10000.0);
@@ -93,7 +93,7 @@ TEST(HfConfig, AbsentKeysTakeTheirClassDefaults) {
   EXPECT_FALSE(read.tie);
   Json gpt = small_gpt2();
   gpt.erase("vocab_size");
-  EXPECT_EQ(nn::decoder_vocabulary(parse_config_json(gpt, "config.json")), 50257);
+  EXPECT_EQ((parse_config_json(gpt, "config.json")).vocabulary, 50257);
 }
 
 /// Llama 3.2's, Qwen2.5's and Qwen3's configs as published (their keys, smaller sizes).
@@ -110,7 +110,7 @@ TEST(HfConfig, PublishedShapesAreRead) {
                     {"rope_type", "llama3"}}},
                   {"attention_bias", false},
                   {"mlp_bias", false}});
-  const nn::LlamaConfig a = llama_of(llama32);
+  const nn::DecoderSpec a = llama_of(llama32);
   EXPECT_EQ(a.rope_scaling,
             (kernels::RotaryScaling{kernels::RotaryScaling::Kind::llama3, 32.0, 1.0, 4.0, 8192}));
   EXPECT_EQ(a.context, 131072);
@@ -124,15 +124,15 @@ TEST(HfConfig, PublishedShapesAreRead) {
                  {"sliding_window", 32768},
                  {"max_window_layers", 21},
                  {"use_sliding_window", false}});
-  const nn::LlamaConfig b = llama_of(qwen25);
+  const nn::DecoderSpec b = llama_of(qwen25);
   EXPECT_TRUE(b.qkv_bias && !b.out_bias && !b.mlp_bias);
-  EXPECT_EQ(nn::llama_head_dim(b), 64);
-  EXPECT_EQ(nn::llama_mlp_blocks(b), 2);  // gcd(4864, 14)
+  EXPECT_EQ(nn::decoder_head_dim(b), 64);
+  EXPECT_EQ(nn::decoder_mlp_blocks(b), 2);  // gcd(4864, 14)
   EXPECT_EQ(architecture_of(b), "Qwen2ForCausalLM");
   Json qwen3 = small_llama("Qwen3ForCausalLM");
   qwen3.update({{"head_dim", 32}, {"attention_bias", true}});  // heads 4 x 32 over a width of 64
-  const nn::LlamaConfig c = llama_of(qwen3);
-  EXPECT_EQ(nn::llama_head_dim(c), 32);
+  const nn::DecoderSpec c = llama_of(qwen3);
+  EXPECT_EQ(nn::decoder_head_dim(c), 32);
   EXPECT_TRUE(c.qkv_bias && c.out_bias);
   EXPECT_EQ(architecture_of(c), "Qwen3ForCausalLM");
   Json smollm = small_llama();
@@ -143,11 +143,11 @@ TEST(HfConfig, PublishedShapesAreRead) {
       << refusal(smollm);
   Json biased = small_llama();
   biased.update({{"attention_bias", true}, {"mlp_bias", true}});
-  const nn::LlamaConfig d = llama_of(biased);
+  const nn::DecoderSpec d = llama_of(biased);
   EXPECT_TRUE(d.qkv_bias && d.out_bias && d.mlp_bias);
   EXPECT_EQ(architecture_of(d), "LlamaForCausalLM");
   // Each class writes back what it read.
-  for (const nn::LlamaConfig& config : {a, b, c, d}) {
+  for (const nn::DecoderSpec& config : {a, b, c, d}) {
     const Json written = config_json(config, tokenize::Tokenizer::bytes(), DType::f32);
     EXPECT_EQ(nn::llama_config_text(llama_of(written)), nn::llama_config_text(config));
   }
@@ -218,7 +218,7 @@ TEST(HfConfig, ExportedConfigsReadBack) {
   for (const char* text : {"gpt:layers=2,heads=2,dim=16,context=8,tie=1",
                            "llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=32,context=8",
                            "llama:layers=1,heads=4,kv_heads=1,dim=16,ffn=48,context=8,qk_norm=1"}) {
-    const nn::DecoderConfig config = nn::parse_decoder_config(text);
+    const nn::DecoderSpec config = nn::parse_decoder_spec(text);
     const Json json = config_json(config, tokenize::Tokenizer::bytes(), DType::f32);
     EXPECT_EQ(nn::decoder_architecture_text(parse_config_json(json, "config.json")),
               nn::decoder_architecture_text(config))

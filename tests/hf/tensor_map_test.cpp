@@ -8,15 +8,15 @@
 namespace meshtensor::hf {
 namespace {
 
-std::vector<nn::DecoderConfig> configs() {
-  return {nn::parse_decoder_config("gpt:layers=2,heads=2,dim=16,context=8,tie=1"),
-          nn::parse_decoder_config("llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=32,context=8"),
-          nn::parse_decoder_config(
+std::vector<nn::DecoderSpec> configs() {
+  return {nn::parse_decoder_spec("gpt:layers=2,heads=2,dim=16,context=8,tie=1"),
+          nn::parse_decoder_spec("llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=32,context=8"),
+          nn::parse_decoder_spec(
               "llama:layers=1,heads=4,kv_heads=1,dim=16,ffn=48,context=8,qk_norm=1,tie=1")};
 }
 
 TEST(HfTensorMap, EveryParameterAndAnyColumnBlockOfItComeBackBitForBit) {
-  for (const nn::DecoderConfig& config : configs()) {
+  for (const nn::DecoderSpec& config : configs()) {
     const std::unique_ptr<nn::Decoder> model = nn::make_decoder(nn::with_seed(config, 7));
     const std::vector<Link> links = links_of(config);
     for (nn::Parameter* p : model->parameters()) {
@@ -75,8 +75,8 @@ TEST(HfTensorMap, EveryParameterAndAnyColumnBlockOfItComeBackBitForBit) {
 }
 
 TEST(HfTensorMap, FusedProjectionsSplitIntoHuggingFacesTensors) {
-  const nn::DecoderConfig config =
-      nn::parse_decoder_config("llama:layers=1,heads=4,kv_heads=2,dim=8,ffn=8,context=4");
+  const nn::DecoderSpec config =
+      nn::parse_decoder_spec("llama:layers=1,heads=4,kv_heads=2,dim=8,ffn=8,context=4");
   // qkv columns: group 0 = q0 q1 k0 v0, group 1 = q2 q3 k1 v1 (head_dim 2); row r, column c
   // holds 100 r + c.
   Tensor qkv(Shape{8, 16}, DType::f32);
@@ -99,7 +99,7 @@ TEST(HfTensorMap, FusedProjectionsSplitIntoHuggingFacesTensors) {
 
 TEST(HfModel, AnUntiedGptHasNoHuggingFaceClassAndSaysWhy) {
   try {
-    architecture_of(nn::parse_decoder_config("gpt:layers=1,heads=1,dim=8,context=4"));
+    architecture_of(nn::parse_decoder_spec("gpt:layers=1,heads=1,dim=8,context=4"));
     FAIL() << "exported an untied GPT";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("train the GPT with tie=1"), std::string::npos);
@@ -111,10 +111,10 @@ TEST(HfModel, AnUntiedGptHasNoHuggingFaceClassAndSaysWhy) {
 
 TEST(HfModel, ConfigJsonReadsBackAsTheSameDecoder) {
   const tokenize::Tokenizer bytes = tokenize::Tokenizer::bytes();
-  for (const nn::DecoderConfig& config : configs()) {
+  for (const nn::DecoderSpec& config : configs()) {
     const nlohmann::json json = config_json(config, bytes, DType::bf16);
-    EXPECT_EQ(nn::decoder_config_text(parse_config_json(json, "config.json")),
-              nn::decoder_config_text(config));
+    EXPECT_EQ(nn::decoder_spec_text(parse_config_json(json, "config.json")),
+              nn::decoder_spec_text(config));
     EXPECT_EQ(json["torch_dtype"], "bfloat16");
   }
   nlohmann::json bad = config_json(configs()[1], bytes, DType::f32);

@@ -138,8 +138,8 @@ TEST(SwiGLU, PairsEachBlocksGateWithItsUpColumns) {
   EXPECT_THROW(gate.forward(Tensor::random_normal(Shape{1, 6}, DType::f32, 1)), InvalidArgument);
 }
 
-LlamaConfig tiny_llama(bool qk_norm) {
-  LlamaConfig config;
+DecoderSpec tiny_llama(bool qk_norm) {
+  DecoderSpec config;
   config.layers = 2;
   config.heads = 2;
   config.kv_heads = 1;
@@ -152,15 +152,15 @@ LlamaConfig tiny_llama(bool qk_norm) {
   return config;
 }
 
-TEST(LlamaBlock, GradientsMatchFiniteDifferences) {
+TEST(DecoderBlock, GradientsMatchFiniteDifferences) {
   for (const bool qk_norm : {false, true}) {
-    LlamaBlock block(tiny_llama(qk_norm), 21);
+    DecoderBlock block(tiny_llama(qk_norm), 21);
     check_gradients(block, Tensor::random_normal(Shape{2, 4, 8}, DType::f32, 6), 3e-2, 3);
   }
 }
 
-TEST(LlamaBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
-  LlamaBlock block(tiny_llama(true), 5);
+TEST(DecoderBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
+  DecoderBlock block(tiny_llama(true), 5);
   for (const Parameter* p : block.parameters())
     EXPECT_EQ(p->name.find("bias"), std::string::npos) << p->name;
   const Tensor x = Tensor::random_normal(Shape{2, 5, 8}, DType::f32, 7);
@@ -171,24 +171,24 @@ TEST(LlamaBlock, ExactBlocksGiveTheSameValuesAndNoBiases) {
     EXPECT_NEAR(exact.values<float>()[static_cast<std::size_t>(i)],
                 ordered.values<float>()[static_cast<std::size_t>(i)], 1e-5);
   }
-  LlamaConfig uneven = tiny_llama(false);
+  DecoderSpec uneven = tiny_llama(false);
   uneven.ffn = 9;  // an odd width over 2 heads: one MLP block (gcd(9, 2))
-  EXPECT_EQ(llama_mlp_blocks(uneven), 1);
-  EXPECT_EQ(LlamaBlock(uneven, 1).forward(x).shape(), x.shape());
+  EXPECT_EQ(decoder_mlp_blocks(uneven), 1);
+  EXPECT_EQ(DecoderBlock(uneven, 1).forward(x).shape(), x.shape());
   uneven.ffn = 0;
-  EXPECT_THROW(LlamaBlock(uneven, 1), InvalidArgument);
+  EXPECT_THROW(DecoderBlock(uneven, 1), InvalidArgument);
 }
 
 /// Published shapes: heads wider than dim / heads (Qwen3), biases on q, k, v and the output
 /// (Qwen2, a Llama's attention_bias), on the MLP (mlp_bias), and llama3-rescaled rotations.
-TEST(LlamaBlock, PublishedShapesHaveTheirGradientsAndParameters) {
-  LlamaConfig config = tiny_llama(true);
+TEST(DecoderBlock, PublishedShapesHaveTheirGradientsAndParameters) {
+  DecoderSpec config = tiny_llama(true);
   config.head_dim = 6;
   config.qkv_bias = true;
   config.out_bias = true;
   config.mlp_bias = true;
   config.rope_scaling = {kernels::RotaryScaling::Kind::llama3, 8.0, 1.0, 4.0, 4};
-  LlamaBlock block(config, 3);
+  DecoderBlock block(config, 3);
   std::int64_t biases = 0;
   for (const Parameter* p : block.parameters())
     biases += p->name.ends_with("bias") ? p->value.numel() : 0;
@@ -201,18 +201,18 @@ TEST(LlamaBlock, PublishedShapesHaveTheirGradientsAndParameters) {
   check_gradients(block, Tensor::random_normal(Shape{2, 4, 8}, DType::f32, 6), 3e-2, 3);
   config.layers = 1;
   config.vocabulary = 11;
-  Llama model(config);
+  TransformerDecoder model(config);
   std::int64_t count = 0;
   for (const Parameter* p : model.parameters())
     count += p->value.numel();
-  EXPECT_EQ(count, llama_parameter_count(config));
+  EXPECT_EQ(count, decoder_parameter_count(config));
   EXPECT_EQ(llama_config_text(parse_llama_config(llama_config_text(config))),
             llama_config_text(config));
   EXPECT_EQ(parse_llama_config(llama_config_text(config)).rope_scaling, config.rope_scaling);
 }
 
 TEST(Llama, ConfigTextRoundTripsAndBadShapesAreNamed) {
-  const LlamaConfig config = parse_llama_config(
+  const DecoderSpec config = parse_llama_config(
       "llama:layers=2,heads=8,kv_heads=2,dim=64,ffn=96,rope_theta=500000,qk_norm=1");
   EXPECT_EQ(config.kv_heads, 2);
   EXPECT_EQ(config.rope_theta, 500000.0);
@@ -248,8 +248,8 @@ TEST(Llama, ConfigTextRoundTripsAndBadShapesAreNamed) {
   EXPECT_FALSE(is_llama_model("gpt"));
 }
 
-LlamaConfig small_llama() {
-  LlamaConfig config =
+DecoderSpec small_llama() {
+  DecoderSpec config =
       parse_llama_config("llama:layers=2,heads=4,kv_heads=2,dim=16,ffn=24,context=8,qk_norm=1");
   config.vocabulary = 32;
   config.seed = 4;
@@ -257,21 +257,22 @@ LlamaConfig small_llama() {
 }
 
 TEST(Llama, CountsItsParametersAndHasNoBiases) {
-  Llama model(small_llama());
+  TransformerDecoder model(small_llama());
   std::int64_t total = 0;
   for (const Parameter* p : model.parameters()) {
     total += p->value.numel();
     EXPECT_EQ(p->name.find("bias"), std::string::npos) << p->name;
   }
-  EXPECT_EQ(total, llama_parameter_count(small_llama()));
+  EXPECT_EQ(total, decoder_parameter_count(small_llama()));
   EXPECT_EQ(model.units().size(), 4u);  // embed, 2 blocks, head
   // The default costs about what the default GPT does: 12·dim² a block.
-  const LlamaConfig defaults;
-  EXPECT_EQ(llama_parameter_count(defaults) - 2 * 256 * 128 - 128, 4 * (12 * 128 * 128 + 2 * 128));
+  const DecoderSpec defaults;
+  EXPECT_EQ(decoder_parameter_count(defaults) - 2 * 256 * 128 - 128,
+            4 * (12 * 128 * 128 + 2 * 128));
 }
 
 TEST(Llama, DecodingGivesTheForwardsBitsAndTrainingLowersTheLoss) {
-  Llama model(small_llama());
+  TransformerDecoder model(small_llama());
   model.set_exact_sums(true);
   const Tensor tokens =
       Tensor::from_values(Shape{1, 8}, DType::i64, std::vector<double>{3, 1, 4, 1, 5, 9, 2, 6});
@@ -313,9 +314,9 @@ TEST(Llama, DecodingGivesTheForwardsBitsAndTrainingLowersTheLoss) {
 TEST(Decoder, BothFamiliesDecodeWithTheForwardsBitsThroughOneInterface) {
   for (const std::string text : {"gpt:layers=1,heads=2,dim=8,context=6",
                                  "llama:layers=2,heads=4,kv_heads=1,dim=16,ffn=8,context=6"}) {
-    const DecoderConfig config = parse_decoder_config(text);
-    EXPECT_EQ(decoder_config_text(parse_decoder_config(decoder_config_text(config))),
-              decoder_config_text(config));
+    const DecoderSpec config = parse_decoder_spec(text);
+    EXPECT_EQ(decoder_spec_text(parse_decoder_spec(decoder_spec_text(config))),
+              decoder_spec_text(config));
     std::unique_ptr<Decoder> model = make_decoder(config);
     std::int64_t total = 0;
     for (const Parameter* p : model->parameters())
@@ -333,13 +334,13 @@ TEST(Decoder, BothFamiliesDecodeWithTheForwardsBitsThroughOneInterface) {
     EXPECT_EQ(decoded.digest(), whole.reshape(Shape{6, model->vocabulary()}).digest()) << text;
     EXPECT_EQ(model->context(), 6);
   }
-  EXPECT_THROW(parse_decoder_config("mlp:16"), ParseError);
+  EXPECT_THROW(parse_decoder_spec("mlp:16"), ParseError);
 }
 
-/// A LlamaHead tied to a table this module owns: its gradient check covers the table's.
+/// A DecoderHead tied to a table this module owns: its gradient check covers the table's.
 class TiedHeadProbe : public Module {
  public:
-  explicit TiedHeadProbe(const LlamaConfig& config)
+  explicit TiedHeadProbe(const DecoderSpec& config)
       : table_(make_table(config)), head_(config, 3, &table_) {}
   Tensor forward(const Tensor& input) override { return head_.forward(input); }
   Tensor backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) override {
@@ -354,7 +355,7 @@ class TiedHeadProbe : public Module {
   std::string describe() const override { return "TiedHeadProbe"; }
 
  private:
-  static Parameter make_table(const LlamaConfig& config) {
+  static Parameter make_table(const DecoderSpec& config) {
     Parameter table;
     table.name = "table";
     table.value = Tensor::random_normal(Shape{config.vocabulary, config.dim}, DType::f32, 9);
@@ -363,22 +364,22 @@ class TiedHeadProbe : public Module {
   }
 
   Parameter table_;
-  LlamaHead head_;
+  DecoderHead head_;
 };
 
 TEST(Llama, ATiedHeadReadsTheTableAndSendsItsGradientThere) {
-  LlamaConfig config = small_llama();
+  DecoderSpec config = small_llama();
   config.tie = true;
   TiedHeadProbe probe(config);
   ASSERT_EQ(probe.parameters().size(), 2u);  // the table and the norm: the head owns no weight
   check_gradients(probe, Tensor::random_normal(Shape{2, 3, 16}, DType::f32, 5), 2e-2);
 
-  Llama tied(config);
-  EXPECT_EQ(llama_parameter_count(config), llama_parameter_count(small_llama()) - 16 * 32);
+  TransformerDecoder tied(config);
+  EXPECT_EQ(decoder_parameter_count(config), decoder_parameter_count(small_llama()) - 16 * 32);
   std::int64_t total = 0;
   for (const Parameter* p : tied.parameters())
     total += p->value.numel();
-  EXPECT_EQ(total, llama_parameter_count(config));
+  EXPECT_EQ(total, decoder_parameter_count(config));
   const auto groups = tied.parameter_groups();
   ASSERT_EQ(groups.size(), 3u);  // {embed, head}, then each block
   EXPECT_EQ(groups.front().size(), 2u);
@@ -386,13 +387,13 @@ TEST(Llama, ATiedHeadReadsTheTableAndSendsItsGradientThere) {
 }
 
 TEST(Decoder, ArchitectureTextsRoundTripAndOtherModelsAreNamed) {
-  LlamaConfig llama = small_llama();
+  DecoderSpec llama = small_llama();
   llama.vocabulary = 256;
   llama.tie = true;
-  for (const DecoderConfig& config : {DecoderConfig{GptConfig{}}, DecoderConfig{llama}}) {
+  for (const DecoderSpec& config : {gpt_spec(GptConfig{}), llama}) {
     const std::string text = decoder_architecture_text(config);
     EXPECT_EQ(decoder_architecture_text(parse_decoder_architecture(text)), text);
-    EXPECT_EQ(text.rfind(decoder_family(config) + " ", 0), 0u) << text;
+    EXPECT_EQ(text.rfind(decoder_family_name(config) + " ", 0), 0u) << text;
   }
   EXPECT_THROW(
       {

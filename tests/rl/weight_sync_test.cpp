@@ -69,7 +69,8 @@ std::int64_t expect_sync_is_exact(const Layouts& layouts, bool naive, std::int64
     nn::Gpt generator(small_gpt(heads));
     tp::TensorParallel tp(generator_groups.group(std::vector<int>{1}), comm::ReductionMode::exact,
                           false);
-    if (tp.size() > 1) tp::parallelize_module(generator, tp, tp::gpt_plan(false));
+    if (tp.size() > 1)
+      tp::parallelize_module(generator, tp, tp::decoder_plan(generator.spec(), false));
     const SyncStats stats =
         naive ? naive_weight_sync(trainer, layouts.generator.mesh(), generator.parameters())
               : WeightSync(trainer, 1, generator_groups, generator.parameters(),

@@ -48,7 +48,7 @@ Outcome run_degree(int degree, bool sequence_parallel, comm::ReductionMode mode)
     nn::Gpt model(config);
     model.set_exact_sums(exact);
     TensorParallel tp(world, mode, sequence_parallel);
-    parallelize_module(model, tp, gpt_plan(sequence_parallel));
+    parallelize_module(model, tp, decoder_plan(model.spec(), sequence_parallel));
     const Tensor logits = model.forward(input);
     const nn::CrossEntropyResult loss = parallel_cross_entropy(
         logits.reshape(Shape{30, logits.shape()[2]}), labels, &tp, config.vocabulary, exact);
@@ -117,7 +117,7 @@ std::map<std::string, std::int64_t> collective_counts(bool sequence_parallel,
     nn::Gpt model(config);
     model.set_exact_sums(mode == comm::ReductionMode::exact);
     TensorParallel tp(world, mode, sequence_parallel);
-    parallelize_module(model, tp, gpt_plan(sequence_parallel));
+    parallelize_module(model, tp, decoder_plan(model.spec(), sequence_parallel));
     for (nn::Parameter* p : model.parameters()) {
       if (p->name == "blocks.0.attn.qkv.weight") {
         EXPECT_EQ(p->value.shape(), Shape({32, 48}));
@@ -201,7 +201,7 @@ TEST(TensorParallel, BadPlansAndDegreesNameTheValues) {
         InvalidArgument);
   });
   try {
-    check_gpt_degree(small_config(), 3);
+    check_decoder_degree(small_config(), 3);
     ADD_FAILURE() << "no error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("degree 3"), std::string::npos);

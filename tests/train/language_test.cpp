@@ -279,7 +279,7 @@ TEST(LanguageTraining, ACheckpointOfFsdpResumesOnHsdpWithTheUninterruptedBits) {
 
 TEST(LanguageModelling, TheMemoryEstimateFollowsWhatARankHolds) {
   // A Llama with a vocabulary large beside its blocks, as the published ones have.
-  nn::LlamaConfig llama;
+  nn::DecoderSpec llama;
   llama.layers = 2;
   llama.heads = 4;
   llama.kv_heads = 2;

@@ -74,7 +74,7 @@ struct GeneratorStats {
 /// tokens within the context, a finite temperature >= 0, top_k >= 0, top_p in [0, 1],
 /// top_logprobs from 0 to the vocabulary and stop tokens inside it. generate() checks every request
 /// with it before generating anything.
-void check_request(const Request& request, std::size_t index, const nn::DecoderConfig& config);
+void check_request(const Request& request, std::size_t index, const nn::DecoderSpec& config);
 
 /// Generates with continuous batching over a decoder (any family): requests join the running batch
 /// as slots free up and leave when done; prompts are fed in chunks; each step runs Decoder::decode

@@ -26,11 +26,11 @@ tokenize::Tokenizer checkpoint_tokenizer(const checkpoint::Index& index, const s
 
 /// The decoder a checkpoint's index describes, once architecture_problem() found nothing; DataError
 /// naming `path` and the problem otherwise.
-nn::DecoderConfig checked_architecture(const checkpoint::Index& index, const std::string& path);
+nn::DecoderSpec checked_architecture(const checkpoint::Index& index, const std::string& path);
 
 /// The decoder of the model `path` names: a meshtensor checkpoint (checked_architecture()) or a
 /// Hugging Face folder "hf:DIR" (hf::read_folder()), read by this process; DataError naming it.
-nn::DecoderConfig model_architecture(const std::string& path);
+nn::DecoderSpec model_architecture(const std::string& path);
 
 /// The tokenizer of the model `path` names (a checkpoint or "hf:DIR"), read by this process.
 std::shared_ptr<const tokenize::Tokenizer> model_tokenizer(const std::string& path);
@@ -51,8 +51,8 @@ void load_blocks_into(comm::Communicator& world, const std::string& path,
 /// The architecture of the checkpoint `path` on every rank of `world` (collective): rank 0 reads
 /// the index, checks it (checked_architecture()) and `models_in_process` copies of the model
 /// against the memory available (ResourceError), and broadcasts it.
-nn::DecoderConfig read_architecture(comm::Communicator& world, const std::string& path,
-                                    std::int64_t models_in_process = 1);
+nn::DecoderSpec read_architecture(comm::Communicator& world, const std::string& path,
+                                  std::int64_t models_in_process = 1);
 
 /// The decoder saved in the checkpoint `path` (a checkpoint directory or a root with LATEST, or
 /// "hf:DIR") on every rank of `world` (collective), for generation or export (no gradients):

@@ -34,17 +34,17 @@ std::optional<std::string> folder_of(const std::string& path);
 /// "Qwen2ForCausalLM" (biases on q, k and v alone) or "LlamaForCausalLM". InvalidArgument with
 /// the reason for a model that has no such class: a GPT with its own head (GPT2LMHeadModel's
 /// head is the token table, without bias), biases no class lays out.
-std::string architecture_of(const nn::DecoderConfig& config);
+std::string architecture_of(const nn::DecoderSpec& config);
 
 /// The config.json of a decoder reading `tokenizer`'s tokens, its weights stored as `dtype`.
-nlohmann::json config_json(const nn::DecoderConfig& config, const tokenize::Tokenizer& tokenizer,
+nlohmann::json config_json(const nn::DecoderSpec& config, const tokenize::Tokenizer& tokenizer,
                            DType dtype);
 
 /// The decoder a config.json describes (`file` names it in errors): DataError naming the field
 /// for an unknown architecture, a missing or out-of-range field, or a setting meshtensor does
 /// not compute (another activation or norm epsilon, a RoPE type other than default, linear and
 /// llama3, a sliding window shorter than the context, ...).
-nn::DecoderConfig parse_config_json(const nlohmann::json& config, const std::string& file);
+nn::DecoderSpec parse_config_json(const nlohmann::json& config, const std::string& file);
 
 /// One tensor of a folder: its file and where its bytes lie.
 struct StoredTensor {
@@ -58,7 +58,7 @@ struct StoredTensor {
 /// does not use are ignored.
 struct Folder {
   std::string directory;
-  nn::DecoderConfig config;
+  nn::DecoderSpec config;
   std::shared_ptr<const tokenize::Tokenizer> tokenizer;
   std::map<std::string, StoredTensor> tensors;  ///< by Hugging Face name
 };
@@ -109,7 +109,7 @@ struct ExportReport {
 /// Tensors are written by Hugging Face name in name order, so the same model gives the same
 /// bytes. InvalidArgument for a model the format cannot express (architecture_of) or a dtype
 /// that is not a float of at most 32 bits.
-ExportReport export_folder(const std::string& directory, const nn::DecoderConfig& config,
+ExportReport export_folder(const std::string& directory, const nn::DecoderSpec& config,
                            const tokenize::Tokenizer& tokenizer,
                            const std::map<std::string, Tensor>& parameters,
                            const ExportOptions& options);

@@ -3,24 +3,18 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include <meshtensor/nn/decode.hpp>
+#include <meshtensor/nn/decoder_spec.hpp>
 #include <meshtensor/nn/module.hpp>
 
 namespace meshtensor::nn {
 
-struct GptConfig;
-struct LlamaConfig;
-
-/// A decoder's config, by family (nn/models.hpp has what reads and writes it).
-using DecoderConfig = std::variant<GptConfig, LlamaConfig>;
-
 /// What training, generation and the parallel plans need of a decoder-only language model over
-/// i64 tokens [batch, sequence] -> f32 logits [batch, sequence, vocabulary], whatever its family
-/// (Gpt, Llama). Its units are the natural parameter groups and pipeline pieces: the embedding,
-/// every block and the head, in forward order.
+/// i64 tokens [batch, sequence] -> f32 logits [batch, sequence, vocabulary], whatever its spec. Its
+/// units are the natural parameter groups and pipeline pieces: the embedding, every block and the
+/// head, in forward order.
 class Decoder : public Module {
  public:
   /// The embedding, every block and the head, in forward order.
@@ -31,8 +25,8 @@ class Decoder : public Module {
   /// and step together because they share one (a tied head and the embedding) form one group.
   /// By default every unit alone.
   virtual std::vector<std::vector<Module*>> parameter_groups();
-  /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree (Gpt::
-  /// set_exact_sums).
+  /// Exact mode's sums, whose bits do not depend on the tensor-parallel degree
+  /// (TransformerDecoder:: set_exact_sums).
   virtual void set_exact_sums(bool on) = 0;
   /// Whether set_exact_sums is on.
   virtual bool exact_sums() const = 0;
@@ -57,8 +51,8 @@ class Decoder : public Module {
   virtual std::int64_t layers() const = 0;
   /// Features of the residual stream.
   virtual std::int64_t dim() const = 0;
-  /// The config the model was built from.
-  virtual DecoderConfig decoder_config() const = 0;
+  /// The spec the model was built from.
+  virtual DecoderSpec decoder_spec() const = 0;
   /// The model text its config parses from ("gpt:...", "llama:...").
   virtual std::string config_text() const = 0;
 };

@@ -24,14 +24,18 @@ struct GroupedAttentionConfig {
   bool qkv_bias = false;      ///< biases on the queries, keys and values (Qwen2)
   bool out_bias = false;      ///< a bias on the output projection
   kernels::RotaryScaling rope_scaling;
+  /// Rotary embeddings of the queries and keys; off for a model whose positions are learned
+  /// (a GPT's), whose heads may then be of any width.
+  bool rotary = true;
 };
 
 /// Values per head of `config`: its head_dim, or dim / heads.
 std::int64_t attention_head_dim(const GroupedAttentionConfig& config);
 
-/// Causal self-attention of the Llama family over f32 [batch, sequence, dim]: grouped-query
-/// attention (K key/value heads, each shared by G = H / K query heads), rotary position
-/// embeddings on queries and keys (kernels::rotary_forward, position t for row t), an optional
+/// Causal self-attention of every decoder over f32 [batch, sequence, dim]: grouped-query
+/// attention (K key/value heads, each shared by G = H / K query heads; K = H is a GPT's
+/// multi-head attention), rotary position embeddings on queries and keys where the config asks
+/// for them (kernels::rotary_forward, position t for row t), an optional
 /// RMSNorm of each head's queries and keys before the rotation (Qwen3), and biases where the
 /// config asks for them (Qwen2's on q, k, v). Heads are head_dim wide (dim / H unless the config
 /// says otherwise, as Qwen3's 128): the output projection takes H · head_dim features to dim.
@@ -112,7 +116,7 @@ class GroupedQueryAttention : public Module {
                      std::int64_t batch, std::int64_t length);
 
   GroupedAttentionConfig config_;
-  std::shared_ptr<const kernels::RotaryTable> rotary_;  // shared by the layers of a model
+  std::shared_ptr<const kernels::RotaryTable> rotary_;  // shared by the layers; null: none
   Linear qkv_;
   Linear projection_;
   std::unique_ptr<RMSNorm> q_norm_;

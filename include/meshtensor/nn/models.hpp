@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <variant>
 
 #include <meshtensor/nn/decoder.hpp>
 #include <meshtensor/nn/gpt.hpp>
@@ -16,13 +15,10 @@ bool is_decoder_model(const std::string& text);
 
 /// The config a "gpt..." or "llama..." text names (parse_gpt_config, parse_llama_config);
 /// ParseError naming the text for another family.
-DecoderConfig parse_decoder_config(const std::string& text);
+DecoderSpec parse_decoder_spec(const std::string& text);
 
-/// The text parse_decoder_config reads back.
-std::string decoder_config_text(const DecoderConfig& config);
-
-/// Parameters of the model `config` builds.
-std::int64_t decoder_parameter_count(const DecoderConfig& config);
+/// The text parse_decoder_spec reads back.
+std::string decoder_spec_text(const DecoderSpec& config);
 
 /// Largest vocabulary a decoder's architecture may name.
 inline constexpr std::int64_t kMaxVocabulary = std::int64_t{1} << 24;
@@ -32,47 +28,29 @@ inline constexpr std::int64_t kMaxVocabulary = std::int64_t{1} << 24;
 /// the vocabulary and the tokenizer ("gpt layers=4 heads=4 dim=128 context=128 vocabulary=256
 /// tokenizer=bytes", "llama layers=4 heads=4 kv_heads=2 ... vocabulary=8192
 /// tokenizer=bpe:0123456789abcdef").
-std::string decoder_architecture_text(const DecoderConfig& config,
+std::string decoder_architecture_text(const DecoderSpec& config,
                                       const std::string& tokenizer = "bytes");
 
 /// The decoder a checkpoint's "architecture" metadata describes; DataError naming the text when
 /// it is not a decoder of a known family, its keys do not parse, or it names no tokenizer.
-DecoderConfig parse_decoder_architecture(const std::string& text);
+DecoderSpec parse_decoder_architecture(const std::string& text);
 
 /// The tokenizer an architecture text names (its "tokenizer=" word), or empty.
 std::string architecture_tokenizer(const std::string& text);
 
 /// `config` with a vocabulary of `vocabulary` tokens.
-DecoderConfig with_vocabulary(DecoderConfig config, std::int64_t vocabulary);
+DecoderSpec with_vocabulary(DecoderSpec config, std::int64_t vocabulary);
 
 /// Bytes the model of `config` allocates when built (its parameters' values and gradients).
-double decoder_model_bytes(const DecoderConfig& config);
-
-/// The family's name: "gpt" or "llama".
-std::string decoder_family(const DecoderConfig& config);
-
-/// The config's longest sequence.
-std::int64_t decoder_context(const DecoderConfig& config);
-
-/// The config's blocks.
-std::int64_t decoder_layers(const DecoderConfig& config);
-
-/// The config's residual-stream features.
-std::int64_t decoder_dim(const DecoderConfig& config);
-
-/// Whether the config's head is tied to its token embedding table.
-bool decoder_tied(const DecoderConfig& config);
-
-/// The config's vocabulary.
-std::int64_t decoder_vocabulary(const DecoderConfig& config);
+double decoder_model_bytes(const DecoderSpec& config);
 
 /// `config` with a context of `context` positions.
-DecoderConfig with_context(DecoderConfig config, std::int64_t context);
+DecoderSpec with_context(DecoderSpec config, std::int64_t context);
 
 /// `config` with its initial weights drawn from `seed`.
-DecoderConfig with_seed(DecoderConfig config, std::uint64_t seed);
+DecoderSpec with_seed(DecoderSpec config, std::uint64_t seed);
 
 /// The model `config` builds (the same bits everywhere for the same config).
-std::unique_ptr<Decoder> make_decoder(const DecoderConfig& config);
+std::unique_ptr<Decoder> make_decoder(const DecoderSpec& config);
 
 }  // namespace meshtensor::nn

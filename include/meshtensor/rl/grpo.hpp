@@ -31,7 +31,7 @@ struct RlConfig {
   /// reference); "": fresh weights of `model` from the seed.
   std::string init;
   /// The policy's architecture when there is no `init` (with one, the checkpoint's).
-  nn::DecoderConfig model;
+  nn::DecoderSpec model;
   std::int64_t steps = 20;       ///< rollout batches (each: generate, score, update)
   std::int64_t prompts = 8;      ///< P: prompts per step
   std::int64_t samples = 4;      ///< G: completions per prompt (at least 2: a group)

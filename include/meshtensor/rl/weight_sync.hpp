@@ -68,7 +68,7 @@ struct SyncStats {
 class WeightSync {
  public:
   /// The sync from `trainer` to `generator_parameters` (the generator model's parameters, the
-  /// same names as the trainer's, split by tp::gpt_plan over the tp dim of
+  /// same names as the trainer's, split by tp::decoder_plan over the tp dim of
   /// `generator_groups`' mesh, a GeneratorLayout mesh over the whole world). When the trainer
   /// runs on fewer ranks than the world, the world holds `trainer_copies` copies of its layout
   /// (ranks [0, T) train, [T, 2T) ... hold a copy built alike): each sync first broadcasts the

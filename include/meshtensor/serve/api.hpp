@@ -70,7 +70,7 @@ struct CompletionParams {
 /// as OpenAI does), a value out of range, a prompt past the context or a limit passed; 404
 /// (model_not_found) for another model. `default_seed` is used when the request has none.
 CompletionParams parse_completion_request(std::string_view body, const std::string& model_name,
-                                          const nn::DecoderConfig& config,
+                                          const nn::DecoderSpec& config,
                                           std::shared_ptr<const tokenize::Tokenizer> tokenizer,
                                           const ApiLimits& limits, std::uint64_t default_seed);
 
@@ -91,7 +91,7 @@ ChatSupport chat_support(std::shared_ptr<const tokenize::Tokenizer> tokenizer);
 /// with top_logprobs; 400 naming the field for a message not well formed or a template that
 /// raises an exception; 400 (chat_template_missing) when the model has no usable template.
 CompletionParams parse_chat_request(std::string_view body, const std::string& model_name,
-                                    const nn::DecoderConfig& config, const ChatSupport& chat,
+                                    const nn::DecoderSpec& config, const ChatSupport& chat,
                                     const ApiLimits& limits, std::uint64_t default_seed);
 
 /// One choice as generated so far: the prompt, its scores (echo with logprobs) and its tokens.

@@ -111,34 +111,18 @@ std::vector<std::pair<std::string, std::string>> parallelize_module(nn::Module& 
                                                                     TensorParallel& tp,
                                                                     const ParallelizePlan& plan);
 
-/// Megatron's plan for the GPT: the token embedding split by vocabulary rows, qkv and the first
-/// MLP layer column-parallel (whole heads per rank), the attention and MLP output projections
-/// row-parallel, the LM head column-parallel over the vocabulary (its loss vocabulary-parallel);
-/// with sequence parallelism the norms run on sequence shards and the row-parallel outputs are
-/// reduce-scattered along the sequence.
-ParallelizePlan gpt_plan(bool sequence_parallel);
+/// Megatron's plan for the decoder a spec describes: the token embedding split by vocabulary
+/// rows, qkv (whole groups of query heads with their key/value head; a GPT's whole heads) and the
+/// MLP's first projection (whole blocks) column-parallel, the attention output and the MLP's
+/// second projection row-parallel, the LM head column-parallel over the vocabulary (its loss
+/// vocabulary-parallel); with sequence parallelism the norms run on sequence shards and the
+/// row-parallel outputs are reduce-scattered along the sequence; with QK-norm the query and key
+/// norms run on each rank's heads (HeadParallel).
+ParallelizePlan decoder_plan(const nn::DecoderSpec& spec, bool sequence_parallel);
 
-/// InvalidArgument naming both numbers unless a GPT of `config` splits over `degree` ranks (the
-/// degree must divide the heads; the vocabulary must have a row per rank).
-void check_gpt_degree(const nn::GptConfig& config, std::int64_t degree);
-
-/// Megatron's plan for the Llama family: the token embedding split by vocabulary rows, qkv
-/// (whole groups of query heads with their key/value head) and the MLP's gate/up projection
-/// column-parallel, the attention output and the MLP's down projection row-parallel, the LM head
-/// column-parallel over the vocabulary; with sequence parallelism the RMSNorms run on sequence
-/// shards.
-ParallelizePlan llama_plan(bool sequence_parallel);
-
-/// InvalidArgument naming both numbers unless a Llama of `config` splits over `degree` ranks:
+/// InvalidArgument naming both numbers unless a decoder of `spec` splits over `degree` ranks:
 /// the degree must divide the key/value heads (key/value heads are never replicated), and so
-/// the query heads; the vocabulary must have a row per rank.
-void check_llama_degree(const nn::LlamaConfig& config, std::int64_t degree);
-
-/// The plan of the decoder's family (gpt_plan, llama_plan; with QK-norm the query and key norms
-/// run on each rank's heads, HeadParallel).
-ParallelizePlan decoder_plan(const nn::DecoderConfig& config, bool sequence_parallel);
-
-/// check_gpt_degree or check_llama_degree by family.
-void check_decoder_degree(const nn::DecoderConfig& config, std::int64_t degree);
+/// the query heads, and the MLP's blocks; the vocabulary must have a row per rank.
+void check_decoder_degree(const nn::DecoderSpec& spec, std::int64_t degree);
 
 }  // namespace meshtensor::tp

@@ -151,7 +151,7 @@ class LanguageModelling : public Task {
   /// the text's length when the training text is shorter than one window (window + 1 tokens),
   /// a window past the model's context, or the model's vocabulary is not the tokenizer's. No
   /// `tokenizer`: the byte tokenizer.
-  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderConfig model,
+  LanguageModelling(std::shared_ptr<const TextCorpus> corpus, nn::DecoderSpec model,
                     std::shared_ptr<const tokenize::Tokenizer> tokenizer = nullptr,
                     std::int64_t window = 0);
   std::string architecture() const override;
@@ -174,7 +174,7 @@ class LanguageModelling : public Task {
       nn::Module& model, tp::TensorParallel* tp, comm::ReductionMode mode) const override;
   bool exact_loss_sums() const override { return true; }
   /// The decoder's config.
-  const nn::DecoderConfig& model() const { return model_; }
+  const nn::DecoderSpec& model() const { return model_; }
   /// A window's length (the decoder's longest sequence unless the task was given another).
   std::int64_t context() const { return context_; }
   /// The corpus.
@@ -191,7 +191,7 @@ class LanguageModelling : public Task {
 
  private:
   std::shared_ptr<const TextCorpus> corpus_;
-  nn::DecoderConfig model_;
+  nn::DecoderSpec model_;
   std::shared_ptr<const tokenize::Tokenizer> tokenizer_;
   std::vector<std::int32_t> train_ids_;
   std::vector<std::int32_t> validation_ids_;

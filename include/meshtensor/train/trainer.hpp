@@ -69,7 +69,7 @@ struct TrainConfig {
   /// The ranks' mesh by dim names (parse_named_mesh); when given it replaces `strategy` and
   /// `replicas`. Dims it does not name have size 1.
   std::optional<DeviceMesh> mesh;
-  /// With a tp dim: norms and the residual stream on sequence shards (see tp::gpt_plan).
+  /// With a tp dim: norms and the residual stream on sequence shards (see tp::decoder_plan).
   bool sequence_parallel = false;
   /// Scales the gradients when their global L2 norm exceeds this (0: no clipping). The norm is
   /// one value over the whole mesh, the same bits on every rank (exact in exact mode).

@@ -13,7 +13,7 @@ namespace {
 
 constexpr double kGpt2LayerNormEps = 1e-5;  // nn::LayerNorm's epsilon
 
-nn::DecoderConfig parse_gpt2(ConfigReader& c) {
+nn::DecoderSpec parse_gpt2(ConfigReader& c) {
   c.set_class("GPT2Config");
   nn::GptConfig gpt;
   gpt.layers = c.integer("n_layer", "num_hidden_layers", 12, 1, 256);
@@ -51,11 +51,11 @@ nn::DecoderConfig parse_gpt2(ConfigReader& c) {
   } catch (const Error& e) {
     throw DataError(fmt::format("{}: {}", c.file(), e.what()));
   }
-  return gpt;
+  return nn::gpt_spec(gpt);
 }
 
-void write_gpt2(const nn::DecoderConfig& config, nlohmann::json& out) {
-  const auto& gpt = std::get<nn::GptConfig>(config);
+void write_gpt2(const nn::DecoderSpec& config, nlohmann::json& out) {
+  const auto& gpt = config;
   out.update({{"n_layer", gpt.layers},
               {"n_head", gpt.heads},
               {"n_embd", gpt.dim},
@@ -72,8 +72,8 @@ void write_gpt2(const nn::DecoderConfig& config, nlohmann::json& out) {
               {"tie_word_embeddings", true}});
 }
 
-void gpt2_links(const nn::DecoderConfig& config, std::vector<Link>& links) {
-  const auto& gpt = std::get<nn::GptConfig>(config);
+void gpt2_links(const nn::DecoderSpec& config, std::vector<Link>& links) {
+  const auto& gpt = config;
   links.push_back({"transformer.wte.weight", "embed.token.weight"});
   links.push_back({"transformer.wpe.weight", "embed.position.weight"});
   for (std::int64_t i = 0; i < gpt.layers; ++i) {
@@ -95,15 +95,15 @@ void gpt2_links(const nn::DecoderConfig& config, std::vector<Link>& links) {
 class Gpt2Architecture : public Architecture {
  public:
   Gpt2Architecture() : Architecture("GPT2LMHeadModel", "gpt2", "GPT2Model") {}
-  nn::DecoderConfig parse(ConfigReader& c) const override { return parse_gpt2(c); }
-  bool exports(const nn::DecoderConfig& config) const override {
-    const auto* gpt = std::get_if<nn::GptConfig>(&config);
-    return gpt != nullptr && gpt->tie;  // GPT-2's head is the token table, without a bias
+  nn::DecoderSpec parse(ConfigReader& c) const override { return parse_gpt2(c); }
+  bool exports(const nn::DecoderSpec& config) const override {
+    // GPT-2's head is the token table, without a bias.
+    return config.family == nn::DecoderFamily::gpt && config.tie;
   }
-  void write(const nn::DecoderConfig& config, nlohmann::json& out) const override {
+  void write(const nn::DecoderSpec& config, nlohmann::json& out) const override {
     write_gpt2(config, out);
   }
-  void links(const nn::DecoderConfig& config, std::vector<Link>& out) const override {
+  void links(const nn::DecoderSpec& config, std::vector<Link>& out) const override {
     gpt2_links(config, out);
   }
 };

@@ -19,7 +19,7 @@ constexpr LlamaClass kLlamaClass{.config_class = "LlamaConfig",
                                  .mlp_bias_key = true,
                                  .window = SlidingWindow::none};
 
-bool exports_as_llama(const nn::LlamaConfig& llama) {
+bool exports_as_llama(const nn::DecoderSpec& llama) {
   // attention_bias puts biases on q, k, v and o together.
   return !llama.qk_norm && llama.qkv_bias == llama.out_bias;
 }

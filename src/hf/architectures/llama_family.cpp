@@ -180,7 +180,7 @@ void check_sliding_window(const ConfigReader& c, std::int64_t layers, std::int64
 
 /// The biases a config asks for: a Llama's attention_bias puts them on q, k, v and o, its
 /// mlp_bias on the MLP; Qwen2 has them on q, k and v alone.
-void read_biases(const ConfigReader& c, const LlamaClass& cls, nn::LlamaConfig& llama) {
+void read_biases(const ConfigReader& c, const LlamaClass& cls, nn::DecoderSpec& llama) {
   const bool attention = cls.bias_keys && c.flag("attention_bias", false);
   llama.qkv_bias = cls.qkv_bias || attention;
   llama.out_bias = attention;
@@ -189,10 +189,10 @@ void read_biases(const ConfigReader& c, const LlamaClass& cls, nn::LlamaConfig& 
 
 }  // namespace
 
-nn::DecoderConfig LlamaFamilyArchitecture::parse(ConfigReader& c) const {
+nn::DecoderSpec LlamaFamilyArchitecture::parse(ConfigReader& c) const {
   const LlamaClass& cls = class_;
   c.set_class(cls.config_class);
-  nn::LlamaConfig llama;
+  nn::DecoderSpec llama;
   llama.dim = c.integer("hidden_size", 4096, 1, 65536);
   llama.heads = c.integer("num_attention_heads", 32, 1, 1024);
   llama.kv_heads =
@@ -232,20 +232,19 @@ nn::DecoderConfig LlamaFamilyArchitecture::parse(ConfigReader& c) const {
   return llama;
 }
 
-bool LlamaFamilyArchitecture::exports(const nn::DecoderConfig& config) const {
-  const auto* llama = std::get_if<nn::LlamaConfig>(&config);
-  return llama != nullptr && exports_(*llama);
+bool LlamaFamilyArchitecture::exports(const nn::DecoderSpec& config) const {
+  return config.family == nn::DecoderFamily::llama && exports_(config);
 }
 
-void LlamaFamilyArchitecture::write(const nn::DecoderConfig& config, Json& out) const {
+void LlamaFamilyArchitecture::write(const nn::DecoderSpec& config, Json& out) const {
   const LlamaClass& cls = class_;
-  const auto& llama = std::get<nn::LlamaConfig>(config);
+  const auto& llama = config;
   out.update({{"hidden_size", llama.dim},
               {"intermediate_size", llama.ffn},
               {"num_hidden_layers", llama.layers},
               {"num_attention_heads", llama.heads},
               {"num_key_value_heads", llama.kv_heads},
-              {"head_dim", nn::llama_head_dim(llama)},
+              {"head_dim", nn::decoder_head_dim(llama)},
               {"max_position_embeddings", llama.context},
               {"rms_norm_eps", llama.norm_eps},
               {"rope_theta", llama.rope_theta},
@@ -259,9 +258,8 @@ void LlamaFamilyArchitecture::write(const nn::DecoderConfig& config, Json& out) 
     out.update({{"use_sliding_window", false}, {"sliding_window", nullptr}});
 }
 
-void LlamaFamilyArchitecture::links(const nn::DecoderConfig& config,
-                                    std::vector<Link>& links) const {
-  const auto& llama = std::get<nn::LlamaConfig>(config);
+void LlamaFamilyArchitecture::links(const nn::DecoderSpec& config, std::vector<Link>& links) const {
+  const auto& llama = config;
   links.push_back({"model.embed_tokens.weight", "embed.token.weight"});
   const char* projections[] = {"q_proj", "k_proj", "v_proj"};
   for (std::int64_t i = 0; i < llama.layers; ++i) {

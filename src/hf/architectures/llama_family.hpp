@@ -44,16 +44,16 @@ class LlamaFamilyArchitecture : public Architecture {
  public:
   /// `exports` says which Llama configs the class expresses.
   LlamaFamilyArchitecture(const char* head_class, const char* type, const char* base,
-                          const LlamaClass& cls, bool (*expresses)(const nn::LlamaConfig&))
+                          const LlamaClass& cls, bool (*expresses)(const nn::DecoderSpec&))
       : Architecture(head_class, type, base), class_(cls), exports_(expresses) {}
-  nn::DecoderConfig parse(ConfigReader& c) const override;
-  bool exports(const nn::DecoderConfig& config) const override;
-  void write(const nn::DecoderConfig& config, nlohmann::json& out) const override;
-  void links(const nn::DecoderConfig& config, std::vector<Link>& out) const override;
+  nn::DecoderSpec parse(ConfigReader& c) const override;
+  bool exports(const nn::DecoderSpec& config) const override;
+  void write(const nn::DecoderSpec& config, nlohmann::json& out) const override;
+  void links(const nn::DecoderSpec& config, std::vector<Link>& out) const override;
 
  private:
   LlamaClass class_;
-  bool (*exports_)(const nn::LlamaConfig&);
+  bool (*exports_)(const nn::DecoderSpec&);
 };
 
 }  // namespace meshtensor::hf

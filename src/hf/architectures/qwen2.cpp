@@ -19,7 +19,7 @@ constexpr LlamaClass kQwen2Class{.config_class = "Qwen2Config",
                                  .mlp_bias_key = false,
                                  .window = SlidingWindow::qwen};
 
-bool exports_as_qwen2(const nn::LlamaConfig& llama) {
+bool exports_as_qwen2(const nn::DecoderSpec& llama) {
   return !llama.qk_norm && llama.qkv_bias && !llama.out_bias && !llama.mlp_bias;
 }
 
