@@ -33,16 +33,15 @@ std::int64_t decoder_block_parameters(const DecoderSpec& s) {
   const std::int64_t attention = s.dim * qkv + s.heads * hd * s.dim + (s.qk_norm ? 2 * hd : 0) +
                                  (s.qkv_bias ? qkv : 0) + (s.out_bias ? s.dim : 0);
   const std::int64_t gate = s.mlp == MlpKind::swiglu ? 2 : 1;  // gate and up, or fc
-  const std::int64_t mlp =
-      (gate + 1) * s.dim * s.ffn + (s.mlp_bias ? gate * s.ffn + s.dim : 0);
+  const std::int64_t mlp = (gate + 1) * s.dim * s.ffn + (s.mlp_bias ? gate * s.ffn + s.dim : 0);
   return 2 * norm_parameters(s, s.dim) + attention + mlp;
 }
 
 std::int64_t decoder_parameter_count(const DecoderSpec& s) {
   const std::int64_t embedding =
       s.vocabulary * s.dim + (s.positions == PositionKind::learned ? s.context * s.dim : 0);
-  const std::int64_t head =
-      norm_parameters(s, s.dim) + (s.tie ? 0 : s.dim * s.vocabulary + (s.head_bias ? s.vocabulary : 0));
+  const std::int64_t head = norm_parameters(s, s.dim) +
+                            (s.tie ? 0 : s.dim * s.vocabulary + (s.head_bias ? s.vocabulary : 0));
   return embedding + s.layers * decoder_block_parameters(s) + head;
 }
 
@@ -66,6 +65,35 @@ std::string decoder_spec_problem(const DecoderSpec& s) {
                        decoder_head_dim(s));
   }
   return {};
+}
+
+namespace {
+
+/// Each integer key of a model text: its field and its largest value.
+struct IntegerKey {
+  std::string_view name;
+  std::int64_t DecoderSpec::*field;
+  std::int64_t limit;
+};
+
+constexpr IntegerKey kIntegerKeys[] = {
+    {"layers", &DecoderSpec::layers, 256},     {"heads", &DecoderSpec::heads, 256},
+    {"kv_heads", &DecoderSpec::kv_heads, 256}, {"dim", &DecoderSpec::dim, 8192},
+    {"ffn", &DecoderSpec::ffn, 65536},         {"context", &DecoderSpec::context, 1 << 20},
+    {"head_dim", &DecoderSpec::head_dim, 1024}};
+
+}  // namespace
+
+std::int64_t* decoder_integer_key(DecoderSpec& spec, std::string_view key) {
+  for (const IntegerKey& k : kIntegerKeys)
+    if (k.name == key) return &(spec.*k.field);
+  return nullptr;
+}
+
+std::int64_t decoder_key_limit(std::string_view key) {
+  for (const IntegerKey& k : kIntegerKeys)
+    if (k.name == key) return k.limit;
+  return 0;
 }
 
 std::string decoder_family_name(const DecoderSpec& spec) {

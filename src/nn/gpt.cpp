@@ -29,19 +29,16 @@ GptConfig parse_gpt_config(const std::string& text) {
   constexpr std::string_view kPrefix = "gpt:";
   if (text.rfind(kPrefix, 0) != 0)
     throw ParseError(fmt::format("unknown model '{}' (expected {})", text, kGptUsage));
+  // The preset's keys, with the spec's ranges; tie is 0 or 1.
+  DecoderSpec spec = gpt_spec(config);
   std::int64_t tie = 0;
-  const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> keys{
-      {"layers", {&config.layers, 256}},
-      {"heads", {&config.heads, 256}},
-      {"dim", {&config.dim, 8192}},
-      {"context", {&config.context, 8192}},
-      {"tie", {&tie, 1}}};
   std::map<std::string_view, bool> seen;
   for (std::string_view part : split(std::string_view(text).substr(kPrefix.size()), ',')) {
     const auto equals = part.find('=');
     const std::string_view key = part.substr(0, equals);
-    const auto entry = keys.find(key);
-    if (equals == std::string_view::npos || entry == keys.end()) {
+    const bool known =
+        key == "layers" || key == "heads" || key == "dim" || key == "context" || key == "tie";
+    if (equals == std::string_view::npos || !known) {
       throw ParseError(
           fmt::format("'{}' in model '{}' is not one of layers=, heads=, dim=, "
                       "context=, tie= (expected {})",
@@ -49,13 +46,18 @@ GptConfig parse_gpt_config(const std::string& text) {
     }
     if (seen[key]) throw ParseError(fmt::format("model '{}' gives {} twice", text, key));
     seen[key] = true;
-    const auto [target, largest] = entry->second;
+    std::int64_t* target = key == "tie" ? &tie : decoder_integer_key(spec, key);
     const std::int64_t value =
-        parse_count(part.substr(equals + 1), largest, fmt::format("model '{}'", text));
+        parse_count(part.substr(equals + 1), key == "tie" ? 1 : decoder_key_limit(key),
+                    fmt::format("model '{}'", text));
     if (value == 0 && target != &tie)
       throw ParseError(fmt::format("{} in model '{}' must be positive", part, text));
     *target = value;
   }
+  config.layers = spec.layers;
+  config.heads = spec.heads;
+  config.dim = spec.dim;
+  config.context = spec.context;
   config.tie = tie == 1;
   if (config.dim % config.heads != 0) {
     throw ParseError(fmt::format("model '{}': dim {} does not split into {} heads", text,

@@ -18,9 +18,6 @@ constexpr std::string_view kLlamaUsage =
     "qk_norm=0|1,tie=0|1,head_dim=N,qkv_bias=0|1,out_bias=0|1,mlp_bias=0|1,"
     "rope_scaling=linear:F|llama3:F:LOW:HIGH:ORIGINAL";
 
-/// Longest context a Llama may name (Llama 3.1's 131072 and then some).
-constexpr std::int64_t kMaxLlamaContext = std::int64_t{1} << 20;
-
 /// "linear:F" or "llama3:F:LOW:HIGH:ORIGINAL".
 kernels::RotaryScaling parse_rope_scaling(const std::string& value, const std::string& what) {
   const std::vector<std::string_view> parts = split(value, ':');
@@ -36,8 +33,8 @@ kernels::RotaryScaling parse_rope_scaling(const std::string& value, const std::s
     scaling.factor = factor(1, "factor");
     scaling.low_freq_factor = factor(2, "low_freq_factor");
     scaling.high_freq_factor = factor(3, "high_freq_factor");
-    scaling.original_context =
-        integer_setting(what + " original context", std::string(parts[4]), 1, kMaxLlamaContext);
+    scaling.original_context = integer_setting(what + " original context", std::string(parts[4]), 1,
+                                               decoder_key_limit("context"));
     if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
       throw ParseError(fmt::format("{}: high_freq_factor {} must be above low_freq_factor {}", what,
                                    scaling.high_freq_factor, scaling.low_freq_factor));
@@ -65,13 +62,8 @@ std::string rope_scaling_text(const kernels::RotaryScaling& s) {
 /// Sets one key of `config` from its text; false for an unknown key.
 bool set_llama_key(DecoderSpec& config, std::string_view key, const std::string& value,
                    const std::string& what) {
-  const std::map<std::string_view, std::pair<std::int64_t*, std::int64_t>> integers = {
-      {"layers", {&config.layers, 256}},     {"heads", {&config.heads, 256}},
-      {"kv_heads", {&config.kv_heads, 256}}, {"dim", {&config.dim, 8192}},
-      {"ffn", {&config.ffn, 65536}},         {"context", {&config.context, kMaxLlamaContext}},
-      {"head_dim", {&config.head_dim, 1024}}};
-  if (const auto entry = integers.find(key); entry != integers.end()) {
-    *entry->second.first = integer_setting(what, value, 1, entry->second.second);
+  if (std::int64_t* field = decoder_integer_key(config, key); field != nullptr) {
+    *field = integer_setting(what, value, 1, decoder_key_limit(key));
   } else if (key == "rope_theta") {
     config.rope_theta = real_setting(what, value, 1.0 + 1e-9, 1e9);
   } else if (key == "norm_eps") {

@@ -19,15 +19,16 @@ double residual_std(const DecoderSpec& spec) {
 }
 
 GroupedAttentionConfig attention_config(const DecoderSpec& s) {
-  GroupedAttentionConfig config{s.dim,      s.heads,    s.kv_heads, s.context,  s.rope_theta,
-                                s.qk_norm,  s.norm_eps, s.head_dim, s.qkv_bias, s.out_bias,
-                                s.rope_scaling};
+  GroupedAttentionConfig config{s.dim,        s.heads,    s.kv_heads,    s.context,
+                                s.rope_theta, s.qk_norm,  s.norm_eps,    s.head_dim,
+                                s.qkv_bias,   s.out_bias, s.rope_scaling};
   config.rotary = s.positions == PositionKind::rotary;
   return config;
 }
 
 std::unique_ptr<Module> make_norm(const DecoderSpec& spec) {
-  if (spec.norm == NormKind::layer_norm) return std::make_unique<LayerNorm>(spec.dim, spec.norm_eps);
+  if (spec.norm == NormKind::layer_norm)
+    return std::make_unique<LayerNorm>(spec.dim, spec.norm_eps);
   return std::make_unique<RMSNorm>(spec.dim, spec.norm_eps);
 }
 
@@ -42,10 +43,10 @@ const DecoderSpec& checked_shape(const DecoderSpec& spec) {
 /// allocates.
 const DecoderSpec& checked_spec(const DecoderSpec& spec) {
   checked_shape(spec);
-  require_memory(decoder_model_bytes(spec),
-                 fmt::format("the {} {} ({} parameters)",
-                             spec.family == DecoderFamily::gpt ? "GPT" : "Llama",
-                             decoder_spec_text(spec), decoder_parameter_count(spec)));
+  require_memory(
+      decoder_model_bytes(spec),
+      fmt::format("the {} {} ({} parameters)", spec.family == DecoderFamily::gpt ? "GPT" : "Llama",
+                  decoder_spec_text(spec), decoder_parameter_count(spec)));
   return spec;
 }
 
@@ -89,8 +90,8 @@ DecoderBlock::DecoderBlock(const DecoderSpec& spec, std::uint64_t seed)
 Tensor DecoderBlock::forward(const Tensor& input) {
   Tensor x = run_forward(attention_, run_forward(*norm1_, input));
   add_into(x, input);
-  Tensor y = run_forward(
-      mlp_out_, run_forward(*activation_, run_forward(mlp_in_, run_forward(*norm2_, x))));
+  Tensor y = run_forward(mlp_out_,
+                         run_forward(*activation_, run_forward(mlp_in_, run_forward(*norm2_, x))));
   add_into(y, x);
   return y;
 }
@@ -102,8 +103,7 @@ void DecoderBlock::forward_for_backward(const Tensor& input) {
       mlp_out_, run_forward(*activation_, run_forward(mlp_in_, run_forward(*norm2_, x))));
 }
 
-Tensor DecoderBlock::backward(const Tensor& grad_output, GradientSink& sink,
-                              bool need_input_grad) {
+Tensor DecoderBlock::backward(const Tensor& grad_output, GradientSink& sink, bool need_input_grad) {
   const Tensor dy = grad_output.contiguous();
   const Tensor d_hidden =
       run_backward(*activation_, run_backward(mlp_out_, dy, sink, true), sink, true);
@@ -121,9 +121,9 @@ std::vector<Parameter*> DecoderBlock::parameters() {
 }
 
 std::vector<std::pair<std::string, Module*>> DecoderBlock::children() {
-  return {{"norm1", norm1_.get()},          {"attn", &attention_},
-          {"norm2", norm2_.get()},          {mlp_names_.first, &mlp_in_},
-          {"mlp.act", activation_.get()},   {mlp_names_.second, &mlp_out_}};
+  return {{"norm1", norm1_.get()},        {"attn", &attention_},
+          {"norm2", norm2_.get()},        {mlp_names_.first, &mlp_in_},
+          {"mlp.act", activation_.get()}, {mlp_names_.second, &mlp_out_}};
 }
 
 void DecoderBlock::set_exact_blocks(bool on) {
@@ -177,8 +177,7 @@ TransformerDecoder::TransformerDecoder(const DecoderSpec& spec)
       learned_positions_(dynamic_cast<TokenPositionEmbedding*>(embedding_.get())),
       token_table_(learned_positions_ != nullptr ? &learned_positions_->token()
                                                  : dynamic_cast<Embedding*>(embedding_.get())),
-      head_(spec, mix64(spec.seed ^ 0x68656164ULL),
-            spec.tie ? &token_table_->weight() : nullptr) {
+      head_(spec, mix64(spec.seed ^ 0x68656164ULL), spec.tie ? &token_table_->weight() : nullptr) {
   for (std::int64_t i = 0; i < spec.layers; ++i) {
     auto block = std::make_unique<DecoderBlock>(
         spec, mix64(spec.seed ^ mix64(static_cast<std::uint64_t>(i) + 1)));

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <meshtensor/kernels/rotary.hpp>
@@ -87,6 +88,14 @@ std::int64_t decoder_parameter_count(const DecoderSpec& spec);
 /// What is wrong with a spec's shape (a count below 1, K not dividing H, dim not a multiple of
 /// H without a head_dim, an odd head dim under rotary embeddings), or empty.
 std::string decoder_spec_problem(const DecoderSpec& spec);
+
+/// The integer field of `spec` a model text's key names ("layers", "heads", "kv_heads", "dim",
+/// "ffn", "context", "head_dim"), or null for another key.
+std::int64_t* decoder_integer_key(DecoderSpec& spec, std::string_view key);
+
+/// The largest value an integer key may take, from 1 (the spec's ranges: 256 layers, heads and
+/// kv_heads; dim 8192; ffn 65536; context 2^20; head_dim 1024); 0 for another key.
+std::int64_t decoder_key_limit(std::string_view key);
 
 /// "gpt" or "llama".
 std::string decoder_family_name(const DecoderSpec& spec);
