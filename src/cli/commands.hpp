@@ -21,6 +21,9 @@ void add_serve_command(CLI::App& app);
 /// Registers `meshtensor checkpoint export` under `checkpoint`.
 void add_checkpoint_export(CLI::App& checkpoint_command);
 
+/// Registers `meshtensor coordinator`.
+void add_coordinator_command(CLI::App& app);
+
 /// Registers `meshtensor tokenizer encode|decode|from-gpt2`.
 void add_tokenizer_command(CLI::App& app);
 /// Registers `meshtensor bench` and its benchmarks.

@@ -78,6 +78,7 @@ int run(int argc, char** argv) {
   meshtensor::cli::add_generate_command(app);
   meshtensor::cli::add_rl_command(app);
   meshtensor::cli::add_serve_command(app);
+  meshtensor::cli::add_coordinator_command(app);
   meshtensor::cli::add_tokenizer_command(app);
   if (const std::string complaint = malformed(app, argc, argv); !complaint.empty()) {
     std::cerr << "meshtensor: error: " << complaint << '\n';

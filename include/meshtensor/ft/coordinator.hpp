@@ -1,0 +1,119 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <meshtensor/ft/quorum.hpp>
+
+namespace meshtensor::ft {
+
+/// Where and how the coordinator runs (`meshtensor coordinator`).
+struct CoordinatorConfig {
+  std::string host = "0.0.0.0";  ///< the address to listen on
+  std::uint16_t port = 29500;    ///< 0: any free port (port() tells which)
+  QuorumRules rules;
+};
+
+/// The coordinator of a fault-tolerant run: replica groups join it, send heartbeats, ask for a
+/// quorum each step, and meet through its key-value store (the rendezvous of their cross-group
+/// contexts). One JSON object a line over TCP each way (docs/fault-tolerance.md has the
+/// protocol). Its state is soft: a restarted coordinator learns the run again from the groups'
+/// joins and asks.
+class Coordinator {
+ public:
+  /// Listens; CommError naming the address when it cannot.
+  explicit Coordinator(CoordinatorConfig config);
+  /// Stops and joins every thread.
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  /// The port it listens on.
+  std::uint16_t port() const { return port_; }
+  /// Serves connections until stop(), on a thread of its own.
+  void start();
+  /// Closes every connection and stops serving.
+  void stop();
+  /// Live groups, ascending.
+  std::vector<std::int64_t> live_groups();
+
+ private:
+  struct Connection;
+  void accept_loop();
+  void serve(const std::shared_ptr<Connection>& connection);
+  std::string answer(Connection& connection, const std::string& line);
+  std::string answer_quorum(std::int64_t group, const std::string& incarnation,
+                            std::int64_t step, double timeout);
+  std::string answer_get(const std::string& key, double timeout);
+  double now() const;
+
+  CoordinatorConfig config_;
+  int listener_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread acceptor_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  QuorumState state_;
+  /// Each group's quorum, formed but not yet taken by its waiting ask.
+  std::map<std::int64_t, Quorum> delivered_;
+  std::map<std::string, std::string> store_;
+  std::vector<std::shared_ptr<Connection>> connections_;
+  std::vector<std::thread> workers_;
+};
+
+/// `meshtensor coordinator`: blocks SIGTERM and SIGINT (so no thread of it takes one), serves,
+/// says on `log` where it listens, and stops when one of them arrives.
+void serve_until_signalled(const CoordinatorConfig& config, std::ostream& log);
+
+/// A replica group's link to the coordinator: joins on construction and keeps sending
+/// heartbeats on a connection of its own until destroyed.
+class CoordinatorClient {
+ public:
+  /// Connects to "HOST:PORT" and joins as `group` of the run `shape`; CommError naming the
+  /// address when it cannot connect within `timeout` seconds, DataError with the coordinator's
+  /// reason when it refuses the join (another model or layout, a group live already).
+  CoordinatorClient(const std::string& address, std::int64_t group, const RunShape& shape,
+                    double timeout);
+  ~CoordinatorClient();
+  CoordinatorClient(const CoordinatorClient&) = delete;
+  CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  /// Waits for the quorum of `step` (at most `timeout` seconds; TimeoutError naming the step).
+  Quorum quorum(std::int64_t step, double timeout);
+  /// Stores `value` under `key` (the rendezvous of the quorum's contexts).
+  void set(const std::string& key, const std::string& value);
+  /// The value of `key`, waiting up to `timeout` seconds for it to be set.
+  std::string get(const std::string& key, double timeout);
+  /// This process's incarnation (unique per process start).
+  const std::string& incarnation() const { return incarnation_; }
+  /// The group this client joined as.
+  std::int64_t group() const { return group_; }
+
+ private:
+  struct Link;
+  std::string request(const std::string& line, double timeout);
+  void beat();
+
+  std::string address_;
+  std::int64_t group_;
+  std::string incarnation_;
+  double timeout_;
+  std::unique_ptr<Link> control_;
+  std::unique_ptr<Link> heartbeat_;
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  std::thread beater_;
+};
+
+}  // namespace meshtensor::ft

@@ -1,0 +1,133 @@
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include <meshtensor/core/error.hpp>
+#include <meshtensor/ft/quorum.hpp>
+
+namespace meshtensor::ft {
+
+QuorumState::QuorumState(QuorumRules rules) : rules_(rules) {
+  if (!(rules.heartbeat_timeout > 0) || !(rules.quorum_wait > 0)) {
+    throw InvalidArgument(fmt::format("heartbeat timeout {} s and quorum wait {} s must be positive",
+                                      rules.heartbeat_timeout, rules.quorum_wait));
+  }
+}
+
+void QuorumState::expire(double now) {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (now - it->second.last_heard > rules_.heartbeat_timeout) {
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+QuorumState::Group* QuorumState::live_group(std::int64_t group, const std::string& incarnation) {
+  const auto it = groups_.find(group);
+  if (it == groups_.end() || it->second.incarnation != incarnation) return nullptr;
+  return &it->second;
+}
+
+void QuorumState::join(std::int64_t group, const std::string& incarnation,
+                       const RunShape& shape, double now) {
+  expire(now);
+  if (shape.groups < 1 || shape.min_groups < 1 || shape.min_groups > shape.groups) {
+    throw DataError(fmt::format(
+        "a quorum of at least {} of {} replica groups: need 1 <= min groups <= groups",
+        shape.min_groups, shape.groups));
+  }
+  if (shaped_ && shape.fingerprint != shape_.fingerprint) {
+    throw DataError(fmt::format(
+        "replica group {} runs '{}', but the run's groups run '{}': every group must give the "
+        "same model, layout and settings",
+        group, shape.fingerprint, shape_.fingerprint));
+  }
+  if (shaped_ && (shape.groups != shape_.groups || shape.min_groups != shape_.min_groups)) {
+    throw DataError(fmt::format(
+        "replica group {} says the run has {} groups (quorum at least {}), but the run's groups "
+        "say {} (at least {})",
+        group, shape.groups, shape.min_groups, shape_.groups, shape_.min_groups));
+  }
+  if (group < 0 || group >= shape.groups) {
+    throw DataError(fmt::format("replica group {} is not one of the run's {} groups (0 to {})",
+                                group, shape.groups, shape.groups - 1));
+  }
+  const auto it = groups_.find(group);
+  if (it != groups_.end() && it->second.incarnation != incarnation) {
+    throw DataError(fmt::format(
+        "replica group {} joined twice: it is live already (last heard {:.1f} s ago); stop that "
+        "process first, or give this one another --replica-group",
+        group, now - it->second.last_heard));
+  }
+  shape_ = shape;
+  shaped_ = true;
+  Group& entry = groups_[group];
+  entry.incarnation = incarnation;
+  entry.last_heard = now;
+}
+
+bool QuorumState::heartbeat(std::int64_t group, const std::string& incarnation, double now) {
+  expire(now);
+  Group* entry = live_group(group, incarnation);
+  if (entry == nullptr) return false;
+  entry->last_heard = now;
+  return true;
+}
+
+void QuorumState::leave(std::int64_t group, const std::string& incarnation) {
+  if (live_group(group, incarnation) != nullptr) groups_.erase(group);
+}
+
+bool QuorumState::ask(std::int64_t group, const std::string& incarnation, std::int64_t step,
+                      double now) {
+  expire(now);
+  Group* entry = live_group(group, incarnation);
+  if (entry == nullptr) return false;
+  entry->last_heard = now;
+  if (!entry->asked_step) entry->asked_at = now;
+  entry->asked_step = step;
+  return true;
+}
+
+std::optional<Quorum> QuorumState::form(double now) {
+  expire(now);
+  std::vector<std::int64_t> asked;
+  double first_ask = std::numeric_limits<double>::infinity();
+  for (const auto& [group, entry] : groups_) {
+    if (!entry.asked_step) continue;
+    asked.push_back(group);
+    first_ask = std::min(first_ask, entry.asked_at);
+  }
+  const auto count = static_cast<std::int64_t>(asked.size());
+  const bool everyone = count == static_cast<std::int64_t>(groups_.size());
+  if (!shaped_ || count < shape_.min_groups || (!everyone && now - first_ask < rules_.quorum_wait))
+    return std::nullopt;
+  Quorum quorum;
+  quorum.id = last_.id + 1;
+  quorum.members = asked;
+  quorum.fingerprint = shape_.fingerprint;
+  for (const std::int64_t group : asked)
+    quorum.step = std::max(quorum.step, *groups_[group].asked_step);
+  std::int64_t source = -1;
+  for (const std::int64_t group : asked) {
+    if (*groups_[group].asked_step == quorum.step && source < 0) source = group;
+  }
+  for (const std::int64_t group : asked) {
+    if (*groups_[group].asked_step < quorum.step) quorum.heal_from[group] = source;
+    groups_[group].asked_step.reset();
+  }
+  last_ = quorum;
+  return quorum;
+}
+
+std::vector<std::int64_t> QuorumState::live() const {
+  std::vector<std::int64_t> all;
+  for (const auto& [group, entry] : groups_)
+    all.push_back(group);
+  return all;
+}
+
+}  // namespace meshtensor::ft
