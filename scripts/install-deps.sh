@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ libgtest-dev libgmock-dev libcli11-dev libfmt-dev nlohmann-json3-dev
           libopenmpi-dev openmpi-bin clang-format time zlib1g-dev dataset-fashion-mnist
           libopenblas-dev gnuplot-nox python3 python3-numpy python3-dev pybind11-dev
-          python3-pytest python3-torch libpcre2-dev libicu-dev libsentencepiece-dev sentencepiece python3-sentencepiece fortunes wamerican libcpp-httplib-dev libboost-dev curl iproute2 "$@")
+          python3-pytest python3-torch libpcre2-dev libicu-dev libsentencepiece-dev sentencepiece python3-sentencepiece fortunes wamerican libcpp-httplib-dev libboost-dev curl iproute2 libgloo-dev "$@")
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

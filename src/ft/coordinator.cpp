@@ -1,16 +1,15 @@
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
 #include <netinet/in.h>
 #include <poll.h>
+#include <random>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <csignal>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <random>
-
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -99,8 +98,7 @@ Coordinator::~Coordinator() {
 }
 
 double Coordinator::now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void Coordinator::start() {
@@ -172,10 +170,9 @@ std::string Coordinator::answer(Connection& connection, const std::string& line)
   const Json request = Json::parse(line);
   const std::string op = request.at("op").get<std::string>();
   if (op == "quorum") {
-    return answer_quorum(request.at("group").get<std::int64_t>(),
-                         request.at("incarnation").get<std::string>(),
-                         request.at("step").get<std::int64_t>(),
-                         request.at("timeout").get<double>());
+    return answer_quorum(
+        request.at("group").get<std::int64_t>(), request.at("incarnation").get<std::string>(),
+        request.at("step").get<std::int64_t>(), request.at("timeout").get<double>());
   }
   if (op == "get")
     return answer_get(request.at("key").get<std::string>(), request.at("timeout").get<double>());
@@ -243,9 +240,8 @@ std::string Coordinator::answer_quorum(std::int64_t group, const std::string& in
 
 std::string Coordinator::answer_get(const std::string& key, double timeout) {
   std::unique_lock lock(mutex_);
-  const bool present = changed_.wait_for(lock, std::chrono::duration<double>(timeout), [&] {
-    return stopping_ || store_.count(key) != 0;
-  });
+  const bool present = changed_.wait_for(lock, std::chrono::duration<double>(timeout),
+                                         [&] { return stopping_ || store_.count(key) != 0; });
   if (!present || stopping_)
     return failure(fmt::format("key '{}' was not set within {} s", key, timeout));
   return success({{"value", store_.at(key)}});
@@ -296,7 +292,8 @@ CoordinatorClient::CoordinatorClient(const std::string& address, std::int64_t gr
                   {"fingerprint", shape.fingerprint}};
   const Json reply = Json::parse(request(join.dump(), timeout));
   if (!reply.at("ok").get<bool>())
-    throw DataError(fmt::format("coordinator {}: {}", address, reply.at("error").get<std::string>()));
+    throw DataError(
+        fmt::format("coordinator {}: {}", address, reply.at("error").get<std::string>()));
   heartbeat_ = std::make_unique<Link>(Link{LineSocket::connect(host, port, timeout)});
   beater_ = std::thread([this] { beat(); });
 }
@@ -336,8 +333,8 @@ Quorum CoordinatorClient::quorum(std::int64_t step, double timeout) {
                  {"timeout", timeout}};
   const Json reply = Json::parse(request(ask.dump(), timeout + timeout_));
   if (!reply.at("ok").get<bool>()) {
-    throw TimeoutError(fmt::format("coordinator {}: {}", address_,
-                                   reply.at("error").get<std::string>()));
+    throw TimeoutError(
+        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
   }
   return quorum_of(reply.at("quorum"));
 }
@@ -346,15 +343,16 @@ void CoordinatorClient::set(const std::string& key, const std::string& value) {
   const Json reply =
       Json::parse(request(Json{{"op", "set"}, {"key", key}, {"value", value}}.dump(), timeout_));
   if (!reply.at("ok").get<bool>())
-    throw CommError(fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
+    throw CommError(
+        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
 }
 
 std::string CoordinatorClient::get(const std::string& key, double timeout) {
   const Json reply = Json::parse(
       request(Json{{"op", "get"}, {"key", key}, {"timeout", timeout}}.dump(), timeout + timeout_));
   if (!reply.at("ok").get<bool>()) {
-    throw TimeoutError(fmt::format("coordinator {}: {}", address_,
-                                   reply.at("error").get<std::string>()));
+    throw TimeoutError(
+        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
   }
   return reply.at("value").get<std::string>();
 }

@@ -1,15 +1,14 @@
 #include "line_socket.hpp"
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
@@ -87,7 +86,8 @@ LineSocket LineSocket::connect(const std::string& host, std::uint16_t port, doub
     ::close(fd);
   }
   ::freeaddrinfo(found);
-  throw CommError(fmt::format("cannot connect to {} within {} s: {}", address, timeout, last_error));
+  throw CommError(
+      fmt::format("cannot connect to {} within {} s: {}", address, timeout, last_error));
 }
 
 LineSocket::LineSocket(LineSocket&& other) noexcept

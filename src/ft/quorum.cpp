@@ -10,8 +10,9 @@ namespace meshtensor::ft {
 
 QuorumState::QuorumState(QuorumRules rules) : rules_(rules) {
   if (!(rules.heartbeat_timeout > 0) || !(rules.quorum_wait > 0)) {
-    throw InvalidArgument(fmt::format("heartbeat timeout {} s and quorum wait {} s must be positive",
-                                      rules.heartbeat_timeout, rules.quorum_wait));
+    throw InvalidArgument(
+        fmt::format("heartbeat timeout {} s and quorum wait {} s must be positive",
+                    rules.heartbeat_timeout, rules.quorum_wait));
   }
 }
 
@@ -31,13 +32,13 @@ QuorumState::Group* QuorumState::live_group(std::int64_t group, const std::strin
   return &it->second;
 }
 
-void QuorumState::join(std::int64_t group, const std::string& incarnation,
-                       const RunShape& shape, double now) {
+void QuorumState::join(std::int64_t group, const std::string& incarnation, const RunShape& shape,
+                       double now) {
   expire(now);
   if (shape.groups < 1 || shape.min_groups < 1 || shape.min_groups > shape.groups) {
-    throw DataError(fmt::format(
-        "a quorum of at least {} of {} replica groups: need 1 <= min groups <= groups",
-        shape.min_groups, shape.groups));
+    throw DataError(
+        fmt::format("a quorum of at least {} of {} replica groups: need 1 <= min groups <= groups",
+                    shape.min_groups, shape.groups));
   }
   if (shaped_ && shape.fingerprint != shape_.fingerprint) {
     throw DataError(fmt::format(

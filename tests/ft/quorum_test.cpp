@@ -53,7 +53,7 @@ TEST(Quorum, ASilentGroupIsDroppedAndTheRestGoOnAfterTheWait) {
   state.ask(0, "a0", 4, 5.0);
   state.ask(2, "a2", 4, 5.0);
   state.heartbeat(1, "a1", 5.0);
-  EXPECT_FALSE(state.form(5.5).has_value());  // group 1 may still ask
+  EXPECT_FALSE(state.form(5.5).has_value());             // group 1 may still ask
   const std::optional<Quorum> waited = state.form(6.0);  // the wait is over: 2 >= min 2
   ASSERT_TRUE(waited.has_value());
   EXPECT_EQ(waited->members, (std::vector<std::int64_t>{0, 2}));
@@ -77,20 +77,24 @@ TEST(Quorum, ASilentGroupIsDroppedAndTheRestGoOnAfterTheWait) {
 TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
   QuorumState state({10.0, 1.0});
   state.join(0, "first", three_groups(), 0.0);
-  EXPECT_NE(refusal([&] { state.join(0, "second", three_groups(), 1.0); })
-                .find("replica group 0 joined twice"),
+  EXPECT_NE(refusal([&] {
+              state.join(0, "second", three_groups(), 1.0);
+            }).find("replica group 0 joined twice"),
             std::string::npos);
   state.leave(0, "first");  // its process died: the connection closed
   state.join(0, "second", three_groups(), 2.0);
   EXPECT_FALSE(state.ask(0, "first", 1, 2.0));
-  EXPECT_NE(refusal([&] { state.join(1, "x", three_groups("llama exact 2 tp"), 3.0); })
-                .find("runs 'llama exact 2 tp', but the run's groups run 'gpt exact 2 fsdp'"),
+  EXPECT_NE(refusal([&] {
+              state.join(1, "x", three_groups("llama exact 2 tp"), 3.0);
+            }).find("runs 'llama exact 2 tp', but the run's groups run 'gpt exact 2 fsdp'"),
             std::string::npos);
-  EXPECT_NE(refusal([&] { state.join(1, "x", RunShape{4, 2, "gpt exact 2 fsdp"}, 3.0); })
-                .find("says the run has 4 groups"),
+  EXPECT_NE(refusal([&] {
+              state.join(1, "x", RunShape{4, 2, "gpt exact 2 fsdp"}, 3.0);
+            }).find("says the run has 4 groups"),
             std::string::npos);
-  EXPECT_NE(refusal([&] { state.join(3, "x", three_groups(), 3.0); })
-                .find("replica group 3 is not one of the run's 3 groups"),
+  EXPECT_NE(refusal([&] {
+              state.join(3, "x", three_groups(), 3.0);
+            }).find("replica group 3 is not one of the run's 3 groups"),
             std::string::npos);
   EXPECT_THROW(QuorumState({0.0, 1.0}), InvalidArgument);
 }

@@ -6,8 +6,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <ostream>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,8 +51,8 @@ class Coordinator {
   void accept_loop();
   void serve(const std::shared_ptr<Connection>& connection);
   std::string answer(Connection& connection, const std::string& line);
-  std::string answer_quorum(std::int64_t group, const std::string& incarnation,
-                            std::int64_t step, double timeout);
+  std::string answer_quorum(std::int64_t group, const std::string& incarnation, std::int64_t step,
+                            double timeout);
   std::string answer_get(const std::string& key, double timeout);
   double now() const;
 

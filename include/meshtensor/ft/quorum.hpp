@@ -12,7 +12,7 @@ namespace meshtensor::ft {
 /// the caller reads.
 struct QuorumRules {
   double heartbeat_timeout = 10.0;  ///< a group silent this long is dropped
-  double quorum_wait = 1.0;  ///< how long a round waits for live groups that have not asked
+  double quorum_wait = 1.0;         ///< how long a round waits for live groups that have not asked
 };
 
 /// What a group's process says of the run when it joins: every group of a run says the same.
@@ -50,8 +50,7 @@ class QuorumState {
   /// joiner sets the run's shape (DataError unless 1 <= min_groups <= groups); DataError naming
   /// both when a later joiner's shape is not the run's, naming the group when it is out of range
   /// or already live under another incarnation (a group joined twice).
-  void join(std::int64_t group, const std::string& incarnation, const RunShape& shape,
-            double now);
+  void join(std::int64_t group, const std::string& incarnation, const RunShape& shape, double now);
   /// A heartbeat from a group's incarnation; false when that incarnation is not live (dropped or
   /// replaced): it must join again.
   bool heartbeat(std::int64_t group, const std::string& incarnation, double now);

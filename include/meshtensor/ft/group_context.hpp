@@ -1,0 +1,60 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <meshtensor/ft/coordinator.hpp>
+
+namespace gloo {
+class Context;
+}
+
+namespace meshtensor::ft {
+
+/// The cross-group data plane of one quorum: a Gloo context over TCP among the quorum's
+/// members, one per shard position (`tag`), met through the coordinator's store under the
+/// quorum's id. Every operation waits at most `timeout` seconds; a lost or silent peer makes it
+/// throw CommError naming the operation, and the context is spent: the caller asks for a new
+/// quorum and builds another.
+class GroupContext {
+ public:
+  /// Collective over the quorum's members (the caller's group must be one). `hostname`: the
+  /// address the other groups reach this one at. CommError naming the quorum when the members
+  /// do not all meet within the timeout.
+  GroupContext(CoordinatorClient& coordinator, const Quorum& quorum, const std::string& tag,
+               const std::string& hostname, double timeout);
+  ~GroupContext();
+  GroupContext(const GroupContext&) = delete;
+  GroupContext& operator=(const GroupContext&) = delete;
+
+  /// This group's place among the members (ascending group order), and their number.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  /// The quorum the context serves.
+  const Quorum& quorum() const { return quorum_; }
+
+  /// Sums `values` over the members in place: integer sums, the same bits whatever the order
+  /// (exact mode's digits).
+  void all_reduce_sum(std::span<std::int64_t> values);
+  /// Replaces `bytes` on every member with the bytes of the member at `root`.
+  void broadcast(std::span<char> bytes, int root);
+  /// Every member's `bytes` (of one length on every member), in member order.
+  std::vector<char> all_gather(std::span<const char> bytes);
+
+ private:
+  /// Runs a Gloo operation, turning its failures into CommError naming `what`.
+  template <typename Operation>
+  void guarded(const char* what, Operation operation);
+
+  Quorum quorum_;
+  std::string tag_;
+  int rank_ = 0;
+  int size_ = 1;
+  double timeout_;
+  std::shared_ptr<gloo::Context> context_;
+};
+
+}  // namespace meshtensor::ft
