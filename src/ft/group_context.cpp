@@ -1,16 +1,19 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <meshtensor/core/base64.hpp>
 #include <meshtensor/core/error.hpp>
@@ -59,8 +62,8 @@ class CoordinatorStore : public gloo::rendezvous::Store {
 template <typename Operation>
 void GroupContext::guarded(const char* what, Operation operation) {
   if (!context_) {
-    throw CommError(fmt::format("{} on the spent context of quorum {}: ask for a new quorum",
-                                what, quorum_.id));
+    throw CommError(fmt::format("{} on the spent context of quorum {}: ask for a new quorum", what,
+                                quorum_.id));
   }
   try {
     operation();
@@ -100,14 +103,13 @@ void GroupContext::all_reduce_sum(std::span<std::int64_t> values) {
   guarded("all-reduce", [&] {
     gloo::AllreduceOptions options(context_);
     options.setOutput(values.data(), values.size());
-    options.setReduceFunction(
-        [](void* out, const void* a, const void* b, std::size_t n) {
-          auto* o = static_cast<std::int64_t*>(out);
-          const auto* x = static_cast<const std::int64_t*>(a);
-          const auto* y = static_cast<const std::int64_t*>(b);
-          for (std::size_t i = 0; i < n; ++i)
-            o[i] = x[i] + y[i];
-        });
+    options.setReduceFunction([](void* out, const void* a, const void* b, std::size_t n) {
+      auto* o = static_cast<std::int64_t*>(out);
+      const auto* x = static_cast<const std::int64_t*>(a);
+      const auto* y = static_cast<const std::int64_t*>(b);
+      for (std::size_t i = 0; i < n; ++i)
+        o[i] = x[i] + y[i];
+    });
     options.setTimeout(milliseconds(timeout_));
     gloo::allreduce(options);
   });
@@ -133,6 +135,38 @@ std::vector<char> GroupContext::all_gather(std::span<const char> bytes) {
     gloo::allgather(options);
   });
   return all;
+}
+
+void GroupContext::all_gather_bytes(std::span<const char> input, std::span<char> output,
+                                    const std::vector<std::int64_t>& counts) {
+  guarded("all-gather", [&] {
+    gloo::AllgathervOptions options(context_);
+    options.setInput(const_cast<char*>(input.data()), input.size());
+    options.setOutput(output.data(), std::vector<std::size_t>(counts.begin(), counts.end()));
+    options.setTimeout(milliseconds(timeout_));
+    gloo::allgatherv(options);
+  });
+}
+
+void GroupContext::all_to_all_bytes(std::span<const char> input,
+                                    const std::vector<std::int64_t>& send_counts,
+                                    std::span<char> output,
+                                    const std::vector<std::int64_t>& recv_counts) {
+  guarded("all-to-all", [&] {
+    gloo::AlltoallvOptions options(context_);
+    options.setInput(const_cast<char*>(input.data()), send_counts);
+    options.setOutput(output.data(), recv_counts);
+    options.setTimeout(milliseconds(timeout_));
+    gloo::alltoallv(options);
+  });
+}
+
+void GroupContext::barrier() {
+  guarded("barrier", [&] {
+    gloo::BarrierOptions options(context_);
+    options.setTimeout(milliseconds(timeout_));
+    gloo::barrier(options);
+  });
 }
 
 }  // namespace meshtensor::ft

@@ -103,7 +103,10 @@ std::optional<Quorum> QuorumState::form(double now) {
     first_ask = std::min(first_ask, entry.asked_at);
   }
   const auto count = static_cast<std::int64_t>(asked.size());
-  const bool everyone = count == static_cast<std::int64_t>(groups_.size());
+  // The first round waits for every group of the run (one not yet joined is not live yet);
+  // later rounds for every live one.
+  const bool everyone = count == static_cast<std::int64_t>(groups_.size()) &&
+                        (last_.id > 0 || count == shape_.groups);
   if (!shaped_ || count < shape_.min_groups || (!everyone && now - first_ask < rules_.quorum_wait))
     return std::nullopt;
   Quorum quorum;

@@ -46,6 +46,19 @@ TEST(Quorum, FormsWhenEveryLiveGroupAskedAndHealsTheOnesBehind) {
   EXPECT_FALSE(state.form(0.5).has_value());  // the asks were consumed
 }
 
+TEST(Quorum, TheFirstRoundWaitsForEveryGroupOfTheRun) {
+  QuorumState state({10.0, 1.0});
+  state.join(0, "a0", three_groups(), 0.0);
+  state.join(1, "a1", three_groups(), 0.0);
+  state.ask(0, "a0", 0, 0.1);
+  state.ask(1, "a1", 0, 0.1);
+  EXPECT_FALSE(state.form(0.2).has_value());  // group 2 has not joined yet
+  state.join(2, "a2", three_groups(), 0.3);
+  state.ask(2, "a2", 0, 0.4);
+  ASSERT_TRUE(state.form(0.4).has_value());
+  EXPECT_EQ(state.last().members.size(), 3u);
+}
+
 TEST(Quorum, ASilentGroupIsDroppedAndTheRestGoOnAfterTheWait) {
   QuorumState state({10.0, 1.0});
   for (std::int64_t g = 0; g < 3; ++g)
@@ -100,7 +113,7 @@ TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
 }
 
 TEST(Coordinator, GroupsMeetInAQuorumAndThroughItsStore) {
-  Coordinator coordinator({"127.0.0.1", 0, {2.0, 0.5}});
+  Coordinator coordinator({"127.0.0.1", 0, {10.0, 3.0}});
   coordinator.start();
   const std::string address = "127.0.0.1:" + std::to_string(coordinator.port());
   std::vector<std::future<Quorum>> asks;

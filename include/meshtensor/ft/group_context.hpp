@@ -43,6 +43,17 @@ class GroupContext {
   void broadcast(std::span<char> bytes, int root);
   /// Every member's `bytes` (of one length on every member), in member order.
   std::vector<char> all_gather(std::span<const char> bytes);
+  /// Member r's `input` (counts[r] bytes) into `output` at r's place, for every member.
+  void all_gather_bytes(std::span<const char> input, std::span<char> output,
+                        const std::vector<std::int64_t>& counts);
+  /// Sends send_counts[r] bytes of `input` (in member order) to each member r and receives
+  /// recv_counts[r] bytes from each into `output` (in member order).
+  void all_to_all_bytes(std::span<const char> input, const std::vector<std::int64_t>& send_counts,
+                        std::span<char> output, const std::vector<std::int64_t>& recv_counts);
+  /// Waits for every member.
+  void barrier();
+  /// The timeout of the operations that follow (seconds).
+  void set_timeout(double seconds) { timeout_ = seconds; }
 
  private:
   /// Runs a Gloo operation, turning its failures into CommError naming `what`.

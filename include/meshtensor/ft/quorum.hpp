@@ -60,7 +60,8 @@ class QuorumState {
   /// live.
   bool ask(std::int64_t group, const std::string& incarnation, std::int64_t step, double now);
   /// Drops silent groups, then forms the round's quorum when it can: every live group asked (at
-  /// least min_groups of them), or min_groups asked and the first ask has waited quorum_wait.
+  /// least min_groups of them; for the run's first quorum, every group of the run), or
+  /// min_groups asked and the first ask has waited quorum_wait.
   /// Its members' asks are consumed; groups that ask later wait for the next round.
   std::optional<Quorum> form(double now);
   /// The last quorum formed (id 0: none yet).
