@@ -93,11 +93,10 @@ void GroupCommunicator::run_collective(const comm::CollectiveCall& call, const T
       break;
     }
     case comm::CollectiveKind::all_to_all:
-      context_.all_to_all_bytes(
-          chars(input.bytes().data(), total(call.send_counts) * element),
-          in_bytes(call.send_counts, element),
-          chars(output.bytes().data(), total(call.recv_counts) * element),
-          in_bytes(call.recv_counts, element));
+      context_.all_to_all_bytes(chars(input.bytes().data(), total(call.send_counts) * element),
+                                in_bytes(call.send_counts, element),
+                                chars(output.bytes().data(), total(call.recv_counts) * element),
+                                in_bytes(call.recv_counts, element));
       break;
     case comm::CollectiveKind::broadcast:
       context_.broadcast(chars(output.bytes().data(), call.count * element), call.root);

@@ -21,7 +21,8 @@ constexpr int kGroups = 3;
 std::map<std::string, Tensor> collectives(comm::Communicator& group) {
   const auto r = static_cast<std::uint64_t>(group.rank());
   std::map<std::string, Tensor> out;
-  for (const comm::ReductionMode mode : {comm::ReductionMode::ordered, comm::ReductionMode::exact}) {
+  for (const comm::ReductionMode mode :
+       {comm::ReductionMode::ordered, comm::ReductionMode::exact}) {
     Tensor x = Tensor::random_normal(Shape{1001}, DType::f32, 7 + r);
     comm::CollectiveOptions options;
     options.mode = mode;
