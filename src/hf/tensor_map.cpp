@@ -27,17 +27,16 @@ std::pair<int, std::int64_t> column_home(const nn::DecoderSpec& config, Columns 
       return {0, part * config.dim + head * hd + c % hd};
     }
     case Columns::llama_qkv: {
-      const auto& llama = config;
-      const std::int64_t hd = nn::decoder_head_dim(llama);
-      const std::int64_t per = llama.heads / llama.kv_heads;
+      const std::int64_t hd = nn::decoder_head_dim(config);
+      const std::int64_t per = config.heads / config.kv_heads;
       const std::int64_t group = c / ((per + 2) * hd);
       const std::int64_t slot = (c % ((per + 2) * hd)) / hd;
       if (slot < per) return {0, (group * per + slot) * hd + c % hd};
       return {slot == per ? 1 : 2, group * hd + c % hd};
     }
     case Columns::gate_up: {
-      const auto& llama = config;
-      const std::int64_t width = llama.ffn / nn::decoder_mlp_blocks(llama);  // a block's gate (up)
+      const std::int64_t width =
+          config.ffn / nn::decoder_mlp_blocks(config);  // a block's gate (up)
       const std::int64_t block = c / (2 * width);
       const std::int64_t part = (c % (2 * width)) / width;
       return {static_cast<int>(part), block * width + c % width};

@@ -27,11 +27,11 @@ std::string decoder_spec_text(const DecoderSpec& spec) {
   return llama_config_text(spec);
 }
 
-std::string decoder_architecture_text(const DecoderSpec& llama, const std::string& tokenizer) {
-  if (llama.family == DecoderFamily::gpt) return architecture_text(gpt_config_of(llama), tokenizer);
-  std::string keys = llama_config_text(llama).substr(6);  // after "llama:"
+std::string decoder_architecture_text(const DecoderSpec& spec, const std::string& tokenizer) {
+  if (spec.family == DecoderFamily::gpt) return architecture_text(gpt_config_of(spec), tokenizer);
+  std::string keys = llama_config_text(spec).substr(6);  // after "llama:"
   std::replace(keys.begin(), keys.end(), ',', ' ');
-  return fmt::format("llama {} vocabulary={} tokenizer={}", keys, llama.vocabulary, tokenizer);
+  return fmt::format("llama {} vocabulary={} tokenizer={}", keys, spec.vocabulary, tokenizer);
 }
 
 std::string architecture_tokenizer(const std::string& text) {

@@ -55,28 +55,26 @@ nn::DecoderSpec parse_gpt2(ConfigReader& c) {
 }
 
 void write_gpt2(const nn::DecoderSpec& config, nlohmann::json& out) {
-  const auto& gpt = config;
-  out.update({{"n_layer", gpt.layers},
-              {"n_head", gpt.heads},
-              {"n_embd", gpt.dim},
-              {"n_positions", gpt.context},
-              {"n_ctx", gpt.context},
+  out.update({{"n_layer", config.layers},
+              {"n_head", config.heads},
+              {"n_embd", config.dim},
+              {"n_positions", config.context},
+              {"n_ctx", config.context},
               {"n_inner", nullptr},
               {"activation_function", "gelu_new"},
               {"layer_norm_epsilon", kGpt2LayerNormEps},
               {"resid_pdrop", 0.0},
               {"embd_pdrop", 0.0},
               {"attn_pdrop", 0.0},
-              {"initializer_range", gpt.init_std},
+              {"initializer_range", config.init_std},
               {"scale_attn_weights", true},
               {"tie_word_embeddings", true}});
 }
 
 void gpt2_links(const nn::DecoderSpec& config, std::vector<Link>& links) {
-  const auto& gpt = config;
   links.push_back({"transformer.wte.weight", "embed.token.weight"});
   links.push_back({"transformer.wpe.weight", "embed.position.weight"});
-  for (std::int64_t i = 0; i < gpt.layers; ++i) {
+  for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string hf = fmt::format("transformer.h.{}.", i);
     const std::string ours = fmt::format("blocks.{}.", i);
     for (const char* kind : {"weight", "bias"}) {

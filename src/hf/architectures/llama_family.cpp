@@ -238,31 +238,29 @@ bool LlamaFamilyArchitecture::exports(const nn::DecoderSpec& config) const {
 
 void LlamaFamilyArchitecture::write(const nn::DecoderSpec& config, Json& out) const {
   const LlamaClass& cls = class_;
-  const auto& llama = config;
-  out.update({{"hidden_size", llama.dim},
-              {"intermediate_size", llama.ffn},
-              {"num_hidden_layers", llama.layers},
-              {"num_attention_heads", llama.heads},
-              {"num_key_value_heads", llama.kv_heads},
-              {"head_dim", nn::decoder_head_dim(llama)},
-              {"max_position_embeddings", llama.context},
-              {"rms_norm_eps", llama.norm_eps},
-              {"rope_theta", llama.rope_theta},
-              {"rope_scaling", rope_scaling_json(llama.rope_scaling)},
+  out.update({{"hidden_size", config.dim},
+              {"intermediate_size", config.ffn},
+              {"num_hidden_layers", config.layers},
+              {"num_attention_heads", config.heads},
+              {"num_key_value_heads", config.kv_heads},
+              {"head_dim", nn::decoder_head_dim(config)},
+              {"max_position_embeddings", config.context},
+              {"rms_norm_eps", config.norm_eps},
+              {"rope_theta", config.rope_theta},
+              {"rope_scaling", rope_scaling_json(config.rope_scaling)},
               {"hidden_act", "silu"},
-              {"initializer_range", llama.init_std},
-              {"tie_word_embeddings", llama.tie}});
-  if (cls.bias_keys) out["attention_bias"] = llama.out_bias;
-  if (cls.mlp_bias_key) out["mlp_bias"] = llama.mlp_bias;
+              {"initializer_range", config.init_std},
+              {"tie_word_embeddings", config.tie}});
+  if (cls.bias_keys) out["attention_bias"] = config.out_bias;
+  if (cls.mlp_bias_key) out["mlp_bias"] = config.mlp_bias;
   if (cls.window == SlidingWindow::qwen)
     out.update({{"use_sliding_window", false}, {"sliding_window", nullptr}});
 }
 
 void LlamaFamilyArchitecture::links(const nn::DecoderSpec& config, std::vector<Link>& links) const {
-  const auto& llama = config;
   links.push_back({"model.embed_tokens.weight", "embed.token.weight"});
   const char* projections[] = {"q_proj", "k_proj", "v_proj"};
-  for (std::int64_t i = 0; i < llama.layers; ++i) {
+  for (std::int64_t i = 0; i < config.layers; ++i) {
     const std::string hf = fmt::format("model.layers.{}.", i);
     const std::string ours = fmt::format("blocks.{}.", i);
     links.push_back({hf + "input_layernorm.weight", ours + "norm1.weight"});
@@ -270,13 +268,13 @@ void LlamaFamilyArchitecture::links(const nn::DecoderSpec& config, std::vector<L
       const std::string tensor = hf + "self_attn." + projections[part];
       links.push_back(
           {tensor + ".weight", ours + "attn.qkv.weight", Columns::llama_qkv, part, true});
-      if (llama.qkv_bias)
+      if (config.qkv_bias)
         links.push_back({tensor + ".bias", ours + "attn.qkv.bias", Columns::llama_qkv, part});
     }
     links.push_back(
         {hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", Columns::identity, 0, true});
-    if (llama.out_bias) links.push_back({hf + "self_attn.o_proj.bias", ours + "attn.proj.bias"});
-    if (llama.qk_norm) {
+    if (config.out_bias) links.push_back({hf + "self_attn.o_proj.bias", ours + "attn.proj.bias"});
+    if (config.qk_norm) {
       links.push_back({hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight"});
       links.push_back({hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight"});
     }
@@ -285,15 +283,15 @@ void LlamaFamilyArchitecture::links(const nn::DecoderSpec& config, std::vector<L
       const std::string tensor = hf + (part == 0 ? "mlp.gate_proj" : "mlp.up_proj");
       links.push_back(
           {tensor + ".weight", ours + "mlp.gate_up.weight", Columns::gate_up, part, true});
-      if (llama.mlp_bias)
+      if (config.mlp_bias)
         links.push_back({tensor + ".bias", ours + "mlp.gate_up.bias", Columns::gate_up, part});
     }
     links.push_back(
         {hf + "mlp.down_proj.weight", ours + "mlp.down.weight", Columns::identity, 0, true});
-    if (llama.mlp_bias) links.push_back({hf + "mlp.down_proj.bias", ours + "mlp.down.bias"});
+    if (config.mlp_bias) links.push_back({hf + "mlp.down_proj.bias", ours + "mlp.down.bias"});
   }
   links.push_back({"model.norm.weight", "head.norm.weight"});
-  if (!llama.tie)
+  if (!config.tie)
     links.push_back({"lm_head.weight", "head.output.weight", Columns::identity, 0, true});
 }
 
