@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/core/error.hpp>
+#include <meshtensor/core/untrusted_json.hpp>
 #include <meshtensor/ft/coordinator.hpp>
 
 #include "line_socket.hpp"
@@ -50,6 +51,14 @@ Quorum quorum_of(const Json& j) {
     q.heal_from[std::stoll(group)] = source.get<std::int64_t>();
   q.fingerprint = j.at("fingerprint").get<std::string>();
   return q;
+}
+
+/// A reply from the coordinator (untrusted: it comes over the network).
+Json parse_reply(const std::string& line) {
+  Json reply = parse_untrusted_json(line, "the coordinator's reply");
+  if (!reply.is_object() || !reply.contains("ok"))
+    throw CommError("the coordinator's reply is not the protocol's");
+  return reply;
 }
 
 std::string failure(const std::string& why) {
@@ -167,7 +176,8 @@ void Coordinator::serve(const std::shared_ptr<Connection>& connection) {
 }
 
 std::string Coordinator::answer(Connection& connection, const std::string& line) {
-  const Json request = Json::parse(line);
+  const Json request = parse_untrusted_json(line, "a coordinator request");
+  if (!request.is_object()) throw DataError("a request that is not a JSON object");
   const std::string op = request.at("op").get<std::string>();
   if (op == "quorum") {
     return answer_quorum(
@@ -290,7 +300,7 @@ CoordinatorClient::CoordinatorClient(const std::string& address, std::int64_t gr
                   {"groups", shape.groups},
                   {"min_groups", shape.min_groups},
                   {"fingerprint", shape.fingerprint}};
-  const Json reply = Json::parse(request(join.dump(), timeout));
+  const Json reply = parse_reply(request(join.dump(), timeout));
   if (!reply.at("ok").get<bool>())
     throw DataError(
         fmt::format("coordinator {}: {}", address, reply.at("error").get<std::string>()));
@@ -331,7 +341,7 @@ Quorum CoordinatorClient::quorum(std::int64_t step, double timeout) {
                  {"incarnation", incarnation_},
                  {"step", step},
                  {"timeout", timeout}};
-  const Json reply = Json::parse(request(ask.dump(), timeout + timeout_));
+  const Json reply = parse_reply(request(ask.dump(), timeout + timeout_));
   if (!reply.at("ok").get<bool>()) {
     throw TimeoutError(
         fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
@@ -341,14 +351,14 @@ Quorum CoordinatorClient::quorum(std::int64_t step, double timeout) {
 
 void CoordinatorClient::set(const std::string& key, const std::string& value) {
   const Json reply =
-      Json::parse(request(Json{{"op", "set"}, {"key", key}, {"value", value}}.dump(), timeout_));
+      parse_reply(request(Json{{"op", "set"}, {"key", key}, {"value", value}}.dump(), timeout_));
   if (!reply.at("ok").get<bool>())
     throw CommError(
         fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
 }
 
 std::string CoordinatorClient::get(const std::string& key, double timeout) {
-  const Json reply = Json::parse(
+  const Json reply = parse_reply(
       request(Json{{"op", "get"}, {"key", key}, {"timeout", timeout}}.dump(), timeout + timeout_));
   if (!reply.at("ok").get<bool>()) {
     throw TimeoutError(

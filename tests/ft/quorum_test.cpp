@@ -11,6 +11,8 @@
 #include <meshtensor/ft/coordinator.hpp>
 #include <meshtensor/ft/quorum.hpp>
 
+#include "ft/line_socket.hpp"
+
 namespace meshtensor::ft {
 namespace {
 
@@ -165,6 +167,27 @@ TEST(Coordinator, AGroupThatDiesLeavesTheQuorumAtOnce) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("no quorum for step 5"), std::string::npos);
   }
+}
+
+TEST(Coordinator, DamagedRequestsGetAnAnswerNamingThemAndTheCoordinatorGoesOn) {
+  Coordinator coordinator({"127.0.0.1", 0, {10.0, 1.0}});
+  coordinator.start();
+  LineSocket raw = LineSocket::connect("127.0.0.1", coordinator.port(), 5.0);
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (const std::string& bad :
+       {std::string("not json"), std::string("[1, 2]"), std::string("{}"), deep,
+        std::string(R"({"op": "join", "group": "zero"})"), std::string(R"({"op": "fly"})"),
+        std::string(
+            R"({"op": "quorum", "group": 0, "incarnation": "x", "step": 1, "timeout": 1})")}) {
+    raw.send_line(bad);
+    const std::string reply = raw.read_line(5.0);
+    EXPECT_EQ(reply.rfind(R"({"error":)", 0), 0u) << bad.substr(0, 40) << " -> " << reply;
+    EXPECT_NE(reply.find(R"("ok":false)"), std::string::npos) << reply;
+  }
+  // Still serving.
+  CoordinatorClient client("127.0.0.1:" + std::to_string(coordinator.port()), 0,
+                           {1, 1, "after the damage"}, 5.0);
+  EXPECT_EQ(client.quorum(0, 5.0).members, (std::vector<std::int64_t>{0}));
 }
 
 }  // namespace
