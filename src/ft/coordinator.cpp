@@ -5,9 +5,11 @@
 #include <csignal>
 #include <cstring>
 #include <netinet/in.h>
+#include <optional>
 #include <poll.h>
 #include <random>
 #include <sys/socket.h>
+#include <thread>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -36,6 +38,8 @@ Json quorum_json(const Quorum& q) {
   for (const auto& [group, source] : q.heal_from)
     heal[std::to_string(group)] = source;
   return {{"id", q.id},
+          {"round", q.round},
+          {"coordinator", q.coordinator},
           {"step", q.step},
           {"members", q.members},
           {"heal_from", heal},
@@ -45,6 +49,8 @@ Json quorum_json(const Quorum& q) {
 Quorum quorum_of(const Json& j) {
   Quorum q;
   q.id = j.at("id").get<std::int64_t>();
+  q.round = j.at("round").get<std::int64_t>();
+  q.coordinator = j.at("coordinator").get<std::string>();
   q.step = j.at("step").get<std::int64_t>();
   q.members = j.at("members").get<std::vector<std::int64_t>>();
   for (const auto& [group, source] : j.at("heal_from").items())
@@ -65,6 +71,16 @@ std::string failure(const std::string& why) {
   return Json{{"ok", false}, {"error", why}}.dump();
 }
 
+/// The answer to a group whose incarnation is not live: it must join again.
+std::string not_live(const std::string& why) {
+  return Json{{"ok", false}, {"error", why}, {"rejoin", true}}.dump();
+}
+
+std::string new_incarnation() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}-{}", device(), device(), ::getpid());
+}
+
 std::string success(Json body = Json::object()) {
   body["ok"] = true;
   return body.dump();
@@ -80,7 +96,7 @@ struct Coordinator::Connection {
 };
 
 Coordinator::Coordinator(CoordinatorConfig config)
-    : config_(std::move(config)), state_(config_.rules) {
+    : config_(std::move(config)), incarnation_(new_incarnation()), state_(config_.rules) {
   const std::string address = fmt::format("{}:{}", config_.host, config_.port);
   sockaddr_in where{};
   where.sin_family = AF_INET;
@@ -180,9 +196,10 @@ std::string Coordinator::answer(Connection& connection, const std::string& line)
   if (!request.is_object()) throw DataError("a request that is not a JSON object");
   const std::string op = request.at("op").get<std::string>();
   if (op == "quorum") {
-    return answer_quorum(
-        request.at("group").get<std::int64_t>(), request.at("incarnation").get<std::string>(),
-        request.at("step").get<std::int64_t>(), request.at("timeout").get<double>());
+    return answer_quorum(request.at("group").get<std::int64_t>(),
+                         request.at("incarnation").get<std::string>(),
+                         request.at("step").get<std::int64_t>(),
+                         request.at("timeout").get<double>(), request.value("fresh", false));
   }
   if (op == "get")
     return answer_get(request.at("key").get<std::string>(), request.at("timeout").get<double>());
@@ -202,7 +219,7 @@ std::string Coordinator::answer(Connection& connection, const std::string& line)
   if (op == "heartbeat") {
     const auto group = request.at("group").get<std::int64_t>();
     if (!state_.heartbeat(group, request.at("incarnation").get<std::string>(), now())) {
-      return failure(fmt::format(
+      return not_live(fmt::format(
           "replica group {} is not live (dropped after its heartbeat timeout, or replaced): it "
           "must join again",
           group));
@@ -220,11 +237,11 @@ std::string Coordinator::answer(Connection& connection, const std::string& line)
 }
 
 std::string Coordinator::answer_quorum(std::int64_t group, const std::string& incarnation,
-                                       std::int64_t step, double timeout) {
+                                       std::int64_t step, double timeout, bool fresh) {
   std::unique_lock lock(mutex_);
   delivered_.erase(group);  // a quorum an earlier ask timed out on is stale
-  if (!state_.ask(group, incarnation, step, now())) {
-    return failure(
+  if (!state_.ask(group, incarnation, step, now(), fresh)) {
+    return not_live(
         fmt::format("replica group {} is not live: it must join again before it asks", group));
   }
   changed_.notify_all();
@@ -235,7 +252,8 @@ std::string Coordinator::answer_quorum(std::int64_t group, const std::string& in
       delivered_.erase(it);
       return success({{"quorum", quorum_json(quorum)}});
     }
-    if (const std::optional<Quorum> formed = state_.form(now())) {
+    if (std::optional<Quorum> formed = state_.form(now())) {
+      formed->coordinator = incarnation_;
       for (const std::int64_t member : formed->members)
         delivered_[member] = *formed;
       changed_.notify_all();
@@ -276,35 +294,59 @@ void serve_until_signalled(const CoordinatorConfig& config, std::ostream& log) {
   coordinator.stop();
 }
 
-struct CoordinatorClient::Link {
-  LineSocket socket;
-};
-
 namespace {
 
-std::string new_incarnation() {
-  std::random_device device;
-  return fmt::format("{:08x}{:08x}-{}", device(), device(), ::getpid());
+/// The error of a refused request, as `Failure` naming the coordinator.
+template <typename Failure>
+Failure refused(const std::string& address, const Json& reply) {
+  return Failure(fmt::format("coordinator {}: {}", address, reply.at("error").get<std::string>()));
+}
+
+void sleep_for(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 }  // namespace
 
+struct StoreClient::Link {
+  LineSocket socket;
+};
+
+StoreClient::StoreClient(const std::string& address, double timeout)
+    : address_(address), timeout_(timeout) {
+  const auto [host, port] = parse_address(address);
+  link_ = std::make_unique<Link>(Link{LineSocket::connect(host, port, timeout)});
+}
+
+StoreClient::~StoreClient() = default;
+
+void StoreClient::set(const std::string& key, const std::string& value) {
+  const std::lock_guard lock(mutex_);
+  link_->socket.send_line(Json{{"op", "set"}, {"key", key}, {"value", value}}.dump());
+  const Json reply = parse_reply(link_->socket.read_line(timeout_));
+  if (!reply.at("ok").get<bool>()) throw refused<CommError>(address_, reply);
+}
+
+std::string StoreClient::get(const std::string& key, double timeout) {
+  const std::lock_guard lock(mutex_);
+  link_->socket.send_line(Json{{"op", "get"}, {"key", key}, {"timeout", timeout}}.dump());
+  const Json reply = parse_reply(link_->socket.read_line(timeout + timeout_));
+  if (!reply.at("ok").get<bool>()) throw refused<TimeoutError>(address_, reply);
+  return reply.at("value").get<std::string>();
+}
+
+struct CoordinatorClient::Link {
+  LineSocket socket;
+};
+
 CoordinatorClient::CoordinatorClient(const std::string& address, std::int64_t group,
                                      const RunShape& shape, double timeout)
-    : address_(address), group_(group), incarnation_(new_incarnation()), timeout_(timeout) {
-  const auto [host, port] = parse_address(address);
-  control_ = std::make_unique<Link>(Link{LineSocket::connect(host, port, timeout)});
-  const Json join{{"op", "join"},
-                  {"group", group},
-                  {"incarnation", incarnation_},
-                  {"groups", shape.groups},
-                  {"min_groups", shape.min_groups},
-                  {"fingerprint", shape.fingerprint}};
-  const Json reply = parse_reply(request(join.dump(), timeout));
-  if (!reply.at("ok").get<bool>())
-    throw DataError(
-        fmt::format("coordinator {}: {}", address, reply.at("error").get<std::string>()));
-  heartbeat_ = std::make_unique<Link>(Link{LineSocket::connect(host, port, timeout)});
+    : address_(address),
+      group_(group),
+      shape_(shape),
+      incarnation_(new_incarnation()),
+      timeout_(timeout) {
+  join(timeout);
   beater_ = std::thread([this] { beat(); });
 }
 
@@ -317,54 +359,100 @@ CoordinatorClient::~CoordinatorClient() {
   if (beater_.joinable()) beater_.join();
 }
 
+void CoordinatorClient::join(double timeout) {
+  const auto [host, port] = parse_address(address_);
+  control_ = std::make_unique<Link>(Link{LineSocket::connect(host, port, timeout)});
+  const Json join{{"op", "join"},
+                  {"group", group_},
+                  {"incarnation", incarnation_},
+                  {"groups", shape_.groups},
+                  {"min_groups", shape_.min_groups},
+                  {"fingerprint", shape_.fingerprint}};
+  const Json reply = parse_reply(request(join.dump(), timeout));
+  if (!reply.at("ok").get<bool>()) {
+    control_.reset();
+    throw refused<DataError>(address_, reply);
+  }
+}
+
 std::string CoordinatorClient::request(const std::string& line, double timeout) {
+  const std::lock_guard lock(request_mutex_);
+  if (!control_) throw CommError(fmt::format("coordinator {}: not connected", address_));
   control_->socket.send_line(line);
   return control_->socket.read_line(timeout);
 }
 
+std::string CoordinatorClient::local_host() {
+  const std::lock_guard lock(request_mutex_);
+  return control_ ? control_->socket.local_host() : std::string();
+}
+
 void CoordinatorClient::beat() {
   const Json beat{{"op", "heartbeat"}, {"group", group_}, {"incarnation", incarnation_}};
+  const auto [host, port] = parse_address(address_);
+  std::optional<LineSocket> link;
   std::unique_lock lock(mutex_);
   while (!stop_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stopping_; })) {
     try {
-      heartbeat_->socket.send_line(beat.dump());
-      heartbeat_->socket.read_line(timeout_);
+      if (!link) link.emplace(LineSocket::connect(host, port, std::min(timeout_, 1.0)));
+      link->send_line(beat.dump());
+      link->read_line(timeout_);
     } catch (const CommError&) {
-      return;  // the coordinator is gone: the next request says so
+      link.reset();  // the coordinator is gone or restarting: connect again on the next beat
     }
   }
 }
 
-Quorum CoordinatorClient::quorum(std::int64_t step, double timeout) {
-  const Json ask{{"op", "quorum"},
-                 {"group", group_},
-                 {"incarnation", incarnation_},
-                 {"step", step},
-                 {"timeout", timeout}};
-  const Json reply = parse_reply(request(ask.dump(), timeout + timeout_));
-  if (!reply.at("ok").get<bool>()) {
-    throw TimeoutError(
-        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
-  }
-  return quorum_of(reply.at("quorum"));
+Quorum CoordinatorClient::quorum(std::int64_t step, double timeout, bool fresh) {
+  const Json ask{{"op", "quorum"},        {"group", group_}, {"incarnation", incarnation_},
+                 {"step", step},          {"timeout", timeout}, {"fresh", fresh}};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  const auto left = [&] {
+    return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  };
+  std::string last_failure;
+  do {
+    try {
+      if (!control_) join(std::max(0.1, std::min(left(), timeout_)));
+      const Json reply = parse_reply(request(ask.dump(), timeout + timeout_));
+      if (reply.at("ok").get<bool>()) return quorum_of(reply.at("quorum"));
+      if (!reply.value("rejoin", false)) throw refused<TimeoutError>(address_, reply);
+      control_.reset();  // dropped while silent: join again, then ask
+    } catch (const CommError& e) {
+      if (dynamic_cast<const TimeoutError*>(&e) != nullptr && control_) throw;
+      last_failure = e.what();
+      control_.reset();
+      sleep_for(0.2);
+    }
+  } while (left() > 0);
+  throw CommError(fmt::format("coordinator {} unreachable for {} s while replica group {} asked "
+                              "for the quorum of step {}: {}",
+                              address_, timeout, group_, step, last_failure));
 }
 
 void CoordinatorClient::set(const std::string& key, const std::string& value) {
   const Json reply =
       parse_reply(request(Json{{"op", "set"}, {"key", key}, {"value", value}}.dump(), timeout_));
-  if (!reply.at("ok").get<bool>())
-    throw CommError(
-        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
+  if (!reply.at("ok").get<bool>()) throw refused<CommError>(address_, reply);
 }
 
 std::string CoordinatorClient::get(const std::string& key, double timeout) {
   const Json reply = parse_reply(
       request(Json{{"op", "get"}, {"key", key}, {"timeout", timeout}}.dump(), timeout + timeout_));
-  if (!reply.at("ok").get<bool>()) {
-    throw TimeoutError(
-        fmt::format("coordinator {}: {}", address_, reply.at("error").get<std::string>()));
-  }
+  if (!reply.at("ok").get<bool>()) throw refused<TimeoutError>(address_, reply);
   return reply.at("value").get<std::string>();
+}
+
+std::string quorum_text(const Quorum& quorum) {
+  return quorum_json(quorum).dump();
+}
+
+Quorum parse_quorum(const std::string& text) {
+  try {
+    return quorum_of(parse_untrusted_json(text, "a quorum"));
+  } catch (const Json::exception& e) {
+    throw DataError(fmt::format("a quorum that is not one: {}", e.what()));
+  }
 }
 
 }  // namespace meshtensor::ft

@@ -35,8 +35,16 @@ std::int64_t total(const std::vector<std::int64_t>& counts) {
 
 }  // namespace
 
-GroupCommunicator::GroupCommunicator(GroupContext& context)
-    : context_(context), members_(context.quorum().members) {}
+GroupCommunicator::GroupCommunicator(GroupContext& context, OnFailure on_failure)
+    : context_(context),
+      members_(context.quorum().members),
+      on_failure_(on_failure),
+      timeout_(context.timeout()) {}
+
+std::string GroupCommunicator::failure() const {
+  const std::lock_guard lock(failure_mutex_);
+  return failure_;
+}
 
 GroupCommunicator::~GroupCommunicator() {
   stop_queue();
@@ -66,7 +74,22 @@ void GroupCommunicator::run_collective(const comm::CollectiveCall& call, const T
                                        Tensor output, Deadline deadline) {
   const double left =
       std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-  context_.set_timeout(std::max(0.001, std::min(left, 1e9)));
+  context_.set_timeout(std::max(0.001, std::min(left, timeout_)));
+  if (on_failure_ == OnFailure::throw_error) {
+    run_guarded(call, input, std::move(output));
+    return;
+  }
+  if (!failure().empty()) return;
+  try {
+    run_guarded(call, input, std::move(output));
+  } catch (const CommError& e) {
+    const std::lock_guard lock(failure_mutex_);
+    failure_ = e.what();
+  }
+}
+
+void GroupCommunicator::run_guarded(const comm::CollectiveCall& call, const Tensor& input,
+                                    Tensor output) {
   const std::size_t element = dtype_size(call.dtype);
   switch (call.kind) {
     case comm::CollectiveKind::all_reduce: {

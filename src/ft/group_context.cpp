@@ -30,7 +30,7 @@ std::chrono::milliseconds milliseconds(double seconds) {
 /// Gloo's rendezvous through the coordinator's store, every key under `prefix`.
 class CoordinatorStore : public gloo::rendezvous::Store {
  public:
-  CoordinatorStore(CoordinatorClient& coordinator, std::string prefix, double timeout)
+  CoordinatorStore(StoreClient& coordinator, std::string prefix, double timeout)
       : coordinator_(coordinator), prefix_(std::move(prefix)), timeout_(timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
@@ -52,7 +52,7 @@ class CoordinatorStore : public gloo::rendezvous::Store {
   }
 
  private:
-  CoordinatorClient& coordinator_;
+  StoreClient& coordinator_;
   std::string prefix_;
   double timeout_;
 };
@@ -74,24 +74,25 @@ void GroupContext::guarded(const char* what, Operation operation) {
   }
 }
 
-GroupContext::GroupContext(CoordinatorClient& coordinator, const Quorum& quorum,
-                           const std::string& tag, const std::string& hostname, double timeout)
+GroupContext::GroupContext(const std::string& coordinator, std::int64_t group,
+                           const Quorum& quorum, const std::string& tag,
+                           const std::string& hostname, double timeout)
     : quorum_(quorum), tag_(tag), timeout_(timeout) {
-  const auto me = std::find(quorum.members.begin(), quorum.members.end(), coordinator.group());
+  const auto me = std::find(quorum.members.begin(), quorum.members.end(), group);
   if (me == quorum.members.end()) {
-    throw InvalidArgument(fmt::format("replica group {} is not a member of quorum {} ({})",
-                                      coordinator.group(), quorum.id,
-                                      fmt::join(quorum.members, ", ")));
+    throw InvalidArgument(fmt::format("replica group {} is not a member of quorum {} ({})", group,
+                                      quorum.id, fmt::join(quorum.members, ", ")));
   }
   rank_ = static_cast<int>(me - quorum.members.begin());
   size_ = static_cast<int>(quorum.members.size());
   gloo::transport::tcp::attr attr;
   attr.hostname = hostname;
-  CoordinatorStore store(coordinator, fmt::format("quorum/{}/{}/", quorum.id, tag), timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
   context->setTimeout(milliseconds(timeout));
   context_ = context;
   guarded("meeting", [&] {
+    StoreClient client(coordinator, timeout);
+    CoordinatorStore store(client, fmt::format("quorum/{}/{}/", quorum.id, tag), timeout);
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     context->connectFullMesh(store, device);
   });

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -143,6 +144,18 @@ std::string LineSocket::read_line(double timeout) {
     if (n <= 0) throw CommError("the connection closed");
     pending_.append(buffer, static_cast<std::size_t>(n));
   }
+}
+
+std::string LineSocket::local_host() const {
+  sockaddr_storage where{};
+  socklen_t size = sizeof(where);
+  if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&where), &size) != 0) return {};
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* address = where.ss_family == AF_INET6
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(where).sin6_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(where).sin_addr);
+  if (::inet_ntop(where.ss_family, address, text, sizeof(text)) == nullptr) return {};
+  return text;
 }
 
 }  // namespace meshtensor::ft

@@ -25,6 +25,9 @@ class LineSocket {
   /// The next line (without its newline) within `timeout` seconds; TimeoutError when the wait
   /// ran out, CommError when the peer closed or the line passes 16 MiB.
   std::string read_line(double timeout);
+  /// The numeric address of this end of the connection ("" when it has none): the interface
+  /// the peer is reached through.
+  std::string local_host() const;
   /// Whether a descriptor is held.
   bool open() const { return fd_ >= 0; }
   /// Shuts both directions down: a thread blocked reading wakes up.

@@ -83,13 +83,14 @@ void QuorumState::leave(std::int64_t group, const std::string& incarnation) {
 }
 
 bool QuorumState::ask(std::int64_t group, const std::string& incarnation, std::int64_t step,
-                      double now) {
+                      double now, bool fresh) {
   expire(now);
   Group* entry = live_group(group, incarnation);
   if (entry == nullptr) return false;
   entry->last_heard = now;
   if (!entry->asked_step) entry->asked_at = now;
   entry->asked_step = step;
+  entry->fresh = entry->fresh || fresh;
   return true;
 }
 
@@ -97,32 +98,43 @@ std::optional<Quorum> QuorumState::form(double now) {
   expire(now);
   std::vector<std::int64_t> asked;
   double first_ask = std::numeric_limits<double>::infinity();
+  std::int64_t furthest = -1;
   for (const auto& [group, entry] : groups_) {
     if (!entry.asked_step) continue;
     asked.push_back(group);
     first_ask = std::min(first_ask, entry.asked_at);
+    furthest = std::max(furthest, *entry.asked_step);
   }
   const auto count = static_cast<std::int64_t>(asked.size());
   // The first round waits for every group of the run (one not yet joined is not live yet);
   // later rounds for every live one.
   const bool everyone = count == static_cast<std::int64_t>(groups_.size()) &&
-                        (last_.id > 0 || count == shape_.groups);
-  if (!shaped_ || count < shape_.min_groups || (!everyone && now - first_ask < rules_.quorum_wait))
-    return std::nullopt;
+                        (last_.round > 0 || count == shape_.groups);
+  const bool waited = now - first_ask >= rules_.quorum_wait && furthest >= last_.step;
+  if (!shaped_ || count < shape_.min_groups || (!everyone && !waited)) return std::nullopt;
+  return take_round(asked, furthest);
+}
+
+Quorum QuorumState::take_round(const std::vector<std::int64_t>& asked, std::int64_t step) {
   Quorum quorum;
-  quorum.id = last_.id + 1;
+  quorum.round = last_.round + 1;
   quorum.members = asked;
   quorum.fingerprint = shape_.fingerprint;
-  for (const std::int64_t group : asked)
-    quorum.step = std::max(quorum.step, *groups_[group].asked_step);
+  quorum.step = step;
   std::int64_t source = -1;
+  bool fresh = asked != last_.members;
   for (const std::int64_t group : asked) {
-    if (*groups_[group].asked_step == quorum.step && source < 0) source = group;
+    const Group& entry = groups_[group];
+    if (*entry.asked_step == step && source < 0) source = group;
+    fresh = fresh || entry.fresh;
   }
   for (const std::int64_t group : asked) {
-    if (*groups_[group].asked_step < quorum.step) quorum.heal_from[group] = source;
-    groups_[group].asked_step.reset();
+    Group& entry = groups_[group];
+    if (*entry.asked_step < step) quorum.heal_from[group] = source;
+    entry.asked_step.reset();
+    entry.fresh = false;
   }
+  quorum.id = fresh || !quorum.heal_from.empty() ? last_.id + 1 : last_.id;
   last_ = quorum;
   return quorum;
 }

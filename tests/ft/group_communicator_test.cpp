@@ -65,7 +65,7 @@ TEST(GroupCommunicator, EveryCollectiveHasTheThreadsBackendsBits) {
   for (std::int64_t g = 0; g < kGroups; ++g) {
     groups.push_back(std::async(std::launch::async, [&, g] {
       CoordinatorClient client(address, g, {kGroups, kGroups, "test"}, 5.0);
-      GroupContext context(client, client.quorum(0, 10.0), "shard0", "127.0.0.1", 10.0);
+      GroupContext context(address, g, client.quorum(0, 10.0), "shard0", "127.0.0.1", 10.0);
       GroupCommunicator communicator(context);
       EXPECT_EQ(communicator.rank(), g);
       EXPECT_EQ(communicator.backend(), "gloo");

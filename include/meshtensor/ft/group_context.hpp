@@ -21,11 +21,12 @@ namespace meshtensor::ft {
 /// quorum and builds another.
 class GroupContext {
  public:
-  /// Collective over the quorum's members (the caller's group must be one). `hostname`: the
-  /// address the other groups reach this one at. CommError naming the quorum when the members
-  /// do not all meet within the timeout.
-  GroupContext(CoordinatorClient& coordinator, const Quorum& quorum, const std::string& tag,
-               const std::string& hostname, double timeout);
+  /// Collective over the quorum's members (`group` must be one), who meet through the store of
+  /// the coordinator at `coordinator` ("HOST:PORT"). `hostname`: the address the other groups
+  /// reach this one at. CommError naming the quorum when the members do not all meet within
+  /// the timeout.
+  GroupContext(const std::string& coordinator, std::int64_t group, const Quorum& quorum,
+               const std::string& tag, const std::string& hostname, double timeout);
   ~GroupContext();
   GroupContext(const GroupContext&) = delete;
   GroupContext& operator=(const GroupContext&) = delete;
@@ -54,6 +55,8 @@ class GroupContext {
   void barrier();
   /// The timeout of the operations that follow (seconds).
   void set_timeout(double seconds) { timeout_ = seconds; }
+  /// The timeout operations wait at most (seconds).
+  double timeout() const { return timeout_; }
 
  private:
   /// Runs a Gloo operation, turning its failures into CommError naming `what`.

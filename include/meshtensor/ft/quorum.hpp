@@ -26,7 +26,13 @@ struct RunShape {
 
 /// One round's decision: the groups that take the step and what each must do first.
 struct Quorum {
-  std::int64_t id = 0;                ///< increases with every quorum the coordinator forms
+  /// The data plane's generation: increases when a round's members differ from the last
+  /// round's, when a member heals, or when a member asked for fresh contexts (its own failed);
+  /// members rebuild their contexts when it changes and keep them otherwise.
+  std::int64_t id = 0;
+  std::int64_t round = 0;             ///< increases with every round the coordinator forms
+  /// The incarnation of the coordinator that formed it: ids restart with a restarted one.
+  std::string coordinator;
   std::int64_t step = 0;              ///< the step the members take: the furthest any asked for
   std::vector<std::int64_t> members;  ///< ascending
   /// Members behind the step (restarted groups), each with the member to heal from: the
@@ -56,12 +62,15 @@ class QuorumState {
   bool heartbeat(std::int64_t group, const std::string& incarnation, double now);
   /// The incarnation's connection closed: it is gone at once, without waiting for its timeout.
   void leave(std::int64_t group, const std::string& incarnation);
-  /// The group is ready for `step` and waits for a quorum; false when the incarnation is not
-  /// live.
-  bool ask(std::int64_t group, const std::string& incarnation, std::int64_t step, double now);
+  /// The group is ready for `step` and waits for a quorum (`fresh`: it needs new contexts, its
+  /// own having failed); false when the incarnation is not live.
+  bool ask(std::int64_t group, const std::string& incarnation, std::int64_t step, double now,
+           bool fresh = false);
   /// Drops silent groups, then forms the round's quorum when it can: every live group asked (at
   /// least min_groups of them; for the run's first quorum, every group of the run), or
-  /// min_groups asked and the first ask has waited quorum_wait.
+  /// min_groups asked and the first ask has waited quorum_wait. Askers that are all behind the
+  /// last quorum's step (restarted groups) do not form a round by waiting while a live group
+  /// that has not asked may be at it: they wait for it, or for it to be dropped.
   /// Its members' asks are consumed; groups that ask later wait for the next round.
   std::optional<Quorum> form(double now);
   /// The last quorum formed (id 0: none yet).
@@ -77,8 +86,11 @@ class QuorumState {
     double last_heard = 0;
     std::optional<std::int64_t> asked_step;
     double asked_at = 0;
+    bool fresh = false;
   };
   void expire(double now);
+  /// The round of `asked` at `step`; consumes their asks.
+  Quorum take_round(const std::vector<std::int64_t>& asked, std::int64_t step);
   Group* live_group(std::int64_t group, const std::string& incarnation);
 
   QuorumRules rules_;
