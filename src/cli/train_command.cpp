@@ -19,6 +19,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/ft/replica_groups.hpp>
 #include <meshtensor/hf/hf_model.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/trainer.hpp>
@@ -271,9 +272,20 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
   if (traced) std::cout << fmt::format("trace written to {}\n", options.trace);
 }
 
+/// A fault-tolerant run's config: a group's ranks shard (fsdp) unless told otherwise, as the
+/// groups are the replicate dimension.
+train::TrainConfig replica_group_config(train::TrainConfig config, const TrainOptions& options) {
+  if (options.replica_groups.groups > 0 && !options.settings.given("strategy") &&
+      !options.settings.given("mesh"))
+    config.strategy = train::Strategy::fsdp;
+  return config;
+}
+
 void run_train(const TrainOptions& options) {
   const train::TrainSettings settings = train_settings(options);
-  const train::TrainConfig config = settings.config(trains_language(options));
+  ft::validate_replica_groups(options.replica_groups);
+  const train::TrainConfig config =
+      replica_group_config(settings.config(trains_language(options)), options);
   const Backend backend = parse_backend(options.backend);
   const std::int64_t ranks = layout_ranks(options, settings);
   if (!options.link.empty() && backend == Backend::mpi)
@@ -321,9 +333,12 @@ void run_train(const TrainOptions& options) {
           std::cout.flush();
         }
         const train::TrainCallbacks callbacks = progress_callbacks(options, loaded, terminal, log);
+        std::optional<ft::ReplicaGroups> replicas;
+        if (options.replica_groups.groups > 0)
+          replicas.emplace(world, options.replica_groups, train::run_fingerprint(config, task));
         const train::TrainResult result = train::train(
             world, task, checked ? *checked : train::check_config(config, task, 1, world.size()),
-            callbacks);
+            callbacks, replicas ? &*replicas : nullptr);
         if (!leader) return;
         for (const std::string& warning : result.warnings)
           std::cerr << "meshtensor: warning: " << with_flag_names(warning) << '\n';
@@ -352,6 +367,22 @@ void run_train(const TrainOptions& options) {
           set_exit_status(1);
       },
       std::move(network));
+}
+
+/// The options of a fault-tolerant run (docs/fault-tolerance.md).
+void add_replica_group_options(CLI::App& command, ft::ReplicaGroupsConfig& config) {
+  command.add_option("--replica-groups", config.groups,
+                     "fault-tolerant run: the number of replica groups, each a job of its own");
+  command.add_option("--replica-group", config.group, "this job's replica group, 0 .. N - 1");
+  command.add_option("--coordinator", config.coordinator,
+                     "the coordinator of the replica groups, HOST:PORT");
+  command.add_option("--min-replica-groups", config.min_groups,
+                     "the fewest replica groups a step may run with (default 1)");
+  command.add_option("--replica-timeout", config.timeout,
+                     "seconds a cross-group operation waits for a silent group (default 10)");
+  command.add_option("--replica-host", config.host,
+                     "the address the other groups reach this one at (default: the one that "
+                     "reaches the coordinator)");
 }
 
 }  // namespace
@@ -413,6 +444,7 @@ void add_train_command(CLI::App& app) {
   command->add_option("--log", options->log, "write the per-epoch figures to this CSV file");
   command->add_option("--plot", options->plot, "draw loss and accuracy per epoch to this PNG");
   add_flag(*command, "--json", options->json, "one JSON object per epoch and a final one");
+  add_replica_group_options(*command, options->replica_groups);
   command->callback([options] { run_train(*options); });
 }
 

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <meshtensor/ft/replica_groups.hpp>
 #include <meshtensor/train/dataset.hpp>
 #include <meshtensor/train/settings.hpp>
 #include <meshtensor/train/task.hpp>
@@ -42,6 +43,7 @@ struct TrainOptions {
   std::string trace;         // the file; the setting `trace` records the events
   SettingOptions settings;   // the fields of train::TrainSettings
   std::map<std::string, std::string> defaults;  // a benchmark's own defaults, by field
+  ft::ReplicaGroupsConfig replica_groups;        // a fault-tolerant run's (train only)
 };
 
 /// The task a command trains, with the data it holds.

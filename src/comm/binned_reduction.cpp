@@ -114,4 +114,18 @@ void reduce_binned_sums(Communicator& group, kernels::BinnedSums& sums, std::int
   group.all_gather(rounded_slice, rounded, counts, gather);
 }
 
+void all_reduce_binned_sums(Communicator& group, kernels::BinnedSums& sums,
+                            const std::string& label) {
+  if (group.size() == 1) return;
+  Tensor bins = sums.bins.clone();
+  CollectiveOptions options;
+  options.op = ReduceOp::max;
+  options.label = label.empty() ? std::string() : fmt::format("{} (bins)", label);
+  group.all_reduce(bins, options);
+  kernels::align_bins(sums, bins);
+  options.op = ReduceOp::sum;
+  options.label = label.empty() ? std::string() : fmt::format("{} (digits)", label);
+  group.all_reduce(sums.digits, options);
+}
+
 }  // namespace meshtensor::comm

@@ -149,6 +149,7 @@ ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> membe
     replicate_lane_ = model.lane(config_.replicate_mesh_dims, kReduceChannel, "reduce");
     if (!replicate_lane_->comm) replicate_lane_.reset();
   }
+  replicates_over_mesh_ = replicate_lane_ != nullptr;
   const int me = shard_rank();
   shard_values_ = Tensor::zeros(Shape{layout_.counts()[static_cast<std::size_t>(me)]}, DType::f32);
   shard_grads_ = Tensor::zeros(shard_values_.shape(), DType::f32);
@@ -463,16 +464,7 @@ void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* repli
   StepAccumulator& acc = *job.acc;
   if (replicate != nullptr && !round) {
     // A partial backward: the replicas' digit sums join now, rounded at the step's last.
-    kernels::BinnedSums& sums = acc.shard.sums;
-    Tensor bins = sums.bins.clone();
-    comm::CollectiveOptions options;
-    options.op = ReduceOp::max;
-    options.label = "all-reduce bins " + job.label;
-    replicate->all_reduce(bins, options);
-    kernels::align_bins(sums, bins);
-    options.op = ReduceOp::sum;
-    options.label = "all-reduce digits " + job.label;
-    replicate->all_reduce(sums.digits, options);
+    comm::all_reduce_binned_sums(*replicate, acc.shard.sums, "all-reduce " + job.label);
     acc.full.take(acc.shard);
     return;
   }
@@ -929,6 +921,28 @@ void ShardedModel::set_requires_all_reduce(bool value) {
 void ShardedModel::set_gradient_divide_factor(std::optional<double> factor) {
   for (auto& module : modules_)
     module->set_gradient_divide_factor(factor);
+}
+
+void ShardedModel::set_replicate_group(std::shared_ptr<comm::Communicator> replicate) {
+  std::shared_ptr<ShardedModule::Lane> lane;
+  if (replicate && replicate->size() > 1) {
+    lane = std::make_shared<ShardedModule::Lane>();
+    lane->name = fmt::format("replicate [groups {}]", fmt::join(replicate->world_ranks(), ","));
+    lane->comm = std::move(replicate);
+  }
+  for (auto& module : modules_) {
+    if (module->replicates_over_mesh_) {
+      throw InvalidArgument(fmt::format(
+          "parameter group '{}' is replicated over {} ranks of its own mesh: replica groups are "
+          "the replicate dimension, so a group's own layout shards (fsdp), splits (tp, pp, cp) "
+          "but does not replicate (no dp dim, no ddp or hsdp strategy)",
+          module->name(), module->replicate_size()));
+    }
+  }
+  for (auto& module : modules_) {
+    module->reduce_work_.wait();
+    module->replicate_lane_ = lane;
+  }
 }
 
 void ShardedModel::zero_grad() {

@@ -335,6 +335,11 @@ std::string StoreClient::get(const std::string& key, double timeout) {
   return reply.at("value").get<std::string>();
 }
 
+std::string StoreClient::local_host() {
+  const std::lock_guard lock(mutex_);
+  return link_->socket.local_host();
+}
+
 struct CoordinatorClient::Link {
   LineSocket socket;
 };
@@ -403,31 +408,38 @@ void CoordinatorClient::beat() {
   }
 }
 
-Quorum CoordinatorClient::quorum(std::int64_t step, double timeout, bool fresh) {
-  const Json ask{{"op", "quorum"},        {"group", group_}, {"incarnation", incarnation_},
-                 {"step", step},          {"timeout", timeout}, {"fresh", fresh}};
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
-  const auto left = [&] {
-    return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-  };
-  std::string last_failure;
-  do {
+std::optional<Quorum> CoordinatorClient::try_quorum(std::int64_t step, double timeout,
+                                                    bool fresh) {
+  const Json ask{{"op", "quorum"}, {"group", group_},     {"incarnation", incarnation_},
+                 {"step", step},   {"timeout", timeout}, {"fresh", fresh}};
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Json reply;
     try {
-      if (!control_) join(std::max(0.1, std::min(left(), timeout_)));
-      const Json reply = parse_reply(request(ask.dump(), timeout + timeout_));
-      if (reply.at("ok").get<bool>()) return quorum_of(reply.at("quorum"));
-      if (!reply.value("rejoin", false)) throw refused<TimeoutError>(address_, reply);
-      control_.reset();  // dropped while silent: join again, then ask
-    } catch (const CommError& e) {
-      if (dynamic_cast<const TimeoutError*>(&e) != nullptr && control_) throw;
-      last_failure = e.what();
+      if (!control_) join(std::min(timeout_, 2.0));
+      reply = parse_reply(request(ask.dump(), timeout + timeout_));
+    } catch (const CommError& e) {  // gone, restarting, or not answering
+      unreachable_ = e.what();
       control_.reset();
-      sleep_for(0.2);
+      return std::nullopt;
     }
-  } while (left() > 0);
+    if (reply.at("ok").get<bool>()) return quorum_of(reply.at("quorum"));
+    if (!reply.value("rejoin", false)) throw refused<TimeoutError>(address_, reply);
+    control_.reset();  // dropped while silent: join again, then ask
+  }
+  unreachable_ = "it dropped this group again right after it joined";
+  return std::nullopt;
+}
+
+Quorum CoordinatorClient::quorum(std::int64_t step, double timeout, bool fresh) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  for (;;) {
+    if (std::optional<Quorum> formed = try_quorum(step, timeout, fresh)) return *formed;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    sleep_for(0.2);
+  }
   throw CommError(fmt::format("coordinator {} unreachable for {} s while replica group {} asked "
                               "for the quorum of step {}: {}",
-                              address_, timeout, group_, step, last_failure));
+                              address_, timeout, group_, step, unreachable_));
 }
 
 void CoordinatorClient::set(const std::string& key, const std::string& value) {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <cstring>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -244,10 +245,27 @@ class PipelineStep : public pp::StageWork {
 class TrainingRun {
  public:
   TrainingRun(comm::Communicator& world, const Task& task, TrainConfig config,
-              const TrainCallbacks& callbacks);
+              const TrainCallbacks& callbacks, ReplicaLink* replicas);
   TrainResult run();
 
  private:
+  /// Where the run is in the epoch it is taking and in the period it will report.
+  struct EpochProgress {
+    std::int64_t epoch = 0;     // 1-based; 0 before the first
+    std::int64_t end_step = 0;  // the step of the epoch the run stops before
+    std::int64_t samples = 0;   // samples of the epoch this run takes
+    std::int64_t done = 0;
+    Clock::time_point start;
+    Totals period;
+    std::int64_t period_samples = 0;
+    Clock::time_point period_start;
+  };
+  void start_epoch(EpochProgress& progress) const;
+  /// The step's work (train_step, or its replicated form) with its profile and figures; false
+  /// when, instead of the step, this group healed to another step.
+  bool take_step(EpochProgress& progress);
+  void end_step_bookkeeping(EpochProgress& progress, std::int64_t s, const Totals& totals,
+                            Clock::time_point step_start, double waited);
   void build_model();
   void resume();
   void load_init();
@@ -256,6 +274,21 @@ class TrainingRun {
   std::int64_t& scalar(std::size_t i) { return scalars_[i].values<std::int64_t>()[0]; }
   /// One optimizer step on global batch `s` of `epoch`.
   Totals train_step(std::int64_t epoch, std::int64_t s);
+  /// The gradients of global batch `s` of `epoch` (this group's share of it when replicated)
+  /// and the batch's loss totals, without stepping.
+  Totals compute_gradients(std::int64_t epoch, std::int64_t s);
+  /// Clips (when asked) and steps the optimizer on the gradients.
+  void apply_gradients();
+  /// train_step across replica groups: redone until every member finished it; nullopt when
+  /// this group healed to the quorum's step instead.
+  std::optional<Totals> replicated_step(std::int64_t epoch, std::int64_t s);
+  /// Receives (behind the quorum) or passes on the training state over the quorum's link; false
+  /// when the link failed on any rank of the group.
+  bool heal();
+  /// Whether `flag` holds on any rank of the group (collective).
+  bool on_any_rank(bool flag);
+  /// The checkpoint scalars of kTrainStateTensors set from the run's position.
+  void write_scalars();
   void run_micro_batch(const Batch& batch, std::int64_t k, kernels::BinnedSums& losses,
                        std::int64_t& correct);
   Totals evaluate();
@@ -271,6 +304,8 @@ class TrainingRun {
   const Task& task_;
   TrainConfig config_;
   const TrainCallbacks& callbacks_;
+  ReplicaLink* replicas_;                          // a fault-tolerant run's groups, or none
+  std::optional<ReplicaLink::StepQuorum> quorum_;  // the step's, with replicas_
   const Clock::time_point run_start_ = Clock::now();
   const bool exact_;
   const bool leader_;
@@ -292,11 +327,12 @@ class TrainingRun {
 };
 
 TrainingRun::TrainingRun(comm::Communicator& world, const Task& task, TrainConfig config,
-                         const TrainCallbacks& callbacks)
+                         const TrainCallbacks& callbacks, ReplicaLink* replicas)
     : world_(world),
       task_(task),
       config_(std::move(config)),
       callbacks_(callbacks),
+      replicas_(replicas),
       exact_(config_.mode == comm::ReductionMode::exact),
       leader_(world.rank() == 0),
       ranks_(world.size()),
@@ -506,13 +542,17 @@ void TrainingRun::resume() {
   result_.resumed_step = step_;
 }
 
-void TrainingRun::save_checkpoint() {
+void TrainingRun::write_scalars() {
   scalar(0) = step_;
   scalar(1) = step_ / steps_per_epoch_;
   scalar(2) = step_ % steps_per_epoch_;
   scalar(3) = config_.batch;
   scalar(4) = samples_;
   scalar(5) = static_cast<std::int64_t>(config_.seed);
+}
+
+void TrainingRun::save_checkpoint() {
+  write_scalars();
   const fsdp::Tracer::Span span(sharded_->tracer(), "save checkpoint", "checkpoint", "compute");
   const std::vector<checkpoint::SaveItem> state = training_state();
   checkpoint::SaveOptions options;
@@ -541,10 +581,13 @@ void TrainingRun::run_micro_batch(const Batch& batch, std::int64_t k, kernels::B
   model_->note_activations(0);
 }
 
-Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
+Totals TrainingRun::compute_gradients(std::int64_t epoch, std::int64_t s) {
   const std::int64_t start = s * config_.batch;
   const std::int64_t global_batch = std::min(config_.batch, samples_ - start);
-  const Chunk slice = chunk_extent(global_batch, model_->data_ranks(), model_->data_rank());
+  // Replica groups split the global batch by sample index in member order.
+  const Chunk share = quorum_ ? chunk_extent(global_batch, quorum_->members, quorum_->member)
+                              : Chunk{0, global_batch};
+  const Chunk slice = chunk_extent(share.size, model_->data_ranks(), model_->data_rank());
   sharded_->zero_grad();
   sharded_->set_gradient_divide_factor(
       static_cast<double>(global_batch * task_.targets_per_sample()));
@@ -555,8 +598,8 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   for (std::int64_t k = 0; k < config_.micro_batches; ++k) {
     const ProfileScope profile(ProfileRow::data);
     const Chunk micro = chunk_extent(slice.size, config_.micro_batches, k);
-    batches.push_back(model_->local_batch(
-        task_.train_batch(config_.seed, epoch, start + slice.offset + micro.offset, micro.size)));
+    batches.push_back(model_->local_batch(task_.train_batch(
+        config_.seed, epoch, start + share.offset + slice.offset + micro.offset, micro.size)));
   }
   if (pp::Pipeline* pipeline = model_->pipeline()) {
     PipelineStep work(*model_, batches, losses, correct);
@@ -566,11 +609,82 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
     for (std::int64_t k = 0; k < config_.micro_batches; ++k)
       run_micro_batch(batches[static_cast<std::size_t>(k)], k, losses, correct);
   }
-  const Totals totals = reduce_totals(world_, losses, correct);
+  if (quorum_ && quorum_->replicate) {
+    // The other groups' totals join at each rank's place first (exact sums, integer counts).
+    comm::all_reduce_binned_sums(*quorum_->replicate, losses, "replica groups' losses");
+    Tensor count = Tensor::full(Shape{1}, DType::f64, static_cast<double>(correct));
+    quorum_->replicate->all_reduce(count,
+                                   reduce_options(ReduceOp::sum, comm::ReductionMode::ordered));
+    correct = static_cast<std::int64_t>(count.values<double>()[0]);
+  }
+  return reduce_totals(world_, losses, correct);
+}
+
+void TrainingRun::apply_gradients() {
   if (config_.clip_grad_norm > 0.0)
     result_.grad_norms.push_back(model_->clip_gradients(config_.clip_grad_norm));
   model_->optimizer_step(config_.schedule.at(step_));
+}
+
+Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
+  const Totals totals = compute_gradients(epoch, s);
+  apply_gradients();
   return totals;
+}
+
+bool TrainingRun::on_any_rank(bool flag) {
+  Tensor any = Tensor::full(Shape{1}, DType::i64, flag ? 1.0 : 0.0);
+  world_.all_reduce(any, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
+  return any.values<std::int64_t>()[0] != 0;
+}
+
+std::optional<Totals> TrainingRun::replicated_step(std::int64_t epoch, std::int64_t s) {
+  for (bool fresh = false;; fresh = true) {
+    quorum_ = replicas_->begin_step(step_, fresh);
+    for (std::string& note : replicas_->take_notes())
+      result_.warnings.push_back(std::move(note));
+    if (!quorum_) continue;
+    sharded_->set_replicate_group(quorum_->replicate);
+    if (quorum_->heal_root) {
+      const std::int64_t before = step_;
+      if (!heal()) continue;
+      if (step_ != before) return std::nullopt;
+    }
+    const Totals totals = compute_gradients(epoch, s);
+    // A failed cross-group collective left garbage behind on some rank: the group redoes the
+    // step in the next quorum, before the optimizer touched anything.
+    if (on_any_rank(replicas_->failed())) continue;
+    apply_gradients();
+    return totals;
+  }
+}
+
+bool TrainingRun::heal() {
+  write_scalars();
+  const std::vector<checkpoint::SaveItem> items = training_state();
+  std::vector<Tensor> values;
+  std::size_t bytes = 0;
+  for (const checkpoint::SaveItem& item : items) {
+    values.push_back(item.data.clone());
+    bytes += values.back().bytes().size();
+  }
+  std::vector<char> state(bytes);
+  char* at = state.data();
+  for (const Tensor& value : values) {
+    std::memcpy(at, value.bytes().data(), value.bytes().size());
+    at += value.bytes().size();
+  }
+  if (on_any_rank(!replicas_->broadcast(state, *quorum_->heal_root))) return false;
+  if (quorum_->step == step_) return true;  // a member at the step: it passed its state on
+  at = state.data();
+  for (Tensor& value : values) {
+    std::memcpy(value.bytes().data(), at, value.bytes().size());
+    at += value.bytes().size();
+  }
+  restore_model_state(items, values, model_->optimizer());
+  step_ = scalar(0);
+  result_.healed_steps.push_back(step_);
+  return true;
 }
 
 /// Loss and correct count over the task's evaluation set: each rank takes its slice, in as many
@@ -696,6 +810,87 @@ void TrainingRun::finish() {
   result_.seconds = seconds_since(run_start_);
 }
 
+void TrainingRun::start_epoch(EpochProgress& progress) const {
+  const std::int64_t first_step = step_ % steps_per_epoch_;
+  progress.epoch = step_ / steps_per_epoch_ + 1;
+  progress.end_step =
+      std::min(steps_per_epoch_, last_step_ - (progress.epoch - 1) * steps_per_epoch_);
+  progress.samples =
+      std::min(samples_, progress.end_step * config_.batch) - first_step * config_.batch;
+  progress.done = 0;
+  progress.start = Clock::now();
+  progress.period = {};
+  progress.period_samples = 0;
+  progress.period_start = progress.start;
+}
+
+bool TrainingRun::take_step(EpochProgress& progress) {
+  const std::int64_t s = step_ % steps_per_epoch_;
+  const fsdp::Tracer::Span step_span(sharded_->tracer(), fmt::format("step {}", step_ + 1),
+                                     "step", "step");
+  const auto step_start = Clock::now();
+  const double waited_before = sharded_->wait_seconds();
+  const bool log_step = tp_ != nullptr && result_.step_seconds.empty();
+  if (log_step) tp_->log().enable(true);
+  // The profile covers the steps after the first two (which allocate and warm the caches).
+  const bool profiled = result_.step_seconds.size() >= 2;
+  if (profiled) ThreadProfile::resume();
+  std::optional<Totals> totals;
+  if (replicas_ != nullptr) {
+    totals = replicated_step(progress.epoch - 1, s);
+  } else {
+    totals = train_step(progress.epoch - 1, s);
+  }
+  if (profiled) {
+    ThreadProfile::pause();
+    result_.profiled_seconds += seconds_since(step_start);
+    ++result_.profiled_steps;
+  }
+  if (log_step) {
+    tp_->log().enable(false);
+    result_.parallel_log = tp_->log().to_text();
+    for (const tp::CommEvent& event : tp_->log().events())
+      ++result_.parallel_collectives[event.phase + " " + event.collective];
+    tp_->log().clear();
+  }
+  if (!totals) return false;
+  end_step_bookkeeping(progress, s, *totals, step_start,
+                       sharded_->wait_seconds() - waited_before);
+  return true;
+}
+
+void TrainingRun::end_step_bookkeeping(EpochProgress& progress, std::int64_t s,
+                                       const Totals& totals, Clock::time_point step_start,
+                                       double waited) {
+  const std::int64_t global_batch = std::min(config_.batch, samples_ - s * config_.batch);
+  ++step_;
+  progress.period.loss += totals.loss;
+  progress.period.correct += totals.correct;
+  progress.period_samples += global_batch;
+  progress.done += global_batch;
+  samples_done_ += global_batch;
+  seconds_done_ += seconds_since(step_start);
+  result_.step_seconds.push_back(seconds_since(step_start));
+  result_.step_wait_seconds.push_back(waited);
+  const bool saves = quorum_ ? quorum_->member == 0 : true;  // one replica group saves
+  if (!config_.save_dir.empty() && saves &&
+      ((config_.save_every > 0 && step_ % config_.save_every == 0) || step_ == last_step_)) {
+    save_checkpoint();
+  }
+  this->progress(progress.epoch, progress.done, progress.samples,
+                 totals.loss / static_cast<double>(global_batch * task_.targets_per_sample()),
+                 progress.start);
+  const bool period_ends = s + 1 == progress.end_step ||
+                           (config_.eval_every > 0 && step_ % config_.eval_every == 0);
+  if (period_ends) {
+    report(progress.epoch, progress.period, progress.period_samples,
+           seconds_since(progress.period_start));
+    progress.period = {};
+    progress.period_samples = 0;
+    progress.period_start = Clock::now();
+  }
+}
+
 TrainResult TrainingRun::run() {
   build_model();
   if (!config_.resume_dir.empty()) {
@@ -709,68 +904,17 @@ TrainResult TrainingRun::run() {
     last_step_ = std::min(last_step_, config_.stop_after_epochs * steps_per_epoch_);
   samples_to_do_ = samples_through(last_step_, steps_per_epoch_, samples_, config_.batch) -
                    samples_through(step_, steps_per_epoch_, samples_, config_.batch);
-  fsdp::Tracer& tracer = sharded_->tracer();
-  std::int64_t epoch = step_ / steps_per_epoch_;
-  std::int64_t first_step = step_ % steps_per_epoch_;
+  EpochProgress progress;
   while (step_ < last_step_) {
-    ++epoch;
-    const std::int64_t end_step = std::min(steps_per_epoch_, first_step + last_step_ - step_);
-    const std::int64_t epoch_samples =
-        std::min(samples_, end_step * config_.batch) - first_step * config_.batch;
-    std::int64_t epoch_done = 0;
-    const auto epoch_start = Clock::now();
-    Totals period;
-    std::int64_t period_samples = 0;
-    auto period_start = epoch_start;
-    for (std::int64_t s = first_step; s < end_step; ++s) {
-      const fsdp::Tracer::Span step_span(tracer, fmt::format("step {}", step_ + 1), "step", "step");
-      const auto step_start = Clock::now();
-      const double waited_before = sharded_->wait_seconds();
-      const bool log_step = tp_ != nullptr && result_.step_seconds.empty();
-      if (log_step) tp_->log().enable(true);
-      // The profile covers the steps after the first two (which allocate and warm the caches).
-      const bool profiled = result_.step_seconds.size() >= 2;
-      if (profiled) ThreadProfile::resume();
-      const Totals totals = train_step(epoch - 1, s);
-      if (profiled) {
-        ThreadProfile::pause();
-        result_.profiled_seconds += seconds_since(step_start);
-        ++result_.profiled_steps;
-      }
-      if (log_step) {
-        tp_->log().enable(false);
-        result_.parallel_log = tp_->log().to_text();
-        for (const tp::CommEvent& event : tp_->log().events())
-          ++result_.parallel_collectives[event.phase + " " + event.collective];
-        tp_->log().clear();
-      }
-      const std::int64_t global_batch = std::min(config_.batch, samples_ - s * config_.batch);
-      ++step_;
-      period.loss += totals.loss;
-      period.correct += totals.correct;
-      period_samples += global_batch;
-      epoch_done += global_batch;
-      samples_done_ += global_batch;
-      seconds_done_ += seconds_since(step_start);
-      result_.step_seconds.push_back(seconds_since(step_start));
-      result_.step_wait_seconds.push_back(sharded_->wait_seconds() - waited_before);
-      if (!config_.save_dir.empty() &&
-          ((config_.save_every > 0 && step_ % config_.save_every == 0) || step_ == last_step_)) {
-        save_checkpoint();
-      }
-      progress(epoch, epoch_done, epoch_samples,
-               totals.loss / static_cast<double>(global_batch * task_.targets_per_sample()),
-               epoch_start);
-      const bool period_ends =
-          s + 1 == end_step || (config_.eval_every > 0 && step_ % config_.eval_every == 0);
-      if (period_ends) {
-        report(epoch, period, period_samples, seconds_since(period_start));
-        period = {};
-        period_samples = 0;
-        period_start = Clock::now();
-      }
+    if (step_ / steps_per_epoch_ + 1 != progress.epoch) start_epoch(progress);
+    if (!take_step(progress)) {
+      // Healed: the group now stands at the quorum's step, with the state of a live peer.
+      start_epoch(progress);
+      samples_to_do_ = samples_through(last_step_, steps_per_epoch_, samples_, config_.batch) -
+                       samples_through(step_, steps_per_epoch_, samples_, config_.batch);
+      samples_done_ = 0;
+      seconds_done_ = 0;
     }
-    first_step = 0;
   }
   finish();
   return std::move(result_);
@@ -1030,20 +1174,29 @@ CheckedConfig check_config(TrainConfig config, const Task& task, std::int64_t pr
   return {std::move(config), ranks};
 }
 
+std::string run_fingerprint(const TrainConfig& config, const Task& task) {
+  nlohmann::json settings = settings_json(config);
+  for (const char* local : {"trace", "save", "save_every", "keep_checkpoints", "resume", "init",
+                            "stop_after", "stop_after_epochs", "verify_generator", "sample",
+                            "eval_every"})
+    settings.erase(local);
+  return fmt::format("{}, {} samples; {}", task.architecture(), task.samples(), settings.dump());
+}
+
 TrainResult train(comm::Communicator& world, const Task& task, const CheckedConfig& checked,
-                  const TrainCallbacks& callbacks) {
+                  const TrainCallbacks& callbacks, ReplicaLink* replicas) {
   if (checked.ranks() != world.size()) {
     throw InvalidArgument(fmt::format("the config was checked for {} ranks, but the run has {}",
                                       checked.ranks(), world.size()));
   }
   comm::check_same_on_every_rank(world, "train()'s model, data and configuration",
                                  run_description(checked.config(), task));
-  TrainingRun run(world, task, checked.config(), callbacks);
+  TrainingRun run(world, task, checked.config(), callbacks, replicas);
   return run.run();
 }
 
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
-                  const TrainCallbacks& callbacks) {
+                  const TrainCallbacks& callbacks, ReplicaLink* replicas) {
   validate_config(config, task);
   // Every caller is refused a run too big for this process before any rank builds its model; a
   // threads world's ranks all live in this process.
@@ -1058,7 +1211,7 @@ TrainResult train(comm::Communicator& world, const Task& task, TrainConfig confi
   }
   comm::throw_if_any_failed(world, failure);
   const CheckedConfig checked(std::move(config), world.size());
-  return train(world, task, checked, callbacks);
+  return train(world, task, checked, callbacks, replicas);
 }
 
 }  // namespace meshtensor::train

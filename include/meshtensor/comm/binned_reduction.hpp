@@ -38,4 +38,11 @@ void reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums, st
                         const Tensor& rounded, const std::string& label,
                         kernels::BinnedSums& received);
 
+/// Merges the binned sums of every rank of `group` into `sums` on every rank, still binned (each
+/// element at the largest bin of any rank, digit sums aligned and added: integers, exact in any
+/// order): sums to be merged again or rounded later. Collective over `group`; `label` names the
+/// calls.
+void all_reduce_binned_sums(comm::Communicator& group, kernels::BinnedSums& sums,
+                            const std::string& label = {});
+
 }  // namespace meshtensor::comm

@@ -173,6 +173,7 @@ class ShardedModule {
   std::shared_ptr<Lane> unshard_lane_;
   std::shared_ptr<Lane> reduce_lane_;
   std::shared_ptr<Lane> replicate_lane_;  // null without replication
+  bool replicates_over_mesh_ = false;     // replicate_lane_ is of the mesh (not set_replicate_group)
   Tensor shard_values_;                   // f32 [this rank's segment]
   Tensor shard_grads_;                    // f32 [this rank's segment]
   std::vector<Tensor> full_;              // gathered parameters while unsharded
@@ -255,6 +256,12 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   void set_requires_all_reduce(bool value);
   /// Sets the factor on every group.
   void set_gradient_divide_factor(std::optional<double> factor);
+  /// Makes `replicate` the replicate group of every parameter group that replicates over no mesh
+  /// dim: HSDP across jobs, `replicate` joining this rank with the ranks holding the same shards
+  /// in the other jobs (a replica group's ft::GroupCommunicator); its size is the number of
+  /// replicas. nullptr, or one rank: none. Call between steps; waits for reductions in flight.
+  /// InvalidArgument naming a group that the mesh replicates already (dp, ddp, hsdp).
+  void set_replicate_group(std::shared_ptr<comm::Communicator> replicate);
   /// Zeroes every gradient shard.
   void zero_grad();
   /// Frees every group's gathered parameters.

@@ -92,6 +92,8 @@ class StoreClient {
   /// The value of `key`, waiting up to `timeout` seconds for it to be set (TimeoutError naming
   /// the key otherwise).
   std::string get(const std::string& key, double timeout);
+  /// The numeric address this process reaches the coordinator from.
+  std::string local_host();
 
  private:
   struct Link;
@@ -120,6 +122,12 @@ class CoordinatorClient {
   /// when the coordinator no longer counts the group live; reconnects while the coordinator is
   /// unreachable (CommError naming it when it stays so for `timeout`).
   Quorum quorum(std::int64_t step, double timeout, bool fresh = false);
+  /// One try of quorum(): nullopt when the coordinator cannot be reached now (unreachable()
+  /// says why); TimeoutError naming the step when it answers that no quorum formed in time.
+  /// Call from one thread.
+  std::optional<Quorum> try_quorum(std::int64_t step, double timeout, bool fresh = false);
+  /// Why the last try could not reach the coordinator.
+  const std::string& unreachable() const { return unreachable_; }
   /// Stores `value` under `key` (the rendezvous of the quorum's contexts).
   void set(const std::string& key, const std::string& value);
   /// The value of `key`, waiting up to `timeout` seconds for it to be set.
@@ -145,6 +153,7 @@ class CoordinatorClient {
   RunShape shape_;
   std::string incarnation_;
   double timeout_;
+  std::string unreachable_;
   std::mutex request_mutex_;  // one request at a time on the control link
   std::unique_ptr<Link> control_;
   std::mutex mutex_;

@@ -14,6 +14,7 @@
 #include <meshtensor/nn/optim.hpp>
 #include <meshtensor/pp/schedule.hpp>
 #include <meshtensor/pp/stage.hpp>
+#include <meshtensor/train/replica_link.hpp>
 #include <meshtensor/train/task.hpp>
 
 namespace meshtensor::train {
@@ -230,6 +231,8 @@ struct TrainResult {
   std::int64_t activation_peak_bytes = 0;
   /// activation_peak_bytes of every world rank (on world rank 0).
   std::vector<std::int64_t> activation_peaks;
+  /// A replica group's heals: the step it stood at after each (empty when it never healed).
+  std::vector<std::int64_t> healed_steps;
 };
 
 /// Callbacks run on world rank 0 only.
@@ -281,8 +284,21 @@ void validate_config(const TrainConfig& config, const Task& task);
 /// same bits as the run that was never stopped (exact mode: on any layout; ordered mode: on the
 /// same layout). The learning-rate schedule is this run's: give the resumed run the same
 /// --epochs / --steps as the whole run for a cosine schedule to continue unchanged.
+///
+/// With `replicas` (a fault-tolerant run's replica group, ft::ReplicaGroups) the ranks are one
+/// replica group of several, each a job of its own, whose FSDP replicate dimension is the
+/// groups: each step the quorum's members split the global batch by sample index, a step in
+/// which a member was lost is redone by the rest, and a group behind the quorum takes a live
+/// member's state over the link (docs/fault-tolerance.md). Exact mode keeps its promise: the
+/// weights are the bits of the run that never lost a group. One member of each quorum saves
+/// the checkpoints.
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
-                  const TrainCallbacks& callbacks = {});
+                  const TrainCallbacks& callbacks = {}, ReplicaLink* replicas = nullptr);
+
+/// What every replica group of a fault-tolerant run must share: the model, the data's size
+/// and every setting that bears on the weights or the collectives (paths, tracing and where
+/// the run stops left out), as text.
+std::string run_fingerprint(const TrainConfig& config, const Task& task);
 
 /// A TrainConfig that validate_config and require_training_memory passed for one task on a
 /// number of ranks: what a front end checks once, before it starts the ranks, and hands to
@@ -298,7 +314,7 @@ class CheckedConfig {
   friend CheckedConfig check_config(TrainConfig config, const Task& task,
                                     std::int64_t process_ranks, std::int64_t ranks);
   friend TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
-                           const TrainCallbacks& callbacks);
+                           const TrainCallbacks& callbacks, ReplicaLink* replicas);
   CheckedConfig(TrainConfig config, std::int64_t ranks)
       : config_(std::move(config)), ranks_(ranks) {}
   TrainConfig config_;
@@ -313,6 +329,6 @@ CheckedConfig check_config(TrainConfig config, const Task& task, std::int64_t pr
 /// train() of a config checked for `task` on world.size() ranks (InvalidArgument for another
 /// count).
 TrainResult train(comm::Communicator& world, const Task& task, const CheckedConfig& checked,
-                  const TrainCallbacks& callbacks = {});
+                  const TrainCallbacks& callbacks = {}, ReplicaLink* replicas = nullptr);
 
 }  // namespace meshtensor::train
