@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -78,6 +79,9 @@ GroupContext::GroupContext(const std::string& coordinator, std::int64_t group,
                            const Quorum& quorum, const std::string& tag,
                            const std::string& hostname, double timeout)
     : quorum_(quorum), tag_(tag), timeout_(timeout) {
+  // Gloo writes to its peers' sockets with writev: a peer that died would end this process with
+  // SIGPIPE instead of failing the operation (Python, torch's host, ignores it by default).
+  ::signal(SIGPIPE, SIG_IGN);
   const auto me = std::find(quorum.members.begin(), quorum.members.end(), group);
   if (me == quorum.members.end()) {
     throw InvalidArgument(fmt::format("replica group {} is not a member of quorum {} ({})", group,

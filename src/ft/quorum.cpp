@@ -32,6 +32,31 @@ QuorumState::Group* QuorumState::live_group(std::int64_t group, const std::strin
   return &it->second;
 }
 
+namespace {
+
+/// The pieces of two texts around their first difference, each from the separator before it
+/// to the separator after it (separators: , ; { } and space): "heads=2" against "heads=4".
+std::pair<std::string, std::string> first_difference(const std::string& a, const std::string& b) {
+  const auto separator = [](char c) {
+    return c == ',' || c == ';' || c == '{' || c == '}' || c == ' ';
+  };
+  std::size_t at = 0;
+  while (at < a.size() && at < b.size() && a[at] == b[at])
+    ++at;
+  std::size_t begin = at;
+  while (begin > 0 && !separator(a[begin - 1]))
+    --begin;
+  const auto piece = [&](const std::string& text) {
+    std::size_t end = std::max(begin, std::min(at, text.size()));
+    while (end < text.size() && !separator(text[end]))
+      ++end;
+    return text.substr(begin, end - begin);
+  };
+  return {piece(a), piece(b)};
+}
+
+}  // namespace
+
 void QuorumState::join(std::int64_t group, const std::string& incarnation, const RunShape& shape,
                        double now) {
   expire(now);
@@ -41,10 +66,11 @@ void QuorumState::join(std::int64_t group, const std::string& incarnation, const
                     shape.min_groups, shape.groups));
   }
   if (shaped_ && shape.fingerprint != shape_.fingerprint) {
+    const auto [mine, theirs] = first_difference(shape.fingerprint, shape_.fingerprint);
     throw DataError(fmt::format(
-        "replica group {} runs '{}', but the run's groups run '{}': every group must give the "
-        "same model, layout and settings",
-        group, shape.fingerprint, shape_.fingerprint));
+        "replica group {} runs another model, layout or settings than the run's groups: '{}' "
+        "where they have '{}' (every group must give the same; its whole run: {})",
+        group, mine, theirs, shape.fingerprint));
   }
   if (shaped_ && (shape.groups != shape_.groups || shape.min_groups != shape_.min_groups)) {
     throw DataError(fmt::format(
@@ -102,15 +128,16 @@ std::optional<Quorum> QuorumState::form(double now) {
   for (const auto& [group, entry] : groups_) {
     if (!entry.asked_step) continue;
     asked.push_back(group);
-    first_ask = std::min(first_ask, entry.asked_at);
     furthest = std::max(furthest, *entry.asked_step);
+    // Only a group at the run's step starts the wait: one behind it (restarted) waits for them.
+    if (*entry.asked_step >= last_.step) first_ask = std::min(first_ask, entry.asked_at);
   }
   const auto count = static_cast<std::int64_t>(asked.size());
   // The first round waits for every group of the run (one not yet joined is not live yet);
   // later rounds for every live one.
   const bool everyone = count == static_cast<std::int64_t>(groups_.size()) &&
                         (last_.round > 0 || count == shape_.groups);
-  const bool waited = now - first_ask >= rules_.quorum_wait && furthest >= last_.step;
+  const bool waited = now - first_ask >= rules_.quorum_wait;
   if (!shaped_ || count < shape_.min_groups || (!everyone && !waited)) return std::nullopt;
   return take_round(asked, furthest);
 }

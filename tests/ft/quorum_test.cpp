@@ -89,6 +89,54 @@ TEST(Quorum, ASilentGroupIsDroppedAndTheRestGoOnAfterTheWait) {
   EXPECT_FALSE(state.form(30.0).has_value());
 }
 
+TEST(Quorum, TheIdChangesOnlyWhenTheDataPlaneMust) {
+  QuorumState state({10.0, 1.0});
+  for (std::int64_t g = 0; g < 3; ++g)
+    state.join(g, "a" + std::to_string(g), three_groups(), 0.0);
+  const auto round = [&](std::int64_t step, double now, std::vector<bool> fresh = {}) {
+    for (std::int64_t g = 0; g < 3; ++g) {
+      if (state.live() != std::vector<std::int64_t>{0, 1, 2} && g == 1) continue;
+      state.ask(g, "a" + std::to_string(g), step,
+                now, !fresh.empty() && fresh[static_cast<std::size_t>(g)]);
+    }
+    return state.form(now).value();
+  };
+  const Quorum first = round(0, 0.1);
+  const Quorum same = round(1, 0.2);
+  EXPECT_EQ(same.id, first.id);  // the same members: their contexts serve on
+  EXPECT_EQ(same.round, first.round + 1);
+  const Quorum fresh = round(2, 0.3, {false, true, false});
+  EXPECT_EQ(fresh.id, first.id + 1);  // group 1's context failed: every member builds anew
+  state.leave(1, "a1");
+  const Quorum smaller = round(3, 0.4);
+  EXPECT_EQ(smaller.id, fresh.id + 1);  // another member set
+  EXPECT_EQ(smaller.members, (std::vector<std::int64_t>{0, 2}));
+}
+
+TEST(Quorum, GroupsBehindTheRunWaitForTheLiveGroupsAtIt) {
+  QuorumState state({10.0, 1.0});
+  for (std::int64_t g = 0; g < 3; ++g)
+    state.join(g, "a" + std::to_string(g), three_groups(), 0.0);
+  for (std::int64_t g = 0; g < 3; ++g)
+    state.ask(g, "a" + std::to_string(g), 40, 0.1);
+  ASSERT_TRUE(state.form(0.1).has_value());
+  // Group 2 restarts at step 0 and asks while 0 and 1 are still in step 40: it does not form a
+  // round by waiting, it waits for them.
+  state.leave(2, "a2");
+  state.join(2, "b2", three_groups(), 0.2);
+  state.ask(2, "b2", 0, 0.3);
+  state.heartbeat(0, "a0", 5.0);
+  state.heartbeat(1, "a1", 5.0);
+  EXPECT_FALSE(state.form(5.0).has_value());
+  state.ask(0, "a0", 41, 5.1);
+  EXPECT_FALSE(state.form(5.2).has_value());  // the wait counts from group 0's ask, not 2's
+  const std::optional<Quorum> joined = state.form(6.2);  // 0 is at the run's step: the wait counts
+  ASSERT_TRUE(joined.has_value());
+  EXPECT_EQ(joined->members, (std::vector<std::int64_t>{0, 2}));
+  EXPECT_EQ(joined->step, 41);
+  EXPECT_EQ(joined->heal_from, (std::map<std::int64_t, std::int64_t>{{2, 0}}));
+}
+
 TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
   QuorumState state({10.0, 1.0});
   state.join(0, "first", three_groups(), 0.0);
@@ -101,7 +149,7 @@ TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
   EXPECT_FALSE(state.ask(0, "first", 1, 2.0));
   EXPECT_NE(refusal([&] {
               state.join(1, "x", three_groups("llama exact 2 tp"), 3.0);
-            }).find("runs 'llama exact 2 tp', but the run's groups run 'gpt exact 2 fsdp'"),
+            }).find("another model, layout or settings than the run's groups: 'llama' where they have 'gpt'"),
             std::string::npos);
   EXPECT_NE(refusal([&] {
               state.join(1, "x", RunShape{4, 2, "gpt exact 2 fsdp"}, 3.0);
@@ -139,7 +187,7 @@ TEST(Coordinator, GroupsMeetInAQuorumAndThroughItsStore) {
     CoordinatorClient other(address, 0, three_groups("llama"), 5.0);
     ADD_FAILURE() << "joined";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("but the run's groups run"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("'llama' where they have 'gpt'"), std::string::npos);
   }
 }
 
