@@ -247,6 +247,10 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
       kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
       kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded), result.mesh);
   print_pipeline(result, pp::checkpointing_name(config.activation_checkpointing));
+  if (!result.healed_steps.empty()) {
+    std::cout << fmt::format("replica group healed from a live peer, to step {}\n",
+                             fmt::join(result.healed_steps, ", step "));
+  }
   std::cout << fmt::format(
       "weights digest {} ({} parameters in {} tensors; replicas {} "
       "on {} ranks)\n",
@@ -335,7 +339,8 @@ void run_train(const TrainOptions& options) {
         const train::TrainCallbacks callbacks = progress_callbacks(options, loaded, terminal, log);
         std::optional<ft::ReplicaGroups> replicas;
         if (options.replica_groups.groups > 0)
-          replicas.emplace(world, options.replica_groups, train::run_fingerprint(config, task));
+          replicas.emplace(world, options.replica_groups,
+                           train::run_fingerprint(config, task, world.size()));
         const train::TrainResult result = train::train(
             world, task, checked ? *checked : train::check_config(config, task, 1, world.size()),
             callbacks, replicas ? &*replicas : nullptr);

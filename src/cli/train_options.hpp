@@ -43,7 +43,7 @@ struct TrainOptions {
   std::string trace;         // the file; the setting `trace` records the events
   SettingOptions settings;   // the fields of train::TrainSettings
   std::map<std::string, std::string> defaults;  // a benchmark's own defaults, by field
-  ft::ReplicaGroupsConfig replica_groups;        // a fault-tolerant run's (train only)
+  ft::ReplicaGroupsConfig replica_groups;       // a fault-tolerant run's (train only)
 };
 
 /// The task a command trains, with the data it holds.

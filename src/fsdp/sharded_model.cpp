@@ -149,7 +149,6 @@ ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> membe
     replicate_lane_ = model.lane(config_.replicate_mesh_dims, kReduceChannel, "reduce");
     if (!replicate_lane_->comm) replicate_lane_.reset();
   }
-  replicates_over_mesh_ = replicate_lane_ != nullptr;
   const int me = shard_rank();
   shard_values_ = Tensor::zeros(Shape{layout_.counts()[static_cast<std::size_t>(me)]}, DType::f32);
   shard_grads_ = Tensor::zeros(shard_values_.shape(), DType::f32);
@@ -476,12 +475,22 @@ void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* repli
     acc.full.reset();
   }
   acc.shard.reserve(job.mine);
-  Tensor rounded = Tensor::uninitialized(Shape{job.mine}, DType::f32);  // written whole below
-  if (replicate != nullptr) {
-    comm::reduce_binned_sums(*replicate, acc.shard.sums, job.divisor, rounded,
-                             "all-reduce " + job.label, acc.replica_slice);
+  if (model_.replica_groups_) {
+    // Other jobs' sums join first: on the compute thread, in the groups' one order (finish_step).
+    pending_round_ = PendingRound{job.divisor, job.mine, job.label, replicate};
+    return;
+  }
+  round_carried({job.divisor, job.mine, job.label, replicate});
+}
+
+void ShardedModule::round_carried(const PendingRound& round) {
+  StepAccumulator& acc = *accumulator_;
+  Tensor rounded = Tensor::uninitialized(Shape{round.mine}, DType::f32);  // written whole below
+  if (round.replicate != nullptr) {
+    comm::reduce_binned_sums(*round.replicate, acc.shard.sums, round.divisor, rounded,
+                             "all-reduce " + round.label, acc.replica_slice);
   } else {
-    kernels::round_binned_sums(acc.shard.sums, job.divisor, rounded);
+    kernels::round_binned_sums(acc.shard.sums, round.divisor, rounded);
   }
   kernels::accumulate(shard_grads_, rounded, ReduceOp::sum);
   // The step's sums are rounded: no exact state is held until the next backward (a model's
@@ -492,6 +501,20 @@ void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* repli
   acc.full.release();
   acc.slice = kernels::BinnedSums();
   acc.replica_slice = kernels::BinnedSums();
+}
+
+void ShardedModule::join_replica_groups(comm::Communicator& groups) {
+  const std::string label = "replica groups " + name_;
+  if (model_.options().mode != comm::ReductionMode::exact) {
+    // Each job's gradient is its share of the global batch's, divided by the whole batch.
+    comm::CollectiveOptions options = reduce_options("replica groups");
+    groups.all_reduce(shard_grads_, options);
+    return;
+  }
+  if (!pending_round_) return;
+  comm::all_reduce_binned_sums(groups, accumulator_->shard.sums, label);
+  round_carried(*pending_round_);
+  pending_round_.reset();
 }
 
 void ShardedModule::all_reduce_ordered(const Reduction& job) {
@@ -835,6 +858,10 @@ void ShardedModel::finish_step() {
   order_checked_ = true;
   for (auto& module : modules_)
     wait_for(module->reduce_work_, "wait reduction " + module->name());
+  if (replica_groups_) {
+    for (auto& module : modules_)
+      module->join_replica_groups(*replica_groups_);
+  }
   // A group gathered now was prefetched by a forward that ran inside backward (a recomputed
   // block): its values are about to go stale under the optimizer step.
   for (auto& module : modules_) {
@@ -924,25 +951,9 @@ void ShardedModel::set_gradient_divide_factor(std::optional<double> factor) {
 }
 
 void ShardedModel::set_replicate_group(std::shared_ptr<comm::Communicator> replicate) {
-  std::shared_ptr<ShardedModule::Lane> lane;
-  if (replicate && replicate->size() > 1) {
-    lane = std::make_shared<ShardedModule::Lane>();
-    lane->name = fmt::format("replicate [groups {}]", fmt::join(replicate->world_ranks(), ","));
-    lane->comm = std::move(replicate);
-  }
-  for (auto& module : modules_) {
-    if (module->replicates_over_mesh_) {
-      throw InvalidArgument(fmt::format(
-          "parameter group '{}' is replicated over {} ranks of its own mesh: replica groups are "
-          "the replicate dimension, so a group's own layout shards (fsdp), splits (tp, pp, cp) "
-          "but does not replicate (no dp dim, no ddp or hsdp strategy)",
-          module->name(), module->replicate_size()));
-    }
-  }
-  for (auto& module : modules_) {
+  for (auto& module : modules_)
     module->reduce_work_.wait();
-    module->replicate_lane_ = lane;
-  }
+  replica_groups_ = replicate && replicate->size() > 1 ? std::move(replicate) : nullptr;
 }
 
 void ShardedModel::zero_grad() {

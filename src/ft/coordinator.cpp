@@ -37,13 +37,9 @@ Json quorum_json(const Quorum& q) {
   Json heal = Json::object();
   for (const auto& [group, source] : q.heal_from)
     heal[std::to_string(group)] = source;
-  return {{"id", q.id},
-          {"round", q.round},
-          {"coordinator", q.coordinator},
-          {"step", q.step},
-          {"members", q.members},
-          {"heal_from", heal},
-          {"fingerprint", q.fingerprint}};
+  return {
+      {"id", q.id},           {"round", q.round},  {"coordinator", q.coordinator}, {"step", q.step},
+      {"members", q.members}, {"heal_from", heal}, {"fingerprint", q.fingerprint}};
 }
 
 Quorum quorum_of(const Json& j) {
@@ -408,9 +404,8 @@ void CoordinatorClient::beat() {
   }
 }
 
-std::optional<Quorum> CoordinatorClient::try_quorum(std::int64_t step, double timeout,
-                                                    bool fresh) {
-  const Json ask{{"op", "quorum"}, {"group", group_},     {"incarnation", incarnation_},
+std::optional<Quorum> CoordinatorClient::try_quorum(std::int64_t step, double timeout, bool fresh) {
+  const Json ask{{"op", "quorum"}, {"group", group_},    {"incarnation", incarnation_},
                  {"step", step},   {"timeout", timeout}, {"fresh", fresh}};
   for (int attempt = 0; attempt < 2; ++attempt) {
     Json reply;
@@ -437,9 +432,10 @@ Quorum CoordinatorClient::quorum(std::int64_t step, double timeout, bool fresh) 
     if (std::chrono::steady_clock::now() >= deadline) break;
     sleep_for(0.2);
   }
-  throw CommError(fmt::format("coordinator {} unreachable for {} s while replica group {} asked "
-                              "for the quorum of step {}: {}",
-                              address_, timeout, group_, step, unreachable_));
+  throw CommError(
+      fmt::format("coordinator {} unreachable for {} s while replica group {} asked "
+                  "for the quorum of step {}: {}",
+                  address_, timeout, group_, step, unreachable_));
 }
 
 void CoordinatorClient::set(const std::string& key, const std::string& value) {

@@ -75,9 +75,8 @@ void GroupContext::guarded(const char* what, Operation operation) {
   }
 }
 
-GroupContext::GroupContext(const std::string& coordinator, std::int64_t group,
-                           const Quorum& quorum, const std::string& tag,
-                           const std::string& hostname, double timeout)
+GroupContext::GroupContext(const std::string& coordinator, std::int64_t group, const Quorum& quorum,
+                           const std::string& tag, const std::string& hostname, double timeout)
     : quorum_(quorum), tag_(tag), timeout_(timeout) {
   // Gloo writes to its peers' sockets with writev: a peer that died would end this process with
   // SIGPIPE instead of failing the operation (Python, torch's host, ignores it by default).

@@ -1,9 +1,9 @@
 #include "line_socket.hpp"
 
+#include <arpa/inet.h>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -151,9 +151,10 @@ std::string LineSocket::local_host() const {
   socklen_t size = sizeof(where);
   if (fd_ < 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&where), &size) != 0) return {};
   char text[INET6_ADDRSTRLEN] = {};
-  const void* address = where.ss_family == AF_INET6
-                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(where).sin6_addr)
-                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(where).sin_addr);
+  const void* address =
+      where.ss_family == AF_INET6
+          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(where).sin6_addr)
+          : static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(where).sin_addr);
   if (::inet_ntop(where.ss_family, address, text, sizeof(text)) == nullptr) return {};
   return text;
 }

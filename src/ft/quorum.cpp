@@ -34,12 +34,10 @@ QuorumState::Group* QuorumState::live_group(std::int64_t group, const std::strin
 
 namespace {
 
-/// The pieces of two texts around their first difference, each from the separator before it
-/// to the separator after it (separators: , ; { } and space): "heads=2" against "heads=4".
+/// The entries of two "; "-separated texts around their first difference, each from the ';'
+/// before it to the ';' after it: "layout fsdp over 2 ranks" against "layout tp over 2 ranks".
 std::pair<std::string, std::string> first_difference(const std::string& a, const std::string& b) {
-  const auto separator = [](char c) {
-    return c == ',' || c == ';' || c == '{' || c == '}' || c == ' ';
-  };
+  const auto separator = [](char c) { return c == ';'; };
   std::size_t at = 0;
   while (at < a.size() && at < b.size() && a[at] == b[at])
     ++at;
@@ -50,7 +48,8 @@ std::pair<std::string, std::string> first_difference(const std::string& a, const
     std::size_t end = std::max(begin, std::min(at, text.size()));
     while (end < text.size() && !separator(text[end]))
       ++end;
-    return text.substr(begin, end - begin);
+    const std::size_t first = text.find_first_not_of(' ', begin);
+    return first >= end ? std::string() : text.substr(first, end - first);
   };
   return {piece(a), piece(b)};
 }
@@ -64,6 +63,13 @@ void QuorumState::join(std::int64_t group, const std::string& incarnation, const
     throw DataError(
         fmt::format("a quorum of at least {} of {} replica groups: need 1 <= min groups <= groups",
                     shape.min_groups, shape.groups));
+  }
+  if (groups_.empty()) {
+    // No group is live: the next run begins (the ids go on, so no context key is reused).
+    shaped_ = false;
+    const std::int64_t id = last_.id;
+    last_ = Quorum();
+    last_.id = id;
   }
   if (shaped_ && shape.fingerprint != shape_.fingerprint) {
     const auto [mine, theirs] = first_difference(shape.fingerprint, shape_.fingerprint);

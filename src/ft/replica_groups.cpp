@@ -28,8 +28,9 @@ void validate_replica_groups(const ReplicaGroupsConfig& config) {
     return;
   }
   if (config.group < 0 || config.group >= config.groups) {
-    throw InvalidArgument(fmt::format("replica group {} is not one of the run's {} groups (0 .. {})",
-                                      config.group, config.groups, config.groups - 1));
+    throw InvalidArgument(
+        fmt::format("replica group {} is not one of the run's {} groups (0 .. {})", config.group,
+                    config.groups, config.groups - 1));
   }
   if (config.min_groups < 1 || config.min_groups > config.groups) {
     throw InvalidArgument(fmt::format("the smallest quorum {} is not between 1 and the {} groups",
@@ -63,6 +64,12 @@ ReplicaGroups::ReplicaGroups(comm::Communicator& world, ReplicaGroupsConfig conf
           config_.coordinator, config_.group,
           RunShape{config_.groups, config_.min_groups, std::move(fingerprint)}, config_.timeout);
     }
+  } catch (const DataError&) {
+    failure = std::current_exception();
+  } catch (const CommError& e) {
+    failure = std::make_exception_ptr(
+        CommError(fmt::format("replica group {} cannot reach its coordinator {}: {}", config_.group,
+                              config_.coordinator, e.what())));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -72,8 +79,8 @@ ReplicaGroups::ReplicaGroups(comm::Communicator& world, ReplicaGroupsConfig conf
 ReplicaGroups::~ReplicaGroups() = default;
 
 Quorum ReplicaGroups::ask(std::int64_t step, bool fresh) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(config_.quorum_timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.quorum_timeout);
   for (;;) {
     if (std::optional<Quorum> formed = client_->try_quorum(step, config_.quorum_timeout, fresh)) {
       if (coordinator_lost_) {
@@ -114,14 +121,14 @@ bool ReplicaGroups::build_plane(const Quorum& quorum) {
   if (quorum.members.size() < 2) return true;
   auto plane = std::make_shared<Plane>();
   try {
-    plane->context =
-        std::make_unique<GroupContext>(config_.coordinator, config_.group, quorum,
-                                       fmt::format("rank{}", world_.rank()), host_, config_.timeout);
+    plane->context = std::make_unique<GroupContext>(config_.coordinator, config_.group, quorum,
+                                                    fmt::format("rank{}", world_.rank()), host_,
+                                                    config_.timeout);
   } catch (const CommError&) {
     return false;
   }
-  plane->communicator = std::make_shared<GroupCommunicator>(
-      *plane->context, GroupCommunicator::OnFailure::record);
+  plane->communicator =
+      std::make_shared<GroupCommunicator>(*plane->context, GroupCommunicator::OnFailure::record);
   plane_ = std::move(plane);
   return true;
 }
@@ -166,7 +173,8 @@ std::optional<train::ReplicaLink::StepQuorum> ReplicaGroups::begin_step(std::int
   taken.member = place(config_.group);
   taken.members = static_cast<int>(quorum.members.size());
   if (!quorum.heal_from.empty()) taken.heal_root = place(quorum.heal_from.begin()->second);
-  if (plane_) taken.replicate = std::shared_ptr<comm::Communicator>(plane_, plane_->communicator.get());
+  if (plane_)
+    taken.replicate = std::shared_ptr<comm::Communicator>(plane_, plane_->communicator.get());
   return taken;
 }
 

@@ -1,10 +1,10 @@
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <cstring>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -261,9 +261,8 @@ class TrainingRun {
     Clock::time_point period_start;
   };
   void start_epoch(EpochProgress& progress) const;
-  /// The step's work (train_step, or its replicated form) with its profile and figures; false
-  /// when, instead of the step, this group healed to another step.
-  bool take_step(EpochProgress& progress);
+  /// The step's work (train_step, or its replicated form) with its profile and figures.
+  void take_step(EpochProgress& progress);
   void end_step_bookkeeping(EpochProgress& progress, std::int64_t s, const Totals& totals,
                             Clock::time_point step_start, double waited);
   void build_model();
@@ -279,9 +278,10 @@ class TrainingRun {
   Totals compute_gradients(std::int64_t epoch, std::int64_t s);
   /// Clips (when asked) and steps the optimizer on the gradients.
   void apply_gradients();
-  /// train_step across replica groups: redone until every member finished it; nullopt when
-  /// this group healed to the quorum's step instead.
-  std::optional<Totals> replicated_step(std::int64_t epoch, std::int64_t s);
+  /// train_step of the run's step across replica groups, redone until every member finished
+  /// it; `healed` is set when this group first took a live member's state and with it the
+  /// quorum's step.
+  Totals replicated_step(bool& healed);
   /// Receives (behind the quorum) or passes on the training state over the quorum's link; false
   /// when the link failed on any rank of the group.
   bool heal();
@@ -638,7 +638,7 @@ bool TrainingRun::on_any_rank(bool flag) {
   return any.values<std::int64_t>()[0] != 0;
 }
 
-std::optional<Totals> TrainingRun::replicated_step(std::int64_t epoch, std::int64_t s) {
+Totals TrainingRun::replicated_step(bool& healed) {
   for (bool fresh = false;; fresh = true) {
     quorum_ = replicas_->begin_step(step_, fresh);
     for (std::string& note : replicas_->take_notes())
@@ -648,9 +648,10 @@ std::optional<Totals> TrainingRun::replicated_step(std::int64_t epoch, std::int6
     if (quorum_->heal_root) {
       const std::int64_t before = step_;
       if (!heal()) continue;
-      if (step_ != before) return std::nullopt;
+      healed = healed || step_ != before;
     }
-    const Totals totals = compute_gradients(epoch, s);
+    // Behind the quorum, a healed group takes the quorum's step with the others.
+    const Totals totals = compute_gradients(step_ / steps_per_epoch_, step_ % steps_per_epoch_);
     // A failed cross-group collective left garbage behind on some rank: the group redoes the
     // step in the next quorum, before the optimizer touched anything.
     if (on_any_rank(replicas_->failed())) continue;
@@ -824,10 +825,9 @@ void TrainingRun::start_epoch(EpochProgress& progress) const {
   progress.period_start = progress.start;
 }
 
-bool TrainingRun::take_step(EpochProgress& progress) {
-  const std::int64_t s = step_ % steps_per_epoch_;
-  const fsdp::Tracer::Span step_span(sharded_->tracer(), fmt::format("step {}", step_ + 1),
-                                     "step", "step");
+void TrainingRun::take_step(EpochProgress& progress) {
+  const fsdp::Tracer::Span step_span(sharded_->tracer(), fmt::format("step {}", step_ + 1), "step",
+                                     "step");
   const auto step_start = Clock::now();
   const double waited_before = sharded_->wait_seconds();
   const bool log_step = tp_ != nullptr && result_.step_seconds.empty();
@@ -835,11 +835,17 @@ bool TrainingRun::take_step(EpochProgress& progress) {
   // The profile covers the steps after the first two (which allocate and warm the caches).
   const bool profiled = result_.step_seconds.size() >= 2;
   if (profiled) ThreadProfile::resume();
-  std::optional<Totals> totals;
-  if (replicas_ != nullptr) {
-    totals = replicated_step(progress.epoch - 1, s);
-  } else {
-    totals = train_step(progress.epoch - 1, s);
+  bool healed = false;
+  const Totals totals = replicas_ != nullptr
+                            ? replicated_step(healed)
+                            : train_step(progress.epoch - 1, step_ % steps_per_epoch_);
+  if (healed) {
+    // The group now stands at the quorum's step, with the state of a live peer.
+    start_epoch(progress);
+    samples_to_do_ = samples_through(last_step_, steps_per_epoch_, samples_, config_.batch) -
+                     samples_through(step_, steps_per_epoch_, samples_, config_.batch);
+    samples_done_ = 0;
+    seconds_done_ = 0;
   }
   if (profiled) {
     ThreadProfile::pause();
@@ -853,10 +859,8 @@ bool TrainingRun::take_step(EpochProgress& progress) {
       ++result_.parallel_collectives[event.phase + " " + event.collective];
     tp_->log().clear();
   }
-  if (!totals) return false;
-  end_step_bookkeeping(progress, s, *totals, step_start,
+  end_step_bookkeeping(progress, step_ % steps_per_epoch_, totals, step_start,
                        sharded_->wait_seconds() - waited_before);
-  return true;
 }
 
 void TrainingRun::end_step_bookkeeping(EpochProgress& progress, std::int64_t s,
@@ -880,8 +884,8 @@ void TrainingRun::end_step_bookkeeping(EpochProgress& progress, std::int64_t s,
   this->progress(progress.epoch, progress.done, progress.samples,
                  totals.loss / static_cast<double>(global_batch * task_.targets_per_sample()),
                  progress.start);
-  const bool period_ends = s + 1 == progress.end_step ||
-                           (config_.eval_every > 0 && step_ % config_.eval_every == 0);
+  const bool period_ends =
+      s + 1 == progress.end_step || (config_.eval_every > 0 && step_ % config_.eval_every == 0);
   if (period_ends) {
     report(progress.epoch, progress.period, progress.period_samples,
            seconds_since(progress.period_start));
@@ -907,14 +911,7 @@ TrainResult TrainingRun::run() {
   EpochProgress progress;
   while (step_ < last_step_) {
     if (step_ / steps_per_epoch_ + 1 != progress.epoch) start_epoch(progress);
-    if (!take_step(progress)) {
-      // Healed: the group now stands at the quorum's step, with the state of a live peer.
-      start_epoch(progress);
-      samples_to_do_ = samples_through(last_step_, steps_per_epoch_, samples_, config_.batch) -
-                       samples_through(step_, steps_per_epoch_, samples_, config_.batch);
-      samples_done_ = 0;
-      seconds_done_ = 0;
-    }
+    take_step(progress);
   }
   finish();
   return std::move(result_);
@@ -1174,13 +1171,19 @@ CheckedConfig check_config(TrainConfig config, const Task& task, std::int64_t pr
   return {std::move(config), ranks};
 }
 
-std::string run_fingerprint(const TrainConfig& config, const Task& task) {
+std::string run_fingerprint(const TrainConfig& config, const Task& task, std::int64_t ranks) {
+  std::vector<std::string> entries{
+      fmt::format("model {}", task.architecture()), fmt::format("samples {}", task.samples()),
+      config.mesh ? fmt::format("layout {}", mesh_text(config))
+                  : fmt::format("layout {} over {} ranks", strategy_name(config.strategy), ranks)};
   nlohmann::json settings = settings_json(config);
   for (const char* local : {"trace", "save", "save_every", "keep_checkpoints", "resume", "init",
                             "stop_after", "stop_after_epochs", "verify_generator", "sample",
-                            "eval_every"})
+                            "eval_every", "mesh", "strategy", "tp_dim"})
     settings.erase(local);
-  return fmt::format("{}, {} samples; {}", task.architecture(), task.samples(), settings.dump());
+  for (const auto& [key, value] : settings.items())
+    entries.push_back(fmt::format("{} {}", key, value.dump()));
+  return fmt::format("{}", fmt::join(entries, "; "));
 }
 
 TrainResult train(comm::Communicator& world, const Task& task, const CheckedConfig& checked,

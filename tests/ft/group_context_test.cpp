@@ -48,7 +48,8 @@ void lose_a_member(bool silent) {
     groups.push_back(std::async(std::launch::async, [&, g]() -> std::string {
       auto client = std::make_unique<CoordinatorClient>(address, g, kRun, 5.0);
       Quorum quorum = client->quorum(0, 10.0);
-      auto context = std::make_unique<GroupContext>(address, g, quorum, "shard0", "127.0.0.1", 20.0);
+      auto context =
+          std::make_unique<GroupContext>(address, g, quorum, "shard0", "127.0.0.1", 20.0);
       std::vector<std::int64_t> values{g + 1, 10 * (g + 1), std::int64_t{1} << 40};
       context->all_reduce_sum(values);
       EXPECT_EQ(values, (std::vector<std::int64_t>{6, 60, std::int64_t{3} << 40}));

@@ -96,8 +96,8 @@ TEST(Quorum, TheIdChangesOnlyWhenTheDataPlaneMust) {
   const auto round = [&](std::int64_t step, double now, std::vector<bool> fresh = {}) {
     for (std::int64_t g = 0; g < 3; ++g) {
       if (state.live() != std::vector<std::int64_t>{0, 1, 2} && g == 1) continue;
-      state.ask(g, "a" + std::to_string(g), step,
-                now, !fresh.empty() && fresh[static_cast<std::size_t>(g)]);
+      state.ask(g, "a" + std::to_string(g), step, now,
+                !fresh.empty() && fresh[static_cast<std::size_t>(g)]);
     }
     return state.form(now).value();
   };
@@ -147,9 +147,9 @@ TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
   state.leave(0, "first");  // its process died: the connection closed
   state.join(0, "second", three_groups(), 2.0);
   EXPECT_FALSE(state.ask(0, "first", 1, 2.0));
-  EXPECT_NE(refusal([&] {
-              state.join(1, "x", three_groups("llama exact 2 tp"), 3.0);
-            }).find("another model, layout or settings than the run's groups: 'llama' where they have 'gpt'"),
+  EXPECT_NE(refusal([&] { state.join(1, "x", three_groups("llama exact 2 tp"), 3.0); })
+                .find("another model, layout or settings than the run's groups: 'llama exact 2 tp' "
+                      "where they have 'gpt exact 2 fsdp'"),
             std::string::npos);
   EXPECT_NE(refusal([&] {
               state.join(1, "x", RunShape{4, 2, "gpt exact 2 fsdp"}, 3.0);
@@ -182,12 +182,15 @@ TEST(Coordinator, GroupsMeetInAQuorumAndThroughItsStore) {
     EXPECT_EQ(q.step, 9);
     EXPECT_EQ(q.heal_from, (std::map<std::int64_t, std::int64_t>{{1, 0}}));
   }
-  // A group of another model is refused by name; the coordinator goes on.
+  // While a group of the run is live, a group of another model is refused by name; the
+  // coordinator goes on.
+  CoordinatorClient live(address, 2, three_groups(), 5.0);
   try {
     CoordinatorClient other(address, 0, three_groups("llama"), 5.0);
     ADD_FAILURE() << "joined";
   } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("'llama' where they have 'gpt'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("'llama' where they have 'gpt exact 2 fsdp'"),
+              std::string::npos);
   }
 }
 

@@ -157,8 +157,22 @@ class ShardedModule {
   comm::CollectiveOptions reduce_options(const std::string& what) const;
   void reduce_scatter_exact(const Reduction& job);
   void reduce_scatter_ordered(const Reduction& job);
-  /// Exact: joins the replicas' sums (`replicate`, or none), and rounds once when `round`.
+  /// Exact: joins the replicas' sums (`replicate`, or none), and rounds once when `round`
+  /// (with replica groups: leaves the rounding to join_replica_groups()).
   void finish_exact(const Reduction& job, comm::Communicator* replicate, bool round);
+  /// What rounding the step's carried exact sums needs.
+  struct PendingRound {
+    std::int64_t divisor = 0;
+    std::int64_t mine = 0;
+    std::string label;
+    comm::Communicator* replicate = nullptr;  // the mesh's replicas (their join rounds), or none
+  };
+  /// Rounds the carried exact sums into the gradient shard and frees them.
+  void round_carried(const PendingRound& round);
+  /// After the step's reductions (compute thread, module order): joins the other jobs' sums of
+  /// this rank's shard over `groups` (exact: the binned sums, then rounds; ordered: the shard's
+  /// gradient).
+  void join_replica_groups(comm::Communicator& groups);
   void all_reduce_ordered(const Reduction& job);
   double divide_factor() const;
 
@@ -173,7 +187,6 @@ class ShardedModule {
   std::shared_ptr<Lane> unshard_lane_;
   std::shared_ptr<Lane> reduce_lane_;
   std::shared_ptr<Lane> replicate_lane_;  // null without replication
-  bool replicates_over_mesh_ = false;     // replicate_lane_ is of the mesh (not set_replicate_group)
   Tensor shard_values_;                   // f32 [this rank's segment]
   Tensor shard_grads_;                    // f32 [this rank's segment]
   std::vector<Tensor> full_;              // gathered parameters while unsharded
@@ -183,8 +196,9 @@ class ShardedModule {
   std::shared_ptr<nn::DenseGradients> dense_sink_;  // shared with the reduction using it
   std::shared_ptr<nn::BinnedGradients> binned_sink_;
   std::shared_ptr<StepAccumulator> accumulator_;
-  std::vector<bool> received_;       // parameters that got a gradient this backward
-  std::vector<bool> step_received_;  // ... in the first backward of the step
+  std::optional<PendingRound> pending_round_;  // exact, with replica groups
+  std::vector<bool> received_;                 // parameters that got a gradient this backward
+  std::vector<bool> step_received_;            // ... in the first backward of the step
   bool step_started_ = false;
   bool partial_pending_ = false;  // ordered: reduce-scattered sums wait for their all-reduce
   std::int64_t sink_bytes_ = 0;
@@ -256,11 +270,13 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   void set_requires_all_reduce(bool value);
   /// Sets the factor on every group.
   void set_gradient_divide_factor(std::optional<double> factor);
-  /// Makes `replicate` the replicate group of every parameter group that replicates over no mesh
-  /// dim: HSDP across jobs, `replicate` joining this rank with the ranks holding the same shards
-  /// in the other jobs (a replica group's ft::GroupCommunicator); its size is the number of
-  /// replicas. nullptr, or one rank: none. Call between steps; waits for reductions in flight.
-  /// InvalidArgument naming a group that the mesh replicates already (dp, ddp, hsdp).
+  /// Adds a replicate dimension across jobs: `replicate` joins this rank with the ranks of the
+  /// same place in the other jobs (a replica group's ft::GroupCommunicator), which hold the same
+  /// shards and took other samples. At the end of each step, after this job's own reductions,
+  /// every group's gradient shard joins theirs in module order on the calling thread: exact
+  /// mode's binned sums before they round (the bits of one job that took every sample), ordered
+  /// mode's gradients as a sum in member order. The divide factor must be the whole batch's.
+  /// nullptr, or one rank: none. Call between steps; waits for reductions in flight.
   void set_replicate_group(std::shared_ptr<comm::Communicator> replicate);
   /// Zeroes every gradient shard.
   void zero_grad();
@@ -335,7 +351,8 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   std::map<const nn::Module*, ShardedModule*> by_module_;
   std::map<const nn::Parameter*, std::pair<ShardedModule*, std::size_t>> by_parameter_;
   std::map<std::pair<std::vector<int>, int>, std::shared_ptr<ShardedModule::Lane>> lanes_;
-  std::vector<ShardedModule*> forward_order_;  // recorded on the first forward
+  std::shared_ptr<comm::Communicator> replica_groups_;  // set_replicate_group(), or none
+  std::vector<ShardedModule*> forward_order_;           // recorded on the first forward
   bool order_recorded_ = false;
   bool recording_forward_ = false;
   bool in_backward_ = false;

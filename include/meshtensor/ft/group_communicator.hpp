@@ -28,8 +28,7 @@ class GroupCommunicator : public comm::QueuedCommunicator {
   enum class OnFailure : std::uint8_t { throw_error, record };
   /// Serves `context`'s members; it must outlive the communicator. Each collective waits at
   /// most the context's timeout.
-  explicit GroupCommunicator(GroupContext& context,
-                             OnFailure on_failure = OnFailure::throw_error);
+  explicit GroupCommunicator(GroupContext& context, OnFailure on_failure = OnFailure::throw_error);
   ~GroupCommunicator() override;
 
   int rank() const override { return context_.rank(); }

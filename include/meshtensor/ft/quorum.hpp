@@ -30,7 +30,7 @@ struct Quorum {
   /// round's, when a member heals, or when a member asked for fresh contexts (its own failed);
   /// members rebuild their contexts when it changes and keep them otherwise.
   std::int64_t id = 0;
-  std::int64_t round = 0;             ///< increases with every round the coordinator forms
+  std::int64_t round = 0;  ///< increases with every round the coordinator forms
   /// The incarnation of the coordinator that formed it: ids restart with a restarted one.
   std::string coordinator;
   std::int64_t step = 0;              ///< the step the members take: the furthest any asked for

@@ -16,10 +16,10 @@ namespace meshtensor::ft {
 /// Where a job stands in a fault-tolerant run (`train --replica-groups N --replica-group I
 /// --coordinator HOST:PORT`).
 struct ReplicaGroupsConfig {
-  std::int64_t groups = 0;     ///< replica groups of the run (0: not a fault-tolerant run)
-  std::int64_t group = 0;      ///< this job's group, 0 .. groups - 1
-  std::string coordinator;     ///< the coordinator's "HOST:PORT"
-  std::int64_t min_groups = 1; ///< the fewest groups a step may run with
+  std::int64_t groups = 0;      ///< replica groups of the run (0: not a fault-tolerant run)
+  std::int64_t group = 0;       ///< this job's group, 0 .. groups - 1
+  std::string coordinator;      ///< the coordinator's "HOST:PORT"
+  std::int64_t min_groups = 1;  ///< the fewest groups a step may run with
   /// Seconds every cross-group operation waits at most: a silent group is given up after it.
   double timeout = 10.0;
   /// The address the other groups reach this one at ("": the one this process reaches the

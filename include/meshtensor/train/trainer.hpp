@@ -295,10 +295,11 @@ void validate_config(const TrainConfig& config, const Task& task);
 TrainResult train(comm::Communicator& world, const Task& task, TrainConfig config,
                   const TrainCallbacks& callbacks = {}, ReplicaLink* replicas = nullptr);
 
-/// What every replica group of a fault-tolerant run must share: the model, the data's size
-/// and every setting that bears on the weights or the collectives (paths, tracing and where
-/// the run stops left out), as text.
-std::string run_fingerprint(const TrainConfig& config, const Task& task);
+/// What every replica group of a fault-tolerant run must share, a group of `ranks` ranks: the
+/// model, the data's size, the group's layout and every setting that bears on the weights or
+/// the collectives (paths, tracing and where the run stops left out), as "; "-separated
+/// entries ("model gpt layers=2 ...; samples 81512; layout fsdp over 2 ranks; batch 6; ...").
+std::string run_fingerprint(const TrainConfig& config, const Task& task, std::int64_t ranks);
 
 /// A TrainConfig that validate_config and require_training_memory passed for one task on a
 /// number of ranks: what a front end checks once, before it starts the ranks, and hands to
