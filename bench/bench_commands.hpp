@@ -35,6 +35,8 @@ void add_checkpoint_bench(CLI::App& bench);
 void add_rl_bench(CLI::App& bench);
 /// `meshtensor bench serve`.
 void add_serve_bench(CLI::App& bench);
+/// `meshtensor bench ft`.
+void add_ft_bench(CLI::App& bench);
 /// `meshtensor bench tokenize`.
 void add_tokenize_bench(CLI::App& bench);
 

@@ -7,6 +7,7 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/fsdp/sharded_model.hpp>
+#include <meshtensor/ft/replica_groups.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/nn/loss.hpp>
@@ -185,7 +186,25 @@ std::unique_ptr<train::Task> task_for(const py::object& data, const py::kwargs& 
 /// The keywords of train() that are neither a training setting nor read by task_for.
 bool python_only_keyword(const std::string& name) {
   return name == "model" || name == "hidden" || name == "activation" || name == "layernorm" ||
-         name == "on_epoch" || name == "tokenizer";
+         name == "on_epoch" || name == "tokenizer" || name == "replica_groups" ||
+         name == "replica_group" || name == "coordinator" || name == "min_replica_groups" ||
+         name == "replica_timeout" || name == "replica_host";
+}
+
+/// A fault-tolerant run's keywords, as the command line's --replica-* and --coordinator.
+ft::ReplicaGroupsConfig replica_groups_config(const py::kwargs& kwargs) {
+  ft::ReplicaGroupsConfig config;
+  const auto get = [&]<typename T>(const char* name, T& field) {
+    if (kwargs.contains(name) && !kwargs[name].is_none())
+      field = cast_argument<T>(kwargs[name], fmt::format("train() argument '{}'", name));
+  };
+  get("replica_groups", config.groups);
+  get("replica_group", config.group);
+  get("coordinator", config.coordinator);
+  get("min_replica_groups", config.min_groups);
+  get("replica_timeout", config.timeout);
+  get("replica_host", config.host);
+  return config;
 }
 
 /// The training settings train()'s keyword arguments give (train::TrainSettings reads them
@@ -206,7 +225,10 @@ train::TrainSettings train_settings(const py::kwargs& kwargs) {
 py::object run_training(const py::object& data, const py::object& world_object,
                         const py::kwargs& kwargs) {
   const std::unique_ptr<train::Task> task = task_for(data, kwargs);
-  const train::TrainConfig config = train_settings(kwargs).config(py::isinstance<PyText>(data));
+  const ft::ReplicaGroupsConfig groups = replica_groups_config(kwargs);
+  const train::TrainConfig config =
+      ft::replica_group_defaults(train_settings(kwargs).config(py::isinstance<PyText>(data)),
+                                 groups, kwargs.contains("strategy") || kwargs.contains("mesh"));
   train::TrainCallbacks callbacks;
   py::object on_epoch = kwargs.contains("on_epoch") ? py::object(kwargs["on_epoch"]) : py::none();
   if (!on_epoch.is_none()) {
@@ -219,7 +241,8 @@ py::object run_training(const py::object& data, const py::object& world_object,
   train::TrainResult result;
   {
     const py::gil_scoped_release release;
-    result = train::train(*world, *task, config, callbacks);
+    const auto replicas = ft::join_replica_groups(*world, groups, config, *task);
+    result = train::train(*world, *task, config, callbacks, replicas.get());
   }
   nlohmann::json out = train::result_json(result, *task, config, world->size());
   for (auto& warning : out["warnings"])
@@ -675,7 +698,10 @@ void bind_data(py::module_& module) {
              "mesh=(2, 2, 2) with names=('dp', 'fsdp', 'tp') (or 'pp' for pipeline stages, "
              "with pipeline_schedule=, virtual_stages=, activation_checkpointing=), "
              "sequence_parallel=, "
-             "clip_grad_norm=, ...; a GPT run has the command line's GPT defaults). Collective; "
+             "clip_grad_norm=, ...; a GPT run has the command line's GPT defaults; a "
+             "fault-tolerant run's replica group: replica_groups=, replica_group=, "
+             "coordinator='HOST:PORT', min_replica_groups=, replica_timeout=, replica_host=). "
+             "Collective; "
              "returns the run's "
              "figures (test_loss: on the validation text for a GPT), a generated sample for a "
              "GPT and its weights digest.");

@@ -328,3 +328,36 @@ def test_gpt_training_errors_name_the_value(text, data_dir):
         mt.train(mt.load_dataset(data_dir), model="gpt")
     with pytest.raises(mt.DataError, match="not UTF-8"):
         mt.load_text("/bin/sh")
+
+
+def test_replica_groups_end_on_the_one_job_digest(cli, data_dir):
+    """Two replica groups of a fault-tolerant run, each its own world, with a coordinator."""
+    import subprocess
+    import threading
+
+    coordinator = subprocess.Popen([cli.binary, "coordinator", "--host", "127.0.0.1", "--port", "0"],
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        port = re.search(r"127\.0\.0\.1:(\d+)", coordinator.stdout.readline()).group(1)
+        data = mt.load_dataset(data_dir)
+        options = dict(RUN, mode="exact")
+        one = mt.run_threads(1, lambda world: mt.train(data, **options))[0]["digest"]
+        results = {}
+
+        def group(index):
+            results[index] = mt.run_threads(2, lambda world: mt.train(
+                data, **options, replica_groups=2, replica_group=index,
+                coordinator=f"127.0.0.1:{port}"))
+        threads = [threading.Thread(target=group, args=(g,)) for g in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        digests = {r["digest"] for g in (0, 1) for r in results[g]}
+        assert digests == {one}
+        with pytest.raises(mt.InvalidArgument, match="replica group 2 is not one of the run's 2"):
+            mt.train(data, **options, replica_groups=2, replica_group=2,
+                     coordinator=f"127.0.0.1:{port}")
+    finally:
+        coordinator.terminate()
+        coordinator.wait()

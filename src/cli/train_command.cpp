@@ -19,7 +19,6 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/memory.hpp>
-#include <meshtensor/ft/replica_groups.hpp>
 #include <meshtensor/hf/hf_model.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/trainer.hpp>
@@ -89,8 +88,6 @@ std::string format_duration(double seconds) {
   return fmt::format("{}:{:02}", total / 60, total % 60);
 }
 
-/// The figures of a report as JSON: the evaluation's keys are named after the task's set
-/// ("test_loss" for images, "validation_loss" for text).
 /// Draws loss and accuracy per epoch (or per report, `by_steps`) into `png`.
 void draw_plot(OutputFile& png, const std::vector<train::EpochReport>& epochs,
                const std::string& title, const std::string& eval_name, bool by_steps) {
@@ -247,10 +244,9 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
       kind(fsdp::MemoryKind::parameters), kind(fsdp::MemoryKind::gradients),
       kind(fsdp::MemoryKind::optimizer_state), kind(fsdp::MemoryKind::unsharded), result.mesh);
   print_pipeline(result, pp::checkpointing_name(config.activation_checkpointing));
-  if (!result.healed_steps.empty()) {
-    std::cout << fmt::format("replica group healed from a live peer, to step {}\n",
-                             fmt::join(result.healed_steps, ", step "));
-  }
+  if (!result.healed_steps.empty())
+    std::cout << fmt::format("healed from a live group to step {}\n",
+                             fmt::join(result.healed_steps, ", "));
   std::cout << fmt::format(
       "weights digest {} ({} parameters in {} tensors; replicas {} "
       "on {} ranks)\n",
@@ -276,20 +272,11 @@ void print_result_text(const train::TrainResult& result, const TrainOptions& opt
   if (traced) std::cout << fmt::format("trace written to {}\n", options.trace);
 }
 
-/// A fault-tolerant run's config: a group's ranks shard (fsdp) unless told otherwise, as the
-/// groups are the replicate dimension.
-train::TrainConfig replica_group_config(train::TrainConfig config, const TrainOptions& options) {
-  if (options.replica_groups.groups > 0 && !options.settings.given("strategy") &&
-      !options.settings.given("mesh"))
-    config.strategy = train::Strategy::fsdp;
-  return config;
-}
-
 void run_train(const TrainOptions& options) {
   const train::TrainSettings settings = train_settings(options);
-  ft::validate_replica_groups(options.replica_groups);
-  const train::TrainConfig config =
-      replica_group_config(settings.config(trains_language(options)), options);
+  const train::TrainConfig config = ft::replica_group_defaults(
+      settings.config(trains_language(options)), options.replica_groups,
+      options.settings.given("strategy") || options.settings.given("mesh"));
   const Backend backend = parse_backend(options.backend);
   const std::int64_t ranks = layout_ranks(options, settings);
   if (!options.link.empty() && backend == Backend::mpi)
@@ -375,19 +362,13 @@ void run_train(const TrainOptions& options) {
 }
 
 /// The options of a fault-tolerant run (docs/fault-tolerance.md).
-void add_replica_group_options(CLI::App& command, ft::ReplicaGroupsConfig& config) {
-  command.add_option("--replica-groups", config.groups,
-                     "fault-tolerant run: the number of replica groups, each a job of its own");
-  command.add_option("--replica-group", config.group, "this job's replica group, 0 .. N - 1");
-  command.add_option("--coordinator", config.coordinator,
-                     "the coordinator of the replica groups, HOST:PORT");
-  command.add_option("--min-replica-groups", config.min_groups,
-                     "the fewest replica groups a step may run with (default 1)");
-  command.add_option("--replica-timeout", config.timeout,
-                     "seconds a cross-group operation waits for a silent group (default 10)");
-  command.add_option("--replica-host", config.host,
-                     "the address the other groups reach this one at (default: the one that "
-                     "reaches the coordinator)");
+void add_replica_group_options(CLI::App& c, ft::ReplicaGroupsConfig& g) {
+  c.add_option("--replica-groups", g.groups, "fault-tolerant run: its number of replica groups");
+  c.add_option("--replica-group", g.group, "this job's replica group, 0 .. N - 1");
+  c.add_option("--coordinator", g.coordinator, "the replica groups' coordinator, HOST:PORT");
+  c.add_option("--min-replica-groups", g.min_groups, "fewest groups a step runs with (1)");
+  c.add_option("--replica-timeout", g.timeout, "seconds to wait for a silent group (10)");
+  c.add_option("--replica-host", g.host, "address other groups reach this one at");
 }
 
 }  // namespace

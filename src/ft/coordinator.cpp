@@ -144,6 +144,11 @@ std::vector<std::int64_t> Coordinator::live_groups() {
   return state_.live();
 }
 
+Quorum Coordinator::last_quorum() {
+  const std::lock_guard lock(mutex_);
+  return state_.last();
+}
+
 void Coordinator::accept_loop() {
   while (!stopping_) {
     pollfd p{listener_, POLLIN, 0};

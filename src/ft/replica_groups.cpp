@@ -36,13 +36,20 @@ void validate_replica_groups(const ReplicaGroupsConfig& config) {
     throw InvalidArgument(fmt::format("the smallest quorum {} is not between 1 and the {} groups",
                                       config.min_groups, config.groups));
   }
-  if (!(config.timeout > 0) || !(config.quorum_timeout > 0)) {
+  if (!(config.timeout > 0) || !(config.coordinator_timeout > 0)) {
     throw InvalidArgument(fmt::format("replica timeouts {} and {} s must be positive",
-                                      config.timeout, config.quorum_timeout));
+                                      config.timeout, config.coordinator_timeout));
   }
   if (config.coordinator.empty())
     throw InvalidArgument("a fault-tolerant run needs --coordinator HOST:PORT");
   parse_address(config.coordinator);
+}
+
+train::TrainConfig replica_group_defaults(train::TrainConfig config,
+                                          const ReplicaGroupsConfig& groups, bool layout_given) {
+  validate_replica_groups(groups);
+  if (groups.groups > 0 && !layout_given) config.strategy = train::Strategy::fsdp;
+  return config;
 }
 
 /// One quorum's data plane on this rank: the context and its communicator (declared in this
@@ -79,10 +86,21 @@ ReplicaGroups::ReplicaGroups(comm::Communicator& world, ReplicaGroupsConfig conf
 ReplicaGroups::~ReplicaGroups() = default;
 
 Quorum ReplicaGroups::ask(std::int64_t step, bool fresh) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.quorum_timeout);
+  // Each ask waits this long for its round; the coordinator answers when it has none by then.
+  constexpr double kRound = 60.0;
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.coordinator_timeout);
   for (;;) {
-    if (std::optional<Quorum> formed = client_->try_quorum(step, config_.quorum_timeout, fresh)) {
+    std::optional<Quorum> formed;
+    try {
+      formed = client_->try_quorum(step, kRound, fresh);
+    } catch (const TimeoutError&) {
+      // The coordinator answers but has no round yet (fewer than the fewest groups are live).
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::duration<double>(config_.coordinator_timeout);
+      continue;
+    }
+    if (formed) {
       if (coordinator_lost_) {
         notes_.push_back(fmt::format("coordinator {} is back at step {}: quorum {} of groups {}",
                                      config_.coordinator, step, formed->id,
@@ -91,29 +109,31 @@ Quorum ReplicaGroups::ask(std::int64_t step, bool fresh) {
       coordinator_lost_ = false;
       return *formed;
     }
-    if (current_ && !fresh && plane_ != nullptr) {
-      if (!coordinator_lost_) {
-        notes_.push_back(fmt::format(
-            "coordinator {} unreachable at step {} ({}): groups {} go on in quorum {} until it is "
-            "back",
-            config_.coordinator, step, client_->unreachable(), fmt::join(current_->members, ", "),
-            current_->id));
-      }
-      coordinator_lost_ = true;
-      Quorum same = *current_;
-      same.step = step;
-      same.heal_from.clear();
-      return same;
-    }
+    if (current_ && !fresh && plane_ != nullptr) return going_on_without_coordinator(step);
     if (std::chrono::steady_clock::now() >= deadline) {
       throw CommError(fmt::format(
           "coordinator {} unreachable for {} s: replica group {} cannot form a quorum for step {} "
           "without it ({})",
-          config_.coordinator, config_.quorum_timeout, config_.group, step,
+          config_.coordinator, config_.coordinator_timeout, config_.group, step,
           client_->unreachable()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
+}
+
+Quorum ReplicaGroups::going_on_without_coordinator(std::int64_t step) {
+  if (!coordinator_lost_) {
+    notes_.push_back(fmt::format(
+        "coordinator {} unreachable at step {} ({}): groups {} go on in quorum {} until it is "
+        "back",
+        config_.coordinator, step, client_->unreachable(), fmt::join(current_->members, ", "),
+        current_->id));
+  }
+  coordinator_lost_ = true;
+  Quorum same = *current_;
+  same.step = step;
+  same.heal_from.clear();
+  return same;
 }
 
 bool ReplicaGroups::build_plane(const Quorum& quorum) {
@@ -194,6 +214,15 @@ bool ReplicaGroups::failed() {
 
 std::vector<std::string> ReplicaGroups::take_notes() {
   return std::exchange(notes_, {});
+}
+
+std::unique_ptr<ReplicaGroups> join_replica_groups(comm::Communicator& world,
+                                                   const ReplicaGroupsConfig& groups,
+                                                   const train::TrainConfig& config,
+                                                   const train::Task& task) {
+  if (groups.groups == 0) return nullptr;
+  return std::make_unique<ReplicaGroups>(world, groups,
+                                         train::run_fingerprint(config, task, world.size()));
 }
 
 }  // namespace meshtensor::ft

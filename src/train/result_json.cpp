@@ -118,6 +118,9 @@ nlohmann::json result_json(const TrainResult& result, const Task& task, const Tr
                                     ? std::vector<std::int64_t>{result.activation_peak_bytes}
                                     : result.activation_peaks},
       {"pipeline", pipeline_json(result)},
+      {"healed_steps", result.healed_steps},
+      {"heal_seconds", result.heal_seconds},
+      {"step_end_times", result.step_end_times},
       {"parallel_plan", plan},
       {"parallel_log", result.parallel_log}};
   if (result.step_seconds.size() > 2) {

@@ -661,6 +661,7 @@ Totals TrainingRun::replicated_step(bool& healed) {
 }
 
 bool TrainingRun::heal() {
+  const auto start = Clock::now();
   write_scalars();
   const std::vector<checkpoint::SaveItem> items = training_state();
   std::vector<Tensor> values;
@@ -685,6 +686,7 @@ bool TrainingRun::heal() {
   restore_model_state(items, values, model_->optimizer());
   step_ = scalar(0);
   result_.healed_steps.push_back(step_);
+  result_.heal_seconds.push_back(seconds_since(start));
   return true;
 }
 
@@ -875,6 +877,8 @@ void TrainingRun::end_step_bookkeeping(EpochProgress& progress, std::int64_t s,
   samples_done_ += global_batch;
   seconds_done_ += seconds_since(step_start);
   result_.step_seconds.push_back(seconds_since(step_start));
+  result_.step_end_times.push_back(
+      std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
   result_.step_wait_seconds.push_back(waited);
   const bool saves = quorum_ ? quorum_->member == 0 : true;  // one replica group saves
   if (!config_.save_dir.empty() && saves &&

@@ -45,6 +45,8 @@ class Coordinator {
   void stop();
   /// Live groups, ascending.
   std::vector<std::int64_t> live_groups();
+  /// The last quorum formed (id 0: none yet).
+  Quorum last_quorum();
 
  private:
   struct Connection;

@@ -10,6 +10,7 @@
 #include <meshtensor/comm/communicator.hpp>
 #include <meshtensor/ft/coordinator.hpp>
 #include <meshtensor/train/replica_link.hpp>
+#include <meshtensor/train/trainer.hpp>
 
 namespace meshtensor::ft {
 
@@ -25,15 +26,22 @@ struct ReplicaGroupsConfig {
   /// The address the other groups reach this one at ("": the one this process reaches the
   /// coordinator from).
   std::string host;
-  /// Seconds a group waits at most for its quorum, or for an unreachable coordinator when it
-  /// cannot go on without one (its data plane failed).
-  double quorum_timeout = 300.0;
+  /// Seconds a group waits at most for an unreachable coordinator when it cannot go on without
+  /// one (its data plane failed); a quorum that the coordinator has not formed yet is waited
+  /// for as long as the coordinator answers.
+  double coordinator_timeout = 30.0;
 };
 
 /// InvalidArgument naming the value: no groups with a group or a coordinator given, a group out
 /// of 0 .. groups - 1, min_groups out of 1 .. groups, timeouts that are not positive, a
 /// coordinator that is not HOST:PORT.
 void validate_replica_groups(const ReplicaGroupsConfig& config);
+
+/// A fault-tolerant run's training config: with replica groups and no layout given (no strategy,
+/// no mesh), a group's ranks shard (fsdp), the groups being the replicate dimension. Checks
+/// `groups` first (validate_replica_groups).
+train::TrainConfig replica_group_defaults(train::TrainConfig config,
+                                          const ReplicaGroupsConfig& groups, bool layout_given);
 
 /// A replica group of a fault-tolerant run, as train() takes it (train::ReplicaLink): world rank
 /// 0 keeps the group's membership with the coordinator (join, heartbeats, a quorum each step)
@@ -42,7 +50,8 @@ void validate_replica_groups(const ReplicaGroupsConfig& config);
 /// the quorum's id changes, and its collectives record failures instead of throwing, so that
 /// the group's own collectives go on in step and the step is redone. While the coordinator is
 /// unreachable, the groups go on in their last quorum as long as its data plane holds (a note
-/// says so); a run that needs a new quorum then waits for the coordinator up to quorum_timeout.
+/// says so); a group that needs a new quorum then waits for the coordinator up to
+/// coordinator_timeout.
 class ReplicaGroups : public train::ReplicaLink {
  public:
   /// Collective over the group's ranks `world`: world rank 0 joins the coordinator as
@@ -64,6 +73,8 @@ class ReplicaGroups : public train::ReplicaLink {
   /// World rank 0: the quorum of `step` from the coordinator, or the last one while it is
   /// unreachable and the data plane is whole.
   Quorum ask(std::int64_t step, bool fresh);
+  /// The last quorum again, at `step`, with a note that the coordinator is away.
+  Quorum going_on_without_coordinator(std::int64_t step);
   /// This rank's context and communicator for `quorum`; false when its members did not meet.
   bool build_plane(const Quorum& quorum);
   bool on_any_rank(bool flag);
@@ -77,5 +88,12 @@ class ReplicaGroups : public train::ReplicaLink {
   std::vector<std::string> notes_;
   bool coordinator_lost_ = false;
 };
+
+/// The replica group `groups` makes `world` (collective; nullptr when groups.groups is 0), for
+/// the run of `config` and `task` (its fingerprint, train::run_fingerprint).
+std::unique_ptr<ReplicaGroups> join_replica_groups(comm::Communicator& world,
+                                                   const ReplicaGroupsConfig& groups,
+                                                   const train::TrainConfig& config,
+                                                   const train::Task& task);
 
 }  // namespace meshtensor::ft

@@ -233,6 +233,11 @@ struct TrainResult {
   std::vector<std::int64_t> activation_peaks;
   /// A replica group's heals: the step it stood at after each (empty when it never healed).
   std::vector<std::int64_t> healed_steps;
+  /// Seconds each of them took: receiving the state and restoring it.
+  std::vector<double> heal_seconds;
+  /// When each step ended, in seconds of this machine's monotonic clock (steady_clock, shared by
+  /// its processes): how long after an event elsewhere a step completed.
+  std::vector<double> step_end_times;
 };
 
 /// Callbacks run on world rank 0 only.
