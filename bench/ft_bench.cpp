@@ -1,8 +1,10 @@
+#include "ft_bench.hpp"
+
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <spawn.h>
@@ -17,7 +19,6 @@
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/ft/coordinator.hpp>
 
-#include "ft_bench.hpp"
 #include "timing.hpp"
 
 extern char** environ;
@@ -86,9 +87,21 @@ class Child {
 };
 
 std::vector<std::string> train_args(const FtBenchConfig& config, std::int64_t steps) {
-  return {"train",   "--model", config.model, "--mode",       "exact",     "--batch",
-          fmt::format("{}", config.batch),    "--steps",     fmt::format("{}", steps),
-          "--ranks", "1",       "--json",     "--no-sample", "--eval-every", "100000"};
+  return {"train",
+          "--model",
+          config.model,
+          "--mode",
+          "exact",
+          "--batch",
+          fmt::format("{}", config.batch),
+          "--steps",
+          fmt::format("{}", steps),
+          "--ranks",
+          "1",
+          "--json",
+          "--no-sample",
+          "--eval-every",
+          "100000"};
 }
 
 std::vector<std::string> group_args(const FtBenchConfig& config, std::int64_t steps, int groups,
@@ -164,10 +177,9 @@ FtBenchResult run_ft_bench(const FtBenchConfig& config, const std::string& binar
   ft::Coordinator coordinator({"127.0.0.1", 0, {config.timeout, 1.0}});
   coordinator.start();
   const auto start_group = [&](int g, const std::string& name) {
-    return std::make_unique<Child>(binary,
-                                   group_args(config, config.steps, config.groups, g,
-                                              coordinator.port()),
-                                   dir / (name + ".out"));
+    return std::make_unique<Child>(
+        binary, group_args(config, config.steps, config.groups, g, coordinator.port()),
+        dir / (name + ".out"));
   };
   std::vector<std::unique_ptr<Child>> groups;
   for (int g = 0; g < config.groups; ++g)
@@ -201,9 +213,10 @@ FtBenchResult run_ft_bench(const FtBenchConfig& config, const std::string& binar
     const nlohmann::json& r = finished[static_cast<std::size_t>(g)];
     const std::vector<double> heal = doubles(r["heal_seconds"]);
     const std::vector<double> group_ends = doubles(r["step_end_times"]);
-    result.heals.push_back({g, group_ends.empty() ? -1 : group_ends.front() - groups[g]->started(),
-                            heal.empty() ? -1 : heal.front(),
-                            r["healed_steps"].empty() ? -1 : r["healed_steps"][0].get<std::int64_t>()});
+    result.heals.push_back(
+        {g, group_ends.empty() ? -1 : group_ends.front() - groups[g]->started(),
+         heal.empty() ? -1 : heal.front(),
+         r["healed_steps"].empty() ? -1 : r["healed_steps"][0].get<std::int64_t>()});
   }
   for (const nlohmann::json& r : finished)
     result.digests.push_back(r["digest"].get<std::string>());

@@ -9,20 +9,20 @@ namespace meshtensor::bench {
 /// `meshtensor bench ft`: replica groups run as child processes of this binary (`train`) with a
 /// coordinator in this process.
 struct FtBenchConfig {
-  std::string model = "gpt";    ///< the groups' model (--model)
-  std::int64_t batch = 16;      ///< global batch
-  std::int64_t cost_steps = 20; ///< steps of each run the quorum's cost is timed over
-  int repeats = 3;              ///< alternated runs with and without the coordinator
-  std::int64_t steps = 40;      ///< steps of the failure run
-  int groups = 3;               ///< groups of the failure run (1 rank each)
-  double timeout = 10.0;        ///< --replica-timeout and the coordinator's heartbeat timeout
+  std::string model = "gpt";     ///< the groups' model (--model)
+  std::int64_t batch = 16;       ///< global batch
+  std::int64_t cost_steps = 20;  ///< steps of each run the quorum's cost is timed over
+  int repeats = 3;               ///< alternated runs with and without the coordinator
+  std::int64_t steps = 40;       ///< steps of the failure run
+  int groups = 3;                ///< groups of the failure run (1 rank each)
+  double timeout = 10.0;         ///< --replica-timeout and the coordinator's heartbeat timeout
 };
 
 /// What a failure did to the run.
 struct FailureFigures {
-  std::string what;                  ///< "SIGKILL of group 1", ...
-  std::int64_t step = 0;             ///< the quorum's step when it happened
-  double next_step_seconds = 0;      ///< from the failure to the survivors' next completed step
+  std::string what;              ///< "SIGKILL of group 1", ...
+  std::int64_t step = 0;         ///< the quorum's step when it happened
+  double next_step_seconds = 0;  ///< from the failure to the survivors' next completed step
 };
 
 /// What a restarted group took to join.

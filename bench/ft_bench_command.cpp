@@ -28,7 +28,8 @@ struct FtBenchOptions {
 nlohmann::json to_json(const bench::FtBenchResult& r) {
   nlohmann::json failures = nlohmann::json::array();
   for (const bench::FailureFigures& f : r.failures)
-    failures.push_back({{"what", f.what}, {"step", f.step}, {"next_step_seconds", f.next_step_seconds}});
+    failures.push_back(
+        {{"what", f.what}, {"step", f.step}, {"next_step_seconds", f.next_step_seconds}});
   nlohmann::json heals = nlohmann::json::array();
   for (const bench::HealFigures& h : r.heals) {
     heals.push_back({{"group", h.group},
@@ -103,8 +104,7 @@ void add_ft_bench(CLI::App& bench) {
     config.cost_steps = integer_setting("--cost-steps", options->cost_steps, 3, 100000);
     config.repeats = static_cast<int>(integer_setting("--repeats", options->repeats, 1, 100));
     config.groups = static_cast<int>(integer_setting("--groups", options->groups, 2, 16));
-    config.timeout =
-        static_cast<double>(integer_setting("--timeout", options->timeout, 1, 3600));
+    config.timeout = static_cast<double>(integer_setting("--timeout", options->timeout, 1, 3600));
     const bench::FtBenchResult result =
         bench::run_ft_bench(config, std::filesystem::read_symlink("/proc/self/exe").string());
     if (options->json) {

@@ -14,6 +14,12 @@
 #                                           machine: its kernel still answers, its processes not)
 #   scripts/multihost.sh unplug DIR HOST    take host HOST off the network (its link down, as a
 #                                           pulled cable or a dead switch port: no reset is sent)
+#   scripts/multihost.sh plug DIR HOST      put host HOST back on the network
+#   scripts/multihost.sh cont DIR HOST      continue every process of host HOST (SIGCONT)
+#   scripts/multihost.sh exec DIR HOST -- COMMAND...  run COMMAND on host HOST (its namespace and
+#                                           name), without mpirun
+#   scripts/multihost.sh bridge DIR         print the bridge's address (this machine, reachable
+#                                           from every host)
 #   scripts/multihost.sh down DIR           remove the namespaces, links and bridge
 #
 # Every address is in 10.231.N.0/24 (N from the process id) on the bridge the script creates;
@@ -133,6 +139,30 @@ unplug() {  # unplug DIR HOST: the host's link down on the bridge side
   echo "unplugged host$host"
 }
 
+plug() {  # plug DIR HOST: the host's link up again
+  local dir=$1 host=$2 tag
+  tag=$(cat "$dir/tag")
+  ip link set "${tag}v$host" up
+  echo "plugged host$host"
+}
+
+cont_host() {  # cont_host DIR HOST: SIGCONT to every process of the host
+  local dir=$1 host=$2 tag
+  tag=$(cat "$dir/tag")
+  local pids
+  pids=$(ip netns pids "${tag}h$host" || true)
+  [ -n "$pids" ] && kill -CONT $pids
+  echo "continued host$host: $(echo $pids | wc -w) processes"
+}
+
+exec_on() {  # exec_on DIR HOST -- COMMAND...: COMMAND in the host's namespace, under its name
+  local dir=$1 host=$2 tag
+  shift 2
+  [ "${1:-}" = "--" ] && shift
+  tag=$(cat "$dir/tag")
+  exec ip netns exec "${tag}h$host" unshare --uts sh -c 'hostname "$0" && exec "$@"' "host$host" "$@"
+}
+
 down() {
   local dir=$1 tag
   [ -f "$dir/tag" ] || return 0
@@ -158,6 +188,13 @@ run)
 kill) kill_host "$2" "$3" "${4:-}" ;;
 stop) stop_host "$2" "$3" ;;
 unplug) unplug "$2" "$3" ;;
+plug) plug "$2" "$3" ;;
+cont) cont_host "$2" "$3" ;;
+exec)
+  shift
+  exec_on "$@"
+  ;;
+bridge) echo "$(cat "$2/subnet").1" ;;
 down) down "$2" ;;
-*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | stop DIR HOST | unplug DIR HOST | down DIR" ;;
+*) die "usage: multihost.sh up HOSTS DIR | run DIR SLOTS -- COMMAND... | kill DIR HOST | stop DIR HOST | cont DIR HOST | unplug DIR HOST | plug DIR HOST | exec DIR HOST -- COMMAND... | bridge DIR | down DIR" ;;
 esac

@@ -85,8 +85,9 @@ std::string success(Json body = Json::object()) {
 }  // namespace
 
 struct Coordinator::Connection {
-  explicit Connection(int fd) : socket(fd) {}
+  Connection(int fd, std::int64_t number) : socket(fd), id(number) {}
   LineSocket socket;
+  std::int64_t id;                    ///< unique among this coordinator's connections
   std::optional<std::int64_t> group;  ///< set by the join this connection made
   std::string incarnation;
 };
@@ -155,7 +156,7 @@ void Coordinator::accept_loop() {
     if (::poll(&p, 1, 200) <= 0) continue;
     const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    auto connection = std::make_shared<Connection>(fd);
+    auto connection = std::make_shared<Connection>(fd, ++connections_made_);
     const std::lock_guard lock(mutex_);
     if (stopping_) break;
     connections_.push_back(connection);
@@ -188,7 +189,7 @@ void Coordinator::serve(const std::shared_ptr<Connection>& connection) {
     }
   }
   const std::lock_guard lock(mutex_);
-  if (connection->group) state_.leave(*connection->group, connection->incarnation);
+  if (connection->group) state_.leave(*connection->group, connection->incarnation, connection->id);
   changed_.notify_all();
 }
 
@@ -211,7 +212,7 @@ std::string Coordinator::answer(Connection& connection, const std::string& line)
                          request.at("fingerprint").get<std::string>()};
     const auto group = request.at("group").get<std::int64_t>();
     const auto incarnation = request.at("incarnation").get<std::string>();
-    state_.join(group, incarnation, shape, now());
+    state_.join(group, incarnation, shape, now(), connection.id);
     connection.group = group;
     connection.incarnation = incarnation;
     changed_.notify_all();

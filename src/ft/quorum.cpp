@@ -57,7 +57,7 @@ std::pair<std::string, std::string> first_difference(const std::string& a, const
 }  // namespace
 
 void QuorumState::join(std::int64_t group, const std::string& incarnation, const RunShape& shape,
-                       double now) {
+                       double now, std::int64_t link) {
   expire(now);
   if (shape.groups < 1 || shape.min_groups < 1 || shape.min_groups > shape.groups) {
     throw DataError(
@@ -100,6 +100,7 @@ void QuorumState::join(std::int64_t group, const std::string& incarnation, const
   Group& entry = groups_[group];
   entry.incarnation = incarnation;
   entry.last_heard = now;
+  entry.link = link;
 }
 
 bool QuorumState::heartbeat(std::int64_t group, const std::string& incarnation, double now) {
@@ -110,8 +111,9 @@ bool QuorumState::heartbeat(std::int64_t group, const std::string& incarnation, 
   return true;
 }
 
-void QuorumState::leave(std::int64_t group, const std::string& incarnation) {
-  if (live_group(group, incarnation) != nullptr) groups_.erase(group);
+void QuorumState::leave(std::int64_t group, const std::string& incarnation, std::int64_t link) {
+  const Group* entry = live_group(group, incarnation);
+  if (entry != nullptr && entry->link == link) groups_.erase(group);
 }
 
 bool QuorumState::ask(std::int64_t group, const std::string& incarnation, std::int64_t step,

@@ -137,6 +137,20 @@ TEST(Quorum, GroupsBehindTheRunWaitForTheLiveGroupsAtIt) {
   EXPECT_EQ(joined->heal_from, (std::map<std::int64_t, std::int64_t>{{2, 0}}));
 }
 
+TEST(Quorum, AnOldConnectionClosingAfterARejoinLeavesTheGroupLive) {
+  QuorumState state({2.0, 1.0});
+  state.join(0, "a0", three_groups(), 0.0, /*link=*/1);
+  state.join(1, "a1", three_groups(), 0.0, 2);
+  state.heartbeat(1, "a1", 1.5);
+  state.heartbeat(1, "a1", 3.0);  // group 0 was cut off: dropped after its timeout
+  EXPECT_EQ(state.live(), (std::vector<std::int64_t>{1}));
+  state.join(0, "a0", three_groups(), 3.5, 3);  // back, on a new connection
+  state.leave(0, "a0", 1);                      // the old one closes at last
+  EXPECT_EQ(state.live(), (std::vector<std::int64_t>{0, 1}));
+  state.leave(0, "a0", 3);
+  EXPECT_EQ(state.live(), (std::vector<std::int64_t>{1}));
+}
+
 TEST(Quorum, ARestartedGroupRejoinsButAGroupLiveTwiceOrOfAnotherRunIsNamed) {
   QuorumState state({10.0, 1.0});
   state.join(0, "first", three_groups(), 0.0);

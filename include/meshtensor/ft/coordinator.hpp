@@ -71,6 +71,7 @@ class Coordinator {
   std::map<std::int64_t, Quorum> delivered_;
   std::map<std::string, std::string> store_;
   std::vector<std::shared_ptr<Connection>> connections_;
+  std::int64_t connections_made_ = 0;  // accept loop only
   std::vector<std::thread> workers_;
 };
 

@@ -56,12 +56,15 @@ class QuorumState {
   /// joiner sets the run's shape (DataError unless 1 <= min_groups <= groups); DataError naming
   /// both when a later joiner's shape is not the run's, naming the group when it is out of range
   /// or already live under another incarnation (a group joined twice).
-  void join(std::int64_t group, const std::string& incarnation, const RunShape& shape, double now);
+  /// `link` names the connection it joined on (leave() of another link of the same incarnation,
+  /// an old connection closing after the group joined again on a new one, changes nothing).
+  void join(std::int64_t group, const std::string& incarnation, const RunShape& shape, double now,
+            std::int64_t link = 0);
   /// A heartbeat from a group's incarnation; false when that incarnation is not live (dropped or
   /// replaced): it must join again.
   bool heartbeat(std::int64_t group, const std::string& incarnation, double now);
   /// The incarnation's connection closed: it is gone at once, without waiting for its timeout.
-  void leave(std::int64_t group, const std::string& incarnation);
+  void leave(std::int64_t group, const std::string& incarnation, std::int64_t link = 0);
   /// The group is ready for `step` and waits for a quorum (`fresh`: it needs new contexts, its
   /// own having failed); false when the incarnation is not live.
   bool ask(std::int64_t group, const std::string& incarnation, std::int64_t step, double now,
@@ -87,6 +90,7 @@ class QuorumState {
     std::optional<std::int64_t> asked_step;
     double asked_at = 0;
     bool fresh = false;
+    std::int64_t link = 0;
   };
   void expire(double now);
   /// The round of `asked` at `step`; consumes their asks.
