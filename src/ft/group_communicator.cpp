@@ -12,6 +12,9 @@ namespace meshtensor::ft {
 
 namespace {
 
+/// The most bytes one all-reduce piece carries.
+constexpr std::int64_t kPieceBytes = std::int64_t{32} << 20;
+
 std::vector<std::int64_t> in_bytes(std::vector<std::int64_t> counts, std::size_t element) {
   for (std::int64_t& c : counts)
     c *= static_cast<std::int64_t>(element);
@@ -88,18 +91,31 @@ void GroupCommunicator::run_collective(const comm::CollectiveCall& call, const T
   }
 }
 
+void GroupCommunicator::all_reduce_piece(const comm::CollectiveCall& call, std::byte* data) {
+  const std::size_t element = dtype_size(call.dtype);
+  const std::vector<std::int64_t> counts = comm::balanced_counts(call.count, size());
+  const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
+  std::vector<std::byte> reduced(static_cast<std::size_t>(mine) * element);
+  reduce_to_owner(call, data, counts, reduced.data());
+  context_.all_gather_bytes(chars(reduced.data(), static_cast<std::int64_t>(reduced.size())),
+                            chars(data, call.count * static_cast<std::int64_t>(element)),
+                            in_bytes(counts, element));
+}
+
 void GroupCommunicator::run_guarded(const comm::CollectiveCall& call, const Tensor& input,
                                     Tensor output) {
   const std::size_t element = dtype_size(call.dtype);
   switch (call.kind) {
     case comm::CollectiveKind::all_reduce: {
-      const std::vector<std::int64_t> counts = comm::balanced_counts(call.count, size());
-      const std::int64_t mine = counts[static_cast<std::size_t>(rank())];
-      std::vector<std::byte> reduced(static_cast<std::size_t>(mine) * element);
-      reduce_to_owner(call, output.bytes().data(), counts, reduced.data());
-      context_.all_gather_bytes(chars(reduced.data(), static_cast<std::int64_t>(reduced.size())),
-                                chars(output.bytes().data(), call.count * element),
-                                in_bytes(counts, element));
+      // In pieces, each within the timeout: a large gradient takes many, a silent peer is still
+      // found within one timeout (elementwise: the bits do not depend on the pieces).
+      const std::int64_t piece =
+          std::max<std::int64_t>(1, kPieceBytes / static_cast<std::int64_t>(element));
+      comm::CollectiveCall part = call;
+      for (std::int64_t first = 0; first < call.count; first += piece) {
+        part.count = std::min(piece, call.count - first);
+        all_reduce_piece(part, output.bytes().data() + first * static_cast<std::int64_t>(element));
+      }
       break;
     }
     case comm::CollectiveKind::reduce_scatter:

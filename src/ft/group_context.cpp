@@ -120,13 +120,19 @@ void GroupContext::all_reduce_sum(std::span<std::int64_t> values) {
 }
 
 void GroupContext::broadcast(std::span<char> bytes, int root) {
-  guarded("broadcast", [&] {
-    gloo::BroadcastOptions options(context_);
-    options.setOutput(bytes.data(), bytes.size());
-    options.setRoot(root);
-    options.setTimeout(milliseconds(timeout_));
-    gloo::broadcast(options);
-  });
+  // In pieces, each within the timeout: a whole model's state takes many.
+  constexpr std::size_t kPiece = std::size_t{32} << 20;
+  for (std::size_t first = 0; first < bytes.size() || first == 0; first += kPiece) {
+    const std::span<char> piece = bytes.subspan(first, std::min(kPiece, bytes.size() - first));
+    guarded("broadcast", [&] {
+      gloo::BroadcastOptions options(context_);
+      options.setOutput(piece.data(), piece.size());
+      options.setRoot(root);
+      options.setTimeout(milliseconds(timeout_));
+      gloo::broadcast(options);
+    });
+    if (bytes.empty()) break;
+  }
 }
 
 std::vector<char> GroupContext::all_gather(std::span<const char> bytes) {

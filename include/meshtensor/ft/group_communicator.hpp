@@ -53,6 +53,8 @@ class GroupCommunicator : public comm::QueuedCommunicator {
                        const std::vector<std::int64_t>& counts, std::byte* output);
 
   void run_guarded(const comm::CollectiveCall& call, const Tensor& input, Tensor output);
+  /// An all-reduce of call.count elements at `data`, in place.
+  void all_reduce_piece(const comm::CollectiveCall& call, std::byte* data);
   GroupContext& context_;
   std::vector<std::int64_t> members_;
   OnFailure on_failure_;

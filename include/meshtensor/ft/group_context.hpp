@@ -40,7 +40,8 @@ class GroupContext {
   /// Sums `values` over the members in place: integer sums, the same bits whatever the order
   /// (exact mode's digits).
   void all_reduce_sum(std::span<std::int64_t> values);
-  /// Replaces `bytes` on every member with the bytes of the member at `root`.
+  /// Replaces `bytes` on every member with the bytes of the member at `root` (in pieces of 32
+  /// MiB, each within the timeout).
   void broadcast(std::span<char> bytes, int root);
   /// Every member's `bytes` (of one length on every member), in member order.
   std::vector<char> all_gather(std::span<const char> bytes);
