@@ -37,8 +37,9 @@ std::int64_t layout_ranks(const TrainOptions& options, const train::TrainSetting
 }
 
 std::string strategy_text(const TrainOptions& options) {
-  return options.settings.given("strategy") ? options.settings.value("strategy")
-                                            : (options.settings.given("mesh") ? "hsdp" : "ddp");
+  if (options.settings.given("strategy")) return options.settings.value("strategy");
+  return options.settings.given("mesh") ? "hsdp"
+                                        : (options.replica_groups.groups > 0 ? "fsdp" : "ddp");
 }
 
 /// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or

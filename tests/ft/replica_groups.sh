@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fault-tolerant training from the command line: replica groups as separate processes on this
-# machine with a coordinator. Usage: replica_groups.sh <meshtensor> <case>
+# machine with a coordinator. Usage: replica_groups.sh <meshtensor> <case> [mpirun...]
 #   exact        3 groups of fsdp 2, 2 groups of tp 2 (sequence parallel), 2 groups of cp 2, 2
 #                groups of ddp 2 (replicas inside and across groups), 3 groups on a batch of 7
 #                (uneven shares): every group ends on the 1-rank digests
@@ -13,6 +13,8 @@
 #                end on the 1-rank digests; restarted mid-run: they go on with it
 #   checkpoint   checkpoints saved while a group is missing verify, and resume on 1 rank to the
 #                uninterrupted digests
+#   mpi          2 groups of 2 mpi processes each (mpirun command after the case), one killed and
+#                restarted: every group ends on the 1-rank digests
 #   errors       a group of another model or layout, a group joined twice, a group out of range,
 #                another group count, an unreachable coordinator: clear errors naming them, and
 #                the running groups go on
@@ -61,7 +63,7 @@ group() {
 wait_step() {
   for _ in $(seq 600); do
     local last
-    last=$(sed -n 's/^step *\([0-9]*\) .*/\1/p' "$dir/$1" | tail -1)
+    last=$(tr '\r' '\n' <"$dir/$1" | sed -n 's/^ *step *\([0-9]*\) .*/\1/p' | tail -1)
     [ -n "$last" ] && [ "$last" -ge "$2" ] && return
     sleep 0.1
   done
@@ -174,6 +176,27 @@ coordinator)
   same_digests "$one" "the coordinator killed and restarted" g0 g1
   grep -q "coordinator 127.0.0.1:$port unreachable at step" "$dir/g0" ||
     fail "group 0 does not name the lost coordinator: $(cat "$dir/g0")"
+  ;;
+mpi)
+  shift 2
+  one=$(digests "$bin" "${run[@]}" --steps 160 --ranks 1)
+  coordinator
+  mpi_group() {
+    "$@" -np 2 "$bin" "${run[@]}" --steps 160 --backend mpi --replica-groups 2 \
+      --replica-group "$index" --coordinator "127.0.0.1:$port" >"$dir/$name" 2>&1 &
+    pids+=($!)
+    eval "pid_$name=$!"
+  }
+  index=0 name=m0 mpi_group "$@"
+  index=1 name=m1 mpi_group "$@"
+  wait_step m0 40
+  kill -9 "$pid_m1"
+  pkill -9 -f "replica-group 1 --coordinator 127.0.0.1:$port" || true
+  wait "$pid_m1" 2>/dev/null || true
+  wait_step m0 80
+  index=1 name=m1b mpi_group "$@"
+  finish m0 m1b
+  same_digests "$one" "2 groups of 2 mpi processes, one killed and healed" m0 m1b
   ;;
 checkpoint)
   one=$(digests "$bin" "${run[@]}" --steps 120 --ranks 1)
