@@ -2,8 +2,8 @@
 # Fault-tolerant training from the command line: replica groups as separate processes on this
 # machine with a coordinator. Usage: replica_groups.sh <meshtensor> <case> [mpirun...]
 #   exact        3 groups of fsdp 2, 2 groups of tp 2 (sequence parallel), 2 groups of cp 2, 2
-#                groups of ddp 2 (replicas inside and across groups), 3 groups on a batch of 7
-#                (uneven shares): every group ends on the 1-rank digests
+#                groups of pp 2, 2 groups of ddp 2 (replicas inside and across groups), 3 groups
+#                on a batch of 7 (uneven shares): every group ends on the 1-rank digests
 #   kill         3 groups; one killed (SIGKILL) and restarted, then another: the survivors go on,
 #                the restarted ones heal from a live peer, every group ends on the 1-rank digests
 #   stop         a group stopped (SIGSTOP) past the timeouts, then continued: it joins again and
@@ -111,6 +111,11 @@ exact)
   for g in 0 1; do group "cp$g" $g "${run[@]}" --steps 8 --mesh 2 --names cp --replica-groups 2; done
   finish cp0 cp1
   same_digests "$one" "2 groups of cp 2" cp0 cp1
+  for g in 0 1; do
+    group "pp$g" $g "${run[@]}" --steps 8 --mesh 2 --names pp --micro-batches 2 --replica-groups 2
+  done
+  finish pp0 pp1
+  same_digests "$one" "2 groups of pp 2" pp0 pp1
   for g in 0 1; do group "ddp$g" $g "${run[@]}" --steps 8 --ranks 2 --strategy ddp --replica-groups 2; done
   finish ddp0 ddp1
   same_digests "$one" "2 groups of ddp 2" ddp0 ddp1
