@@ -123,13 +123,13 @@ kill_host() {  # kill_host DIR HOST [NAME]: every process of the host, or those 
   echo "killed host$host: $(echo $pids | wc -w) processes${name:+ called $name}"
 }
 
-stop_host() {  # stop_host DIR HOST: SIGSTOP to every process of the host
-  local dir=$1 host=$2 tag
+signal_host() {  # signal_host DIR HOST SIGNAL VERB: SIGNAL to every process of the host
+  local dir=$1 host=$2 signal=$3 verb=$4 tag
   tag=$(cat "$dir/tag")
   local pids
   pids=$(ip netns pids "${tag}h$host" || true)
-  [ -n "$pids" ] && kill -STOP $pids
-  echo "stopped host$host: $(echo $pids | wc -w) processes"
+  [ -n "$pids" ] && kill "-$signal" $pids
+  echo "$verb host$host: $(echo $pids | wc -w) processes"
 }
 
 unplug() {  # unplug DIR HOST: the host's link down on the bridge side
@@ -144,15 +144,6 @@ plug() {  # plug DIR HOST: the host's link up again
   tag=$(cat "$dir/tag")
   ip link set "${tag}v$host" up
   echo "plugged host$host"
-}
-
-cont_host() {  # cont_host DIR HOST: SIGCONT to every process of the host
-  local dir=$1 host=$2 tag
-  tag=$(cat "$dir/tag")
-  local pids
-  pids=$(ip netns pids "${tag}h$host" || true)
-  [ -n "$pids" ] && kill -CONT $pids
-  echo "continued host$host: $(echo $pids | wc -w) processes"
 }
 
 exec_on() {  # exec_on DIR HOST -- COMMAND...: COMMAND in the host's namespace, under its name
@@ -186,10 +177,10 @@ run)
   run "$@"
   ;;
 kill) kill_host "$2" "$3" "${4:-}" ;;
-stop) stop_host "$2" "$3" ;;
+stop) signal_host "$2" "$3" STOP stopped ;;
 unplug) unplug "$2" "$3" ;;
 plug) plug "$2" "$3" ;;
-cont) cont_host "$2" "$3" ;;
+cont) signal_host "$2" "$3" CONT continued ;;
 exec)
   shift
   exec_on "$@"

@@ -90,8 +90,15 @@ Quorum ReplicaGroups::ask(std::int64_t step, bool fresh) {
   constexpr double kRound = 60.0;
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(config_.coordinator_timeout);
+  // While the coordinator is away and the plane holds, it is tried again every few seconds, not
+  // every step (each try may wait out a connect).
+  constexpr auto kRetry = std::chrono::seconds(5);
+  if (coordinator_lost_ && !fresh && plane_ != nullptr &&
+      std::chrono::steady_clock::now() - last_try_ < kRetry)
+    return going_on_without_coordinator(step);
   for (;;) {
     std::optional<Quorum> formed;
+    last_try_ = std::chrono::steady_clock::now();
     try {
       formed = client_->try_quorum(step, kRound, fresh);
     } catch (const TimeoutError&) {

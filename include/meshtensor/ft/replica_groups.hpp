@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -87,6 +88,7 @@ class ReplicaGroups : public train::ReplicaLink {
   std::shared_ptr<Plane> plane_;
   std::vector<std::string> notes_;
   bool coordinator_lost_ = false;
+  std::chrono::steady_clock::time_point last_try_;  // of reaching the coordinator
 };
 
 /// The replica group `groups` makes `world` (collective; nullptr when groups.groups is 0), for
