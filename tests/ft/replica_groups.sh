@@ -3,7 +3,8 @@
 # machine with a coordinator. Usage: replica_groups.sh <meshtensor> <case> [mpirun...]
 #   exact        3 groups of fsdp 2, 2 groups of tp 2 (sequence parallel), 2 groups of cp 2, 2
 #                groups of pp 2, 2 groups of ddp 2 (replicas inside and across groups), 3 groups
-#                on a batch of 7 (uneven shares): every group ends on the 1-rank digests
+#                on a batch of 7 (uneven shares), 3 groups of a Llama with gradient clipping and
+#                reduce-scatter micro-batches: every group ends on the 1-rank digests
 #   kill         3 groups; one killed (SIGKILL) and restarted, then another: the survivors go on,
 #                the restarted ones heal from a live peer, every group ends on the 1-rank digests
 #   stop         a group stopped (SIGSTOP) past the timeouts, then continued: it joins again and
@@ -125,6 +126,15 @@ exact)
   for g in 0 1 2; do group "seven$g" $g "${run7[@]}" --ranks 1 --replica-groups 3; done
   finish seven0 seven1 seven2
   same_digests "$seven" "3 groups on a batch of 7" seven0 seven1 seven2
+  llama=(train --mode exact --model llama:layers=2,heads=4,kv_heads=2,dim=32,context=24,qk_norm=1
+         --batch 5 --seed 5 --no-sample --steps 6 --clip-grad-norm 0.3)
+  want=$(digests "$bin" "${llama[@]}" --ranks 1)
+  for g in 0 1 2; do
+    group "llama$g" $g "${llama[@]}" --ranks 2 --micro-batches 3 --micro-batch-mode reduce-scatter \
+      --replica-groups 3
+  done
+  finish llama0 llama1 llama2
+  same_digests "$want" "3 groups of a clipped Llama, reduce-scatter micro-batches" llama0 llama1 llama2
   ;;
 kill)
   one=$(digests "$bin" "${run[@]}" --steps 200 --ranks 1)
