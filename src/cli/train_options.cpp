@@ -42,8 +42,6 @@ std::string strategy_text(const TrainOptions& options) {
                                         : (options.replica_groups.groups > 0 ? "fsdp" : "ddp");
 }
 
-/// Parses --model (with --activation and --layernorm for an MLP) and loads its data: --data, or
-/// the model's default (Fashion-MNIST for mlp, Debian's fortunes for gpt).
 /// The decoder and tokenizer of `init` (a checkpoint or hf:DIR), which --model and --tokenizer
 /// must leave alone.
 std::pair<nn::DecoderSpec, std::shared_ptr<const tokenize::Tokenizer>> init_model(
