@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -28,8 +29,22 @@ SimdLevel detect() {
   return SimdLevel::baseline;
 }
 
+/// The level MESHTENSOR_SIMD caps the kernels at (the best this CPU runs when it is not set).
+SimdLevel level_from_environment() {
+  const char* text = std::getenv("MESHTENSOR_SIMD");
+  if (text == nullptr || *text == '\0') return best_simd_level();
+  const SimdLevel asked = parse_enum(kSimdLevelNames, text, "MESHTENSOR_SIMD level");
+  if (static_cast<int>(asked) > static_cast<int>(best_simd_level())) {
+    throw InvalidArgument(
+        fmt::format("MESHTENSOR_SIMD={}: this CPU cannot run the {} kernels (its "
+                    "best is {})",
+                    text, text, simd_level_name(best_simd_level())));
+  }
+  return asked;
+}
+
 std::atomic<SimdLevel>& current() {
-  static std::atomic<SimdLevel> level{best_simd_level()};
+  static std::atomic<SimdLevel> level{level_from_environment()};
   return level;
 }
 }  // namespace

@@ -21,7 +21,10 @@ std::string_view simd_level_name(SimdLevel level);
 /// The widest level this CPU runs.
 SimdLevel best_simd_level();
 
-/// The level the kernels use now: best_simd_level() unless set_simd_level() chose another.
+/// The level the kernels use now: best_simd_level(), or the environment's MESHTENSOR_SIMD
+/// ("baseline", "avx2" or "avx512": a cap, e.g. to measure an AVX2-only CPU's speed on a wider
+/// one; the bits are the same), unless set_simd_level() chose another. The first call throws
+/// ParseError naming an unknown MESHTENSOR_SIMD, InvalidArgument one this CPU cannot run.
 SimdLevel simd_level();
 
 /// Makes the kernels use `level` (tests compare the levels bit for bit; benchmarks time them).
