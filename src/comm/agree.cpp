@@ -131,6 +131,12 @@ std::string failure_message(const std::exception_ptr& failure) {
 
 }  // namespace
 
+bool on_any_rank(Communicator& group, bool flag) {
+  Tensor any = Tensor::full({1}, DType::i64, flag ? 1.0 : 0.0);
+  group.all_reduce(any, {.op = ReduceOp::max, .mode = ReductionMode::ordered});
+  return std::as_const(any).values<std::int64_t>()[0] != 0;
+}
+
 void throw_if_any_failed(Communicator& group, const std::exception_ptr& failure) {
   Tensor first = Tensor::full({1}, DType::i64, failure ? group.rank() : group.size());
   group.all_reduce(first, {.op = ReduceOp::min, .mode = ReductionMode::ordered});

@@ -160,15 +160,6 @@ bool ReplicaGroups::build_plane(const Quorum& quorum) {
   return true;
 }
 
-bool ReplicaGroups::on_any_rank(bool flag) {
-  Tensor any = Tensor::full(Shape{1}, DType::i64, flag ? 1.0 : 0.0);
-  comm::CollectiveOptions options;
-  options.op = ReduceOp::max;
-  options.label = "replica groups: any rank failed";
-  world_.all_reduce(any, options);
-  return any.values<std::int64_t>()[0] != 0;
-}
-
 std::optional<train::ReplicaLink::StepQuorum> ReplicaGroups::begin_step(std::int64_t step,
                                                                         bool fresh) {
   std::string text;
@@ -186,7 +177,7 @@ std::optional<train::ReplicaLink::StepQuorum> ReplicaGroups::begin_step(std::int
   if (!current_ || quorum.id != current_->id || quorum.coordinator != current_->coordinator)
     met = build_plane(quorum);
   current_ = quorum;
-  if (on_any_rank(!met)) {
+  if (comm::on_any_rank(world_, !met)) {
     current_.reset();
     plane_.reset();
     return std::nullopt;

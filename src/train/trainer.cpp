@@ -285,8 +285,6 @@ class TrainingRun {
   /// Receives (behind the quorum) or passes on the training state over the quorum's link; false
   /// when the link failed on any rank of the group.
   bool heal();
-  /// Whether `flag` holds on any rank of the group (collective).
-  bool on_any_rank(bool flag);
   /// The checkpoint scalars of kTrainStateTensors set from the run's position.
   void write_scalars();
   void run_micro_batch(const Batch& batch, std::int64_t k, kernels::BinnedSums& losses,
@@ -632,12 +630,6 @@ Totals TrainingRun::train_step(std::int64_t epoch, std::int64_t s) {
   return totals;
 }
 
-bool TrainingRun::on_any_rank(bool flag) {
-  Tensor any = Tensor::full(Shape{1}, DType::i64, flag ? 1.0 : 0.0);
-  world_.all_reduce(any, reduce_options(ReduceOp::max, comm::ReductionMode::ordered));
-  return any.values<std::int64_t>()[0] != 0;
-}
-
 Totals TrainingRun::replicated_step(bool& healed) {
   for (bool fresh = false;; fresh = true) {
     quorum_ = replicas_->begin_step(step_, fresh);
@@ -654,7 +646,7 @@ Totals TrainingRun::replicated_step(bool& healed) {
     const Totals totals = compute_gradients(step_ / steps_per_epoch_, step_ % steps_per_epoch_);
     // A failed cross-group collective left garbage behind on some rank: the group redoes the
     // step in the next quorum, before the optimizer touched anything.
-    if (on_any_rank(replicas_->failed())) continue;
+    if (comm::on_any_rank(world_, replicas_->failed())) continue;
     apply_gradients();
     return totals;
   }
@@ -676,7 +668,7 @@ bool TrainingRun::heal() {
     std::memcpy(at, value.bytes().data(), value.bytes().size());
     at += value.bytes().size();
   }
-  if (on_any_rank(!replicas_->broadcast(state, *quorum_->heal_root))) return false;
+  if (comm::on_any_rank(world_, !replicas_->broadcast(state, *quorum_->heal_root))) return false;
   if (quorum_->step == step_) return true;  // a member at the step: it passed its state on
   at = state.data();
   for (Tensor& value : values) {

@@ -23,6 +23,10 @@ std::vector<std::string> all_gather_text(Communicator& group, const std::string&
 /// collective that the failed one never reaches.
 void throw_if_any_failed(Communicator& group, const std::exception_ptr& failure);
 
+/// Whether `flag` holds on any rank of `group` (collective, one small all_reduce): how the ranks of
+/// a job agree that one of them saw a failure the others did not.
+bool on_any_rank(Communicator& group, bool flag);
+
 /// Checks that every rank of `group` passes the same `text` (a configuration: options, a mode, a
 /// plan): collective, one small all_reduce when they agree. When they do not, every rank throws
 /// the same InvalidArgument naming `what`, group rank 0's text and the first rank that differs

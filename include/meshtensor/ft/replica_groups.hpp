@@ -78,7 +78,6 @@ class ReplicaGroups : public train::ReplicaLink {
   Quorum going_on_without_coordinator(std::int64_t step);
   /// This rank's context and communicator for `quorum`; false when its members did not meet.
   bool build_plane(const Quorum& quorum);
-  bool on_any_rank(bool flag);
 
   comm::Communicator& world_;
   ReplicaGroupsConfig config_;
