@@ -256,45 +256,78 @@ Tensor Linear::variant_product(const BatchVariantScope& variant) const {
   return output;
 }
 
-PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
+std::vector<Tensor> Linear::forward_addends() const {
   const std::int64_t rows = input_.shape()[0];
   const std::int64_t in = weight_shape()[0];
   const std::int64_t out = weight_shape()[1];
   const std::int64_t width = in / in_blocks_;
-  Tensor product = Tensor::uninitialized(Shape{rows, out}, DType::f32);
+  std::vector<Tensor> addends;
   for (std::int64_t b = 0; b < in_blocks_; ++b) {
+    Tensor product = Tensor::uninitialized(Shape{rows, out}, DType::f32);
     const WeightOperand block = weight_rows(b * width, width);
     kernels::matmul(input_.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
                     block.matrix.contiguous(), block.transpose, product);
-    add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
+    addends.push_back(std::move(product));
   }
   if (adds_bias()) {
-    fill_bias_rows(product);
-    add_elements(sums, product, kernels::Start::sums);
+    Tensor bias_rows = Tensor::uninitialized(Shape{rows, out}, DType::f32);
+    fill_bias_rows(bias_rows);
+    addends.push_back(std::move(bias_rows));
   }
-  return {Tensor(), &sums, with_features(input_shape_, out)};
+  return addends;
+}
+
+namespace {
+
+/// The addends' exact sums (each element its own): rounded here when nothing else joins them
+/// (the verified fast path, the digits' bits), else added into `sums` for the split to complete.
+PartialSums sum_addends(const std::vector<Tensor>& addends, bool whole, kernels::BinnedSums& sums,
+                        Shape shape) {
+  if (whole) {
+    Tensor rounded = Tensor::uninitialized(shape, DType::f32);
+    kernels::round_element_sums(addends, 1, rounded);
+    return {rounded, nullptr, shape};
+  }
+  for (std::size_t b = 0; b < addends.size(); ++b)
+    add_elements(sums, addends[b], b == 0 ? kernels::Start::empty : kernels::Start::sums);
+  return {Tensor(), &sums, shape};
+}
+
+}  // namespace
+
+PartialSums Linear::forward_sums(kernels::BinnedSums& sums) const {
+  return sum_addends(forward_addends(), split_ == nullptr, sums,
+                     with_features(input_shape_, weight_shape()[1]));
+}
+
+std::vector<Tensor> Linear::input_grad_addends(const Tensor& dy) const {
+  const std::int64_t rows = input_.shape()[0];
+  const std::int64_t in = weight_shape()[0];
+  const std::int64_t width = weight_shape()[1] / out_blocks_;
+  std::vector<Tensor> addends;
+  for (std::int64_t b = 0; b < out_blocks_; ++b) {
+    Tensor product = Tensor::uninitialized(Shape{rows, in}, DType::f32);
+    const WeightOperand block = weight_columns(b * width, width);
+    kernels::matmul(dy.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
+                    block.matrix.contiguous(), flipped(block.transpose), product);
+    addends.push_back(std::move(product));
+  }
+  return addends;
 }
 
 PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const {
-  const std::int64_t rows = input_.shape()[0];
-  const std::int64_t in = weight_shape()[0];
-  const std::int64_t out = weight_shape()[1];
-  if (out_blocks_ == kEveryColumn) {
-    // Wᵀ: the table itself for a tied layer.
-    const WeightOperand w = weight_operand();
-    kernels::add_outer_products(sums, 0, transposed(dy),
-                                tied_ != nullptr ? w.matrix.contiguous() : transposed(w.matrix),
-                                kernels::Start::empty);
-  } else {
-    const std::int64_t width = out / out_blocks_;
-    Tensor product = Tensor::uninitialized(Shape{rows, in}, DType::f32);
-    for (std::int64_t b = 0; b < out_blocks_; ++b) {
-      const WeightOperand block = weight_columns(b * width, width);
-      kernels::matmul(dy.narrow(1, b * width, width).contiguous(), kernels::Transpose::no,
-                      block.matrix.contiguous(), flipped(block.transpose), product);
-      add_elements(sums, product, b == 0 ? kernels::Start::empty : kernels::Start::sums);
-    }
+  if (out_blocks_ != kEveryColumn)
+    return sum_addends(input_grad_addends(dy), split_ == nullptr, sums, input_shape_);
+  // Wᵀ: the table itself for a tied layer.
+  const WeightOperand w = weight_operand();
+  const Tensor terms = transposed(dy);
+  const Tensor weights = tied_ != nullptr ? w.matrix.contiguous() : transposed(w.matrix);
+  if (split_ == nullptr) {
+    Tensor rounded = Tensor::uninitialized(input_shape_, DType::f32);
+    kernels::round_outer_products(terms, weights, 1, rounded);
+    return {rounded, nullptr, input_shape_};
   }
+  kernels::add_outer_products(sums, 0, terms, weights, kernels::Start::empty);
   return {Tensor(), &sums, input_shape_};
 }
 
@@ -318,7 +351,7 @@ Tensor Linear::forward(const Tensor& given) {
   PartialSums partial;
   kernels::BinnedSums sums;
   if (in_blocks_ > 0) {
-    sums = kernels::BinnedSums::uninitialized(rows * out);
+    if (split_ != nullptr) sums = kernels::BinnedSums::uninitialized(rows * out);
     partial = forward_sums(sums);
   } else {
     const BatchVariantScope* variant = BatchVariantScope::active();
@@ -352,7 +385,7 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
     PartialSums partial;
     kernels::BinnedSums sums;
     if (out_blocks_ != 0) {
-      sums = kernels::BinnedSums::uninitialized(input_.numel());
+      if (split_ != nullptr) sums = kernels::BinnedSums::uninitialized(input_.numel());
       partial = input_grad_sums(dy, sums);
     } else {
       Tensor product = Tensor::uninitialized(input_.shape(), DType::f32);

@@ -116,4 +116,28 @@ void merge_binned_parts(BinnedSums& sums, std::span<const BinnedPart> parts);
 /// f64 `out`, contiguous, count elements): one rounding, ties to even; NaN for non-finite elements.
 void round_binned_sums(const BinnedSums& sums, std::int64_t divisor, Tensor out);
 
+/// What round_outer_products did: how many elements the verified f64 sum settled and how many
+/// fell back to the digits.
+struct VerifiedRounding {
+  std::int64_t settled = 0;
+  std::int64_t fallbacks = 0;
+};
+
+/// out = x^T·dy / divisor rounded to f32 (out: f32, contiguous, [m, n] elements in row-major
+/// order) with the bits of add_outer_products into empty sums followed by round_binned_sums,
+/// for a sum that is whole here (nothing else will be added to it). Each element's f64 sum of
+/// the exact f32 products, with a rigorous bound on its distance from the binned sum, settles
+/// the element when every value within the bound rounds to one nonzero finite f32; the elements
+/// it cannot settle (the bound straddles a rounding boundary, a zero or an overflow, or an input
+/// is not finite) take the digits. See docs/exact-mode.md, "The verified fast path".
+VerifiedRounding round_outer_products(const Tensor& x, const Tensor& dy, std::int64_t divisor,
+                                      Tensor out);
+
+/// out[e] = (Σ over the parts of part[e]) / divisor rounded to f32 (every part f32 of
+/// out.numel() elements; out f32, contiguous) with the bits of add_column_sums of each part as
+/// one row into empty sums followed by round_binned_sums: round_outer_products's verified fast
+/// path for sums of a few whole tensors (a layer's output summed over its exact blocks).
+VerifiedRounding round_element_sums(std::span<const Tensor> parts, std::int64_t divisor,
+                                    Tensor out);
+
 }  // namespace meshtensor::kernels

@@ -101,9 +101,19 @@ class Linear : public Module {
   void fill_bias_rows(Tensor& output) const;  // every row of [rows, out] = the bias
   Tensor product() const;                     // bias + input·W, [rows, out]
   Tensor variant_product(const BatchVariantScope& variant) const;  // the same, batch-variant
+  /// Exact blocks: the addends of each output element's exact sum, [rows, out] each (the f32
+  /// products of the input's column blocks with W's row blocks, then the bias rows).
+  std::vector<Tensor> forward_addends() const;
+  /// Exact blocks: the output's exact sums, rounded here without a split (the verified fast
+  /// path), else left in `sums` for the split to complete.
   PartialSums forward_sums(kernels::BinnedSums& sums) const;
   /// Checks the input and keeps it for backward, as [rows, in].
   void keep_input(const Tensor& input);
+  /// Exact blocks: the input gradient's addends, [rows, in] each (f32 products of dy's column
+  /// blocks with W's column blocks); not for kEveryColumn.
+  std::vector<Tensor> input_grad_addends(const Tensor& dy) const;
+  /// Exact blocks: the input gradient's exact sums, rounded here without a split, else left in
+  /// `sums` for the split to complete.
   PartialSums input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const;
   /// W as a matmul operand: the weight as stored, or a tied layer's table read transposed.
   struct WeightOperand {
