@@ -200,7 +200,7 @@ int run_train_bench(const TrainBenchConfig& bench) {
     print_train_bench_rows(runs, task, config);
     std::cout << fmt::format(
         "exact / ordered step time on {} ranks: {:.2f}x, median of {} alternated rounds ({:.2f}) "
-        "(goal: at most 3x)\n",
+        "(goal: at most 2x)\n",
         ranks, ratio, rounds, fmt::join(ratios, ", "));
     std::cout << fmt::format("reruns of each mode: {}\n", reruns_agree ? "identical" : "DIFFER");
     std::cout << fmt::format("exact digests over {} layout(s): {}\n", layouts.size(),

@@ -37,46 +37,110 @@ constexpr double kAbsoluteSlack = 0x1p-160;
   return magnitude * (addends * 0x1p-52) + kAbsoluteSlack;
 }
 
-/// The f32 bits every real value within `bound` of `sum` / `divisor` rounds to, or NaN's bits
-/// (0x7fc00000, never a settled result: non-finite sums always take the digits) when they do not
-/// all round to one nonzero finite f32. Rounding to nearest is monotone, so the two ends of a
-/// (slightly widened) interval decide: q = sum / divisor errs by at most 2^-52·|q|, the division
-/// of the bound shrinks it by at most 2^-53 relative, and the interval's ends are rounded once
-/// more each; the widening (2^-40 of the bound, 2^-48 of |q|) covers all of these.
-[[gnu::always_inline]] inline std::uint32_t settle(double sum, double bound, double divisor) {
+/// Whether every real value within `bound` of `sum` / `divisor` rounds to one f32, decided from
+/// the two ends of a (slightly widened) interval, as rounding to nearest is monotone: q = sum /
+/// divisor errs by at most 2^-52·|q|, the division of the bound shrinks it by at most 2^-53
+/// relative, and each end is rounded once more; the widening (2^-40 of the bound, 2^-48 of |q|)
+/// covers all of these. `exact` (1, else 0): the sum is the binned sum itself and q is exact (a
+/// divisor that is a power of two), so q rounds once, ties to even, as the digits round. Writes
+/// the ends rounded to f32.
+[[gnu::always_inline]] inline void round_ends(double sum, double bound, double divisor,
+                                              double exact, float& low, float& high) {
   const double q = sum / divisor;
-  const double margin = (bound / divisor) * (1.0 + 0x1p-40) + std::fabs(q) * 0x1p-48;
-  const float low = static_cast<float>(q - margin);
-  const float high = static_cast<float>(q + margin);
+  const double margin =
+      exact != 0.0 ? 0.0 : (bound / divisor) * (1.0 + 0x1p-40) + std::fabs(q) * 0x1p-48;
+  low = static_cast<float>(q - margin);
+  high = static_cast<float>(q + margin);
+}
+
+/// An element's result: the ends' common bits when they agree on a finite f32 that is not zero
+/// (zero only for an exact sum: `zero_allowed` 1), else NaN's bits, never a settled result (a
+/// non-finite sum or bound always takes the digits). Bitwise, not short-circuit, conditions: the
+/// loops over elements vectorise.
+[[gnu::always_inline]] inline std::uint32_t settled_bits(float low, float high,
+                                                         float zero_allowed) {
   const auto low_bits = std::bit_cast<std::uint32_t>(low);
-  const bool settled = low_bits == std::bit_cast<std::uint32_t>(high) && low != 0.0f &&
-                       std::fabs(low) <= std::numeric_limits<float>::max() && margin - margin == 0.0;
+  const bool settled = (low_bits == std::bit_cast<std::uint32_t>(high)) &
+                       (((low_bits & 0x7fffffffu) != 0) | (zero_allowed != 0.0f)) &
+                       ((low_bits & 0x7f800000u) != 0x7f800000u);
   return settled ? low_bits : 0x7fc00000u;
 }
 
 constexpr std::uint32_t kUnsettled = 0x7fc00000u;
 
-/// out[e] = settle(sums[e], error_bound(magnitudes[e], addends[e]), divisor) for e < count.
+/// Elements a pass of the settling loops keeps on the stack.
+constexpr std::int64_t kSettleChunk = 512;
+
+/// out[e] = the settled bits of sums[e] with error_bound(magnitudes[e], addends), e < count.
 template <class T>
 [[gnu::always_inline]] inline void settle_all_body(const double* sums, const double* magnitudes,
                                                    double addends, double divisor,
                                                    std::uint32_t* out, std::int64_t count) {
-  for (std::int64_t e = 0; e < count; ++e)
-    out[e] = settle(sums[e], error_bound(magnitudes[e], addends), divisor);
+  float low[kSettleChunk];
+  float high[kSettleChunk];
+  for (std::int64_t e0 = 0; e0 < count; e0 += kSettleChunk) {
+    const std::int64_t n = std::min(kSettleChunk, count - e0);
+    for (std::int64_t e = 0; e < n; ++e)
+      round_ends(sums[e0 + e], error_bound(magnitudes[e0 + e], addends), divisor, 0.0, low[e],
+                 high[e]);
+    for (std::int64_t e = 0; e < n; ++e)
+      out[e0 + e] = settled_bits(low[e], high[e], 0.0f);
+  }
 }
 MESHTENSOR_SIMD_KERNEL(settle_all, settle_all_body)
 
-/// sums[e] += v and magnitudes[e] += |v| over one part's f32 values.
+/// Whether an f64 sum of `addends` f32 values, the largest (in magnitude) `largest` and the
+/// smallest nonzero `smallest`, is exact in any order and equal to their binned sum: every one is
+/// a multiple of the smallest one's f32 unit, at least smallest·2^-24, and every partial sum is
+/// below addends·largest, which this keeps within 2^53 of that unit. The digits keep every
+/// multiple of their lowest unit, at most 2^-62 of the largest, whole.
+[[gnu::always_inline]] inline bool exact_in_f64(double largest, double smallest, double addends) {
+  return largest * addends <= smallest * 0x1p29;
+}
+
+/// out[e] = the settled bits of Σ_p parts[p][e] (f64 sums of the f32 values, in part order) for
+/// e < count, a cache-sized chunk of elements at a time. Sums that are exact (exact_in_f64, the
+/// common case of a few addends of similar size) settle even on a rounding tie.
 template <class T>
-[[gnu::always_inline]] inline void add_part_body(const float* part, double* sums,
-                                                 double* magnitudes, std::int64_t count) {
-  for (std::int64_t e = 0; e < count; ++e) {
-    const double v = part[e];
-    sums[e] += v;
-    magnitudes[e] += std::fabs(v);
+[[gnu::always_inline]] inline void settle_parts_body(const float* const* parts,
+                                                     std::int64_t part_count, double divisor,
+                                                     double power_of_two, std::uint32_t* out,
+                                                     std::int64_t count) {
+  const auto addends = static_cast<double>(part_count);
+  const double infinity = std::numeric_limits<double>::infinity();
+  for (std::int64_t e0 = 0; e0 < count; e0 += kSettleChunk) {
+    const std::int64_t n = std::min(kSettleChunk, count - e0);
+    double sums[kSettleChunk] = {};
+    double magnitudes[kSettleChunk] = {};
+    double largest[kSettleChunk] = {};
+    double smallest[kSettleChunk];
+    std::fill_n(smallest, n, infinity);
+    for (std::int64_t p = 0; p < part_count; ++p) {
+      const float* part = parts[p] + e0;
+      for (std::int64_t e = 0; e < n; ++e) {
+        const double v = part[e];
+        const double size = std::fabs(v);
+        sums[e] += v;
+        magnitudes[e] += size;
+        largest[e] = size > largest[e] ? size : largest[e];
+        const double nonzero = size == 0.0 ? infinity : size;
+        smallest[e] = nonzero < smallest[e] ? nonzero : smallest[e];
+      }
+    }
+    float low[kSettleChunk];
+    float high[kSettleChunk];
+    float exact[kSettleChunk];
+    for (std::int64_t e = 0; e < n; ++e) {
+      const double is_exact =
+          power_of_two != 0.0 && exact_in_f64(largest[e], smallest[e], addends) ? 1.0 : 0.0;
+      round_ends(sums[e], error_bound(magnitudes[e], addends), divisor, is_exact, low[e], high[e]);
+      exact[e] = static_cast<float>(is_exact);
+    }
+    for (std::int64_t e = 0; e < n; ++e)
+      out[e0 + e] = settled_bits(low[e], high[e], exact[e]);
   }
 }
-MESHTENSOR_SIMD_KERNEL(add_part, add_part_body)
+MESHTENSOR_SIMD_KERNEL(settle_parts, settle_parts_body)
 
 /// squares[j] = Σ_r m[r][j]² in f64 (m: f32 [rows, n], contiguous).
 template <class T>
@@ -191,8 +255,8 @@ VerifiedRounding round_outer_products(const Tensor& x, const Tensor& dy, std::in
   const double* s = sums.values<double>().data();
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j)
-      magnitudes[static_cast<std::size_t>(j)] =
-          std::sqrt(x_squares[static_cast<std::size_t>(i)] * dy_squares[static_cast<std::size_t>(j)]);
+      magnitudes[static_cast<std::size_t>(j)] = std::sqrt(x_squares[static_cast<std::size_t>(i)] *
+                                                          dy_squares[static_cast<std::size_t>(j)]);
     settle_all<float>(s + i * n, magnitudes.data(), static_cast<double>(rows),
                       static_cast<double>(divisor), bits + i * n, n);
   }
@@ -218,13 +282,13 @@ VerifiedRounding round_element_sums(std::span<const Tensor> parts, std::int64_t 
   dense.reserve(parts.size());
   for (const Tensor& part : parts)
     dense.push_back(part.contiguous());
-  std::vector<double> sums(static_cast<std::size_t>(count), 0.0);
-  std::vector<double> magnitudes(static_cast<std::size_t>(count), 0.0);
+  std::vector<const float*> pointers;
   for (const Tensor& part : dense)
-    add_part<float>(part.values<float>().data(), sums.data(), magnitudes.data(), count);
+    pointers.push_back(part.values<float>().data());
   std::uint32_t* bits = bits_of(out);
-  settle_all<float>(sums.data(), magnitudes.data(), static_cast<double>(parts.size()),
-                    static_cast<double>(divisor), bits, count);
+  settle_parts<float>(
+      pointers.data(), static_cast<std::int64_t>(pointers.size()), static_cast<double>(divisor),
+      std::has_single_bit(static_cast<std::uint64_t>(divisor)) ? 1.0 : 0.0, bits, count);
   // The unsettled elements' parts as the columns of one matrix, one row a part.
   std::vector<std::int64_t> unsettled;
   for (std::int64_t e = 0; e < count; ++e)
