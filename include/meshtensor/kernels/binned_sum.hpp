@@ -129,7 +129,7 @@ struct VerifiedRounding {
 /// the exact f32 products, with a rigorous bound on its distance from the binned sum, settles
 /// the element when every value within the bound rounds to one nonzero finite f32; the elements
 /// it cannot settle (the bound straddles a rounding boundary, a zero or an overflow, or an input
-/// is not finite) take the digits. See docs/exact-mode.md, "The verified fast path".
+/// is not finite) take the digits. See docs/training.md, "The verified fast path".
 VerifiedRounding round_outer_products(const Tensor& x, const Tensor& dy, std::int64_t divisor,
                                       Tensor out);
 
