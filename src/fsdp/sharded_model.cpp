@@ -149,6 +149,18 @@ ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> membe
     replicate_lane_ = model.lane(config_.replicate_mesh_dims, kReduceChannel, "reduce");
     if (!replicate_lane_->comm) replicate_lane_.reset();
   }
+  if (replicate_lane_ && layout_.ranks() > 1 && !model.groups().topology().single_level()) {
+    std::vector<int> both = config_.shard_mesh_dims;
+    both.insert(both.end(), config_.replicate_mesh_dims.begin(), config_.replicate_mesh_dims.end());
+    both_lane_ = model.lane(both, kReduceChannel, "reduce");
+    const int replicas = replicate_lane_->comm->size();
+    if (both_lane_->comm->rank() != shard_rank() * replicas + replicate_lane_->comm->rank()) {
+      throw InvalidArgument(fmt::format(
+          "sharded module {}: the group over the shard and replicate dims does not order its "
+          "members shard-major (rank {}, shard {}, replica {})",
+          name_, both_lane_->comm->rank(), shard_rank(), replicate_lane_->comm->rank()));
+    }
+  }
   const int me = shard_rank();
   shard_values_ = Tensor::zeros(Shape{layout_.counts()[static_cast<std::size_t>(me)]}, DType::f32);
   shard_grads_ = Tensor::zeros(shard_values_.shape(), DType::f32);
@@ -305,8 +317,9 @@ struct ShardedModule::Reduction {
   std::int64_t sink_bytes = 0;
   std::int64_t mine = 0;  // this rank's segment
   int replicas = 1;
-  bool fused = false;  // ordered: reduce-scatter and all-reduce divide once, after both
-  bool last = false;   // the last backward of the step
+  bool fused = false;      // ordered: reduce-scatter and all-reduce divide once, after both
+  bool last = false;       // the last backward of the step
+  bool two_level = false;  // fused over both dims: reduce-scatter there, all-gather replicas
   DType reduce_dtype = DType::f32;
   DivideFactors rs_factors;
   DivideFactors ar_factors;
@@ -339,6 +352,9 @@ std::shared_ptr<const ShardedModule::Reduction> ShardedModule::plan_reduction(bo
                                : divide_factors(job->reduce_dtype, job->replicas,
                                                 static_cast<double>(job->replicas));
   job->divisor = exact ? exact_divisor(factor) : 0;
+  // On several hosts a fused ordered reduction runs over both dims at once: one reduce-scatter
+  // in two levels, then an all-gather over the replicas (docs/fsdp.md, "HSDP in two levels").
+  job->two_level = job->fused && both_lane_ != nullptr;
   job->dense = std::exchange(dense_sink_, nullptr);
   job->binned = std::exchange(binned_sink_, nullptr);
   job->sink_bytes = std::exchange(sink_bytes_, 0);
@@ -362,13 +378,18 @@ void ShardedModule::launch_reduce() {
     // The reduction makes the carried sums of this rank's slice.
     model.memory().add(MemoryKind::gradients, kBinnedBytes * job->mine);
   }
-  const comm::Work rs_work = reduce_lane_->queue.submit([this, job, exact, runs_all_reduce] {
+  Lane& first_lane = job->two_level ? *both_lane_ : *reduce_lane_;
+  const comm::Work rs_work = first_lane.queue.submit([this, job, exact, runs_all_reduce] {
     if (exact) {
       reduce_scatter_exact(*job);
       // Without an all-reduce the sums round here, at the last backward of the step.
       if (!runs_all_reduce) finish_exact(*job, nullptr, job->last && job->replicas == 1);
+    } else if (job->two_level) {
+      const std::vector<std::int64_t> pieces = piece_counts();
+      reduce_scatter_ordered(*job, *both_lane_, pieces,
+                             pieces[static_cast<std::size_t>(both_lane_->comm->rank())]);
     } else {
-      reduce_scatter_ordered(*job);
+      reduce_scatter_ordered(*job, *reduce_lane_, layout_.counts(), job->mine);
     }
   });
   model.last_reduce_scatter_ = rs_work;
@@ -380,6 +401,8 @@ void ShardedModule::launch_reduce() {
                             replicate_lane_->name);
     if (exact) {
       finish_exact(*job, replicate_lane_->comm.get(), job->last);
+    } else if (job->two_level) {
+      all_gather_pieces(*job);
     } else {
       all_reduce_ordered(*job);
     }
@@ -425,18 +448,20 @@ void ShardedModule::reduce_scatter_exact(const Reduction& job) {
   model_.memory().add(MemoryKind::unsharded, -job.sink_bytes);
 }
 
-void ShardedModule::reduce_scatter_ordered(const Reduction& job) {
-  const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce", reduce_lane_->name);
-  const std::shared_ptr<comm::Communicator>& group = reduce_lane_->comm;
+void ShardedModule::reduce_scatter_ordered(const Reduction& job, const Lane& lane,
+                                           const std::vector<std::int64_t>& counts,
+                                           std::int64_t mine) {
+  const Tracer::Span span(model_.tracer(), "reduce_scatter " + name_, "reduce", lane.name);
+  const std::shared_ptr<comm::Communicator>& group = lane.comm;
   Tensor packed(Shape{layout_.total()}, DType::f32);
   model_.memory().add(MemoryKind::unsharded, bytes_of(packed));
   layout_.pack(layout_.parameter_views(job.dense->sums()), packed);
   if (job.rs_factors.pre != 1.0) kernels::divide(packed, job.rs_factors.pre);
   const Tensor send =
       job.reduce_dtype == DType::f32 ? packed : kernels::convert(packed, job.reduce_dtype);
-  Tensor out(Shape{job.mine}, job.reduce_dtype);
+  Tensor out(Shape{mine}, job.reduce_dtype);
   if (group) {
-    group->reduce_scatter(send, out, layout_.counts(), reduce_options("reduce-scatter"));
+    group->reduce_scatter(send, out, counts, reduce_options("reduce-scatter"));
   } else {
     out.copy_from(send);
   }
@@ -457,6 +482,32 @@ void ShardedModule::reduce_scatter_ordered(const Reduction& job) {
     }
   }
   model_.memory().add(MemoryKind::unsharded, -job.sink_bytes);
+}
+
+std::vector<std::int64_t> ShardedModule::piece_counts() const {
+  const std::int64_t replicas = replicate_size();
+  std::vector<std::int64_t> pieces;
+  for (const std::int64_t count : layout_.counts())
+    for (std::int64_t d = 0; d < replicas; ++d)
+      pieces.push_back(count / replicas + (d < count % replicas ? 1 : 0));
+  return pieces;
+}
+
+void ShardedModule::all_gather_pieces(const Reduction& job) {
+  StepAccumulator& acc = *job.acc;
+  const Tensor piece = acc.pending;
+  acc.pending = Tensor();
+  const std::vector<std::int64_t> pieces = piece_counts();
+  const auto first = static_cast<std::ptrdiff_t>(shard_rank()) * replicate_size();
+  Tensor gathered(Shape{job.mine}, job.reduce_dtype);
+  replicate_lane_->comm->all_gather(
+      piece, gathered,
+      std::vector<std::int64_t>(pieces.begin() + first, pieces.begin() + first + replicate_size()),
+      reduce_options("all-gather"));
+  Tensor result =
+      job.reduce_dtype == DType::f32 ? gathered : kernels::convert(gathered, DType::f32);
+  kernels::divide(result, job.ar_factors.post);
+  kernels::accumulate(shard_grads_, result, ReduceOp::sum);
 }
 
 void ShardedModule::finish_exact(const Reduction& job, comm::Communicator* replicate, bool round) {

@@ -67,6 +67,23 @@ base=$("$bin" "${run[@]}" --mesh 2x6 --names dp,fsdp | field "weights digest")
 [ -n "$base" ] && [ "$got" = "$base" ] || fail "jagged training digest '$got', expected '$base'"
 echo "ok: exact training digest on 4 hosts and on jagged ones"
 
+# HSDP in two levels on seed 000's 8x5 mesh on hosts of 8: the ordered gradients reduce-scatter
+# over both dims (the lane "reduce [1,0]") and all-gather over the replicas, every replica ending
+# on the same bits; exact digests stay those of one host.
+hsdp=(train --model gpt:layers=1,heads=2,dim=16,context=16 --batch 40 --steps 2 --seed 3
+  --mesh 8x5 --names dp,fsdp)
+trace=$(mktemp)
+out=$("$bin" "${hsdp[@]}" --ranks-per-host 8 --link-inter 1us,0.01 --trace "$trace")
+grep -q "replicas identical on 40 ranks" <<<"$out" || fail "ordered hsdp on hosts: $out"
+grep -q '"reduce \[1,0\]"' "$trace" || fail "no reduce-scatter over both dims in the trace"
+"$bin" "${hsdp[@]}" --trace "$trace" >/dev/null
+grep -q '"reduce \[1,0\]"' "$trace" && fail "two levels on one host"
+rm -f "$trace"
+base=$("$bin" "${hsdp[@]}" --mode exact | field "weights digest")
+got=$("$bin" "${hsdp[@]}" --mode exact --ranks-per-host 8 --link-inter 1us,0.01 | field "weights digest")
+[ -n "$base" ] && [ "$got" = "$base" ] || fail "hsdp exact digest '$got', expected '$base'"
+echo "ok: hsdp gradients in two levels on seed 000's mesh"
+
 # Bad values name the option and the value.
 expect_error() {
   local pattern=$1

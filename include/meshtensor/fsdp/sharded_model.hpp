@@ -156,7 +156,15 @@ class ShardedModule {
   std::shared_ptr<const Reduction> plan_reduction(bool exact, bool all_reduce_now);
   comm::CollectiveOptions reduce_options(const std::string& what) const;
   void reduce_scatter_exact(const Reduction& job);
-  void reduce_scatter_ordered(const Reduction& job);
+  /// Ordered: the gradient sums reduce-scattered over `lane`'s group in `counts` (this rank's
+  /// part `mine` elements).
+  void reduce_scatter_ordered(const Reduction& job, const Lane& lane,
+                              const std::vector<std::int64_t>& counts, std::int64_t mine);
+  /// Two-level HSDP: the elements each member of the group over the shard and replicate dims
+  /// reduces (each shard's segment cut in replicate-size pieces, shard-major).
+  std::vector<std::int64_t> piece_counts() const;
+  /// Two-level HSDP: the replicas' reduced pieces all-gathered into the gradient shard.
+  void all_gather_pieces(const Reduction& job);
   /// Exact: joins the replicas' sums (`replicate`, or none), and rounds once when `round`
   /// (with replica groups: leaves the rounding to join_replica_groups()).
   void finish_exact(const Reduction& job, comm::Communicator* replicate, bool round);
@@ -187,9 +195,12 @@ class ShardedModule {
   std::shared_ptr<Lane> unshard_lane_;
   std::shared_ptr<Lane> reduce_lane_;
   std::shared_ptr<Lane> replicate_lane_;  // null without replication
-  Tensor shard_values_;                   // f32 [this rank's segment]
-  Tensor shard_grads_;                    // f32 [this rank's segment]
-  std::vector<Tensor> full_;              // gathered parameters while unsharded
+  // HSDP on several hosts: the shard and replicate dims together, shard-major (ordered
+  // gradients reduce-scatter over it in two levels, then all-gather over the replicas).
+  std::shared_ptr<Lane> both_lane_;
+  Tensor shard_values_;       // f32 [this rank's segment]
+  Tensor shard_grads_;        // f32 [this rank's segment]
+  std::vector<Tensor> full_;  // gathered parameters while unsharded
   bool gathered_ = false;
   comm::Work unshard_work_;
   comm::Work reduce_work_;  // the last reduction launched (its all-reduce when there is one)
