@@ -4,12 +4,14 @@
 
 #include <meshtensor/kernels/portable_math.hpp>
 
+#include "simd_dispatch.hpp"
+
 namespace meshtensor::kernels {
 
 namespace {
 
 /// 2^k for a normal result, by building the exponent field.
-double power_of_two(std::int64_t k) {
+[[gnu::always_inline]] inline double power_of_two(std::int64_t k) {
   return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52);
 }
 
@@ -75,32 +77,71 @@ double portable_exp(double x) {
   return sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
 }
 
+namespace {
+
+/// exp_f64's Taylor coefficients 1/n!, n = 0 .. 13.
+constexpr double kInverseFactorials[] = {1.0,
+                                         1.0,
+                                         0.5,
+                                         0.16666666666666666,
+                                         0.041666666666666664,
+                                         0.008333333333333333,
+                                         0.001388888888888889,
+                                         0.0001984126984126984,
+                                         2.48015873015873e-05,
+                                         2.7557319223985893e-06,
+                                         2.755731922398589e-07,
+                                         2.505210838544172e-08,
+                                         2.08767569878681e-09,
+                                         1.6059043836821613e-10};
+
+/// e^r for |r| <= ln(2)/2: the Taylor polynomial to r^13 in Horner form (the rest below 2^-60).
+[[gnu::always_inline]] inline double exp_polynomial(double r) {
+  double sum = kInverseFactorials[13];
+  for (int n = 12; n >= 0; --n)
+    sum = sum * r + kInverseFactorials[n];
+  return sum;
+}
+
+/// exp_f64 without branches, for loops that vectorise: every path computed, then selected. The
+/// exponent comes from the bits of x·log2(e) + 1.5·2^52 (its integer part, as round_nearest
+/// takes it), clamped where x is out of range, so no integer step can overflow.
+[[gnu::always_inline]] inline double exp_selected(double x) {
+  constexpr double kRound = 6755399441055744.0;
+  const double t = x * 1.44269504088896338700 + kRound;
+  const double k = t - kRound;
+  const double r = (x - k * kLn2High) - k * kLn2Low;
+  const double sum = exp_polynomial(r);
+  const auto raw = static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(t) -
+                                             std::bit_cast<std::uint64_t>(kRound));
+  const std::int64_t exponent = raw < -2000 ? -2000 : raw > 2000 ? 2000 : raw;
+  const double value = sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+  const double limited = x > 709.782712893384 ? HUGE_VAL : x < -745.2 ? 0.0 : value;
+  return x != x ? x : limited;
+}
+
+template <class T>
+[[gnu::always_inline]] inline void exp_values_body(const double* x, double* out,
+                                                   std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i)
+    out[i] = exp_selected(x[i]);
+}
+MESHTENSOR_SIMD_KERNEL(exp_values, exp_values_body)
+
+}  // namespace
+
 double exp_f64(double x) {
   if (x != x) return x;
   if (x > 709.782712893384) return HUGE_VAL;
   if (x < -745.2) return 0.0;
   const double k = round_nearest(x * 1.44269504088896338700);
   const double r = (x - k * kLn2High) - k * kLn2Low;
-  // e^r for |r| <= ln(2)/2: Taylor's coefficients 1/n! to r^13 (the rest below 2^-60).
-  constexpr double kInverseFactorials[] = {1.0,
-                                           1.0,
-                                           0.5,
-                                           0.16666666666666666,
-                                           0.041666666666666664,
-                                           0.008333333333333333,
-                                           0.001388888888888889,
-                                           0.0001984126984126984,
-                                           2.48015873015873e-05,
-                                           2.7557319223985893e-06,
-                                           2.755731922398589e-07,
-                                           2.505210838544172e-08,
-                                           2.08767569878681e-09,
-                                           1.6059043836821613e-10};
-  double sum = kInverseFactorials[13];
-  for (int n = 12; n >= 0; --n)
-    sum = sum * r + kInverseFactorials[n];
   const auto exponent = static_cast<std::int64_t>(k);
-  return sum * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+  return exp_polynomial(r) * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+}
+
+void exp_f64_values(const double* x, double* out, std::int64_t count) {
+  exp_values<double>(x, out, count);
 }
 
 double portable_log(double x) {

@@ -44,14 +44,24 @@ std::vector<double> exponentials_and_totals(const float* in, std::int64_t rows,
                                             std::int64_t classes,
                                             const std::vector<double>& largest, double* e) {
   std::vector<double> totals(static_cast<std::size_t>(rows), 0.0);
+  // A block's exponents, then their exponentials, row by row (vectorised over the classes).
+  std::vector<double> exponents(static_cast<std::size_t>(kRowBlock * classes));
+  std::vector<double> values(exponents.size());
   for (std::int64_t first_row = 0; first_row < rows; first_row += kRowBlock) {
-    const std::int64_t end_row = std::min(rows, first_row + kRowBlock);
+    const std::int64_t block = std::min(kRowBlock, rows - first_row);
+    for (std::int64_t i = 0; i < block; ++i) {
+      const float* row = in + (first_row + i) * classes;
+      const double top = largest[static_cast<std::size_t>(first_row + i)];
+      double* x = exponents.data() + i * classes;
+      for (std::int64_t c = 0; c < classes; ++c)
+        x[c] = row[c] - top;
+    }
+    kernels::exp_f64_values(exponents.data(), values.data(), block * classes);
     for (std::int64_t c = 0; c < classes; ++c) {
-      for (std::int64_t r = first_row; r < end_row; ++r) {
-        const double v =
-            kernels::exp_f64(in[r * classes + c] - largest[static_cast<std::size_t>(r)]);
-        e[c * rows + r] = v;
-        totals[static_cast<std::size_t>(r)] += v;
+      for (std::int64_t i = 0; i < block; ++i) {
+        const double v = values[static_cast<std::size_t>(i * classes + c)];
+        e[c * rows + first_row + i] = v;
+        totals[static_cast<std::size_t>(first_row + i)] += v;
       }
     }
   }

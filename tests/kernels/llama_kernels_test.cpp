@@ -65,6 +65,34 @@ TEST(PortableMath, FastExpIsAccurateAndDefinedEverywhere) {
   EXPECT_TRUE(std::isnan(exp_f64(std::nan(""))));
 }
 
+// The vectorised exp (the loss's): exp_f64's bits for every value, edges included, at every
+// SIMD level and for counts that leave a vector's tail.
+TEST(PortableMath, VectorisedExpHasTheScalarBitsAtEveryLevel) {
+  std::vector<double> x;
+  for (int i = 0; i <= 30011; ++i)
+    x.push_back(-800.0 + 1600.0 * static_cast<double>(i) / 30011.0);
+  for (const double edge : {0.0,          -0.0,   709.782712893384, 709.7827128933841,
+                            709.79,       -745.2, -745.19999999,    -745.20000001,
+                            -744.5,       -708.4, 1e-300,           -1e-300,
+                            1e300,        -1e300, HUGE_VAL,         -HUGE_VAL,
+                            std::nan(""), 0x1p51, -0x1p51,          0x1p60})
+    x.push_back(edge);
+  for (auto level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512}) {
+    if (static_cast<int>(level) > static_cast<int>(best_simd_level())) continue;
+    set_simd_level(level);
+    for (const std::size_t count : {x.size(), std::size_t{7}, std::size_t{1}}) {
+      std::vector<double> out(count);
+      exp_f64_values(x.data() + (x.size() - count), out.data(), static_cast<std::int64_t>(count));
+      for (std::size_t i = 0; i < count; ++i) {
+        const double want = exp_f64(x[x.size() - count + i]);
+        ASSERT_EQ(std::bit_cast<std::uint64_t>(out[i]), std::bit_cast<std::uint64_t>(want))
+            << "level " << static_cast<int>(level) << ", x = " << x[x.size() - count + i];
+      }
+    }
+  }
+  set_simd_level(best_simd_level());
+}
+
 TEST(Rotary, TablesFollowTheEquationsAndRefuseBadShapes) {
   const RotaryTable table = rotary_table(8, 64, 10000.0);
   ASSERT_EQ(table.cos.size(), 64u * 4);
