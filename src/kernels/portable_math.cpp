@@ -103,9 +103,9 @@ constexpr double kInverseFactorials[] = {1.0,
   return sum;
 }
 
-/// exp_f64 without branches, for loops that vectorise: every path computed, then selected. The
-/// exponent comes from the bits of x·log2(e) + 1.5·2^52 (its integer part, as round_nearest
-/// takes it), clamped where x is out of range, so no integer step can overflow.
+/// e^x without branches (exp_f64, and the loops that vectorise it): every path computed, then
+/// selected. The exponent comes from the bits of x·log2(e) + 1.5·2^52 (its integer part, as
+/// round_nearest takes it), clamped where x is out of range, so no integer step can overflow.
 [[gnu::always_inline]] inline double exp_selected(double x) {
   constexpr double kRound = 6755399441055744.0;
   const double t = x * 1.44269504088896338700 + kRound;
@@ -131,13 +131,7 @@ MESHTENSOR_SIMD_KERNEL(exp_values, exp_values_body)
 }  // namespace
 
 double exp_f64(double x) {
-  if (x != x) return x;
-  if (x > 709.782712893384) return HUGE_VAL;
-  if (x < -745.2) return 0.0;
-  const double k = round_nearest(x * 1.44269504088896338700);
-  const double r = (x - k * kLn2High) - k * kLn2Low;
-  const auto exponent = static_cast<std::int64_t>(k);
-  return exp_polynomial(r) * power_of_two(exponent / 2) * power_of_two(exponent - exponent / 2);
+  return exp_selected(x);
 }
 
 void exp_f64_values(const double* x, double* out, std::int64_t count) {

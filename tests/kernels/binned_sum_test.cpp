@@ -17,21 +17,13 @@
 
 #include "support/error_message.hpp"
 #include "support/exact_sum_reference.hpp"
+#include "support/spread_values.hpp"
 
 namespace meshtensor::kernels {
 namespace {
 
-/// f32 values spread over many binades (and some zeros), so windows move as addends arrive.
 Tensor spread(std::int64_t rows, std::int64_t cols, std::uint64_t seed, int binades = 40) {
-  Tensor t(Shape{rows, cols}, DType::f32);
-  auto v = t.values<float>();
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const std::int64_t e = uniform_int_sample(seed, 2 * i, -binades, binades / 4);
-    const double sign = uniform_int_sample(seed, 2 * i + 1, 0, 9) == 0 ? 0.0 : 1.0;
-    v[i] = static_cast<float>(sign * normal_sample(seed + 1, i) *
-                              std::ldexp(1.0, static_cast<int>(e)));
-  }
-  return t;
+  return testing::spread_matrix(rows, cols, seed, binades);
 }
 
 std::vector<std::uint32_t> bits_of(const Tensor& t) {

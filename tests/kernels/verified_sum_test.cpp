@@ -12,21 +12,13 @@
 #include <meshtensor/kernels/simd.hpp>
 
 #include "support/exact_sum_reference.hpp"
+#include "support/spread_values.hpp"
 
 namespace meshtensor::kernels {
 namespace {
 
-/// f32 values over `binades` binades around 1 (a tenth of them zero), signs at random.
-Tensor spread(std::int64_t rows, std::int64_t cols, std::uint64_t seed, int binades) {
-  Tensor t(Shape{rows, cols}, DType::f32);
-  auto v = t.values<float>();
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const std::int64_t e = uniform_int_sample(seed, 2 * i, -binades, binades / 4);
-    const double keep = uniform_int_sample(seed, 2 * i + 1, 0, 9) == 0 ? 0.0 : 1.0;
-    v[i] = static_cast<float>(keep * normal_sample(seed + 1, i) *
-                              std::ldexp(1.0, static_cast<int>(e)));
-  }
-  return t;
+Tensor spread(std::int64_t rows, std::int64_t cols, std::uint64_t seed, int binades = 40) {
+  return testing::spread_matrix(rows, cols, seed, binades);
 }
 
 std::vector<std::uint32_t> bits_of(const Tensor& t) {

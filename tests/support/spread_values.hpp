@@ -29,4 +29,20 @@ inline Tensor spread_values(DType dtype, std::int64_t count, int low_base, int h
   return Tensor::from_values({count}, dtype, values);
 }
 
+/// f32 [rows, cols] over `binades` binades below 1 and a quarter of that above (a tenth of the
+/// values zero), normal mantissas and signs drawn from `seed`: sums whose exact windows move as
+/// addends arrive.
+inline Tensor spread_matrix(std::int64_t rows, std::int64_t cols, std::uint64_t seed,
+                            int binades = 40) {
+  Tensor t(Shape{rows, cols}, DType::f32);
+  auto v = t.values<float>();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::int64_t e = uniform_int_sample(seed, 2 * i, -binades, binades / 4);
+    const double keep = uniform_int_sample(seed, 2 * i + 1, 0, 9) == 0 ? 0.0 : 1.0;
+    v[i] = static_cast<float>(keep * normal_sample(seed + 1, i) *
+                              std::ldexp(1.0, static_cast<int>(e)));
+  }
+  return t;
+}
+
 }  // namespace meshtensor::testing
