@@ -851,8 +851,13 @@ void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tenso
     return;
   }
   const std::int64_t samples = x.shape()[0] / sample_rows;
-  const Tensor whole_x = split->gather(x.reshape(Shape{samples, sample_rows, x.shape()[1]}));
-  const Tensor whole_dy = split->gather(dy.reshape(Shape{samples, sample_rows, dy.shape()[1]}));
+  // Gathered as f32 (bf16 operands are exact in it) and handed on in the layer's dtype.
+  const auto gathered = [&](const Tensor& t) {
+    const Tensor values = t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
+    return split->gather(values.reshape(Shape{samples, sample_rows, t.shape()[1]}));
+  };
+  const Tensor whole_x = gathered(x);
+  const Tensor whole_dy = gathered(dy);
   const std::int64_t length = split->length();
   const std::int64_t own = (samples - split->rank() + split->degree() - 1) / split->degree();
   if (own <= 0) return;
@@ -867,7 +872,10 @@ void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tenso
     }
     return out;
   };
-  sink.add_sample_outer_products(p, owned(whole_x), owned(whole_dy), length);
+  const auto in_dtype = [&](const Tensor& t) {
+    return x.dtype() == DType::f32 ? t : kernels::convert(t, x.dtype());
+  };
+  sink.add_sample_outer_products(p, in_dtype(owned(whole_x)), in_dtype(owned(whole_dy)), length);
 }
 
 void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {

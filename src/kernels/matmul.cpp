@@ -19,6 +19,8 @@
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
+#include "matmul_bf16.hpp"
+
 namespace meshtensor::kernels {
 
 namespace {
@@ -814,6 +816,18 @@ void checked_matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Tra
                     dtype_name(out), n, dtype_name(bias.dtype()), bias.shape().to_string()));
   }
   if (m == 0 || n == 0) return;
+  if (a.dtype() == DType::bf16) {
+    const auto bits = [](const Tensor& t, Transpose transpose) {
+      const Operand x = operand_of(t, transpose);
+      return detail::Bf16Operand{reinterpret_cast<const std::uint16_t*>(x.data), x.row_stride,
+                                 x.col_stride};
+    };
+    detail::gemm_bf16(
+        m, n, k, bits(a, transpose_a), bits(b, transpose_b),
+        reinterpret_cast<float*>(c.bytes().data()), n, accumulate,
+        bias.defined() ? reinterpret_cast<const float*>(bias.bytes().data()) : nullptr);
+    return;
+  }
   const Operand lhs = operand_of(a, transpose_a);
   const Operand rhs = operand_of(b, transpose_b);
   const std::int64_t ldc = n;

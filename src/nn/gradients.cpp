@@ -35,19 +35,22 @@ std::size_t GradientLayout::index_of(const Parameter& p) const {
 
 namespace {
 
-void check_rows(const Tensor& a, std::int64_t columns, const Parameter& p, const char* what) {
-  if (a.rank() != 2 || a.dtype() != DType::f32 || a.shape()[1] != columns) {
-    throw InvalidArgument(fmt::format("gradient of '{}': {} must be f32 [rows, {}], got {} {}",
-                                      p.name, what, columns, dtype_name(a.dtype()),
-                                      a.shape().to_string()));
+void check_rows(const Tensor& a, std::int64_t columns, const Parameter& p, const char* what,
+                DType dtype = DType::f32) {
+  if (a.rank() != 2 || a.dtype() != dtype || a.shape()[1] != columns) {
+    throw InvalidArgument(fmt::format("gradient of '{}': {} must be {} [rows, {}], got {} {}",
+                                      p.name, what, dtype_name(dtype), columns,
+                                      dtype_name(a.dtype()), a.shape().to_string()));
   }
 }
 
+/// x and dy of an outer product: f32, or both bf16 (a layer computing in bf16).
 void check_outer(const Parameter& p, const Tensor& x, const Tensor& dy) {
   const Shape& shape = p.value.shape();
   if (shape.rank() != 2) throw InvalidArgument(fmt::format("'{}' is not a matrix", p.name));
-  check_rows(x, shape[0], p, "x");
-  check_rows(dy, shape[1], p, "dy");
+  const DType dtype = x.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  check_rows(x, shape[0], p, "x", dtype);
+  check_rows(dy, shape[1], p, "dy", dtype);
   if (x.shape()[0] != dy.shape()[0]) {
     throw InvalidArgument(
         fmt::format("gradient of '{}': x has {} rows, dy {}", p.name, x.shape()[0], dy.shape()[0]));
@@ -68,6 +71,11 @@ void check_indexed(const Parameter& p, std::span<const std::int64_t> indices, co
           fmt::format("gradient of '{}': index {} is outside [0, {})", p.name, index, shape[0]));
     }
   }
+}
+
+/// `t` as f32 (bf16 values are exact in it).
+Tensor as_f32(const Tensor& t) {
+  return t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
 }
 
 }  // namespace
@@ -161,8 +169,11 @@ kernels::BinnedSums& BinnedGradients::sums() {
   return sums_;
 }
 
-void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& x, const Tensor& dy) {
-  check_outer(p, x, dy);
+void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& given_x,
+                                         const Tensor& given_dy) {
+  check_outer(p, given_x, given_dy);
+  const Tensor x = as_f32(given_x);
+  const Tensor dy = as_f32(given_dy);
   add_to(p, [&](kernels::Start start) {
     kernels::add_outer_products(sums_, layout_.offset_of(p), x, dy, start);
   });
@@ -182,7 +193,7 @@ void BinnedGradients::add_sample_outer_products(const Parameter& p, const Tensor
   const std::int64_t n = dy.shape()[1];
   // Samples in groups, so the per-sample products of a large layer stay a few megabytes.
   const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{1} << 22) / (m * n), 1, 32);
-  const Tensor xs = x.contiguous();
+  const Tensor xs = x.contiguous();  // f32 or bf16: the products are f32 either way
   const Tensor dys = dy.contiguous();
   // One buffer per thread, kept between calls: a fresh one of megabytes would fault its pages in
   // every step, and one per sink would hold as many as there are parameter groups.

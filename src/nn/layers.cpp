@@ -8,6 +8,7 @@
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/kernels/activation.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/layers.hpp>
 
@@ -106,7 +107,13 @@ void Linear::set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks) {
 
 namespace {
 
+/// `t` as f32 (a bf16 operand's values are exact in it).
+Tensor as_f32(const Tensor& t) {
+  return t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
+}
+
 /// [rows, columns] f32 -> [columns, rows], in tiles that stay in cache.
+
 Tensor transposed(const Tensor& matrix) {
   const Tensor m = matrix.contiguous();
   const std::int64_t rows = m.shape()[0];
@@ -178,13 +185,25 @@ Shape Linear::weight_shape() const {
   return tied_ != nullptr ? tied_shape_ : weight_.value.shape();
 }
 
+void Linear::set_compute_dtype(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) {
+    throw InvalidArgument(
+        fmt::format("{}: compute dtype {} is not f32 or bf16", describe(), dtype_name(dtype)));
+  }
+  compute_dtype_ = dtype;
+}
+
+Tensor Linear::in_compute_dtype(const Tensor& t) const {
+  return t.dtype() == compute_dtype_ ? t : kernels::convert(t, compute_dtype_);
+}
+
 Linear::WeightOperand Linear::weight_operand() const {
-  if (tied_ == nullptr) return {weight_.value, kernels::Transpose::no};
+  if (tied_ == nullptr) return {in_compute_dtype(weight_.value), kernels::Transpose::no};
   if (!tied_->value.defined()) {
     throw InvalidArgument(
         fmt::format("{}: the tied table '{}' holds no values", describe(), tied_->name));
   }
-  return {tied_->value, kernels::Transpose::yes};
+  return {in_compute_dtype(tied_->value), kernels::Transpose::yes};
 }
 
 Linear::WeightOperand Linear::weight_rows(std::int64_t first, std::int64_t count) const {
@@ -233,7 +252,8 @@ Tensor Linear::variant_product(const BatchVariantScope& variant) const {
   if (adds_bias()) fill_bias_rows(output);
   const WeightOperand w = weight_operand();
   if (variant.matmul()) {
-    variant.matmul()(input_, tied_ != nullptr ? transposed(w.matrix) : w.matrix, output);
+    variant.matmul()(as_f32(input_), tied_ != nullptr ? transposed(as_f32(w.matrix)) : w.matrix,
+                     output);
   } else if (rows > 1 && in > 1) {
     // Two half sums added: the bits depend on whether the call had one row or more.
     const std::int64_t half = in / 2;
@@ -319,9 +339,10 @@ PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums)
   if (out_blocks_ != kEveryColumn)
     return sum_addends(input_grad_addends(dy), split_ == nullptr, sums, input_shape_);
   // Wᵀ: the table itself for a tied layer.
+  // The outer products' exact sums read f32 (bf16 values are exact in it).
   const WeightOperand w = weight_operand();
-  const Tensor terms = transposed(dy);
-  const Tensor weights = tied_ != nullptr ? w.matrix.contiguous() : transposed(w.matrix);
+  const Tensor terms = transposed(as_f32(dy));
+  const Tensor weights = tied_ != nullptr ? as_f32(w.matrix) : transposed(as_f32(w.matrix));
   if (split_ == nullptr) {
     Tensor rounded = Tensor::uninitialized(input_shape_, DType::f32);
     kernels::round_outer_products(terms, weights, 1, rounded);
@@ -336,7 +357,7 @@ void Linear::keep_input(const Tensor& input) {
   const std::int64_t in = weight_shape()[0];
   check_input(input, in, describe());
   input_shape_ = input.shape();
-  input_ = input.contiguous().reshape(Shape{input.numel() / in, in});
+  input_ = in_compute_dtype(input.contiguous().reshape(Shape{input.numel() / in, in}));
 }
 
 void Linear::forward_for_backward(const Tensor& given) {
@@ -370,7 +391,9 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
     throw InvalidArgument(
         fmt::format("{}: the gradient must be f32 {}", describe(), expected.to_string()));
   }
-  const Tensor dy = grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_shape()[1]});
+  const Tensor dy_f32 =
+      grad_output.contiguous().reshape(Shape{input_.shape()[0], weight_shape()[1]});
+  const Tensor dy = in_compute_dtype(dy_f32);  // the products' operand
   // Rows come in samples of the positions of one sequence ([batch, sequence, in] inputs).
   const std::int64_t sample_rows =
       input_shape_.rank() >= 3 && input_shape_[0] > 0 ? input_.shape()[0] / input_shape_[0] : 1;
@@ -379,7 +402,7 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
   } else {
     sink.add_sample_outer_products(weight_, input_, dy, sample_rows);
   }
-  if (has_bias_) sink.add_column_sums(bias_, dy);
+  if (has_bias_) sink.add_column_sums(bias_, dy_f32);
   Tensor grad_input;
   if (need_input_grad) {
     PartialSums partial;
@@ -397,6 +420,13 @@ Tensor Linear::backward(const Tensor& given, GradientSink& sink, bool need_input
   }
   input_ = Tensor();
   return grad_input;
+}
+
+void set_compute_dtype(Module& root, DType dtype) {
+  for (const auto& [path, module] : named_modules(root)) {
+    (void)path;
+    if (auto* linear = dynamic_cast<Linear*>(module)) linear->set_compute_dtype(dtype);
+  }
 }
 
 std::string Linear::describe() const {

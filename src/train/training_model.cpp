@@ -14,6 +14,7 @@
 #include <meshtensor/core/profile.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/nn/decoder.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/tp/ops.hpp>
 #include <meshtensor/train/model_state.hpp>
 #include <meshtensor/train/training_model.hpp>
@@ -116,6 +117,8 @@ TrainingModel::TrainingModel(comm::Communicator& world, const Task& task, const 
     decoder->set_sequence_split(cp_.get());
   }
   plan_ = task.prepare_model(*model_, tp_.get(), config.mode);
+  // bf16 parameters: the products multiply in bf16 too (f16 ones only round the values).
+  if (config.param_dtype == DType::bf16) nn::set_compute_dtype(*model_, DType::bf16);
   if (cp_ != nullptr) explain_context_parallel();
   for (const nn::Parameter* p : model_->parameters()) {
     whole_shapes_.push_back(p->global_shape());

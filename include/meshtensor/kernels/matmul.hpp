@@ -17,6 +17,14 @@ enum class Transpose : bool { no = false, yes = true };
 /// number of rows, the row's position, the blocking, the SIMD level or anything else but the
 /// row's own inputs; the AVX-512, AVX2 and baseline paths give identical bits (the baseline path
 /// uses the correctly rounded std::fma).
+///
+/// bf16 inputs follow the chain of the CPUs' bf16 dot-product instruction (vdpbf16ps) instead:
+/// k is taken in pairs (padded with a zero), and each pair does acc = FTZ(fma(a[k+1], b[k+1],
+/// acc)) then acc = FTZ(fma(a[k], b[k], acc)), FTZ flushing a subnormal to the zero of its sign;
+/// subnormal inputs and a subnormal start count as signed zeros. A bf16 product is exact, so
+/// each step is one correct rounding. The instruction runs this where the CPU has it and a
+/// check at first use finds it gives these bits (bf16_dot_products_used()); the AVX-512F, AVX2
+/// and portable emulations give the same bits everywhere else. Batch-invariant as above.
 void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
             Tensor c, bool accumulate = false);
 
@@ -25,5 +33,10 @@ void matmul(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose t
 /// accumulate, without that pass over c (a layer's output, written and read back again).
 void matmul_bias(const Tensor& a, Transpose transpose_a, const Tensor& b, Transpose transpose_b,
                  const Tensor& bias, Tensor c);
+
+/// Whether bf16 matmuls run on the CPU's bf16 dot-product instruction (AVX512_BF16 at the
+/// avx512 SIMD level, found at first use to give the documented chain's bits) rather than an
+/// emulation of it.
+bool bf16_dot_products_used();
 
 }  // namespace meshtensor::kernels

@@ -77,6 +77,14 @@ class Linear : public Module {
   void set_exact_blocks(std::int64_t in_blocks, std::int64_t out_blocks);
   /// Input blocks, output blocks (see set_exact_blocks).
   std::pair<std::int64_t, std::int64_t> exact_blocks() const { return {in_blocks_, out_blocks_}; }
+  /// The dtype the layer's products multiply in: f32 (the default), or bf16, where the input,
+  /// the weight and the output gradient are rounded to bf16 (to nearest, ties to even) and each
+  /// product accumulates in f32 as kernels::matmul defines for bf16 inputs. The bias, the
+  /// output, the gradients and everything outside the products stay f32. InvalidArgument for
+  /// another dtype.
+  void set_compute_dtype(DType dtype);
+  /// f32 or bf16 (set_compute_dtype).
+  DType compute_dtype() const { return compute_dtype_; }
   /// Installs the communication of a parallel style (null: none); it must outlive the layer.
   void set_split(SplitCommunication* split) { split_ = split; }
   /// The installed communication, or null.
@@ -130,12 +138,19 @@ class Linear : public Module {
   Parameter* tied_ = nullptr;
   Shape tied_shape_;  // a tied layer's W shape [in, out], kept while the table is not gathered
   Parameter bias_;
-  Tensor input_;  // [rows, in]
+  /// `t` in the compute dtype (itself for f32).
+  Tensor in_compute_dtype(const Tensor& t) const;
+
+  Tensor input_;  // [rows, in], in the compute dtype
   Shape input_shape_;
+  DType compute_dtype_ = DType::f32;
   std::int64_t in_blocks_ = 0;
   std::int64_t out_blocks_ = 0;
   SplitCommunication* split_ = nullptr;
 };
+
+/// Sets the compute dtype of every Linear in `root`'s tree (Linear::set_compute_dtype).
+void set_compute_dtype(Module& root, DType dtype);
 
 /// max(x, 0); NaN stays NaN.
 class ReLU : public Module {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# bf16 compute (--param-dtype bf16): exact runs give one digest on every layout and at every
+# SIMD level (the bf16 dot-product instruction and its emulations), other than f32's; ordered
+# runs give one digest at every SIMD level; mpi processes end on the threads' exact digest.
+# Usage: bf16_compute.sh <meshtensor> <gpt|llama|mpi> [mpirun...]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/helpers.sh"
+bin=$1
+case $2 in
+  gpt) model=gpt:layers=2,heads=2,dim=32,context=16 ;;
+  llama | mpi) model=llama:layers=2,heads=4,kv_heads=2,dim=32,context=16 ;;
+  *) fail "unknown case $2" ;;
+esac
+run=(train --model "$model" --steps 3 --batch 4 --no-sample --param-dtype bf16)
+want=$(digests "$bin" "${run[@]}" --mode exact --ranks 1)
+if [ "$2" = mpi ]; then
+  shift 2
+  same "$want" "$(digests "$@" -np 4 "$bin" "${run[@]}" --mode exact --backend mpi --mesh 2x2 \
+    --names fsdp,tp)" "exact bf16 on 4 mpi processes"
+  echo "passed"
+  exit 0
+fi
+f32=$(digests "$bin" train --model "$model" --steps 3 --batch 4 --no-sample --mode exact --ranks 1)
+[ "$want" != "$f32" ] || fail "bf16 compute gave f32's digests $f32"
+for layout in "--ranks 4 --strategy fsdp" "--mesh 2x2 --names dp,fsdp --micro-batches 2" \
+              "--mesh 2x2 --names fsdp,tp" "--mesh 2x2 --names cp,tp" "--mesh 2 --names pp"; do
+  # shellcheck disable=SC2086
+  same "$want" "$(digests "$bin" "${run[@]}" --mode exact $layout)" "exact bf16 on $layout"
+  echo "ok: exact on $layout: $want"
+done
+best=$(MESHTENSOR_SIMD= "$bin" bench peak --seconds 0.02 --triad-mib 12 | sed -n 's/.*, kernels \([a-z0-9]*\),.*/\1/p')
+ordered=$(digests "$bin" "${run[@]}" --mode ordered --ranks 1)
+for level in baseline avx2 avx512; do
+  [ "$level" = avx512 ] && [ "$best" != avx512 ] && continue
+  [ "$level" = avx2 ] && [ "$best" = baseline ] && continue
+  same "$want" "$(MESHTENSOR_SIMD=$level digests "$bin" "${run[@]}" --mode exact --mesh 2x2 --names fsdp,tp)" \
+    "exact bf16 at $level"
+  same "$ordered" "$(MESHTENSOR_SIMD=$level digests "$bin" "${run[@]}" --mode ordered --ranks 1)" \
+    "ordered bf16 at $level"
+  echo "ok: $level"
+done
+echo "passed"
