@@ -1,6 +1,6 @@
 // `meshtensor bench peak`: the machine's f32 FMA peak per core and on all cores at each SIMD
-// level, against the theoretical peak of the CPU at the clock measured in the same run, and its
-// memory bandwidth (a STREAM triad).
+// level, and its bf16 dot-product peak where bf16 matmuls use it, against the theoretical peak
+// of the CPU at the clock measured in the same run, and its memory bandwidth (a STREAM triad).
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -10,6 +10,7 @@
 
 #include <meshtensor/core/error.hpp>
 #include <meshtensor/core/setting_text.hpp>
+#include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/kernels/peak.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
@@ -36,6 +37,27 @@ struct LevelFigures {
   double theoretical_per_core = 0;
 };
 
+/// The bf16 dot-product instruction's peak, where bf16 matmuls run on it.
+struct Bf16Figures {
+  bool used = false;
+  int flops_per_cycle = 0;  ///< the f32 FMA's at avx512; the instruction does twice that
+  double per_core = 0;
+  double theoretical_per_core = 0;
+};
+
+Bf16Figures measure_bf16(const std::vector<LevelFigures>& levels, double seconds) {
+  Bf16Figures f;
+  f.used = kernels::bf16_dot_products_used();
+  if (!f.used) return f;
+  for (const LevelFigures& level : levels) {
+    if (level.level != kernels::SimdLevel::avx512) continue;
+    f.flops_per_cycle = level.units.flops_per_cycle();
+    f.theoretical_per_core = 2.0 * level.units.flops_per_cycle() * level.clock_hz;
+  }
+  f.per_core = kernels::bf16_dot_flops_per_second(seconds);
+  return f;
+}
+
 void run_peak_bench(const PeakBenchOptions& options) {
   const double seconds = real_setting("--seconds", options.seconds, 0.01, 60);
   const std::int64_t triad_bytes = integer_setting("--triad-mib", options.triad_mib, 1, 65536)
@@ -58,13 +80,17 @@ void run_peak_bench(const PeakBenchOptions& options) {
   const double triad_one = kernels::triad_bytes_per_second(elements, 1);
   const double triad_all = kernels::triad_bytes_per_second(elements, cores);
   const double convert = kernels::bf16_to_f32_per_second(std::int64_t{1} << 22);
+  const Bf16Figures bf16 = measure_bf16(levels, seconds);
   if (options.json) {
     nlohmann::json json = {{"machine", kernels::machine_description()},
                            {"cores", cores},
                            {"clock_hz", clock},
                            {"triad_bytes_per_second_one_core", triad_one},
                            {"triad_bytes_per_second", triad_all},
-                           {"bf16_to_f32_per_second", convert}};
+                           {"bf16_to_f32_per_second", convert},
+                           {"bf16_dot_products_used", bf16.used},
+                           {"bf16_theoretical_flops_per_core", bf16.theoretical_per_core},
+                           {"bf16_flops_per_core", bf16.per_core}};
     for (const LevelFigures& f : levels) {
       json["levels"].push_back(
           {{"level", kernels::simd_level_name(f.level)},
@@ -97,9 +123,20 @@ void run_peak_bench(const PeakBenchOptions& options) {
         100 * f.per_core / f.theoretical_per_core, cores, f.all_cores / 1e9,
         100 * f.all_cores / (cores * f.theoretical_per_core));
   }
+  if (bf16.used) {
+    std::cout << fmt::format(
+        "bf16 dot products (vdpbf16ps, avx512): {} FLOP/cycle, twice the f32 FMA's: theoretical "
+        "{:.1f} GFLOP/s a core; measured 1 core {:.1f} GFLOP/s ({:.1f}%): the peak bf16 "
+        "compute's MFU divides by\n",
+        2 * bf16.flops_per_cycle, bf16.theoretical_per_core / 1e9, bf16.per_core / 1e9,
+        100 * bf16.per_core / bf16.theoretical_per_core);
+  } else {
+    std::cout << "bf16 dot products: not used at this level or on this CPU; bf16 products run "
+                 "an emulation on the f32 FMAs (the same bits)\n";
+  }
   std::cout << fmt::format(
-      "bf16 and f16 operands: converted to f32 when packed ({:.2f} G values/s a core here), then "
-      "the f32 FMA peak above\n",
+      "f16 operands: converted to f32 when packed, then the f32 FMA peak above (a bf16 -> f32 "
+      "conversion runs at {:.2f} G values/s a core here)\n",
       convert / 1e9);
   std::cout << fmt::format(
       "memory: STREAM triad over 3 arrays of {} MiB: {:.1f} GB/s on 1 core, {:.1f} GB/s on {}\n",
@@ -112,8 +149,9 @@ void add_peak_bench(CLI::App& bench) {
   auto options = std::make_shared<PeakBenchOptions>();
   CLI::App* command = bench.add_subcommand(
       "peak",
-      "The machine's limits: f32 FMA FLOP/s per core and on all cores at each SIMD level against "
-      "the theoretical peak at the measured clock, and the memory bandwidth (STREAM triad)");
+      "The machine's limits: f32 FMA FLOP/s per core and on all cores at each SIMD level, and "
+      "the bf16 dot-product FLOP/s where bf16 matmuls use them, against the theoretical peak at "
+      "the measured clock, and the memory bandwidth (STREAM triad)");
   command->add_option("--seconds", options->seconds, "time of each measurement (default 0.2)");
   command->add_option("--triad-mib", options->triad_mib,
                       "MiB of all three triad arrays (default 256)");

@@ -13,6 +13,7 @@
 #include <meshtensor/core/digest.hpp>
 #include <meshtensor/core/memory.hpp>
 #include <meshtensor/core/profile.hpp>
+#include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/train/result_json.hpp>
 #include <meshtensor/train/task.hpp>
 
@@ -24,6 +25,7 @@ namespace {
 
 struct TrainBenchRun {
   std::string mode;
+  DType param_dtype = DType::f32;
   TrainLayout layout;
   double samples_per_second = 0.0;
   double step_seconds = 0.0;  // median over the steps after the first two
@@ -39,6 +41,7 @@ TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
   config.micro_batches = layout.micro_batches;
   TrainBenchRun run;
   run.mode = std::string(comm::reduction_mode_name(config.mode));
+  run.param_dtype = config.param_dtype;
   run.layout = layout;
   comm::run_threads(static_cast<int>(layout.ranks), [&](comm::Communicator& world) {
     const train::TrainResult result = train::train(world, task, config, {});
@@ -78,6 +81,13 @@ TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agr
   return combined;
 }
 
+/// A run's model FLOP/s and MFU, against the peak of the dtype it computed in.
+train::Utilisation run_utilisation(const train::Task& task, train::TrainConfig config,
+                                   const TrainBenchRun& r) {
+  config.param_dtype = r.param_dtype;
+  return train::utilisation(task, config, r.layout.ranks, r.step_seconds);
+}
+
 /// The timed runs of `bench train` as JSON rows.
 nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task,
                                 const train::TrainConfig& config) {
@@ -86,6 +96,7 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
   const std::string eval = task.eval_name();
   for (const TrainBenchRun& r : runs) {
     nlohmann::json row = {{"mode", r.mode},
+                          {"param_dtype", dtype_name(r.param_dtype)},
                           {"ranks", r.layout.ranks},
                           {"micro_batches", r.layout.micro_batches},
                           {"samples_per_second", r.samples_per_second},
@@ -94,7 +105,7 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
                           {eval + "_accuracy", r.test_accuracy},
                           {"digest", digest_hex(r.digest)},
                           {"replicas_identical", r.replicas_identical}};
-    const train::Utilisation u = train::utilisation(task, config, r.layout.ranks, r.step_seconds);
+    const train::Utilisation u = run_utilisation(task, config, r);
     row["model_flops_per_second"] = u.model_flops_per_second;
     row["peak_flops_per_second"] = u.peak_flops_per_second;
     row["mfu"] = u.mfu;
@@ -113,16 +124,17 @@ nlohmann::json train_bench_rows(const std::vector<TrainBenchRun>& runs, const tr
 void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train::Task& task,
                             const train::TrainConfig& config) {
   const auto per_sample = static_cast<double>(task.targets_per_sample());
-  std::cout << fmt::format("{:<8} {:>5} {:>6} {:>10} {:>9} {:>7} {:>6} {:>9} {:>9}  {}\n", "mode",
+  std::cout << fmt::format("{:<12} {:>5} {:>6} {:>10} {:>9} {:>7} {:>6} {:>9} {:>9}  {}\n", "mode",
                            "ranks", "micro", fmt::format("{}s/s", task.target_name()), "step ms",
                            "GFLOP/s", "MFU", task.eval_name().substr(0, 4) + " loss", "acc",
                            "digest");
   for (const TrainBenchRun& r : runs) {
-    const train::Utilisation u = train::utilisation(task, config, r.layout.ranks, r.step_seconds);
+    const train::Utilisation u = run_utilisation(task, config, r);
     std::cout << fmt::format(
-        "{:<8} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>7.1f} {:>5.1f}% {:>9.4f} "
+        "{:<12} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>7.1f} {:>5.1f}% {:>9.4f} "
         "{:>9.4f}  {}{}\n",
-        r.mode, r.layout.ranks, r.layout.micro_batches, r.samples_per_second * per_sample,
+        r.param_dtype == DType::f32 ? r.mode : r.mode + " " + std::string(dtype_name(r.param_dtype)),
+        r.layout.ranks, r.layout.micro_batches, r.samples_per_second * per_sample,
         r.step_seconds * 1e3, u.model_flops_per_second / 1e9, 100 * u.mfu, r.test_loss,
         r.test_accuracy, digest_hex(r.digest), r.replicas_identical ? "" : "  (replicas DIFFER)");
     std::string profile;
@@ -160,9 +172,20 @@ int run_train_bench(const TrainBenchConfig& bench) {
   std::vector<TrainBenchRun> ordered_rounds;
   std::vector<TrainBenchRun> exact_rounds;
   std::vector<double> ratios;
+  // bf16 compute: f32 ordered runs in the same rounds, for bf16's speed-up.
+  const bool bf16 = config.param_dtype == DType::bf16;
+  std::vector<TrainBenchRun> f32_rounds;
+  std::vector<double> bf16_speedups;
   for (std::int64_t round = 0; round < rounds; ++round) {
     config.mode = comm::ReductionMode::ordered;
     ordered_rounds.push_back(time_training(task, config, compared));
+    if (bf16) {
+      train::TrainConfig f32 = config;
+      f32.param_dtype = DType::f32;
+      f32_rounds.push_back(time_training(task, f32, compared));
+      bf16_speedups.push_back(f32_rounds.back().step_seconds /
+                              ordered_rounds.back().step_seconds);
+    }
     config.mode = comm::ReductionMode::exact;
     exact_rounds.push_back(time_training(task, config, compared));
     ratios.push_back(exact_rounds.back().step_seconds / ordered_rounds.back().step_seconds);
@@ -177,11 +200,13 @@ int run_train_bench(const TrainBenchConfig& bench) {
       runs.push_back(time_training(task, config, layout));
     }
   }
+  if (bf16) runs.push_back(combine_rounds(f32_rounds, reruns_agree));
   bool digests_agree = true;
   bool replicas_agree = true;
   for (const TrainBenchRun& r : runs) {
     replicas_agree = replicas_agree && r.replicas_identical;
-    if (r.mode == "exact") digests_agree = digests_agree && r.digest == runs[1].digest;
+    if (r.mode == "exact" && r.param_dtype == config.param_dtype)
+      digests_agree = digests_agree && r.digest == runs[1].digest;
   }
   if (bench.input.json) {
     nlohmann::json out = {{"model", bench.input.model},
@@ -191,6 +216,11 @@ int run_train_bench(const TrainBenchConfig& bench) {
                           {"reruns_identical", reruns_agree},
                           {"exact_over_ordered_step_time", ratio},
                           {"exact_over_ordered_rounds", ratios}};
+    if (bf16) {
+      out["bf16_over_f32_tokens_per_second"] = median(bf16_speedups);
+      out["bf16_over_f32_rounds"] = bf16_speedups;
+      out["bf16_dot_products_used"] = kernels::bf16_dot_products_used();
+    }
     std::cout << out.dump(2) << '\n';
   } else {
     std::cout << fmt::format("training {} (global batch {}, {}) on threads\n", bench.input.model,
@@ -202,6 +232,13 @@ int run_train_bench(const TrainBenchConfig& bench) {
         "exact / ordered step time on {} ranks: {:.2f}x, median of {} alternated rounds ({:.2f}) "
         "(goal: at most 2x)\n",
         ranks, ratio, rounds, fmt::join(ratios, ", "));
+    if (bf16) {
+      std::cout << fmt::format(
+          "bf16 / f32 ordered throughput on {} ranks: {:.2f}x, median of {} alternated rounds "
+          "({:.2f}) (goal: at least 1.6x where bf16 dot products run; here they {})\n",
+          ranks, median(bf16_speedups), rounds, fmt::join(bf16_speedups, ", "),
+          kernels::bf16_dot_products_used() ? "do" : "do not");
+    }
     std::cout << fmt::format("reruns of each mode: {}\n", reruns_agree ? "identical" : "DIFFER");
     std::cout << fmt::format("exact digests over {} layout(s): {}\n", layouts.size(),
                              digests_agree ? "identical" : "DIFFER");

@@ -222,6 +222,10 @@ void add_train_bench(CLI::App& bench) {
   command->add_option("--layouts", options->layouts,
                       "exact-mode layouts, e.g. 1,2,4,3x2 (ranks x micro-batches); default: "
                       "--ranks");
+  train.settings.add_to(*command, train::TrainSettings::table(), {"param_dtype"},
+                        {{"param_dtype",
+                          "f32 (default) or bf16 (bf16 compute; f32 ordered runs alternate with "
+                          "its rounds for the bf16 over f32 tokens/s)"}});
   command->add_option("--rounds", options->rounds,
                       "ordered and exact runs on --ranks, alternated, for the ratio (default 3)");
   add_flag(*command, "--json", train.json, "print one JSON object");

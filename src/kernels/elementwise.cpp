@@ -84,6 +84,31 @@ template <class T>
 }
 MESHTENSOR_SIMD_KERNEL(column_products_kernel, column_products_body)
 
+/// f32 -> bf16 bit patterns, to nearest with ties to even (to_bfloat16's rounding, NaN kept
+/// quiet with its sign and upper payload), written branch-free so that it vectorises.
+template <class T>
+[[gnu::always_inline]] inline void to_bf16_body(std::uint16_t* __restrict to,
+                                                const std::uint32_t* __restrict from,
+                                                std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::uint32_t bits = from[i];
+    const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) >> 16;
+    const std::uint32_t quiet = (bits >> 16) | 0x40U;
+    to[i] = static_cast<std::uint16_t>((bits & 0x7FFFFFFFU) > 0x7F800000U ? quiet : rounded);
+  }
+}
+MESHTENSOR_SIMD_KERNEL(to_bf16_kernel, to_bf16_body)
+
+/// bf16 -> f32 bit patterns (exact).
+template <class T>
+[[gnu::always_inline]] inline void from_bf16_body(std::uint32_t* __restrict to,
+                                                  const std::uint16_t* __restrict from,
+                                                  std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i)
+    to[i] = std::uint32_t{from[i]} << 16;
+}
+MESHTENSOR_SIMD_KERNEL(from_bf16_kernel, from_bf16_body)
+
 }  // namespace
 
 void column_sums_into(float* sums, const float* rows, std::int64_t count, std::int64_t n) {
@@ -97,6 +122,20 @@ void column_products_into(float* sums, const float* a, const float* b, std::int6
 
 Tensor convert(const Tensor& source, DType dtype) {
   const Tensor input = source.contiguous();
+  if (input.dtype() == DType::f32 && dtype == DType::bf16) {  // bf16 compute's operands
+    Tensor output = Tensor::uninitialized(input.shape(), dtype);
+    to_bf16_kernel<float>(reinterpret_cast<std::uint16_t*>(output.bytes().data()),
+                          reinterpret_cast<const std::uint32_t*>(input.bytes().data()),
+                          input.numel());
+    return output;
+  }
+  if (input.dtype() == DType::bf16 && dtype == DType::f32) {
+    Tensor output = Tensor::uninitialized(input.shape(), dtype);
+    from_bf16_kernel<float>(reinterpret_cast<std::uint32_t*>(output.bytes().data()),
+                            reinterpret_cast<const std::uint16_t*>(input.bytes().data()),
+                            input.numel());
+    return output;
+  }
   Tensor output(input.shape(), dtype);
   visit_dtype(input.dtype(), [&](auto source_zero) {
     using S = decltype(source_zero);

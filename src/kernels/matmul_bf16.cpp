@@ -62,6 +62,20 @@ void pack_pairs(const Bf16Operand& x, std::int64_t row0, std::int64_t rows, std:
   const auto at = [&](std::int64_t r, std::int64_t c) -> Pair {
     return c < cols ? flushed(x.data[(row0 + r) * x.row_stride + c * x.col_stride]) : 0U;
   };
+  if (x.row_stride == 1 && col0 + 2 * pairs <= cols) {
+    // Rows side by side in memory (a weight's columns, a transposed input's features): each
+    // pair interleaves two lines, which vectorises.
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      const std::uint16_t* even = x.data + (col0 + 2 * p) * x.col_stride + row0;
+      const std::uint16_t* odd = even + x.col_stride;
+      Pair* to = out + p * width;
+      for (std::int64_t r = 0; r < rows; ++r)
+        to[r] = flushed(even[r]) | (Pair{flushed(odd[r])} << 16);
+      for (std::int64_t r = rows; r < width; ++r)
+        to[r] = 0U;
+    }
+    return;
+  }
   for (std::int64_t r = 0; r < rows; ++r) {
     if (x.col_stride == 1 && col0 + 2 * pairs <= cols) {
       const std::uint16_t* line = x.data + (row0 + r) * x.row_stride + col0;

@@ -194,7 +194,9 @@ void Linear::set_compute_dtype(DType dtype) {
 }
 
 Tensor Linear::in_compute_dtype(const Tensor& t) const {
-  return t.dtype() == compute_dtype_ ? t : kernels::convert(t, compute_dtype_);
+  if (t.dtype() == compute_dtype_) return t;
+  const ProfileScope profile(ProfileRow::matmul);  // the products' own rounding of operands
+  return kernels::convert(t, compute_dtype_);
 }
 
 Linear::WeightOperand Linear::weight_operand() const {

@@ -71,7 +71,9 @@ Utilisation utilisation(const Task& task, const TrainConfig& config, std::int64_
     u.model_flops_per_second = u.model_flops_per_target * targets / step_seconds;
   const auto cores = static_cast<double>(
       std::min<std::int64_t>(ranks, std::max(1U, std::thread::hardware_concurrency())));
-  u.peak_flops_per_second = kernels::measured_fma_peak_per_core() * cores;
+  // bf16 compute against the bf16 dot-product peak where its products run on it.
+  const DType compute = config.param_dtype == DType::bf16 ? DType::bf16 : DType::f32;
+  u.peak_flops_per_second = kernels::measured_compute_peak_per_core(compute) * cores;
   u.mfu = u.peak_flops_per_second > 0 ? u.model_flops_per_second / u.peak_flops_per_second : 0;
   return u;
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include <meshtensor/core/dtype.hpp>
 #include <meshtensor/kernels/simd.hpp>
 
 namespace meshtensor::kernels {
@@ -40,6 +41,15 @@ double fma_flops_per_second_threads(SimdLevel level, int threads, double seconds
 /// fma_flops_per_second at the kernels' level (simd_level()), measured once a process (a short
 /// measurement on first use): what model FLOPs utilisation figures divide by.
 double measured_fma_peak_per_core();
+
+/// FLOP/s one thread reaches with nothing but independent bf16 dot-product instructions
+/// (vdpbf16ps: 16 lanes, two products each, counted as 4 FLOP a lane), timed for about
+/// `seconds`; 0 where bf16 matmuls do not run on them (bf16_dot_products_used()).
+double bf16_dot_flops_per_second(double seconds = 0.1);
+
+/// The peak a product computing in `compute` (f32 or bf16) is measured against, once a process:
+/// the bf16 dot-product peak for bf16 where the instruction runs, else the FMA peak.
+double measured_compute_peak_per_core(DType compute);
 
 /// Bytes per second of a STREAM triad a[i] = b[i] + s·c[i] over f32 arrays of `elements` each,
 /// split over `threads` threads (3 × 4 bytes an element, as STREAM counts), best of `repeats`.
