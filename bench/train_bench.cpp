@@ -133,7 +133,8 @@ void print_train_bench_rows(const std::vector<TrainBenchRun>& runs, const train:
     std::cout << fmt::format(
         "{:<12} {:>5} {:>6} {:>10.0f} {:>9.1f} {:>7.1f} {:>5.1f}% {:>9.4f} "
         "{:>9.4f}  {}{}\n",
-        r.param_dtype == DType::f32 ? r.mode : r.mode + " " + std::string(dtype_name(r.param_dtype)),
+        r.param_dtype == DType::f32 ? r.mode
+                                    : r.mode + " " + std::string(dtype_name(r.param_dtype)),
         r.layout.ranks, r.layout.micro_batches, r.samples_per_second * per_sample,
         r.step_seconds * 1e3, u.model_flops_per_second / 1e9, 100 * u.mfu, r.test_loss,
         r.test_accuracy, digest_hex(r.digest), r.replicas_identical ? "" : "  (replicas DIFFER)");
@@ -183,8 +184,7 @@ int run_train_bench(const TrainBenchConfig& bench) {
       train::TrainConfig f32 = config;
       f32.param_dtype = DType::f32;
       f32_rounds.push_back(time_training(task, f32, compared));
-      bf16_speedups.push_back(f32_rounds.back().step_seconds /
-                              ordered_rounds.back().step_seconds);
+      bf16_speedups.push_back(f32_rounds.back().step_seconds / ordered_rounds.back().step_seconds);
     }
     config.mode = comm::ReductionMode::exact;
     exact_rounds.push_back(time_training(task, config, compared));

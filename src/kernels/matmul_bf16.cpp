@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "transpose.hpp"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MESHTENSOR_X86_KERNELS 1
@@ -54,6 +56,40 @@ std::uint16_t flushed(std::uint16_t bits) {
   return (bits & 0x7F80U) == 0 ? static_cast<std::uint16_t>(bits & 0x8000U) : bits;
 }
 
+#if MESHTENSOR_X86_KERNELS
+/// Flushes the subnormal halves of `count` pairs to the zeros of their signs, 8 at a time.
+[[gnu::target("avx2")]] void flush_pairs_avx2(Pair* pairs, std::int64_t count) {
+  const __m256i exponent = _mm256_set1_epi16(0x7F80);
+  const __m256i magnitude = _mm256_set1_epi16(0x7FFF);
+  std::int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    auto* at = reinterpret_cast<__m256i*>(pairs + i);
+    const __m256i x = _mm256_loadu_si256(at);
+    const __m256i tiny = _mm256_cmpeq_epi16(_mm256_and_si256(x, exponent), _mm256_setzero_si256());
+    _mm256_storeu_si256(at, _mm256_andnot_si256(_mm256_and_si256(tiny, magnitude), x));
+  }
+  for (; i < count; ++i)
+    pairs[i] = flushed(static_cast<std::uint16_t>(pairs[i])) |
+               (Pair{flushed(static_cast<std::uint16_t>(pairs[i] >> 16))} << 16);
+}
+
+/// A full panel of 8 rows of a row-major source (the pairs of a row side by side): 8 x 8 blocks
+/// of pairs transposed in registers, then flushed.
+[[gnu::target("avx2")]] void pack_panel_of_rows_avx2(const std::uint16_t* first,
+                                                     std::int64_t row_stride, std::int64_t pairs,
+                                                     Pair* out) {
+  const auto* source = reinterpret_cast<const float*>(first);  // pairs as 32-bit lanes
+  const std::int64_t stride = row_stride / 2;
+  std::int64_t p = 0;
+  for (; p + 8 <= pairs; p += 8)
+    transpose_8x8(source + p, stride, reinterpret_cast<float*>(out + p * 8), 8);
+  for (; p < pairs; ++p)
+    for (std::int64_t r = 0; r < 8; ++r)
+      out[p * 8 + r] = std::bit_cast<Pair>(source[r * stride + p]);
+  flush_pairs_avx2(out, pairs * 8);
+}
+#endif
+
 /// Packs rows [row0, row0 + rows) of op(x) (zero-padded to `width` rows) over the columns
 /// [col0, col0 + 2·pairs) as out[p·width + r] = the pair (x[r][col0 + 2p], x[r][col0 + 2p + 1]);
 /// columns at or past `cols` read zero.
@@ -62,6 +98,12 @@ void pack_pairs(const Bf16Operand& x, std::int64_t row0, std::int64_t rows, std:
   const auto at = [&](std::int64_t r, std::int64_t c) -> Pair {
     return c < cols ? flushed(x.data[(row0 + r) * x.row_stride + c * x.col_stride]) : 0U;
   };
+#if MESHTENSOR_X86_KERNELS
+  if (x.col_stride == 1 && x.row_stride % 2 == 0 && rows == 8 && width == 8 &&
+      col0 + 2 * pairs <= cols && simd_level() != SimdLevel::baseline) {
+    return pack_panel_of_rows_avx2(x.data + row0 * x.row_stride + col0, x.row_stride, pairs, out);
+  }
+#endif
   if (x.row_stride == 1 && col0 + 2 * pairs <= cols) {
     // Rows side by side in memory (a weight's columns, a transposed input's features): each
     // pair interleaves two lines, which vectorises.
@@ -252,39 +294,39 @@ struct Avx2Emulation {
   }
 };
 
-#define MESHTENSOR_PAIRS_EMULATED(name, attribute, Level)                                     \
-  template <int MR, int NV>                                                                   \
-  [[attribute]] void name(std::int64_t pairs, const Pair* a, const Pair* b, float* c,         \
-                          std::int64_t ldc, const float* init, std::int64_t ld_init) {        \
-    using V = Level::V;                                                                       \
-    constexpr int kLanes = Level::kLanes;                                                     \
-    V acc[MR][NV];                                                                            \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                   \
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                  \
+#define MESHTENSOR_PAIRS_EMULATED(name, attribute, Level)                                        \
+  template <int MR, int NV>                                                                      \
+  [[attribute]] void name(std::int64_t pairs, const Pair* a, const Pair* b, float* c,            \
+                          std::int64_t ldc, const float* init, std::int64_t ld_init) {           \
+    using V = Level::V;                                                                          \
+    constexpr int kLanes = Level::kLanes;                                                        \
+    V acc[MR][NV];                                                                               \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                      \
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
         acc[r][v] = init != nullptr ? Level::flush(Level::load(init + r * ld_init + v * kLanes)) \
-                                    : Level::zero();                                          \
-      }                                                                                       \
-    }                                                                                         \
-    for (std::int64_t p = 0; p < pairs; ++p, a += MR, b += NV * kLanes) {                     \
-      V high[NV];                                                                             \
-      V low[NV];                                                                              \
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                  \
-        high[v] = Level::high(b + v * kLanes);                                                \
-        low[v] = Level::low(b + v * kLanes);                                                  \
-      }                                                                                       \
-      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                 \
-        const V ah = Level::broadcast(high_half(a[r]));                                       \
-        const V al = Level::broadcast(low_half(a[r]));                                        \
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                \
-          acc[r][v] = Level::step(al, low[v], Level::step(ah, high[v], acc[r][v]));           \
-        }                                                                                     \
-      }                                                                                       \
-    }                                                                                         \
-    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                   \
-      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                  \
-        Level::store(c + r * ldc + v * kLanes, acc[r][v]);                                    \
-      }                                                                                       \
-    }                                                                                         \
+                                    : Level::zero();                                             \
+      }                                                                                          \
+    }                                                                                            \
+    for (std::int64_t p = 0; p < pairs; ++p, a += MR, b += NV * kLanes) {                        \
+      V high[NV];                                                                                \
+      V low[NV];                                                                                 \
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
+        high[v] = Level::high(b + v * kLanes);                                                   \
+        low[v] = Level::low(b + v * kLanes);                                                     \
+      }                                                                                          \
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                    \
+        const V ah = Level::broadcast(high_half(a[r]));                                          \
+        const V al = Level::broadcast(low_half(a[r]));                                           \
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                   \
+          acc[r][v] = Level::step(al, low[v], Level::step(ah, high[v], acc[r][v]));              \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {                                      \
+      _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
+        Level::store(c + r * ldc + v * kLanes, acc[r][v]);                                       \
+      }                                                                                          \
+    }                                                                                            \
   }
 
 MESHTENSOR_PAIRS_EMULATED(pairs_avx512, MESHTENSOR_AVX512_EMU, Avx512Emulation)
@@ -330,7 +372,7 @@ void run_tile(const PairShape& shape, std::int64_t pairs, const Pair* panel, con
 void gemm_pairs(const PairShape& shape, std::int64_t m, std::int64_t n, std::int64_t k,
                 const Bf16Operand& a, const Bf16Operand& b, float* c, std::int64_t ldc,
                 PairSeed seed) {
-  constexpr std::int64_t kBlockPairs = 128;
+  constexpr std::int64_t kBlockPairs = 256;
   const std::int64_t mr = shape.mr;
   const std::int64_t nr = shape.nr;
   const std::int64_t block_n = nr * (1024 / nr);
@@ -404,8 +446,8 @@ bool instruction_matches_chain() {
   // value a bf16 of either sign with its subnormals flushed, as packing leaves them.
   const auto value = [&] {
     const auto bits = static_cast<std::uint16_t>(next());
-    const auto exponent = static_cast<std::uint16_t>((next() % 3 == 0 ? 0x3F00U : 0x0080U) +
-                                                     ((next() % 200) << 7));
+    const auto exponent =
+        static_cast<std::uint16_t>((next() % 3 == 0 ? 0x3F00U : 0x0080U) + ((next() % 200) << 7));
     return flushed(static_cast<std::uint16_t>((bits & 0x807FU) | (exponent & 0x7F80U)));
   };
   for (Pair& x : a)
@@ -415,7 +457,7 @@ bool instruction_matches_chain() {
   for (std::size_t i = 0; i < init.size(); ++i) {
     const std::uint32_t bits = static_cast<std::uint32_t>(next());
     // Subnormal, signed-zero and normal starts.
-    init[i] = std::bit_cast<float>(i % 4 == 0 ? bits & 0x807FFFFFU
+    init[i] = std::bit_cast<float>(i % 4 == 0   ? bits & 0x807FFFFFU
                                    : i % 4 == 1 ? bits & 0x80000000U
                                                 : bits & 0xBFFFFFFFU);
   }

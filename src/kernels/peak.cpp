@@ -372,8 +372,8 @@ double bf16_dot_flops_per_second(double seconds) {
   for (int round = 0; round < 3; ++round) {
     const auto start = Clock::now();
     sink = bf16_dot_loop(iterations);
-    best = std::max(best, kFlopsPerIteration * static_cast<double>(iterations) /
-                              seconds_since(start));
+    best =
+        std::max(best, kFlopsPerIteration * static_cast<double>(iterations) / seconds_since(start));
   }
   (void)sink;
   return best;

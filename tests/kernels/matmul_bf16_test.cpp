@@ -107,7 +107,8 @@ TEST_F(Bf16Matmul, EveryElementIsThePairedChainAtEveryLevel) {
               }
               const float expected = chain(row, column, s[static_cast<std::size_t>(i * n + j)]);
               const float actual = got[static_cast<std::size_t>(i * n + j)];
-              ASSERT_EQ(std::bit_cast<std::uint32_t>(actual), std::bit_cast<std::uint32_t>(expected))
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(actual),
+                        std::bit_cast<std::uint32_t>(expected))
                   << fmt::format("{}x{}x{} ta {} tb {} level {} at ({}, {}): {} vs {}", m, n, k, ta,
                                  tb, simd_level_name(level), i, j, actual, expected);
             }
