@@ -17,8 +17,10 @@
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/portable_math.hpp>
 #include <meshtensor/mesh/layout.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/rl/grpo.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
@@ -136,6 +138,7 @@ class RlRun {
   std::unique_ptr<tp::TensorParallel> generator_tp_;
   std::unique_ptr<generate::Generator> generator_;
   std::unique_ptr<WeightSync> sync_;
+  SyncStats sync_generator();
   std::vector<std::int64_t> prompt_order_;
   std::int64_t step_ = 0;
   std::int64_t update_ = 0;  // optimizer steps so far
@@ -244,6 +247,8 @@ void RlRun::build_generator() {
   const comm::ReductionMode mode = config_.generator_mode.value_or(config_.train.mode);
   const bool exact_generator = mode == comm::ReductionMode::exact;
   decoder.set_exact_sums(exact_generator);
+  // The policy's products: bf16 parameters compute in bf16 on both sides.
+  if (config_.train.param_dtype == DType::bf16) nn::set_compute_dtype(decoder, DType::bf16);
   generator_tp_ = std::make_unique<tp::TensorParallel>(
       generator_groups_->group(std::vector<int>{1}), mode, false);
   generate::parallelize_for_generation(decoder, *generator_tp_);
@@ -645,7 +650,7 @@ std::vector<RlSample> RlRun::show_samples() {
   std::vector<std::int64_t> ids;
   for (std::int64_t i = 0; i < std::min<std::int64_t>(kShownSamples, prompt_order_.size()); ++i)
     ids.push_back(prompt_order_[static_cast<std::size_t>(i)]);
-  sync_->run();
+  sync_generator();
   std::vector<generate::Request> made = requests(-1, ids);
   std::vector<generate::Request> firsts;
   for (std::size_t i = 0; i < made.size(); i += static_cast<std::size_t>(config_.samples))
@@ -702,11 +707,23 @@ void RlRun::learn(const Rollouts& rollouts, RlStepReport& report) {
   report.clipped_fraction = totals.values<double>()[kClipped] / token_updates;
 }
 
+/// The weight sync, then the generator's copy rounded to the trainer's parameter dtype, as the
+/// trainer's own forward sees its parameters (FSDP's unshard rounds them).
+SyncStats RlRun::sync_generator() {
+  SyncStats report = sync_->run();
+  const DType dtype = config_.train.param_dtype;
+  if (dtype != DType::f32) {
+    for (nn::Parameter* p : generator_model_->parameters())
+      p->value.copy_from(kernels::convert(kernels::convert(p->value, dtype), DType::f32));
+  }
+  return report;
+}
+
 /// One step: sync, rollouts, rewards, updates.
 RlStepReport RlRun::step() {
   RlStepReport report;
   report.step = step_ + 1;
-  report.sync = sync_->run();
+  report.sync = sync_generator();
   report.sync_seconds = report.sync.seconds;
   if (config_.compare_naive_sync && trainer_copies_ == 1 &&
       config_.generator.ranks() == world_.size()) {

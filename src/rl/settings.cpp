@@ -49,6 +49,9 @@ constexpr std::array kOwnFields = {
     SettingField{"clip_grad_norm", "gradient norm clip (default 1)"},
     SettingField{"micro_batches", "micro-batches per rank (default 1)"},
     SettingField{"mode", "exact (default) or ordered"},
+    SettingField{"param_dtype",
+                 "f32 (default) or bf16: the trainer's and the generator's products multiply in "
+                 "bf16"},
     SettingField{"seed", "seed of the prompts' order and the sampling"},
     SettingField{"strategy", "trainer: ddp, fsdp or hsdp"},
     SettingField{"mesh", "trainer mesh, e.g. 2x2 (with `names`)"},

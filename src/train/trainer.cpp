@@ -24,6 +24,7 @@
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
+#include <meshtensor/nn/layers.hpp>
 #include <meshtensor/nn/loss.hpp>
 #include <meshtensor/tp/style.hpp>
 #include <meshtensor/train/model_state.hpp>
@@ -401,6 +402,7 @@ std::vector<generate::Completion> TrainingRun::generate_on_one_rank(
     whole[i]->value.copy_from(values[i]);
   const bool exact = config_.mode == comm::ReductionMode::exact;
   decoder.set_exact_sums(exact);
+  if (config_.param_dtype == DType::bf16) nn::set_compute_dtype(decoder, DType::bf16);
   generate::GeneratorOptions options;
   options.exact_logprobs = exact;
   return generate::Generator(decoder, options).generate(requests);

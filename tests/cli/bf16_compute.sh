@@ -28,6 +28,28 @@ for layout in "--ranks 4 --strategy fsdp" "--mesh 2x2 --names dp,fsdp --micro-ba
   same "$want" "$(digests "$bin" "${run[@]}" --mode exact $layout)" "exact bf16 on $layout"
   echo "ok: exact on $layout: $want"
 done
+# The generator computes as the trainer does: its tokens score to the trainer's bits.
+out=$("$bin" "${run[@]}" --mode exact --mesh 2x2 --names fsdp,tp --verify-generator)
+grep -q "with the same log-probability bits, largest difference 0$" <<<"$out" ||
+  fail "generator check: $(grep 'generator check' <<<"$out")"
+if [ "$2" = gpt ]; then
+  # GRPO: trainer and generator on different layouts, every token's log-probability the same.
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  "$bin" train --mode exact --model "$model" --batch 4 --steps 2 --eval-every 0 --ranks 1 \
+    --save "$dir/ckpt" >/dev/null
+  rl=(rl --init "$dir/ckpt" --prompts 2 --samples 2 --new-tokens 6 --prompt-bytes 8 --steps 2
+      --mode exact --param-dtype bf16 --json)
+  one=$("$bin" "${rl[@]}" --ranks 1)
+  grep -q '"parity":{"identical":48,"max_abs_diff":0.0,"tokens":48}' <<<"$one" ||
+    fail "rl parity on 1 rank: $(grep -o '"parity":{[^}]*}' <<<"$one")"
+  other=$("$bin" "${rl[@]}" --ranks 4 --strategy fsdp --generator-mesh 2 --generator-names tp)
+  grep -q '"parity":{"identical":48,"max_abs_diff":0.0,"tokens":48}' <<<"$other" ||
+    fail "rl parity on fsdp 4, generator tp 2: $(grep -o '"parity":{[^}]*}' <<<"$other")"
+  same "$(grep -o '"weights_digest":"[0-9a-f]*"' <<<"$one")" \
+    "$(grep -o '"weights_digest":"[0-9a-f]*"' <<<"$other")" "rl bf16 digest on two layouts"
+  echo "ok: rl"
+fi
 best=$(MESHTENSOR_SIMD= "$bin" bench peak --seconds 0.02 --triad-mib 12 | sed -n 's/.*, kernels \([a-z0-9]*\),.*/\1/p')
 ordered=$(digests "$bin" "${run[@]}" --mode ordered --ranks 1)
 for level in baseline avx2 avx512; do
