@@ -114,6 +114,9 @@ def main():
                        ("lr", float), ("warmup", int), ("eval_every", int), ("seed", int),
                        ("threads", int)]:
         parser.add_argument("--" + name.replace("_", "-"), type=kind, required=True)
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
+                        help="bf16: forward and loss under torch.autocast (CPU, bfloat16), "
+                             "the weights and optimizer in f32")
     parser.add_argument("--timed-from", type=int, default=0,
                         help="steps before this one do not count in tokens_per_second")
     args = parser.parse_args()
@@ -136,8 +139,10 @@ def main():
         start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.lr, args.steps, args.warmup)
-        logits = model(tokens)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY), targets.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
+            logits = model(tokens)
+            loss = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY).float(),
+                                               targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -152,7 +157,8 @@ def main():
             evaluations.append({"steps": step + 1, "validation_loss": validation})
     print(json.dumps({"tokens_per_second": tokens_done / train_seconds,
                       "validation_loss": evaluations[-1]["validation_loss"],
-                      "evaluations": evaluations, "threads": args.threads}))
+                      "evaluations": evaluations, "threads": args.threads,
+                      "dtype": args.dtype}))
 
 
 if __name__ == "__main__":
