@@ -258,9 +258,7 @@ UnshardHandle ShardedModule::unshard() {
       // One shard holds everything: the parameters are views of it (no copy) unless they are
       // to be seen rounded to a narrower dtype.
       const Tensor values =
-          dtype == DType::f32
-              ? shard_values_
-              : kernels::convert(kernels::convert(shard_values_, dtype), DType::f32);
+          dtype == DType::f32 ? shard_values_ : kernels::rounded_values(shard_values_, dtype);
       if (dtype != DType::f32) model_.memory().add(MemoryKind::unsharded, bytes_of(values));
       for (std::size_t p = 0; p < parameters_.size(); ++p)
         full_.push_back(layout_.chunk_view(values, p, 0));

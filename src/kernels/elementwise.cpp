@@ -99,6 +99,20 @@ template <class T>
 }
 MESHTENSOR_SIMD_KERNEL(to_bf16_kernel, to_bf16_body)
 
+/// f32 bit patterns rounded to bf16 values (to_bf16_body's rounding, kept in f32).
+template <class T>
+[[gnu::always_inline]] inline void round_to_bf16_body(std::uint32_t* __restrict to,
+                                                      const std::uint32_t* __restrict from,
+                                                      std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    const std::uint32_t bits = from[i];
+    const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) & 0xFFFF0000U;
+    const std::uint32_t quiet = (bits | 0x00400000U) & 0xFFFF0000U;
+    to[i] = (bits & 0x7FFFFFFFU) > 0x7F800000U ? quiet : rounded;
+  }
+}
+MESHTENSOR_SIMD_KERNEL(round_to_bf16_kernel, round_to_bf16_body)
+
 /// bf16 -> f32 bit patterns (exact).
 template <class T>
 [[gnu::always_inline]] inline void from_bf16_body(std::uint32_t* __restrict to,
@@ -147,6 +161,19 @@ Tensor convert(const Tensor& source, DType dtype) {
         to[i] = convert_element<T>(from[i]);
     });
   });
+  return output;
+}
+
+Tensor rounded_values(const Tensor& source, DType dtype) {
+  if (source.dtype() != DType::f32)
+    throw InvalidArgument(
+        fmt::format("rounded_values of {}: f32 only", dtype_name(source.dtype())));
+  if (dtype != DType::bf16) return convert(convert(source, dtype), DType::f32);
+  const Tensor input = source.contiguous();
+  Tensor output = Tensor::uninitialized(input.shape(), DType::f32);
+  round_to_bf16_kernel<float>(reinterpret_cast<std::uint32_t*>(output.bytes().data()),
+                              reinterpret_cast<const std::uint32_t*>(input.bytes().data()),
+                              input.numel());
   return output;
 }
 

@@ -714,7 +714,7 @@ SyncStats RlRun::sync_generator() {
   const DType dtype = config_.train.param_dtype;
   if (dtype != DType::f32) {
     for (nn::Parameter* p : generator_model_->parameters())
-      p->value.copy_from(kernels::convert(kernels::convert(p->value, dtype), DType::f32));
+      p->value.copy_from(kernels::rounded_values(p->value, dtype));
   }
   return report;
 }

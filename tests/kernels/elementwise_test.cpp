@@ -1,5 +1,6 @@
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -161,6 +162,32 @@ TEST(Divide, RoundsOnceAndRejectsZero) {
   EXPECT_EQ(ints.values<std::int32_t>()[0], 4);  // 3.5 ties to even
   EXPECT_EQ(ints.values<std::int32_t>()[1], -4);
   EXPECT_THROW(divide(values, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtensor::kernels
+
+namespace meshtensor::kernels {
+namespace {
+
+TEST(RoundedValues, AreTheBitsOfARoundTripThroughTheDtype) {
+  // Ties both ways, subnormals, the largest values and overflow, infinities, NaNs with payloads.
+  std::vector<std::uint32_t> bits = {0x00000000U, 0x80000000U, 0x3F808000U, 0x3F818000U,
+                                     0x3F80FFFFU, 0x00000001U, 0x807FFFFFU, 0x007F8000U,
+                                     0x7F7FFFFFU, 0xFF7F8000U, 0x7F800000U, 0xFF800000U,
+                                     0x7FC00001U, 0xFF812345U, 0x7F800001U};
+  std::uint64_t state = 7;
+  for (int i = 0; i < 10000; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    bits.push_back(static_cast<std::uint32_t>(state >> 32));
+  }
+  Tensor values(Shape{static_cast<std::int64_t>(bits.size())}, DType::f32);
+  std::memcpy(values.bytes().data(), bits.data(), bits.size() * 4);
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    const Tensor want = convert(convert(values, dtype), DType::f32);
+    EXPECT_TRUE(rounded_values(values, dtype).bitwise_equal(want)) << dtype_name(dtype);
+  }
+  EXPECT_THROW(rounded_values(convert(values, DType::f64), DType::bf16), InvalidArgument);
 }
 
 }  // namespace

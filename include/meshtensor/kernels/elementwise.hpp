@@ -14,6 +14,10 @@ namespace meshtensor::kernels {
 /// saturate, NaN becomes 0.
 Tensor convert(const Tensor& source, DType dtype);
 
+/// An f32 copy of an f32 `source` with every value rounded to `dtype` (bf16 or f16) as convert
+/// rounds: the bits of convert(convert(source, dtype), f32), in one pass for bf16.
+Tensor rounded_values(const Tensor& source, DType dtype);
+
 /// target[i] = op(target[i], addend[i]) for every element, in the dtype's own arithmetic (bf16
 /// and f16 through f32, rounded back each time; integers wrap). `avg` adds like `sum`: the
 /// caller divides once at the end.
