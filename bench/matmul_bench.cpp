@@ -9,6 +9,7 @@
 #include <meshtensor/core/random.hpp>
 #include <meshtensor/core/tensor.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/elementwise.hpp>
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/kernels/openblas_baseline.hpp>
 
@@ -56,6 +57,13 @@ std::vector<MatmulShape> default_matmul_shapes() {
       shapes.push_back({in, out, rows, "xᵀ·dy"});
     }
   }
+  const std::vector<MatmulShape> gpt = gpt_matmul_shapes();
+  shapes.insert(shapes.end(), gpt.begin(), gpt.end());
+  return shapes;
+}
+
+std::vector<MatmulShape> gpt_matmul_shapes() {
+  std::vector<MatmulShape> shapes;
   // The GPTs' (2048 tokens a rank): attention's qkv and projection, the MLP's two layers, at the
   // default GPT's dim 128 and the 25M-parameter model's dim 512 (scripts/bench-scale.sh).
   constexpr std::int64_t kGptRows = 2048;
@@ -107,6 +115,33 @@ std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& sha
     const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
     rows.push_back(
         {shape, flops / median(ours_s) / 1e9, flops / median(theirs_s) / 1e9, median(ratios)});
+  }
+  return rows;
+}
+
+std::vector<Bf16MatmulRow> run_bf16_matmul_bench(const std::vector<MatmulShape>& shapes,
+                                                 int iterations) {
+  std::vector<Bf16MatmulRow> rows;
+  for (const MatmulShape& shape : shapes) {
+    const auto ta = shape.form == "xᵀ·dy" ? kernels::Transpose::yes : kernels::Transpose::no;
+    const auto tb = shape.form == "dy·Wᵀ" ? kernels::Transpose::yes : kernels::Transpose::no;
+    const Tensor a = Tensor::random_normal(
+        ta == kernels::Transpose::yes ? Shape{shape.k, shape.m} : Shape{shape.m, shape.k},
+        DType::f32, 1);
+    const Tensor b = Tensor::random_normal(
+        tb == kernels::Transpose::yes ? Shape{shape.n, shape.k} : Shape{shape.k, shape.n},
+        DType::f32, 2);
+    const Tensor a16 = kernels::convert(a, DType::bf16);
+    const Tensor b16 = kernels::convert(b, DType::bf16);
+    Tensor c(Shape{shape.m, shape.n}, DType::f32);
+    const auto f32 = [&] { kernels::matmul(a, ta, b, tb, c); };
+    const auto bf16 = [&] { kernels::matmul(a16, ta, b16, tb, c); };
+    f32();
+    bf16();
+    const PairedTimes times = time_pairs(iterations_for(time_once(bf16), iterations), bf16, f32);
+    const double flops = 2.0 * static_cast<double>(shape.m * shape.n * shape.k);
+    rows.push_back({shape, flops / times.subject_s / 1e9, flops / times.baseline_s / 1e9,
+                    times.baseline_over_subject});
   }
   return rows;
 }

@@ -30,9 +30,27 @@ struct MatmulBenchRow {
 /// 512x512x512.
 std::vector<MatmulShape> default_matmul_shapes();
 
+/// The default GPT's and the 25M-parameter GPT's shapes (2048 rows of dim 128 and 512), all
+/// three forms.
+std::vector<MatmulShape> gpt_matmul_shapes();
+
 /// Times every shape `iterations` times (0: about 0.3 s each).
 std::vector<MatmulBenchRow> run_matmul_bench(const std::vector<MatmulShape>& shapes,
                                              int iterations);
+
+/// bf16 products (bf16 operands, the bf16 chain) against f32 products of the same shapes, same
+/// run, interleaved; the ratio is the median of per-pair ratios (bf16 / f32 throughput). The
+/// operands are converted before the timing: a bf16 layer converts each once (docs/training.md).
+struct Bf16MatmulRow {
+  MatmulShape shape;
+  double gflops = 0.0;      ///< bf16, median
+  double f32_gflops = 0.0;  ///< f32, median
+  double ratio = 0.0;       ///< bf16 / f32 throughput
+};
+
+/// Times every shape's bf16 and f32 products `iterations` times (0: about 0.3 s each).
+std::vector<Bf16MatmulRow> run_bf16_matmul_bench(const std::vector<MatmulShape>& shapes,
+                                                 int iterations);
 
 /// Exact-mode weight gradient (binned xᵀ·dy) against the ordered one (matmul), same data.
 struct ExactGradientRow {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <meshtensor/core/memory.hpp>
+#include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/kernels/simd.hpp>
 #include <meshtensor/mesh/parse.hpp>
 
@@ -231,6 +232,7 @@ void report_matmul(bool json, int iterations) {
   print_machine_line(json);
   const auto rows = run_matmul_bench(default_matmul_shapes(), iterations);
   const auto exact = run_exact_gradient_bench(0.5, iterations);
+  const auto bf16 = run_bf16_matmul_bench(gpt_matmul_shapes(), iterations);
   if (json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : rows) {
@@ -251,6 +253,16 @@ void report_matmul(bool json, int iterations) {
                      {"ordered_s", r.ordered_seconds},
                      {"time_ratio", r.ratio}});
     }
+    for (const auto& r : bf16) {
+      out.push_back({{"form", "bf16 " + r.shape.form},
+                     {"m", r.shape.m},
+                     {"n", r.shape.n},
+                     {"k", r.shape.k},
+                     {"gflops", r.gflops},
+                     {"f32_gflops", r.f32_gflops},
+                     {"ratio", r.ratio},
+                     {"bf16_dot_products_used", kernels::bf16_dot_products_used()}});
+    }
     std::cout << out.dump(2) << '\n';
     return;
   }
@@ -270,6 +282,15 @@ void report_matmul(bool json, int iterations) {
     std::cout << fmt::format("{:>6} {:>6} {:>6} {:>12.3f} {:>12.3f} {:>7.1f}\n", r.shape.m,
                              r.shape.n, r.shape.k, r.exact_seconds * 1e3, r.ordered_seconds * 1e3,
                              r.ratio);
+  }
+  std::cout << fmt::format("\nbf16 products (the bf16 chain, {}) against f32 products, same run\n",
+                           kernels::bf16_dot_products_used() ? "on the bf16 dot-product instruction"
+                                                             : "emulated on the f32 FMAs");
+  std::cout << fmt::format("{:<8} {:>6} {:>6} {:>6} {:>12} {:>12} {:>7}\n", "form", "m", "n", "k",
+                           "GFLOP/s", "f32", "ratio");
+  for (const auto& r : bf16) {
+    std::cout << fmt::format("{:<8} {:>6} {:>6} {:>6} {:>12.1f} {:>12.1f} {:>7.2f}\n", r.shape.form,
+                             r.shape.m, r.shape.n, r.shape.k, r.gflops, r.f32_gflops, r.ratio);
   }
 }
 
