@@ -133,6 +133,37 @@ void pack_pairs(const Bf16Operand& x, std::int64_t row0, std::int64_t rows, std:
       out[p * width + r] = 0U;
 }
 
+/// Packs rows [row0, row0 + rows) of op(x) as consecutive panels of `width` rows (the last
+/// zero-padded), panel q at out + q·pairs·width laid out as pack_pairs lays one. Rows side by side
+/// in memory are walked once along their lines for all panels, so each line read serves every
+/// panel rather than a few rows of one.
+void pack_pair_panels(const Bf16Operand& x, std::int64_t row0, std::int64_t rows,
+                      std::int64_t width, std::int64_t col0, std::int64_t pairs, std::int64_t cols,
+                      Pair* out) {
+  const std::int64_t panels = (rows + width - 1) / width;
+  if (x.row_stride == 1 && panels > 1 && col0 + 2 * pairs <= cols) {
+    for (std::int64_t p = 0; p < pairs; ++p) {
+      const std::uint16_t* even = x.data + (col0 + 2 * p) * x.col_stride + row0;
+      const std::uint16_t* odd = even + x.col_stride;
+      for (std::int64_t q = 0; q < panels; ++q) {
+        Pair* to = out + q * pairs * width + p * width;
+        const std::int64_t first = q * width;
+        const std::int64_t take = std::min(width, rows - first);
+        for (std::int64_t r = 0; r < take; ++r)
+          to[r] = flushed(even[first + r]) | (Pair{flushed(odd[first + r])} << 16);
+        for (std::int64_t r = take; r < width; ++r)
+          to[r] = 0U;
+      }
+    }
+    return;
+  }
+  for (std::int64_t q = 0; q < panels; ++q) {
+    const std::int64_t first = row0 + q * width;
+    pack_pairs(x, first, std::min(width, row0 + rows - first), width, col0, pairs, cols,
+               out + q * pairs * width);
+  }
+}
+
 /// The transpose of an operand.
 Bf16Operand transposed(Bf16Operand x) {
   std::swap(x.row_stride, x.col_stride);
@@ -388,18 +419,14 @@ void gemm_pairs(const PairShape& shape, std::int64_t m, std::int64_t n, std::int
     for (std::int64_t jc = 0; jc < n; jc += block_n) {
       const std::int64_t nc = std::min(block_n, n - jc);
       const std::int64_t strips = (nc + nr - 1) / nr;
-      for (std::int64_t s = 0; s < strips; ++s) {
-        const std::int64_t col0 = jc + s * nr;
-        pack_pairs(transposed(b), col0, std::min(nr, n - col0), nr, 2 * pc, pairs, k,
-                   packed_b.data() + s * pairs * nr);
-      }
+      pack_pair_panels(transposed(b), jc, nc, nr, 2 * pc, pairs, k, packed_b.data());
       for (std::int64_t ic = 0; ic < m; ic += block_m) {
         const std::int64_t mc = std::min(block_m, m - ic);
         const std::int64_t panels = (mc + mr - 1) / mr;
-        for (std::int64_t p = 0; p < panels; ++p) {
-          const std::int64_t row0 = ic + p * mr;
+        for (std::int64_t q = 0; q < panels; ++q) {
+          const std::int64_t row0 = ic + q * mr;
           pack_pairs(a, row0, std::min(mr, m - row0), mr, 2 * pc, pairs, k,
-                     packed_a.data() + p * pairs * mr);
+                     packed_a.data() + q * pairs * mr);
         }
         for (std::int64_t s = 0; s < strips; ++s) {
           const std::int64_t col0 = jc + s * nr;
