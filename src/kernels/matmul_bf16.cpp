@@ -1,6 +1,7 @@
 #include "matmul_bf16.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -33,11 +34,19 @@ bool cpu_has_bf16_dot_products();
 }  // namespace detail
 #endif
 
+namespace {
+std::atomic<bool> instruction_allowed{true};
+}  // namespace
+
+void allow_bf16_dot_products(bool allowed) {
+  instruction_allowed = allowed;
+}
+
 bool bf16_dot_products_used() {
 #if MESHTENSOR_X86_KERNELS
   static const bool usable =
       detail::cpu_has_bf16_dot_products() && detail::instruction_matches_chain();
-  return usable && simd_level() == SimdLevel::avx512;
+  return usable && instruction_allowed && simd_level() == SimdLevel::avx512;
 #else
   return false;
 #endif

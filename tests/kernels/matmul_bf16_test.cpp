@@ -69,12 +69,28 @@ float element(const Tensor& t, std::int64_t r, std::int64_t c, bool transposed) 
 
 class Bf16Matmul : public ::testing::Test {
  protected:
-  void TearDown() override { set_simd_level(best_simd_level()); }
-  static std::vector<SimdLevel> levels() {
-    std::vector<SimdLevel> out;
+  void TearDown() override {
+    set_simd_level(best_simd_level());
+    allow_bf16_dot_products(true);
+  }
+  /// Every path: each SIMD level this CPU runs, and at avx512 the emulation beside the
+  /// instruction (the second entry with `emulate`).
+  struct Path {
+    SimdLevel level;
+    bool emulate;
+  };
+  static std::vector<Path> paths() {
+    std::vector<Path> out;
     for (auto level : {SimdLevel::baseline, SimdLevel::avx2, SimdLevel::avx512})
-      if (static_cast<int>(level) <= static_cast<int>(best_simd_level())) out.push_back(level);
+      if (static_cast<int>(level) <= static_cast<int>(best_simd_level()))
+        out.push_back({level, false});
+    if (best_simd_level() == SimdLevel::avx512) out.push_back({SimdLevel::avx512, true});
     return out;
+  }
+  static std::string use(Path path) {
+    set_simd_level(path.level);
+    allow_bf16_dot_products(!path.emulate);
+    return fmt::format("{}{}", simd_level_name(path.level), path.emulate ? " emulated" : "");
   }
 };
 
@@ -92,8 +108,8 @@ TEST_F(Bf16Matmul, EveryElementIsThePairedChainAtEveryLevel) {
         for (std::size_t i = 0; i < s.size(); ++i)
           s[i] = i % 3 == 0 ? std::ldexp(static_cast<float>(i % 7) - 3.0f, -128)
                             : static_cast<float>(i % 11) - 5.0f;
-        for (const SimdLevel level : levels()) {
-          set_simd_level(level);
+        for (const Path path : paths()) {
+          const std::string where = use(path);
           Tensor c = start.clone();
           matmul(a, ta ? T::yes : T::no, b, tb ? T::yes : T::no, c, /*accumulate=*/true);
           const auto got = c.values<float>();
@@ -109,8 +125,8 @@ TEST_F(Bf16Matmul, EveryElementIsThePairedChainAtEveryLevel) {
               const float actual = got[static_cast<std::size_t>(i * n + j)];
               ASSERT_EQ(std::bit_cast<std::uint32_t>(actual),
                         std::bit_cast<std::uint32_t>(expected))
-                  << fmt::format("{}x{}x{} ta {} tb {} level {} at ({}, {}): {} vs {}", m, n, k, ta,
-                                 tb, simd_level_name(level), i, j, actual, expected);
+                  << fmt::format("{}x{}x{} ta {} tb {} {} at ({}, {}): {} vs {}", m, n, k, ta, tb,
+                                 where, i, j, actual, expected);
             }
           }
         }
@@ -120,32 +136,31 @@ TEST_F(Bf16Matmul, EveryElementIsThePairedChainAtEveryLevel) {
 }
 
 TEST_F(Bf16Matmul, TheOrderWithinAPairIsTheHigherIndexFirst) {
-  // a = [1, 2^24], b = [1, 1] from 0: 2^24 first, then 1 rounds away (a tie to even);
-  // ascending order would give 1 + 2^24 = 2^24 too, so start from -2^24: higher first gives
-  // 0 + 1 = 1, lower first gives (1 - 2^24 rounds to -2^24 + 2) then + 2^24 = 2.
+  // From 2^24 with a = [1, -2^24], b = [1, 1]: the higher index first gives 2^24 - 2^24 = 0, then
+  // 0 + 1 = 1; the lower first would give 2^24 + 1, a tie that rounds to 2^24, then 0.
   Tensor a(Shape{1, 2}, DType::bf16);
   Tensor b(Shape{2, 1}, DType::bf16);
   auto* ab = reinterpret_cast<std::uint16_t*>(a.bytes().data());
   auto* bb = reinterpret_cast<std::uint16_t*>(b.bytes().data());
   ab[0] = 0x3F80;  // 1
-  ab[1] = 0x4B80;  // 2^24
+  ab[1] = 0xCB80;  // -2^24
   bb[0] = 0x3F80;
   bb[1] = 0x3F80;
-  for (const SimdLevel level : levels()) {
-    set_simd_level(level);
+  for (const Path path : paths()) {
+    const std::string where = use(path);
     Tensor c(Shape{1, 1}, DType::f32);
-    c.values<float>()[0] = -0x1p24f;
+    c.values<float>()[0] = 0x1p24f;
     matmul(a, T::no, b, T::no, c, /*accumulate=*/true);
-    EXPECT_EQ(c.values<float>()[0], 1.0f) << simd_level_name(level);
+    EXPECT_EQ(c.values<float>()[0], 1.0f) << where;
   }
 }
 
-TEST_F(Bf16Matmul, TheInstructionRunsOnlyAtTheAvx512Level) {
+TEST_F(Bf16Matmul, TheInstructionRunsOnlyAtTheAvx512LevelWhenAllowed) {
   // A cap below avx512 (MESHTENSOR_SIMD) times the emulation, as on a CPU without it.
-  for (const SimdLevel level : levels()) {
-    set_simd_level(level);
-    if (level != SimdLevel::avx512) {
-      EXPECT_FALSE(bf16_dot_products_used()) << simd_level_name(level);
+  for (const Path path : paths()) {
+    const std::string where = use(path);
+    if (path.level != SimdLevel::avx512 || path.emulate) {
+      EXPECT_FALSE(bf16_dot_products_used()) << where;
     }
   }
 }

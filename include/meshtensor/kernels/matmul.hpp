@@ -39,4 +39,8 @@ void matmul_bias(const Tensor& a, Transpose transpose_a, const Tensor& b, Transp
 /// emulation of it.
 bool bf16_dot_products_used();
 
+/// false: bf16 matmuls run the AVX-512F emulation at the avx512 level even where the instruction
+/// runs (tests compare the two bit for bit; benchmarks time the emulation a CPU without it runs).
+void allow_bf16_dot_products(bool allowed);
+
 }  // namespace meshtensor::kernels
