@@ -8,7 +8,8 @@ the same text in the same order; the validation loss is the mean cross-entropy o
 validation windows (consecutive windows of the validation text, at most 64).
 
 Usage: python3 peer_gpt.py --data PATH --architecture TEXT --batch B --steps S --lr LR
-                           --warmup W --eval-every E --seed N --threads K
+                           --warmup W --eval-every E --seed N --threads K [--dtype f32|bf16]
+                           [--ddp PROCESSES]
 (TEXT: a checkpoint's architecture metadata, "gpt layers=4 heads=4 ..." or "llama ...")
 """
 import argparse
@@ -37,7 +38,8 @@ class Block(nn.Module):
         self.fc = nn.Linear(dim, 4 * dim)
         self.gelu = nn.GELU(approximate="tanh")
         self.fc_proj = nn.Linear(4 * dim, dim)
-        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)))
+        # A plain attribute, not a buffer: Gloo cannot broadcast bool tensors (DDP syncs buffers).
+        self.mask = torch.tril(torch.ones(context, context, dtype=torch.bool))
 
     def forward(self, x):
         b, t, d = x.shape
@@ -108,7 +110,7 @@ def make_model(text):
     return Gpt(keys["layers"], keys["heads"], keys["dim"], keys["context"])
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser()
     for name, kind in [("data", str), ("architecture", str), ("batch", int), ("steps", int),
                        ("lr", float), ("warmup", int), ("eval_every", int), ("seed", int),
@@ -117,13 +119,26 @@ def main():
     parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                         help="bf16: forward and loss under torch.autocast (CPU, bfloat16), "
                              "the weights and optimizer in f32")
+    parser.add_argument("--ddp", type=int, default=1,
+                        help="processes: above 1, DistributedDataParallel over Gloo, each process "
+                             "taking its torch.chunk share of every global batch")
     parser.add_argument("--timed-from", type=int, default=0,
                         help="steps before this one do not count in tokens_per_second")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def train(rank, args):
+    """One process's training; rank 0 prints the JSON object."""
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights in every process
     text = mt.load_text(args.data)
     model = make_model(args.architecture)
+    if args.ddp > 1:
+        torch.distributed.init_process_group("gloo", init_method=args.rendezvous, rank=rank,
+                                             world_size=args.ddp)
+        trained = nn.parallel.DistributedDataParallel(model)
+    else:
+        trained = model
     args.context = architecture(args.architecture)[1]["context"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                                   weight_decay=0.0)
@@ -136,29 +151,49 @@ def main():
         count = min(args.batch, samples - s * args.batch)
         tokens, targets = text.windows(args.context, args.seed, epoch, s * args.batch, count)
         tokens, targets = torch.from_numpy(tokens), torch.from_numpy(targets)
+        if args.ddp > 1:  # this process's rows; DDP averages the gradients of equal shares
+            tokens = torch.chunk(tokens, args.ddp)[rank]
+            targets = torch.chunk(targets, args.ddp)[rank]
         start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.lr, args.steps, args.warmup)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
-            logits = model(tokens)
+            logits = trained(tokens)
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY).float(),
                                                targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if args.ddp > 1:
+            torch.distributed.barrier()  # the step ends when every process's does
         if step >= args.timed_from:
             train_seconds += time.perf_counter() - start
             tokens_done += count * args.context
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        if rank == 0 and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             with torch.no_grad():
                 logits = model(val_tokens)
                 validation = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY),
                                                          val_targets.reshape(-1)).item()
             evaluations.append({"steps": step + 1, "validation_loss": validation})
-    print(json.dumps({"tokens_per_second": tokens_done / train_seconds,
-                      "validation_loss": evaluations[-1]["validation_loss"],
-                      "evaluations": evaluations, "threads": args.threads,
-                      "dtype": args.dtype}))
+    if rank == 0:
+        print(json.dumps({"tokens_per_second": tokens_done / train_seconds,
+                          "validation_loss": evaluations[-1]["validation_loss"],
+                          "evaluations": evaluations, "threads": args.threads,
+                          "processes": args.ddp, "dtype": args.dtype}), flush=True)
+    if args.ddp > 1:
+        torch.distributed.destroy_process_group()
+
+
+def main():
+    args = parse_args()
+    if args.ddp > 1:
+        import socket
+        with socket.socket() as probe:  # a free port for the rendezvous
+            probe.bind(("127.0.0.1", 0))
+            args.rendezvous = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        torch.multiprocessing.spawn(train, args=(args,), nprocs=args.ddp)
+    else:
+        train(0, args)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ class Llama(nn.Module):
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos", angles.cos().float())
         self.register_buffer("sin", angles.sin().float())
-        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)))
+        # A plain attribute, not a buffer: Gloo cannot broadcast bool tensors (DDP syncs buffers).
+        self.mask = torch.tril(torch.ones(context, context, dtype=torch.bool))
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 residual = name.endswith(("proj.weight", "down_proj.weight"))
