@@ -22,6 +22,8 @@
 #include <meshtensor/generate/generator.hpp>
 #include <meshtensor/generate/load.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
+#include <meshtensor/kernels/matmul.hpp>
+#include <meshtensor/kernels/simd.hpp>
 #include <meshtensor/mesh/layout.hpp>
 #include <meshtensor/mesh/parse.hpp>
 #include <meshtensor/nn/layers.hpp>
@@ -360,6 +362,12 @@ void TrainingRun::build_model() {
     figures.stage_units = model_->stage_units();
   }
   result_.parallel_plan = model_->parallel_plan();
+  if (config_.param_dtype == DType::bf16 && !kernels::bf16_dot_products_used()) {
+    result_.warnings.push_back(fmt::format(
+        "bf16 compute: the kernels ({}) have no bf16 dot-product instruction here, so the bf16 "
+        "products run its emulation on the f32 FMAs: the same bits, slower than f32 products",
+        kernels::machine_description()));
+  }
   if (config_.trace) {
     // One time origin for every rank: world rank 0's clock (steady_clock is the machine's
     // monotonic clock, so processes of one machine share it).
