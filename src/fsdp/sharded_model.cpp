@@ -851,8 +851,8 @@ void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tenso
   const std::int64_t samples = x.shape()[0] / sample_rows;
   // Gathered as f32 (bf16 operands are exact in it) and handed on in the layer's dtype.
   const auto gathered = [&](const Tensor& t) {
-    const Tensor values = t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
-    return split->gather(values.reshape(Shape{samples, sample_rows, t.shape()[1]}));
+    return split->gather(
+        kernels::as_dtype(t, DType::f32).reshape(Shape{samples, sample_rows, t.shape()[1]}));
   };
   const Tensor whole_x = gathered(x);
   const Tensor whole_dy = gathered(dy);
@@ -870,10 +870,8 @@ void ShardedModel::add_sample_outer_products(const nn::Parameter& p, const Tenso
     }
     return out;
   };
-  const auto in_dtype = [&](const Tensor& t) {
-    return x.dtype() == DType::f32 ? t : kernels::convert(t, x.dtype());
-  };
-  sink.add_sample_outer_products(p, in_dtype(owned(whole_x)), in_dtype(owned(whole_dy)), length);
+  sink.add_sample_outer_products(p, kernels::as_dtype(owned(whole_x), x.dtype()),
+                                 kernels::as_dtype(owned(whole_dy), x.dtype()), length);
 }
 
 void ShardedModel::add_column_sums(const nn::Parameter& p, const Tensor& a) {

@@ -84,32 +84,31 @@ template <class T>
 }
 MESHTENSOR_SIMD_KERNEL(column_products_kernel, column_products_body)
 
-/// f32 -> bf16 bit patterns, to nearest with ties to even (to_bfloat16's rounding, NaN kept
-/// quiet with its sign and upper payload), written branch-free so that it vectorises.
+/// The bf16 bit pattern of f32 `bits`, to nearest with ties to even (to_bfloat16's rounding,
+/// NaN kept quiet with its sign and upper payload), branch-free so that loops of it vectorise.
+[[gnu::always_inline]] inline std::uint32_t bf16_bits(std::uint32_t bits) {
+  const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) >> 16;
+  const std::uint32_t quiet = (bits >> 16) | 0x40U;
+  return (bits & 0x7FFFFFFFU) > 0x7F800000U ? quiet : rounded;
+}
+
+/// f32 -> bf16 bit patterns.
 template <class T>
 [[gnu::always_inline]] inline void to_bf16_body(std::uint16_t* __restrict to,
                                                 const std::uint32_t* __restrict from,
                                                 std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::uint32_t bits = from[i];
-    const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) >> 16;
-    const std::uint32_t quiet = (bits >> 16) | 0x40U;
-    to[i] = static_cast<std::uint16_t>((bits & 0x7FFFFFFFU) > 0x7F800000U ? quiet : rounded);
-  }
+  for (std::int64_t i = 0; i < count; ++i)
+    to[i] = static_cast<std::uint16_t>(bf16_bits(from[i]));
 }
 MESHTENSOR_SIMD_KERNEL(to_bf16_kernel, to_bf16_body)
 
-/// f32 bit patterns rounded to bf16 values (to_bf16_body's rounding, kept in f32).
+/// f32 bit patterns rounded to bf16 values, kept in f32.
 template <class T>
 [[gnu::always_inline]] inline void round_to_bf16_body(std::uint32_t* __restrict to,
                                                       const std::uint32_t* __restrict from,
                                                       std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::uint32_t bits = from[i];
-    const std::uint32_t rounded = (bits + 0x7FFFU + ((bits >> 16) & 1U)) & 0xFFFF0000U;
-    const std::uint32_t quiet = (bits | 0x00400000U) & 0xFFFF0000U;
-    to[i] = (bits & 0x7FFFFFFFU) > 0x7F800000U ? quiet : rounded;
-  }
+  for (std::int64_t i = 0; i < count; ++i)
+    to[i] = bf16_bits(from[i]) << 16;
 }
 MESHTENSOR_SIMD_KERNEL(round_to_bf16_kernel, round_to_bf16_body)
 
@@ -162,6 +161,10 @@ Tensor convert(const Tensor& source, DType dtype) {
     });
   });
   return output;
+}
+
+Tensor as_dtype(const Tensor& source, DType dtype) {
+  return source.dtype() == dtype ? source : convert(source, dtype);
 }
 
 Tensor rounded_values(const Tensor& source, DType dtype) {

@@ -20,7 +20,7 @@
 #include <meshtensor/kernels/simd.hpp>
 
 #include "matmul_bf16.hpp"
-#include "transpose.hpp"
+#include "matmul_tiles.hpp"
 
 namespace meshtensor::kernels {
 
@@ -207,38 +207,6 @@ template <class T>
 using MicroKernel = void (*)(std::int64_t kc, const T* a, std::int64_t lda, const T* b,
                              std::int64_t ldb, T* c, std::int64_t ldc, const T* init,
                              std::int64_t ld_init);
-
-/// Where each element's chain of a product starts: c's old value, the bias of its column (a row
-/// of n values shared by every row), or +0.
-template <class T>
-struct Seed {
-  bool accumulate = false;
-  const T* bias = nullptr;
-
-  /// The starting values of the tile at (row0, col0) of c (row stride ldc) and their row stride;
-  /// null for +0.
-  std::pair<const T*, std::int64_t> at(const T* c, std::int64_t ldc, std::int64_t row0,
-                                       std::int64_t col0) const {
-    if (accumulate) return {c + row0 * ldc + col0, ldc};
-    if (bias != nullptr) return {bias + col0, 0};
-    return {nullptr, 0};
-  }
-};
-
-/// Runs `run` on the edge tile of `rows` x `cols` at `tile` through a full mr x nr copy in `edge`
-/// (padded rows and columns are independent), its chains starting from `init` (null: +0).
-template <class T, class Run>
-void run_on_edge(Run run, std::vector<T>& edge, std::int64_t nr, std::int64_t rows,
-                 std::int64_t cols, T* tile, std::int64_t ldc,
-                 std::pair<const T*, std::int64_t> init) {
-  std::fill(edge.begin(), edge.end(), T{0});
-  if (init.first != nullptr)
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::copy_n(init.first + r * init.second, cols, edge.data() + r * nr);
-  run(edge.data(), init.first != nullptr ? edge.data() : nullptr);
-  for (std::int64_t r = 0; r < rows; ++r)
-    std::copy_n(edge.data() + r * nr, cols, tile + r * ldc);
-}
 
 /// Most rows a tile has at any SIMD level.
 constexpr int kMaxTileRows = 12;

@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "transpose.hpp"
+#include "matmul_tiles.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -375,18 +375,6 @@ MESHTENSOR_PAIRS_EMULATED(pairs_avx2, MESHTENSOR_AVX2_EMU, Avx2Emulation)
 #pragma GCC diagnostic pop
 #endif
 
-/// A chain's start for the tile at (row0, col0): c's old value, the bias row or +0 (null).
-struct PairSeed {
-  bool accumulate = false;
-  const float* bias = nullptr;
-  std::pair<const float*, std::int64_t> at(const float* c, std::int64_t ldc, std::int64_t row0,
-                                           std::int64_t col0) const {
-    if (accumulate) return {c + row0 * ldc + col0, ldc};
-    if (bias != nullptr) return {bias + col0, 0};
-    return {nullptr, 0};
-  }
-};
-
 /// Runs one tile of `rows` x `cols` (at most mr x nr) at `tile`, through a full-size copy when
 /// it is an edge tile.
 void run_tile(const PairShape& shape, std::int64_t pairs, const Pair* panel, const Pair* strip,
@@ -397,21 +385,19 @@ void run_tile(const PairShape& shape, std::int64_t pairs, const Pair* panel, con
     return;
   }
   thread_local std::vector<float> edge;
-  edge.assign(static_cast<std::size_t>(shape.mr * shape.nr), 0.0f);
-  if (init.first != nullptr)
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::copy_n(init.first + r * init.second, cols, edge.data() + r * shape.nr);
-  shape.run(pairs, panel, strip, edge.data(), shape.nr,
-            init.first != nullptr ? edge.data() : nullptr, shape.nr);
-  for (std::int64_t r = 0; r < rows; ++r)
-    std::copy_n(edge.data() + r * shape.nr, cols, tile + r * ldc);
+  edge.resize(static_cast<std::size_t>(shape.mr * shape.nr));
+  run_on_edge(
+      [&](float* out, const float* from) {
+        shape.run(pairs, panel, strip, out, shape.nr, from, shape.nr);
+      },
+      edge, shape.nr, rows, cols, tile, ldc, init);
 }
 
 /// The whole product with one tile shape (blocked as gemm() blocks f32: any blocking gives the
 /// same bits, each chain going on from c after the first block of k).
 void gemm_pairs(const PairShape& shape, std::int64_t m, std::int64_t n, std::int64_t k,
                 const Bf16Operand& a, const Bf16Operand& b, float* c, std::int64_t ldc,
-                PairSeed seed) {
+                Seed<float> seed) {
   constexpr std::int64_t kBlockPairs = 256;
   const std::int64_t mr = shape.mr;
   const std::int64_t nr = shape.nr;
@@ -424,7 +410,7 @@ void gemm_pairs(const PairShape& shape, std::int64_t m, std::int64_t n, std::int
   packed_b.resize(static_cast<std::size_t>(kBlockPairs * block_n));
   for (std::int64_t pc = 0; pc < all_pairs; pc += kBlockPairs) {
     const std::int64_t pairs = std::min(kBlockPairs, all_pairs - pc);
-    const PairSeed start = pc == 0 ? seed : PairSeed{true, nullptr};
+    const Seed<float> start = pc == 0 ? seed : Seed<float>{true, nullptr};
     for (std::int64_t jc = 0; jc < n; jc += block_n) {
       const std::int64_t nc = std::min(block_n, n - jc);
       const std::int64_t strips = (nc + nr - 1) / nr;
@@ -546,7 +532,7 @@ void gemm_bf16(std::int64_t m, std::int64_t n, std::int64_t k, const Bf16Operand
     }
     return;
   }
-  gemm_pairs(pair_shape(), m, n, k, a, b, c, ldc, PairSeed{accumulate, bias});
+  gemm_pairs(pair_shape(), m, n, k, a, b, c, ldc, Seed<float>{accumulate, bias});
 }
 
 }  // namespace detail

@@ -255,19 +255,25 @@ void check_level(SimdLevel level) {
   }
 }
 
-/// Iterations of the level's loop that take about `seconds` (grown from a short trial).
-std::int64_t iterations_for(SimdLevel level, double seconds) {
-  volatile float sink = 0;
+/// Iterations of `run(iterations)` that take about `seconds` (grown from a short trial).
+template <class Run>
+std::int64_t iterations_lasting(double seconds, Run run) {
   std::int64_t iterations = 1 << 14;
   for (;;) {
     const auto start = Clock::now();
-    run_fma_loop(level, iterations, sink);
+    run(iterations);
     const double took = seconds_since(start);
     if (took > seconds / 8 || iterations > (std::int64_t{1} << 40))
       return static_cast<std::int64_t>(static_cast<double>(iterations) * seconds /
                                        std::max(took, 1e-9));
     iterations *= 4;
   }
+}
+
+/// Iterations of the level's loop that take about `seconds`.
+std::int64_t iterations_for(SimdLevel level, double seconds) {
+  volatile float sink = 0;
+  return iterations_lasting(seconds, [&](std::int64_t n) { run_fma_loop(level, n, sink); });
 }
 
 }  // namespace
@@ -356,22 +362,12 @@ double bf16_dot_flops_per_second(double seconds) {
   if (!bf16_dot_products_used()) return 0.0;
   constexpr double kFlopsPerIteration = 64.0 * kAccumulators512;
   volatile float sink = 0;
-  std::int64_t iterations = 1 << 14;
-  for (;;) {  // grown from short trials to about `seconds`
-    const auto start = Clock::now();
-    sink = bf16_dot_loop(iterations);
-    const double took = seconds_since(start);
-    if (took > seconds / 8 || iterations > (std::int64_t{1} << 40)) {
-      iterations = static_cast<std::int64_t>(static_cast<double>(iterations) * seconds /
-                                             std::max(took, 1e-9));
-      break;
-    }
-    iterations *= 4;
-  }
-  double best = 0.0;
+  const auto run = [&](std::int64_t n) { sink = bf16_dot_loop(n); };
+  const std::int64_t iterations = iterations_lasting(seconds, run);
+  double best = 0.0;  // the best of three, as for the FMAs
   for (int round = 0; round < 3; ++round) {
     const auto start = Clock::now();
-    sink = bf16_dot_loop(iterations);
+    run(iterations);
     best =
         std::max(best, kFlopsPerIteration * static_cast<double>(iterations) / seconds_since(start));
   }

@@ -73,11 +73,6 @@ void check_indexed(const Parameter& p, std::span<const std::int64_t> indices, co
   }
 }
 
-/// `t` as f32 (bf16 values are exact in it).
-Tensor as_f32(const Tensor& t) {
-  return t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
-}
-
 }  // namespace
 
 DenseGradients::DenseGradients(std::vector<Parameter*> parameters)
@@ -172,8 +167,8 @@ kernels::BinnedSums& BinnedGradients::sums() {
 void BinnedGradients::add_outer_products(const Parameter& p, const Tensor& given_x,
                                          const Tensor& given_dy) {
   check_outer(p, given_x, given_dy);
-  const Tensor x = as_f32(given_x);
-  const Tensor dy = as_f32(given_dy);
+  const Tensor x = kernels::as_dtype(given_x, DType::f32);  // bf16 values are exact in f32
+  const Tensor dy = kernels::as_dtype(given_dy, DType::f32);
   add_to(p, [&](kernels::Start start) {
     kernels::add_outer_products(sums_, layout_.offset_of(p), x, dy, start);
   });

@@ -109,7 +109,7 @@ namespace {
 
 /// `t` as f32 (a bf16 operand's values are exact in it).
 Tensor as_f32(const Tensor& t) {
-  return t.dtype() == DType::f32 ? t : kernels::convert(t, DType::f32);
+  return kernels::as_dtype(t, DType::f32);
 }
 
 /// [rows, columns] f32 -> [columns, rows], in tiles that stay in cache.

@@ -14,6 +14,10 @@ namespace meshtensor::kernels {
 /// saturate, NaN becomes 0.
 Tensor convert(const Tensor& source, DType dtype);
 
+/// `source` itself when it has `dtype` already, else convert(source, dtype): an operand in the
+/// dtype a computation reads (bf16 compute's operands, f32 views of them).
+Tensor as_dtype(const Tensor& source, DType dtype);
+
 /// An f32 copy of an f32 `source` with every value rounded to `dtype` (bf16 or f16) as convert
 /// rounds: the bits of convert(convert(source, dtype), f32), in one pass for bf16.
 Tensor rounded_values(const Tensor& source, DType dtype);
