@@ -31,7 +31,6 @@ struct Seed {
   }
 };
 
-
 /// Runs `run` on the edge tile of `rows` x `cols` at `tile` through a full mr x nr copy in `edge`
 /// (padded rows and columns are independent), its chains starting from `init` (null: +0).
 template <class T, class Run>

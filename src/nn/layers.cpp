@@ -113,7 +113,6 @@ Tensor as_f32(const Tensor& t) {
 }
 
 /// [rows, columns] f32 -> [columns, rows], in tiles that stay in cache.
-
 Tensor transposed(const Tensor& matrix) {
   const Tensor m = matrix.contiguous();
   const std::int64_t rows = m.shape()[0];
@@ -340,8 +339,8 @@ std::vector<Tensor> Linear::input_grad_addends(const Tensor& dy) const {
 PartialSums Linear::input_grad_sums(const Tensor& dy, kernels::BinnedSums& sums) const {
   if (out_blocks_ != kEveryColumn)
     return sum_addends(input_grad_addends(dy), split_ == nullptr, sums, input_shape_);
-  // Wᵀ: the table itself for a tied layer.
-  // The outer products' exact sums read f32 (bf16 values are exact in it).
+  // Wᵀ: the table itself for a tied layer. The outer products' exact sums read f32 (bf16 values
+  // are exact in it).
   const WeightOperand w = weight_operand();
   const Tensor terms = transposed(as_f32(dy));
   const Tensor weights = tied_ != nullptr ? as_f32(w.matrix) : transposed(as_f32(w.matrix));
