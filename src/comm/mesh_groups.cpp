@@ -68,6 +68,48 @@ bool MeshGroups::splits_alike(std::span<const int> dims) const {
   return true;
 }
 
+namespace {
+
+/// Where group position `me` sits in `positions` (unit_positions): its unit and its place there.
+std::pair<int, int> unit_and_place(const std::vector<std::vector<int>>& positions, int me) {
+  for (std::size_t u = 0; u < positions.size(); ++u) {
+    const auto& places = positions[u];
+    for (std::size_t l = 0; l < places.size(); ++l) {
+      if (places[l] == me) return {static_cast<int>(u), static_cast<int>(l)};
+    }
+  }
+  throw InvalidArgument(fmt::format("group position {} is on no unit", me));
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> MeshGroups::unit_group(std::span<const int> dims,
+                                                     const CollectiveOptions& options,
+                                                     int channel) {
+  if (channel < 0) throw InvalidArgument(fmt::format("channel {} is negative", channel));
+  const std::pair<std::vector<int>, int> key{std::vector<int>(dims.begin(), dims.end()), channel};
+  if (auto found = unit_groups_.find(key); found != unit_groups_.end()) return found->second;
+  std::vector<std::int64_t> members = mesh_.group_ranks(rank(), dims);
+  const std::vector<std::vector<int>> positions = unit_positions(*topology_, members);
+  const auto [unit, place] =
+      unit_and_place(positions, static_cast<int>(mesh_.group_position(rank(), dims)));
+  const std::vector<int>& mine = positions[static_cast<std::size_t>(unit)];
+  // Colors: the first mesh rank of each unit group, unique among the disjoint unit groups.
+  auto created = world_->split(members[static_cast<std::size_t>(mine.front())], place, options);
+  std::vector<std::int64_t> expected;
+  for (const int position : mine)
+    expected.push_back(
+        world_
+            ->world_ranks()[static_cast<std::size_t>(members[static_cast<std::size_t>(position)])]);
+  if (created->world_ranks() != expected) {
+    throw CommError(fmt::format(
+        "unit group over mesh dims [{}] came out as ranks [{}], expected [{}]",
+        fmt::join(dims, ","), fmt::join(created->world_ranks(), ","), fmt::join(expected, ",")));
+  }
+  unit_groups_.emplace(key, created);
+  return created;
+}
+
 std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> dims,
                                                           TwoLevelChoice choice,
                                                           const CollectiveOptions& options,
@@ -84,18 +126,8 @@ std::shared_ptr<Communicator> MeshGroups::two_level_group(std::span<const int> d
   const GroupSpread spread = spread_of(*topology_, members);
   // Units: hosts, or the domains of one host; in topology order. Places: group order.
   const std::vector<std::vector<int>> positions = unit_positions(*topology_, members);
-  int my_unit = 0;
-  int my_place = 0;
   const auto me = static_cast<int>(mesh_.group_position(rank(), dims));
-  for (std::size_t u = 0; u < positions.size(); ++u) {
-    const auto& places = positions[u];
-    for (std::size_t l = 0; l < places.size(); ++l) {
-      if (places[l] == me) {
-        my_unit = static_cast<int>(u);
-        my_place = static_cast<int>(l);
-      }
-    }
-  }
+  const auto [my_unit, my_place] = unit_and_place(positions, me);
   // Both splits run on every rank (the cache miss is collective); colors are the first mesh
   // rank of each new group, unique among the groups one split makes.
   const auto world_of = [&](int position) { return members[static_cast<std::size_t>(position)]; };

@@ -160,6 +160,12 @@ ShardedModule::ShardedModule(ShardedModel& model, std::vector<nn::Module*> membe
           "members shard-major (rank {}, shard {}, replica {})",
           name_, both_lane_->comm->rank(), shard_rank(), replicate_lane_->comm->rank()));
     }
+    if (config_.gather_from_host_replicas) {
+      unit_gather_ = plan_unit_gather(model.groups().mesh(), model.groups().topology(),
+                                      config_.shard_mesh_dims, config_.replicate_mesh_dims,
+                                      model.groups().rank());
+    }
+    if (unit_gather_) unit_unshard_lane_ = model.unit_lane(both, kUnshardChannel, "unshard");
   }
   const int me = shard_rank();
   shard_values_ = Tensor::zeros(Shape{layout_.counts()[static_cast<std::size_t>(me)]}, DType::f32);
@@ -251,7 +257,8 @@ UnshardHandle ShardedModule::unshard() {
   gathered_ = true;
   model_.record_order(static_cast<int>(OrderKind::unshard), *this);
   const auto task = [this] {
-    const Tracer::Span span(model_.tracer(), "all_gather " + name_, "unshard", unshard_lane_->name);
+    const Tracer::Span span(model_.tracer(), "all_gather " + name_, "unshard",
+                            (unit_unshard_lane_ ? unit_unshard_lane_ : unshard_lane_)->name);
     full_.clear();
     const DType dtype = config_.param_dtype;
     if (!unshard_lane_->comm) {
@@ -267,9 +274,7 @@ UnshardHandle ShardedModule::unshard() {
           dtype == DType::f32 ? shard_values_ : kernels::convert(shard_values_, dtype);
       Tensor gathered(Shape{layout_.total()}, dtype);
       model_.memory().add(MemoryKind::unsharded, bytes_of(gathered));
-      comm::CollectiveOptions options;
-      options.label = "unshard " + name_;
-      unshard_lane_->comm->all_gather(send, gathered, layout_.counts(), options);
+      gather_segments(send, gathered);
       std::int64_t bytes = 0;
       for (std::size_t p = 0; p < parameters_.size(); ++p) {
         full_.emplace_back(layout_.shape(p), DType::f32);
@@ -285,6 +290,23 @@ UnshardHandle ShardedModule::unshard() {
   };
   unshard_work_ = unshard_lane_->queue.submit(task);
   return UnshardHandle(unshard_work_);
+}
+
+void ShardedModule::gather_segments(const Tensor& send, const Tensor& gathered) {
+  comm::CollectiveOptions options;
+  options.label = "unshard " + name_;
+  if (!unit_gather_) {
+    unshard_lane_->comm->all_gather(send, gathered, layout_.counts(), options);
+    return;
+  }
+  // Each shard from the first member on this host holding it. The host group's members come in
+  // group order, shard-major, so the senders come in shard order: the gather lands rank-major.
+  std::vector<std::int64_t> counts;
+  for (const int shard : unit_gather_->shard_of_place)
+    counts.push_back(shard < 0 ? 0 : layout_.counts()[static_cast<std::size_t>(shard)]);
+  comm::Communicator& unit = *unit_unshard_lane_->comm;
+  const bool sends = counts[static_cast<std::size_t>(unit.rank())] > 0;
+  unit.all_gather(sends ? send : send.narrow(0, 0, 0), gathered, counts, options);
 }
 
 void ShardedModule::reshard() {
@@ -599,6 +621,7 @@ ShardedModel::~ShardedModel() {
       member->set_hooks(nullptr);
   modules_.clear();  // before the lanes their work runs on
   lanes_.clear();
+  unit_lanes_.clear();
 }
 
 std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& dims, int channel,
@@ -617,6 +640,17 @@ std::shared_ptr<ShardedModule::Lane> ShardedModel::lane(const std::vector<int>& 
                        : groups_.two_level_group(dims, comm::TwoLevelChoice::by_price, {}, channel);
     }
     slot->name = fmt::format("{} [{}]", role, fmt::join(dims, ","));
+  }
+  return slot;
+}
+
+std::shared_ptr<ShardedModule::Lane> ShardedModel::unit_lane(const std::vector<int>& dims,
+                                                             int channel, const std::string& role) {
+  auto& slot = unit_lanes_[{dims, channel}];
+  if (!slot) {
+    slot = std::make_shared<ShardedModule::Lane>();
+    slot->comm = groups_.unit_group(dims, {}, channel);
+    slot->name = fmt::format("{} [{}] on this host", role, fmt::join(dims, ","));
   }
   return slot;
 }

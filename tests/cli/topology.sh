@@ -76,13 +76,16 @@ trace=$(mktemp)
 out=$("$bin" "${hsdp[@]}" --ranks-per-host 8 --link-inter 1us,0.01 --trace "$trace")
 grep -q "replicas identical on 40 ranks" <<<"$out" || fail "ordered hsdp on hosts: $out"
 grep -q '"reduce \[1,0\]"' "$trace" || fail "no reduce-scatter over both dims in the trace"
+# Every host holds all five shards among its replicas: the parameters gather there.
+grep -q '"unshard \[1,0\] on this host"' "$trace" || fail "no parameter gather on the host"
 "$bin" "${hsdp[@]}" --trace "$trace" >/dev/null
 grep -q '"reduce \[1,0\]"' "$trace" && fail "two levels on one host"
+grep -q 'on this host"' "$trace" && fail "a gather on the host of a one-host run"
 rm -f "$trace"
 base=$("$bin" "${hsdp[@]}" --mode exact | field "weights digest")
 got=$("$bin" "${hsdp[@]}" --mode exact --ranks-per-host 8 --link-inter 1us,0.01 | field "weights digest")
 [ -n "$base" ] && [ "$got" = "$base" ] || fail "hsdp exact digest '$got', expected '$base'"
-echo "ok: hsdp gradients in two levels on seed 000's mesh"
+echo "ok: hsdp gradients in two levels and parameters gathered on the host on seed 000's mesh"
 
 # Bad values name the option and the value.
 expect_error() {

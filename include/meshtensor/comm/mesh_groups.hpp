@@ -51,6 +51,13 @@ class MeshGroups {
                                                 const CollectiveOptions& options = {},
                                                 int channel = 0);
 
+  /// The members of group(dims) on this rank's unit (unit_positions' units: hosts when the
+  /// group crosses the network, else domains), in group order, with its own communicator per
+  /// `channel`. Collective on first use of (dims, channel) like two_level_group(): every rank of
+  /// the mesh splits, also where its unit group equals another group.
+  std::shared_ptr<Communicator> unit_group(std::span<const int> dims,
+                                           const CollectiveOptions& options = {}, int channel = 0);
+
   /// True when every group along `dims` puts the same group positions on each of its units
   /// (unit_positions): their two-level ordered sums then add in the same order, so results
   /// replicated across those groups stay the same bits.
@@ -69,6 +76,7 @@ class MeshGroups {
   std::shared_ptr<const Topology> topology_ = std::make_shared<const Topology>();
   std::map<std::pair<std::vector<std::int64_t>, int>, std::shared_ptr<Communicator>> by_ranks_;
   std::map<std::tuple<std::vector<int>, int, int>, std::shared_ptr<Communicator>> two_level_;
+  std::map<std::pair<std::vector<int>, int>, std::shared_ptr<Communicator>> unit_groups_;
   LocalCosts local_costs_;
   bool costs_measured_ = false;
 };

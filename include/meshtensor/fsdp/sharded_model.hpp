@@ -15,6 +15,7 @@
 #include <meshtensor/fsdp/memory.hpp>
 #include <meshtensor/fsdp/shard_layout.hpp>
 #include <meshtensor/fsdp/trace.hpp>
+#include <meshtensor/fsdp/unit_gather.hpp>
 #include <meshtensor/kernels/binned_sum.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/module.hpp>
@@ -38,6 +39,10 @@ struct FsdpConfig {
   DType param_dtype = DType::f32;
   /// Dtype gradients are reduced in (ordered and native modes; exact mode reduces exactly).
   DType reduce_dtype = DType::f32;
+  /// HSDP on several hosts: gather each shard from a replica on this rank's host when every
+  /// host holds every shard among its replicas (plan_unit_gather). The replicas hold the same
+  /// bits, so the gathered parameters are those of the gather over the shard group.
+  bool gather_from_host_replicas = true;
 };
 
 /// Settings of the whole runtime.
@@ -125,6 +130,9 @@ class ShardedModule {
   void reshard();
   /// True while the gathered parameters are held (or on the way).
   bool is_unsharded() const { return gathered_; }
+  /// True when the unshard gathers from the replicas on this rank's host
+  /// (FsdpConfig::gather_from_host_replicas).
+  bool gathers_from_host_replicas() const { return unit_gather_.has_value(); }
 
   /// false: backward accumulates unsharded gradient sums locally, with no communication.
   void set_requires_gradient_sync(bool value) { requires_gradient_sync_ = value; }
@@ -160,6 +168,8 @@ class ShardedModule {
   /// part `mine` elements).
   void reduce_scatter_ordered(const Reduction& job, const Lane& lane,
                               const std::vector<std::int64_t>& counts, std::int64_t mine);
+  /// The unshard's all-gather of `send` (this rank's segment) into `gathered` (rank-major).
+  void gather_segments(const Tensor& send, const Tensor& gathered);
   /// Two-level HSDP: the elements each member of the group over the shard and replicate dims
   /// reduces (each shard's segment cut in replicate-size pieces, shard-major).
   std::vector<std::int64_t> piece_counts() const;
@@ -198,6 +208,10 @@ class ShardedModule {
   // HSDP on several hosts: the shard and replicate dims together, shard-major (ordered
   // gradients reduce-scatter over it in two levels, then all-gather over the replicas).
   std::shared_ptr<Lane> both_lane_;
+  // HSDP where each host holds every shard (plan_unit_gather): the unshard gathers from the
+  // replicas on this rank's host instead of over the shard group.
+  std::shared_ptr<Lane> unit_unshard_lane_;
+  std::optional<UnitGather> unit_gather_;
   Tensor shard_values_;       // f32 [this rank's segment]
   Tensor shard_grads_;        // f32 [this rank's segment]
   std::vector<Tensor> full_;  // gathered parameters while unsharded
@@ -339,6 +353,9 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   nn::GradientSink& sink_of(const nn::Parameter& p);
   std::shared_ptr<ShardedModule::Lane> lane(const std::vector<int>& dims, int channel,
                                             const std::string& role);
+  /// The lane of the members of group(dims) on this rank's host (MeshGroups::unit_group).
+  std::shared_ptr<ShardedModule::Lane> unit_lane(const std::vector<int>& dims, int channel,
+                                                 const std::string& role);
   /// `config` with its shard dims filled in (every dim not replicated over); InvalidArgument for
   /// dims out of range or named twice, a negative shard dim, or dtypes the mode does not take.
   FsdpConfig resolve_config(const FsdpConfig& config) const;
@@ -362,6 +379,7 @@ class ShardedModel : private nn::ModuleHooks, private nn::GradientSink {
   std::map<const nn::Module*, ShardedModule*> by_module_;
   std::map<const nn::Parameter*, std::pair<ShardedModule*, std::size_t>> by_parameter_;
   std::map<std::pair<std::vector<int>, int>, std::shared_ptr<ShardedModule::Lane>> lanes_;
+  std::map<std::pair<std::vector<int>, int>, std::shared_ptr<ShardedModule::Lane>> unit_lanes_;
   std::shared_ptr<comm::Communicator> replica_groups_;  // set_replicate_group(), or none
   std::vector<ShardedModule*> forward_order_;           // recorded on the first forward
   bool order_recorded_ = false;
