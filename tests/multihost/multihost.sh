@@ -4,8 +4,9 @@
 #   detect    3 hosts x 4 ranks: check finds 3 hosts, exact digests equal the threads backend's
 #             (with and without the same topology given to it), seed 000 scaled down (mesh 4x3)
 #   train     2 hosts x 2 ranks: exact FSDP, HSDP and TP training digests equal threads'
-#   jagged    3 hosts x 4 ranks, (ddp=4, fsdp=3): ordered training keeps replicas identical; a
-#             redistribute over groups of 12 (8 + 4 ranks) in jagged two levels: exact bits
+#   jagged    3 hosts x 4 ranks, (ddp=4, fsdp=3): ordered training keeps replicas identical and
+#             gathers the parameters on each host; a redistribute over groups of 12 (8 + 4
+#             ranks) in jagged two levels: exact bits
 #   lost      2 hosts x 2 ranks: killing host 2's ranks ends the job with an error naming the host;
 #             killing the whole host (its daemon too) ends it naming the host or the lost daemon
 #   stopped   2 hosts x 2 ranks: every process of host 2 stopped (SIGSTOP: its kernel still
@@ -116,8 +117,10 @@ train)
 jagged)
   hosts 3
   mpi 4 train --mode ordered --model gpt:layers=1,heads=2,dim=16,context=16 --batch 12 --steps 2 \
-    --backend mpi --mesh 4x3 --names dp,fsdp || { tail -20 "$dir/out"; fail "train 4x3"; }
+    --backend mpi --mesh 4x3 --names dp,fsdp --trace "$dir/trace.json" || { tail -20 "$dir/out"; fail "train 4x3"; }
   grep -q "replicas identical on 12 ranks" "$dir/out" || { tail -20 "$dir/out"; fail "replicas differ"; }
+  # Each host holds all three shards among its replicas: the parameters gather on the host.
+  grep -q '"unshard \[1,0\] on this host"' "$dir/trace.json" || fail "no parameter gather on the host"
   echo "ok: (ddp=4, fsdp=3) on 3 hosts of 4: $(grep -o 'weights digest.*' "$dir/out")"
   mpi 4 check --backend mpi --mode ordered --mesh 4x3 --from P,P --to R,R --shape 64x33 || { cat "$dir/out"; fail "check"; }
   echo "ok: ordered P,P -> R,R: $(grep -m1 "^OK" "$dir/out")"
