@@ -12,6 +12,8 @@
 #include <meshtensor/kernels/matmul.hpp>
 #include <meshtensor/nn/layers.hpp>
 
+#include "norm_rows.hpp"
+
 namespace meshtensor::nn {
 
 void check_input(const Tensor& input, std::int64_t features, const std::string& module) {
@@ -496,11 +498,6 @@ LayerNorm::LayerNorm(std::int64_t features, double epsilon) : epsilon_(epsilon) 
   bias_ = {"bias", Tensor(Shape{features}, DType::f32), Tensor(Shape{features}, DType::f32), {}};
 }
 
-namespace {
-/// Rows whose reduction chains the norms run side by side.
-constexpr std::int64_t kNormRows = 8;
-}  // namespace
-
 Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta, double epsilon,
                        Tensor* normalized, std::vector<double>* inverse_std) {
   const std::int64_t rows = x.shape()[0];
@@ -516,9 +513,7 @@ Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Tensor b = beta.contiguous();
   const auto scale = g.values<float>();
   const auto shift = b.values<float>();
-  // Rows side by side: each row's sums stay one chain over ascending j, and the chains of
-  // kNormRows rows overlap (a lone chain waits out each add's latency). Rows past the last
-  // repeat it, their results dropped.
+  // Rows side by side (kNormRows).
   for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
     const float* row[kNormRows];
     for (std::int64_t r = 0; r < kNormRows; ++r)

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -7,6 +8,8 @@
 #include <meshtensor/core/profile.hpp>
 #include <meshtensor/nn/gradients.hpp>
 #include <meshtensor/nn/layers.hpp>
+
+#include "norm_rows.hpp"
 
 namespace meshtensor::nn {
 
@@ -23,17 +26,24 @@ Tensor rms_norm_rows(const Tensor& x, const Tensor& gamma, double epsilon, Tenso
   float* xhat = normalized != nullptr ? normalized->values<float>().data() : nullptr;
   const Tensor g = gamma.contiguous();
   const auto scale = g.values<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = in + r * n;
-    double squares = 0.0;
+  // Rows side by side (kNormRows).
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+    const float* row[kNormRows];
+    for (std::int64_t r = 0; r < kNormRows; ++r)
+      row[r] = in + std::min(r0 + r, rows - 1) * n;
+    double squares[kNormRows] = {};
     for (std::int64_t j = 0; j < n; ++j)
-      squares += static_cast<double>(row[j]) * row[j];
-    const double inverse = 1.0 / std::sqrt(squares / static_cast<double>(n) + epsilon);
-    if (inverse_rms != nullptr) (*inverse_rms)[static_cast<std::size_t>(r)] = inverse;
-    for (std::int64_t j = 0; j < n; ++j) {
-      const auto value = static_cast<float>(row[j] * inverse);
-      if (xhat != nullptr) xhat[r * n + j] = value;
-      y[r * n + j] = value * scale[static_cast<std::size_t>(j)];
+      for (std::int64_t r = 0; r < kNormRows; ++r)
+        squares[r] += static_cast<double>(row[r][j]) * row[r][j];
+    for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+      const double inverse = 1.0 / std::sqrt(squares[r] / static_cast<double>(n) + epsilon);
+      if (inverse_rms != nullptr) (*inverse_rms)[static_cast<std::size_t>(r0 + r)] = inverse;
+      const std::int64_t at = (r0 + r) * n;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto value = static_cast<float>(row[r][j] * inverse);
+        if (xhat != nullptr) xhat[at + j] = value;
+        y[at + j] = value * scale[static_cast<std::size_t>(j)];
+      }
     }
   }
   return output;
@@ -79,16 +89,23 @@ Tensor RMSNorm::backward(const Tensor& grad_output, GradientSink& sink, bool nee
     const auto xhat = normalized_.values<float>();
     const auto gamma = weight_.value.values<float>();
     auto out = grad_input.values<float>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      // dx = (dxhat - xhat · mean(dxhat · xhat)) / rms, in f64 per row.
-      double mean_gx = 0.0;
+    // dx = (dxhat - xhat · mean(dxhat · xhat)) / rms, in f64 per row; rows side by side
+    // (kNormRows).
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+      std::int64_t at[kNormRows];
+      for (std::int64_t r = 0; r < kNormRows; ++r)
+        at[r] = std::min(r0 + r, rows - 1) * n;
+      double mean_gx[kNormRows] = {};
       for (std::int64_t j = 0; j < n; ++j)
-        mean_gx += static_cast<double>(g[r * n + j]) * gamma[j] * xhat[r * n + j];
-      mean_gx /= static_cast<double>(n);
-      const double inverse = inverse_rms_[static_cast<std::size_t>(r)];
-      for (std::int64_t j = 0; j < n; ++j) {
-        const double dxhat = static_cast<double>(g[r * n + j]) * gamma[j];
-        out[r * n + j] = static_cast<float>((dxhat - xhat[r * n + j] * mean_gx) * inverse);
+        for (std::int64_t r = 0; r < kNormRows; ++r)
+          mean_gx[r] += static_cast<double>(g[at[r] + j]) * gamma[j] * xhat[at[r] + j];
+      for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+        const double slope = mean_gx[r] / static_cast<double>(n);
+        const double inverse = inverse_rms_[static_cast<std::size_t>(r0 + r)];
+        for (std::int64_t j = 0; j < n; ++j) {
+          const double dxhat = static_cast<double>(g[at[r] + j]) * gamma[j];
+          out[at[r] + j] = static_cast<float>((dxhat - xhat[at[r] + j] * slope) * inverse);
+        }
       }
     }
     grad_input = grad_input.reshape(grad_output.shape());
