@@ -15,6 +15,7 @@ constexpr std::size_t kHeapAlignment = 64;
 constexpr std::size_t kGranule = std::size_t{64} << 10;  // block sizes round up to 64 KiB
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::int64_t kMinimumCacheBytes = std::int64_t{64} << 20;
+constexpr std::int64_t kMinimumSlackBytes = std::int64_t{32} << 20;
 
 #if defined(__SANITIZE_ADDRESS__)
 #define MESHTENSOR_ADDRESS_SANITIZER 1
@@ -129,7 +130,8 @@ class PagedStorage {
   /// holds the lock and unmaps them after releasing it).
   std::vector<CachedBlock> evict_over_limit() {
     const std::int64_t peak = stats_.peak_live_bytes;
-    stats_.cache_limit_bytes = std::max(kMinimumCacheBytes, peak + peak / 16 - stats_.live_bytes);
+    const std::int64_t slack = std::max(peak / 16, kMinimumSlackBytes);
+    stats_.cache_limit_bytes = std::max(kMinimumCacheBytes, peak + slack - stats_.live_bytes);
     std::vector<CachedBlock> evicted;
     while (stats_.cached_bytes > stats_.cache_limit_bytes) {
       evicted.push_back(cache_.front());

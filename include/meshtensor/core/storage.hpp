@@ -15,11 +15,13 @@ inline constexpr std::size_t kPagedStorageBytes = std::size_t{1} << 20;
 /// transparent huge pages from 2 MiB up). A freed block waits in a cache for the next request of
 /// its size (rounded up to 64 KiB), since a training step frees and allocates the same buffers
 /// every step and fresh pages must be faulted in and zeroed. The cache holds at most
-/// max(64 MiB, P + P/16 - L), P the most paged storage live at once so far and L what is live
-/// now, its oldest blocks handed back to the system first: the backward's freed activations wait
-/// for the next forward, while live and cached bytes together stay within 1/16 of the peak (or
-/// 64 MiB), so the resident size follows the bytes tensors use instead of the heap's
-/// fragmentation. When the system refuses a mapping (a memory or address-space limit), every
+/// max(64 MiB, P + max(P/16, 32 MiB) - L), P the most paged storage live at once so far and L
+/// what is live now, its oldest blocks handed back to the system first: the backward's freed
+/// activations wait for the next forward, while live and cached bytes together stay within 1/16
+/// above the peak (or 32 MiB above it, or 64 MiB above what is live), so the resident size
+/// follows the bytes tensors use instead of the heap's fragmentation. The 32 MiB let a small
+/// model's step, whose blocks of different sizes are not all live at once, find every block it
+/// needs in the cache. When the system refuses a mapping (a memory or address-space limit), every
 /// cached block is handed back and the mapping tried once more; a second refusal throws
 /// std::bad_alloc, as the heap would. Thread-safe. Under AddressSanitizer every block comes from
 /// the heap, where the sanitizer watches its bounds.
