@@ -19,7 +19,7 @@ inline constexpr std::size_t kPagedStorageBytes = std::size_t{1} << 20;
 /// what is live now, its oldest blocks handed back to the system first: the backward's freed
 /// activations wait for the next forward, while live and cached bytes together stay within 1/16
 /// above the peak (or 32 MiB above it, or 64 MiB above what is live), so the resident size
-/// follows the bytes tensors use instead of the heap's fragmentation. The 32 MiB let a small
+/// follows the bytes tensors use instead of the heap's fragmentation. The 32 MiB lets a small
 /// model's step, whose blocks of different sizes are not all live at once, find every block it
 /// needs in the cache. When the system refuses a mapping (a memory or address-space limit), every
 /// cached block is handed back and the mapping tried once more; a second refusal throws
