@@ -515,9 +515,10 @@ Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const auto shift = b.values<float>();
   // Rows side by side (kNormRows).
   for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+    const NormRowGroup group = norm_row_group(r0, rows, n);
     const float* row[kNormRows];
     for (std::int64_t r = 0; r < kNormRows; ++r)
-      row[r] = in + std::min(r0 + r, rows - 1) * n;
+      row[r] = in + group.at[static_cast<std::size_t>(r)];
     double mean[kNormRows] = {};
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t r = 0; r < kNormRows; ++r)
@@ -531,10 +532,10 @@ Tensor layer_norm_rows(const Tensor& x, const Tensor& gamma, const Tensor& beta,
         variance[r] += centred * centred;
       }
     }
-    for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+    for (std::int64_t r = 0; r < group.count; ++r) {
       const double inverse = 1.0 / std::sqrt(variance[r] / static_cast<double>(n) + epsilon);
       if (inverse_std != nullptr) (*inverse_std)[static_cast<std::size_t>(r0 + r)] = inverse;
-      const std::int64_t at = (r0 + r) * n;
+      const std::int64_t at = group.at[static_cast<std::size_t>(r)];
       for (std::int64_t j = 0; j < n; ++j) {
         const auto value = static_cast<float>((row[r][j] - mean[r]) * inverse);
         if (xhat != nullptr) xhat[at + j] = value;
@@ -578,9 +579,7 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
     // dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) / std, in f64 per row; the rows'
     // chains side by side as in the forward.
     for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
-      std::int64_t at[kNormRows];
-      for (std::int64_t r = 0; r < kNormRows; ++r)
-        at[r] = std::min(r0 + r, rows - 1) * n;
+      const auto [at, count] = norm_row_group(r0, rows, n);
       double mean_g[kNormRows] = {};
       double mean_gx[kNormRows] = {};
       for (std::int64_t j = 0; j < n; ++j) {
@@ -590,7 +589,7 @@ Tensor LayerNorm::backward(const Tensor& grad_output, GradientSink& sink, bool n
           mean_gx[r] += dxhat * xhat[at[r] + j];
         }
       }
-      for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+      for (std::int64_t r = 0; r < count; ++r) {
         const double centre = mean_g[r] / static_cast<double>(n);
         const double slope = mean_gx[r] / static_cast<double>(n);
         const double inverse = inverse_std_[static_cast<std::size_t>(r0 + r)];

@@ -28,17 +28,18 @@ Tensor rms_norm_rows(const Tensor& x, const Tensor& gamma, double epsilon, Tenso
   const auto scale = g.values<float>();
   // Rows side by side (kNormRows).
   for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
+    const NormRowGroup group = norm_row_group(r0, rows, n);
     const float* row[kNormRows];
     for (std::int64_t r = 0; r < kNormRows; ++r)
-      row[r] = in + std::min(r0 + r, rows - 1) * n;
+      row[r] = in + group.at[static_cast<std::size_t>(r)];
     double squares[kNormRows] = {};
     for (std::int64_t j = 0; j < n; ++j)
       for (std::int64_t r = 0; r < kNormRows; ++r)
         squares[r] += static_cast<double>(row[r][j]) * row[r][j];
-    for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+    for (std::int64_t r = 0; r < group.count; ++r) {
       const double inverse = 1.0 / std::sqrt(squares[r] / static_cast<double>(n) + epsilon);
       if (inverse_rms != nullptr) (*inverse_rms)[static_cast<std::size_t>(r0 + r)] = inverse;
-      const std::int64_t at = (r0 + r) * n;
+      const std::int64_t at = group.at[static_cast<std::size_t>(r)];
       for (std::int64_t j = 0; j < n; ++j) {
         const auto value = static_cast<float>(row[r][j] * inverse);
         if (xhat != nullptr) xhat[at + j] = value;
@@ -92,14 +93,12 @@ Tensor RMSNorm::backward(const Tensor& grad_output, GradientSink& sink, bool nee
     // dx = (dxhat - xhat · mean(dxhat · xhat)) / rms, in f64 per row; rows side by side
     // (kNormRows).
     for (std::int64_t r0 = 0; r0 < rows; r0 += kNormRows) {
-      std::int64_t at[kNormRows];
-      for (std::int64_t r = 0; r < kNormRows; ++r)
-        at[r] = std::min(r0 + r, rows - 1) * n;
+      const auto [at, count] = norm_row_group(r0, rows, n);
       double mean_gx[kNormRows] = {};
       for (std::int64_t j = 0; j < n; ++j)
         for (std::int64_t r = 0; r < kNormRows; ++r)
           mean_gx[r] += static_cast<double>(g[at[r] + j]) * gamma[j] * xhat[at[r] + j];
-      for (std::int64_t r = 0; r < std::min(kNormRows, rows - r0); ++r) {
+      for (std::int64_t r = 0; r < count; ++r) {
         const double slope = mean_gx[r] / static_cast<double>(n);
         const double inverse = inverse_rms_[static_cast<std::size_t>(r0 + r)];
         for (std::int64_t j = 0; j < n; ++j) {
