@@ -28,13 +28,38 @@ struct TrainBenchRun {
   DType param_dtype = DType::f32;
   TrainLayout layout;
   double samples_per_second = 0.0;
-  double step_seconds = 0.0;  // median over the steps after the first two
+  /// Mean of the steps after the first two whose times lie in their middle half (steady_steps).
+  double step_seconds = 0.0;
   double test_accuracy = 0.0;
   double test_loss = 0.0;
   std::uint64_t digest = 0;
   bool replicas_identical = false;
-  ProfileSeconds profile{};  ///< rank 0's seconds per step of each row (train --json's profile)
+  ProfileSeconds profile{};  ///< rank 0's seconds a step of each row, over the same steps
 };
+
+/// A run's step time and profile from the same steps: those after the first two (which allocate
+/// and warm the caches) whose times lie in their middle half, so that a slow step moves neither
+/// and the profile's rows add up to the step time.
+void take_steady_steps(const train::TrainResult& result, TrainBenchRun& run) {
+  constexpr std::size_t kWarmup = 2;
+  if (result.step_seconds.size() <= kWarmup ||
+      result.step_profiles.size() + kWarmup != result.step_seconds.size()) {
+    run.step_seconds = steady_step_seconds(result.step_seconds);
+    return;
+  }
+  const std::vector<double> steady(result.step_seconds.begin() + kWarmup,
+                                   result.step_seconds.end());
+  const std::vector<std::size_t> kept = middle_half(steady);
+  for (const std::size_t i : kept) {
+    run.step_seconds += steady[i];
+    for (std::size_t r = 0; r < kProfileRows; ++r)
+      run.profile[r] += result.step_profiles[i][r];
+  }
+  const auto count = static_cast<double>(kept.size());
+  run.step_seconds /= count;
+  for (double& seconds : run.profile)
+    seconds /= count;
+}
 
 TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
                             TrainLayout layout) {
@@ -53,30 +78,32 @@ TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
       samples += e.samples;
     }
     run.samples_per_second = seconds > 0 ? static_cast<double>(samples) / seconds : 0.0;
-    run.step_seconds = steady_step_seconds(result.step_seconds);  // one slow step moves it not
+    take_steady_steps(result, run);
     run.test_accuracy = result.test_accuracy;
     run.test_loss = result.test_loss;
     run.digest = result.digest;
     run.replicas_identical = result.replicas_identical;
-    for (std::size_t r = 0; r < kProfileRows && result.profiled_steps > 0; ++r)
-      run.profile[r] = result.profile[r] / static_cast<double>(result.profiled_steps);
   });
   return run;
 }
 
-/// One row for repeated runs of one mode and layout: the first run with the median step time and
-/// throughput of all; `agree` turns false when a rerun ended on other bits.
+/// One row for repeated runs of one mode and layout: the run whose step time is the median (the
+/// lower of the middle two of an even count), its profile with it, and the median throughput of
+/// all; `agree` turns false when a rerun ended on other bits.
 TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agree) {
-  TrainBenchRun combined = rounds.front();
-  std::vector<double> steps;
+  std::vector<std::size_t> order(rounds.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return rounds[a].step_seconds < rounds[b].step_seconds;
+  });
+  TrainBenchRun combined = rounds[order[(order.size() - 1) / 2]];
   std::vector<double> throughputs;
   for (const TrainBenchRun& run : rounds) {
-    steps.push_back(run.step_seconds);
     throughputs.push_back(run.samples_per_second);
     agree = agree && run.digest == combined.digest;
     combined.replicas_identical = combined.replicas_identical && run.replicas_identical;
   }
-  combined.step_seconds = median(steps);
   combined.samples_per_second = median(throughputs);
   return combined;
 }

@@ -770,7 +770,9 @@ void TrainingRun::finish() {
         config_.seed);
     sharded_->reshard();
   }
-  result_.profile = ThreadProfile::take();
+  const ProfileSeconds outside_steps = ThreadProfile::take();
+  for (std::size_t r = 0; r < kProfileRows; ++r)
+    result_.profile[r] += outside_steps[r];
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.activation_peak_bytes = result_.memory_peak_by_kind.of(fsdp::MemoryKind::activations);
@@ -855,6 +857,10 @@ void TrainingRun::take_step(EpochProgress& progress) {
     ThreadProfile::pause();
     result_.profiled_seconds += seconds_since(step_start);
     ++result_.profiled_steps;
+    const ProfileSeconds rows = ThreadProfile::take();
+    for (std::size_t r = 0; r < kProfileRows; ++r)
+      result_.profile[r] += rows[r];
+    result_.step_profiles.push_back(rows);
   }
   if (log_step) {
     tp_->log().enable(false);

@@ -191,6 +191,9 @@ struct TrainResult {
   ProfileSeconds profile{};
   double profiled_seconds = 0.0;
   std::int64_t profiled_steps = 0;
+  /// Each profiled step's rows, in step order: step_profiles[i] is step i + 2's (step_seconds[i
+  /// + 2]), so a caller can take the rows of the steps it times.
+  std::vector<ProfileSeconds> step_profiles;
   std::string trace;  ///< Chrome trace JSON of every rank (world rank 0, when config.trace)
   std::int64_t resumed_step = 0;         ///< the step the run resumed at (0: started afresh)
   std::vector<std::string> checkpoints;  ///< directories saved, in order
