@@ -30,15 +30,20 @@ inline double steady_step_seconds(const std::vector<double>& steps) {
   return steady_median(steps, 2);
 }
 
-/// Indices of the middle half of `values` by size: the n/4 smallest and n/4 largest dropped, and
-/// at least the smallest and the largest of 3 or more, so that one outlier moves nothing (ties
-/// keep index order).
-inline std::vector<std::size_t> middle_half(const std::vector<double>& values) {
+/// Indices of `values` from the smallest value to the largest (ties keep index order).
+inline std::vector<std::size_t> order_by_size(const std::vector<double>& values) {
   std::vector<std::size_t> order(values.size());
   for (std::size_t i = 0; i < order.size(); ++i)
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return values[a] < values[b]; });
+  return order;
+}
+
+/// Indices of the middle half of `values` by size: the n/4 smallest and n/4 largest dropped, and
+/// at least the smallest and the largest of 3 or more, so that one outlier moves nothing.
+inline std::vector<std::size_t> middle_half(const std::vector<double>& values) {
+  const std::vector<std::size_t> order = order_by_size(values);
   const std::size_t n = values.size();
   const std::size_t drop = std::max<std::size_t>(n / 4, n >= 3 ? 1 : 0);
   return {order.begin() + static_cast<std::ptrdiff_t>(drop),

@@ -91,13 +91,10 @@ TrainBenchRun time_training(const train::Task& task, train::TrainConfig config,
 /// lower of the middle two of an even count), its profile with it, and the median throughput of
 /// all; `agree` turns false when a rerun ended on other bits.
 TrainBenchRun combine_rounds(const std::vector<TrainBenchRun>& rounds, bool& agree) {
-  std::vector<std::size_t> order(rounds.size());
-  for (std::size_t i = 0; i < order.size(); ++i)
-    order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return rounds[a].step_seconds < rounds[b].step_seconds;
-  });
-  TrainBenchRun combined = rounds[order[(order.size() - 1) / 2]];
+  std::vector<double> steps;
+  for (const TrainBenchRun& run : rounds)
+    steps.push_back(run.step_seconds);
+  TrainBenchRun combined = rounds[order_by_size(steps)[(steps.size() - 1) / 2]];
   std::vector<double> throughputs;
   for (const TrainBenchRun& run : rounds) {
     throughputs.push_back(run.samples_per_second);

@@ -770,9 +770,6 @@ void TrainingRun::finish() {
         config_.seed);
     sharded_->reshard();
   }
-  const ProfileSeconds outside_steps = ThreadProfile::take();
-  for (std::size_t r = 0; r < kProfileRows; ++r)
-    result_.profile[r] += outside_steps[r];
   result_.memory_peak = sharded_->memory().peak();
   result_.memory_peak_by_kind = sharded_->memory().peak_by_kind();
   result_.activation_peak_bytes = result_.memory_peak_by_kind.of(fsdp::MemoryKind::activations);
